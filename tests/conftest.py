@@ -1,0 +1,66 @@
+"""Shared fixtures: the loopback SSH lab (real sshd, ssh and rsync) and how to reach it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from transplant.hosts import HostSpec, SSHHost, SSHOptions, connect
+from transplant.lab import Lab
+
+
+def lab_skip_reason() -> str | None:
+    """Why the lab cannot run here (not root, or no unshare); None when it can.
+
+    Anything else missing (sshd, rsync) is not a skip: the lab raises, and the tests fail.
+    """
+    if os.geteuid() != 0:
+        return "the lab needs root (bind mounts in new mount namespaces)"
+    if shutil.which("unshare") is None:
+        return "the lab needs unshare (util-linux)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    """A running lab with hosts ``donor`` and ``target``, for the whole session."""
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    directory = Path(tempfile.mkdtemp(prefix="transplant-lab-", dir="/tmp"))
+    try:
+        with Lab(directory, ("donor", "target")) as running:
+            yield running
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ssh_options(lab) -> SSHOptions:
+    """SSH settings that reach the lab: its client key and known_hosts, verification on."""
+    return SSHOptions(identity_file=lab.identity_file, known_hosts=lab.known_hosts, connect_timeout=5.0)
+
+
+@pytest.fixture
+def lab_connect(lab, ssh_options) -> Iterator[Callable[..., SSHHost]]:
+    """``lab_connect("donor")`` -> a connected SSHHost, closed after the test.
+
+    Keyword arguments replace fields of ``ssh_options`` (``known_hosts=...``).
+    """
+    opened = []
+
+    def open_host(name: str, **changes) -> SSHHost:
+        options = dataclasses.replace(ssh_options, **changes)
+        host = connect(HostSpec.parse(lab.hosts[name].spec), options)
+        opened.append(host)
+        return host
+
+    yield open_host
+    for host in opened:
+        host.close()

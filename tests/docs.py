@@ -1,0 +1,61 @@
+"""Build probe documents (schema transplant.inventory/1) as plain data for pure-core tests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any
+
+SITE = "lib/python3.11/site-packages"
+
+
+def digest(text: str) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+
+def dist(name: str, version: str, files: dict[str, str], *, requires: list[str] | None = None,
+         tags: list[str] | None = None, hashed: bool = True, dist_info: str | None = None,
+         metadata: bool = True) -> dict[str, Any]:
+    """One distribution entry; ``files`` maps site-packages-relative paths to their text."""
+    folder = dist_info or f"{name.replace('-', '_')}-{version}.dist-info"
+    record = []
+    for rel, text in sorted(files.items()):
+        entry = {"path": rel, "venv_path": f"{SITE}/{rel}", "record_hash": digest(text),
+                 "record_size": len(text.encode()), "exists": True, "mode": 0o644, "size": len(text.encode())}
+        if hashed:
+            entry["hash"] = digest(text)
+        record.append(entry)
+    record.append({"path": f"{folder}/RECORD", "venv_path": f"{SITE}/{folder}/RECORD", "record_hash": None,
+                   "record_size": None, "exists": True, "mode": 0o644, "size": 100,
+                   **({"hash": digest(name + version + "RECORD")} if hashed else {})})
+    return {"name": name, "version": version, "dist_info": folder, "site_packages": SITE,
+            "metadata_present": metadata, "summary": None, "requires_python": None,
+            "requires_dist": requires or [], "installer": "pip", "requested": True, "direct_url": None,
+            "wheel": {"generator": "test", "root_is_purelib": False, "tags": tags or ["py3-none-any"]},
+            "top_level": [name.split("-")[0]], "entry_points": None, "hashed": hashed, "record": record}
+
+
+def document(prefix: str, dists: list[dict[str, Any]], *, python: str = "3.11.7", hostname: str = "host",
+             files: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A whole probe document for a venv at ``prefix``."""
+    minor = ".".join(python.split(".")[:2])
+    markers = {"implementation_name": "cpython", "implementation_version": python, "os_name": "posix",
+               "platform_machine": "x86_64", "platform_release": "6.1", "platform_system": "Linux",
+               "platform_version": "#1", "python_full_version": python,
+               "platform_python_implementation": "CPython", "python_version": minor, "sys_platform": "linux"}
+    tag = "cp" + minor.replace(".", "")
+    return {
+        "schema": "transplant.inventory/1",
+        "host": {"hostname": hostname, "machine": "x86_64",
+                 "nvidia": {"available": False, "reason": "no nvidia-smi on PATH"}},
+        "interpreter": {"executable": f"{prefix}/bin/python", "prefix": prefix, "base_prefix": "/usr",
+                        "version": python, "implementation": "cpython", "cache_tag": f"cpython-{tag[2:]}",
+                        "soabi": f"cpython-{tag[2:]}-x86_64-linux-gnu",
+                        "ext_suffix": f".cpython-{tag[2:]}-x86_64-linux-gnu.so", "abi_tag": tag,
+                        "machine": "x86_64", "glibc": "2.36", "pyvenv_cfg": {"home": "/usr/bin"},
+                        "home_exists": True, "markers": markers},
+        "paths": {"prefix": prefix, "purelib": SITE, "platlib": SITE, "scripts": "bin"},
+        "distributions": dists,
+        "files": files or {},
+        "probe_seconds": 0.1,
+    }

@@ -1,0 +1,125 @@
+"""Manifest validation: one message listing every problem, with key paths and fixes; nothing runs."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from transplant.errors import ManifestError
+from transplant.files import load_manifest
+from transplant.manifest import normalize_pattern
+
+GOOD = """\
+version: 1
+donor:  {host: root@ct129, venv: /root/venv_sglang}
+target: {host: "root@ct200:2222", venv: /root/venv_sglang}
+overlay: [torch, triton, "NVIDIA_*", sgl-kernel, sglang]
+patches:
+  - {source: patches/ddtree/, dest: sglang/srt/speculative/}
+  - {source: patches/server_args.py, dest: sglang/srt/server_args.py}
+verify:
+  env: {CUDA_VISIBLE_DEVICES: 1}
+  imports: [torch, sglang]
+  server_args:
+    entry: sglang.srt.server_args:prepare_server_args
+    args: [--model-path, /dev/shm/Qwen3.6-27B, --speculative-algorithm, DFLASH]
+    expect: {speculative_algorithm: DFLASH, speculative_num_draft_tokens: 16}
+  smoke: {device: cuda}
+"""
+
+
+def write(tmp_path, text, patches=True):
+    if patches:
+        (tmp_path / "patches" / "ddtree").mkdir(parents=True)
+        (tmp_path / "patches" / "ddtree" / "ddtree_utils.py").write_text("x = 1\n")
+        (tmp_path / "patches" / "server_args.py").write_text("y = 2\n")
+    path = tmp_path / "m.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems(tmp_path, text, patches=True):
+    with pytest.raises(ManifestError) as info:
+        load_manifest(write(tmp_path, text, patches))
+    return info.value.problems
+
+
+def test_good_manifest(tmp_path):
+    m = load_manifest(write(tmp_path, GOOD))
+    assert str(m.target.host) == "root@ct200:2222" and m.target.host.port == 2222
+    assert m.overlay == ("torch", "triton", "nvidia-*", "sgl-kernel", "sglang")
+    assert m.patches[0].dest == "sglang/srt/speculative/"
+    assert m.verify.env == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert m.verify.server_args.expect["speculative_num_draft_tokens"] == 16
+    assert m.verify.smoke_device == "cuda" and m.ssh.verify_host_keys is True
+
+
+def test_every_problem_is_listed_with_key_path_and_fix(tmp_path):
+    found = problems(tmp_path, """\
+        version: 2
+        donor: {host: "root@ct 129", venv: relative}
+        target: {host: root@ct200, venv: /root/v, extra: 1}
+        overlay: [torch, "a b"]
+        patches:
+          - {source: ../outside.py, dest: /etc/passwd}
+        verify: {smoke: {device: tpu}, srv_args: 1}
+        """)
+    assert found == [
+        "version: expected 1, got a number (2); fix: write version: 1 (the only manifest version)",
+        "donor.host: bad host name 'ct 129' in 'root@ct 129'; fix: write \"local\" or [user@]host[:port], e.g. root@ct200:22",
+        "donor.venv: expected an absolute path, got 'relative'; fix: start it with '/', e.g. /root/venv_sglang",
+        "target.extra: unknown key; fix: remove it; allowed keys: host, venv",
+        "overlay[1]: 'a b' is not a distribution name or glob; fix: use letters, digits, '-', '_', '.' and the globs '*' and '?'",
+        "patches[0].source: '../outside.py' is absolute or leaves the manifest's folder; fix: keep patch files in a folder beside the manifest and name them relative to it",
+        "patches[0].dest: '/etc/passwd' is absolute or leaves site-packages; fix: name it relative to site-packages, e.g. sglang/srt/server_args.py",
+        "verify.srv_args: unknown key; fix: did you mean 'server_args'?",
+        "verify.smoke.device: expected one of cpu, cuda, auto, got the string 'tpu'; fix: write device: auto to use a GPU when there is one",
+    ]
+
+
+def test_message_names_the_file(tmp_path):
+    with pytest.raises(ManifestError) as info:
+        load_manifest(write(tmp_path, "version: 1\n", patches=False))
+    text = str(info.value)
+    assert text.startswith(f"{tmp_path / 'm.yaml'}: 3 problems; nothing was run:")
+    assert "donor: missing; fix: add it: donor: {host: root@ct129, venv: /root/venv_sglang}" in text
+
+
+def test_missing_patch_source_and_dest_escape(tmp_path):
+    found = problems(tmp_path, GOOD.replace("patches/server_args.py, dest: sglang/srt/server_args.py",
+                                            "patches/nope.py, dest: sglang/../../x.py"))
+    assert found == [
+        "patches[1].dest: 'sglang/../../x.py' is absolute or leaves site-packages; fix: name it relative to site-packages, e.g. sglang/srt/server_args.py",
+    ]
+    other = tmp_path / "b"
+    other.mkdir()
+    found = problems(other, GOOD.replace("patches/server_args.py", "patches/nope.py"))
+    assert found == [f"patches[1].source: 'patches/nope.py' does not exist (looked in {tmp_path / 'b'}); fix: create it or correct the path"]
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    found = problems(tmp_path, "version: 1\ndonor: [unclosed\n", patches=False)
+    assert len(found) == 1 and found[0].startswith("(yaml): ") and "line 3" in found[0]
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ManifestError) as info:
+        load_manifest(tmp_path / "absent.yaml")
+    assert "not found" in info.value.problems[0]
+
+
+def test_yaml_is_safe_loaded(tmp_path):
+    found = problems(tmp_path, "!!python/object/apply:os.system ['echo hacked']\n", patches=False)
+    assert found[0].startswith("(yaml): ")
+
+
+def test_donor_equals_target(tmp_path):
+    found = problems(tmp_path, GOOD.replace('"root@ct200:2222"', "root@ct129"))
+    assert found == ["target: the target is the donor (root@ct129:/root/venv_sglang); fix: name another host or venv as the target"]
+
+
+@pytest.mark.parametrize("given,normal", [("NVIDIA_*", "nvidia-*"), ("Flashinfer.Python", "flashinfer-python"),
+                                          ("sgl__kernel", "sgl-kernel")])
+def test_overlay_names_pep503(given, normal):
+    assert normalize_pattern(given) == normal

@@ -1,0 +1,185 @@
+"""Pure-core tests of the planner: plain data in, plan out (golden JSON for the seed story)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from docs import SITE, digest, dist, document
+from transplant.inventory import parse_inventory
+from transplant.manifest import parse_manifest
+from transplant.model import plan_from_dict
+from transplant.planner import PatchFile, plan
+
+GOLDEN = Path(__file__).parent / "golden"
+DONOR, TARGET = "/root/venv_sglang", "/root/venv_sglang"
+
+
+def manifest(overlay, **extra):
+    data = {"version": 1, "donor": {"host": "root@ct129", "venv": DONOR},
+            "target": {"host": "root@ct200", "venv": TARGET}, "overlay": overlay, **extra}
+    return parse_manifest(data, path="seed.yaml")
+
+
+def inv(dists, label, **kw):
+    return parse_inventory(document(kw.pop("prefix", DONOR), dists, **kw), label=label)
+
+
+def torch(version, marker):
+    return dist("torch", version, {"torch/__init__.py": f"torch {marker}", "torch/lib/libtorch.so": f"lib {marker}",
+                                   "torch/version.py": f"__version__ = '{version}'"})
+
+
+def seed_inventories():
+    """The story: the donor (ct129) has the DFLASH sglang on CUDA 13; the target (ct200) the registry's on 12.8."""
+    donor = inv([
+        torch("2.11.0+cu130", "cu130"),
+        dist("sglang", "0.5.23", {"sglang/__init__.py": "v23", "sglang/srt/server_args.py": "dflash",
+                                  "sglang/srt/speculative/dflash_worker.py": "worker"},
+             requires=["flashinfer_python==0.7.2", "torch==2.11.0", "sglang-kernel==0.4.10"]),
+        dist("sglang-kernel", "0.4.10+cu130", {"sgl_kernel/__init__.py": "k", "sgl_kernel/common_ops.so": "cu130"}),
+        dist("flashinfer-python", "0.7.2", {"flashinfer/__init__.py": "fi 0.7.2", "flashinfer/mm_mxfp8.py": "mx"}),
+        dist("nvidia-cuda-runtime", "13.0.96", {"nvidia/__init__.py": "", "nvidia/cu13/lib/libcudart.so.13": "rt13"}),
+        dist("numpy", "2.3.0", {"numpy/__init__.py": "np"}),
+    ], "root@ct129:/root/venv_sglang", hostname="ct129")
+    target = inv([
+        torch("2.11.0+cu128", "cu128"),
+        dist("sglang", "0.5.9", {"sglang/__init__.py": "v9", "sglang/srt/server_args.py": "no dflash",
+                                 "sglang/srt/old_module.py": "old"},
+             requires=["flashinfer_python==0.6.3", "torch==2.11.0"]),
+        dist("flashinfer-python", "0.6.3", {"flashinfer/__init__.py": "fi 0.6.3"}),
+        dist("nvidia-cuda-runtime-cu12", "12.8.90", {"nvidia/__init__.py": "", "nvidia/cuda_runtime/lib/libcudart.so.12": "rt12"}),
+        dist("numpy", "2.3.0", {"numpy/__init__.py": "np"}, hashed=False),
+    ], "root@ct200:/root/venv_sglang", prefix=TARGET, hostname="ct200",
+       files={f"{SITE}/sglang/srt/speculative/ddtree_utils.py": {"venv_path": f"{SITE}/sglang/srt/speculative/ddtree_utils.py", "exists": False}})
+    return donor, target
+
+
+PATCH = PatchFile(local="patches/ddtree/ddtree_utils.py", dest=f"{SITE}/sglang/srt/speculative/ddtree_utils.py",
+                  hash=digest("tree"), size=4)
+
+
+def test_seed_plan_matches_golden():
+    donor, target = seed_inventories()
+    result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang"]), donor, target, [PATCH])
+    got = json.loads(json.dumps(result.to_dict(), sort_keys=True))
+    path = GOLDEN / "seed-plan.json"
+    if os.environ.get("TRANSPLANT_REGOLD"):
+        path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+    assert got == json.loads(path.read_text())
+    assert plan_from_dict(got, source="golden") == result
+
+
+def test_seed_plan_finds_flashinfer_before_anything_moves():
+    donor, target = seed_inventories()
+    result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang"]), donor, target, [PATCH])
+    errors = [f for f in result.findings if f.severity == "error"]
+    assert [f.code for f in errors] == ["requirement-unmet"]
+    assert errors[0].dists == ("sglang", "flashinfer-python")
+    assert errors[0].message == "sglang 0.5.23 requires flashinfer_python==0.7.2, found 0.6.3"
+    assert errors[0].hint == "add 'flashinfer-python' to overlay (the donor has 0.7.2)"
+    assert result.blocking == tuple(errors)
+
+
+def test_seed_plan_actions_and_files():
+    donor, target = seed_inventories()
+    result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang", "flashinfer-python"]), donor, target, [PATCH])
+    by = {c.name: c for c in result.changes}
+    assert by["torch"].action == "rebuild"
+    assert by["torch"].reason == "same version, other CUDA build: CUDA 12.8 -> CUDA 13.0"
+    assert by["sglang"].action == "upgrade" and by["flashinfer-python"].action == "upgrade"
+    assert by["sglang-kernel"].action == "add" and by["nvidia-cuda-runtime"].action == "add"
+    # only differing files move: nvidia/__init__.py is identical on both sides
+    nvidia_copies = {c.path for c in by["nvidia-cuda-runtime"].copy}
+    assert f"{SITE}/nvidia/__init__.py" not in nvidia_copies
+    assert f"{SITE}/nvidia/cu13/lib/libcudart.so.13" in nvidia_copies
+    # the old version's files the new one lacks are removed, with its dist-info
+    assert f"{SITE}/sglang/srt/old_module.py" in by["sglang"].remove
+    assert f"{SITE}/sglang-0.5.9.dist-info/RECORD" in by["sglang"].remove
+    assert f"{SITE}/torch-2.11.0+cu128.dist-info/RECORD" in by["torch"].remove
+    assert by[PATCH.dest].action == "add" and by[PATCH.dest].copy[0].source == "patch"
+    assert not result.blocking
+    info = [f for f in result.findings if f.code == "overlay-target-only"]
+    assert [f.dists for f in info] == [("nvidia-cuda-runtime-cu12",)]
+
+
+def test_file_owned_by_a_staying_distribution_is_not_removed():
+    shared = {"nvidia/__init__.py": ""}
+    donor = inv([dist("nvidia-a", "13.0", {"nvidia/a.so": "new"})], "d")
+    target = inv([dist("nvidia-a", "12.0", {"nvidia/a.so": "old", **shared}),
+                  dist("nvidia-b-cu12", "12.0", {"nvidia/b.so": "b", **shared})], "t", prefix=TARGET)
+    change = plan(manifest(["nvidia-a"]), donor, target).changes[0]
+    assert f"{SITE}/nvidia/__init__.py" not in change.remove
+
+
+def test_second_plan_is_a_noop_with_reasons():
+    donor, _ = seed_inventories()
+    same = inv([d for d in donor.document["distributions"]], "t", prefix=TARGET)
+    result = plan(manifest(["torch", "sglang"]), donor, same)
+    assert not result.has_changes
+    assert [(c.name, c.action) for c in result.changes] == [("sglang", "keep"), ("torch", "keep")]
+    assert result.changes[1].reason == "same version, all 4 files identical"
+
+
+def test_patch_keep_and_replace():
+    donor, target = seed_inventories()
+    dest = f"{SITE}/sglang/srt/server_args.py"
+    patch = PatchFile(local="patches/server_args.py", dest=dest, hash=digest("patched"), size=7)
+    t_doc = dict(target.document, files={dest: {"venv_path": dest, "exists": True, "hash": digest("no dflash"), "size": 9}})
+    replace = plan(manifest(["sglang"]), donor, parse_inventory(t_doc, label="t"), [patch])
+    change = {c.name: c for c in replace.changes}[dest]
+    assert change.action == "replace"
+    sglang = {c.name: c for c in replace.changes}["sglang"]
+    assert dest not in {c.path for c in sglang.copy}, "the patch wins over the donor's copy"
+    t_doc["files"][dest]["hash"] = digest("patched")
+    keep = plan(manifest(["sglang"]), donor, parse_inventory(t_doc, label="t"), [patch])
+    assert {c.name: c for c in keep.changes}[dest].action == "keep"
+
+
+def test_overlay_no_match_exact_is_error_glob_is_warning():
+    donor, target = seed_inventories()
+    result = plan(manifest(["torch", "sgl-kernel", "triton-*"]), donor, target)
+    found = {(f.code, f.severity, f.message.split(" matches")[0]) for f in result.findings if f.code == "overlay-no-match"}
+    assert found == {("overlay-no-match", "error", "overlay entry 'sgl-kernel'"),
+                     ("overlay-no-match", "warning", "overlay entry 'triton-*'")}
+
+
+def test_python_version_mismatch():
+    donor, _ = seed_inventories()
+    target = inv([], "t", prefix=TARGET, python="3.12.3")
+    found = [f for f in plan(manifest(["torch"]), donor, target).findings if f.code == "python-version-mismatch"]
+    assert len(found) == 1 and found[0].severity == "error"
+    assert "cp311" in found[0].message and "cp312" in found[0].message
+    assert found[0].hint == "recreate the target venv with Python 3.11: python3.11 -m venv /root/venv_sglang"
+
+
+def test_duplicate_dist_info_on_target():
+    donor, _ = seed_inventories()
+    target = inv([torch("2.9.0+cu128", "a"), dist("torch", "2.8.0+cu128", {}, metadata=False)], "t", prefix=TARGET)
+    found = [f for f in plan(manifest(["torch"]), donor, target).findings if f.code == "duplicate-dist-info"]
+    assert [(f.severity, f.dists) for f in found] == [("warning", ("torch",))]
+    assert found[0].hint == "apply replaces them with the donor's one"
+
+
+def test_requirement_unmet_on_donor_too_is_a_warning():
+    donor = inv([dist("sglang", "0.5.23", {"s.py": "x"}, requires=["torch==2.14.1", "anthropic>=0.20"]),
+                 dist("torch", "2.13.0+cpu", {"t.py": "t"})], "d")
+    target = inv([dist("torch", "2.13.0+cpu", {"t.py": "t"})], "t", prefix=TARGET)
+    found = [f for f in plan(manifest(["sglang"]), donor, target).findings if f.code == "requirement-unmet"]
+    assert [(f.severity, f.dists) for f in found] == [("warning", ("sglang", "anthropic", "torch"))]
+
+
+@pytest.mark.parametrize("spec,version,ok", [
+    ("sgl-kernel==0.3.16.post4", "0.3.16.post4+cu130", True),
+    ("sgl-kernel==0.3.16.post4", "0.3.16.post5+cu130", False),
+    ("sgl-kernel==0.3.16.post4+cu128", "0.3.16.post4+cu130", False),
+    ("sgl-kernel>=0.3", "0.4.0rc1", True),
+])
+def test_local_label_semantics(spec, version, ok):
+    donor = inv([dist("sglang", "1", {"s.py": "x"}, requires=[spec]), dist("sgl-kernel", version, {"k": "k"})], "d")
+    target = inv([], "t", prefix=TARGET)
+    unmet = [f for f in plan(manifest(["sglang", "sgl-kernel"]), donor, target).findings if f.code == "requirement-unmet"]
+    assert (not unmet) == ok

@@ -1,0 +1,156 @@
+"""Apply a plan to the target (edge): move the differing files, remove stale ones, check.
+
+Order, so that a half-copied distribution does not look installed: package files
+first, then the donor's dist-info folders, then patch files, then the removals (old
+files and old dist-info folders); last, the target is probed again and must equal the
+planned state hash for hash. rsync writes each file under a temporary name in its
+folder and renames it into place, so other hardlinks to a replaced file keep their
+bytes. A history line is appended to ``<venv>/.transplant/history.jsonl`` before and
+after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TransplantError
+from .hosts import Host, LocalHost
+from .model import Plan
+from .probing import run_script, take_inventory
+from .state import expected_state, state_mismatches
+from .transfer import copy_files
+
+__all__ = ["ApplyResult", "ApplyError", "execute"]
+
+Progress = Callable[[str, int, int], None]
+
+
+class ApplyError(TransplantError):
+    """Apply failed; ``mismatches`` lists the files that differ from the plan, if any."""
+
+    def __init__(self, message: str, *, hint: str | None = None, mismatches: list[str] | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.mismatches = mismatches or []
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyResult:
+    """What apply did: files and bytes copied (bytes as rsync moved them), files removed, seconds."""
+
+    transaction: str
+    files_copied: int
+    bytes_moved: int
+    files_removed: int
+    seconds: float
+
+
+def _stage_patches(plan: Plan, manifest_dir: Path, staging: Path) -> list[str]:
+    paths = []
+    for change in plan.changes:
+        for copy in change.copy:
+            if copy.source != "patch" or copy.local is None:
+                continue
+            source = (manifest_dir / copy.local).resolve()
+            if manifest_dir.resolve() not in source.parents:
+                raise ApplyError(f"patch source {copy.local!r} leaves the manifest's folder {manifest_dir}")
+            dest = staging / copy.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest)
+            paths.append(copy.path)
+    return paths
+
+
+def execute(
+    plan: Plan,
+    *,
+    donor: Host,
+    target: Host,
+    manifest_dir: Path,
+    state_dir: Path,
+    progress: Progress | None = None,
+    timeout: float | None = None,
+) -> ApplyResult:
+    """Carry out ``plan``: copy, remove, then check the target against the planned state.
+
+    :param donor: connected donor host; :param target: connected target host.
+    :param manifest_dir: folder the patch sources are relative to.
+    :param state_dir: the controller's state folder (staging for relayed copies).
+    :param progress: called with (step name, bytes done, bytes in all).
+    :param timeout: seconds for each transfer; None waits without limit.
+    :raises ApplyError: a host script refused a path, or the target differs from the plan
+        afterwards (``mismatches`` names the files).
+    :raises HostError: a host could not be reached or rsync failed.
+    """
+    started = time.monotonic()
+    transaction = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    venv = plan.target.venv
+    run_script(target, venv, "applier", ["record"], request={"entry": {
+        "id": transaction, "event": "started", "time": time.time(), "donor": plan.donor.label,
+        "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint}})
+    staging = state_dir / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    dist_infos = [c.dist_info + "/" for c in plan.changes if c.dist_info]
+    donor_files = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
+    package_files = [p for p in donor_files if not any(p.startswith(d) for d in dist_infos)]
+    metadata_files = [p for p in donor_files if any(p.startswith(d) for d in dist_infos)]
+    moved = copied = 0
+
+    def report(step: str) -> Callable[[int, int], None] | None:
+        return None if progress is None else (lambda done, total: progress(step, done, total))
+
+    for step, paths in (("package files", package_files), ("dist-info", metadata_files)):
+        if paths:
+            result = copy_files(donor, plan.donor.venv, target, venv, paths, staging=staging,
+                                progress=report(step), timeout=timeout)
+            moved += result.bytes
+            copied += len(paths)
+    patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))
+    try:
+        patch_paths = _stage_patches(plan, manifest_dir, patch_dir)
+        if patch_paths:
+            result = copy_files(LocalHost(), str(patch_dir), target, venv, patch_paths, staging=staging,
+                                progress=report("patches"), timeout=timeout)
+            moved += result.bytes
+            copied += len(patch_paths)
+    finally:
+        shutil.rmtree(patch_dir, ignore_errors=True)
+    expected = expected_state(plan)
+    removals = sorted(p for p, want in expected.items() if want is None)
+    removed = 0
+    if removals:
+        reply = run_script(target, venv, "applier", ["remove"], request={"paths": removals})
+        if not reply.get("ok"):
+            raise ApplyError(f"{plan.target.label}: {reply.get('error')}")
+        removed = int(reply.get("removed", 0))
+    after = take_inventory(target, venv, hash_patterns=plan.hash_patterns,
+                           files=sorted(set(plan.patch_files) | set(removals)))
+    mismatches = state_mismatches(expected, after)
+    outcome = "applied" if not mismatches else "differs"
+    run_script(target, venv, "applier", ["record"], request={"entry": {
+        "id": transaction, "event": outcome, "time": time.time(), "files_copied": copied,
+        "files_removed": removed, "target_after": after.fingerprint}})
+    if mismatches:
+        raise ApplyError(
+            f"{plan.target.label}: after apply, {len(mismatches)} files differ from the plan",
+            hint="run transplant plan again to see the target's state, then apply again",
+            mismatches=mismatches,
+        )
+    return ApplyResult(transaction=transaction, files_copied=copied, bytes_moved=moved,
+                       files_removed=removed, seconds=time.monotonic() - started)
+
+
+def default_state_dir() -> Path:
+    """The controller's state folder: ``$TRANSPLANT_STATE_DIR``, else ``$XDG_STATE_HOME/transplant``
+    (``~/.local/state/transplant``)."""
+    explicit = os.environ.get("TRANSPLANT_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "transplant"

@@ -1,0 +1,155 @@
+"""Compatibility checks on the environment as it will be after apply (pure core).
+
+Each check is a function of :class:`EnvironmentAfter` returning findings with a stable
+code. Severity rules:
+
+* ``requirement-unmet``: *error* when the donor satisfies the same requirement (or the
+  target did before apply), so the transplant itself would break it; *warning* when it
+  is unmet on the donor as well (the donor runs with it; the transplant carries it over).
+* ``python-version-mismatch``: *error*; extension modules are built per ``cpXY`` ABI.
+* ``duplicate-dist-info``: *error* on the donor (which one to copy is ambiguous),
+  *warning* on the target (apply replaces overlaid ones; others stay as they are).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from packaging.utils import NormalizedName
+
+from .inventory import Distribution, Inventory
+from .manifest import Manifest
+from .model import Finding
+from .requirements import Unmet, unmet_requirements
+
+__all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentAfter:
+    """The inputs of the checks.
+
+    :ivar after: normalised name -> the distribution the target will hold after apply
+        (the donor's for overlaid names, the target's otherwise).
+    :ivar overlaid: the names the overlay moves.
+    """
+
+    donor: Inventory
+    target: Inventory
+    overlaid: tuple[NormalizedName, ...]
+    after: Mapping[NormalizedName, Distribution]
+
+
+def _versions(dists: Mapping[NormalizedName, Distribution]) -> dict:
+    return {n: d.version for n, d in dists.items()}
+
+
+def _reqs(dists: Mapping[NormalizedName, Distribution]) -> dict:
+    return {n: d.requires_dist for n, d in dists.items()}
+
+
+def _latest(inv: Inventory) -> dict[NormalizedName, Distribution]:
+    return {n: max(ds, key=lambda d: (d.version is not None, d.version or 0)) for n, ds in inv.by_name().items()}
+
+
+def requirement_findings(
+    after: Mapping[NormalizedName, Distribution],
+    markers: Mapping[str, str],
+    *,
+    reference: list[Mapping[NormalizedName, Distribution]],
+    venv: str,
+    donor: Mapping[NormalizedName, Distribution] | None = None,
+) -> list[Finding]:
+    """``requirement-unmet`` findings for ``after``, one per requiring distribution.
+
+    :param after: the environment to check.
+    :param markers: the target interpreter's PEP 508 marker environment.
+    :param reference: environments whose unmet set is "already known" (the donor's, the
+        target's before apply); an unmet requirement found in one of them is a warning,
+        any other is an error.
+    :param venv: the target venv prefix, for the pip command in hints.
+    :param donor: the donor's environment, to say in the hint which version it has.
+    """
+    known: set[tuple[str, str, str]] = set()
+    for env in reference:
+        known.update(u.key for u in unmet_requirements(_versions(env), _reqs(env), markers))
+    grouped: dict[tuple[str, str], list[Unmet]] = defaultdict(list)
+    for u in unmet_requirements(_versions(after), _reqs(after), markers):
+        severity = "warning" if u.key in known else "error"
+        grouped[(u.requirer, severity)].append(u)
+    findings = []
+    for (requirer, severity), items in sorted(grouped.items()):
+        dist = after[requirer]
+        lines = "; ".join(u.describe().split(" requires ", 1)[1] for u in items)
+        dists = (requirer, *sorted({u.required for u in items}))
+        if severity == "error":
+            fixes = []
+            for u in items:
+                have = (donor or {}).get(u.required)
+                if have is not None and have.version is not None and u.requirement.specifier.contains(
+                        have.version, prereleases=True):
+                    fixes.append(f"add {u.required!r} to overlay (the donor has {have.raw_version})")
+                else:
+                    fixes.append(f"{venv}/bin/python -m pip install '{u.requirement}'")
+            message = f"{dist.display_name} {dist.raw_version} requires {lines}"
+            hint = "; ".join(fixes)
+        else:
+            message = (f"{dist.display_name} {dist.raw_version} requires {lines} "
+                       f"({len(items)} unmet on the donor or before apply as well; the transplant does not change this)")
+            hint = f"if the service needs them: {venv}/bin/python -m pip install " + " ".join(
+                f"'{u.requirement}'" for u in items[:5]) + (" ..." if len(items) > 5 else "")
+        findings.append(Finding(code="requirement-unmet", severity=severity, dists=dists, message=message, hint=hint))
+    return findings
+
+
+def _python_version(env: EnvironmentAfter) -> list[Finding]:
+    d, t = env.donor.interpreter, env.target.interpreter
+    if (d.implementation, d.minor) == (t.implementation, t.minor):
+        return []
+    return [Finding(
+        code="python-version-mismatch", severity="error", dists=env.overlaid,
+        message=f"the donor runs {d.implementation} {d.version} and the target {t.implementation} {t.version}; "
+                f"extension modules built for {d.abi_tag} will not load on {t.abi_tag}",
+        hint=f"recreate the target venv with Python {d.minor}: python{d.minor} -m venv {t.prefix}",
+    )]
+
+
+def _duplicates(inv: Inventory, side: str, overlaid: tuple[NormalizedName, ...]) -> list[Finding]:
+    out = []
+    for name, dists in sorted(inv.by_name().items()):
+        broken = [d for d in dists if not d.metadata_present]
+        if len(dists) < 2 and not broken:
+            continue
+        folders = tuple(d.dist_info for d in dists)
+        if side == "donor":
+            severity = "error" if name in overlaid else "warning"
+            hint = (f"on the donor, remove the stale folder(s) so one remains: "
+                    f"rm -r {' '.join(inv.interpreter.prefix + '/' + f for f in folders if f != max(folders))}")
+        else:
+            severity = "warning"
+            hint = ("apply replaces them with the donor's one" if name in overlaid else
+                    f"add {name!r} to overlay, or reinstall it: {inv.interpreter.prefix}/bin/python -m pip "
+                    f"install --force-reinstall {name}")
+        what = f"{len(dists)} dist-info folders" if len(dists) > 1 else "a dist-info folder without METADATA"
+        out.append(Finding(
+            code="duplicate-dist-info", severity=severity, dists=(name,),
+            message=f"the {side} has {what} for {name}: {', '.join(folders)}; importlib may report the wrong "
+                    f"version or none",
+            hint=hint, files=folders,
+        ))
+    return out
+
+
+def compatibility_findings(manifest: Manifest, env: EnvironmentAfter) -> list[Finding]:
+    """All compatibility findings for the environment after apply (unsorted)."""
+    donor_env = _latest(env.donor)
+    findings = _python_version(env)
+    findings += _duplicates(env.donor, "donor", env.overlaid)
+    findings += _duplicates(env.target, "target", env.overlaid)
+    findings += requirement_findings(
+        env.after, env.target.interpreter.markers,
+        reference=[donor_env, _latest(env.target)], venv=env.target.interpreter.prefix, donor=donor_env,
+    )
+    return findings

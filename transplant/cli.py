@@ -1,0 +1,293 @@
+"""The command line (face): parse arguments, call the library, map errors to exit codes.
+
+Exit codes: ``plan`` 0 nothing to change, 2 changes and no blocking finding, 3 blocked
+by an error finding; ``apply`` 0 done (or nothing to do), 3 blocked; ``verify`` 0 no
+stage failed; every command 1 when it could not do its job (unreachable host, bad
+manifest, failed apply) and 64 for a command-line mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import posixpath
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import __version__
+from .apply import default_state_dir, execute
+from .errors import TransplantError
+from .files import load_manifest, load_plan, read_patch_files, save_plan
+from .hosts import Host, SSHOptions, connect
+from .hostspec import HostSpec
+from .manifest import Manifest
+from .model import Plan
+from .planner import plan as make_plan
+from .probing import take_inventory
+from .render import inventory_table, print_plan, stages_table, verify_json
+from .state import drift
+from .verdicts import overall_ok
+from .verify import donor_reader, run_stages
+
+__all__ = ["main", "EXIT_USAGE"]
+
+EXIT_OK, EXIT_FAIL, EXIT_CHANGES, EXIT_BLOCKED, EXIT_USAGE = 0, 1, 2, 3, 64
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit code 2 would read as "changes"
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _ssh_options(manifest: Manifest) -> SSHOptions:
+    base = Path(manifest.path).resolve().parent
+
+    def resolve(value: str | None) -> Path | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else base / path
+
+    return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
+                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys)
+
+
+def _site_packages_guess(inv_site: str) -> str:
+    return posixpath.normpath(inv_site)
+
+
+class _Session:
+    """Connections and inventories for one command, closed at the end."""
+
+    def __init__(self, manifest: Manifest, console: Console, stack: ExitStack) -> None:
+        self.manifest = manifest
+        self.console = console
+        self.stack = stack
+        self.ssh = _ssh_options(manifest)
+        self._hosts: dict[str, Host] = {}
+
+    def host(self, side: str) -> Host:
+        if side not in self._hosts:
+            spec = getattr(self.manifest, side).host
+            with self.console.status(f"connecting to the {side} {spec}"):
+                self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+        return self._hosts[side]
+
+    def inventories(self, *, patch_files: Sequence[str] = ()) -> tuple:
+        m = self.manifest
+        with self.console.status(f"probing the donor {m.donor} (hashing the overlaid distributions)"):
+            donor = take_inventory(self.host("donor"), m.donor.venv, hash_patterns=m.overlay)
+        with self.console.status(f"probing the target {m.target}"):
+            target = take_inventory(self.host("target"), m.target.venv, hash_patterns=m.overlay,
+                                    files=patch_files)
+        return donor, target
+
+    def plan(self) -> Plan:
+        m = self.manifest
+        donor, _ = self.inventories()
+        site = _site_packages_guess(donor.site_packages)
+        patches = read_patch_files(m, site)
+        donor, target = self.inventories(patch_files=[p.dest for p in patches]) if patches else (donor, _)
+        return make_plan(m, donor, target, patches)
+
+
+def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    manifest = load_manifest(args.manifest)
+    with ExitStack() as stack:
+        plan = _Session(manifest, console, stack).plan()
+    if args.out:
+        save_plan(plan, args.out)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+    else:
+        print_plan(console, plan)
+        if args.out:
+            console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}")
+    if plan.blocking:
+        return EXIT_BLOCKED
+    return EXIT_CHANGES if plan.has_changes else EXIT_OK
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
+def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
+    source = Path(args.source)
+    saved: Plan | None = None
+    if source.suffix == ".json":
+        saved = load_plan(source)
+        manifest = load_manifest(saved.manifest)
+    else:
+        manifest = load_manifest(source)
+    with ExitStack() as stack:
+        session = _Session(manifest, console, stack)
+        plan = session.plan()
+        if saved is not None:
+            changed = drift(saved, _FingerprintOnly(plan.donor.fingerprint), _FingerprintOnly(plan.target.fingerprint))
+            if changed:
+                raise TransplantError(
+                    f"{source}: refusing a stale plan: " + "; ".join(changed),
+                    hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
+            plan = saved
+        print_plan(console, plan)
+        if not plan.has_changes:
+            console.print("nothing to change: the target already holds the planned state")
+            return EXIT_OK
+        if plan.blocking and not args.force:
+            console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
+            return EXIT_BLOCKED
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise TransplantError("apply needs confirmation and standard input is not a terminal",
+                                      hint=f"add --yes: transplant apply {args.source} --yes")
+            answer = console.input(f"apply these changes to {plan.target.label}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                console.print("nothing was changed")
+                return EXIT_FAIL
+        with _progress(console) as progress:
+            tasks: dict[str, int] = {}
+
+            def report(step: str, done: int, total: int) -> None:
+                if step not in tasks:
+                    tasks[step] = progress.add_task(f"copying {step}", total=total or None)
+                progress.update(tasks[step], completed=done, total=total or None)
+
+            result = execute(plan, donor=session.host("donor"), target=session.host("target"),
+                             manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
+                             progress=report)
+    console.print(f"[bold green]applied[/] transaction {result.transaction}: {result.files_copied} files copied "
+                  f"({result.bytes_moved} bytes moved), {result.files_removed} removed, in {result.seconds:.1f} s; "
+                  f"the target now matches the plan hash for hash")
+    return EXIT_OK
+
+
+class _FingerprintOnly:
+    """Just enough of an Inventory for :func:`transplant.state.drift`."""
+
+    def __init__(self, fingerprint: str) -> None:
+        self.fingerprint = fingerprint
+
+
+def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    manifest = load_manifest(args.manifest)
+    with ExitStack() as stack:
+        session = _Session(manifest, console, stack)
+        target = session.host("target")
+
+        def read_donor():
+            return take_inventory(session.host("donor"), manifest.donor.venv)
+
+        with console.status("verifying") as status:
+            results = run_stages(manifest.verify, target=target, venv=manifest.target.venv,
+                                 donor_inventory=donor_reader(read_donor),
+                                 announce=lambda name: status.update(f"verify: {name}"))
+    if args.json:
+        print(verify_json(results, str(manifest.target)))
+    else:
+        console.print(stages_table(results, f"verify {manifest.target}"))
+        bad = [r for r in results if r.status == "fail"]
+        console.print("[bold green]verify passed[/]" if not bad else f"[bold red]verify failed[/]: {len(bad)} stage(s)")
+    return EXIT_OK if overall_ok(results) else EXIT_FAIL
+
+
+def parse_location(text: str) -> tuple[HostSpec, str]:
+    """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
+
+    :raises TransplantError: no ``:/`` in the text, or a bad host part.
+    """
+    host, sep, venv = text.partition(":/")
+    if not sep:
+        raise TransplantError(f"{text!r}: expected HOST:VENV with an absolute venv path",
+                              hint="write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang")
+    try:
+        return HostSpec.parse(host), "/" + venv
+    except ValueError as exc:
+        raise TransplantError(f"{text!r}: {exc}") from None
+
+
+def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
+    spec, venv = parse_location(args.location)
+    options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
+                         known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+    with connect(spec, options) as host, console.status(f"probing {args.location}"):
+        inv = take_inventory(host, venv, hash_patterns=args.hash or ())
+    if args.json:
+        print(json.dumps(inv.document, indent=2, sort_keys=True))
+    else:
+        console.print(inventory_table(inv))
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from .demo import run_demo  # the demo pulls in the lab; keep it off the other commands' path
+
+    return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``transplant``."""
+    parser = _Parser(prog="transplant", description="Move working CUDA Python environments between GPU hosts.")
+    parser.add_argument("--version", action="version", version=f"transplant {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("plan", help="inventory both venvs and show what apply would change")
+    p.add_argument("manifest")
+    p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
+    p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
+    p.set_defaults(func=_cmd_plan)
+    a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
+    a.add_argument("source", metavar="MANIFEST|PLAN.json")
+    a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    a.add_argument("--force", action="store_true", help="apply despite error findings")
+    a.set_defaults(func=_cmd_apply)
+    v = sub.add_parser("verify", help="prove the target venv works: imports, requirements, server args, smoke")
+    v.add_argument("manifest")
+    v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/1)")
+    v.set_defaults(func=_cmd_verify)
+    i = sub.add_parser("inventory", help="print what a venv holds")
+    i.add_argument("location", metavar="HOST:VENV")
+    i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")
+    i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
+    i.add_argument("--identity-file")
+    i.add_argument("--known-hosts")
+    i.set_defaults(func=_cmd_inventory)
+    d = sub.add_parser("demo", help="replay the seed story on two loopback test hosts")
+    d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
+    d.add_argument("--keep", action="store_true", help="leave the work folder (hosts are stopped either way)")
+    d.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``transplant``; returns the exit code (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=bool(getattr(args, "json", False)))
+    try:
+        return args.func(args, console)
+    except TransplantError as exc:
+        _print_error(console, exc)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+
+
+def _print_error(console: Console, exc: TransplantError) -> None:
+    """``error: <message>``, the files that differ (apply), and ``hint: <fix>``; no markup from the text."""
+    text = Text()
+    text.append("error: ", style="bold red")
+    text.append(exc.message)
+    for line in getattr(exc, "mismatches", [])[:50]:
+        text.append(f"\n  {line}")
+    if exc.hint:
+        text.append("\nhint: ", style="bold")
+        text.append(exc.hint)
+    console.print(text, highlight=False)

@@ -1,0 +1,426 @@
+"""The manifest, version 1: model and validation (pure core; reading the file is in ``files``).
+
+A manifest names the donor and target (host and venv), the distributions to overlay,
+the patch files, and the verify settings. :func:`parse_manifest` checks all of it and
+raises one :class:`ManifestError` listing every problem with its key path
+(``patches[1].dest``), what was expected and the fix. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from .errors import ManifestError
+from .hostspec import HostSpec
+
+__all__ = [
+    "Endpoint",
+    "SSHSettings",
+    "Patch",
+    "ServerArgsCheck",
+    "VerifySettings",
+    "Manifest",
+    "parse_manifest",
+    "normalize_pattern",
+    "SMOKE_DEVICES",
+]
+
+SMOKE_DEVICES = ("cpu", "cuda", "auto")
+_SEPARATORS = re.compile(r"[-_.]+")
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-*?[]!")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Endpoint:
+    """A venv on a host: ``host`` parsed from ``local`` or ``[user@]host[:port]``, ``venv`` absolute."""
+
+    host: HostSpec
+    venv: str
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.venv}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SSHSettings:
+    """SSH settings: key file and known_hosts (None = OpenSSH's defaults, ``~/.ssh``).
+
+    ``verify_host_keys`` is True unless the manifest turns it off explicitly.
+    """
+
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    verify_host_keys: bool = True
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch:
+    """A hand-patched file or folder copied from the controller into the target.
+
+    :ivar source: path relative to the manifest's folder (POSIX); a trailing ``/`` or
+        an existing folder means every file below it.
+    :ivar dest: path relative to the target's site-packages (POSIX, never escaping it);
+        for a folder source, the folder the files go into.
+    """
+
+    source: str
+    dest: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerArgsCheck:
+    """Call the serving framework's own argument parser and compare attributes.
+
+    :ivar entry: ``module:function``, called with ``args`` as its one argument (sglang's
+        ``prepare_server_args(argv: list[str])``).
+    :ivar expect: attribute name -> expected value; an enum matches by its name or value.
+    """
+
+    entry: str
+    args: tuple[str, ...]
+    expect: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifySettings:
+    """How ``verify`` proves the target works.
+
+    :ivar env: extra environment for every stage (``CUDA_VISIBLE_DEVICES``).
+    :ivar imports: import names checked beside those of the overlaid distributions.
+    :ivar server_args: the argument-parser check, or None to skip that stage.
+    :ivar smoke_device: ``cpu``, ``cuda`` or ``auto``; None to skip the smoke stage.
+    :ivar timeout: seconds each stage may take before it is failed.
+    """
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    imports: tuple[str, ...] = ()
+    server_args: ServerArgsCheck | None = None
+    smoke_device: str | None = None
+    timeout: float = 300.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """A validated manifest. ``path`` is where it was read from (for messages and patch sources)."""
+
+    path: str
+    donor: Endpoint
+    target: Endpoint
+    ssh: SSHSettings
+    overlay: tuple[str, ...]
+    patches: tuple[Patch, ...]
+    verify: VerifySettings
+
+
+def normalize_pattern(pattern: str) -> str:
+    """PEP 503-normalise a distribution name or glob (``NVIDIA_*`` -> ``nvidia-*``).
+
+    The rule is PEP 503's: runs of ``-``, ``_`` and ``.`` become one ``-``, then
+    lower case; the glob characters ``*`` and ``?`` pass through unchanged.
+    """
+    return _SEPARATORS.sub("-", pattern).lower()
+
+
+class _Checker:
+    """Collects problems with key paths while reading the YAML tree."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def add(self, key: str, message: str, fix: str) -> None:
+        self.problems.append(f"{key}: {message}; fix: {fix}")
+
+    def mapping(self, value: Any, key: str, allowed: Mapping[str, str], required: tuple[str, ...] = ()) -> dict:
+        if not isinstance(value, dict):
+            self.add(key or "(top level)", f"expected a mapping, got {_kind(value)}",
+                     f"write it as 'key: value' lines with the keys {', '.join(allowed)}")
+            return {}
+        for name in value:
+            if name not in allowed:
+                where = f"{key}.{name}" if key else str(name)
+                close = difflib.get_close_matches(str(name), list(allowed), n=1)
+                fix = f"did you mean {close[0]!r}?" if close else f"remove it; allowed keys: {', '.join(allowed)}"
+                self.add(where, "unknown key", fix)
+        for name in required:
+            if name not in value:
+                where = f"{key}.{name}" if key else name
+                self.add(where, "missing", f"add it: {allowed[name]}")
+        return value
+
+    def string(self, value: Any, key: str, fix: str) -> str | None:
+        if isinstance(value, str) and value.strip():
+            return value
+        self.add(key, f"expected a non-empty string, got {_kind(value)}", fix)
+        return None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _relative(path: str) -> str | None:
+    """Normalised POSIX relative path, or None if absolute, empty or escaping with '..'."""
+    if not path or path.startswith("/") or "\\" in path or "\0" in path:
+        return None
+    norm = posixpath.normpath(path)
+    if norm == "." or norm == ".." or norm.startswith("../"):
+        return None
+    return norm
+
+
+def _endpoint(c: _Checker, value: Any, key: str) -> Endpoint | None:
+    allowed = {"host": 'host: root@gpu-07 (or "local")', "venv": "venv: /root/venv_sglang"}
+    data = c.mapping(value, key, allowed, required=("host", "venv"))
+    host = venv = None
+    if "host" in data:
+        text = c.string(data["host"], f"{key}.host", 'write "local" or [user@]host[:port], e.g. root@ct200')
+        if text is not None:
+            try:
+                host = HostSpec.parse(text)
+            except ValueError as exc:
+                c.add(f"{key}.host", str(exc), 'write "local" or [user@]host[:port], e.g. root@ct200:22')
+    if "venv" in data:
+        venv = c.string(data["venv"], f"{key}.venv", "give the venv's absolute path, e.g. /root/venv_sglang")
+        if venv is not None and not PurePosixPath(venv).is_absolute():
+            c.add(f"{key}.venv", f"expected an absolute path, got {venv!r}", "start it with '/', e.g. /root/venv_sglang")
+            venv = None
+        elif venv is not None:
+            venv = posixpath.normpath(venv)
+            if venv == "/":
+                c.add(f"{key}.venv", "the filesystem root is not a venv", "name the venv's folder")
+                venv = None
+    if host is None or venv is None:
+        return None
+    return Endpoint(host=host, venv=venv)
+
+
+def _ssh(c: _Checker, value: Any) -> SSHSettings:
+    if value is None:
+        return SSHSettings()
+    allowed = {
+        "identity_file": "identity_file: ~/.ssh/id_ed25519",
+        "known_hosts": "known_hosts: ~/.ssh/known_hosts",
+        "verify_host_keys": "verify_host_keys: true",
+        "connect_timeout": "connect_timeout: 10",
+    }
+    data = c.mapping(value, "ssh", allowed)
+    out: dict[str, Any] = {}
+    for name in ("identity_file", "known_hosts"):
+        if name in data:
+            out[name] = c.string(data[name], f"ssh.{name}", "give a file path")
+    if "verify_host_keys" in data:
+        if isinstance(data["verify_host_keys"], bool):
+            out["verify_host_keys"] = data["verify_host_keys"]
+        else:
+            c.add("ssh.verify_host_keys", f"expected true or false, got {_kind(data['verify_host_keys'])}",
+                  "write true (the default) or false")
+    if "connect_timeout" in data:
+        t = data["connect_timeout"]
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+            out["connect_timeout"] = float(t)
+        else:
+            c.add("ssh.connect_timeout", f"expected a positive number of seconds, got {_kind(t)}", "write e.g. 10")
+    return SSHSettings(**{k: v for k, v in out.items() if v is not None})
+
+
+def _overlay(c: _Checker, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        c.add("overlay", f"expected a non-empty list of distribution names or globs, got {_kind(value)}",
+              'write e.g. overlay: [torch, triton, "nvidia-*", sglang]')
+        return ()
+    out = []
+    for i, item in enumerate(value):
+        text = c.string(item, f"overlay[{i}]", 'write a distribution name or glob, e.g. "nvidia-*"')
+        if text is None:
+            continue
+        pattern = normalize_pattern(text.strip())
+        if not set(pattern) <= _NAME_CHARS or pattern.strip("*?") == "" and pattern != "*":
+            c.add(f"overlay[{i}]", f"{text!r} is not a distribution name or glob",
+                  "use letters, digits, '-', '_', '.' and the globs '*' and '?'")
+            continue
+        out.append(pattern)
+    return tuple(out)
+
+
+def _patches(c: _Checker, value: Any) -> tuple[Patch, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        c.add("patches", f"expected a list, got {_kind(value)}",
+              "write e.g. patches: [{source: patches/x.py, dest: sglang/x.py}]")
+        return ()
+    out = []
+    allowed = {"source": "source: patches/server_args.py (relative to the manifest)",
+               "dest": "dest: sglang/srt/server_args.py (relative to site-packages)"}
+    for i, item in enumerate(value):
+        key = f"patches[{i}]"
+        data = c.mapping(item, key, allowed, required=("source", "dest"))
+        source = dest = None
+        if "source" in data:
+            text = c.string(data["source"], f"{key}.source", "give a path relative to the manifest's folder")
+            if text is not None:
+                source = _relative(text)
+                if source is None:
+                    c.add(f"{key}.source", f"{text!r} is absolute or leaves the manifest's folder",
+                          "keep patch files in a folder beside the manifest and name them relative to it")
+                elif text.endswith("/"):
+                    source += "/"
+        if "dest" in data:
+            text = c.string(data["dest"], f"{key}.dest", "give a path relative to site-packages")
+            if text is not None:
+                dest = _relative(text)
+                if dest is None:
+                    c.add(f"{key}.dest", f"{text!r} is absolute or leaves site-packages",
+                          "name it relative to site-packages, e.g. sglang/srt/server_args.py")
+                elif text.endswith("/"):
+                    dest += "/"
+        if source is not None and dest is not None:
+            if source.endswith("/") and not dest.endswith("/"):
+                dest += "/"
+            out.append(Patch(source=source, dest=dest))
+    return tuple(out)
+
+
+def _server_args(c: _Checker, value: Any) -> ServerArgsCheck | None:
+    allowed = {"entry": "entry: sglang.srt.server_args:prepare_server_args",
+               "args": "args: [--model-path, /models/x]",
+               "expect": "expect: {speculative_algorithm: DFLASH}"}
+    data = c.mapping(value, "verify.server_args", allowed, required=("entry", "args"))
+    entry = None
+    if "entry" in data:
+        entry = c.string(data["entry"], "verify.server_args.entry", "write module:function")
+        if entry is not None:
+            module, colon, func = entry.partition(":")
+            if not colon or not all(p.isidentifier() for p in module.split(".") + func.split(".")):
+                c.add("verify.server_args.entry", f"expected module:function, got {entry!r}",
+                      "write e.g. sglang.srt.server_args:prepare_server_args")
+                entry = None
+    args: list[str] = []
+    if "args" in data:
+        if not isinstance(data["args"], list):
+            c.add("verify.server_args.args", f"expected a list of strings, got {_kind(data['args'])}",
+                  "write e.g. args: [--model-path, /dev/shm/model]")
+        else:
+            for i, a in enumerate(data["args"]):
+                if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+                    c.add(f"verify.server_args.args[{i}]", f"expected a string, got {_kind(a)}", "quote it")
+                else:
+                    args.append(str(a))
+    expect: dict[str, Any] = {}
+    if "expect" in data:
+        if not isinstance(data["expect"], dict):
+            c.add("verify.server_args.expect", f"expected a mapping, got {_kind(data['expect'])}",
+                  "write e.g. expect: {speculative_algorithm: DFLASH}")
+        else:
+            for k, v in data["expect"].items():
+                if not isinstance(k, str) or not k.isidentifier():
+                    c.add(f"verify.server_args.expect.{k}", "expected an attribute name", "use the ServerArgs field name")
+                elif not (v is None or isinstance(v, (str, int, float, bool))):
+                    c.add(f"verify.server_args.expect.{k}", f"expected a scalar, got {_kind(v)}",
+                          "compare one value per attribute")
+                else:
+                    expect[k] = v
+    if entry is None:
+        return None
+    return ServerArgsCheck(entry=entry, args=tuple(args), expect=expect)
+
+
+def _verify(c: _Checker, value: Any) -> VerifySettings:
+    if value is None:
+        return VerifySettings()
+    allowed = {"env": "env: {CUDA_VISIBLE_DEVICES: '0'}", "imports": "imports: [torch, sglang]",
+               "server_args": "server_args: {entry: ..., args: [...], expect: {...}}",
+               "smoke": "smoke: {device: auto}", "timeout": "timeout: 300"}
+    data = c.mapping(value, "verify", allowed)
+    env: dict[str, str] = {}
+    if "env" in data:
+        if not isinstance(data["env"], dict):
+            c.add("verify.env", f"expected a mapping, got {_kind(data['env'])}", "write e.g. env: {CUDA_VISIBLE_DEVICES: '1'}")
+        else:
+            for k, v in data["env"].items():
+                if not isinstance(k, str) or not k or not (k.replace("_", "a").isalnum() and not k[0].isdigit()):
+                    c.add(f"verify.env.{k}", "not an environment variable name", "use letters, digits and '_'")
+                elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                    c.add(f"verify.env.{k}", f"expected a string, got {_kind(v)}", f"quote it: {k}: \"...\"")
+                else:
+                    env[k] = str(v)
+    imports: list[str] = []
+    if "imports" in data:
+        if not isinstance(data["imports"], list):
+            c.add("verify.imports", f"expected a list, got {_kind(data['imports'])}", "write e.g. imports: [torch, sglang]")
+        else:
+            for i, name in enumerate(data["imports"]):
+                if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+                    c.add(f"verify.imports[{i}]", f"expected an import name, got {_kind(name)}", "write e.g. flashinfer")
+                else:
+                    imports.append(name)
+    server_args = _server_args(c, data["server_args"]) if "server_args" in data else None
+    smoke = None
+    if "smoke" in data:
+        sm = c.mapping(data["smoke"], "verify.smoke", {"device": "device: auto"}, required=("device",))
+        if "device" in sm:
+            if sm["device"] in SMOKE_DEVICES:
+                smoke = sm["device"]
+            else:
+                c.add("verify.smoke.device", f"expected one of {', '.join(SMOKE_DEVICES)}, got {_kind(sm['device'])}",
+                      "write device: auto to use a GPU when there is one")
+    timeout = 300.0
+    if "timeout" in data:
+        t = data["timeout"]
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+            timeout = float(t)
+        else:
+            c.add("verify.timeout", f"expected a positive number of seconds, got {_kind(t)}", "write e.g. timeout: 300")
+    return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout)
+
+
+def parse_manifest(data: Any, *, path: str) -> Manifest:
+    """Validate a decoded YAML document as a version-1 manifest.
+
+    :param data: what ``yaml.safe_load`` returned.
+    :param path: the manifest's path, used in messages and kept on the result.
+    :raises ManifestError: listing every problem, each as ``key: what; fix: how``.
+    """
+    c = _Checker()
+    allowed = {
+        "version": "version: 1",
+        "donor": "donor: {host: root@ct129, venv: /root/venv_sglang}",
+        "target": "target: {host: root@ct200, venv: /root/venv_sglang}",
+        "ssh": "ssh: {identity_file: ..., known_hosts: ...}",
+        "overlay": "overlay: [torch, sglang]",
+        "patches": "patches: [{source: ..., dest: ...}]",
+        "verify": "verify: {imports: [...]}",
+    }
+    top = c.mapping(data, "", allowed, required=("version", "donor", "target", "overlay"))
+    if "version" in top and (top["version"] != 1 or isinstance(top["version"], bool)):
+        c.add("version", f"expected 1, got {_kind(top['version'])}", "write version: 1 (the only manifest version)")
+    donor = _endpoint(c, top["donor"], "donor") if "donor" in top else None
+    target = _endpoint(c, top["target"], "target") if "target" in top else None
+    ssh = _ssh(c, top.get("ssh"))
+    overlay = _overlay(c, top["overlay"]) if "overlay" in top else ()
+    patches = _patches(c, top.get("patches"))
+    verify = _verify(c, top.get("verify"))
+    if donor is not None and target is not None and donor == target:
+        c.add("target", f"the target is the donor ({donor})", "name another host or venv as the target")
+    if c.problems or donor is None or target is None:
+        raise ManifestError(path, c.problems or ["donor and target are required"])
+    return Manifest(path=path, donor=donor, target=target, ssh=ssh, overlay=overlay, patches=patches, verify=verify)

@@ -1,0 +1,221 @@
+"""The planner: ``plan(manifest, donor, target, patch_files) -> Plan`` (pure core).
+
+For each donor distribution the overlay selects, compare it with the target's and
+decide the action (see :data:`transplant.model.DIST_ACTIONS`) and exactly which files
+move: a file is copied only when the target lacks it or its content differs; files of
+the target's old version that the new one lacks are removed, unless another
+distribution that stays also lists them. Patch files win over the overlay's copy of the
+same path. Then the compatibility checks (:mod:`transplant.checks`) run on the
+environment as it will be after apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from packaging.utils import NormalizedName
+
+from .checks import EnvironmentAfter, compatibility_findings
+from .cuda import cuda_variant, describe_variant
+from .inventory import Distribution, FileEntry, Inventory
+from .manifest import Manifest
+from .model import Change, FileCopy, Finding, Plan, Side
+
+__all__ = ["PatchFile", "plan", "selected_names"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchFile:
+    """One patch file as read on the controller.
+
+    :ivar local: path relative to the manifest's folder.
+    :ivar dest: POSIX path relative to the target's venv prefix.
+    :ivar hash: ``sha256=<urlsafe b64>``; :ivar size: bytes.
+    """
+
+    local: str
+    dest: str
+    hash: str
+    size: int
+
+
+def selected_names(overlay: Sequence[str], inventory: Inventory) -> list[NormalizedName]:
+    """Normalised names of ``inventory``'s distributions matched by any overlay pattern, sorted."""
+    return sorted({d.name for d in inventory.distributions if any(fnmatchcase(d.name, p) for p in overlay)})
+
+
+def _side(label: str, host: str, inv: Inventory) -> Side:
+    return Side(label=label, host=host, venv=inv.interpreter.prefix, fingerprint=inv.fingerprint,
+                hostname=inv.hostname)
+
+
+def _version_action(new: Distribution, old: Distribution) -> str:
+    if new.version is None or old.version is None:
+        return "refresh" if new.raw_version == old.raw_version else "upgrade"
+    if new.version == old.version:
+        return "refresh"
+    if new.version.public == old.version.public:
+        return "rebuild"
+    return "upgrade" if new.version > old.version else "downgrade"
+
+
+def _reason(action: str, new: Distribution, old: Distribution | None, copies: int, same: int) -> str:
+    if old is None:
+        return f"not on the target; {copies} files to copy"
+    if action == "keep":
+        return f"same version, all {same} files identical"
+    if action == "rebuild":
+        was, now = cuda_variant(old.version), cuda_variant(new.version)
+        return f"same version, other CUDA build: {describe_variant(was)} -> {describe_variant(now)}"
+    if action == "refresh":
+        return f"same version, {copies} files differ"
+    return f"{old.raw_version} -> {new.raw_version}"
+
+
+def _same(donor_file: FileEntry, target_file: FileEntry | None) -> bool:
+    if target_file is None or not target_file.exists:
+        return False
+    return donor_file.content is not None and donor_file.content == target_file.content
+
+
+def _distribution_change(
+    name: NormalizedName,
+    new: Distribution,
+    olds: list[Distribution],
+    patched: set[str],
+    owned_elsewhere: set[str],
+    known: dict[str, FileEntry],
+    findings: list[Finding],
+) -> Change:
+    old = max(olds, key=lambda d: (d.version is not None, d.version or 0)) if olds else None
+    target_files: dict[str, FileEntry] = {}
+    for o in olds:
+        target_files.update(o.files)
+    copies: list[FileCopy] = []
+    same = 0
+    missing: list[str] = []
+    for path, entry in sorted(new.files.items()):
+        if path in patched:
+            continue
+        if not entry.exists or entry.content is None:
+            missing.append(path)
+            continue
+        if _same(entry, target_files.get(path) or known.get(path)):
+            same += 1
+            continue
+        copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
+    if missing:
+        findings.append(Finding(
+            code="record-drift", severity="warning", dists=(name,),
+            message=f"{new.display_name} {new.raw_version}: RECORD lists {len(missing)} files the donor "
+                    f"does not have (or could not read); they are not copied",
+            hint=f"reinstall it on the donor: <donor venv>/bin/pip install --force-reinstall "
+                 f"'{new.display_name}=={new.raw_version}'",
+            files=tuple(missing[:20]),
+        ))
+    keep = set(new.files) | patched | owned_elsewhere
+    remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists)
+    if old is None:
+        action = "add"
+    elif not copies and not remove:
+        action = "keep"
+    else:
+        action = _version_action(new, old)
+    return Change(
+        kind="distribution", name=name, action=action,
+        reason=_reason(action, new, old, len(copies), same),
+        from_version=old.raw_version if old else None, to_version=new.raw_version,
+        copy=tuple(copies), remove=tuple(remove), dist_info=new.dist_info, unchanged=same,
+    )
+
+
+def _patch_changes(patches: Sequence[PatchFile], target: Inventory) -> list[Change]:
+    out = []
+    for p in sorted(patches, key=lambda p: p.dest):
+        current = target.files.get(p.dest)
+        if current is not None and current.exists and current.content == p.hash:
+            out.append(Change(kind="patch", name=p.dest, action="keep", reason=f"identical to {p.local}",
+                              unchanged=1))
+            continue
+        action = "replace" if current is not None and current.exists else "add"
+        reason = f"from {p.local}" + (" (content differs)" if action == "replace" else "")
+        out.append(Change(kind="patch", name=p.dest, action=action, reason=reason,
+                          copy=(FileCopy(path=p.dest, size=p.size, hash=p.hash, source="patch", local=p.local),)))
+    return out
+
+
+def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -> list[Finding]:
+    findings = []
+    donor_names = {d.name for d in donor.distributions}
+    target_names = {d.name for d in target.distributions}
+    for pattern in manifest.overlay:
+        if any(fnmatchcase(n, pattern) for n in donor_names):
+            continue
+        is_glob = any(ch in pattern for ch in "*?[")
+        on_target = sorted(n for n in target_names if fnmatchcase(n, pattern))
+        where = f"; the target has {', '.join(on_target)}" if on_target else ""
+        findings.append(Finding(
+            code="overlay-no-match", severity="warning" if is_glob else "error", dists=tuple(on_target),
+            message=f"overlay entry {pattern!r} matches no distribution on the donor {donor.label}{where}",
+            hint=f"remove {pattern!r} from overlay in {manifest.path}, or fix its spelling "
+                 f"(names are compared after PEP 503 normalisation)",
+        ))
+    for name in sorted(target_names - donor_names):
+        patterns = [p for p in manifest.overlay if fnmatchcase(name, p)]
+        if patterns:
+            findings.append(Finding(
+                code="overlay-target-only", severity="info", dists=(name,),
+                message=f"{name} matches overlay {patterns[0]!r} but the donor does not have it; "
+                        f"it stays on the target as it is",
+                hint=f"if it should go: {target.interpreter.prefix}/bin/python -m pip uninstall {name}",
+            ))
+    return findings
+
+
+def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Sequence[PatchFile] = ()) -> Plan:
+    """Compute what apply must do to make ``target`` hold ``donor``'s overlay set and patches.
+
+    :param manifest: the validated manifest (overlay patterns, labels for messages).
+    :param donor: the donor's inventory, with the overlaid distributions hashed.
+    :param target: the target's inventory, with the overlaid distributions and the patch
+        destinations hashed.
+    :param patches: the patch files read on the controller, destinations already made
+        venv-relative.
+    :returns: a :class:`Plan` whose changes are sorted (distributions by name, then
+        patches by path) and whose findings are sorted by (severity, code, dists).
+    """
+    findings = _overlay_findings(manifest, donor, target)
+    donor_by, target_by = donor.by_name(), target.by_name()
+    names = selected_names(manifest.overlay, donor)
+    patched = {p.dest for p in patches}
+    owned_elsewhere: set[str] = set()
+    known: dict[str, FileEntry] = {}
+    for dist in target.distributions:
+        known.update(dist.files)
+        if dist.name not in names:
+            owned_elsewhere.update(dist.files)
+    changes = []
+    after: dict[NormalizedName, Distribution] = {
+        n: max(ds, key=lambda d: (d.version is not None, d.version or 0)) for n, ds in target_by.items()
+    }
+    for name in names:
+        new = donor_by[name][0]
+        changes.append(_distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
+                                            findings))
+        after[name] = new
+    changes.extend(_patch_changes(patches, target))
+    env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after)
+    findings.extend(compatibility_findings(manifest, env))
+    order = {"error": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: (order[f.severity], f.code, f.dists, f.message))
+    return Plan(
+        manifest=manifest.path,
+        donor=_side(donor.label, str(manifest.donor.host), donor),
+        target=_side(target.label, str(manifest.target.host), target),
+        changes=tuple(changes),
+        findings=tuple(findings),
+        hash_patterns=manifest.overlay,
+        patch_files=tuple(sorted(patched)),
+    )

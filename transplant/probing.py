@@ -1,0 +1,98 @@
+"""Run a host script in a venv and read its JSON (edge): the inventory probe and friends."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import remote
+from .errors import HostError, ProbeError
+from .hosts import Host
+from .inventory import Inventory, parse_inventory
+
+__all__ = ["venv_python", "run_script", "take_inventory"]
+
+
+def venv_python(venv: str) -> str:
+    """The interpreter of a venv: ``<venv>/bin/python``."""
+    return posixpath.join(venv, "bin", "python")
+
+
+def run_script(
+    host: Host,
+    venv: str,
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    request: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 600.0,
+) -> dict[str, Any]:
+    """Run the host script ``script`` (see :mod:`transplant.remote`) with the venv's python.
+
+    Without ``request`` the script goes on standard input (``python - ARGS``); with one,
+    the script is passed with ``-c`` and the request as JSON on standard input.
+
+    :param timeout: seconds; None waits without limit.
+    :returns: the JSON object the script printed (its last line of output).
+    :raises HostError: the host cannot be reached, the venv's python is missing or does
+        not start, or the script printed no JSON (its stderr tail is in the message).
+    """
+    python = venv_python(venv)
+    label = f"{host.label}:{venv}"
+    code = remote.source(script)
+    if request is None:
+        argv, stdin = [python, "-", *args], code
+    else:
+        argv, stdin = [python, "-c", code.decode(), *args], json.dumps(request).encode()
+    result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
+    lines = [line for line in result.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
+    if result.returncode == 127 or (result.returncode != 0 and not lines and b"No such file" in result.stderr):
+        raise HostError(
+            f"{label}: {python} does not exist; is {venv} a venv on {host.label}?",
+            hint=f"create it there (python3 -m venv {shlex.quote(venv)}) or fix the venv path in the manifest",
+        )
+    if not lines:
+        tail = result.stderr.decode("utf-8", "replace").strip()[-800:]
+        raise HostError(
+            f"{label}: the venv's python did not run the {script} script (exit {result.returncode}): {tail}",
+            hint=f"try it by hand: ssh {host.label} {shlex.quote(python)} -c 'print(1)'",
+        )
+    try:
+        document = json.loads(lines[-1])
+    except ValueError as exc:
+        raise HostError(f"{label}: the {script} script printed something that is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise HostError(f"{label}: the {script} script printed {type(document).__name__}, expected an object")
+    return document
+
+
+def take_inventory(
+    host: Host,
+    venv: str,
+    *,
+    hash_patterns: Sequence[str] = (),
+    files: Sequence[str] = (),
+    timeout: float | None = 600.0,
+) -> Inventory:
+    """Probe a venv and parse its inventory.
+
+    :param hash_patterns: normalised distribution names or globs whose files are hashed
+        (``*`` for all); others report RECORD facts only.
+    :param files: venv-relative paths to hash as well (patch destinations).
+    :raises HostError: as :func:`run_script`.
+    :raises ProbeError: the report is of another schema or malformed.
+    """
+    request = {"hash": list(hash_patterns), "files": list(files)}
+    document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
+    label = f"{host.label}:{venv}"
+    inventory = parse_inventory(document, label=label)
+    if posixpath.normpath(inventory.interpreter.prefix) != posixpath.normpath(venv):
+        raise ProbeError(
+            f"{label}: {venv_python(venv)} runs in {inventory.interpreter.prefix}, not in {venv}",
+            hint="name the venv's own folder (the one with pyvenv.cfg), not a symlink to it",
+        )
+    return inventory

@@ -1,0 +1,97 @@
+"""Apply helper on the target: remove files and keep the venv's transplant state folder.
+
+Usage: ``<venv>/bin/python - < applier.py`` is not possible (stdin carries the script),
+so the controller runs ``<venv>/bin/python -c <this file's text> OP`` with a JSON
+request on standard input. Operations:
+
+* ``remove``: ``{"paths": [venv-relative POSIX paths]}``. Each path must stay inside
+  the venv prefix once normalised and once symlinks in its parent folders are resolved;
+  otherwise nothing at all is removed and the reply names the path. Folders left empty
+  by a removal are removed, up to (not including) site-packages or the prefix.
+* ``record``: ``{"entry": {...}}`` appends one JSON line to
+  ``<venv>/.transplant/history.jsonl`` (created with mode 0700).
+
+Prints one JSON document: ``{"ok", "removed", "missing", "error"}``. Stdlib only.
+"""
+
+import json
+import os
+import sys
+
+STATE = ".transplant"
+
+
+def _resolve(prefix, rel):
+    if not rel or rel.startswith("/") or "\0" in rel:
+        return None
+    full = os.path.normpath(os.path.join(prefix, rel))
+    real_prefix = os.path.realpath(prefix)
+    parent = os.path.realpath(os.path.dirname(full))
+    if not (parent == real_prefix or parent.startswith(real_prefix + os.sep)):
+        return None
+    return os.path.join(parent, os.path.basename(full))
+
+
+def remove(prefix, paths):
+    resolved = []
+    for rel in paths:
+        full = _resolve(prefix, rel)
+        if full is None:
+            return {"ok": False, "error": "refused: {!r} leaves the venv {}".format(rel, prefix),
+                    "removed": 0, "missing": []}
+        resolved.append(full)
+    removed, missing, parents = 0, [], set()
+    for full in resolved:
+        try:
+            os.unlink(full)
+            removed += 1
+        except FileNotFoundError:
+            missing.append(os.path.relpath(full, prefix))
+        parents.add(os.path.dirname(full))
+    stop = {os.path.realpath(prefix)}
+    for folder in sorted(parents, key=len, reverse=True):
+        while folder not in stop and folder.startswith(os.path.realpath(prefix) + os.sep):
+            if os.path.basename(folder) == "site-packages":
+                break
+            try:
+                entries = os.listdir(folder)
+                if entries == ["__pycache__"]:
+                    pyc = os.path.join(folder, "__pycache__")
+                    if not os.listdir(pyc):
+                        os.rmdir(pyc)
+                        entries = []
+                if entries:
+                    break
+                os.rmdir(folder)
+            except OSError:
+                break
+            folder = os.path.dirname(folder)
+    return {"ok": True, "error": None, "removed": removed, "missing": missing}
+
+
+def record(prefix, entry):
+    state = os.path.join(prefix, STATE)
+    os.makedirs(state, mode=0o700, exist_ok=True)
+    with open(os.path.join(state, "history.jsonl"), "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return {"ok": True, "error": None, "removed": 0, "missing": []}
+
+
+def main(argv):
+    prefix = os.path.normpath(sys.prefix)
+    request = json.load(sys.stdin)
+    op = argv[0] if argv else ""
+    if op == "remove":
+        reply = remove(prefix, request.get("paths", []))
+    elif op == "record":
+        reply = record(prefix, request.get("entry", {}))
+    else:
+        reply = {"ok": False, "error": "unknown operation {!r}".format(op), "removed": 0, "missing": []}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,358 @@
+"""The inventory probe: one stdlib-only file run by a venv's own interpreter on its host.
+
+Usage on a host (the controller sends this file on standard input)::
+
+    <venv>/bin/python - [--hash PATTERN]... [--file RELPATH]... < probe.py
+    <venv>/bin/python -c "$(cat probe.py)" --stdin < '{"hash": [...], "files": [...]}'
+
+It prints one JSON document (schema ``transplant.inventory/1``) on standard output:
+the interpreter, the venv's paths, every distribution found in site-packages with its
+METADATA, WHEEL, RECORD and direct_url facts, the files named with ``--file``, and the
+host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
+
+* ``--hash PATTERN`` (repeatable; fnmatch on PEP 503 normalised names, ``*`` for all):
+  the files of matching distributions are read and hashed (sha256, RECORD's
+  urlsafe-base64 form) and stat'ed; the others report only RECORD's facts.
+* ``--file RELPATH`` (repeatable): a path relative to the venv prefix to hash, present
+  or not (used for patch destinations).
+
+Design rules: Python 3.9+, no imports outside the standard library, never imports the
+distributions it reports (the venv may be broken), never writes anything. The
+controller parses the output with :func:`transplant.inventory.parse_inventory`; it never
+imports this module's functions at run time on the controller.
+"""
+
+import base64
+import csv
+import email.parser
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+
+SCHEMA = "transplant.inventory/1"
+_NORMALIZE = re.compile(r"[-_.]+")
+_CHUNK = 1 << 20
+
+
+def normalize(name):
+    """PEP 503 normalised form of a distribution name."""
+    return _NORMALIZE.sub("-", name).lower()
+
+
+def file_hash(path):
+    """Return (``sha256=<urlsafe b64, no padding>``, size in bytes) of a file, or (None, None)."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as handle:
+            while True:
+                block = handle.read(_CHUNK)
+                if not block:
+                    break
+                size += len(block)
+                digest.update(block)
+    except OSError:
+        return None, None
+    encoded = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+    return "sha256=" + encoded, size
+
+
+def _inside(prefix, path):
+    """Path relative to prefix (POSIX), or None when it escapes the prefix."""
+    rel = os.path.relpath(os.path.normpath(path), prefix)
+    if rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir:
+        return None
+    return rel.replace(os.sep, "/")
+
+
+def _read(path):
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _metadata(text):
+    if text is None:
+        return None
+    message = email.parser.HeaderParser().parsestr(text)
+    return {
+        "name": message.get("Name"),
+        "version": message.get("Version"),
+        "summary": message.get("Summary"),
+        "requires_python": message.get("Requires-Python"),
+        "requires_dist": message.get_all("Requires-Dist") or [],
+    }
+
+
+def _wheel(text):
+    if text is None:
+        return None
+    message = email.parser.HeaderParser().parsestr(text)
+    purelib = (message.get("Root-Is-Purelib") or "").strip().lower() == "true"
+    return {
+        "generator": message.get("Generator"),
+        "root_is_purelib": purelib,
+        "tags": message.get_all("Tag") or [],
+    }
+
+
+def _record(dist_dir, site, prefix, hashed):
+    text = _read(os.path.join(dist_dir, "RECORD"))
+    if text is None:
+        return None
+    entries = []
+    for row in csv.reader(io.StringIO(text)):
+        if not row or not row[0]:
+            continue
+        rel = row[0]
+        record_hash = row[1] if len(row) > 1 and row[1] else None
+        try:
+            record_size = int(row[2]) if len(row) > 2 and row[2] else None
+        except ValueError:
+            record_size = None
+        full = os.path.normpath(os.path.join(site, rel))
+        entry = {
+            "path": rel,
+            "venv_path": _inside(prefix, full),
+            "record_hash": record_hash,
+            "record_size": record_size,
+        }
+        if entry["venv_path"] is not None:
+            entry.update(_file_facts(full, hashed))
+        entries.append(entry)
+    return entries
+
+
+def _file_facts(full, hashed):
+    """Presence, kind, mode and (when hashed) content facts of one file."""
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return {"exists": False}
+    facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
+    if os.path.islink(full):
+        facts["symlink"] = os.readlink(full)
+        return facts
+    facts["size"] = st.st_size
+    if hashed:
+        facts["hash"], _ = file_hash(full)
+    return facts
+
+
+def _direct_url(dist_dir):
+    text = _read(os.path.join(dist_dir, "direct_url.json"))
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"unreadable": True}
+
+
+def _distributions(site, prefix, patterns):
+    found = []
+    try:
+        names = sorted(os.listdir(site))
+    except OSError:
+        return found
+    for entry in names:
+        if not (entry.endswith(".dist-info") or entry.endswith(".egg-info")):
+            continue
+        dist_dir = os.path.join(site, entry)
+        if not os.path.isdir(dist_dir):
+            continue
+        metadata = _metadata(_read(os.path.join(dist_dir, "METADATA"))
+                             or _read(os.path.join(dist_dir, "PKG-INFO")))
+        stem = entry.rsplit(".", 1)[0]
+        fallback_name, _, fallback_version = stem.partition("-")
+        name = (metadata or {}).get("name") or fallback_name
+        hashed = any(fnmatch.fnmatchcase(normalize(name), p) for p in patterns)
+        top_level = _read(os.path.join(dist_dir, "top_level.txt"))
+        installer = _read(os.path.join(dist_dir, "INSTALLER"))
+        found.append({
+            "name": name,
+            "version": (metadata or {}).get("version") or fallback_version or None,
+            "dist_info": entry,
+            "site_packages": _inside(prefix, site),
+            "metadata_present": metadata is not None,
+            "summary": (metadata or {}).get("summary"),
+            "requires_python": (metadata or {}).get("requires_python"),
+            "requires_dist": (metadata or {}).get("requires_dist", []),
+            "installer": installer.strip() if installer else None,
+            "requested": os.path.exists(os.path.join(dist_dir, "REQUESTED")),
+            "direct_url": _direct_url(dist_dir),
+            "wheel": _wheel(_read(os.path.join(dist_dir, "WHEEL"))),
+            "top_level": [t for t in (top_level or "").split() if t],
+            "entry_points": _read(os.path.join(dist_dir, "entry_points.txt")),
+            "hashed": hashed,
+            "record": _record(dist_dir, site, prefix, hashed),
+        })
+    return found
+
+
+def _glibc():
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    except (AttributeError, ValueError, IndexError, OSError):
+        name, version = platform.libc_ver()
+        return version if name == "glibc" else None
+
+
+def _marker_environment():
+    """The PEP 508 marker variables of this interpreter (as packaging computes them)."""
+    impl = sys.implementation
+    version = "{0.major}.{0.minor}.{0.micro}".format(impl.version)
+    if impl.version.releaselevel != "final":
+        version += impl.version.releaselevel[0] + str(impl.version.serial)
+    return {
+        "implementation_name": impl.name,
+        "implementation_version": version,
+        "os_name": os.name,
+        "platform_machine": platform.machine(),
+        "platform_release": platform.release(),
+        "platform_system": platform.system(),
+        "platform_version": platform.version(),
+        "python_full_version": platform.python_version(),
+        "platform_python_implementation": platform.python_implementation(),
+        "python_version": ".".join(platform.python_version_tuple()[:2]),
+        "sys_platform": sys.platform,
+    }
+
+
+def _pyvenv_cfg(prefix):
+    text = _read(os.path.join(prefix, "pyvenv.cfg"))
+    if text is None:
+        return None
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def _interpreter(prefix):
+    cfg = _pyvenv_cfg(prefix)
+    home = (cfg or {}).get("home")
+    return {
+        "executable": sys.executable,
+        "prefix": prefix,
+        "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+        "version": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "cache_tag": sys.implementation.cache_tag,
+        "soabi": sysconfig.get_config_var("SOABI"),
+        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+        "abi_tag": "cp{0}{1}".format(*sys.version_info[:2]) if sys.implementation.name == "cpython" else None,
+        "machine": platform.machine(),
+        "glibc": _glibc(),
+        "pyvenv_cfg": cfg,
+        "home_exists": os.path.isdir(home) if home else None,
+        "markers": _marker_environment(),
+    }
+
+
+def _nvidia():
+    """NVIDIA driver and GPU facts from nvidia-smi, or the reason there are none."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {"available": False, "reason": "no nvidia-smi on PATH"}
+    query = ["--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run([exe] + query, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             timeout=30, check=False)
+        header = subprocess.run([exe], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"available": False, "reason": "nvidia-smi failed: {}".format(exc)}
+    if out.returncode != 0:
+        tail = out.stderr.decode("utf-8", "replace").strip()[-300:]
+        return {"available": False, "reason": "nvidia-smi exited {}: {}".format(out.returncode, tail)}
+    gpus, driver = [], None
+    for row in csv.reader(io.StringIO(out.stdout.decode("utf-8", "replace"))):
+        if len(row) < 4:
+            continue
+        name, cap, memory, driver = (cell.strip() for cell in row[:4])
+        try:
+            memory_mib = int(float(memory))
+        except ValueError:
+            memory_mib = None
+        gpus.append({"name": name, "compute_capability": cap, "memory_mib": memory_mib})
+    match = re.search(r"CUDA Version:\s*([0-9.]+)", header.stdout.decode("utf-8", "replace"))
+    return {
+        "available": True,
+        "driver_version": driver,
+        "cuda_version": match.group(1) if match else None,
+        "gpus": gpus,
+    }
+
+
+def _arguments(argv):
+    if argv == ["--stdin"]:
+        request = json.load(sys.stdin)
+        return [normalize(p) for p in request.get("hash", [])], list(request.get("files", []))
+    patterns, files = [], []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--hash":
+            patterns.append(normalize(next(it, "*")))
+        elif arg == "--file":
+            files.append(next(it, ""))
+        else:
+            raise SystemExit("probe: unknown argument {!r}".format(arg))
+    return patterns, files
+
+
+def main(argv):
+    """Print the inventory document of the running interpreter's venv; return 0."""
+    started = time.time()
+    patterns, files = _arguments(argv)
+    prefix = os.path.normpath(sys.prefix)
+    paths = sysconfig.get_paths()
+    sites = []
+    for key in ("purelib", "platlib"):
+        if paths[key] not in sites:
+            sites.append(paths[key])
+    distributions = []
+    for site in sites:
+        distributions.extend(_distributions(site, prefix, patterns))
+    extra = {}
+    for rel in files:
+        full = os.path.normpath(os.path.join(prefix, rel))
+        inside = _inside(prefix, full)
+        extra[rel] = {"venv_path": inside}
+        if inside is not None:
+            extra[rel].update(_file_facts(full, True))
+    document = {
+        "schema": SCHEMA,
+        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia()},
+        "interpreter": _interpreter(prefix),
+        "paths": {
+            "prefix": prefix,
+            "purelib": _inside(prefix, paths["purelib"]),
+            "platlib": _inside(prefix, paths["platlib"]),
+            "scripts": _inside(prefix, paths["scripts"]),
+        },
+        "distributions": distributions,
+        "files": extra,
+        "probe_seconds": round(time.time() - started, 3),
+    }
+    json.dump(document, sys.stdout, sort_keys=True, separators=(",", ":"))
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

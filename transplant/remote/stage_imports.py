@@ -1,0 +1,51 @@
+"""Verify stage ``imports``: import each name and say its version and where it came from.
+
+Usage: ``<venv>/bin/python - NAME... < stage_imports.py``. Prints one JSON document:
+``{"imports": [{"name", "ok", "version", "file", "error", "seconds"}]}``. Stdlib only;
+runs in a fresh interpreter of the target venv with the manifest's environment.
+"""
+
+import importlib
+import json
+import sys
+import time
+import traceback
+
+
+def _version(module, name):
+    version = getattr(module, "__version__", None)
+    if version is not None:
+        return str(version)
+    try:
+        from importlib import metadata
+
+        top = name.split(".")[0]
+        for dist in metadata.packages_distributions().get(top, []):
+            return metadata.version(dist)
+    except Exception:  # noqa: BLE001 - metadata may be broken; the version is optional
+        return None
+    return None
+
+
+def main(names):
+    results = []
+    for name in names:
+        started = time.monotonic()
+        try:
+            module = importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - a failing import is the finding
+            last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+            where = "{}:{}".format(last[0].filename, last[0].lineno) if last else None
+            results.append({"name": name, "ok": False, "version": None, "file": None,
+                            "error": "{}: {}".format(type(exc).__name__, exc)[:2000], "where": where,
+                            "seconds": round(time.monotonic() - started, 3)})
+            continue
+        results.append({"name": name, "ok": True, "version": _version(module, name),
+                        "file": getattr(module, "__file__", None), "error": None,
+                        "seconds": round(time.monotonic() - started, 3)})
+    sys.stdout.write(json.dumps({"imports": results}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""Verify stage ``server-args``: call the framework's own argument parser.
+
+Usage: ``<venv>/bin/python - ENTRY ATTR_JSON ARG... < stage_server_args.py`` where ENTRY
+is ``module:function`` (sglang's ``sglang.srt.server_args:prepare_server_args``), called
+with the list of ARGs, and ATTR_JSON a JSON list of attribute names to read from the
+result. Prints one JSON document: ``{"ok", "values": {attr: {"repr", "name", "value"}},
+"error", "exit_code"}``. A parser that rejects the arguments (argparse exits with code
+2 and prints the reason on stderr) is reported with ``ok`` false and its message.
+Stdlib only.
+"""
+
+import contextlib
+import importlib
+import io
+import json
+import sys
+import traceback
+
+
+def _describe(value):
+    out = {"repr": repr(value)[:500], "name": None, "value": None}
+    name = getattr(value, "name", None)
+    if isinstance(name, str):
+        out["name"] = name
+    inner = getattr(value, "value", value)
+    if inner is None or isinstance(inner, (str, int, float, bool)):
+        out["value"] = inner
+    else:
+        out["value"] = str(inner)[:500]
+    return out
+
+
+def main(argv):
+    entry, attrs = argv[0], json.loads(argv[1])
+    args = list(argv[2:])
+    module_name, _, func_name = entry.partition(":")
+    captured = io.StringIO()
+    result = {"ok": False, "values": {}, "error": None, "exit_code": None, "stderr": None}
+    try:
+        module = importlib.import_module(module_name)
+        func = module
+        for part in func_name.split("."):
+            func = getattr(func, part)
+        with contextlib.redirect_stderr(captured):
+            parsed = func(args)
+    except SystemExit as exc:
+        result["exit_code"] = exc.code if isinstance(exc.code, int) else 1
+        lines = [l for l in captured.getvalue().splitlines() if l.strip()]
+        result["error"] = (lines[-1] if lines else "the parser exited with code {}".format(exc.code))[:2000]
+    except BaseException as exc:  # noqa: BLE001 - the failure is the finding
+        tb = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+        where = " at {}:{}".format(tb[0].filename, tb[0].lineno) if tb else ""
+        result["error"] = "{}: {}{}".format(type(exc).__name__, exc, where)[:2000]
+    else:
+        result["ok"] = True
+        for attr in attrs:
+            if hasattr(parsed, attr):
+                result["values"][attr] = _describe(getattr(parsed, attr))
+    tail = captured.getvalue().strip()
+    result["stderr"] = tail[-2000:] if tail else None
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""Renderers (face): rich tables for people, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .inventory import Inventory
+from .model import Finding, Plan
+from .verdicts import VERIFY_SCHEMA, StageResult
+
+__all__ = ["human_bytes", "plan_table", "findings_table", "stages_table", "inventory_table", "verify_json",
+           "print_plan"]
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+_STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "skip": "yellow"}
+_ACTION_STYLE = {"keep": "dim", "add": "green", "upgrade": "cyan", "downgrade": "magenta", "rebuild": "bold cyan",
+                 "refresh": "cyan", "replace": "cyan"}
+
+
+def human_bytes(count: int | None) -> str:
+    """``1.5 MiB`` style text for a byte count (binary units); ``-`` for None."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+def plan_table(plan: Plan) -> Table:
+    """One row per change: distribution or patch, action, from, to, files (copy / remove), bytes, why."""
+    table = Table(title=f"plan: {plan.donor.label} -> {plan.target.label}", title_justify="left")
+    for column in ("distribution / patch", "action", "from", "to", "files", "bytes", "why"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("files", "bytes") else "left")
+    for change in plan.changes:
+        files = f"{len(change.copy)}" + (f" / -{len(change.remove)}" if change.remove else "")
+        name = change.name if change.kind == "distribution" else f"patch {change.name.rsplit('site-packages/', 1)[-1]}"
+        table.add_row(name, Text(change.action, style=_ACTION_STYLE.get(change.action, "")),
+                      change.from_version or "-", change.to_version or "-", files, human_bytes(change.bytes),
+                      change.reason)
+    return table
+
+
+def findings_table(findings: Sequence[Finding], title: str = "findings") -> Table:
+    """Severity, code, what was found, and the fix."""
+    table = Table(title=title, title_justify="left", show_lines=True)
+    for column in ("severity", "code", "found", "fix"):
+        table.add_column(column, overflow="fold")
+    for f in findings:
+        table.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, f.message, f.hint)
+    return table
+
+
+def print_plan(console: Console, plan: Plan) -> None:
+    """The plan table, its totals and its findings."""
+    console.print(plan_table(plan))
+    moving = [c for c in plan.changes if not c.is_noop]
+    files = sum(len(c.copy) for c in plan.changes)
+    removed = sum(len(c.remove) for c in plan.changes)
+    console.print(f"{len(moving)} changes: {files} files ({human_bytes(plan.copy_bytes)}) to copy, "
+                  f"{removed} to remove; {len(plan.changes) - len(moving)} unchanged")
+    if plan.findings:
+        console.print(findings_table(plan.findings))
+    blocking = plan.blocking
+    if blocking:
+        console.print(Text(f"{len(blocking)} error finding(s) block apply (use --force to apply anyway)",
+                           style="bold red"))
+
+
+def stages_table(results: Sequence[StageResult], title: str) -> Table:
+    """Stage, status, seconds, reason."""
+    table = Table(title=title, title_justify="left")
+    for column in ("stage", "status", "seconds", "reason"):
+        table.add_column(column, overflow="fold", justify="right" if column == "seconds" else "left")
+    for r in results:
+        table.add_row(r.name, Text(r.status.upper(), style=_STATUS_STYLE[r.status]), f"{r.seconds:.1f}", r.reason)
+    return table
+
+
+def verify_json(results: Sequence[StageResult], target: str) -> str:
+    """``{"schema", "target", "ok", "stages": [{"name", "status", "reason", "seconds", "details"}]}``."""
+    doc: dict[str, Any] = {"schema": VERIFY_SCHEMA, "target": target,
+                           "ok": not any(r.status == "fail" for r in results),
+                           "stages": [r.to_dict() for r in results]}
+    return json.dumps(doc, indent=2, sort_keys=True, default=str)
+
+
+def inventory_table(inv: Inventory) -> Table:
+    """One row per distribution: name, version, files in RECORD, bytes on disk (if known), installer."""
+    table = Table(title=f"{inv.label} (Python {inv.interpreter.version}, {inv.interpreter.machine}, "
+                        f"glibc {inv.interpreter.glibc}; {inv.nvidia.reason or inv.nvidia.driver_version})",
+                  title_justify="left")
+    for column in ("distribution", "version", "files", "bytes", "installer"):
+        table.add_column(column, justify="right" if column in ("files", "bytes") else "left")
+    for d in inv.distributions:
+        files = d.files
+        size = sum(e.size or 0 for e in files.values())
+        table.add_row(d.display_name, d.raw_version or "?", str(len(files)), human_bytes(size), d.installer or "-")
+    return table

@@ -1,0 +1,68 @@
+"""The state a plan promises, and how to compare a venv against it (pure core)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .inventory import FileEntry, Inventory
+from .model import Plan
+
+__all__ = ["expected_state", "state_mismatches", "drift"]
+
+
+def expected_state(plan: Plan) -> dict[str, str | None]:
+    """venv-relative path -> the content it must have after apply (None: must be absent).
+
+    Content is ``sha256=<urlsafe b64>`` or ``symlink:<target>``; a path both removed by
+    one change and copied by another (a file moving between distributions) must exist.
+    """
+    state: dict[str, str | None] = {}
+    for change in plan.changes:
+        for path in change.remove:
+            state.setdefault(path, None)
+    for change in plan.changes:
+        for copy in change.copy:
+            state[copy.path] = copy.hash
+    return state
+
+
+def _lookup(inventory: Inventory) -> Mapping[str, FileEntry]:
+    entries: dict[str, FileEntry] = {}
+    for dist in inventory.distributions:
+        entries.update(dist.files)
+    entries.update({k: v for k, v in inventory.files.items() if v.path is not None})
+    return entries
+
+
+def state_mismatches(expected: Mapping[str, str | None], inventory: Inventory) -> list[str]:
+    """Lines naming each path whose state in ``inventory`` differs from ``expected``.
+
+    A path is checked against the hashed files of the inventory (RECORD entries of hashed
+    distributions and the explicitly probed files); a path the inventory cannot speak
+    for counts as a mismatch ("not seen").
+    """
+    seen = _lookup(inventory)
+    out = []
+    for path, want in sorted(expected.items()):
+        entry = seen.get(path)
+        if want is None:
+            if entry is not None and entry.exists:
+                out.append(f"{path}: should have been removed, still there")
+            continue
+        if entry is None:
+            out.append(f"{path}: not seen on the target after apply")
+        elif not entry.exists:
+            out.append(f"{path}: missing")
+        elif entry.content != want:
+            out.append(f"{path}: content {entry.content} differs from the planned {want}")
+    return out
+
+
+def drift(plan: Plan, donor: Inventory, target: Inventory) -> list[str]:
+    """Which side changed since the plan was made (empty when both fingerprints match)."""
+    out = []
+    if donor.fingerprint != plan.donor.fingerprint:
+        out.append(f"the donor {plan.donor.label} changed since the plan was made")
+    if target.fingerprint != plan.target.fingerprint:
+        out.append(f"the target {plan.target.label} changed since the plan was made")
+    return out

@@ -1,0 +1,282 @@
+"""Copy a list of files between hosts with rsync, run on the controller.
+
+Exactly the listed files move (``--files-from``, NUL-separated, fed on standard input),
+each written to a temporary name in its destination directory and renamed into place
+(rsync's default; never ``--inplace``), so a file hardlinked elsewhere (a pip or uv cache)
+keeps its old bytes under its other names. ``--ignore-times`` makes rsync send every
+listed file: the planner, not rsync's size+mtime check, decides what differs.
+
+rsync cannot copy from one remote host to another, so SSH to SSH goes through a staging
+folder on the controller (two legs). Local to local, and local to or from SSH, is one leg.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import HostError, TransplantError
+from .hosts import Host, LocalHost
+
+__all__ = ["TransferResult", "copy_files", "check_relpath"]
+
+ProgressCallback = Callable[[int, int], None]
+
+_RSYNC_OPTIONS = (
+    "-a",
+    "--files-from=-",
+    "--from0",
+    "--ignore-times",
+    "--mkpath",
+    "--stats",
+    "--info=progress2",
+    "--no-human-readable",
+)
+_PROGRESS = re.compile(rb"^\s*([\d,]+)\s+(\d+)%")
+_STAT_LINES = {
+    "files": re.compile(r"^Number of regular files transferred: ([\d,]+)", re.M),
+    "sent": re.compile(r"^Total bytes sent: ([\d,]+)", re.M),
+    "received": re.compile(r"^Total bytes received: ([\d,]+)", re.M),
+    "size": re.compile(r"^Total transferred file size: ([\d,]+)", re.M),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferResult:
+    """What one :func:`copy_files` call moved.
+
+    :ivar files: regular files rsync transferred (into the destination).
+    :ivar bytes: bytes that crossed the wire, from rsync's ``--stats``: "Total bytes sent"
+        when the controller pushes (and for local copies), "Total bytes received" when it
+        pulls; the sum of both legs for an SSH to SSH relay. Delta transfer makes it
+        smaller than the files' size when the destination holds similar files.
+    :ivar seconds: wall-clock time of the whole copy, in seconds.
+    """
+
+    files: int
+    bytes: int
+    seconds: float
+
+
+def check_relpath(relpath: str) -> str:
+    """Normalise a path relative to a venv root and refuse one that leaves it.
+
+    :param relpath: POSIX path such as ``lib/python3.11/site-packages/torch/__init__.py``;
+        inner ``..`` that stays inside the root is folded away.
+    :returns: the normalised path.
+    :raises ValueError: empty, absolute, NUL, the root itself, or escapes the root.
+    """
+    if not isinstance(relpath, str):
+        raise TypeError(f"relative paths must be str, got {type(relpath).__name__}: {relpath!r}")
+    if not relpath or "\0" in relpath:
+        raise ValueError(f"bad relative path {relpath!r}: empty or contains NUL")
+    if relpath.startswith("/"):
+        raise ValueError(f"refusing absolute path {relpath!r}: paths must be relative to the root")
+    normal = posixpath.normpath(relpath)
+    if normal == ".":
+        raise ValueError(f"refusing {relpath!r}: it names the root itself, not a file in it")
+    if normal == ".." or normal.startswith("../"):
+        raise ValueError(f"refusing {relpath!r}: it escapes the root")
+    return normal
+
+
+def copy_files(
+    src: Host,
+    src_root: str,
+    dst: Host,
+    dst_root: str,
+    relpaths: Sequence[str],
+    *,
+    staging: Path,
+    progress: ProgressCallback | None = None,
+    timeout: float | None = None,
+) -> TransferResult:
+    """Copy ``src_root/<relpath>`` to ``dst_root/<relpath>`` for each relpath, with rsync.
+
+    Missing destination folders are created. Files are written to a temporary name and
+    renamed, so other hardlinks to a replaced file keep their content.
+
+    :param src: the host that has the files.
+    :param src_root: absolute folder on ``src`` the relpaths are relative to.
+    :param dst: the host to write to (may be ``src`` for a copy within one host).
+    :param dst_root: absolute folder on ``dst``; created if missing.
+    :param relpaths: POSIX paths relative to both roots; an empty list copies nothing.
+    :param staging: folder on the controller for the SSH to SSH relay; created if missing,
+        a fresh subfolder is used and removed afterwards. Unused for other copies.
+    :param progress: called with (bytes done, bytes in all) as rsync reports progress,
+        then once with (total, total) at the end. Until rsync's final statistics the total
+        is estimated from its percentage. A relay counts each leg as half.
+    :param timeout: seconds for the whole copy; None waits without limit.
+    :returns: files and bytes moved, and the time taken.
+    :raises ValueError: a relpath is absolute or escapes the root; a root is not absolute.
+    :raises HostError: rsync failed (its exit status and the tail of its stderr are in the
+        message) or ran past ``timeout``.
+    :raises TransplantError: rsync is not installed on the controller.
+    """
+    for root in (src_root, dst_root):
+        if not root.startswith("/"):
+            raise ValueError(f"root folders must be absolute paths, got {root!r}")
+    paths = [check_relpath(p) for p in relpaths]
+    started = time.monotonic()
+    if not paths:
+        return TransferResult(files=0, bytes=0, seconds=0.0)
+    listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+    deadline = None if timeout is None else started + timeout
+
+    src_remote = src.rsync_rsh() is not None
+    dst_remote = dst.rsync_rsh() is not None
+    if not (src_remote and dst_remote):
+        stats = _rsync(src, src_root, dst, dst_root, listing, progress, (0, 1), deadline, timeout)
+        return TransferResult(files=stats.files, bytes=stats.wire, seconds=time.monotonic() - started)
+
+    staging = Path(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    relay = tempfile.mkdtemp(prefix="relay-", dir=staging)
+    try:
+        controller = LocalHost()
+        first = _rsync(src, src_root, controller, relay, listing, progress, (0, 2), deadline, timeout)
+        second = _rsync(controller, relay, dst, dst_root, listing, progress, (1, 2), deadline, timeout)
+    finally:
+        shutil.rmtree(relay, ignore_errors=True)
+    return TransferResult(
+        files=second.files, bytes=first.wire + second.wire, seconds=time.monotonic() - started
+    )
+
+
+@dataclass(frozen=True)
+class _Stats:
+    files: int
+    wire: int
+    size: int
+
+
+def _rsync(
+    src: Host,
+    src_root: str,
+    dst: Host,
+    dst_root: str,
+    listing: bytes,
+    progress: ProgressCallback | None,
+    leg: tuple[int, int],
+    deadline: float | None,
+    timeout: float | None,
+) -> _Stats:
+    """One rsync run from the controller; at most one side is remote."""
+    remote = src if src.rsync_rsh() is not None else dst
+    rsh = remote.rsync_rsh()
+    argv = ["rsync", *_RSYNC_OPTIONS]
+    if rsh is not None:
+        argv += ["-e", rsh]
+    argv += [
+        src.rsync_location(src_root.rstrip("/") + "/"),
+        dst.rsync_location(dst_root.rstrip("/") + "/"),
+    ]
+    where = f"rsync from {src.label}:{src_root} to {dst.label}:{dst_root}"
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "LC_ALL": "C"},
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise TransplantError(
+            "rsync is not installed on the controller", hint="apt-get install rsync"
+        ) from None
+
+    stdout: list[bytes] = []
+    stderr: list[bytes] = []
+    index, legs = leg
+
+    def report(done: int, total: int) -> None:
+        if progress is not None and total > 0:
+            progress((index * total + min(done, total)) // legs, total)
+
+    def read_stdout() -> None:
+        pending = b""
+        while True:
+            chunk = proc.stdout.read1(1 << 16)
+            if not chunk:
+                break
+            stdout.append(chunk)
+            if progress is None:
+                continue
+            pending += chunk
+            *lines, pending = re.split(rb"[\r\n]", pending)
+            for line in lines:
+                match = _PROGRESS.match(line)
+                if match:
+                    done = int(match.group(1).replace(b",", b""))
+                    percent = int(match.group(2))
+                    total = done * 100 // percent if percent else 0
+                    report(done, max(total, done))
+
+    def read_stderr() -> None:
+        while True:
+            chunk = proc.stderr.read1(1 << 16)
+            if not chunk:
+                break
+            stderr.append(chunk)
+
+    def feed() -> None:
+        try:
+            proc.stdin.write(listing)
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (read_stdout, read_stderr, feed)]
+    for thread in threads:
+        thread.start()
+    try:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        proc.wait(remaining)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise HostError(f"{where} timed out after {timeout:g} s and was stopped") from None
+    except BaseException:
+        _kill(proc)
+        raise
+    finally:
+        for thread in threads:
+            thread.join(5)
+    err_text = b"".join(stderr).decode("utf-8", "replace").strip()
+    if proc.returncode != 0:
+        tail = err_text if len(err_text) <= 2000 else "..." + err_text[-2000:]
+        hint = None
+        if proc.returncode == 255:
+            hint = f"check that `ssh` reaches {remote.label} with the same key and known_hosts"
+        raise HostError(f"{where} failed with exit status {proc.returncode}:\n{tail}", hint=hint)
+    text = b"".join(stdout).decode("utf-8", "replace")
+    numbers = {}
+    for key, pattern in _STAT_LINES.items():
+        match = pattern.search(text)
+        numbers[key] = int(match.group(1).replace(",", "")) if match else 0
+    pull = src is remote and rsh is not None
+    stats = _Stats(
+        files=numbers["files"],
+        wire=numbers["received"] if pull else numbers["sent"],
+        size=numbers["size"],
+    )
+    report(stats.size, stats.size)
+    return stats
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

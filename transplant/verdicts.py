@@ -1,0 +1,135 @@
+"""Verify stage results and how each stage's report is judged (pure core).
+
+A stage is ``pass``, ``fail`` or ``skip``, always with a reason and seconds; a skip is
+never counted as a pass (:func:`overall_ok` is False only for failures, and reports
+show skips as skips).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import Finding
+
+__all__ = [
+    "VERIFY_SCHEMA",
+    "StageResult",
+    "judge_imports",
+    "judge_server_args",
+    "judge_smoke",
+    "judge_requirements",
+    "expect_matches",
+    "overall_ok",
+]
+
+VERIFY_SCHEMA = "transplant.verify/1"
+STATUSES = ("pass", "fail", "skip")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageResult:
+    """One verify stage: ``status`` in pass/fail/skip, a one-line ``reason``, wall ``seconds``,
+    and ``details`` (stage-specific JSON: imports with versions and files, parsed values...)."""
+
+    name: str
+    status: str
+    reason: str
+    seconds: float
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"name", "status", "reason", "seconds", "details"}``."""
+        return {"name": self.name, "status": self.status, "reason": self.reason,
+                "seconds": round(self.seconds, 3), "details": dict(self.details)}
+
+
+def judge_imports(report: Mapping[str, Any]) -> tuple[str, str]:
+    """(status, reason) for the imports script's report: fail if any import failed."""
+    items = report.get("imports", [])
+    if not items:
+        return "skip", "no import names to check (set verify.imports)"
+    failed = [i for i in items if not i.get("ok")]
+    if failed:
+        first = failed[0]
+        return "fail", f"{len(failed)} of {len(items)} imports failed; {first['name']}: {first.get('error')}"
+    parts = ", ".join(f"{i['name']} {i.get('version') or '?'}" for i in items)
+    return "pass", f"{len(items)} imports: {parts}"
+
+
+def expect_matches(want: Any, got: Mapping[str, Any] | None) -> bool:
+    """Whether a parsed attribute (as the server-args script describes it) matches ``want``.
+
+    An enum matches by its name or value (``DFLASH`` matches ``SpeculativeAlgorithm.DFLASH``);
+    numbers compare by value, so ``16`` matches ``16`` and ``16.0``; strings compare exactly.
+    """
+    if got is None:
+        return False
+    candidates = [got.get("value"), got.get("name")]
+    for have in candidates:
+        if have is None and want is not None:
+            continue
+        if isinstance(want, bool) or isinstance(have, bool):
+            if want is have:
+                return True
+            continue
+        if isinstance(want, (int, float)) and isinstance(have, (int, float)):
+            if float(want) == float(have):
+                return True
+            continue
+        if have == want or (isinstance(have, str) and have == str(want)):
+            return True
+    return False
+
+
+def judge_server_args(expect: Mapping[str, Any], report: Mapping[str, Any]) -> tuple[str, str]:
+    """(status, reason) for the server-args script's report against the manifest's ``expect``."""
+    if not report.get("ok"):
+        return "fail", f"the parser rejected the arguments: {report.get('error')}"
+    values = report.get("values", {})
+    wrong = []
+    for key, want in expect.items():
+        got = values.get(key)
+        if not expect_matches(want, got):
+            shown = "missing" if got is None else (got.get("name") or got.get("value") or got.get("repr"))
+            wrong.append(f"{key}={shown!s} (expected {want!s})")
+    if wrong:
+        return "fail", "parsed, but " + "; ".join(wrong)
+    shown = " ".join(str((values[k].get("name") or values[k].get("value"))) for k in expect)
+    return "pass", f"parsed; {shown}" if expect else "parsed (no expect map to compare)"
+
+
+def judge_smoke(device: str, report: Mapping[str, Any]) -> tuple[str, str]:
+    """(status, reason) for the smoke script's report; ``device`` is the manifest's choice."""
+    checks = report.get("checks", [])
+    if not report.get("ok"):
+        bad = [c for c in checks if not c.get("ok")]
+        if bad:
+            c = bad[0]
+            return "fail", (f"{c['name']} {c['dtype']} on {report.get('device')}: relative error "
+                            f"{c['rel_error']:.2e} above the bound {c['bound']:.0e}")
+        return "fail", str(report.get("reason"))
+    if not checks:
+        return "fail", "the smoke script ran no check"
+    worst = ", ".join(f"{c['name']} {c['dtype']} {c['rel_error']:.1e} <= {c['bound']:.0e}" for c in checks)
+    return "pass", f"{report.get('reason')}; torch {report.get('torch')}; {worst}"
+
+
+def judge_requirements(findings: Sequence[Finding]) -> tuple[str, str]:
+    """(status, reason) from requirement findings: fail on any error, else pass (warnings counted)."""
+    errors = [f for f in findings if f.severity == "error"]
+    warnings = [f for f in findings if f.severity != "error"]
+    if errors:
+        return "fail", f"{len(errors)} unmet: " + "; ".join(f.message for f in errors[:3])
+    tail = f"; {len(warnings)} distributions with requirements unmet on the donor too (warnings)" if warnings else ""
+    return "pass", "every requirement the donor satisfies is satisfied" + tail
+
+
+def overall_ok(results: Sequence[StageResult]) -> bool:
+    """True when no stage failed (skips do not fail the run, and are never shown as passes)."""
+    return not any(r.status == "fail" for r in results)
