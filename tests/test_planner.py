@@ -58,7 +58,7 @@ def seed_inventories():
     return donor, target
 
 
-PATCH = PatchFile(local="patches/ddtree/ddtree_utils.py", dest=f"{SITE}/sglang/srt/speculative/ddtree_utils.py",
+PATCH = PatchFile(local="patches/ddtree/ddtree_utils.py", dest="sglang/srt/speculative/ddtree_utils.py",
                   hash=digest("tree"), size=4)
 
 
@@ -100,7 +100,7 @@ def test_seed_plan_actions_and_files():
     assert f"{SITE}/sglang/srt/old_module.py" in by["sglang"].remove
     assert f"{SITE}/sglang-0.5.9.dist-info/RECORD" in by["sglang"].remove
     assert f"{SITE}/torch-2.11.0+cu128.dist-info/RECORD" in by["torch"].remove
-    assert by[PATCH.dest].action == "add" and by[PATCH.dest].copy[0].source == "patch"
+    assert by[f"{SITE}/{PATCH.dest}"].action == "add" and by[f"{SITE}/{PATCH.dest}"].copy[0].source == "patch"
     assert not result.blocking
     info = [f for f in result.findings if f.code == "overlay-target-only"]
     assert [f.dists for f in info] == [("nvidia-cuda-runtime-cu12",)]
@@ -127,7 +127,7 @@ def test_second_plan_is_a_noop_with_reasons():
 def test_patch_keep_and_replace():
     donor, target = seed_inventories()
     dest = f"{SITE}/sglang/srt/server_args.py"
-    patch = PatchFile(local="patches/server_args.py", dest=dest, hash=digest("patched"), size=7)
+    patch = PatchFile(local="patches/server_args.py", dest="sglang/srt/server_args.py", hash=digest("patched"), size=7)
     t_doc = dict(target.document, files={dest: {"venv_path": dest, "exists": True, "hash": digest("no dflash"), "size": 9}})
     replace = plan(manifest(["sglang"]), donor, parse_inventory(t_doc, label="t"), [patch])
     change = {c.name: c for c in replace.changes}[dest]

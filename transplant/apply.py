@@ -22,12 +22,13 @@ from pathlib import Path
 
 from .errors import TransplantError
 from .hosts import Host, LocalHost
+from .inventory import inside_path
 from .model import Plan
 from .probing import run_script, take_inventory
 from .state import expected_state, state_mismatches
 from .transfer import copy_files
 
-__all__ = ["ApplyResult", "ApplyError", "execute"]
+__all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "default_state_dir"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -51,6 +52,38 @@ class ApplyResult:
     seconds: float
 
 
+def check_plan_paths(plan: Plan, manifest_dir: Path) -> None:
+    """Refuse a plan with any path that leaves its root, before anything is written.
+
+    Every copied and removed path must be relative to the venv and stay inside it once
+    normalised; every patch source must be a regular file inside the manifest's folder
+    (symlinks resolved).
+
+    :raises ApplyError: naming the first bad path and the change it belongs to.
+    """
+    base = manifest_dir.resolve()
+    for change in plan.changes:
+        paths = [c.path for c in change.copy] + list(change.remove)
+        if change.dist_info is not None:
+            paths.append(change.dist_info)
+        for path in paths:
+            if inside_path(path) != path:
+                raise ApplyError(f"refusing the plan: {change.name}: path {path!r} is not a normalised path "
+                                 f"inside the venv", hint=_REPLAN)
+        for copy in change.copy:
+            if copy.source == "donor":
+                continue
+            if copy.source != "patch" or copy.local is None or inside_path(copy.local) != copy.local:
+                raise ApplyError(f"refusing the plan: {change.name}: bad patch source {copy.local!r}", hint=_REPLAN)
+            source = (base / copy.local).resolve()
+            if base not in source.parents or not source.is_file():
+                raise ApplyError(f"refusing the plan: patch source {copy.local!r} is not a file inside {base}",
+                                 hint=_REPLAN)
+
+
+_REPLAN = "make a fresh plan from the manifest: transplant plan MANIFEST --out plan.json"
+
+
 def _stage_patches(plan: Plan, manifest_dir: Path, staging: Path) -> list[str]:
     paths = []
     for change in plan.changes:
@@ -58,8 +91,6 @@ def _stage_patches(plan: Plan, manifest_dir: Path, staging: Path) -> list[str]:
             if copy.source != "patch" or copy.local is None:
                 continue
             source = (manifest_dir / copy.local).resolve()
-            if manifest_dir.resolve() not in source.parents:
-                raise ApplyError(f"patch source {copy.local!r} leaves the manifest's folder {manifest_dir}")
             dest = staging / copy.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest)
@@ -84,10 +115,12 @@ def execute(
     :param state_dir: the controller's state folder (staging for relayed copies).
     :param progress: called with (step name, bytes done, bytes in all).
     :param timeout: seconds for each transfer; None waits without limit.
-    :raises ApplyError: a host script refused a path, or the target differs from the plan
-        afterwards (``mismatches`` names the files).
+    :raises ApplyError: a path in the plan leaves its root (checked before any write), a
+        host script refused a path, or the target differs from the plan afterwards
+        (``mismatches`` names the files).
     :raises HostError: a host could not be reached or rsync failed.
     """
+    check_plan_paths(plan, manifest_dir)
     started = time.monotonic()
     transaction = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
     venv = plan.target.venv

@@ -13,6 +13,7 @@ code. Severity rules:
 
 from __future__ import annotations
 
+import shlex
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from .model import Finding
 from .requirements import Unmet, unmet_requirements
 
 __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
+
+_SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +43,11 @@ class EnvironmentAfter:
     target: Inventory
     overlaid: tuple[NormalizedName, ...]
     after: Mapping[NormalizedName, Distribution]
+
+
+def _pip(venv: str) -> str:
+    """``<venv>/bin/python -m pip``, shell-quoted."""
+    return shlex.join([f"{venv}/bin/python", "-m", "pip"])
 
 
 def _versions(dists: Mapping[NormalizedName, Distribution]) -> dict:
@@ -61,6 +69,7 @@ def requirement_findings(
     reference: list[Mapping[NormalizedName, Distribution]],
     venv: str,
     donor: Mapping[NormalizedName, Distribution] | None = None,
+    excused: frozenset[str] = frozenset(),
 ) -> list[Finding]:
     """``requirement-unmet`` findings for ``after``, one per requiring distribution.
 
@@ -71,13 +80,16 @@ def requirement_findings(
         any other is an error.
     :param venv: the target venv prefix, for the pip command in hints.
     :param donor: the donor's environment, to say in the hint which version it has.
+    :param excused: requirers whose unmet requirements are warnings whatever the reference
+        says (verify passes the target's distributions the donor does not have: the
+        transplant did not bring them, so their state is not its doing).
     """
     known: set[tuple[str, str, str]] = set()
     for env in reference:
         known.update(u.key for u in unmet_requirements(_versions(env), _reqs(env), markers))
     grouped: dict[tuple[str, str], list[Unmet]] = defaultdict(list)
     for u in unmet_requirements(_versions(after), _reqs(after), markers):
-        severity = "warning" if u.key in known else "error"
+        severity = "warning" if u.key in known or u.requirer in excused else "error"
         grouped[(u.requirer, severity)].append(u)
     findings = []
     for (requirer, severity), items in sorted(grouped.items()):
@@ -92,14 +104,16 @@ def requirement_findings(
                         have.version, prereleases=True):
                     fixes.append(f"add {u.required!r} to overlay (the donor has {have.raw_version})")
                 else:
-                    fixes.append(f"{venv}/bin/python -m pip install '{u.requirement}'")
+                    fixes.append(f"{_pip(venv)} install {shlex.quote(str(u.requirement))}")
             message = f"{dist.display_name} {dist.raw_version} requires {lines}"
             hint = "; ".join(fixes)
         else:
-            message = (f"{dist.display_name} {dist.raw_version} requires {lines} "
-                       f"({len(items)} unmet on the donor or before apply as well; the transplant does not change this)")
-            hint = f"if the service needs them: {venv}/bin/python -m pip install " + " ".join(
-                f"'{u.requirement}'" for u in items[:5]) + (" ..." if len(items) > 5 else "")
+            shown = "; ".join(u.describe().split(" requires ", 1)[1] for u in items[:_SHOWN])
+            more = f"; and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+            message = (f"{dist.display_name} {dist.raw_version}: {len(items)} requirement(s) unmet here and on the "
+                       f"donor or before apply as well, so the transplant does not change them: {shown}{more}")
+            hint = f"if the service needs them: {_pip(venv)} install " + " ".join(
+                shlex.quote(str(u.requirement)) for u in items[:5]) + (" ..." if len(items) > 5 else "")
         findings.append(Finding(code="requirement-unmet", severity=severity, dists=dists, message=message, hint=hint))
     return findings
 
@@ -112,7 +126,7 @@ def _python_version(env: EnvironmentAfter) -> list[Finding]:
         code="python-version-mismatch", severity="error", dists=env.overlaid,
         message=f"the donor runs {d.implementation} {d.version} and the target {t.implementation} {t.version}; "
                 f"extension modules built for {d.abi_tag} will not load on {t.abi_tag}",
-        hint=f"recreate the target venv with Python {d.minor}: python{d.minor} -m venv {t.prefix}",
+        hint=f"recreate the target venv with Python {d.minor}: {shlex.join([f'python{d.minor}', '-m', 'venv', t.prefix])}",
     )]
 
 
@@ -126,11 +140,11 @@ def _duplicates(inv: Inventory, side: str, overlaid: tuple[NormalizedName, ...])
         if side == "donor":
             severity = "error" if name in overlaid else "warning"
             hint = (f"on the donor, remove the stale folder(s) so one remains: "
-                    f"rm -r {' '.join(inv.interpreter.prefix + '/' + f for f in folders if f != max(folders))}")
+                    f"{shlex.join(['rm', '-r', *(inv.interpreter.prefix + '/' + f for f in folders if f != max(folders))])}")
         else:
             severity = "warning"
             hint = ("apply replaces them with the donor's one" if name in overlaid else
-                    f"add {name!r} to overlay, or reinstall it: {inv.interpreter.prefix}/bin/python -m pip "
+                    f"add {name!r} to overlay, or reinstall it: {_pip(inv.interpreter.prefix)} "
                     f"install --force-reinstall {name}")
         what = f"{len(dists)} dist-info folders" if len(dists) > 1 else "a dist-info folder without METADATA"
         out.append(Finding(
@@ -142,10 +156,27 @@ def _duplicates(inv: Inventory, side: str, overlaid: tuple[NormalizedName, ...])
     return out
 
 
+def _metadata(env: EnvironmentAfter) -> list[Finding]:
+    out = []
+    for name in env.overlaid:
+        dist = env.after[name]
+        problems = [f"Requires-Dist {r!r} is not PEP 508" for r in dist.bad_requirements]
+        if dist.version is None:
+            problems.insert(0, f"version {dist.raw_version!r} is not PEP 440")
+        if problems:
+            out.append(Finding(
+                code="metadata-invalid", severity="warning", dists=(name,),
+                message=f"{dist.display_name} on the donor: " + "; ".join(problems[:5])
+                        + "; those requirements are not checked",
+                hint="reinstall it on the donor from a wheel with valid METADATA",
+            ))
+    return out
+
+
 def compatibility_findings(manifest: Manifest, env: EnvironmentAfter) -> list[Finding]:
     """All compatibility findings for the environment after apply (unsorted)."""
     donor_env = _latest(env.donor)
-    findings = _python_version(env)
+    findings = _python_version(env) + _metadata(env)
     findings += _duplicates(env.donor, "donor", env.overlaid)
     findings += _duplicates(env.target, "target", env.overlaid)
     findings += requirement_findings(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import posixpath
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -21,9 +20,9 @@ from rich.text import Text
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
-from .apply import default_state_dir, execute
+from .apply import check_plan_paths, default_state_dir, execute
 from .errors import TransplantError
-from .files import load_manifest, load_plan, read_patch_files, save_plan
+from .files import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
 from .manifest import Manifest
@@ -59,10 +58,6 @@ def _ssh_options(manifest: Manifest) -> SSHOptions:
                       connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys)
 
 
-def _site_packages_guess(inv_site: str) -> str:
-    return posixpath.normpath(inv_site)
-
-
 class _Session:
     """Connections and inventories for one command, closed at the end."""
 
@@ -80,30 +75,26 @@ class _Session:
                 self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
         return self._hosts[side]
 
-    def inventories(self, *, patch_files: Sequence[str] = ()) -> tuple:
+    def plan(self) -> Plan:
+        """Probe the donor, then the target (with the patch destinations), and plan."""
         m = self.manifest
+        patches = read_patch_files(m)
         with self.console.status(f"probing the donor {m.donor} (hashing the overlaid distributions)"):
             donor = take_inventory(self.host("donor"), m.donor.venv, hash_patterns=m.overlay)
         with self.console.status(f"probing the target {m.target}"):
             target = take_inventory(self.host("target"), m.target.venv, hash_patterns=m.overlay,
-                                    files=patch_files)
-        return donor, target
-
-    def plan(self) -> Plan:
-        m = self.manifest
-        donor, _ = self.inventories()
-        site = _site_packages_guess(donor.site_packages)
-        patches = read_patch_files(m, site)
-        donor, target = self.inventories(patch_files=[p.dest for p in patches]) if patches else (donor, _)
+                                    site_files=[p.dest for p in patches])
         return make_plan(m, donor, target, patches)
 
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     manifest = load_manifest(args.manifest)
+    if args.out:
+        check_plan_destination(args.out, manifest=manifest.path)
     with ExitStack() as stack:
         plan = _Session(manifest, console, stack).plan()
     if args.out:
-        save_plan(plan, args.out)
+        save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
     else:
@@ -130,6 +121,9 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         manifest = load_manifest(source)
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
+        if saved is not None:
+            _check_saved_plan(saved, manifest, source)
+            check_plan_paths(saved, Path(manifest.path).resolve().parent)
         plan = session.plan()
         if saved is not None:
             changed = drift(saved, _FingerprintOnly(plan.donor.fingerprint), _FingerprintOnly(plan.target.fingerprint))
@@ -168,6 +162,17 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
                   f"({result.bytes_moved} bytes moved), {result.files_removed} removed, in {result.seconds:.1f} s; "
                   f"the target now matches the plan hash for hash")
     return EXIT_OK
+
+
+def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path) -> None:
+    """A saved plan must name the manifest's own hosts and venvs; anything else is refused."""
+    for side in ("donor", "target"):
+        planned, named = getattr(saved, side), getattr(manifest, side)
+        if (planned.host, planned.venv) != (str(named.host), named.venv):
+            raise TransplantError(
+                f"{source}: the plan's {side} is {planned.host}:{planned.venv}, but its manifest {manifest.path} "
+                f"names {named}; refusing it",
+                hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
 
 
 class _FingerprintOnly:

@@ -11,12 +11,31 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ManifestError, PlanError
+from .errors import ManifestError, PlanError, TransplantError
 from .manifest import Manifest, parse_manifest
 from .model import Plan, plan_from_dict
 from .planner import PatchFile
 
-__all__ = ["load_manifest", "read_patch_files", "save_plan", "load_plan", "file_digest"]
+__all__ = ["load_manifest", "read_patch_files", "save_plan", "load_plan", "file_digest", "check_plan_destination"]
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (YAML 1.2 says keys are unique)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                mark = key_node.start_mark
+                raise _DuplicateKey(f"(yaml): the key {key!r} is given twice (line {mark.line + 1}); "
+                                    f"fix: keep one of them")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:
@@ -34,7 +53,11 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(name, [f"(file): cannot be read ({exc}); fix: check the path and permissions"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ManifestError(name, ["(yaml): nested too deeply; fix: a manifest needs at most a few levels"]) from None
+    except _DuplicateKey as exc:
+        raise ManifestError(name, [str(exc)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
@@ -69,12 +92,11 @@ def file_digest(path: Path) -> tuple[str, int]:
     return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode(), size
 
 
-def read_patch_files(manifest: Manifest, site_packages: str) -> list[PatchFile]:
-    """Expand the manifest's patches into files with hashes.
+def read_patch_files(manifest: Manifest) -> list[PatchFile]:
+    """Expand the manifest's patches into files with hashes; destinations stay site-packages-relative.
 
-    :param site_packages: the target's site-packages relative to its venv prefix
-        (``lib/python3.11/site-packages``); destinations become venv-relative.
-    :raises ManifestError: a patch folder is empty, or holds a symlink pointing outside it.
+    :raises ManifestError: a patch folder is empty, a file resolves outside the manifest's
+        folder, or two patches write the same destination.
     """
     base = Path(manifest.path).resolve().parent
     out: dict[str, PatchFile] = {}
@@ -95,20 +117,53 @@ def read_patch_files(manifest: Manifest, site_packages: str) -> list[PatchFile]:
                 continue
             digest, size = file_digest(file)
             local = file.relative_to(base).as_posix()
-            out[dest] = PatchFile(local=local, dest=f"{site_packages}/{dest}", hash=digest, size=size)
+            if dest in out:
+                problems.append(f"patches[{i}].dest: {dest!r} is also written by {out[dest].local!r}; "
+                                f"fix: keep one patch per destination")
+                continue
+            out[dest] = PatchFile(local=local, dest=dest, hash=digest, size=size)
     if problems:
         raise ManifestError(manifest.path, problems)
     return [out[k] for k in sorted(out)]
 
 
-def save_plan(plan: Plan, path: str | os.PathLike) -> None:
-    """Write a plan as JSON atomically (temporary file in the same folder, then rename)."""
+def check_plan_destination(path: str | os.PathLike, *, manifest: str) -> None:
+    """Refuse a ``--out`` path that cannot or must not be replaced by a plan file.
+
+    :raises TransplantError: its folder is missing, it is a folder or another non-regular
+        file (a device, a FIFO), or it is the manifest itself.
+    """
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(plan.to_dict(), handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, target)
+    parent = target.parent if str(target.parent) else Path(".")
+    fix = "give --out a new file name in an existing folder, e.g. --out plan.json"
+    if not parent.is_dir():
+        raise TransplantError(f"--out {path}: the folder {parent} does not exist", hint=fix)
+    if target.exists() or target.is_symlink():
+        if not target.is_file() or target.is_symlink():
+            raise TransplantError(f"--out {path}: exists and is not a regular file; refusing to replace it", hint=fix)
+        if target.resolve() == Path(manifest).resolve():
+            raise TransplantError(f"--out {path}: that is the manifest itself", hint=fix)
+
+
+def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
+    """Write a plan as JSON atomically (temporary file in the same folder, fsync, rename).
+
+    :raises TransplantError: as :func:`check_plan_destination`, or the write failed (the
+        temporary file is removed).
+    """
+    check_plan_destination(path, manifest=manifest)
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(plan.to_dict(), handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise TransplantError(f"--out {path}: cannot write the plan ({exc.strerror})") from None
 
 
 def load_plan(path: str | os.PathLike) -> Plan:

@@ -228,7 +228,7 @@ class LocalHost(Host):
                 env=full_env,
                 start_new_session=True,
             )
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             return CommandResult(
                 argv=items,

@@ -73,7 +73,7 @@ class HostSpec:
                 raise ValueError(f"bad host name {host!r} in {text!r}")
         port = None
         if port_text is not None:
-            if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
                 raise ValueError(f"bad port {port_text!r} in {text!r}; expected 1..65535")
             port = int(port_text)
         return cls(hostname=host, user=user or None, port=port)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,8 @@ __all__ = [
     "NvidiaFacts",
     "Inventory",
     "parse_inventory",
+    "inside_path",
+    "link_escapes",
 ]
 
 SCHEMA = "transplant.inventory/1"
@@ -51,6 +54,7 @@ class FileEntry:
     :ivar size: size on disk in bytes; None when absent or a symlink.
     :ivar mode: permission bits on disk, or None when absent.
     :ivar symlink: the link target when the entry is a symlink, else None.
+    :ivar error: why the entry could not be read (not a regular file, RECORD not CSV), else None.
     """
 
     record_path: str
@@ -62,6 +66,7 @@ class FileEntry:
     size: int | None = None
     mode: int | None = None
     symlink: str | None = None
+    error: str | None = None
 
     @property
     def content(self) -> str | None:
@@ -230,8 +235,11 @@ def _fingerprint(document: Mapping[str, Any]) -> str:
 
 def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
     venv_path = r.get(obj, "venv_path", path, str, optional=True)
-    if venv_path is not None and (venv_path.startswith("/") or venv_path.split("/")[0] == ".."):
-        raise r.fail(f"{path}.venv_path", "a path inside the venv", venv_path)
+    if venv_path is not None:
+        venv_path = inside_path(venv_path)
+    error = r.get(obj, "error", path, str, optional=True)
+    if obj.get("not_a_file"):
+        error = "not a regular file"
     return FileEntry(
         record_path=record_path,
         path=venv_path,
@@ -242,7 +250,31 @@ def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
         size=r.get(obj, "size", path, int, optional=True),
         mode=r.get(obj, "mode", path, int, optional=True),
         symlink=r.get(obj, "symlink", path, str, optional=True),
+        error=error,
     )
+
+
+def inside_path(path: str) -> str | None:
+    """Normalise a POSIX path relative to a root; None when it is absolute, empty or leaves the root.
+
+    ``a/./b`` -> ``a/b``; ``a/../../x``, ``/etc/x``, ``..`` and ``.`` -> None.
+    """
+    if not path or path.startswith("/") or "\0" in path:
+        return None
+    norm = posixpath.normpath(path)
+    if norm in (".", "..") or norm.startswith("../"):
+        return None
+    return norm
+
+
+def link_escapes(path: str, target: str) -> bool:
+    """Whether a symlink at ``path`` (root-relative) pointing to ``target`` leaves the root.
+
+    Absolute targets always count as leaving (they name the donor's filesystem).
+    """
+    if target.startswith("/"):
+        return True
+    return inside_path(posixpath.join(posixpath.dirname(path), target)) is None
 
 
 def _requirements(r: _Reader, texts: list[Any], path: str) -> tuple[tuple[Requirement, ...], tuple[str, ...]]:

@@ -155,6 +155,9 @@ class _Checker:
         return value
 
     def string(self, value: Any, key: str, fix: str) -> str | None:
+        if isinstance(value, str) and "\0" in value:
+            self.add(key, "contains a NUL character", fix)
+            return None
         if isinstance(value, str) and value.strip():
             return value
         self.add(key, f"expected a non-empty string, got {_kind(value)}", fix)
@@ -175,6 +178,14 @@ def _kind(value: Any) -> str:
     if isinstance(value, dict):
         return "a mapping"
     return type(value).__name__
+
+
+_MAX_SECONDS = 86400
+
+
+def _seconds(value: Any) -> bool:
+    """A timeout in seconds: a number from 1 to one day (no bool, NaN or infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 1 <= value <= _MAX_SECONDS
 
 
 def _relative(path: str) -> str | None:
@@ -202,6 +213,9 @@ def _endpoint(c: _Checker, value: Any, key: str) -> Endpoint | None:
         venv = c.string(data["venv"], f"{key}.venv", "give the venv's absolute path, e.g. /root/venv_sglang")
         if venv is not None and not PurePosixPath(venv).is_absolute():
             c.add(f"{key}.venv", f"expected an absolute path, got {venv!r}", "start it with '/', e.g. /root/venv_sglang")
+            venv = None
+        elif venv is not None and any(len(part.encode()) > 255 for part in venv.split("/")):
+            c.add(f"{key}.venv", "a path component is longer than 255 bytes", "give the venv's real path")
             venv = None
         elif venv is not None:
             venv = posixpath.normpath(venv)
@@ -235,10 +249,11 @@ def _ssh(c: _Checker, value: Any) -> SSHSettings:
                   "write true (the default) or false")
     if "connect_timeout" in data:
         t = data["connect_timeout"]
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+        if _seconds(t):
             out["connect_timeout"] = float(t)
         else:
-            c.add("ssh.connect_timeout", f"expected a positive number of seconds, got {_kind(t)}", "write e.g. 10")
+            c.add("ssh.connect_timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {_kind(t)}",
+                  "write e.g. 10")
     return SSHSettings(**{k: v for k, v in out.items() if v is not None})
 
 
@@ -321,8 +336,8 @@ def _server_args(c: _Checker, value: Any) -> ServerArgsCheck | None:
                   "write e.g. args: [--model-path, /dev/shm/model]")
         else:
             for i, a in enumerate(data["args"]):
-                if isinstance(a, bool) or not isinstance(a, (str, int, float)):
-                    c.add(f"verify.server_args.args[{i}]", f"expected a string, got {_kind(a)}", "quote it")
+                if isinstance(a, bool) or not isinstance(a, (str, int, float)) or "\0" in str(a):
+                    c.add(f"verify.server_args.args[{i}]", f"expected a string without NUL, got {_kind(a)}", "quote it")
                 else:
                     args.append(str(a))
     expect: dict[str, Any] = {}
@@ -359,8 +374,8 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
             for k, v in data["env"].items():
                 if not isinstance(k, str) or not k or not (k.replace("_", "a").isalnum() and not k[0].isdigit()):
                     c.add(f"verify.env.{k}", "not an environment variable name", "use letters, digits and '_'")
-                elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
-                    c.add(f"verify.env.{k}", f"expected a string, got {_kind(v)}", f"quote it: {k}: \"...\"")
+                elif isinstance(v, bool) or not isinstance(v, (str, int, float)) or "\0" in str(v):
+                    c.add(f"verify.env.{k}", f"expected a string without NUL, got {_kind(v)}", f"quote it: {k}: \"...\"")
                 else:
                     env[k] = str(v)
     imports: list[str] = []
@@ -386,10 +401,11 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
     timeout = 300.0
     if "timeout" in data:
         t = data["timeout"]
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+        if _seconds(t):
             timeout = float(t)
         else:
-            c.add("verify.timeout", f"expected a positive number of seconds, got {_kind(t)}", "write e.g. timeout: 300")
+            c.add("verify.timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {_kind(t)}",
+                  "write e.g. timeout: 300")
     return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout)
 
 

@@ -8,7 +8,7 @@ A :class:`Plan` is what ``transplant plan`` shows and ``--out`` saves as JSON
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import PlanError
@@ -158,52 +158,65 @@ class Plan:
         return asdict(self)
 
 
-def _tuple(items: Any, cls: type, path: str) -> tuple:
-    if not isinstance(items, list):
-        raise PlanError(f"plan key {path!r}: expected a list, got {type(items).__name__}")
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise PlanError(f"plan key '{path}[{i}]': expected an object")
-        try:
-            out.append(cls(**item))
-        except (TypeError, ValueError) as exc:
-            raise PlanError(f"plan key '{path}[{i}]': {exc}") from exc
-    return tuple(out)
+_SCALARS = {"str": (str,), "int": (int,), "str | None": (str, type(None)), "int | None": (int, type(None))}
+
+
+def _build(cls: type, data: Any, path: str, source: str) -> Any:
+    """Instantiate a plan dataclass from JSON, checking every field's type; errors name the key path."""
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{source}: plan key {path!r}: expected an object, got {type(data).__name__}",
+                        hint=_REMAKE)
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise PlanError(f"{source}: plan key '{path}.{unknown[0]}': unknown key", hint=_REMAKE)
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        key = f"{path}.{name}"
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:  # type: ignore[misc]
+                raise PlanError(f"{source}: plan key {key!r}: missing", hint=_REMAKE)
+            continue
+        value, kind = data[name], str(f.type)
+        if kind in _SCALARS:
+            if not isinstance(value, _SCALARS[kind]) or isinstance(value, bool):
+                raise PlanError(f"{source}: plan key {key!r}: expected {kind}, got {type(value).__name__}",
+                                hint=_REMAKE)
+        elif kind.startswith("tuple["):
+            if not isinstance(value, list):
+                raise PlanError(f"{source}: plan key {key!r}: expected a list, got {type(value).__name__}",
+                                hint=_REMAKE)
+            inner = kind[len("tuple["):-len(", ...]")]
+            if inner == "str":
+                bad = [i for i, v in enumerate(value) if not isinstance(v, str)]
+                if bad:
+                    raise PlanError(f"{source}: plan key '{key}[{bad[0]}]': expected a string", hint=_REMAKE)
+                value = tuple(value)
+            else:
+                value = tuple(_build(_CLASSES[inner], v, f"{key}[{i}]", source) for i, v in enumerate(value))
+        elif kind in _CLASSES:
+            value = _build(_CLASSES[kind], value, key, source)
+        values[name] = value
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise PlanError(f"{source}: plan key {path!r}: {exc}", hint=_REMAKE) from None
+
+
+_REMAKE = "make a new one with: transplant plan MANIFEST --out plan.json"
+_CLASSES = {"Finding": Finding, "FileCopy": FileCopy, "Change": Change, "Side": Side}
 
 
 def plan_from_dict(data: Mapping[str, Any], *, source: str) -> Plan:
-    """Rebuild a :class:`Plan` from its JSON form.
+    """Rebuild a :class:`Plan` from its JSON form, checking the type of every value.
+
+    Paths inside the plan are checked again by apply before anything is written.
 
     :param source: the file it came from, for messages.
-    :raises PlanError: another schema, or a missing or mistyped key (named by path).
+    :raises PlanError: another schema, or a missing, unknown or mistyped key (named by path).
     """
     if not isinstance(data, Mapping) or data.get("schema") != PLAN_SCHEMA:
         got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
         raise PlanError(f"{source}: not a transplant plan (schema {got!r}, expected {PLAN_SCHEMA!r})",
                         hint="make one with: transplant plan MANIFEST --out plan.json")
-    try:
-        changes = []
-        for i, c in enumerate(data["changes"]):
-            c = dict(c)
-            c["copy"] = _tuple(c.get("copy", []), FileCopy, f"changes[{i}].copy")
-            c["remove"] = tuple(c.get("remove", []))
-            changes.append(Change(**c))
-        findings = []
-        for f in data["findings"]:
-            f = dict(f)
-            f["dists"] = tuple(f.get("dists", []))
-            f["files"] = tuple(f.get("files", []))
-            findings.append(Finding(**f))
-        return Plan(
-            manifest=data["manifest"],
-            donor=Side(**data["donor"]),
-            target=Side(**data["target"]),
-            changes=tuple(changes),
-            findings=tuple(findings),
-            hash_patterns=tuple(data.get("hash_patterns", ())),
-            patch_files=tuple(data.get("patch_files", ())),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlanError(f"{source}: the plan is damaged ({type(exc).__name__}: {exc})",
-                        hint="make a new one with: transplant plan MANIFEST --out plan.json") from exc
+    return _build(Plan, data, "plan", source)

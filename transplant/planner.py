@@ -12,6 +12,7 @@ environment as it will be after apply.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import shlex
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -19,11 +20,11 @@ from packaging.utils import NormalizedName
 
 from .checks import EnvironmentAfter, compatibility_findings
 from .cuda import cuda_variant, describe_variant
-from .inventory import Distribution, FileEntry, Inventory
+from .inventory import Distribution, FileEntry, Inventory, link_escapes
 from .manifest import Manifest
 from .model import Change, FileCopy, Finding, Plan, Side
 
-__all__ = ["PatchFile", "plan", "selected_names"]
+__all__ = ["PatchFile", "plan", "selected_names", "pyc_source", "patch_destination"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +32,7 @@ class PatchFile:
     """One patch file as read on the controller.
 
     :ivar local: path relative to the manifest's folder.
-    :ivar dest: POSIX path relative to the target's venv prefix.
+    :ivar dest: POSIX path relative to the target's site-packages.
     :ivar hash: ``sha256=<urlsafe b64>``; :ivar size: bytes.
     """
 
@@ -74,6 +75,21 @@ def _reason(action: str, new: Distribution, old: Distribution | None, copies: in
     return f"{old.raw_version} -> {new.raw_version}"
 
 
+def pyc_source(path: str) -> str | None:
+    """The source of a bytecode file: ``a/__pycache__/b.cpython-311.pyc`` -> ``a/b.py``; None otherwise.
+
+    Bytecode is derived data (PEP 3147): its header records the source's mtime, so the
+    same source installed at two times gives two different ``.pyc`` files. The planner
+    copies a ``.pyc`` only with its source; a target ``.pyc`` whose source is identical
+    stays, valid for that source.
+    """
+    head, sep, name = path.rpartition("/__pycache__/")
+    if not sep or not name.endswith(".pyc"):
+        return None
+    module = name.split(".", 1)[0]
+    return f"{head}/{module}.py"
+
+
 def _same(donor_file: FileEntry, target_file: FileEntry | None) -> bool:
     if target_file is None or not target_file.exists:
         return False
@@ -96,8 +112,23 @@ def _distribution_change(
     copies: list[FileCopy] = []
     same = 0
     missing: list[str] = []
+    compiled: list[tuple[str, FileEntry]] = []
+    unsafe = [e.record_path for e in new.record or () if e.path is None and not e.error]
+    unsafe += [f"{p} -> {e.symlink}" for p, e in new.files.items() if e.symlink is not None and link_escapes(p, e.symlink)]
+    if unsafe:
+        findings.append(Finding(
+            code="unsafe-path", severity="error", dists=(name,),
+            message=f"{new.display_name} {new.raw_version} on the donor lists {len(unsafe)} path(s) that leave the "
+                    f"venv (RECORD rows or symlinks); they are never copied",
+            hint=f"reinstall it on the donor from its wheel: <donor venv>/bin/python -m pip install --force-reinstall "
+                 f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
+            files=tuple(sorted(unsafe)[:20]),
+        ))
+    broken = [f"{e.record_path}: {e.error}" for e in new.record or () if e.error]
     for path, entry in sorted(new.files.items()):
-        if path in patched:
+        if path in patched or entry.error:
+            continue
+        if entry.symlink is not None and link_escapes(path, entry.symlink):
             continue
         if not entry.exists or entry.content is None:
             missing.append(path)
@@ -105,15 +136,27 @@ def _distribution_change(
         if _same(entry, target_files.get(path) or known.get(path)):
             same += 1
             continue
+        if pyc_source(path) is not None:
+            compiled.append((path, entry))
+            continue
         copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
-    if missing:
+    copied = {c.path for c in copies}
+    for path, entry in compiled:
+        source = pyc_source(path)
+        present = target_files.get(source) or known.get(source)
+        if source in copied or source not in new.files or present is None or not present.exists:
+            copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
+        else:
+            same += 1
+    copies.sort(key=lambda c: c.path)
+    if missing or broken:
         findings.append(Finding(
             code="record-drift", severity="warning", dists=(name,),
-            message=f"{new.display_name} {new.raw_version}: RECORD lists {len(missing)} files the donor "
-                    f"does not have (or could not read); they are not copied",
-            hint=f"reinstall it on the donor: <donor venv>/bin/pip install --force-reinstall "
-                 f"'{new.display_name}=={new.raw_version}'",
-            files=tuple(missing[:20]),
+            message=f"{new.display_name} {new.raw_version}: RECORD lists {len(missing) + len(broken)} entries the "
+                    f"donor does not have as regular files (or could not read); they are not copied",
+            hint=f"reinstall it on the donor: <donor venv>/bin/python -m pip install --force-reinstall "
+                 f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
+            files=tuple((broken + missing)[:20]),
         ))
     keep = set(new.files) | patched | owned_elsewhere
     remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists)
@@ -131,18 +174,24 @@ def _distribution_change(
     )
 
 
+def patch_destination(patch: PatchFile, target: Inventory) -> str:
+    """The venv-relative path a patch file goes to on the target."""
+    return f"{target.site_packages}/{patch.dest}"
+
+
 def _patch_changes(patches: Sequence[PatchFile], target: Inventory) -> list[Change]:
     out = []
     for p in sorted(patches, key=lambda p: p.dest):
-        current = target.files.get(p.dest)
+        dest = patch_destination(p, target)
+        current = target.files.get(dest)
         if current is not None and current.exists and current.content == p.hash:
-            out.append(Change(kind="patch", name=p.dest, action="keep", reason=f"identical to {p.local}",
+            out.append(Change(kind="patch", name=dest, action="keep", reason=f"identical to {p.local}",
                               unchanged=1))
             continue
         action = "replace" if current is not None and current.exists else "add"
         reason = f"from {p.local}" + (" (content differs)" if action == "replace" else "")
-        out.append(Change(kind="patch", name=p.dest, action=action, reason=reason,
-                          copy=(FileCopy(path=p.dest, size=p.size, hash=p.hash, source="patch", local=p.local),)))
+        out.append(Change(kind="patch", name=dest, action=action, reason=reason,
+                          copy=(FileCopy(path=dest, size=p.size, hash=p.hash, source="patch", local=p.local),)))
     return out
 
 
@@ -169,7 +218,7 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
                 code="overlay-target-only", severity="info", dists=(name,),
                 message=f"{name} matches overlay {patterns[0]!r} but the donor does not have it; "
                         f"it stays on the target as it is",
-                hint=f"if it should go: {target.interpreter.prefix}/bin/python -m pip uninstall {name}",
+                hint=f"if it should go: {shlex.quote(target.interpreter.prefix + '/bin/python')} -m pip uninstall {name}",
             ))
     return findings
 
@@ -189,7 +238,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     findings = _overlay_findings(manifest, donor, target)
     donor_by, target_by = donor.by_name(), target.by_name()
     names = selected_names(manifest.overlay, donor)
-    patched = {p.dest for p in patches}
+    patched = {patch_destination(p, target) for p in patches}
     owned_elsewhere: set[str] = set()
     known: dict[str, FileEntry] = {}
     for dist in target.distributions:

@@ -53,13 +53,16 @@ def run_script(
     if result.returncode == 127 or (result.returncode != 0 and not lines and b"No such file" in result.stderr):
         raise HostError(
             f"{label}: {python} does not exist; is {venv} a venv on {host.label}?",
-            hint=f"create it there (python3 -m venv {shlex.quote(venv)}) or fix the venv path in the manifest",
+            hint=f"create it there ({shlex.join(['python3', '-m', 'venv', venv])}) or correct the venv path",
         )
     if not lines:
         tail = result.stderr.decode("utf-8", "replace").strip()[-800:]
+        by_hand = shlex.join([python, "-c", "print(1)"])
+        if host.label != "local":
+            by_hand = f"ssh {shlex.quote(host.label)} {shlex.quote(by_hand)}"
         raise HostError(
-            f"{label}: the venv's python did not run the {script} script (exit {result.returncode}): {tail}",
-            hint=f"try it by hand: ssh {host.label} {shlex.quote(python)} -c 'print(1)'",
+            f"{label}: the {script} script failed in the venv's python (exit {result.returncode}): {tail}",
+            hint=f"check that the venv's python starts: {by_hand}",
         )
     try:
         document = json.loads(lines[-1])
@@ -76,17 +79,20 @@ def take_inventory(
     *,
     hash_patterns: Sequence[str] = (),
     files: Sequence[str] = (),
+    site_files: Sequence[str] = (),
     timeout: float | None = 600.0,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
 
     :param hash_patterns: normalised distribution names or globs whose files are hashed
         (``*`` for all); others report RECORD facts only.
-    :param files: venv-relative paths to hash as well (patch destinations).
+    :param files: venv-relative paths to hash as well.
+    :param site_files: site-packages-relative paths to hash as well (patch destinations);
+        they are reported by their venv-relative path.
     :raises HostError: as :func:`run_script`.
     :raises ProbeError: the report is of another schema or malformed.
     """
-    request = {"hash": list(hash_patterns), "files": list(files)}
+    request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files)}
     document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
     label = f"{host.label}:{venv}"
     inventory = parse_inventory(document, label=label)

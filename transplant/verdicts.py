@@ -126,7 +126,8 @@ def judge_requirements(findings: Sequence[Finding]) -> tuple[str, str]:
     warnings = [f for f in findings if f.severity != "error"]
     if errors:
         return "fail", f"{len(errors)} unmet: " + "; ".join(f.message for f in errors[:3])
-    tail = f"; {len(warnings)} distributions with requirements unmet on the donor too (warnings)" if warnings else ""
+    tail = (f"; {len(warnings)} distribution(s) with requirements unmet on the donor too, or not from the donor "
+            f"(warnings)") if warnings else ""
     return "pass", "every requirement the donor satisfies is satisfied" + tail
 
 

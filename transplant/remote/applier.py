@@ -40,14 +40,23 @@ def remove(prefix, paths):
             return {"ok": False, "error": "refused: {!r} leaves the venv {}".format(rel, prefix),
                     "removed": 0, "missing": []}
         resolved.append(full)
-    removed, missing, parents = 0, [], set()
+    for full in resolved:
+        if os.path.isdir(full) and not os.path.islink(full):
+            return {"ok": False, "error": "refused: {!r} is a folder, not a file".format(os.path.relpath(full, prefix)),
+                    "removed": 0, "missing": []}
+    removed, missing, parents, failed = 0, [], set(), []
     for full in resolved:
         try:
             os.unlink(full)
             removed += 1
         except FileNotFoundError:
             missing.append(os.path.relpath(full, prefix))
+        except OSError as exc:
+            failed.append("{}: {}".format(os.path.relpath(full, prefix), exc.strerror))
         parents.add(os.path.dirname(full))
+    if failed:
+        return {"ok": False, "error": "could not remove {} file(s): {}".format(len(failed), "; ".join(failed[:5])),
+                "removed": removed, "missing": missing}
     stop = {os.path.realpath(prefix)}
     for folder in sorted(parents, key=len, reverse=True):
         while folder not in stop and folder.startswith(os.path.realpath(prefix) + os.sep):

@@ -3,7 +3,7 @@
 Usage on a host (the controller sends this file on standard input)::
 
     <venv>/bin/python - [--hash PATTERN]... [--file RELPATH]... < probe.py
-    <venv>/bin/python -c "$(cat probe.py)" --stdin < '{"hash": [...], "files": [...]}'
+    <venv>/bin/python -c "$(cat probe.py)" --stdin <<< '{"hash": [...], "files": [...], "site_files": [...]}'
 
 It prints one JSON document (schema ``transplant.inventory/1``) on standard output:
 the interpreter, the venv's paths, every distribution found in site-packages with its
@@ -14,7 +14,8 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   the files of matching distributions are read and hashed (sha256, RECORD's
   urlsafe-base64 form) and stat'ed; the others report only RECORD's facts.
 * ``--file RELPATH`` (repeatable): a path relative to the venv prefix to hash, present
-  or not (used for patch destinations).
+  or not (used for patch destinations); with ``--stdin``, ``site_files`` names such paths
+  relative to site-packages instead.
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), never writes anything. The
@@ -68,14 +69,26 @@ def file_hash(path):
 
 
 def _inside(prefix, path):
-    """Path relative to prefix (POSIX), or None when it escapes the prefix."""
-    rel = os.path.relpath(os.path.normpath(path), prefix)
-    if rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir:
+    """Path relative to prefix (POSIX), or None when it escapes the prefix.
+
+    Both the normalised path and the real location of its folder (symlinks resolved)
+    must stay inside the prefix: a symlinked folder pointing elsewhere counts as escaping.
+    """
+    norm = os.path.normpath(path)
+    rel = os.path.relpath(norm, prefix)
+    if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return None
+    real_prefix = os.path.realpath(prefix)
+    parent = os.path.realpath(os.path.dirname(norm))
+    if parent != real_prefix and not parent.startswith(real_prefix + os.sep):
         return None
     return rel.replace(os.sep, "/")
 
 
 def _read(path):
+    """Text of a metadata file, or None when absent, unreadable, or a symlink."""
+    if os.path.islink(path):
+        return None
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as handle:
             return handle.read()
@@ -113,7 +126,12 @@ def _record(dist_dir, site, prefix, hashed):
     if text is None:
         return None
     entries = []
-    for row in csv.reader(io.StringIO(text)):
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        return [{"path": "", "venv_path": None, "record_hash": None, "record_size": None,
+                 "error": "RECORD is not valid CSV: {}".format(exc)[:300]}]
+    for row in rows:
         if not row or not row[0]:
             continue
         rel = row[0]
@@ -144,6 +162,9 @@ def _file_facts(full, hashed):
     facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
     if os.path.islink(full):
         facts["symlink"] = os.readlink(full)
+        return facts
+    if not os.path.isfile(full):
+        facts["not_a_file"] = True
         return facts
     facts["size"] = st.st_size
     if hashed:
@@ -302,7 +323,12 @@ def _nvidia():
 def _arguments(argv):
     if argv == ["--stdin"]:
         request = json.load(sys.stdin)
-        return [normalize(p) for p in request.get("hash", [])], list(request.get("files", []))
+        site = sysconfig.get_paths()["purelib"]
+        prefix = os.path.normpath(sys.prefix)
+        files = list(request.get("files", []))
+        for rel in request.get("site_files", []):
+            files.append(os.path.relpath(os.path.join(site, rel), prefix).replace(os.sep, "/"))
+        return [normalize(p) for p in request.get("hash", [])], files
     patterns, files = [], []
     it = iter(argv)
     for arg in it:

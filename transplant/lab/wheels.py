@@ -1,4 +1,8 @@
-"""Build small real wheels with the standard library, and venvs to install them into."""
+"""Build small real wheels with the standard library (PEP 427 layout, PEP 376 RECORD).
+
+Used by the demo for its stand-in wheels (a real distribution name and CUDA label where
+no registry has such a build) and by the tests for their fixtures.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,10 @@ import io
 import subprocess
 import sys
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
+
+__all__ = ["build_wheel", "make_venv"]
 
 
 def _digest(data: bytes) -> str:
@@ -27,7 +34,11 @@ def build_wheel(
     summary: str = "test wheel",
     entry_points: str | None = None,
 ) -> Path:
-    """Write ``<name>-<version>-<tag>.whl`` into ``out`` and return its path (PEP 427 layout)."""
+    """Write ``<name>-<version>-<tag>.whl`` into ``out`` and return its path.
+
+    :param files: archive path -> content (text is UTF-8 encoded).
+    :param requires: Requires-Dist lines; :param tag: the WHEEL tag.
+    """
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     metadata = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}"]
@@ -52,11 +63,16 @@ def build_wheel(
     return wheel
 
 
-def make_venv(path: Path, wheels: list[Path] = (), python: str = sys.executable) -> Path:
-    """Create a venv at ``path`` (without pip's own upgrade) and install ``wheels`` offline."""
+def make_venv(path: Path, wheels: Sequence[Path] = (), python: str = sys.executable) -> Path:
+    """Create a venv at ``path`` (without pip, which is slow to bootstrap) and install
+    ``wheels`` into its site-packages offline, without dependencies, using ``python``'s pip.
+
+    :raises subprocess.CalledProcessError: venv creation or pip failed.
+    """
     base = getattr(sys, "_base_executable", python)
-    subprocess.run([base, "-m", "venv", str(path)], check=True)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(path)], check=True)
     if wheels:
-        subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                        "--disable-pip-version-check", *map(str, wheels)], check=True)
+        minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                        "--target", str(path / "lib" / minor / "site-packages"), *map(str, wheels)], check=True)
     return path

@@ -1,0 +1,40 @@
+"""The built-in demo runs end to end (real sglang, real flashinfer, real sshd hosts, real rsync).
+
+It builds its two venvs from the package registries on the first run (cached after),
+so it is the slowest test; it is the README's first command, minus the setup.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.demo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_replays_the_story(lab):
+    # the `lab` fixture only makes sure this machine can run loopback hosts (else it skips)
+    env = dict(os.environ, COLUMNS="200", TERM="dumb")
+    done = subprocess.run([sys.executable, "-m", "transplant", "demo"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    out = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0, out[-6000:]
+    # act 1: the target's sglang 0.5.9 rejects DFLASH in its own parser
+    assert "invalid choice: 'DFLASH'" in out
+    # act 2: the requirement finding, before anything is copied
+    assert "sglang 0.5.23 requires flashinfer_python[cu13]==0.7.2, found 0.6.3" in out
+    assert "add 'flashinfer-python' to overlay (the donor has 0.7.2)" in out
+    # act 3: the CUDA-variant change is named as such
+    assert "same version, other CUDA build: CUDA 12.8 -> CUDA 13.0" in out
+    # act 5: the story's checkpoint line, and the smoke run said it used the CPU
+    assert "parsed; DFLASH 16 /dev/shm/Qwen3.6-27B 15" in out
+    assert "ran on the CPU" in out
+    # act 6: idempotent
+    assert "nothing to change: the target already holds the planned state" in out
+    assert "demo passed" in out

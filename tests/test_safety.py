@@ -1,0 +1,211 @@
+"""Bad input changes nothing: tampered plans, escaping paths, bad --out, hostile YAML (local venvs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from docs import SITE as DOC_SITE, dist, document
+from transplant.cli import main
+from transplant.errors import ManifestError
+from transplant.files import load_manifest
+from transplant.inventory import parse_inventory
+from transplant.lab.wheels import build_wheel, make_venv
+from transplant.manifest import parse_manifest
+from transplant.planner import plan, pyc_source
+
+SITE = "lib/python3.11/site-packages"
+
+
+@pytest.fixture
+def pair(tmp_path, monkeypatch):
+    """A local donor (foo 2.0) and target (foo 1.0) and a manifest; the state folder inside tmp_path."""
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    wheels = tmp_path / "wheels"
+    new = build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n", "foo/extra.py": "E = 1\n"})
+    old = build_wheel(wheels, "foo", "1.0", {"foo/__init__.py": "V = 1\n", "foo/gone.py": "G = 1\n"})
+    make_venv(tmp_path / "donor", [new])
+    make_venv(tmp_path / "target", [old])
+    make_venv(tmp_path / "other", [old])
+    m = tmp_path / "m.yaml"
+    m.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: local, venv: {tmp_path / 'donor'}}}
+        target: {{host: local, venv: {tmp_path / 'target'}}}
+        overlay: [foo]
+        """))
+    return tmp_path, m
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def tamper(tmp_path, m, edit):
+    plan_file = tmp_path / "p.json"
+    assert main(["plan", str(m), "--out", str(plan_file)]) == 2
+    data = json.loads(plan_file.read_text())
+    edit(data)
+    plan_file.write_text(json.dumps(data))
+    return plan_file
+
+
+@pytest.mark.parametrize("path", ["../../x", "/etc/x", f"{SITE}/../../../../x", f"{SITE}/./foo/__init__.py"])
+def test_tampered_copy_path_is_refused_before_any_write(pair, capsys, path):
+    tmp_path, m = pair
+    plan_file = tamper(tmp_path, m, lambda d: d["changes"][0]["copy"][0].__setitem__("path", path))
+    before = snapshot(tmp_path / "target")
+    assert main(["apply", str(plan_file), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"path {path!r} is not a normalised path inside the venv" in out
+    assert snapshot(tmp_path / "target") == before, "nothing written, not even the history"
+
+
+def test_plan_naming_another_venv_is_refused(pair, capsys):
+    tmp_path, m = pair
+    plan_file = tamper(tmp_path, m, lambda d: d["target"].__setitem__("venv", str(tmp_path / "other")))
+    before = snapshot(tmp_path / "other")
+    assert main(["apply", str(plan_file), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"the plan's target is local:{tmp_path / 'other'}, but its manifest" in out
+    assert snapshot(tmp_path / "other") == before
+
+
+def test_mistyped_plan_is_a_clear_error(pair, capsys):
+    tmp_path, m = pair
+    plan_file = tamper(tmp_path, m, lambda d: d["changes"][0].__setitem__("remove", "abc"))
+    assert main(["apply", str(plan_file), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "plan key 'plan.changes[0].remove': expected a list, got str" in out
+    assert "hint: make a new one with: transplant plan MANIFEST --out plan.json" in out
+
+
+def test_apply_then_noop_and_hardlink_kept(pair, capsys):
+    tmp_path, m = pair
+    init = tmp_path / "target" / SITE / "foo" / "__init__.py"
+    os.link(init, tmp_path / "elsewhere.py")
+    assert main(["apply", str(m), "--yes"]) == 0
+    assert init.read_text() == "V = 2\n" and not (tmp_path / "target" / SITE / "foo" / "gone.py").exists()
+    assert (tmp_path / "elsewhere.py").read_text() == "V = 1\n"
+    capsys.readouterr()
+    assert main(["apply", str(m), "--yes"]) == 0
+    assert "nothing to change" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("out,message", [
+    ("missing-dir/p.json", "does not exist"),
+    (".", "exists and is not a regular file"),
+    ("m.yaml", "that is the manifest itself"),
+])
+def test_bad_out_is_refused_before_probing(pair, capsys, out, message, monkeypatch):
+    tmp_path, m = pair
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    assert main(["plan", str(m), "--out", out]) == 1
+    assert message in " ".join(capsys.readouterr().out.split())
+    assert snapshot(tmp_path) == before
+
+
+def test_out_to_a_device_is_refused(pair, capsys):
+    _, m = pair
+    assert main(["plan", str(m), "--out", "/dev/null"]) == 1
+    assert "exists and is not a regular file" in capsys.readouterr().out
+    assert Path("/dev/null").is_char_device()
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("version: 1\nversion: 1\n", "(yaml): the key 'version' is given twice (line 2); fix: keep one of them"),
+    ("overlay: " + "[" * 3000 + "]" * 3000 + "\n", "(yaml): nested too deeply; fix: a manifest needs at most a few levels"),
+])
+def test_hostile_yaml(tmp_path, text, problem):
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert info.value.problems == [problem]
+
+
+@pytest.mark.parametrize("verify,problem", [
+    ({"env": {"A": "a\0b"}}, "verify.env.A: expected a string without NUL"),
+    ({"timeout": float("inf")}, "verify.timeout: expected a number of seconds from 1 to 86400, got a number (inf)"),
+    ({"server_args": {"entry": "m:f", "args": ["a\0b"]}}, "verify.server_args.args[0]: expected a string without NUL"),
+])
+def test_values_that_would_crash_later_are_refused(verify, problem):
+    data = {"version": 1, "donor": {"host": "local", "venv": "/a"}, "target": {"host": "local", "venv": "/b"},
+            "overlay": ["x"], "verify": verify}
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data, path="m.yaml")
+    assert info.value.problems[0].startswith(problem)
+
+
+def test_unsafe_paths_from_the_donor_become_an_error_and_are_not_copied():
+    evil = dist("evil", "1.0", {"evil/__init__.py": "x"})
+    evil["record"].append({"path": "../../../../etc/passwd", "venv_path": None, "record_hash": None, "record_size": None})
+    evil["record"].append({"path": "evil/shadow", "venv_path": f"{DOC_SITE}/evil/shadow", "exists": True,
+                           "symlink": "/etc/shadow", "mode": 0o777})
+    evil["record"].append({"path": "evil/up", "venv_path": f"{DOC_SITE}/evil/up", "exists": True,
+                           "symlink": "../../../../../../x", "mode": 0o777})
+    evil["record"].append({"path": "evil/sneaky", "venv_path": f"{DOC_SITE}/evil/../../../../../../x", "exists": True,
+                           "hash": "sha256=x", "size": 1})
+    donor = parse_inventory(document("/d", [evil]), label="d")
+    target = parse_inventory(document("/t", []), label="t")
+    m = parse_manifest({"version": 1, "donor": {"host": "local", "venv": "/d"}, "target": {"host": "local", "venv": "/t"},
+                        "overlay": ["evil"]}, path="m.yaml")
+    result = plan(m, donor, target)
+    unsafe = [f for f in result.findings if f.code == "unsafe-path"]
+    assert len(unsafe) == 1 and unsafe[0].severity == "error"
+    assert set(unsafe[0].files) == {"../../../../etc/passwd", "evil/sneaky", f"{DOC_SITE}/evil/shadow -> /etc/shadow",
+                                    f"{DOC_SITE}/evil/up -> ../../../../../../x"}
+    copied = {c.path for c in result.changes[0].copy}
+    assert all(p.startswith(f"{DOC_SITE}/evil") for p in copied)
+    assert not any(p.endswith(("shadow", "up", "sneaky")) for p in copied)
+
+
+def test_probe_does_not_follow_symlinks_out_of_the_venv(tmp_path):
+    venv = make_venv(tmp_path / "v")
+    site = venv / SITE
+    (tmp_path / "secret").write_text("root:x:0:0\n")
+    info = site / "evil-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    os.symlink(tmp_path / "secret", info / "RECORD")
+    (site / "evil2-1.0.dist-info").mkdir()
+    (site / "evil2-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: evil2\nVersion: 1.0\n")
+    (site / "evil2-1.0.dist-info" / "RECORD").write_text("linked/secret,,\n")
+    os.symlink(tmp_path, site / "linked")
+    probe = Path(__file__).parent.parent / "transplant" / "remote" / "probe.py"
+    out = subprocess.run([str(venv / "bin" / "python"), "-", "--hash", "*"], input=probe.read_bytes(),
+                         capture_output=True, check=True).stdout
+    assert b"root:x" not in out
+    docs = {d["name"]: d for d in json.loads(out)["distributions"]}
+    assert docs["evil"]["record"] is None
+    assert docs["evil2"]["record"][0]["venv_path"] is None
+
+
+@pytest.mark.parametrize("path,source", [
+    ("lib/python3.11/site-packages/torch/__pycache__/version.cpython-311.pyc", "lib/python3.11/site-packages/torch/version.py"),
+    ("a/__pycache__/b.cpython-311.opt-1.pyc", "a/b.py"),
+    ("a/b.py", None),
+    ("a/__pycache__/notes.txt", None),
+])
+def test_pyc_source(path, source):
+    assert pyc_source(path) == source
+
+
+def test_bytecode_moves_only_with_its_source():
+    files = {"m/a.py": "A", "m/__pycache__/a.cpython-311.pyc": "pyc-donor-a", "m/b.py": "B2",
+             "m/__pycache__/b.cpython-311.pyc": "pyc-donor-b"}
+    old = {"m/a.py": "A", "m/__pycache__/a.cpython-311.pyc": "pyc-target-a", "m/b.py": "B1",
+           "m/__pycache__/b.cpython-311.pyc": "pyc-target-b"}
+    donor = parse_inventory(document("/d", [dist("m", "1.0", files)]), label="d")
+    target = parse_inventory(document("/t", [dist("m", "1.0", old)]), label="t")
+    m = parse_manifest({"version": 1, "donor": {"host": "local", "venv": "/d"}, "target": {"host": "local", "venv": "/t"},
+                        "overlay": ["m"]}, path="m.yaml")
+    copied = {c.path.split("site-packages/")[1] for c in plan(m, donor, target).changes[0].copy}
+    assert copied == {"m/b.py", "m/__pycache__/b.cpython-311.pyc"}
