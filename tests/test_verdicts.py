@@ -60,7 +60,7 @@ def test_requirements_and_overall():
     err = Finding(code="requirement-unmet", severity="error", dists=("a", "b"), message="a 1 requires b>2, found 1", hint="h")
     warn = Finding(code="requirement-unmet", severity="warning", dists=("c",), message="m", hint="h")
     assert judge_requirements([warn])[0] == "pass"
-    assert judge_requirements([err, warn]) == ("fail", "1 unmet: a 1 requires b>2, found 1")
+    assert judge_requirements([err, warn]) == ("fail", "1 distribution(s) with unmet requirements the donor satisfies: a 1 requires b>2, found 1")
     stages = [StageResult(name="x", status="skip", reason="r", seconds=0.0)]
     assert overall_ok(stages)
     assert not overall_ok(stages + [StageResult(name="y", status="fail", reason="r", seconds=1.0)])

@@ -125,7 +125,9 @@ def judge_requirements(findings: Sequence[Finding]) -> tuple[str, str]:
     errors = [f for f in findings if f.severity == "error"]
     warnings = [f for f in findings if f.severity != "error"]
     if errors:
-        return "fail", f"{len(errors)} unmet: " + "; ".join(f.message for f in errors[:3])
+        shown = "; ".join(f.message if len(f.message) <= 160 else f.message[:157] + "..." for f in errors[:3])
+        more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
+        return "fail", f"{len(errors)} distribution(s) with unmet requirements the donor satisfies: {shown}{more}"
     tail = (f"; {len(warnings)} distribution(s) with requirements unmet on the donor too, or not from the donor "
             f"(warnings)") if warnings else ""
     return "pass", "every requirement the donor satisfies is satisfied" + tail
