@@ -2,8 +2,9 @@
 
 Order, so that a half-copied distribution does not look installed: package files
 first, then the donor's dist-info folders, then patch files, then the removals (old
-files and old dist-info folders); last, the target is probed again and must equal the
-planned state hash for hash. rsync writes each file under a temporary name in its
+files and old dist-info folders); last, every path the plan touched is hashed again on
+the target and must equal the planned state hash for hash (the files it left alone were
+found identical when the plan was made). rsync writes each file under a temporary name in its
 folder and renames it into place, so other hardlinks to a replaced file keep their
 bytes. A history line is appended to ``<venv>/.transplant/history.jsonl`` before and
 after.
@@ -162,8 +163,7 @@ def execute(
         if not reply.get("ok"):
             raise ApplyError(f"{plan.target.label}: {reply.get('error')}")
         removed = int(reply.get("removed", 0))
-    after = take_inventory(target, venv, hash_patterns=plan.hash_patterns,
-                           files=sorted(set(plan.patch_files) | set(removals)))
+    after = take_inventory(target, venv, files=sorted(expected), record=False)
     mismatches = state_mismatches(expected, after)
     outcome = "applied" if not mismatches else "differs"
     run_script(target, venv, "applier", ["record"], request={"entry": {

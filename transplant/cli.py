@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -79,12 +80,13 @@ class _Session:
         """Probe the donor, then the target (with the patch destinations), and plan."""
         m = self.manifest
         patches = read_patch_files(m)
-        with self.console.status(f"probing the donor {m.donor} (hashing the overlaid distributions)"):
-            donor = take_inventory(self.host("donor"), m.donor.venv, hash_patterns=m.overlay)
-        with self.console.status(f"probing the target {m.target}"):
-            target = take_inventory(self.host("target"), m.target.venv, hash_patterns=m.overlay,
-                                    site_files=[p.dest for p in patches])
-        return make_plan(m, donor, target, patches)
+        donor_host, target_host = self.host("donor"), self.host("target")
+        with self.console.status(f"probing the donor {m.donor} and the target {m.target} "
+                                 f"(hashing the overlaid distributions)"), ThreadPoolExecutor(max_workers=2) as pool:
+            donor = pool.submit(take_inventory, donor_host, m.donor.venv, hash_patterns=m.overlay)
+            target = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
+                                 site_files=[p.dest for p in patches])
+            return make_plan(m, donor.result(), target.result(), patches)
 
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -187,9 +189,17 @@ def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
         target = session.host("target")
+        try:
+            donor_host: Host | None = session.host("donor")
+        except TransplantError as exc:
+            console.print(f"the donor cannot be reached ({exc.message}); requirements are checked without it",
+                          style="yellow", highlight=False, markup=False)
+            donor_host = None
 
         def read_donor():
-            return take_inventory(session.host("donor"), manifest.donor.venv)
+            if donor_host is None:
+                raise TransplantError("the donor cannot be reached")
+            return take_inventory(donor_host, manifest.donor.venv, record=False)
 
         with console.status("verifying") as status:
             results = run_stages(manifest.verify, target=target, venv=manifest.target.venv,

@@ -45,6 +45,7 @@ __all__ = [
     "LocalHost",
     "SSHHost",
     "connect",
+    "kill_group",
 ]
 
 # paramiko logs a traceback for every failed handshake on its transport thread; with no
@@ -240,12 +241,12 @@ class LocalHost(Host):
         try:
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             raise HostError(
                 f"local: {shlex.join(items)} timed out after {timeout:g} s and was killed"
             ) from None
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc)
             raise
         return CommandResult(
             argv=items,
@@ -264,7 +265,7 @@ class LocalHost(Host):
         return None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """Kill a process started with start_new_session and its group; reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -276,6 +276,20 @@ def _overlay(c: _Checker, value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _patch_path(c: _Checker, data: dict, key: str, name: str, root: str, fix: str) -> str | None:
+    """One of a patch's two paths, normalised and relative; a trailing ``/`` (a folder) is kept."""
+    if name not in data:
+        return None
+    text = c.string(data[name], f"{key}.{name}", f"give a path relative to {root}")
+    if text is None:
+        return None
+    path = _relative(text)
+    if path is None:
+        c.add(f"{key}.{name}", f"{text!r} is absolute or leaves {root}", fix)
+        return None
+    return path + "/" if text.endswith("/") else path
+
+
 def _patches(c: _Checker, value: Any) -> tuple[Patch, ...]:
     if value is None:
         return ()
@@ -289,25 +303,10 @@ def _patches(c: _Checker, value: Any) -> tuple[Patch, ...]:
     for i, item in enumerate(value):
         key = f"patches[{i}]"
         data = c.mapping(item, key, allowed, required=("source", "dest"))
-        source = dest = None
-        if "source" in data:
-            text = c.string(data["source"], f"{key}.source", "give a path relative to the manifest's folder")
-            if text is not None:
-                source = _relative(text)
-                if source is None:
-                    c.add(f"{key}.source", f"{text!r} is absolute or leaves the manifest's folder",
-                          "keep patch files in a folder beside the manifest and name them relative to it")
-                elif text.endswith("/"):
-                    source += "/"
-        if "dest" in data:
-            text = c.string(data["dest"], f"{key}.dest", "give a path relative to site-packages")
-            if text is not None:
-                dest = _relative(text)
-                if dest is None:
-                    c.add(f"{key}.dest", f"{text!r} is absolute or leaves site-packages",
-                          "name it relative to site-packages, e.g. sglang/srt/server_args.py")
-                elif text.endswith("/"):
-                    dest += "/"
+        source = _patch_path(c, data, key, "source", "the manifest's folder",
+                             "keep patch files in a folder beside the manifest and name them relative to it")
+        dest = _patch_path(c, data, key, "dest", "site-packages",
+                           "name it relative to site-packages, e.g. sglang/srt/server_args.py")
         if source is not None and dest is not None:
             if source.endswith("/") and not dest.endswith("/"):
                 dest += "/"

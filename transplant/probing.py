@@ -80,6 +80,7 @@ def take_inventory(
     hash_patterns: Sequence[str] = (),
     files: Sequence[str] = (),
     site_files: Sequence[str] = (),
+    record: bool = True,
     timeout: float | None = 600.0,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
@@ -89,10 +90,13 @@ def take_inventory(
     :param files: venv-relative paths to hash as well.
     :param site_files: site-packages-relative paths to hash as well (patch destinations);
         they are reported by their venv-relative path.
+    :param record: False skips RECORD files (``Distribution.record`` is None): metadata
+        only, for dependency checks.
     :raises HostError: as :func:`run_script`.
     :raises ProbeError: the report is of another schema or malformed.
     """
-    request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files)}
+    request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
+               "record": record}
     document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
     label = f"{host.label}:{venv}"
     inventory = parse_inventory(document, label=label)

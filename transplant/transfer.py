@@ -5,6 +5,8 @@ each written to a temporary name in its destination directory and renamed into p
 (rsync's default; never ``--inplace``), so a file hardlinked elsewhere (a pip or uv cache)
 keeps its old bytes under its other names. ``--ignore-times`` makes rsync send every
 listed file: the planner, not rsync's size+mtime check, decides what differs.
+``--whole-file`` skips rsync's delta algorithm: the listed files differ by content, and on
+files that differ entirely the delta pass costs about as much again as the copy.
 
 rsync cannot copy from one remote host to another, so SSH to SSH goes through a staging
 folder on the controller (two legs). Local to local, and local to or from SSH, is one leg.
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import HostError, TransplantError
-from .hosts import Host, LocalHost
+from .hosts import Host, LocalHost, kill_group
 
 __all__ = ["TransferResult", "copy_files", "check_relpath"]
 
@@ -37,6 +39,7 @@ _RSYNC_OPTIONS = (
     "--files-from=-",
     "--from0",
     "--ignore-times",
+    "--whole-file",
     "--mkpath",
     "--stats",
     "--info=progress2",
@@ -244,10 +247,10 @@ def _rsync(
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         proc.wait(remaining)
     except subprocess.TimeoutExpired:
-        _kill(proc)
+        kill_group(proc)
         raise HostError(f"{where} timed out after {timeout:g} s and was stopped") from None
     except BaseException:
-        _kill(proc)
+        kill_group(proc)
         raise
     finally:
         for thread in threads:
@@ -274,9 +277,3 @@ def _rsync(
     return stats
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()

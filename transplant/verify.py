@@ -8,6 +8,7 @@ Stages, cheapest first: ``imports``, ``requirements``, ``server-args``, ``smoke`
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 import time
 from collections.abc import Callable, Mapping
@@ -79,8 +80,10 @@ def run_stages(
     step("requirements")
 
     def requirements() -> tuple[str, str, Mapping]:
-        live = take_inventory(target, venv, timeout=timeout)
-        donor = donor_inventory() if donor_inventory else None
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            donor_future = pool.submit(donor_inventory) if donor_inventory else None
+            live = take_inventory(target, venv, record=False, timeout=timeout)
+            donor = donor_future.result() if donor_future else None
         reference = [_latest(donor)] if donor is not None else []
         donor_names = {d.name for d in donor.distributions} if donor is not None else set()
         excused = frozenset(d.name for d in live.distributions if d.name not in donor_names) if donor else frozenset()

@@ -15,7 +15,8 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   urlsafe-base64 form) and stat'ed; the others report only RECORD's facts.
 * ``--file RELPATH`` (repeatable): a path relative to the venv prefix to hash, present
   or not (used for patch destinations); with ``--stdin``, ``site_files`` names such paths
-  relative to site-packages instead.
+  relative to site-packages instead, and ``"record": false`` skips RECORD (metadata only,
+  for dependency checks).
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), never writes anything. The
@@ -68,6 +69,17 @@ def file_hash(path):
     return "sha256=" + encoded, size
 
 
+_REALPATHS = {}
+
+
+def _real(folder):
+    """os.path.realpath, memoised per folder (a probe resolves the same folders thousands of times)."""
+    real = _REALPATHS.get(folder)
+    if real is None:
+        real = _REALPATHS[folder] = os.path.realpath(folder)
+    return real
+
+
 def _inside(prefix, path):
     """Path relative to prefix (POSIX), or None when it escapes the prefix.
 
@@ -78,8 +90,8 @@ def _inside(prefix, path):
     rel = os.path.relpath(norm, prefix)
     if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
         return None
-    real_prefix = os.path.realpath(prefix)
-    parent = os.path.realpath(os.path.dirname(norm))
+    real_prefix = _real(prefix)
+    parent = _real(os.path.dirname(norm))
     if parent != real_prefix and not parent.startswith(real_prefix + os.sep):
         return None
     return rel.replace(os.sep, "/")
@@ -148,9 +160,28 @@ def _record(dist_dir, site, prefix, hashed):
             "record_size": record_size,
         }
         if entry["venv_path"] is not None:
-            entry.update(_file_facts(full, hashed))
+            entry.update(_file_facts(full, False))
+            if hashed and "size" in entry:
+                _HASH_JOBS.append((entry, full))
         entries.append(entry)
     return entries
+
+
+_HASH_JOBS = []
+_OPTIONS = {"record": True}
+_WORKERS = max(1, min(8, os.cpu_count() or 1))
+
+
+def _run_hash_jobs():
+    """Hash every queued file, on a few threads (hashlib releases the GIL on large reads)."""
+    import concurrent.futures
+
+    jobs, _HASH_JOBS[:] = list(_HASH_JOBS), []
+    if not jobs:
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        for (entry, _), (digest, _size) in zip(jobs, pool.map(lambda job: file_hash(job[1]), jobs)):
+            entry["hash"] = digest
 
 
 def _file_facts(full, hashed):
@@ -182,7 +213,7 @@ def _direct_url(dist_dir):
         return {"unreadable": True}
 
 
-def _distributions(site, prefix, patterns):
+def _distributions(site, prefix, patterns, with_record=True):
     found = []
     try:
         names = sorted(os.listdir(site))
@@ -218,7 +249,7 @@ def _distributions(site, prefix, patterns):
             "top_level": [t for t in (top_level or "").split() if t],
             "entry_points": _read(os.path.join(dist_dir, "entry_points.txt")),
             "hashed": hashed,
-            "record": _record(dist_dir, site, prefix, hashed),
+            "record": _record(dist_dir, site, prefix, hashed) if with_record else None,
         })
     return found
 
@@ -328,6 +359,7 @@ def _arguments(argv):
         files = list(request.get("files", []))
         for rel in request.get("site_files", []):
             files.append(os.path.relpath(os.path.join(site, rel), prefix).replace(os.sep, "/"))
+        _OPTIONS["record"] = bool(request.get("record", True))
         return [normalize(p) for p in request.get("hash", [])], files
     patterns, files = [], []
     it = iter(argv)
@@ -353,7 +385,8 @@ def main(argv):
             sites.append(paths[key])
     distributions = []
     for site in sites:
-        distributions.extend(_distributions(site, prefix, patterns))
+        distributions.extend(_distributions(site, prefix, patterns, _OPTIONS["record"]))
+    _run_hash_jobs()
     extra = {}
     for rel in files:
         full = os.path.normpath(os.path.join(prefix, rel))
@@ -375,8 +408,7 @@ def main(argv):
         "files": extra,
         "probe_seconds": round(time.time() - started, 3),
     }
-    json.dump(document, sys.stdout, sort_keys=True, separators=(",", ":"))
-    sys.stdout.write("\n")
+    sys.stdout.write(json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n")
     return 0
 
 
