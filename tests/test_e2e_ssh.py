@@ -124,7 +124,7 @@ def test_verify_fails_a_broken_import(hosts, tmp_path, capsys):
     m = manifest(tmp_path, lab, ["alpha"], extra="")
     text = Path(m).read_text().replace("imports: [alpha, beta, alpha.ddtree_utils]", "imports: [alpha, no_such_module]")
     Path(m).write_text(text)
-    assert main(["verify", m, "--json"]) == 1
+    assert main(["verify", m, "--json"]) == 3
     stages = {s["name"]: s for s in json.loads(capsys.readouterr().out)["stages"]}
     assert stages["imports"]["status"] == "fail"
     assert "no_such_module: ModuleNotFoundError" in stages["imports"]["reason"]

@@ -37,7 +37,7 @@ def test_server_args():
     expect = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 16}
     report = {"ok": True, "values": {"speculative_algorithm": {"name": None, "value": "DFLASH", "repr": "'DFLASH'"},
                                      "speculative_num_draft_tokens": {"name": None, "value": 16, "repr": "16"}}}
-    assert judge_server_args(expect, report) == ("pass", "parsed; DFLASH 16")
+    assert judge_server_args(expect, report) == ("pass", "parsed; DFLASH 16 (speculative_algorithm, speculative_num_draft_tokens)")
     report["values"]["speculative_num_draft_tokens"]["value"] = 8
     assert judge_server_args(expect, report) == ("fail", "parsed, but speculative_num_draft_tokens=8 (expected 16)")
     rejected = {"ok": False, "error": "sglang serve: error: argument --speculative-algorithm: invalid choice: 'DFLASH'"}

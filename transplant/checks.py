@@ -92,29 +92,38 @@ def requirement_findings(
         severity = "warning" if u.key in known or u.requirer in excused else "error"
         grouped[(u.requirer, severity)].append(u)
     findings = []
+    inherited: list[tuple[str, list[Unmet]]] = []
     for (requirer, severity), items in sorted(grouped.items()):
+        if severity == "warning":
+            inherited.append((requirer, items))
+            continue
         dist = after[requirer]
         lines = "; ".join(u.describe().split(" requires ", 1)[1] for u in items)
-        dists = (requirer, *sorted({u.required for u in items}))
-        if severity == "error":
-            fixes = []
-            for u in items:
-                have = (donor or {}).get(u.required)
-                if have is not None and have.version is not None and u.requirement.specifier.contains(
-                        have.version, prereleases=True):
-                    fixes.append(f"add {u.required!r} to overlay (the donor has {have.raw_version})")
-                else:
-                    fixes.append(f"{_pip(venv)} install {shlex.quote(str(u.requirement))}")
-            message = f"{dist.display_name} {dist.raw_version} requires {lines}"
-            hint = "; ".join(fixes)
-        else:
-            shown = "; ".join(u.describe().split(" requires ", 1)[1] for u in items[:_SHOWN])
-            more = f"; and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
-            message = (f"{dist.display_name} {dist.raw_version}: {len(items)} requirement(s) unmet here and on the "
-                       f"donor or before apply as well, so the transplant does not change them: {shown}{more}")
-            hint = f"if the service needs them: {_pip(venv)} install " + " ".join(
-                shlex.quote(str(u.requirement)) for u in items[:5]) + (" ..." if len(items) > 5 else "")
-        findings.append(Finding(code="requirement-unmet", severity=severity, dists=dists, message=message, hint=hint))
+        fixes = []
+        for u in items:
+            have = (donor or {}).get(u.required)
+            if have is not None and have.version is not None and u.requirement.specifier.contains(
+                    have.version, prereleases=True):
+                fixes.append(f"add {u.required!r} to overlay (the donor has {have.raw_version})")
+            else:
+                fixes.append(f"{_pip(venv)} install {shlex.quote(str(u.requirement))}")
+        findings.append(Finding(code="requirement-unmet", severity="error",
+                                dists=(requirer, *sorted({u.required for u in items})),
+                                message=f"{dist.display_name} {dist.raw_version} requires {lines}",
+                                hint="; ".join(fixes)))
+    if inherited:
+        count = sum(len(items) for _, items in inherited)
+        parts = ", ".join(f"{after[r].display_name} {after[r].raw_version} ({len(items)})" for r, items in inherited)
+        first = [u for _, items in inherited for u in items][:_SHOWN]
+        example = "; ".join(u.describe() for u in first)
+        findings.append(Finding(
+            code="requirement-unmet", severity="warning",
+            dists=tuple(sorted({r for r, _ in inherited} | {u.required for _, items in inherited for u in items})),
+            message=f"{count} requirement(s) of {len(inherited)} distribution(s) are unmet here and on the donor (or "
+                    f"before apply, or come from distributions the donor does not have), so the transplant does not "
+                    f"change them: {parts}; e.g. {example}",
+            hint=f"see them all with --json; if the service needs them: {_pip(venv)} install ...",
+        ))
     return findings
 
 

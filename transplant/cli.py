@@ -2,14 +2,17 @@
 
 Exit codes: ``plan`` 0 nothing to change, 2 changes and no blocking finding, 3 blocked
 by an error finding; ``apply`` 0 done (or nothing to do), 3 blocked; ``verify`` 0 no
-stage failed; every command 1 when it could not do its job (unreachable host, bad
-manifest, failed apply) and 64 for a command-line mistake.
+stage failed, 3 a stage failed; every command 1 when it could not do its job
+(unreachable host, bad manifest, failed apply) and 64 for a command-line mistake. With
+``--json``, such an error is also printed on standard output as
+``{"schema": "transplant.error/1", "error", "hint"}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
@@ -30,7 +33,7 @@ from .manifest import Manifest
 from .model import Plan
 from .planner import plan as make_plan
 from .probing import take_inventory
-from .render import inventory_table, print_plan, stages_table, verify_json
+from .render import human_bytes, inventory_table, print_plan, stages_table, verify_json
 from .state import drift
 from .verdicts import overall_ok
 from .verify import donor_reader, run_stages
@@ -160,9 +163,12 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             result = execute(plan, donor=session.host("donor"), target=session.host("target"),
                              manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
                              progress=report)
-    console.print(f"[bold green]applied[/] transaction {result.transaction}: {result.files_copied} files copied "
-                  f"({result.bytes_moved} bytes moved), {result.files_removed} removed, in {result.seconds:.1f} s; "
-                  f"the target now matches the plan hash for hash")
+    relayed = " (relayed through the controller, so each byte crossed twice)" if not (
+        manifest.donor.host.is_local or manifest.target.host.is_local) else ""
+    console.print(Text.assemble(("applied", "bold green"), (
+        f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
+        f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
+        f"{result.seconds:.1f} s; the target now matches the plan hash for hash")))
     return EXIT_OK
 
 
@@ -211,22 +217,26 @@ def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
         console.print(stages_table(results, f"verify {manifest.target}"))
         bad = [r for r in results if r.status == "fail"]
         console.print("[bold green]verify passed[/]" if not bad else f"[bold red]verify failed[/]: {len(bad)} stage(s)")
-    return EXIT_OK if overall_ok(results) else EXIT_FAIL
+    return EXIT_OK if overall_ok(results) else EXIT_BLOCKED
+
+
+class UsageError(TransplantError):
+    """A command-line mistake (exit code 64)."""
 
 
 def parse_location(text: str) -> tuple[HostSpec, str]:
     """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
 
-    :raises TransplantError: no ``:/`` in the text, or a bad host part.
+    :raises UsageError: no ``:/`` in the text, or a bad host part.
     """
     host, sep, venv = text.partition(":/")
+    fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
     if not sep:
-        raise TransplantError(f"{text!r}: expected HOST:VENV with an absolute venv path",
-                              hint="write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang")
+        raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
     try:
         return HostSpec.parse(host), "/" + venv
     except ValueError as exc:
-        raise TransplantError(f"{text!r}: {exc}") from None
+        raise UsageError(f"{text!r}: {exc}", hint=fix) from None
 
 
 def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
@@ -254,29 +264,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"transplant {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("plan", help="inventory both venvs and show what apply would change")
-    p.add_argument("manifest")
+    p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
     p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
     p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
     p.set_defaults(func=_cmd_plan)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
-    a.add_argument("source", metavar="MANIFEST|PLAN.json")
+    a.add_argument("source", metavar="MANIFEST|PLAN.json",
+                   help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts changed)")
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     a.add_argument("--force", action="store_true", help="apply despite error findings")
     a.set_defaults(func=_cmd_apply)
     v = sub.add_parser("verify", help="prove the target venv works: imports, requirements, server args, smoke")
-    v.add_argument("manifest")
+    v.add_argument("manifest", help="the manifest whose target and verify settings to use")
     v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/1)")
     v.set_defaults(func=_cmd_verify)
     i = sub.add_parser("inventory", help="print what a venv holds")
-    i.add_argument("location", metavar="HOST:VENV")
+    i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")
     i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")
     i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
-    i.add_argument("--identity-file")
-    i.add_argument("--known-hosts")
+    i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
+    i.add_argument("--known-hosts", help="known_hosts file to check the host key against (default ~/.ssh/known_hosts)")
     i.set_defaults(func=_cmd_inventory)
     d = sub.add_parser("demo", help="replay the seed story on two loopback test hosts")
     d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
-    d.add_argument("--keep", action="store_true", help="leave the work folder (hosts are stopped either way)")
+    d.add_argument("--keep", action="store_true",
+                   help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")
     d.set_defaults(func=_cmd_demo)
     return parser
 
@@ -284,12 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``transplant``; returns the exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    console = Console(stderr=bool(getattr(args, "json", False)))
+    stream = sys.stderr if getattr(args, "json", False) else sys.stdout
+    wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
+    console = Console(file=stream, width=wide)
     try:
         return args.func(args, console)
     except TransplantError as exc:
         _print_error(console, exc)
-        return EXIT_FAIL
+        if getattr(args, "json", False):
+            print(json.dumps({"schema": "transplant.error/1", "error": exc.message, "hint": exc.hint}))
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAIL
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

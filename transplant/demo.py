@@ -68,13 +68,17 @@ def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transplant" / "demo"
 
 
-def _in_srv(srv: Path, argv: list[str], log: Path) -> None:
-    """Run argv in a private mount namespace where ``/srv`` is ``srv``; output goes to ``log``."""
+def _in_srv(srv: Path, argv: list[str], log: Path, *, check: bool = True) -> None:
+    """Run argv in a private mount namespace where ``/srv`` is ``srv``; output goes to ``log``.
+
+    :param check: raise on a non-zero exit (compileall exits 1 when any file, such as a
+        Python 2 test fixture inside a package, does not compile: that is not a failure).
+    """
     script = 'mount --bind "$1" /srv && shift && exec "$@"'
     with open(log, "ab") as out:
         done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
                                str(srv), *argv], stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         tail = log.read_text(errors="replace")[-1500:]
         raise TransplantError(f"building the demo venv failed: {' '.join(argv[:6])} ... exited {done.returncode}\n{tail}",
                               hint=f"see {log}; the registries must be reachable for the first run")
@@ -97,13 +101,13 @@ def build_demo_venv(role: str, cache: Path) -> Path:
     """Return the cached venv folder for ``role`` (``donor`` or ``target``), building it if needed.
 
     The key is a hash of the requirements file, the stand-in list and this module's
-    build steps, so a change to either builds afresh.
+    build steps, so a change to either builds afresh; older builds of the role are removed.
 
     :returns: the folder that is ``/srv`` for the built venv (it holds ``venv_sglang``).
     :raises TransplantError: python3.11, unshare or pip failed; the message names the log.
     """
     requirements = EXAMPLE / f"{role}-requirements.txt"
-    key_text = requirements.read_text() + repr(STAND_INS[role]) + _JIT_CACHE_API + PYTHON + "v2-no-compile"
+    key_text = requirements.read_text() + repr(STAND_INS[role]) + _JIT_CACHE_API + PYTHON + "v3-checked-hash"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
     home = cache / f"{role}-{key}"
     srv = home / "srv"
@@ -115,14 +119,21 @@ def build_demo_venv(role: str, cache: Path) -> Path:
     log = home / "build.log"
     python = shutil.which(PYTHON) or sys.executable
     wheels = _stand_in_wheels(role, home / "wheels")
-    # --no-compile: no .pyc at install time (Python writes them on first import); it halves
-    # the build and leaves a third fewer files to hash and move
+    # --no-compile: pip's .pyc carry install-time mtimes, so two hosts' copies of one file
+    # would differ; compileall below writes reproducible ones instead
     pip = [f"{VENV}/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]
     _in_srv(srv, [python, "-m", "venv", VENV], log)
     _in_srv(srv, [*pip, "torch==2.13.0"], log)
     _in_srv(srv, [*pip, "--no-deps", "-r", str(requirements)], log)
     _in_srv(srv, [*pip, "--no-deps", *map(str, wheels)], log)
+    # bytecode once, hash-checked (PEP 552): the same source gives the same .pyc on both
+    # hosts, a changed source is noticed by its hash, and no run pays for compiling again
+    _in_srv(srv, [f"{VENV}/bin/python", "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "checked-hash",
+                  f"{VENV}/lib"], log, check=False)
     (home / "complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+    for stale in cache.glob(f"{role}-*"):
+        if stale != home and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     return srv
 
 
@@ -208,7 +219,7 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
             site = lab.hosts["donor"].path(f"{VENV}/lib/python3.11/site-packages")
             _make_patches(site, work / "patches")
             full, partial = _write_manifests(lab, work)
-            results.append(_act(console, "1. the target as it is: DFLASH is not a valid choice", ["verify", str(full)], 1))
+            results.append(_act(console, "1. the target as it is: DFLASH is not a valid choice", ["verify", str(full)], 3))
             results.append(_act(console, "2. plan with flashinfer-python left out of the overlay", ["plan", str(partial)], 3))
             results.append(_act(console, "3. apply the full manifest (it shows the plan it carries out)",
                                 ["apply", str(full), "--yes"], 0))
@@ -218,6 +229,9 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
         if own and not keep:
             shutil.rmtree(work, ignore_errors=True)
     console.print(Rule("demo"))
+    if keep or not own:
+        console.print(f"work folder kept: {work} (manifests, patches, venvs); its hosts are stopped, so its manifests "
+                      f"reach nothing until a lab runs there again", highlight=False)
     seconds = time.monotonic() - started
     if all(results):
         console.print(f"[bold green]demo passed[/]: every act behaved as the story says ({seconds:.0f} s); hosts stopped")

@@ -37,15 +37,16 @@ def human_bytes(count: int | None) -> str:
 
 def plan_table(plan: Plan) -> Table:
     """One row per change: distribution or patch, action, from, to, files (copy / remove), bytes, why."""
-    table = Table(title=f"plan: {plan.donor.label} -> {plan.target.label}", title_justify="left")
+    table = Table(title=Text(f"plan: {plan.donor.label} -> {plan.target.label}"), title_justify="left")
     for column in ("distribution / patch", "action", "from", "to", "files", "bytes", "why"):
-        table.add_column(column, overflow="fold", justify="right" if column in ("files", "bytes") else "left")
+        table.add_column(column, overflow="fold", justify="right" if column in ("files", "bytes") else "left",
+                         no_wrap=column in ("action", "files", "bytes"))
     for change in plan.changes:
         files = f"{len(change.copy)}" + (f" / -{len(change.remove)}" if change.remove else "")
         name = change.name if change.kind == "distribution" else f"patch {change.name.rsplit('site-packages/', 1)[-1]}"
-        table.add_row(name, Text(change.action, style=_ACTION_STYLE.get(change.action, "")),
-                      change.from_version or "-", change.to_version or "-", files, human_bytes(change.bytes),
-                      change.reason)
+        table.add_row(Text(name), Text(change.action, style=_ACTION_STYLE.get(change.action, "")),
+                      Text(change.from_version or "-"), Text(change.to_version or "-"), files,
+                      human_bytes(change.bytes), Text(change.reason))
     return table
 
 
@@ -55,7 +56,7 @@ def findings_table(findings: Sequence[Finding], title: str = "findings") -> Tabl
     for column in ("severity", "code", "found", "fix"):
         table.add_column(column, overflow="fold")
     for f in findings:
-        table.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, f.message, f.hint)
+        table.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, Text(f.message), Text(f.hint))
     return table
 
 
@@ -81,7 +82,7 @@ def stages_table(results: Sequence[StageResult], title: str) -> Table:
     for column in ("stage", "status", "seconds", "reason"):
         table.add_column(column, overflow="fold", justify="right" if column == "seconds" else "left")
     for r in results:
-        table.add_row(r.name, Text(r.status.upper(), style=_STATUS_STYLE[r.status]), f"{r.seconds:.1f}", r.reason)
+        table.add_row(r.name, Text(r.status.upper(), style=_STATUS_STYLE[r.status]), f"{r.seconds:.1f}", Text(r.reason))
     return table
 
 
@@ -103,5 +104,6 @@ def inventory_table(inv: Inventory) -> Table:
     for d in inv.distributions:
         files = d.files
         size = sum(e.size or 0 for e in files.values())
-        table.add_row(d.display_name, d.raw_version or "?", str(len(files)), human_bytes(size), d.installer or "-")
+        table.add_row(Text(d.display_name), Text(d.raw_version or "?"), str(len(files)), human_bytes(size),
+                      Text(d.installer or "-"))
     return table

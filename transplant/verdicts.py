@@ -101,7 +101,7 @@ def judge_server_args(expect: Mapping[str, Any], report: Mapping[str, Any]) -> t
     if wrong:
         return "fail", "parsed, but " + "; ".join(wrong)
     shown = " ".join(str((values[k].get("name") or values[k].get("value"))) for k in expect)
-    return "pass", f"parsed; {shown}" if expect else "parsed (no expect map to compare)"
+    return "pass", f"parsed; {shown} ({', '.join(expect)})" if expect else "parsed (no expect map to compare)"
 
 
 def judge_smoke(device: str, report: Mapping[str, Any]) -> tuple[str, str]:
