@@ -28,7 +28,7 @@ def test_demo_replays_the_story(lab):
     # act 1: the target's sglang 0.5.9 rejects DFLASH in its own parser
     assert "invalid choice: 'DFLASH'" in out
     # act 2: the requirement finding, before anything is copied
-    assert "sglang 0.5.23 requires flashinfer_python==0.7.2, found 0.6.3" in out
+    assert "sglang 0.5.23 requires flashinfer_python[cu13]==0.7.2, found 0.6.3" in out
     assert "add 'flashinfer-python' to overlay (the donor has 0.7.2)" in out
     # act 3: the CUDA-variant change is named as such
     assert "same version, other CUDA build: CUDA 12.8 -> CUDA 13.0" in out
@@ -38,3 +38,23 @@ def test_demo_replays_the_story(lab):
     # act 6: idempotent
     assert "nothing to change: the target already holds the planned state" in out
     assert "demo passed" in out
+
+
+def test_smoke_with_device_cuda_fails_without_a_gpu(lab):
+    """The smoke script itself, in the demo's real torch venv: cuda asked for, no GPU here -> fail, with why."""
+    from transplant import demo, remote
+
+    srv = demo.build_demo_venv("target", demo._cache_root())
+    script = 'mount --bind "$1" /srv && shift && exec "$@"'
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", str(srv),
+                           f"{demo.VENV}/bin/python", "-", "cuda"], input=remote.source("stage_smoke"),
+                          capture_output=True, timeout=300)
+    report = __import__("json").loads(done.stdout.decode().strip().splitlines()[-1])
+    assert report["ok"] is False and report["checks"] == []
+    assert report["reason"].startswith("device cuda asked for, but torch.cuda.is_available() is False")
+    auto = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", str(srv),
+                           f"{demo.VENV}/bin/python", "-", "auto"], input=remote.source("stage_smoke"),
+                          capture_output=True, timeout=300)
+    report = __import__("json").loads(auto.stdout.decode().strip().splitlines()[-1])
+    assert report["ok"] is True and report["device"] == "cpu" and "ran on the CPU" in report["reason"]
+    assert {c["dtype"] for c in report["checks"]} == {"float32", "bfloat16"}

@@ -209,3 +209,42 @@ def test_bytecode_moves_only_with_its_source():
                         "overlay": ["m"]}, path="m.yaml")
     copied = {c.path.split("site-packages/")[1] for c in plan(m, donor, target).changes[0].copy}
     assert copied == {"m/b.py", "m/__pycache__/b.cpython-311.pyc"}
+
+
+def test_force_applies_despite_an_error_finding(pair, capsys):
+    tmp_path, m = pair
+    m.write_text(m.read_text().replace("overlay: [foo]", "overlay: [foo, no-such-dist]"))
+    assert main(["plan", str(m)]) == 3
+    assert main(["apply", str(m), "--yes"]) == 3
+    assert (tmp_path / "target" / SITE / "foo" / "gone.py").exists(), "blocked: nothing changed"
+    assert main(["apply", str(m), "--yes", "--force"]) == 0
+    assert not (tmp_path / "target" / SITE / "foo" / "gone.py").exists()
+
+
+def test_probe_reads_nvidia_smi(tmp_path):
+    """A stand-in nvidia-smi first on PATH answers like the real one (query CSV, then the banner)."""
+    venv = make_venv(tmp_path / "v")
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        if [ "$1" = "--query-gpu=name,compute_cap,memory.total,driver_version" ]; then
+          echo "NVIDIA RTX PRO 6000 Blackwell, 12.0, 97887, 535.54.03"
+          echo "NVIDIA RTX PRO 6000 Blackwell, 12.0, 97887, 535.54.03"
+        else
+          echo "| NVIDIA-SMI 535.54.03   Driver Version: 535.54.03   CUDA Version: 12.2 |"
+        fi
+        """))
+    fake.chmod(0o755)
+    probe = Path(__file__).parent.parent / "transplant" / "remote" / "probe.py"
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    out = subprocess.run([str(venv / "bin" / "python"), "-"], input=probe.read_bytes(), capture_output=True,
+                         check=True, env=env).stdout
+    nvidia = parse_inventory(json.loads(out), label="v").nvidia
+    assert nvidia.available and nvidia.driver_version == "535.54.03" and nvidia.cuda_version == "12.2"
+    assert [(g.name, g.compute_capability, g.memory_mib) for g in nvidia.gpus] == [
+        ("NVIDIA RTX PRO 6000 Blackwell", "12.0", 97887)] * 2
+    env["PATH"] = "/nonexistent"
+    out = subprocess.run([str(venv / "bin" / "python"), "-"], input=probe.read_bytes(), capture_output=True,
+                         check=True, env=env).stdout
+    assert json.loads(out)["host"]["nvidia"] == {"available": False, "reason": "no nvidia-smi on PATH"}

@@ -13,6 +13,7 @@ folders (apply never writes a file in place, so the cache keeps its bytes).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -106,6 +107,13 @@ def build_demo_venv(role: str, cache: Path) -> Path:
     :returns: the folder that is ``/srv`` for the built venv (it holds ``venv_sglang``).
     :raises TransplantError: python3.11, unshare or pip failed; the message names the log.
     """
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"{role}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (a demo and a test run may start together)
+        return _build_locked(role, cache)
+
+
+def _build_locked(role: str, cache: Path) -> Path:
     requirements = EXAMPLE / f"{role}-requirements.txt"
     key_text = requirements.read_text() + repr(STAND_INS[role]) + _JIT_CACHE_API + PYTHON + "v3-checked-hash"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
@@ -132,7 +140,7 @@ def build_demo_venv(role: str, cache: Path) -> Path:
                   f"{VENV}/lib"], log, check=False)
     (home / "complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     for stale in cache.glob(f"{role}-*"):
-        if stale != home and stale.is_dir():
+        if stale != home and stale.is_dir() and not stale.name.endswith(".lock"):
             shutil.rmtree(stale, ignore_errors=True)
     return srv
 
