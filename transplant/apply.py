@@ -44,13 +44,15 @@ class ApplyError(TransplantError):
 
 @dataclass(frozen=True, kw_only=True)
 class ApplyResult:
-    """What apply did: files and bytes copied (bytes as rsync moved them), files removed, seconds."""
+    """What apply did: files and bytes copied (bytes as rsync moved them), files removed, seconds,
+    and ``steps``: (step name, seconds) for the transfer, the removals and the final check."""
 
     transaction: str
     files_copied: int
     bytes_moved: int
     files_removed: int
     seconds: float
+    steps: tuple[tuple[str, float], ...] = ()
 
 
 def check_plan_paths(plan: Plan, manifest_dir: Path) -> None:
@@ -139,6 +141,15 @@ def execute(
     def report(step: str) -> Callable[[int, int], None] | None:
         return None if progress is None else (lambda done, total: progress(step, done, total))
 
+    steps: list[tuple[str, float]] = []
+    mark = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        steps.append((name, now - mark))
+        mark = now
+
     for step, paths in (("package files", package_files), ("dist-info", metadata_files)):
         if paths:
             result = copy_files(donor, plan.donor.venv, target, venv, paths, staging=staging,
@@ -155,6 +166,7 @@ def execute(
             copied += len(patch_paths)
     finally:
         shutil.rmtree(patch_dir, ignore_errors=True)
+    lap("transfer")
     expected = expected_state(plan)
     removals = sorted(p for p, want in expected.items() if want is None)
     removed = 0
@@ -163,8 +175,10 @@ def execute(
         if not reply.get("ok"):
             raise ApplyError(f"{plan.target.label}: {reply.get('error')}")
         removed = int(reply.get("removed", 0))
+    lap("removals")
     after = take_inventory(target, venv, files=sorted(expected), record=False)
     mismatches = state_mismatches(expected, after)
+    lap("check")
     outcome = "applied" if not mismatches else "differs"
     run_script(target, venv, "applier", ["record"], request={"entry": {
         "id": transaction, "event": outcome, "time": time.time(), "files_copied": copied,
@@ -176,7 +190,7 @@ def execute(
             mismatches=mismatches,
         )
     return ApplyResult(transaction=transaction, files_copied=copied, bytes_moved=moved,
-                       files_removed=removed, seconds=time.monotonic() - started)
+                       files_removed=removed, seconds=time.monotonic() - started, steps=tuple(steps))
 
 
 def default_state_dir() -> Path:

@@ -168,7 +168,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
     console.print(Text.assemble(("applied", "bold green"), (
         f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
         f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
-        f"{result.seconds:.1f} s; the target now matches the plan hash for hash")))
+        f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
+        + "); the target now matches the plan hash for hash")))
     return EXIT_OK
 
 

@@ -156,6 +156,15 @@ def copy_files(
     )
 
 
+def _rsync_env() -> dict[str, str]:
+    """The controller's environment for rsync: C locale (its statistics are parsed), and
+    without RSYNC_OLD_ARGS / RSYNC_PROTECT_ARGS, which would let the remote shell split a
+    path with spaces or shell characters (rsync 3.2.4 and later protect them by default)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RSYNC_OLD_ARGS", "RSYNC_PROTECT_ARGS")}
+    env["LC_ALL"] = "C"
+    return env
+
+
 @dataclass(frozen=True)
 class _Stats:
     files: int
@@ -191,7 +200,7 @@ def _rsync(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**os.environ, "LC_ALL": "C"},
+            env=_rsync_env(),
             start_new_session=True,
         )
     except FileNotFoundError:
