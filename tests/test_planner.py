@@ -185,3 +185,22 @@ def test_local_label_semantics(spec, version, ok):
     target = inv([], "t", prefix=TARGET)
     unmet = [f for f in plan(manifest(["sglang", "sgl-kernel"]), donor, target).findings if f.code == "requirement-unmet"]
     assert (not unmet) == ok
+
+
+def test_overlay_that_breaks_a_target_distribution_is_an_error():
+    """The target's own vision 1.0 needs torch<2.12; it had 2.11, the overlay brings 2.13: the plan says so."""
+    donor = inv([dist("torch", "2.13.0", {"t.py": "new"})], "d")
+    target = inv([dist("torch", "2.11.0", {"t.py": "old"}), dist("vision", "1.0", {"v.py": "v"}, requires=["torch<2.12"])],
+                 "t", prefix=TARGET)
+    found = [f for f in plan(manifest(["torch"]), donor, target).findings if f.code == "requirement-unmet"]
+    assert [(f.severity, f.message) for f in found] == [("error", "vision 1.0 requires torch<2.12, found 2.13.0")]
+
+
+def test_without_a_reference_every_unmet_requirement_is_an_error():
+    from transplant.checks import requirement_findings
+
+    env = inv([dist("a", "1", {"a.py": "a"}, requires=["b>=2", "c"])], "t", prefix=TARGET).by_name()
+    after = {n: ds[0] for n, ds in env.items()}
+    markers = inv([], "x").interpreter.markers
+    assert [f.severity for f in requirement_findings(after, markers, reference=[], venv="/v")] == ["error"]
+    assert [f.severity for f in requirement_findings(after, markers, reference=[after], venv="/v")] == ["warning"]

@@ -3,9 +3,10 @@
 Each check is a function of :class:`EnvironmentAfter` returning findings with a stable
 code. Severity rules:
 
-* ``requirement-unmet``: *error* when the donor satisfies the same requirement (or the
-  target did before apply), so the transplant itself would break it; *warning* when it
-  is unmet on the donor as well (the donor runs with it; the transplant carries it over).
+* ``requirement-unmet``: *error* when the donor's environment satisfies the requirement
+  (or the target's did before apply): the transplant would leave out or break what is
+  needed, and the donor shows it can be had; *warning* when neither does (the donor runs
+  without it too, so the transplant changes nothing there).
 * ``python-version-mismatch``: *error*; extension modules are built per ``cpXY`` ABI.
 * ``duplicate-dist-info``: *error* on the donor (which one to copy is ambiguous),
   *warning* on the target (apply replaces overlaid ones; others stay as they are).
@@ -69,27 +70,23 @@ def requirement_findings(
     reference: list[Mapping[NormalizedName, Distribution]],
     venv: str,
     donor: Mapping[NormalizedName, Distribution] | None = None,
-    excused: frozenset[str] = frozenset(),
 ) -> list[Finding]:
-    """``requirement-unmet`` findings for ``after``, one per requiring distribution.
+    """``requirement-unmet`` findings for ``after``: one error per requiring distribution,
+    and one warning for all the requirements no reference environment satisfies either.
 
     :param after: the environment to check.
     :param markers: the target interpreter's PEP 508 marker environment.
-    :param reference: environments whose unmet set is "already known" (the donor's, the
-        target's before apply); an unmet requirement found in one of them is a warning,
-        any other is an error.
+    :param reference: environments that show a requirement can be met (the donor's, and
+        for a plan the target's before apply); an unmet requirement that one of them
+        satisfies is an error, any other a warning; an empty list compares with nothing,
+        so every unmet requirement is an error.
     :param venv: the target venv prefix, for the pip command in hints.
     :param donor: the donor's environment, to say in the hint which version it has.
-    :param excused: requirers whose unmet requirements are warnings whatever the reference
-        says (verify passes the target's distributions the donor does not have: the
-        transplant did not bring them, so their state is not its doing).
     """
-    known: set[tuple[str, str, str]] = set()
-    for env in reference:
-        known.update(u.key for u in unmet_requirements(_versions(env), _reqs(env), markers))
     grouped: dict[tuple[str, str], list[Unmet]] = defaultdict(list)
     for u in unmet_requirements(_versions(after), _reqs(after), markers):
-        severity = "warning" if u.key in known or u.requirer in excused else "error"
+        known_unmeetable = bool(reference) and not any(_satisfies(env, u) for env in reference)
+        severity = "warning" if known_unmeetable else "error"
         grouped[(u.requirer, severity)].append(u)
     findings = []
     inherited: list[tuple[str, list[Unmet]]] = []
@@ -125,6 +122,16 @@ def requirement_findings(
             hint=f"see them all with --json; if the service needs them: {_pip(venv)} install ...",
         ))
     return findings
+
+
+def _satisfies(env: Mapping[NormalizedName, Distribution], unmet: Unmet) -> bool:
+    """Whether ``env`` has a distribution that meets the unmet requirement (PEP 440, pre-releases allowed)."""
+    have = env.get(unmet.required)
+    if have is None:
+        return False
+    if not unmet.requirement.specifier:
+        return True
+    return have.version is not None and unmet.requirement.specifier.contains(have.version, prereleases=True)
 
 
 def _python_version(env: EnvironmentAfter) -> list[Finding]:

@@ -41,11 +41,6 @@ class Unmet:
         """Normalised name of the required distribution."""
         return canonicalize_name(self.requirement.name)
 
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """Identity across environments: (requirer, requirer version, requirement text)."""
-        return (self.requirer, str(self.requirer_version), str(self.requirement))
-
     def describe(self) -> str:
         """``sglang 0.5.23 requires flashinfer-python==0.7.2, found 0.6.3`` style text."""
         have = f"found {self.found}" if self.found is not None else "not installed"

@@ -51,10 +51,10 @@ def run_stages(
 
     :param settings: the manifest's verify settings (or ones built from the command line).
     :param donor_inventory: returns the donor's inventory for the requirements stage's
-        reference, or None when there is no donor to compare with (then every unmet
-        requirement fails the stage). With a donor, an unmet requirement fails the stage
-        only when the donor satisfies it; one the donor leaves unmet too, or one declared
-        by a distribution the donor does not have, is a warning.
+        reference, or None when there is no donor to compare with. An unmet requirement
+        fails the stage only when the donor's environment satisfies it (the target lacks
+        what the donor shows can be had); one the donor cannot meet either is a warning.
+        Without a donor nothing can be compared, so every unmet requirement fails.
     :param announce: called with each stage's name before it runs (for progress).
     :raises HostError: only when the target cannot be reached at all.
     """
@@ -85,13 +85,11 @@ def run_stages(
             live = take_inventory(target, venv, record=False, timeout=timeout)
             donor = donor_future.result() if donor_future else None
         reference = [_latest(donor)] if donor is not None else []
-        donor_names = {d.name for d in donor.distributions} if donor is not None else set()
-        excused = frozenset(d.name for d in live.distributions if d.name not in donor_names) if donor else frozenset()
         findings = requirement_findings(_latest(live), live.interpreter.markers, reference=reference,
-                                        venv=venv, donor=_latest(donor) if donor else None, excused=excused)
+                                        venv=venv, donor=_latest(donor) if donor else None)
         status, reason = judge_requirements(findings)
         if donor is None and donor_inventory is not None:
-            reason += " (the donor could not be read, so nothing was excused as unmet there too)"
+            reason += " (the donor could not be read, so every unmet requirement counts)"
         return status, reason, {"findings": [asdict(f) for f in findings]}
 
     results.append(_timed("requirements", requirements))
