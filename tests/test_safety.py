@@ -248,3 +248,35 @@ def test_probe_reads_nvidia_smi(tmp_path):
     out = subprocess.run([str(venv / "bin" / "python"), "-"], input=probe.read_bytes(), capture_output=True,
                          check=True, env=env).stdout
     assert json.loads(out)["host"]["nvidia"] == {"available": False, "reason": "no nvidia-smi on PATH"}
+
+
+def test_a_hand_edited_plan_is_refused_even_with_paths_inside_the_venv(pair, capsys):
+    tmp_path, m = pair
+    plan_file = tamper(tmp_path, m, lambda d: d["changes"][0]["remove"].append("bin/python"))
+    before = snapshot(tmp_path / "target")
+    assert main(["apply", str(plan_file), "--yes"]) == 1
+    assert "its changes or findings are not what the manifest gives now" in " ".join(capsys.readouterr().out.split())
+    assert snapshot(tmp_path / "target") == before and (tmp_path / "target" / "bin" / "python").exists()
+
+
+def test_out_inside_a_local_venv_is_refused(pair, capsys):
+    tmp_path, m = pair
+    cfg = tmp_path / "target" / "pyvenv.cfg"
+    before = cfg.read_bytes()
+    assert main(["plan", str(m), "--out", str(cfg)]) == 1
+    assert "inside the target venv" in " ".join(capsys.readouterr().out.split())
+    assert cfg.read_bytes() == before
+
+
+def test_donor_without_a_readable_record_is_not_moved(pair, capsys):
+    tmp_path, m = pair
+    record = next((tmp_path / "donor" / SITE).glob("foo-2.0.dist-info")) / "RECORD"
+    outside = tmp_path / "outside.csv"
+    outside.write_text(record.read_text())
+    record.unlink()
+    record.symlink_to(outside)
+    assert main(["plan", str(m), "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in doc["findings"] if f["severity"] == "error"] == ["record-missing"]
+    assert main(["apply", str(m), "--yes", "--force"]) == 0
+    assert (tmp_path / "target" / SITE / "foo" / "gone.py").exists(), "the target's foo stays as it was"

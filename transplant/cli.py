@@ -92,10 +92,22 @@ class _Session:
             return make_plan(m, donor.result(), target.result(), patches)
 
 
+def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
+    """A file the controller writes (``--out``) must not land inside a local donor or target venv."""
+    resolved = Path(path).resolve()
+    for side in ("donor", "target"):
+        end = getattr(manifest, side)
+        venv = Path(end.venv).resolve()
+        if end.host.is_local and (resolved == venv or venv in resolved.parents):
+            raise TransplantError(f"--out {path}: that is inside the {side} venv {end.venv}",
+                                  hint="save plans outside the venvs, e.g. --out plan.json")
+
+
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     manifest = load_manifest(args.manifest)
     if args.out:
         check_plan_destination(args.out, manifest=manifest.path)
+        _refuse_inside_venvs(args.out, manifest)
     with ExitStack() as stack:
         plan = _Session(manifest, console, stack).plan()
     if args.out:
@@ -136,7 +148,11 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
                 raise TransplantError(
                     f"{source}: refusing a stale plan: " + "; ".join(changed),
                     hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
-            plan = saved
+            if saved != plan:
+                raise TransplantError(
+                    f"{source}: refusing the plan: its hosts are unchanged, but its changes or findings are not "
+                    f"what the manifest gives now (edited by hand, or made by another transplant version)",
+                    hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
         print_plan(console, plan)
         if not plan.has_changes:
             console.print("nothing to change: the target already holds the planned state")

@@ -135,7 +135,8 @@ class _Checker:
         self.problems: list[str] = []
 
     def add(self, key: str, message: str, fix: str) -> None:
-        self.problems.append(f"{key}: {message}; fix: {fix}")
+        safe = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in key)
+        self.problems.append(f"{safe}: {message}; fix: {fix}")
 
     def mapping(self, value: Any, key: str, allowed: Mapping[str, str], required: tuple[str, ...] = ()) -> dict:
         if not isinstance(value, dict):

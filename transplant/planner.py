@@ -106,6 +106,16 @@ def _distribution_change(
     findings: list[Finding],
 ) -> Change:
     old = max(olds, key=lambda d: (d.version is not None, d.version or 0)) if olds else None
+    if new.record is None:
+        findings.append(Finding(
+            code="record-missing", severity="error", dists=(name,),
+            message=f"{new.display_name} {new.raw_version} on the donor has no readable RECORD (missing, a symlink, "
+                    f"or not CSV), so its files are unknown; it is not moved and the target's copy stays",
+            hint=f"reinstall it on the donor from its wheel: <donor venv>/bin/python -m pip install --force-reinstall "
+                 f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
+        ))
+        return Change(kind="distribution", name=name, action="keep", reason="not moved: no readable RECORD on the donor",
+                      from_version=old.raw_version if old else None, to_version=new.raw_version)
     target_files: dict[str, FileEntry] = {}
     for o in olds:
         target_files.update(o.files)
@@ -159,7 +169,7 @@ def _distribution_change(
             files=tuple((broken + missing)[:20]),
         ))
     keep = set(new.files) | patched | owned_elsewhere
-    remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists)
+    remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists and not e.error)
     if old is None:
         action = "add"
     elif not copies and not remove:
