@@ -280,3 +280,16 @@ def test_donor_without_a_readable_record_is_not_moved(pair, capsys):
     assert [f["code"] for f in doc["findings"] if f["severity"] == "error"] == ["record-missing"]
     assert main(["apply", str(m), "--yes", "--force"]) == 0
     assert (tmp_path / "target" / SITE / "foo" / "gone.py").exists(), "the target's foo stays as it was"
+
+
+def test_a_venv_whose_python_does_not_start_is_one_clear_error(pair, capsys):
+    tmp_path, m = pair
+    python = tmp_path / "target" / "bin" / "python"
+    python.unlink()
+    python.write_text("#!/bin/sh\necho 'error while loading shared libraries: libpython3.11.so.1.0' >&2\nexit 127\n")
+    python.chmod(0o755)
+    assert main(["plan", str(m)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"local:{tmp_path / 'target'}:" in out
+    assert "error while loading shared libraries: libpython3.11.so.1.0" in out and "does not exist" not in out
+    assert "Traceback" not in out

@@ -50,7 +50,8 @@ def run_script(
         argv, stdin = [python, "-c", code.decode(), *args], json.dumps(request).encode()
     result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
     lines = [line for line in result.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
-    if result.returncode == 127 or (result.returncode != 0 and not lines and b"No such file" in result.stderr):
+    missing = b"No such file" in result.stderr or b"not found" in result.stderr
+    if not lines and result.returncode in (126, 127) and missing and b"shared librar" not in result.stderr:
         raise HostError(
             f"{label}: {python} does not exist; is {venv} a venv on {host.label}?",
             hint=f"create it there ({shlex.join(['python3', '-m', 'venv', venv])}) or correct the venv path",
