@@ -18,7 +18,6 @@ import os
 import posixpath
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading

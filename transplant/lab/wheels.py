@@ -41,7 +41,7 @@ def build_wheel(
     """
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
-    metadata = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}"]
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}"]
     metadata += [f"Requires-Dist: {r}" for r in requires]
     contents: dict[str, bytes] = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
     contents[f"{info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
