@@ -80,7 +80,7 @@ class _Session:
         return self._hosts[side]
 
     def plan(self) -> Plan:
-        """Probe the donor, then the target (with the patch destinations), and plan."""
+        """Probe the donor and the target (with the patch destinations) side by side, and plan."""
         m = self.manifest
         patches = read_patch_files(m)
         donor_host, target_host = self.host("donor"), self.host("target")
@@ -117,7 +117,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     else:
         print_plan(console, plan)
         if args.out:
-            console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}")
+            console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
     if plan.blocking:
         return EXIT_BLOCKED
     return EXIT_CHANGES if plan.has_changes else EXIT_OK
