@@ -48,12 +48,12 @@ def test_server_args():
 def test_smoke():
     checks = [{"name": "matmul 256x256", "dtype": "float32", "rel_error": 1e-7, "bound": 1e-4, "ok": True}]
     ok = {"ok": True, "device": "cpu", "reason": "ran on cpu", "torch": "2.13.0+cpu", "checks": checks}
-    assert judge_smoke("cpu", ok) == ("pass", "ran on cpu; torch 2.13.0+cpu; matmul 256x256 float32 1.0e-07 <= 1e-04")
+    assert judge_smoke(ok) == ("pass", "ran on cpu; torch 2.13.0+cpu; matmul 256x256 float32 1.0e-07 <= 1e-04")
     bad = dict(ok, ok=False, checks=[dict(checks[0], rel_error=0.5, ok=False)])
-    assert judge_smoke("cpu", bad) == ("fail", "matmul 256x256 float32 on cpu: relative error 5.00e-01 above the bound 1e-04")
+    assert judge_smoke(bad) == ("fail", "matmul 256x256 float32 on cpu: relative error 5.00e-01 above the bound 1e-04")
     nogpu = {"ok": False, "device": None, "reason": "device cuda asked for, but torch.cuda.is_available() is False", "checks": []}
-    assert judge_smoke("cuda", nogpu) == ("fail", nogpu["reason"])
-    assert judge_smoke("cpu", dict(ok, checks=[]))[0] == "fail"
+    assert judge_smoke(nogpu) == ("fail", nogpu["reason"])
+    assert judge_smoke(dict(ok, checks=[]))[0] == "fail"
 
 
 def test_requirements_and_overall():

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from packaging.utils import NormalizedName
 
 from .inventory import Distribution, Inventory
-from .manifest import Manifest
 from .model import Finding
 from .requirements import Unmet, unmet_requirements
 
@@ -59,10 +58,6 @@ def _reqs(dists: Mapping[NormalizedName, Distribution]) -> dict:
     return {n: d.requires_dist for n, d in dists.items()}
 
 
-def _latest(inv: Inventory) -> dict[NormalizedName, Distribution]:
-    return {n: max(ds, key=lambda d: (d.version is not None, d.version or 0)) for n, ds in inv.by_name().items()}
-
-
 def requirement_findings(
     after: Mapping[NormalizedName, Distribution],
     markers: Mapping[str, str],
@@ -95,7 +90,7 @@ def requirement_findings(
             inherited.append((requirer, items))
             continue
         dist = after[requirer]
-        lines = "; ".join(u.describe().split(" requires ", 1)[1] for u in items)
+        lines = "; ".join(u.detail for u in items)
         fixes = []
         for u in items:
             have = (donor or {}).get(u.required)
@@ -189,14 +184,14 @@ def _metadata(env: EnvironmentAfter) -> list[Finding]:
     return out
 
 
-def compatibility_findings(manifest: Manifest, env: EnvironmentAfter) -> list[Finding]:
+def compatibility_findings(env: EnvironmentAfter) -> list[Finding]:
     """All compatibility findings for the environment after apply (unsorted)."""
-    donor_env = _latest(env.donor)
+    donor_env = env.donor.latest()
     findings = _python_version(env) + _metadata(env)
     findings += _duplicates(env.donor, "donor", env.overlaid)
     findings += _duplicates(env.target, "target", env.overlaid)
     findings += requirement_findings(
         env.after, env.target.interpreter.markers,
-        reference=[donor_env, _latest(env.target)], venv=env.target.interpreter.prefix, donor=donor_env,
+        reference=[donor_env, env.target.latest()], venv=env.target.interpreter.prefix, donor=donor_env,
     )
     return findings

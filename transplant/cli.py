@@ -143,7 +143,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
         plan = session.plan()
         if saved is not None:
-            changed = drift(saved, _FingerprintOnly(plan.donor.fingerprint), _FingerprintOnly(plan.target.fingerprint))
+            changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
             if changed:
                 raise TransplantError(
                     f"{source}: refusing a stale plan: " + "; ".join(changed),
@@ -198,13 +198,6 @@ def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path) -> None:
                 f"{source}: the plan's {side} is {planned.host}:{planned.venv}, but its manifest {manifest.path} "
                 f"names {named}; refusing it",
                 hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
-
-
-class _FingerprintOnly:
-    """Just enough of an Inventory for :func:`transplant.state.drift`."""
-
-    def __init__(self, fingerprint: str) -> None:
-        self.fingerprint = fingerprint
 
 
 def _cmd_verify(args: argparse.Namespace, console: Console) -> int:

@@ -33,6 +33,7 @@ __all__ = [
     "parse_inventory",
     "inside_path",
     "link_escapes",
+    "newest",
 ]
 
 SCHEMA = "transplant.inventory/1"
@@ -186,12 +187,24 @@ class Inventory:
     fingerprint: str
     document: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
+    def latest(self) -> dict[NormalizedName, Distribution]:
+        """One distribution per normalised name: the newest where dist-info folders are duplicated."""
+        return {name: newest(dists) for name, dists in self.by_name().items()}
+
     def by_name(self) -> dict[NormalizedName, list[Distribution]]:
         """Distributions grouped by normalised name (a list: duplicates are possible)."""
         out: dict[NormalizedName, list[Distribution]] = {}
         for dist in self.distributions:
             out.setdefault(dist.name, []).append(dist)
         return out
+
+
+def newest(dists: list[Distribution]) -> Distribution:
+    """The distribution with the highest version; one without a PEP 440 version ranks lowest.
+
+    :raises ValueError: ``dists`` is empty.
+    """
+    return max(dists, key=lambda d: (d.version is not None, d.version or Version("0")))
 
 
 class _Reader:

@@ -20,7 +20,7 @@ from packaging.utils import NormalizedName
 
 from .checks import EnvironmentAfter, compatibility_findings
 from .cuda import cuda_variant, describe_variant
-from .inventory import Distribution, FileEntry, Inventory, link_escapes
+from .inventory import Distribution, FileEntry, Inventory, link_escapes, newest
 from .manifest import Manifest
 from .model import Change, FileCopy, Finding, Plan, Side
 
@@ -105,7 +105,7 @@ def _distribution_change(
     known: dict[str, FileEntry],
     findings: list[Finding],
 ) -> Change:
-    old = max(olds, key=lambda d: (d.version is not None, d.version or 0)) if olds else None
+    old = newest(olds) if olds else None
     if new.record is None:
         findings.append(Finding(
             code="record-missing", severity="error", dists=(name,),
@@ -256,9 +256,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
         if dist.name not in names:
             owned_elsewhere.update(dist.files)
     changes = []
-    after: dict[NormalizedName, Distribution] = {
-        n: max(ds, key=lambda d: (d.version is not None, d.version or 0)) for n, ds in target_by.items()
-    }
+    after: dict[NormalizedName, Distribution] = target.latest()
     for name in names:
         new = donor_by[name][0]
         changes.append(_distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
@@ -266,7 +264,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
         after[name] = new
     changes.extend(_patch_changes(patches, target))
     env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after)
-    findings.extend(compatibility_findings(manifest, env))
+    findings.extend(compatibility_findings(env))
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: (order[f.severity], f.code, f.dists, f.message))
     return Plan(

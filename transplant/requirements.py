@@ -41,10 +41,15 @@ class Unmet:
         """Normalised name of the required distribution."""
         return canonicalize_name(self.requirement.name)
 
+    @property
+    def detail(self) -> str:
+        """``flashinfer-python==0.7.2, found 0.6.3`` (or ``, not installed``)."""
+        have = f"found {self.found}" if self.found is not None else "not installed"
+        return f"{self.requirement}, {have}"
+
     def describe(self) -> str:
         """``sglang 0.5.23 requires flashinfer-python==0.7.2, found 0.6.3`` style text."""
-        have = f"found {self.found}" if self.found is not None else "not installed"
-        return f"{self.requirer} {self.requirer_version} requires {self.requirement}, {have}"
+        return f"{self.requirer} {self.requirer_version} requires {self.detail}"
 
 
 def unmet_requirements(

@@ -58,11 +58,12 @@ def state_mismatches(expected: Mapping[str, str | None], inventory: Inventory) -
     return out
 
 
-def drift(plan: Plan, donor: Inventory, target: Inventory) -> list[str]:
-    """Which side changed since the plan was made (empty when both fingerprints match)."""
+def drift(plan: Plan, donor_fingerprint: str, target_fingerprint: str) -> list[str]:
+    """Which side changed since the plan was made, given the fingerprints of fresh inventories
+    (empty when both match)."""
     out = []
-    if donor.fingerprint != plan.donor.fingerprint:
+    if donor_fingerprint != plan.donor.fingerprint:
         out.append(f"the donor {plan.donor.label} changed since the plan was made")
-    if target.fingerprint != plan.target.fingerprint:
+    if target_fingerprint != plan.target.fingerprint:
         out.append(f"the target {plan.target.label} changed since the plan was made")
     return out

@@ -104,8 +104,8 @@ def judge_server_args(expect: Mapping[str, Any], report: Mapping[str, Any]) -> t
     return "pass", f"parsed; {shown} ({', '.join(expect)})" if expect else "parsed (no expect map to compare)"
 
 
-def judge_smoke(device: str, report: Mapping[str, Any]) -> tuple[str, str]:
-    """(status, reason) for the smoke script's report; ``device`` is the manifest's choice."""
+def judge_smoke(report: Mapping[str, Any]) -> tuple[str, str]:
+    """(status, reason) for the smoke script's report (it already applied the manifest's device choice)."""
     checks = report.get("checks", [])
     if not report.get("ok"):
         bad = [c for c in checks if not c.get("ok")]

@@ -26,10 +26,6 @@ __all__ = ["run_stages"]
 Announce = Callable[[str], None]
 
 
-def _latest(inv: Inventory) -> dict:
-    return {n: max(ds, key=lambda d: (d.version is not None, d.version or 0)) for n, ds in inv.by_name().items()}
-
-
 def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
     started = time.monotonic()
     try:
@@ -84,9 +80,9 @@ def run_stages(
             donor_future = pool.submit(donor_inventory) if donor_inventory else None
             live = take_inventory(target, venv, record=False, timeout=timeout)
             donor = donor_future.result() if donor_future else None
-        reference = [_latest(donor)] if donor is not None else []
-        findings = requirement_findings(_latest(live), live.interpreter.markers, reference=reference,
-                                        venv=venv, donor=_latest(donor) if donor else None)
+        donor_env = donor.latest() if donor is not None else None
+        findings = requirement_findings(live.latest(), live.interpreter.markers,
+                                        reference=[donor_env] if donor_env else [], venv=venv, donor=donor_env)
         status, reason = judge_requirements(findings)
         if donor is None and donor_inventory is not None:
             reason += " (the donor could not be read, so every unmet requirement counts)"
@@ -113,7 +109,7 @@ def run_stages(
         if settings.smoke_device is None:
             return "skip", "no verify.smoke in the manifest", {}
         report = run_script(target, venv, "stage_smoke", [settings.smoke_device], env=env, timeout=timeout)
-        status, reason = judge_smoke(settings.smoke_device, report)
+        status, reason = judge_smoke(report)
         return status, reason, report
 
     results.append(_timed("smoke", smoke))
