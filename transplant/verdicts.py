@@ -128,8 +128,7 @@ def judge_requirements(findings: Sequence[Finding]) -> tuple[str, str]:
         shown = "; ".join(f.message if len(f.message) <= 160 else f.message[:157] + "..." for f in errors[:3])
         more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
         return "fail", f"{len(errors)} distribution(s) with unmet requirements the donor satisfies: {shown}{more}"
-    tail = (f"; {len(warnings)} distribution(s) with requirements unmet on the donor too, or not from the donor "
-            f"(warnings)") if warnings else ""
+    tail = "".join(f"; warning: {w.message if len(w.message) <= 120 else w.message[:117] + '...'}" for w in warnings)
     return "pass", "every requirement the donor satisfies is satisfied" + tail
 
 
