@@ -77,16 +77,22 @@ def test_seed_plan_finds_flashinfer_before_anything_moves():
     donor, target = seed_inventories()
     result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang"]), donor, target, [PATCH])
     errors = [f for f in result.findings if f.severity == "error"]
-    assert [f.code for f in errors] == ["requirement-unmet"]
-    assert errors[0].dists == ("sglang", "flashinfer-python")
-    assert errors[0].message == "sglang 0.5.23 requires flashinfer_python==0.7.2, found 0.6.3"
-    assert errors[0].hint == "add 'flashinfer-python' to overlay (the donor has 0.7.2)"
+    # the flashinfer pin, the split sglang family, and the target's leftover CUDA 12 runtime
+    assert [f.code for f in errors] == ["cuda-major-mismatch", "lockstep-mismatch", "requirement-unmet"]
+    unmet = errors[2]
+    assert unmet.dists == ("sglang", "flashinfer-python")
+    assert unmet.message == "sglang 0.5.23 requires flashinfer_python==0.7.2, found 0.6.3"
+    assert unmet.hint == "add 'flashinfer-python' to overlay (the donor has 0.7.2)"
+    assert errors[1].hint == "add flashinfer-python to overlay in seed.yaml"
+    assert errors[0].hint == ("add 'nvidia-cuda-runtime-cu12' to remove: in seed.yaml "
+                              "(a CUDA 13 environment does not load it)")
     assert result.blocking == tuple(errors)
 
 
 def test_seed_plan_actions_and_files():
     donor, target = seed_inventories()
-    result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang", "flashinfer-python"]), donor, target, [PATCH])
+    result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang", "flashinfer-python"],
+                           remove=["nvidia-cuda-runtime-cu12"]), donor, target, [PATCH])
     by = {c.name: c for c in result.changes}
     assert by["torch"].action == "rebuild"
     assert by["torch"].reason == "same version, other CUDA build: CUDA 12.8 -> CUDA 13.0"
@@ -102,8 +108,13 @@ def test_seed_plan_actions_and_files():
     assert f"{SITE}/torch-2.11.0+cu128.dist-info/RECORD" in by["torch"].remove
     assert by[f"{SITE}/{PATCH.dest}"].action == "add" and by[f"{SITE}/{PATCH.dest}"].copy[0].source == "patch"
     assert not result.blocking
-    info = [f for f in result.findings if f.code == "overlay-target-only"]
-    assert [f.dists for f in info] == [("nvidia-cuda-runtime-cu12",)]
+    # the target's CUDA 12 runtime goes, whole (its files and dist-info), keeping what numpy... shares nothing
+    gone = by["nvidia-cuda-runtime-cu12"]
+    assert gone.action == "remove" and gone.from_version == "12.8.90"
+    assert f"{SITE}/nvidia/cuda_runtime/lib/libcudart.so.12" in gone.remove
+    assert f"{SITE}/nvidia_cuda_runtime_cu12-12.8.90.dist-info/RECORD" in gone.remove
+    assert f"{SITE}/nvidia/__init__.py" not in gone.remove  # the donor's nvidia-cuda-runtime has it too
+    assert not [f for f in result.findings if f.code in ("overlay-target-only", "cuda-major-mismatch")]
 
 
 def test_file_owned_by_a_staying_distribution_is_not_removed():
@@ -150,7 +161,7 @@ def test_overlay_no_match_exact_is_error_glob_is_warning():
 def test_python_version_mismatch():
     donor, _ = seed_inventories()
     target = inv([], "t", prefix=TARGET, python="3.12.3")
-    found = [f for f in plan(manifest(["torch"]), donor, target).findings if f.code == "python-version-mismatch"]
+    found = [f for f in plan(manifest(["torch"]), donor, target).findings if f.code == "interpreter-missing"]
     assert len(found) == 1 and found[0].severity == "error"
     assert "cp311" in found[0].message and "cp312" in found[0].message
     assert found[0].hint == "recreate the target venv with Python 3.11: python3.11 -m venv /root/venv_sglang"

@@ -1,7 +1,8 @@
 """Apply a plan to the target (edge): move the differing files, remove stale ones, check.
 
 Order, so that a half-copied distribution does not look installed: package files
-first, then the donor's dist-info folders, then patch files, then the removals (old
+first, then the donor's dist-info folders, then patch files, then the shebangs of
+console scripts from the donor are rewritten for the target's prefix, then the removals (old
 files and old dist-info folders); last, every path the plan touched is hashed again on
 the target and must equal the planned state hash for hash (the files it left alone were
 found identical when the plan was made). rsync writes each file under a temporary name in its
@@ -166,6 +167,12 @@ def execute(
             copied += len(patch_paths)
     finally:
         shutil.rmtree(patch_dir, ignore_errors=True)
+    scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
+               for c in plan.changes for cp in c.copy if cp.head is not None]
+    if scripts:
+        reply = run_script(target, venv, "applier", ["heads"], request={"scripts": scripts})
+        if not reply.get("ok"):
+            raise ApplyError(f"{plan.target.label}: rewriting console scripts: {reply.get('error')}")
     lap("transfer")
     expected = expected_state(plan)
     removals = sorted(p for p, want in expected.items() if want is None)

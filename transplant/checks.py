@@ -1,13 +1,14 @@
 """Compatibility checks on the environment as it will be after apply (pure core).
 
-Each check is a function of :class:`EnvironmentAfter` returning findings with a stable
-code. Severity rules:
+:func:`compatibility_findings` runs every rule; the dependency rules live here, the
+others in :mod:`transplant.rules`. Severity rules of the ones here:
 
 * ``requirement-unmet``: *error* when the donor's environment satisfies the requirement
   (or the target's did before apply): the transplant would leave out or break what is
   needed, and the donor shows it can be had; *warning* when neither does (the donor runs
-  without it too, so the transplant changes nothing there).
-* ``python-version-mismatch``: *error*; extension modules are built per ``cpXY`` ABI.
+  without it too, so the transplant changes nothing there). PEP 440: ``==0.3.16.post4``
+  is met by ``0.3.16.post4+cu130``; the CUDA label is then checked on its own
+  (``cuda-major-mismatch``, ``lockstep-mismatch``).
 * ``duplicate-dist-info``: *error* on the donor (which one to copy is ambiguous),
   *warning* on the target (apply replaces overlaid ones; others stay as they are).
 """
@@ -17,32 +18,27 @@ from __future__ import annotations
 import shlex
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from packaging.utils import NormalizedName
 
 from .inventory import Distribution, Inventory
 from .model import Finding
 from .requirements import Unmet, unmet_requirements
+from .rules.cudarules import cuda_major_findings, driver_findings, gpu_arch_findings
+from .rules.env import EnvironmentAfter
+from .rules.families import lockstep_findings, torch_family_findings
+from .rules.interpreter import interpreter_findings, platform_findings, python_abi_findings
+from .rules.libtorch import libtorch_findings
+from .rules.venvfiles import drift_findings, editable_findings, script_findings
 
 __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
 
+#: The rules run on every plan, in order.
+RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_major_findings, torch_family_findings,
+         lockstep_findings, libtorch_findings, driver_findings, gpu_arch_findings, editable_findings,
+         script_findings, drift_findings)
+
 _SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnvironmentAfter:
-    """The inputs of the checks.
-
-    :ivar after: normalised name -> the distribution the target will hold after apply
-        (the donor's for overlaid names, the target's otherwise).
-    :ivar overlaid: the names the overlay moves.
-    """
-
-    donor: Inventory
-    target: Inventory
-    overlaid: tuple[NormalizedName, ...]
-    after: Mapping[NormalizedName, Distribution]
 
 
 def _pip(venv: str) -> str:
@@ -129,18 +125,6 @@ def _satisfies(env: Mapping[NormalizedName, Distribution], unmet: Unmet) -> bool
     return have.version is not None and unmet.requirement.specifier.contains(have.version, prereleases=True)
 
 
-def _python_version(env: EnvironmentAfter) -> list[Finding]:
-    d, t = env.donor.interpreter, env.target.interpreter
-    if (d.implementation, d.minor) == (t.implementation, t.minor):
-        return []
-    return [Finding(
-        code="python-version-mismatch", severity="error", dists=env.overlaid,
-        message=f"the donor runs {d.implementation} {d.version} and the target {t.implementation} {t.version}; "
-                f"extension modules built for {d.abi_tag} will not load on {t.abi_tag}",
-        hint=f"recreate the target venv with Python {d.minor}: {shlex.join([f'python{d.minor}', '-m', 'venv', t.prefix])}",
-    )]
-
-
 def _duplicates(inv: Inventory, side: str, overlaid: tuple[NormalizedName, ...]) -> list[Finding]:
     out = []
     for name, dists in sorted(inv.by_name().items()):
@@ -187,7 +171,9 @@ def _metadata(env: EnvironmentAfter) -> list[Finding]:
 def compatibility_findings(env: EnvironmentAfter) -> list[Finding]:
     """All compatibility findings for the environment after apply (unsorted)."""
     donor_env = env.donor.latest()
-    findings = _python_version(env) + _metadata(env)
+    findings = _metadata(env)
+    for rule in RULES:
+        findings += rule(env)
     findings += _duplicates(env.donor, "donor", env.overlaid)
     findings += _duplicates(env.target, "target", env.overlaid)
     findings += requirement_findings(

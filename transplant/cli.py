@@ -5,7 +5,8 @@ by an error finding; ``apply`` 0 done (or nothing to do), 3 blocked; ``verify`` 
 stage failed, 3 a stage failed; every command 1 when it could not do its job
 (unreachable host, bad manifest, failed apply) and 64 for a command-line mistake. With
 ``--json``, such an error is also printed on standard output as
-``{"schema": "transplant.error/1", "error", "hint"}``.
+``{"schema": "transplant.error/1", "error", "hint", "code"}`` (``code``: the finding code the
+error stands for, such as ``interpreter-missing``, or null).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
 from .manifest import Manifest
 from .model import Plan
+from .gather import gather
 from .planner import plan as make_plan
 from .probing import take_inventory
 from .render import human_bytes, inventory_table, print_plan, stages_table, verify_json
@@ -80,16 +82,14 @@ class _Session:
         return self._hosts[side]
 
     def plan(self) -> Plan:
-        """Probe the donor and the target (with the patch destinations) side by side, and plan."""
+        """Gather facts from the donor and the target (see :mod:`transplant.gather`), and plan."""
         m = self.manifest
         patches = read_patch_files(m)
         donor_host, target_host = self.host("donor"), self.host("target")
-        with self.console.status(f"probing the donor {m.donor} and the target {m.target} "
-                                 f"(hashing the overlaid distributions)"), ThreadPoolExecutor(max_workers=2) as pool:
-            donor = pool.submit(take_inventory, donor_host, m.donor.venv, hash_patterns=m.overlay)
-            target = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
-                                 site_files=[p.dest for p in patches])
-            return make_plan(m, donor.result(), target.result(), patches)
+        with self.console.status("probing") as status:
+            facts = gather(m, donor_host, target_host, patches, step=lambda line: status.update(line))
+        return make_plan(m, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
+                         target_elf=facts.target_elf)
 
 
 def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
@@ -314,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TransplantError as exc:
         _print_error(console, exc)
         if getattr(args, "json", False):
-            print(json.dumps({"schema": "transplant.error/1", "error": exc.message, "hint": exc.hint}))
+            print(json.dumps({"schema": "transplant.error/1", "error": exc.message, "hint": exc.hint,
+                              "code": exc.code}))
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAIL
     except KeyboardInterrupt:
         console.print("interrupted")
@@ -324,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _print_error(console: Console, exc: TransplantError) -> None:
     """``error: <message>``, the files that differ (apply), and ``hint: <fix>``; no markup from the text."""
     text = Text()
-    text.append("error: ", style="bold red")
+    text.append(f"error [{exc.code}]: " if exc.code else "error: ", style="bold red")
     text.append(exc.message)
     for line in getattr(exc, "mismatches", [])[:50]:
         text.append(f"\n  {line}")

@@ -15,12 +15,15 @@ class TransplantError(Exception):
 
     :param message: what was found, naming the file, host or key involved.
     :param hint: the command or change that fixes it; None when there is none to give.
+    :param code: the finding code this error stands for, when a plan could not be made
+        because of it (``interpreter-missing`` for a venv whose python does not start); else None.
     """
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.code = code
 
     def __str__(self) -> str:
         return self.message

@@ -56,6 +56,9 @@ class FileEntry:
     :ivar mode: permission bits on disk, or None when absent.
     :ivar symlink: the link target when the entry is a symlink, else None.
     :ivar error: why the entry could not be read (not a regular file, RECORD not CSV), else None.
+    :ivar head: for a console script in the scripts folder, its shebang line (two lines
+        in pip's ``#!/bin/sh`` form), else None.
+    :ivar body_hash: the sha256 (RECORD's form) of the script's bytes after ``head``.
     """
 
     record_path: str
@@ -68,6 +71,8 @@ class FileEntry:
     mode: int | None = None
     symlink: str | None = None
     error: str | None = None
+    head: str | None = None
+    body_hash: str | None = None
 
     @property
     def content(self) -> str | None:
@@ -75,6 +80,14 @@ class FileEntry:
         if self.symlink is not None:
             return f"symlink:{self.symlink}"
         return self.hash
+
+    @property
+    def script_identity(self) -> str | None:
+        """``script:<body hash>:<head>`` for a console script with a shebang, else None
+        (compared with :attr:`transplant.model.FileCopy.identity`)."""
+        if self.head is None or self.body_hash is None:
+            return None
+        return f"script:{self.body_hash}:{self.head}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +100,8 @@ class Distribution:
     :ivar dist_info: path of the dist-info folder relative to the venv prefix.
     :ivar record: the RECORD entries, or None when there is no RECORD.
     :ivar hashed: whether the probe hashed the files on disk (``FileEntry.hash`` set).
+    :ivar listing: names of the regular files in the dist-info folder as found on disk
+        (RECORD may not list them all, or be missing).
     """
 
     name: NormalizedName
@@ -108,6 +123,7 @@ class Distribution:
     entry_points: str | None = None
     hashed: bool = False
     record: tuple[FileEntry, ...] | None = None
+    listing: tuple[str, ...] = ()
 
     @property
     def files(self) -> dict[str, FileEntry]:
@@ -173,6 +189,10 @@ class Inventory:
     :ivar distributions: sorted by (name, dist_info); a name may appear twice when the
         venv holds duplicate dist-info folders.
     :ivar files: extra files the probe was asked to hash, by prefix-relative path.
+    :ivar texts: prefix-relative path -> text of the small files the probe read (asked
+        for, plus site-packages' ``*.pth``, ``*.egg-link``, ``__editable__*.py``); None
+        when a file was too large or unreadable.
+    :ivar elsewhere: absolute path -> whether it exists on the host (asked for).
     :ivar fingerprint: sha256 hex of the canonical document, to detect drift.
     """
 
@@ -185,6 +205,8 @@ class Inventory:
     files: Mapping[str, FileEntry]
     nvidia: NvidiaFacts
     fingerprint: str
+    texts: Mapping[str, str | None] = field(default_factory=dict)
+    elsewhere: Mapping[str, bool] = field(default_factory=dict)
     document: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     def latest(self) -> dict[NormalizedName, Distribution]:
@@ -233,7 +255,7 @@ class _Reader:
 
 def _fingerprint(document: Mapping[str, Any]) -> str:
     """sha256 hex over the parts of a probe document that describe content (not timings)."""
-    stable = {k: v for k, v in document.items() if k not in ("probe_seconds",)}
+    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere")}
 
     def scrub(value: Any) -> Any:
         if isinstance(value, dict):
@@ -264,6 +286,8 @@ def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
         mode=r.get(obj, "mode", path, int, optional=True),
         symlink=r.get(obj, "symlink", path, str, optional=True),
         error=error,
+        head=r.get(obj, "head", path, str, optional=True),
+        body_hash=r.get(obj, "body_hash", path, str, optional=True),
     )
 
 
@@ -345,6 +369,8 @@ def _distribution(r: _Reader, obj: Any, path: str, site_default: str) -> Distrib
         entry_points=r.get(obj, "entry_points", path, str, optional=True),
         hashed=bool(r.get(obj, "hashed", path, bool, optional=True)),
         record=record,
+        listing=tuple(n for n in r.get(obj, "listing", path, list, optional=True) or ()
+                      if isinstance(n, str) and "/" not in n and n not in (".", "..")),
     )
 
 
@@ -413,6 +439,14 @@ def parse_inventory(document: Any, *, label: str) -> Inventory:
         for rel, facts in (r.get(document, "files", "", dict, optional=True) or {}).items()
     }
     host = r.get(document, "host", "", dict)
+    texts = r.get(document, "texts", "", dict, optional=True) or {}
+    for rel, text in texts.items():
+        if text is not None and not isinstance(text, str):
+            raise r.fail(f"texts[{rel!r}]", "a string or null", text)
+    elsewhere = r.get(document, "elsewhere", "", dict, optional=True) or {}
+    for where, exists in elsewhere.items():
+        if not isinstance(exists, bool):
+            raise r.fail(f"elsewhere[{where!r}]", "a boolean", exists)
     return Inventory(
         label=label,
         hostname=r.get(host, "hostname", "host", str),
@@ -423,5 +457,7 @@ def parse_inventory(document: Any, *, label: str) -> Inventory:
         files=files,
         nvidia=_nvidia(r, r.get(host, "nvidia", "host", dict)),
         fingerprint=_fingerprint(document),
+        texts={k: v for k, v in texts.items() if inside_path(k) == k},
+        elsewhere=dict(elsewhere),
         document=document,
     )

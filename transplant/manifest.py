@@ -13,6 +13,7 @@ import re
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "Endpoint",
     "SSHSettings",
     "Patch",
+    "Acceptance",
     "ServerArgsCheck",
     "VerifySettings",
     "Manifest",
@@ -75,6 +77,29 @@ class Patch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Acceptance:
+    """A finding the operator accepts: it is still shown, with ``reason``, but an accepted
+    error does not block apply.
+
+    :ivar code: the finding code (``lockstep-mismatch``).
+    :ivar dists: normalised names or globs; a finding is accepted when every distribution
+        it names matches one of them (empty: every finding with that code), so accepting
+        one fault never accepts a wider one with the same code.
+    :ivar reason: why, in the operator's words (shown beside the finding).
+    """
+
+    code: str
+    dists: tuple[str, ...]
+    reason: str
+
+    def matches(self, code: str, dists: tuple[str, ...]) -> bool:
+        """Whether a finding with ``code`` about ``dists`` is accepted by this entry."""
+        if code != self.code:
+            return False
+        return not self.dists or all(any(fnmatchcase(d, p) for p in self.dists) for d in dists)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerArgsCheck:
     """Call the serving framework's own argument parser and compare attributes.
 
@@ -117,6 +142,8 @@ class Manifest:
     overlay: tuple[str, ...]
     patches: tuple[Patch, ...]
     verify: VerifySettings
+    remove: tuple[str, ...] = ()
+    accept: tuple[Acceptance, ...] = ()
 
 
 def normalize_pattern(pattern: str) -> str:
@@ -258,22 +285,54 @@ def _ssh(c: _Checker, value: Any) -> SSHSettings:
     return SSHSettings(**{k: v for k, v in out.items() if v is not None})
 
 
-def _overlay(c: _Checker, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        c.add("overlay", f"expected a non-empty list of distribution names or globs, got {_kind(value)}",
-              'write e.g. overlay: [torch, triton, "nvidia-*", sglang]')
+def _names(c: _Checker, value: Any, key: str, *, example: str, empty_ok: bool = False) -> tuple[str, ...]:
+    """A list of distribution names or globs, PEP 503-normalised."""
+    if not isinstance(value, list) or (not value and not empty_ok):
+        c.add(key, f"expected a {'' if empty_ok else 'non-empty '}list of distribution names or globs, "
+                   f"got {_kind(value)}", f"write e.g. {key.rsplit('.', 1)[-1]}: {example}")
         return ()
     out = []
     for i, item in enumerate(value):
-        text = c.string(item, f"overlay[{i}]", 'write a distribution name or glob, e.g. "nvidia-*"')
+        text = c.string(item, f"{key}[{i}]", 'write a distribution name or glob, e.g. "nvidia-*"')
         if text is None:
             continue
         pattern = normalize_pattern(text.strip())
         if not set(pattern) <= _NAME_CHARS or pattern.strip("*?") == "" and pattern != "*":
-            c.add(f"overlay[{i}]", f"{text!r} is not a distribution name or glob",
+            c.add(f"{key}[{i}]", f"{text!r} is not a distribution name or glob",
                   "use letters, digits, '-', '_', '.' and the globs '*' and '?'")
             continue
         out.append(pattern)
+    return tuple(out)
+
+
+def _overlay(c: _Checker, value: Any) -> tuple[str, ...]:
+    return _names(c, value, "overlay", example='[torch, triton, "nvidia-*", sglang]')
+
+
+def _accept(c: _Checker, value: Any, codes: tuple[str, ...]) -> tuple[Acceptance, ...]:
+    if value is None:
+        return ()
+    example = "[{code: lockstep-mismatch, dists: [flashinfer-jit-cache], reason: why}]"
+    if not isinstance(value, list):
+        c.add("accept", f"expected a list, got {_kind(value)}", f"write e.g. accept: {example}")
+        return ()
+    allowed = {"code": "code: lockstep-mismatch", "dists": "dists: [flashinfer-jit-cache]",
+               "reason": "reason: the demo runs a CPU build of torch"}
+    out = []
+    for i, item in enumerate(value):
+        key = f"accept[{i}]"
+        data = c.mapping(item, key, allowed, required=("code", "reason"))
+        code = c.string(data["code"], f"{key}.code", "write a finding code") if "code" in data else None
+        if code is not None and code not in codes:
+            close = difflib.get_close_matches(code, list(codes), n=1)
+            c.add(f"{key}.code", f"{code!r} is not a finding code",
+                  f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(codes)}")
+            code = None
+        reason = c.string(data["reason"], f"{key}.reason", "say why the finding is acceptable here") \
+            if "reason" in data else None
+        dists = _names(c, data["dists"], f"{key}.dists", example="[flashinfer-jit-cache]") if "dists" in data else ()
+        if code is not None and reason is not None:
+            out.append(Acceptance(code=code, dists=dists, reason=reason.strip()))
     return tuple(out)
 
 
@@ -409,11 +468,13 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
     return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout)
 
 
-def parse_manifest(data: Any, *, path: str) -> Manifest:
+def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Manifest:
     """Validate a decoded YAML document as a version-1 manifest.
 
     :param data: what ``yaml.safe_load`` returned.
     :param path: the manifest's path, used in messages and kept on the result.
+    :param codes: the finding codes ``accept`` may name (default: every code in
+        :data:`transplant.model.FINDING_CODES`).
     :raises ManifestError: listing every problem, each as ``key: what; fix: how``.
     """
     c = _Checker()
@@ -424,6 +485,8 @@ def parse_manifest(data: Any, *, path: str) -> Manifest:
         "ssh": "ssh: {identity_file: ..., known_hosts: ...}",
         "overlay": "overlay: [torch, sglang]",
         "patches": "patches: [{source: ..., dest: ...}]",
+        "remove": "remove: [nvidia-cuda-runtime-cu12]",
+        "accept": "accept: [{code: ..., dists: [...], reason: ...}]",
         "verify": "verify: {imports: [...]}",
     }
     top = c.mapping(data, "", allowed, required=("version", "donor", "target", "overlay"))
@@ -434,9 +497,16 @@ def parse_manifest(data: Any, *, path: str) -> Manifest:
     ssh = _ssh(c, top.get("ssh"))
     overlay = _overlay(c, top["overlay"]) if "overlay" in top else ()
     patches = _patches(c, top.get("patches"))
+    remove = _names(c, top["remove"], "remove", example="[nvidia-cuda-runtime-cu12]", empty_ok=True) \
+        if "remove" in top else ()
+    if not codes:
+        from .model import FINDING_CODES
+        codes = FINDING_CODES
+    accept = _accept(c, top.get("accept"), codes)
     verify = _verify(c, top.get("verify"))
     if donor is not None and target is not None and donor == target:
         c.add("target", f"the target is the donor ({donor})", "name another host or venv as the target")
     if c.problems or donor is None or target is None:
         raise ManifestError(path, c.problems or ["donor and target are required"])
-    return Manifest(path=path, donor=donor, target=target, ssh=ssh, overlay=overlay, patches=patches, verify=verify)
+    return Manifest(path=path, donor=donor, target=target, ssh=ssh, overlay=overlay, patches=patches, verify=verify,
+                    remove=remove, accept=accept)

@@ -18,6 +18,7 @@ __all__ = [
     "SEVERITIES",
     "DIST_ACTIONS",
     "PATCH_ACTIONS",
+    "FINDING_CODES",
     "Finding",
     "FileCopy",
     "Change",
@@ -30,9 +31,17 @@ PLAN_SCHEMA = "transplant.plan/1"
 SEVERITIES = ("error", "warning", "info")
 #: add: absent on the target; upgrade / downgrade: other public version; rebuild: same
 #: public version, other local label (``+cu128`` -> ``+cu130``); refresh: same version,
-#: files differ; keep: nothing to do.
-DIST_ACTIONS = ("add", "upgrade", "downgrade", "rebuild", "refresh", "keep")
+#: files differ; keep: nothing to do; remove: the manifest's ``remove`` list uninstalls it.
+DIST_ACTIONS = ("add", "upgrade", "downgrade", "rebuild", "refresh", "keep", "remove")
 PATCH_ACTIONS = ("add", "replace", "keep")
+#: Every finding code plan and verify can report (manifests/REFERENCE.md describes each).
+FINDING_CODES = (
+    "requirement-unmet", "duplicate-dist-info", "python-abi-mismatch", "platform-mismatch",
+    "cuda-major-mismatch", "cuda-variant-mismatch", "lockstep-mismatch", "libtorch-abi",
+    "driver-too-old", "gpu-arch-unsupported", "editable-install", "record-drift", "script-prefix",
+    "interpreter-missing", "record-missing", "unsafe-path", "overlay-no-match", "overlay-target-only",
+    "metadata-invalid",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +49,10 @@ class Finding:
     """Something plan or verify found: a stable kebab-case ``code``, a severity, the
     distributions and files involved, what was found (``message``) and the fix (``hint``).
 
-    ``error`` blocks apply unless forced; ``warning`` and ``info`` do not.
+    ``error`` blocks apply unless forced or ``accepted``; ``warning`` and ``info`` do not.
+
+    :ivar accepted: the reason the manifest's ``accept`` list gives for this finding, or
+        None when it is not accepted.
     """
 
     code: str
@@ -49,6 +61,7 @@ class Finding:
     message: str
     hint: str
     files: tuple[str, ...] = ()
+    accepted: str | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -64,6 +77,10 @@ class FileCopy:
     :ivar hash: ``sha256=<urlsafe b64>`` of the content, or ``symlink:<target>``.
     :ivar source: ``donor``, or ``patch`` for a file from the controller.
     :ivar local: for a patch, the source path relative to the manifest's folder; else None.
+    :ivar head: for a console script whose shebang names the donor's prefix, the head
+        apply writes instead (naming the target's interpreter); None copies verbatim.
+    :ivar body_hash: with ``head``, the hash of the script's bytes after its head (the
+        part that must arrive unchanged).
     """
 
     path: str
@@ -71,6 +88,16 @@ class FileCopy:
     hash: str
     source: str = "donor"
     local: str | None = None
+    head: str | None = None
+    body_hash: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """What the target file must be after apply: its hash, or for a rewritten script
+        ``script:<body hash>:<head>``."""
+        if self.head is not None:
+            return f"script:{self.body_hash}:{self.head}"
+        return self.hash
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,8 +167,8 @@ class Plan:
 
     @property
     def blocking(self) -> tuple[Finding, ...]:
-        """The error findings (they block apply unless forced)."""
-        return tuple(f for f in self.findings if f.severity == "error")
+        """The error findings the manifest does not accept (they block apply unless forced)."""
+        return tuple(f for f in self.findings if f.severity == "error" and f.accepted is None)
 
     @property
     def has_changes(self) -> bool:

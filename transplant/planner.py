@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
 from packaging.utils import NormalizedName
 
+from .binaries import ElfReport
 from .checks import EnvironmentAfter, compatibility_findings
 from .cuda import cuda_variant, describe_variant
 from .inventory import Distribution, FileEntry, Inventory, link_escapes, newest
 from .manifest import Manifest
 from .model import Change, FileCopy, Finding, Plan, Side
+from .rules.venvfiles import rewritten_head
 
 __all__ = ["PatchFile", "plan", "selected_names", "pyc_source", "patch_destination"]
 
@@ -104,6 +106,7 @@ def _distribution_change(
     owned_elsewhere: set[str],
     known: dict[str, FileEntry],
     findings: list[Finding],
+    prefixes: tuple[str, str] = ("", ""),
 ) -> Change:
     old = newest(olds) if olds else None
     if new.record is None:
@@ -143,6 +146,15 @@ def _distribution_change(
         if not entry.exists or entry.content is None:
             missing.append(path)
             continue
+        head = rewritten_head(entry.head, *prefixes) if entry.head is not None else None
+        if head is not None:
+            copy = FileCopy(path=path, size=entry.size, hash=entry.content, head=head, body_hash=entry.body_hash)
+            present = target_files.get(path) or known.get(path)
+            if present is not None and present.exists and present.script_identity == copy.identity:
+                same += 1
+            else:
+                copies.append(copy)
+            continue
         if _same(entry, target_files.get(path) or known.get(path)):
             same += 1
             continue
@@ -170,6 +182,7 @@ def _distribution_change(
         ))
     keep = set(new.files) | patched | owned_elsewhere
     remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists and not e.error)
+    remove = sorted(set(remove) | {p for p in _stale_dist_info(olds, new) if p not in keep})
     if old is None:
         action = "add"
     elif not copies and not remove:
@@ -182,6 +195,24 @@ def _distribution_change(
         from_version=old.raw_version if old else None, to_version=new.raw_version,
         copy=tuple(copies), remove=tuple(remove), dist_info=new.dist_info, unchanged=same,
     )
+
+
+def _stale_dist_info(olds: list[Distribution], new: Distribution | None) -> list[str]:
+    """Files of the target's dist-info folders that apply must clear so one folder remains
+    (``duplicate-dist-info``): every old folder other than the donor's, by its listing on disk."""
+    return [f"{o.dist_info}/{n}" for o in olds if new is None or o.dist_info != new.dist_info for n in o.listing]
+
+
+def _removal(name: NormalizedName, olds: list[Distribution], owned_elsewhere: set[str]) -> Change:
+    """The change that uninstalls a target distribution named in the manifest's ``remove`` list."""
+    files: set[str] = set()
+    for o in olds:
+        files.update(p for p, e in o.files.items() if e.exists and not e.error and p not in owned_elsewhere)
+    files.update(p for p in _stale_dist_info(olds, None) if p not in owned_elsewhere)
+    old = newest(olds)
+    return Change(kind="distribution", name=name, action="remove",
+                  reason=f"named in remove:; {len(files)} files to delete",
+                  from_version=old.raw_version, to_version=None, remove=tuple(sorted(files)))
 
 
 def patch_destination(patch: PatchFile, target: Inventory) -> str:
@@ -223,7 +254,7 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
         ))
     for name in sorted(target_names - donor_names):
         patterns = [p for p in manifest.overlay if fnmatchcase(name, p)]
-        if patterns:
+        if patterns and not any(fnmatchcase(name, p) for p in manifest.remove):
             findings.append(Finding(
                 code="overlay-target-only", severity="info", dists=(name,),
                 message=f"{name} matches overlay {patterns[0]!r} but the donor does not have it; "
@@ -233,7 +264,17 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
     return findings
 
 
-def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Sequence[PatchFile] = ()) -> Plan:
+def _accept(manifest: Manifest, findings: list[Finding]) -> list[Finding]:
+    """Mark the findings the manifest's ``accept`` list names (with its reason)."""
+    out = []
+    for f in findings:
+        entry = next((a for a in manifest.accept if a.matches(f.code, f.dists)), None)
+        out.append(f if entry is None else replace(f, accepted=entry.reason))
+    return out
+
+
+def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Sequence[PatchFile] = (), *,
+         donor_elf: ElfReport | None = None, target_elf: ElfReport | None = None) -> Plan:
     """Compute what apply must do to make ``target`` hold ``donor``'s overlay set and patches.
 
     :param manifest: the validated manifest (overlay patterns, labels for messages).
@@ -242,29 +283,42 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
         destinations hashed.
     :param patches: the patch files read on the controller, destinations already made
         venv-relative.
+    :param donor_elf: ELF facts of the donor's overlaid shared objects; :param
+        target_elf: of the target's others (see :mod:`transplant.gather`); None skips
+        the rules that read binaries.
     :returns: a :class:`Plan` whose changes are sorted (distributions by name, then
         patches by path) and whose findings are sorted by (severity, code, dists).
     """
     findings = _overlay_findings(manifest, donor, target)
     donor_by, target_by = donor.by_name(), target.by_name()
     names = selected_names(manifest.overlay, donor)
+    removed = [n for n in selected_names(manifest.remove, target) if n not in names]
     patched = {patch_destination(p, target) for p in patches}
     owned_elsewhere: set[str] = set()
     known: dict[str, FileEntry] = {}
     for dist in target.distributions:
         known.update(dist.files)
-        if dist.name not in names:
+        if dist.name not in names and dist.name not in removed:
             owned_elsewhere.update(dist.files)
     changes = []
     after: dict[NormalizedName, Distribution] = target.latest()
+    prefixes = (donor.interpreter.prefix, target.interpreter.prefix)
     for name in names:
-        new = donor_by[name][0]
+        new = newest(donor_by[name])
         changes.append(_distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
-                                            findings))
+                                            findings, prefixes))
         after[name] = new
+    arriving = {p for n in names for p in newest(donor_by[n]).files}
+    for name in removed:
+        changes.append(_removal(name, target_by[name], owned_elsewhere | patched | arriving))
+        del after[name]
+    changes.sort(key=lambda c: c.name)
     changes.extend(_patch_changes(patches, target))
-    env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after)
+    env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after, removed=tuple(removed),
+                           patch_dests=frozenset(p.dest for p in patches), donor_elf=donor_elf, target_elf=target_elf,
+                           manifest=manifest.path)
     findings.extend(compatibility_findings(env))
+    findings = _accept(manifest, findings)
     order = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: (order[f.severity], f.code, f.dists, f.message))
     return Plan(

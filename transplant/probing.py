@@ -53,8 +53,10 @@ def run_script(
     missing = b"No such file" in result.stderr or b"not found" in result.stderr
     if not lines and result.returncode in (126, 127) and missing and b"shared librar" not in result.stderr:
         raise HostError(
-            f"{label}: {python} does not exist; is {venv} a venv on {host.label}?",
-            hint=f"create it there ({shlex.join(['python3', '-m', 'venv', venv])}) or correct the venv path",
+            f"{label}: {python} does not exist or points to nothing; is {venv} a venv on {host.label}?",
+            hint=f"create it there ({shlex.join(['python3', '-m', 'venv', venv])}), repair it "
+                 f"({shlex.join(['python3', '-m', 'venv', '--upgrade', venv])}), or correct the venv path",
+            code="interpreter-missing",
         )
     if not lines:
         tail = result.stderr.decode("utf-8", "replace").strip()[-800:]
@@ -82,6 +84,8 @@ def take_inventory(
     files: Sequence[str] = (),
     site_files: Sequence[str] = (),
     record: bool = True,
+    texts: Sequence[str] = (),
+    paths_exist: Sequence[str] = (),
     timeout: float | None = 600.0,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
@@ -93,11 +97,13 @@ def take_inventory(
         they are reported by their venv-relative path.
     :param record: False skips RECORD files (``Distribution.record`` is None): metadata
         only, for dependency checks.
+    :param texts: site-packages-relative small text files to read (``torch/version.py``).
+    :param paths_exist: absolute paths on the host whose existence to report.
     :raises HostError: as :func:`run_script`.
     :raises ProbeError: the report is of another schema or malformed.
     """
     request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
-               "record": record}
+               "record": record, "texts": list(texts), "paths_exist": list(paths_exist)}
     document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
     label = f"{host.label}:{venv}"
     inventory = parse_inventory(document, label=label)

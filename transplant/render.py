@@ -56,7 +56,12 @@ def findings_table(findings: Sequence[Finding], title: str = "findings") -> Tabl
     for column in ("severity", "code", "found", "fix"):
         table.add_column(column, overflow="fold")
     for f in findings:
-        table.add_row(Text(f.severity, style=_SEVERITY_STYLE[f.severity]), f.code, Text(f.message), Text(f.hint))
+        severity = Text(f.severity, style=_SEVERITY_STYLE[f.severity])
+        found = Text(f.message)
+        if f.accepted is not None:
+            severity = Text(f"{f.severity} (accepted)", style="dim")
+            found.append(f"\naccepted in the manifest: {f.accepted}", style="italic")
+        table.add_row(severity, f.code, found, Text(f.hint))
     return table
 
 

@@ -13,7 +13,8 @@ __all__ = ["expected_state", "state_mismatches", "drift"]
 def expected_state(plan: Plan) -> dict[str, str | None]:
     """venv-relative path -> the content it must have after apply (None: must be absent).
 
-    Content is ``sha256=<urlsafe b64>`` or ``symlink:<target>``; a path both removed by
+    Content is ``sha256=<urlsafe b64>``, ``symlink:<target>`` or, for a console script
+    whose shebang apply rewrites, ``script:<body hash>:<head>``; a path both removed by
     one change and copied by another (a file moving between distributions) must exist.
     """
     state: dict[str, str | None] = {}
@@ -22,7 +23,7 @@ def expected_state(plan: Plan) -> dict[str, str | None]:
             state.setdefault(path, None)
     for change in plan.changes:
         for copy in change.copy:
-            state[copy.path] = copy.hash
+            state[copy.path] = copy.identity
     return state
 
 
@@ -53,6 +54,9 @@ def state_mismatches(expected: Mapping[str, str | None], inventory: Inventory) -
             out.append(f"{path}: not seen on the target after apply")
         elif not entry.exists:
             out.append(f"{path}: missing")
+        elif want.startswith("script:"):
+            if entry.script_identity != want:
+                out.append(f"{path}: script {entry.script_identity or entry.content} differs from the planned {want}")
         elif entry.content != want:
             out.append(f"{path}: content {entry.content} differs from the planned {want}")
     return out

@@ -372,6 +372,10 @@ def _wait_gone(current) -> None:
         time.sleep(0.02)
 
 
+#: PATH of every SSH session on a lab host: its own ``/srv/bin`` first.
+HOST_PATH = "/srv/bin:/usr/local/bin:/usr/bin:/bin"
+
+
 def _sshd_config(host: LabHost, host_key: Path, authorized_keys: Path) -> str:
     return "\n".join(
         [
@@ -394,6 +398,8 @@ def _sshd_config(host: LabHost, host_key: Path, authorized_keys: Path) -> str:
             "MaxSessions 64",
             "MaxStartups 64:30:128",
             "Subsystem sftp internal-sftp",
+            # each host's own /srv/bin comes first: stand-ins for host tools (nvidia-smi) live there
+            f"SetEnv PATH={HOST_PATH}",
             "",
         ]
     )

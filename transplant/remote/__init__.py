@@ -10,7 +10,7 @@ from importlib import resources
 
 __all__ = ["source", "SCRIPTS"]
 
-SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke")
+SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts")
 
 
 def source(name: str) -> bytes:

@@ -10,13 +10,21 @@ request on standard input. Operations:
   by a removal are removed, up to (not including) site-packages or the prefix.
 * ``record``: ``{"entry": {...}}`` appends one JSON line to
   ``<venv>/.transplant/history.jsonl`` (created with mode 0700).
+* ``heads``: ``{"scripts": [{"path", "head", "body_hash"}]}`` rewrites the shebang of
+  console scripts copied from the donor: the file's head (its ``#!`` line, or the two
+  lines of pip's ``#!/bin/sh`` form) is replaced by ``head`` after checking that the
+  rest hashes to ``body_hash``; written to a temporary name in the same folder with the
+  same mode, fsynced and renamed into place (other hardlinks keep their bytes).
 
 Prints one JSON document: ``{"ok", "removed", "missing", "error"}``. Stdlib only.
 """
 
+import base64
+import hashlib
 import json
 import os
 import sys
+import tempfile
 
 STATE = ".transplant"
 
@@ -78,6 +86,54 @@ def remove(prefix, paths):
     return {"ok": True, "error": None, "removed": removed, "missing": missing}
 
 
+def _split_head(data):
+    """(head, body) of a script: the shebang line, plus the exec line of pip's /bin/sh form."""
+    if not data.startswith(b"#!"):
+        return None, data
+    first, sep, rest = data.partition(b"\n")
+    head = first + sep
+    if first.strip() == b"#!/bin/sh" and rest.startswith(b"'" * 3 + b"exec'"):
+        second, sep2, rest = rest.partition(b"\n")
+        head += second + sep2
+    return head, rest
+
+
+def heads(prefix, scripts):
+    done = []
+    for item in scripts:
+        rel = item.get("path", "")
+        full = _resolve(prefix, rel)
+        if full is None:
+            return {"ok": False, "error": "refused: {!r} leaves the venv {}".format(rel, prefix), "removed": 0,
+                    "missing": []}
+        try:
+            st = os.lstat(full)
+            with open(full, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            return {"ok": False, "error": "{}: {}".format(rel, exc.strerror), "removed": 0, "missing": []}
+        head, body = _split_head(data)
+        digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+        if head is None or digest != item.get("body_hash"):
+            return {"ok": False, "error": "{}: not the script the plan copied (its body hashes to {})".format(
+                rel, digest), "removed": 0, "missing": []}
+        new = item.get("head", "").encode("utf-8") + body
+        fd, tmp = tempfile.mkstemp(prefix=".transplant-", dir=os.path.dirname(full))
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(new)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, st.st_mode & 0o7777)
+            os.rename(tmp, full)
+        except OSError as exc:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            return {"ok": False, "error": "{}: {}".format(rel, exc.strerror), "removed": 0, "missing": []}
+        done.append(rel)
+    return {"ok": True, "error": None, "removed": 0, "missing": [], "rewritten": done}
+
+
 def record(prefix, entry):
     state = os.path.join(prefix, STATE)
     os.makedirs(state, mode=0o700, exist_ok=True)
@@ -96,6 +152,8 @@ def main(argv):
         reply = remove(prefix, request.get("paths", []))
     elif op == "record":
         reply = record(prefix, request.get("entry", {}))
+    elif op == "heads":
+        reply = heads(prefix, request.get("scripts", []))
     else:
         reply = {"ok": False, "error": "unknown operation {!r}".format(op), "removed": 0, "missing": []}
     sys.stdout.write(json.dumps(reply) + "\n")

@@ -16,7 +16,12 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 * ``--file RELPATH`` (repeatable): a path relative to the venv prefix to hash, present
   or not (used for patch destinations); with ``--stdin``, ``site_files`` names such paths
   relative to site-packages instead, and ``"record": false`` skips RECORD (metadata only,
-  for dependency checks).
+  for dependency checks); ``texts`` names site-packages-relative text files to return
+  (``torch/version.py``), and ``paths_exist`` absolute paths whose existence to report
+  (editable installs' source folders).
+* Files of hashed distributions in the scripts folder also report ``head`` (shebang)
+  and ``body_hash``; ``texts`` always includes the ``*.pth``, ``*.egg-link`` and
+  ``__editable__*.py`` files at the top of site-packages.
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), never writes anything. The
@@ -162,26 +167,77 @@ def _record(dist_dir, site, prefix, hashed):
         if entry["venv_path"] is not None:
             entry.update(_file_facts(full, False))
             if hashed and "size" in entry:
-                _HASH_JOBS.append((entry, full))
+                script = entry["venv_path"].startswith(_OPTIONS["scripts"] + "/")
+                _HASH_JOBS.append((entry, full, script))
         entries.append(entry)
     return entries
 
 
 _HASH_JOBS = []
-_OPTIONS = {"record": True}
+_OPTIONS = {"record": True, "scripts": "bin"}
 _WORKERS = max(1, min(8, os.cpu_count() or 1))
+_SCRIPT_MAX = 1 << 20
+_TEXT_MAX = 64 * 1024
+_SH_EXEC = b"'" * 3 + b"exec'"
+
+
+def _digest(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
+
+
+def script_head(data):
+    """Split a script's bytes into (head, body).
+
+    The head is the shebang line, plus the second line of pip's ``#!/bin/sh`` form
+    (``exec`` of the interpreter, used when its path is too long for a shebang).
+    Returns (None, data) when there is no shebang.
+    """
+    if not data.startswith(b"#!"):
+        return None, data
+    first, sep, rest = data.partition(b"\n")
+    head = first + sep
+    if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
+        second, sep2, rest = rest.partition(b"\n")
+        head += second + sep2
+    return head, rest
+
+
+def _script_facts(path):
+    """(hash, head text, body hash) of a console script; head and body hash None without a shebang."""
+    try:
+        if os.path.getsize(path) > _SCRIPT_MAX:
+            return file_hash(path)[0], None, None
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None, None, None
+    head, body = script_head(data)
+    if head is None:
+        return _digest(data), None, None
+    return _digest(data), head.decode("utf-8", "replace"), _digest(body)
 
 
 def _run_hash_jobs():
-    """Hash every queued file, on a few threads (hashlib releases the GIL on large reads)."""
+    """Hash every queued file, on a few threads (hashlib releases the GIL on large reads).
+
+    Files in the scripts folder also get ``head`` (the shebang line or lines) and
+    ``body_hash`` (the hash of what follows), so that a script whose shebang names
+    another prefix can still be compared by its body.
+    """
     import concurrent.futures
 
     jobs, _HASH_JOBS[:] = list(_HASH_JOBS), []
     if not jobs:
         return
+
+    def work(job):
+        return _script_facts(job[1]) if job[2] else (file_hash(job[1])[0], None, None)
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        for (entry, _), (digest, _size) in zip(jobs, pool.map(lambda job: file_hash(job[1]), jobs)):
+        for (entry, _, _), (digest, head, body) in zip(jobs, pool.map(work, jobs)):
             entry["hash"] = digest
+            if head is not None:
+                entry["head"], entry["body_hash"] = head, body
 
 
 def _file_facts(full, hashed):
@@ -211,6 +267,15 @@ def _direct_url(dist_dir):
         return json.loads(text)
     except ValueError:
         return {"unreadable": True}
+
+
+def _listing(dist_dir):
+    """Names of the regular files directly in a dist-info folder (sorted, at most 200)."""
+    try:
+        names = sorted(os.listdir(dist_dir))
+    except OSError:
+        return []
+    return [n for n in names if os.path.isfile(os.path.join(dist_dir, n)) and not os.path.islink(os.path.join(dist_dir, n))][:200]
 
 
 def _distributions(site, prefix, patterns, with_record=True):
@@ -249,6 +314,7 @@ def _distributions(site, prefix, patterns, with_record=True):
             "top_level": [t for t in (top_level or "").split() if t],
             "entry_points": _read(os.path.join(dist_dir, "entry_points.txt")),
             "hashed": hashed,
+            "listing": _listing(dist_dir),
             "record": _record(dist_dir, site, prefix, hashed) if with_record else None,
         })
     return found
@@ -351,6 +417,40 @@ def _nvidia():
     }
 
 
+def _read_small(full):
+    """Text of a small regular file (at most 64 KiB, not a symlink), or None."""
+    try:
+        if os.path.islink(full) or not os.path.isfile(full) or os.path.getsize(full) > _TEXT_MAX:
+            return None
+    except OSError:
+        return None
+    return _read(full)
+
+
+def _texts(site, prefix, requested):
+    """venv-relative path -> text, for the site-packages-relative files asked for and for
+    every ``*.pth``, ``*.egg-link`` and ``__editable__*.py`` file at the top of
+    site-packages (they map import names to folders elsewhere); larger files give None."""
+    names = list(requested)
+    try:
+        names += sorted(n for n in os.listdir(site)
+                        if n.endswith((".pth", ".egg-link")) or (n.startswith("__editable__") and n.endswith(".py")))
+    except OSError:
+        pass
+    out = {}
+    for rel in names:
+        full = os.path.normpath(os.path.join(site, rel))
+        inside = _inside(prefix, full)
+        if inside is not None:
+            out[inside] = _read_small(full)
+    return out
+
+
+def _elsewhere(paths):
+    """Absolute path -> whether it exists on this host (stat only; editable installs' sources)."""
+    return {p: os.path.exists(p) for p in paths if isinstance(p, str) and p.startswith("/") and "\0" not in p}
+
+
 def _arguments(argv):
     if argv == ["--stdin"]:
         request = json.load(sys.stdin)
@@ -360,6 +460,8 @@ def _arguments(argv):
         for rel in request.get("site_files", []):
             files.append(os.path.relpath(os.path.join(site, rel), prefix).replace(os.sep, "/"))
         _OPTIONS["record"] = bool(request.get("record", True))
+        _OPTIONS["texts"] = [t for t in request.get("texts", []) if isinstance(t, str)]
+        _OPTIONS["elsewhere"] = list(request.get("paths_exist", []))
         return [normalize(p) for p in request.get("hash", [])], files
     patterns, files = [], []
     it = iter(argv)
@@ -383,6 +485,7 @@ def main(argv):
     for key in ("purelib", "platlib"):
         if paths[key] not in sites:
             sites.append(paths[key])
+    _OPTIONS["scripts"] = _inside(prefix, paths["scripts"]) or "bin"
     distributions = []
     for site in sites:
         distributions.extend(_distributions(site, prefix, patterns, _OPTIONS["record"]))
@@ -394,6 +497,10 @@ def main(argv):
         extra[rel] = {"venv_path": inside}
         if inside is not None:
             extra[rel].update(_file_facts(full, True))
+            if "hash" in extra[rel] and inside.startswith(_OPTIONS["scripts"] + "/"):
+                _, head, body = _script_facts(full)
+                if head is not None:
+                    extra[rel]["head"], extra[rel]["body_hash"] = head, body
     document = {
         "schema": SCHEMA,
         "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia()},
@@ -406,6 +513,8 @@ def main(argv):
         },
         "distributions": distributions,
         "files": extra,
+        "texts": _texts(paths["purelib"], prefix, _OPTIONS.get("texts", [])),
+        "elsewhere": _elsewhere(_OPTIONS.get("elsewhere", [])),
         "probe_seconds": round(time.time() - started, 3),
     }
     sys.stdout.write(json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n")

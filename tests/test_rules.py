@@ -1,0 +1,383 @@
+"""Pure-core tests of the compatibility gate: each kind of fault built as data, asserted by
+code, severity and hint; the same environment without the fault gives no such finding.
+Numbered cases are the issue's cases from public reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from docs import SITE, digest, dist, document
+from transplant.binaries import DeviceCode, ElfFacts, ElfReport, LibraryVersions
+from transplant.inventory import parse_inventory
+from transplant.manifest import parse_manifest
+from transplant.planner import PatchFile, plan
+from transplant.rules.cudarules import covers
+
+DONOR, TARGET = "/donor/venv", "/target/venv"
+NV_H100 = {"available": True, "driver_version": "580.95.05", "cuda_version": "13.0",
+           "gpus": [{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_mib": 81559}]}
+
+
+def manifest(overlay, **extra):
+    data = {"version": 1, "donor": {"host": "root@ct129", "venv": DONOR},
+            "target": {"host": "root@ct200", "venv": TARGET}, "overlay": overlay, **extra}
+    return parse_manifest(data, path="m.yaml")
+
+
+def inv(dists, prefix, **kw):
+    return parse_inventory(document(prefix, dists, **kw), label=f"h:{prefix}")
+
+
+def found(result, code):
+    return [f for f in result.findings if f.code == code]
+
+
+def run(overlay, donor_dists, target_dists, *, donor_kw=None, target_kw=None, patches=(), donor_elf=None,
+        target_elf=None, **extra):
+    donor = inv(donor_dists, DONOR, **(donor_kw or {}))
+    target = inv(target_dists, TARGET, **(target_kw or {}))
+    return plan(manifest(overlay, **extra), donor, target, patches, donor_elf=donor_elf, target_elf=target_elf)
+
+
+def elf(label, *facts, defined=None, libstdcxx=None):
+    return ElfReport(label=label, files={f.path: f for f in facts}, defined=defined or {},
+                     libstdcxx=libstdcxx)
+
+
+def so(path, **kw):
+    return ElfFacts(path=f"{SITE}/{path}", machine=kw.pop("machine", "EM_X86_64"), elf_class=64, **kw)
+
+
+# --- interpreter-missing (case 1) -------------------------------------------------------------
+
+def test_case1_target_home_missing():
+    result = run(["a"], [dist("a", "1", {"a.py": "x"})], [], target_kw={"home_exists": False})
+    [f] = found(result, "interpreter-missing")
+    assert f.severity == "error" and f.files == ("pyvenv.cfg",)
+    assert "home = /usr/bin, which does not exist" in f.message
+    assert f.hint == "repoint the venv at a Python 3.11 that exists there: python3.11 -m venv --upgrade /target/venv"
+    assert not found(run(["a"], [dist("a", "1", {"a.py": "x"})], []), "interpreter-missing")
+
+
+def test_other_python_version_than_the_donor():
+    result = run(["a"], [dist("a", "1", {"a.py": "x"})], [], target_kw={"python": "3.12.3"})
+    [f] = found(result, "interpreter-missing")
+    assert f.severity == "error" and "runs cpython 3.12.3 and the donor cpython 3.11.7" in f.message
+    assert f.hint == "recreate the target venv with Python 3.11: python3.11 -m venv /target/venv"
+
+
+# --- script-prefix (case 2) -------------------------------------------------------------------
+
+def test_case2_console_script_shebang_is_rewritten():
+    donor_script = "#!/donor/venv/bin/python\nimport x; x.main()\n"
+    result = run(["x"], [dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": donor_script})], [])
+    [f] = found(result, "script-prefix")
+    assert f.severity == "info" and f.files == ("bin/x",)
+    assert "apply rewrites their first line to /target/venv/bin/python" in f.message
+    [copy] = [c for c in result.changes[0].copy if c.path == "bin/x"]
+    assert copy.head == "#!/target/venv/bin/python\n" and copy.body_hash == digest("import x; x.main()\n")
+    # a second plan against a target that already has the rewritten script copies nothing
+    done = dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": "#!/target/venv/bin/python\nimport x; x.main()\n"})
+    again = run(["x"], [dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": donor_script})], [done])
+    assert [c.path for c in again.changes[0].copy if c.path == "bin/x"] == []
+
+
+def test_portable_shebang_is_not_a_finding():
+    result = run(["x"], [dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": "#!/usr/bin/env python3\npass\n"})], [])
+    assert not found(result, "script-prefix")
+    assert [c.head for c in result.changes[0].copy if c.path == "bin/x"] == [None]
+
+
+# --- editable-install (case 3) ----------------------------------------------------------------
+
+FINDER = ("import sys\nMAPPING: dict[str, str] = {'sglang': '/donor/src/python/sglang'}\n"
+          "NAMESPACES: dict[str, list[str]] = {}\n")
+
+
+def editable_sglang():
+    return dist("sglang", "0.5.23", {"__editable___sglang_0_5_23_finder.py": FINDER,
+                                     "__editable__.sglang-0.5.23.pth": "import __editable___sglang_0_5_23_finder\n"},
+                direct_url={"url": "file:///donor/src/python", "dir_info": {"editable": True}})
+
+
+def test_case3_editable_install_whose_source_is_absent_on_the_target():
+    texts = {"__editable___sglang_0_5_23_finder.py": FINDER}
+    result = run(["sglang"], [editable_sglang()], [], donor_kw={"texts": texts},
+                 target_kw={"elsewhere": {"/donor/src/python": False, "/donor/src/python/sglang": False}})
+    [f] = found(result, "editable-install")
+    assert f.severity == "error" and f.files == ("/donor/src/python", "/donor/src/python/sglang")
+    assert f.hint.startswith("reinstall it from its source as a regular install on the donor: "
+                             "/donor/venv/bin/python -m pip install --no-deps --force-reinstall /donor/src/python")
+    present = run(["sglang"], [editable_sglang()], [], donor_kw={"texts": texts},
+                  target_kw={"elsewhere": {"/donor/src/python": True, "/donor/src/python/sglang": True}})
+    assert [f.severity for f in found(present, "editable-install")] == ["info"]
+    regular = run(["sglang"], [dist("sglang", "0.5.23", {"sglang/__init__.py": "s"})], [])
+    assert not found(regular, "editable-install")
+
+
+# --- record-drift (case 4) --------------------------------------------------------------------
+
+def test_case4_undeclared_hand_edit_on_the_donor():
+    edited = dist("sglang", "0.5.23", {"sglang/srt/x.py": "A"}, on_disk={"sglang/srt/x.py": "B"})
+    [f] = found(run(["sglang"], [edited], []), "record-drift")
+    assert f.severity == "warning" and f.files == (f"{SITE}/sglang/srt/x.py",)
+    assert "patches: [{source: patches/sglang/srt/x.py, dest: sglang/srt/x.py}]" in f.hint
+    declared = run(["sglang"], [edited], [], patches=[PatchFile(local="p/x.py", dest="sglang/srt/x.py",
+                                                                 hash=digest("B"), size=1)])
+    assert not found(declared, "record-drift")
+    clean = run(["sglang"], [dist("sglang", "0.5.23", {"sglang/srt/x.py": "A"})], [])
+    assert not found(clean, "record-drift")
+
+
+def test_local_edit_on_the_target_is_reported_before_it_is_overwritten():
+    target = dist("sglang", "0.5.9", {"sglang/srt/x.py": "A"}, on_disk={"sglang/srt/x.py": "edited"})
+    [f] = found(run(["sglang"], [dist("sglang", "0.5.23", {"sglang/srt/x.py": "new"})], [target]), "record-drift")
+    assert "on the target" in f.message and f.hint == "to keep an edit, declare it as a patch in m.yaml"
+
+
+# --- duplicate-dist-info (case 5) -------------------------------------------------------------
+
+def stale_torch():
+    entry = dist("torch", "2.8.0+cu128", {}, dist_info="torch-2.8.0+cu128.dist-info", metadata=False)
+    entry.update(record=None, listing=["REQUESTED"])
+    return entry
+
+
+def test_case5_leftover_dist_info_is_reported_and_apply_leaves_one():
+    complete = dist("torch", "2.9.0+cu128", {"torch/__init__.py": "t"}, dist_info="torch-2.9.0+cu128.dist-info")
+    result = run(["torch"], [dist("torch", "2.9.0+cu128", {"torch/__init__.py": "t"})], [complete, stale_torch()])
+    [f] = found(result, "duplicate-dist-info")
+    assert f.severity == "warning" and f.hint == "apply replaces them with the donor's one"
+    [change] = [c for c in result.changes if c.name == "torch"]
+    assert f"{SITE}/torch-2.8.0+cu128.dist-info/REQUESTED" in change.remove
+    assert not any(p.startswith(f"{SITE}/torch-2.9.0+cu128.dist-info/") for p in change.remove)
+    untouched = run(["a"], [dist("a", "1", {"a.py": "a"})], [complete, stale_torch()])
+    [f] = found(untouched, "duplicate-dist-info")
+    assert f.hint == "add 'torch' to overlay, or reinstall it: /target/venv/bin/python -m pip install --force-reinstall torch"
+    assert not found(run(["torch"], [dist("torch", "2.9.0", {"t.py": "t"})], [complete]), "duplicate-dist-info")
+
+
+# --- python-abi-mismatch (case 6) -------------------------------------------------------------
+
+def test_case6_cp311_extension_into_a_312_venv():
+    torch = dist("torch", "2.9.0+cu128", {"torch/_C.cpython-311-x86_64-linux-gnu.so": "so"},
+                 tags=["cp311-cp311-manylinux_2_28_x86_64"])
+    result = run(["torch"], [torch], [], target_kw={"python": "3.12.3"})
+    [f] = found(result, "python-abi-mismatch")
+    assert f.severity == "error" and f.files == (f"{SITE}/torch/_C.cpython-311-x86_64-linux-gnu.so",)
+    assert "cp311-cp311-manylinux_2_28_x86_64" in f.message
+    assert f.hint.startswith("remove 'torch' from overlay in m.yaml and install a cp312 build on the target")
+    abi3 = dist("sgl-kernel", "0.3.16", {"sgl_kernel/common_ops.abi3.so": "so"}, tags=["cp310-abi3-manylinux_2_28_x86_64"])
+    assert not found(run(["sgl-kernel"], [abi3], [], target_kw={"python": "3.12.3"}), "python-abi-mismatch")
+    assert not found(run(["torch"], [torch], []), "python-abi-mismatch")
+
+
+# --- platform-mismatch ------------------------------------------------------------------------
+
+def test_manylinux_tag_above_the_target_glibc():
+    wheel = dist("a", "1", {"a/x.so": "so"}, tags=["cp311-cp311-manylinux_2_34_x86_64"])
+    [f] = found(run(["a"], [wheel], [], target_kw={"glibc": "2.31"}), "platform-mismatch")
+    assert f.severity == "error" and "manylinux_2_34_x86_64 needs glibc 2.34, the target has 2.31" in f.message
+    assert not found(run(["a"], [wheel], [], target_kw={"glibc": "2.36"}), "platform-mismatch")
+
+
+def test_symbol_versions_and_machine_read_from_the_binaries():
+    wheel = dist("a", "1", {"a/x.so": "so", "a/y.so": "so", "a/z.so": "so"})
+    donor_elf = elf("d", so("a/x.so", needed=("libc.so.6",), version_needs={"libc.so.6": ("GLIBC_2.2.5", "GLIBC_2.33")}),
+                    so("a/y.so", machine="EM_AARCH64"),
+                    so("a/z.so", version_needs={"libstdc++.so.6": ("GLIBCXX_3.4.32",)}))
+    target_elf = elf("t", libstdcxx=LibraryVersions(path="/usr/lib/libstdc++.so.6", versions=("GLIBCXX_3.4.30",)))
+    [f] = found(run(["a"], [wheel], [], target_kw={"glibc": "2.31"}, donor_elf=donor_elf, target_elf=target_elf),
+                "platform-mismatch")
+    assert f"{SITE}/a/x.so needs GLIBC_2.33" in f.message
+    assert f"{SITE}/a/y.so is EM_AARCH64, the target is EM_X86_64" in f.message
+    assert f"{SITE}/a/z.so needs GLIBCXX_3.4.32" in f.message
+    fine = elf("d", so("a/x.so", version_needs={"libc.so.6": ("GLIBC_2.2.5",)}))
+    assert not found(run(["a"], [wheel], [], donor_elf=fine, target_elf=target_elf), "platform-mismatch")
+
+
+# --- cuda-variant-mismatch (case 7) -----------------------------------------------------------
+
+@pytest.mark.parametrize("torch_v, vision_v, why", [
+    ("2.2.1+cpu", "0.17.1", "torch is a CPU-only build (+cpu) and torchvision a CUDA 12.1 build"),
+    ("2.9.0+cu128", "0.24.0+cu130", "torch is a CUDA 12.8 build (+cu128) and torchvision a CUDA 13.0 build"),
+    ("2.13.0+cpu", "0.16.2+cpu", "torch 2.13 pairs with torchvision 0.28.x, not 0.16.2+cpu"),
+])
+def test_case7_torch_family_from_other_builds(torch_v, vision_v, why):
+    result = run(["torchvision"], [dist("torchvision", vision_v, {"torchvision/_C.so": "v"})],
+                 [dist("torch", torch_v, {"torch/__init__.py": "t"})])
+    [f] = found(result, "cuda-variant-mismatch")
+    assert f.severity == "error" and why in f.message and f.dists == ("torch", "torchvision")
+    assert "--index-url https://download.pytorch.org/whl/" in f.hint
+
+
+def test_case7_matching_torch_family_is_quiet():
+    result = run(["torchvision"], [dist("torchvision", "0.17.1+cpu", {"torchvision/_C.so": "v"})],
+                 [dist("torch", "2.2.1+cpu", {"torch/__init__.py": "t"})])
+    assert not found(result, "cuda-variant-mismatch")
+
+
+def test_torch_family_fault_already_on_the_target_is_a_warning():
+    result = run(["a"], [dist("a", "1", {"a.py": "a"})],
+                 [dist("torch", "2.2.1+cpu", {"t.py": "t"}), dist("torchvision", "0.17.1", {"v.py": "v"})])
+    assert [f.severity for f in found(result, "cuda-variant-mismatch")] == ["warning"]
+
+
+# --- libtorch-abi (case 8) --------------------------------------------------------------------
+
+NEEDS = "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs"
+
+
+def test_case8_kernel_moves_without_its_torch():
+    donor = [dist("torch", "2.6.0", {"torch/lib/libc10.so": "c10 2.6"}),
+             dist("sgl-kernel", "0.1.0", {"sgl_kernel/common_ops.so": "k"})]
+    target = [dist("torch", "2.7.0", {"torch/lib/libc10.so": "c10 2.7"})]
+    donor_elf = elf("d", so("sgl_kernel/common_ops.so", needed=("libc10.so",), torch_undefined=(NEEDS,)))
+    target_elf = elf("t", so("torch/lib/libc10.so"), defined={NEEDS: False})
+    result = run(["sgl-kernel"], donor, target, donor_elf=donor_elf, target_elf=target_elf)
+    [f] = found(result, "libtorch-abi")
+    assert f.severity == "error" and f.dists == ("sgl-kernel", "torch")
+    assert NEEDS in f.message and "moves from the donor without the donor's torch" in f.message
+    assert f.hint == "add 'torch' to overlay in m.yaml (the donor has torch 2.6.0)"
+    ok = elf("t", so("torch/lib/libc10.so"), defined={NEEDS: True})
+    assert not found(run(["sgl-kernel"], donor, target, donor_elf=donor_elf, target_elf=ok), "libtorch-abi")
+
+
+def test_kernel_left_behind_while_torch_changes():
+    donor = [dist("torch", "2.7.0", {"torch/lib/libc10.so": "c10 2.7"}),
+             dist("sgl-kernel", "0.2.0", {"sgl_kernel/common_ops.so": "k2"})]
+    target = [dist("torch", "2.6.0", {"torch/lib/libc10.so": "c10 2.6"}),
+              dist("sgl-kernel", "0.1.0", {"sgl_kernel/common_ops.so": "k"})]
+    target_elf = elf("t", so("sgl_kernel/common_ops.so", needed=("libc10.so",), torch_undefined=(NEEDS,)))
+    donor_elf = elf("d", so("torch/lib/libc10.so"), defined={NEEDS: False})
+    [f] = found(run(["torch"], donor, target, donor_elf=donor_elf, target_elf=target_elf), "libtorch-abi")
+    assert f.severity == "error" and "torch changes to torch 2.7.0" in f.message
+    assert f.hint.startswith("add 'sgl-kernel' to overlay in m.yaml (the donor has sgl-kernel 0.2.0")
+
+
+# --- requirement-unmet with local labels (case 9) ---------------------------------------------
+
+def test_case9_pin_against_a_local_label():
+    sglang = dist("sglang", "0.5.5", {"sglang/__init__.py": "s"}, requires=["sgl-kernel==0.3.16.post4"])
+    donor = [sglang, dist("sgl-kernel", "0.3.16.post4+cu130", {"k.py": "k"})]
+    post5 = run(["sglang"], donor, [dist("sgl-kernel", "0.3.16.post5+cu130", {"k.py": "k5"})])
+    [f] = found(post5, "requirement-unmet")
+    assert f.severity == "error"
+    assert f.message == "sglang 0.5.5 requires sgl-kernel==0.3.16.post4, found 0.3.16.post5+cu130"
+    assert f.hint == "add 'sgl-kernel' to overlay (the donor has 0.3.16.post4+cu130)"
+    [split] = found(post5, "lockstep-mismatch")
+    assert split.hint == "add sgl-kernel to overlay in m.yaml"
+    # the local label does not stop ==0.3.16.post4 from matching (PEP 440)
+    post4 = run(["sglang"], donor, [dist("sgl-kernel", "0.3.16.post4+cu130", {"k.py": "k"})])
+    assert not found(post4, "requirement-unmet") and not found(post4, "lockstep-mismatch")
+
+
+# --- cuda-major-mismatch (case 10) ------------------------------------------------------------
+
+def test_case10_cu128_torch_beside_cuda13_libraries():
+    target = [dist("torch", "2.9.0+cu128", {"torch/__init__.py": "t"}, requires=["nvidia-cublas-cu12==12.8.4.1"])]
+    donor = [dist("nvidia-cublas", "13.0.0.19", {"nvidia/cu13/lib/libcublas.so.13": "b"}),
+             dist("sgl-kernel", "0.3.16.post4+cu130", {"sgl_kernel/x.so": "k"})]
+    result = run(["nvidia-cublas", "sgl-kernel"], donor, target)
+    [f] = found(result, "cuda-major-mismatch")
+    assert f.severity == "error"
+    assert "CUDA 12: torch 2.9.0+cu128 (label +cu128)" in f.message
+    assert "nvidia-cublas 13.0.0.19 (version 13.0.0.19)" in f.message and "(label +cu130)" in f.message
+    assert f.hint == "install a CUDA 12 build of nvidia-cublas; install a CUDA 12 build of sgl-kernel"
+    assert [u.dists for u in found(result, "requirement-unmet")] == [("torch", "nvidia-cublas-cu12")] or \
+        found(result, "requirement-unmet")[0].severity == "warning"
+
+
+def test_cuda_major_from_sonames_and_torch_version_py():
+    donor = [dist("torch", "2.9.0", {"torch/version.py": "cuda = '13.0'"}),
+             dist("kern", "1.0", {"kern/k.so": "k"})]
+    target_elf = elf("t")
+    donor_elf = elf("d", so("kern/k.so", needed=("libcudart.so.12",)))
+    result = run(["torch", "kern"], donor, [], donor_kw={"texts": {"torch/version.py": "cuda = '13.0'\n"}},
+                 donor_elf=donor_elf, target_elf=target_elf)
+    [f] = found(result, "cuda-major-mismatch")
+    assert "torch 2.9.0 (torch/version.py cuda = '13.0')" in f.message
+    assert f"kern 1.0 (soname {SITE}/kern/k.so needs libcudart.so.12)" in f.message
+
+
+def test_one_cuda_major_is_quiet():
+    donor = [dist("torch", "2.9.0+cu130", {"t.py": "t"}), dist("nvidia-cuda-runtime", "13.0.96", {"r.so": "r"})]
+    assert not found(run(["torch", "nvidia-cuda-runtime"], donor, []), "cuda-major-mismatch")
+
+
+# --- driver-too-old (case 11) -----------------------------------------------------------------
+
+def test_case11_driver_535_with_a_cu130_environment():
+    nv = {"available": True, "driver_version": "535.104.05", "cuda_version": "12.2", "gpus": []}
+    result = run(["torch"], [dist("torch", "2.9.0+cu130", {"t.py": "t"})], [], target_kw={"nvidia": nv})
+    [f] = found(result, "driver-too-old")
+    assert f.severity == "error" and "driver 535.104.05 supports CUDA 12.2" in f.message
+    assert f.hint.startswith("upgrade the target's NVIDIA driver to 580.65.06 or newer (CUDA 13.0")
+
+
+def test_driver_below_the_minor_is_a_warning_and_a_new_driver_is_quiet():
+    nv = {"available": True, "driver_version": "550.54.14", "cuda_version": "12.4", "gpus": []}
+    result = run(["torch"], [dist("torch", "2.7.0+cu128", {"t.py": "t"})], [], target_kw={"nvidia": nv})
+    assert [f.severity for f in found(result, "driver-too-old")] == ["warning"]
+    assert not found(run(["torch"], [dist("torch", "2.9.0+cu130", {"t.py": "t"})], [], target_kw={"nvidia": NV_H100}),
+                     "driver-too-old")
+
+
+# --- gpu-arch-unsupported ---------------------------------------------------------------------
+
+def test_device_code_rules():
+    sm90a = (DeviceCode(kind="sass", arch=90, variant="a"),)
+    assert covers(sm90a, 90) and not covers(sm90a, 100)
+    assert covers((DeviceCode(kind="sass", arch=80),), 86) and not covers((DeviceCode(kind="sass", arch=80),), 90)
+    assert covers((DeviceCode(kind="ptx", arch=80),), 120)
+    assert covers((DeviceCode(kind="sass", arch=100, variant="f"),), 103)
+
+
+def test_kernels_without_code_for_the_target_gpu():
+    kernel = dist("sgl-kernel", "0.3.16+cu130", {"sgl_kernel/common_ops.so": "k"})
+    code = (DeviceCode(kind="sass", arch=100, variant="a"), DeviceCode(kind="sass", arch=120, variant="a"))
+    donor_elf = elf("d", so("sgl_kernel/common_ops.so", device_code=code))
+    result = run(["sgl-kernel"], [kernel], [], target_kw={"nvidia": NV_H100}, donor_elf=donor_elf, target_elf=elf("t"))
+    [f] = found(result, "gpu-arch-unsupported")
+    assert f.severity == "error" and "sm_100a, sm_120a" in f.message and "(sm_90)" in f.message
+    assert 'TORCH_CUDA_ARCH_LIST="9.0"' in f.hint
+    good = elf("d", so("sgl_kernel/common_ops.so", device_code=code + (DeviceCode(kind="sass", arch=90, variant="a"),)))
+    assert not found(run(["sgl-kernel"], [kernel], [], target_kw={"nvidia": NV_H100}, donor_elf=good,
+                         target_elf=elf("t")), "gpu-arch-unsupported")
+
+
+def test_cuda_release_too_old_for_a_blackwell_gpu():
+    nv = {**NV_H100, "gpus": [{"name": "NVIDIA RTX PRO 6000", "compute_capability": "12.0", "memory_mib": 97887}]}
+    result = run(["torch"], [dist("torch", "2.6.0+cu126", {"t.py": "t"})], [], target_kw={"nvidia": nv})
+    [f] = found(result, "gpu-arch-unsupported")
+    assert "needs CUDA 12.8 or newer" in f.message and f.severity == "error"
+
+
+# --- lockstep-mismatch ------------------------------------------------------------------------
+
+def test_flashinfer_family_split_by_the_overlay():
+    donor = [dist("flashinfer-python", "0.7.2", {"flashinfer/__init__.py": "f"}),
+             dist("flashinfer-jit-cache", "0.7.2+cu130", {"flashinfer_jit_cache/__init__.py": "j"}),
+             dist("torch", "2.9.0+cu130", {"t.py": "t"})]
+    target = [dist("flashinfer-python", "0.6.3", {"flashinfer/__init__.py": "f0"}),
+              dist("torch", "2.9.0+cu130", {"t.py": "t"})]
+    [f] = found(run(["flashinfer-jit-cache"], donor, target), "lockstep-mismatch")
+    assert f.severity == "error" and "not one release" in f.message
+    assert f.hint == "add flashinfer-python to overlay in m.yaml"
+    assert not found(run(["flashinfer-*"], donor, target), "lockstep-mismatch")
+
+
+def test_jit_cache_label_must_follow_torch_and_can_be_accepted():
+    donor = [dist("flashinfer-python", "0.7.2", {"f.py": "f"}), dist("flashinfer-jit-cache", "0.7.2+cu130", {"j.py": "j"})]
+    target = [dist("torch", "2.13.0+cpu", {"t.py": "t"})]
+    result = run(["flashinfer-*"], donor, target)
+    [f] = found(result, "lockstep-mismatch")
+    assert f.dists == ("flashinfer-jit-cache", "torch") and f.severity == "error" and result.blocking
+    accepted = run(["flashinfer-*"], donor, target, accept=[
+        {"code": "lockstep-mismatch", "dists": ["flashinfer-jit-cache", "torch"], "reason": "CPU demo"}])
+    [f] = found(accepted, "lockstep-mismatch")
+    assert f.accepted == "CPU demo" and not accepted.blocking
+    # an acceptance for one distribution does not cover a finding that names others too
+    narrow = run(["flashinfer-*"], donor, target, accept=[
+        {"code": "lockstep-mismatch", "dists": ["flashinfer-jit-cache"], "reason": "no"}])
+    assert narrow.blocking

@@ -1,0 +1,416 @@
+"""ELF facts of a venv's shared objects: one file run by the venv's own interpreter on its host.
+
+Usage on a host (the controller passes this file's text with ``-c``)::
+
+    <venv>/bin/python -c "$(cat elf_facts.py)" <<< '{"modules": {...}, "files": [...], ...}'
+
+The host has no pyelftools: the request carries its source, and :class:`SourceImporter`
+imports it from memory (nothing is written to disk). All ELF reading goes through
+pyelftools; only the payload of the ``.nv_fatbin`` section (NVIDIA's fatbin format) is
+read with :mod:`struct`, header by header, seeking in the file (never reading it whole).
+
+Request (one JSON object on standard input):
+
+* ``modules``: ``{"elftools/__init__.py": "<source>", ...}``, POSIX paths relative to
+  site-packages; a package is the key ending in ``/__init__.py``.
+* ``files``: venv-relative POSIX paths of the shared objects to describe. An absolute
+  path, one that leaves the venv prefix (``sys.prefix``) once normalised or once symlinks
+  are resolved, a missing file or one that is not ELF gets an ``error``; the others are
+  still described.
+* ``torch_symbols`` (default true): list each file's undefined, non-weak dynamic symbols
+  in libtorch's C++ namespaces (only for files whose DT_NEEDED names a ``libtorch*`` or
+  ``libc10*`` library; others get an empty list).
+* ``device_code`` (default false): list the entries of each file's ``.nv_fatbin``.
+* ``defined`` (optional): ``{"files": [venv-relative libs], "symbols": [names]}``: for
+  each symbol, whether any of those libraries defines it in its dynamic symbol table.
+* ``libstdcxx`` (default false): report the ``libstdc++.so.6`` this interpreter loads.
+
+Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
+
+    {"schema": "transplant.elf/1",
+     "files": {REL: {"error": str|null, "machine": "EM_X86_64", "elf_class": 64,
+                     "soname": str|null, "needed": [...],
+                     "version_needs": {"libc.so.6": ["GLIBC_2.2.5", ...]},
+                     "torch_undefined": [...],
+                     "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f"}]}},
+     "libstdcxx": {"path": "/usr/lib/.../libstdc++.so.6.0.30", "versions": ["GLIBCXX_3.4", ...]}|null,
+     "defined": {SYMBOL: bool}, "defined_in": [REL...], "seconds": float}
+
+Design rules: Python 3.9+, standard library plus the pyelftools source it is sent,
+never writes anything. The controller parses the reply with
+:func:`transplant.binaries.parse_elf_report`; it never imports this module.
+"""
+
+import ctypes
+import importlib.abc
+import importlib.util
+import io
+import json
+import os
+import re
+import stat
+import struct
+import sys
+import time
+
+__all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_entries", "defined", "libstdcxx", "main"]
+
+SCHEMA = "transplant.elf/1"
+ORIGIN = "<transplant>/"
+#: Same pattern as ``transplant.binaries._TORCH`` (c10, at, torch, caffe2 namespaces).
+TORCH_SYMBOL = re.compile(r"^_Z(?:T[VIS])?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)")
+TORCH_LIBS = ("libtorch", "libc10")
+
+#: Fatbin container header: magic, version, header size, bytes of entries after the header.
+FATBIN_CONTAINER = struct.Struct("<IHHQ")
+FATBIN_MAGIC = 0xBA55ED50
+#: Fatbin entry header: kind, ?, header size, payload size, compressed size, ?, minor,
+#: major, arch, name offset, name length, flags, zero, decompressed size.
+FATBIN_ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
+FATBIN_KINDS = {1: "ptx", 2: "sass"}
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY_SPECIFIC = 0x200000
+SHF_COMPRESSED = 0x800
+VER_FLG_BASE = 0x1
+
+ELFFile = None  # set by load_elftools()
+
+
+class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Import modules from a mapping of site-packages-relative paths to source text."""
+
+    def __init__(self, modules):
+        self.modules = modules
+
+    def _key(self, fullname):
+        base = fullname.replace(".", "/")
+        for key, package in ((base + "/__init__.py", True), (base + ".py", False)):
+            if key in self.modules:
+                return key, package
+        return None, False
+
+    def find_spec(self, fullname, path=None, target=None):
+        key, package = self._key(fullname)
+        if key is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin=ORIGIN + key, is_package=package)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        key, _ = self._key(module.__name__)
+        code = compile(self.modules[key], ORIGIN + key, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+
+    def get_source(self, fullname):
+        """The module's text (lets tracebacks show source lines)."""
+        key, _ = self._key(fullname)
+        return None if key is None else self.modules[key]
+
+
+def load_elftools(modules):
+    """Put a :class:`SourceImporter` for ``modules`` first on ``sys.meta_path`` and import pyelftools.
+
+    With no modules, the host's own pyelftools (if any) is used.
+    """
+    global ELFFile
+    if modules:
+        sys.meta_path.insert(0, SourceImporter(modules))
+    from elftools.elf.elffile import ELFFile as elf_file
+
+    ELFFile = elf_file
+
+
+def resolve(prefix, rel):
+    """(absolute path, None) for a venv-relative path, or (None, why it is refused).
+
+    The path must be relative, stay inside ``prefix`` once normalised, and its real
+    location (every symlink resolved, the file's own included) must too.
+    """
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+        return None, f"refused: {rel!r} is not a venv-relative path"
+    full = os.path.normpath(os.path.join(prefix, rel))
+    real_prefix = os.path.realpath(prefix)
+    inside = os.path.relpath(full, prefix)
+    real = os.path.realpath(full)
+    if inside == os.pardir or inside.startswith(os.pardir + os.sep) or not real.startswith(real_prefix + os.sep):
+        return None, f"refused: {rel!r} leaves the venv {prefix}"
+    return full, None
+
+
+def open_elf(full):
+    """(open binary stream, ELFFile) of a regular ELF file.
+
+    :raises ValueError: not a regular file, or not ELF (the message says which).
+    :raises OSError: missing or unreadable.
+    """
+    if not stat.S_ISREG(os.stat(full).st_mode):
+        raise ValueError("not a regular file")
+    stream = open(full, "rb")
+    try:
+        magic = stream.read(4)
+        if magic != b"\x7fELF":
+            raise ValueError(f"not an ELF file (starts with {magic!r})")
+        stream.seek(0)
+        return stream, ELFFile(stream)
+    except BaseException:
+        stream.close()
+        raise
+
+
+def sections_by_type(elf):
+    """First section of each ``sh_type`` (``SHT_DYNAMIC``...), plus ``.nv_fatbin`` by name."""
+    found = {}
+    for section in elf.iter_sections():
+        found.setdefault(section["sh_type"], section)
+        if section.name == ".nv_fatbin":
+            found.setdefault(".nv_fatbin", section)
+    return found
+
+
+def dynamic_names(sections):
+    """(DT_SONAME or None, [DT_NEEDED...] in order)."""
+    soname, needed = None, []
+    dynamic = sections.get("SHT_DYNAMIC")
+    if dynamic is not None:
+        for tag in dynamic.iter_tags():
+            if tag["d_tag"] == "DT_NEEDED":
+                needed.append(tag.needed)
+            elif tag["d_tag"] == "DT_SONAME" and soname is None:
+                soname = tag.soname
+    return soname, needed
+
+
+def version_needs(sections):
+    """{needed file: [version names, in table order]} from ``.gnu.version_r``."""
+    section = sections.get("SHT_GNU_verneed")
+    if section is None:
+        return {}
+    needs = {}
+    for verneed, auxiliaries in section.iter_versions():
+        names = needs.setdefault(verneed.name, [])
+        names.extend(aux.name for aux in auxiliaries if aux.name not in names)
+    return needs
+
+
+def torch_undefined(sections):
+    """Sorted names of undefined, non-weak ``.dynsym`` symbols in libtorch's namespaces."""
+    dynsym = sections.get("SHT_DYNSYM")
+    if dynsym is None:
+        return []
+    names = set()
+    for symbol in dynsym.iter_symbols():
+        if (symbol["st_shndx"] == "SHN_UNDEF" and symbol["st_info"]["bind"] == "STB_GLOBAL"
+                and TORCH_SYMBOL.match(symbol.name)):
+            names.add(symbol.name)
+    return sorted(names)
+
+
+def fatbin_entries(stream, start, size):
+    """Device code entries of a fatbin payload at ``start`` (bytes) in ``stream``.
+
+    Reads only the headers, seeking from one to the next. Stops, keeping what it has
+    read, at anything malformed (bad magic, a header too small, a size running past its
+    container or the section). Entries other than PTX and SASS (LTO IR) are skipped;
+    duplicates (one per translation unit) are reported once.
+    """
+    entries, end, position = [], start + size, start
+    while position + FATBIN_CONTAINER.size <= end:
+        stream.seek(position)
+        head = stream.read(FATBIN_CONTAINER.size)
+        if len(head) < FATBIN_CONTAINER.size:
+            break
+        magic, _version, header_size, fat_size = FATBIN_CONTAINER.unpack(head)
+        if magic != FATBIN_MAGIC or header_size < FATBIN_CONTAINER.size:
+            break
+        body, stop = position + header_size, min(position + header_size + fat_size, end)
+        if not _container_entries(stream, body, stop, entries):
+            break
+        position = stop
+    return entries
+
+
+def _container_entries(stream, position, stop, entries):
+    """Append one container's entries; False when it was malformed (stop reading)."""
+    while position + FATBIN_ENTRY.size <= stop:
+        stream.seek(position)
+        head = stream.read(FATBIN_ENTRY.size)
+        if len(head) < FATBIN_ENTRY.size:
+            return False
+        fields = FATBIN_ENTRY.unpack(head)
+        kind, header_size, payload, arch, flags = fields[0], fields[2], fields[3], fields[8], fields[11]
+        following = position + header_size + payload
+        if header_size < FATBIN_ENTRY.size or following > stop:
+            return False
+        if kind in FATBIN_KINDS and arch > 0:
+            variant = "f" if flags & FLAG_FAMILY_SPECIFIC else "a" if flags & FLAG_ARCH_SPECIFIC else ""
+            entry = {"kind": FATBIN_KINDS[kind], "arch": arch, "variant": variant}
+            if entry not in entries:
+                entries.append(entry)
+        position = following
+    return position == stop
+
+
+def device_code(elf, sections):
+    """Entries of the ``.nv_fatbin`` section; [] without one."""
+    section = sections.get(".nv_fatbin")
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return []
+    if section["sh_flags"] & SHF_COMPRESSED:
+        data = section.data()
+        return fatbin_entries(io.BytesIO(data), 0, len(data))
+    return fatbin_entries(elf.stream, section["sh_offset"], section["sh_size"])
+
+
+def facts(elf, torch_symbols, want_device_code):
+    """The reply object of one readable ELF file."""
+    sections = sections_by_type(elf)
+    soname, needed = dynamic_names(sections)
+    links_torch = any(name.startswith(TORCH_LIBS) for name in needed)
+    machine = elf["e_machine"]
+    return {
+        "error": None,
+        "machine": machine if isinstance(machine, str) else f"EM_{machine}",
+        "elf_class": elf.elfclass,
+        "soname": soname,
+        "needed": needed,
+        "version_needs": version_needs(sections),
+        "torch_undefined": torch_undefined(sections) if torch_symbols and links_torch else [],
+        "device_code": device_code(elf, sections) if want_device_code else [],
+    }
+
+
+def describe(prefix, rel, torch_symbols=True, want_device_code=False):
+    """Reply object for one venv-relative file; any failure becomes its ``error``."""
+    full, refused = resolve(prefix, rel)
+    if refused:
+        return {"error": refused}
+    try:
+        stream, elf = open_elf(full)
+    except OSError as exc:
+        return {"error": f"cannot open: {exc.strerror or exc}"}
+    except ValueError as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # pyelftools raises many kinds on a damaged header
+        return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
+    try:
+        return facts(elf, torch_symbols, want_device_code)
+    except Exception as exc:
+        return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
+    finally:
+        stream.close()
+
+
+def defined_names(elf, wanted):
+    """The names in ``wanted`` (a set) that ``elf`` defines in its dynamic symbol table.
+
+    Looks each name up in ``.gnu.hash`` (or ``.hash``) when present; otherwise reads
+    ``.dynsym`` once.
+    """
+    sections = sections_by_type(elf)
+    table = sections.get("SHT_GNU_HASH") or sections.get("SHT_HASH")
+    if table is not None:
+        found = set()
+        for name in wanted:
+            symbol = table.get_symbol(name)
+            if symbol is not None and symbol["st_shndx"] != "SHN_UNDEF":
+                found.add(name)
+        return found
+    dynsym = sections.get("SHT_DYNSYM")
+    if dynsym is None:
+        return set()
+    return {s.name for s in dynsym.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s.name in wanted}
+
+
+def defined(prefix, files, symbols):
+    """({symbol: defined by any of files}, [files searched: existing ELF files])."""
+    answer = {name: False for name in symbols}
+    searched = []
+    for rel in files:
+        full, refused = resolve(prefix, rel)
+        if refused:
+            continue
+        try:
+            stream, elf = open_elf(full)
+        except Exception:
+            continue
+        wanted = {name for name, found in answer.items() if not found}
+        try:
+            found = defined_names(elf, wanted) if wanted else set()
+        except Exception:
+            continue
+        finally:
+            stream.close()
+        searched.append(rel)
+        answer.update(dict.fromkeys(found, True))
+    return answer, searched
+
+
+def loaded_path(prefix_name):
+    """Real path of the first mapped file whose name starts with ``prefix_name``, or None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(prefix_name):
+                    return os.path.realpath(parts[5].strip())
+    except OSError:
+        pass
+    return None
+
+
+def libstdcxx():
+    """``{"path", "versions"}`` of the ``libstdc++.so.6`` this interpreter loads, or None."""
+    try:
+        ctypes.CDLL("libstdc++.so.6")
+    except OSError:
+        return None
+    path = loaded_path("libstdc++.so.6")
+    if path is None:
+        return None
+    versions = []
+    try:
+        stream, elf = open_elf(path)
+    except Exception:
+        return {"path": path, "versions": versions}
+    try:
+        verdef = sections_by_type(elf).get("SHT_GNU_verdef")
+        for version, auxiliaries in verdef.iter_versions() if verdef is not None else ():
+            names = [aux.name for aux in auxiliaries]
+            if names and not version["vd_flags"] & VER_FLG_BASE:
+                versions.append(names[0])
+    finally:
+        stream.close()
+    return {"path": path, "versions": versions}
+
+
+def main(argv):
+    started = time.monotonic()
+    request = json.load(sys.stdin)
+    try:
+        load_elftools(request.get("modules") or {})
+    except Exception as exc:
+        sys.stderr.write("elf_facts: cannot import the pyelftools sent with the request in Python {}: {}: {}\n"
+                         .format(".".join(map(str, sys.version_info[:3])), type(exc).__name__, exc))
+        return 1
+    prefix = os.path.normpath(sys.prefix)
+    torch_symbols = request.get("torch_symbols", True)
+    want_device_code = request.get("device_code", False)
+    files = {rel: describe(prefix, rel, torch_symbols, want_device_code) for rel in request.get("files") or []}
+    query = request.get("defined") or {}
+    answer, searched = defined(prefix, query.get("files") or [], query.get("symbols") or [])
+    reply = {
+        "schema": SCHEMA,
+        "files": files,
+        "libstdcxx": libstdcxx() if request.get("libstdcxx") else None,
+        "defined": answer,
+        "defined_in": searched,
+        "seconds": round(time.monotonic() - started, 6),
+    }
+    sys.stdout.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,198 @@
+"""Rules on the venv's own files: ``editable-install``, ``script-prefix``, ``record-drift``
+(pure core).
+
+Editable installs are recognised by PEP 610's ``direct_url.json`` (``dir_info.editable``),
+setuptools' ``__editable__`` finders (their ``MAPPING``) and path ``.pth`` files, and
+the legacy ``.egg-link`` files. RECORD hashes are PEP 376 / the wheel spec's
+``sha256=<urlsafe b64>``.
+"""
+
+from __future__ import annotations
+
+import ast
+import posixpath
+import re
+import shlex
+from urllib.parse import unquote, urlparse
+
+from ..inventory import Distribution, Inventory
+from ..model import Finding
+from .env import EnvironmentAfter, describe, pip
+
+__all__ = ["editable_sources", "editable_findings", "shebang_interpreter", "rewritten_head", "script_findings",
+           "drift_findings"]
+
+_MAPPING = re.compile(r"^MAPPING\s*(?::[^=\n]*)?=\s*(\{.*?\})\s*$", re.M | re.S)
+_SHOWN = 10
+
+
+def _finder_paths(text: str) -> list[str]:
+    match = _MAPPING.search(text)
+    if not match:
+        return []
+    try:
+        mapping = ast.literal_eval(match.group(1))
+    except (ValueError, SyntaxError):
+        return []
+    return [v for v in mapping.values() if isinstance(v, str)] if isinstance(mapping, dict) else []
+
+
+def _pth_paths(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()
+            if line.strip().startswith("/") and not line.startswith(("import ", "import\t", "#"))]
+
+
+def editable_sources(dist: Distribution, inv: Inventory) -> list[str]:
+    """Absolute folders an editable install of ``dist`` imports from, on ``inv``'s host (sorted).
+
+    Read from ``direct_url.json`` (``file://`` URL with ``dir_info.editable``), the
+    ``__editable__`` finders and ``.pth`` files its RECORD lists, and a
+    ``<name>.egg-link`` at the top of site-packages.
+    """
+    paths: set[str] = set()
+    info = dist.direct_url or {}
+    dir_info = info.get("dir_info") if isinstance(info, dict) else None
+    if isinstance(dir_info, dict) and dir_info.get("editable") is True and isinstance(info.get("url"), str):
+        parsed = urlparse(info["url"])
+        if parsed.scheme == "file" and parsed.path:
+            paths.add(unquote(parsed.path))
+    for rel in dist.files:
+        text = inv.texts.get(rel)
+        if text is None:
+            continue
+        base = rel.rsplit("/", 1)[-1]
+        if base.startswith("__editable__") and base.endswith(".py"):
+            paths.update(_finder_paths(text))
+        elif base.endswith(".pth"):
+            paths.update(_pth_paths(text))
+    for rel, text in inv.texts.items():
+        stem = rel.rsplit("/", 1)[-1]
+        if stem.endswith(".egg-link") and text and \
+                re.sub(r"[-_.]+", "-", stem[:-len(".egg-link")]).lower() == dist.name:
+            first = text.splitlines()[0].strip() if text.splitlines() else ""
+            if first.startswith("/"):
+                paths.add(first)
+    return sorted(posixpath.normpath(p) for p in paths)
+
+
+def editable_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``editable-install``: an overlaid distribution is an editable install on the donor
+    whose source folder is not on the target (error; the import would fail), or is
+    there (info: the target then runs whatever that folder holds)."""
+    out = []
+    for name in env.overlaid:
+        dist = env.after[name]
+        sources = editable_sources(dist, env.donor)
+        if not sources:
+            continue
+        missing = [p for p in sources if not env.target.elsewhere.get(p, False)]
+        donor_python = shlex.quote(f"{env.donor.interpreter.prefix}/bin/python")
+        if missing:
+            out.append(Finding(
+                code="editable-install", severity="error", dists=(name,),
+                message=f"{describe(dist)} is an editable install on the donor importing from "
+                        f"{', '.join(missing)}, which does not exist on the target; copying its dist-info and "
+                        f"finder would leave 'import' failing there",
+                hint=f"reinstall it from its source as a regular install on the donor: {donor_python} -m pip install "
+                     f"--no-deps --force-reinstall {shlex.quote(missing[0])}; or remove {name!r} from overlay",
+                files=tuple(missing),
+            ))
+        else:
+            out.append(Finding(
+                code="editable-install", severity="info", dists=(name,),
+                message=f"{describe(dist)} is an editable install importing from {', '.join(sources)}, which exists "
+                        f"on the target too; the target runs whatever that folder holds there",
+                hint=f"to pin the code, reinstall it as a regular install on the donor: {donor_python} -m pip install "
+                     f"--no-deps --force-reinstall {shlex.quote(sources[0])}",
+            ))
+    return out
+
+
+def shebang_interpreter(head: str) -> str | None:
+    """The interpreter a script head runs: ``#!/v/bin/python`` -> ``/v/bin/python``; pip's
+    ``#!/bin/sh`` + ``'''exec' /v/bin/python "$0" "$@"`` form -> ``/v/bin/python``; None otherwise."""
+    lines = head.splitlines()
+    if not lines or not lines[0].startswith("#!"):
+        return None
+    if lines[0].strip() == "#!/bin/sh" and len(lines) > 1 and lines[1].startswith("'''exec'"):
+        parts = shlex.split(lines[1][len("'''exec'"):], posix=True)
+        return parts[0] if parts else None
+    words = lines[0][2:].strip().split()
+    return words[0] if words else None
+
+
+def rewritten_head(head: str, donor_prefix: str, target_prefix: str) -> str | None:
+    """The head a script must get on the target when its interpreter lies in the donor's
+    prefix (the prefix replaced by the target's), or None when it needs no rewrite."""
+    interpreter = shebang_interpreter(head)
+    if interpreter is None or donor_prefix == target_prefix or not interpreter.startswith(donor_prefix + "/"):
+        return None
+    return head.replace(donor_prefix + "/", target_prefix + "/")
+
+
+def script_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``script-prefix``: overlaid console scripts whose shebang names the donor's prefix
+    (info: apply rewrites them for the target's interpreter)."""
+    donor_prefix, target_prefix = env.donor.interpreter.prefix, env.target.interpreter.prefix
+    out = []
+    for name in env.overlaid:
+        dist = env.after[name]
+        scripts = sorted(p for p, e in dist.files.items()
+                         if e.head is not None and rewritten_head(e.head, donor_prefix, target_prefix) is not None)
+        if scripts:
+            out.append(Finding(
+                code="script-prefix", severity="info", dists=(name,),
+                message=f"{describe(dist)}: {len(scripts)} console script(s) start with the donor's interpreter "
+                        f"{donor_prefix}/bin/python; apply rewrites their first line to {target_prefix}/bin/python",
+                hint="nothing to do: apply rewrites them (and verify checks the result)",
+                files=tuple(scripts[:_SHOWN]),
+            ))
+    return out
+
+
+def _drifted(dist: Distribution, skip: set[str]) -> tuple[list[str], list[str]]:
+    changed, missing = [], []
+    for path, entry in sorted(dist.files.items()):
+        if path in skip or entry.record_hash is None or entry.error or entry.symlink is not None:
+            continue
+        if not entry.exists:
+            missing.append(path)
+        elif entry.hash is not None and entry.hash != entry.record_hash:
+            changed.append(path)
+    return changed, missing
+
+
+def drift_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``record-drift`` for content: files of overlaid distributions whose bytes differ from
+    their RECORD hash, on the donor (hand edits the manifest does not declare as patches:
+    they would travel silently) and on the target (local edits apply overwrites)."""
+    out = []
+    donor_skip = {f"{env.donor.site_packages}/{d}" for d in env.patch_dests}
+    target_skip = {f"{env.target.site_packages}/{d}" for d in env.patch_dests}
+    for name in env.overlaid:
+        dist = env.after[name]
+        changed, _ = _drifted(dist, donor_skip)
+        if changed:
+            site = env.donor.site_packages + "/"
+            example = changed[0][len(site):] if changed[0].startswith(site) else changed[0]
+            out.append(Finding(
+                code="record-drift", severity="warning", dists=(name,),
+                message=f"{describe(dist)} on the donor: {len(changed)} file(s) differ from their RECORD hash and are "
+                        f"not declared as patches; they are copied as they are: {', '.join(changed[:_SHOWN])}",
+                hint=f"if they are hand patches, declare them in {env.manifest} (patches: [{{source: patches/"
+                     f"{example}, dest: {example}}}]); otherwise reinstall on the donor: "
+                     f"{pip(env.donor.interpreter.prefix)} install --force-reinstall --no-deps "
+                     f"{shlex.quote(f'{dist.display_name}=={dist.raw_version}')}",
+                files=tuple(changed[:_SHOWN]),
+            ))
+        for old in env.target.by_name().get(name, []):
+            changed, _ = _drifted(old, target_skip)
+            if changed and old.hashed:
+                out.append(Finding(
+                    code="record-drift", severity="warning", dists=(name,),
+                    message=f"{describe(old)} on the target: {len(changed)} file(s) differ from their RECORD hash "
+                            f"(local edits); apply replaces them with the donor's: {', '.join(changed[:_SHOWN])}",
+                    hint=f"to keep an edit, declare it as a patch in {env.manifest}",
+                    files=tuple(changed[:_SHOWN]),
+                ))
+    return out
