@@ -30,6 +30,12 @@ def test_demo_replays_the_story(lab):
     # act 2: the requirement finding, before anything is copied
     assert "sglang 0.5.23 requires flashinfer_python[cu13]==0.7.2, found 0.6.3" in out
     assert "add 'flashinfer-python' to overlay (the donor has 0.7.2)" in out
+    assert "sglang family: the overlay moves sglang, sglang-kernel but not flashinfer-python" in out
+    # act 3: the target's CUDA 12 runtime goes (remove:), the CPU-demo artifacts are accepted with
+    # their reason, and a binary fact: torchvision 0.16.2's ops need libtorch symbols torch 2.13 lacks
+    assert "named in remove:" in out and "error (accepted)" in out
+    assert "accepted in the manifest: the demo runs the CPU wheel of torch 2.13.0" in out
+    assert "torchvision 0.16.2: 2 shared object(s) need" in out
     # act 3 (apply shows its plan): the CUDA-variant change is named as such
     assert "same version, other CUDA build: CUDA 12.8 -> CUDA 13.0" in out
     # act 4: the story's checkpoint line, and the smoke run said it used the CPU

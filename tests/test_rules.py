@@ -74,6 +74,7 @@ def test_case2_console_script_shebang_is_rewritten():
     [f] = found(result, "script-prefix")
     assert f.severity == "info" and f.files == ("bin/x",)
     assert "apply rewrites their first line to /target/venv/bin/python" in f.message
+    assert f.hint == "nothing to do: apply rewrites them (and verify checks the result)"
     [copy] = [c for c in result.changes[0].copy if c.path == "bin/x"]
     assert copy.head == "#!/target/venv/bin/python\n" and copy.body_hash == digest("import x; x.main()\n")
     # a second plan against a target that already has the rewritten script copies nothing
@@ -178,6 +179,8 @@ def test_manylinux_tag_above_the_target_glibc():
     wheel = dist("a", "1", {"a/x.so": "so"}, tags=["cp311-cp311-manylinux_2_34_x86_64"])
     [f] = found(run(["a"], [wheel], [], target_kw={"glibc": "2.31"}), "platform-mismatch")
     assert f.severity == "error" and "manylinux_2_34_x86_64 needs glibc 2.34, the target has 2.31" in f.message
+    assert f.hint.startswith("remove 'a' from overlay in m.yaml and install a build for the target's platform there: "
+                             "/target/venv/bin/python -m pip install a==1")
     assert not found(run(["a"], [wheel], [], target_kw={"glibc": "2.36"}), "platform-mismatch")
 
 
@@ -208,7 +211,9 @@ def test_case7_torch_family_from_other_builds(torch_v, vision_v, why):
                  [dist("torch", torch_v, {"torch/__init__.py": "t"})])
     [f] = found(result, "cuda-variant-mismatch")
     assert f.severity == "error" and why in f.message and f.dists == ("torch", "torchvision")
-    assert "--index-url https://download.pytorch.org/whl/" in f.hint
+    variant = torch_v.split("+")[1]
+    assert f.hint.startswith("install the matching build: /target/venv/bin/python -m pip install 'torchvision==")
+    assert f.hint.endswith(f"--index-url https://download.pytorch.org/whl/{variant}")
 
 
 def test_case7_matching_torch_family_is_quiet():
@@ -351,6 +356,9 @@ def test_cuda_release_too_old_for_a_blackwell_gpu():
     result = run(["torch"], [dist("torch", "2.6.0+cu126", {"t.py": "t"})], [], target_kw={"nvidia": nv})
     [f] = found(result, "gpu-arch-unsupported")
     assert "needs CUDA 12.8 or newer" in f.message and f.severity == "error"
+    assert f.hint == "overlay builds for CUDA 12.8 or newer (e.g. torch +cu128)"
+    assert not found(run(["torch"], [dist("torch", "2.7.0+cu128", {"t.py": "t"})], [], target_kw={"nvidia": nv}),
+                     "gpu-arch-unsupported")
 
 
 # --- lockstep-mismatch ------------------------------------------------------------------------
