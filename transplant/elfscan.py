@@ -45,6 +45,7 @@ def read_elf_facts(
     files: Sequence[str],
     *,
     torch_symbols: bool = True,
+    torch_symbols_skip: Sequence[str] = (),
     device_code: bool = False,
     defined: tuple[Sequence[str], Sequence[str]] | None = None,
     libstdcxx: bool = False,
@@ -55,6 +56,8 @@ def read_elf_facts(
     :param files: venv-relative POSIX paths; each gets an :class:`~transplant.binaries.ElfFacts`,
         with ``error`` set for a missing, non-ELF or out-of-venv file.
     :param torch_symbols: gather undefined libtorch symbols of files that link libtorch/libc10.
+    :param torch_symbols_skip: files among ``files`` not to scan for them (torch's own
+        libraries, whose symbol tables take seconds to read and are not needed).
     :param device_code: list the ``.nv_fatbin`` entries (SASS and PTX) of each file.
     :param defined: ``(libraries, symbols)``: venv-relative libraries and symbol names to
         answer "does any of these define it" (``ElfReport.defined``); None asks nothing.
@@ -69,6 +72,7 @@ def read_elf_facts(
         "modules": elftools_sources(),
         "files": list(files),
         "torch_symbols": torch_symbols,
+        "torch_symbols_skip": list(torch_symbols_skip),
         "device_code": device_code,
         "libstdcxx": libstdcxx,
     }

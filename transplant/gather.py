@@ -88,12 +88,14 @@ def gather(
         target = replace(target, elsewhere=seen.elsewhere)
     moving = [donor_latest[n] for n in names]
     staying = [d for d in target.distributions if d.name not in names and d.name not in removed]
-    say(f"reading the shared objects on both hosts (pyelftools)")
+    say("reading the shared objects on both hosts (pyelftools)")
+    own_torch = [p for inv in (donor, target) for d in inv.distributions if d.name == "torch" for p in d.files
+                 if is_shared_object(p)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        de = pool.submit(read_elf_facts, donor_host, m.donor.venv, _objects(moving),
+        de = pool.submit(read_elf_facts, donor_host, m.donor.venv, _objects(moving), torch_symbols_skip=own_torch,
                          device_code=bool(target.nvidia.gpus), timeout=timeout)
-        te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), libstdcxx=True,
-                         timeout=timeout)
+        te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), torch_symbols_skip=own_torch,
+                         libstdcxx=True, timeout=timeout)
         donor_elf, target_elf = de.result(), te.result()
     torch_side = "donor" if "torch" in names else "target"
     torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")  # type: ignore[call-overload]

@@ -19,7 +19,8 @@ Request (one JSON object on standard input):
   still described.
 * ``torch_symbols`` (default true): list each file's undefined, non-weak dynamic symbols
   in libtorch's C++ namespaces (only for files whose DT_NEEDED names a ``libtorch*`` or
-  ``libc10*`` library; others get an empty list).
+  ``libc10*`` library; others get an empty list). ``torch_symbols_skip``: paths among
+  ``files`` not to scan for them (torch's own libraries: scanning their tables costs seconds).
 * ``device_code`` (default false): list the entries of each file's ``.nv_fatbin``.
 * ``defined`` (optional): ``{"files": [venv-relative libs], "symbols": [names]}``: for
   each symbol, whether any of those libraries defines it in its dynamic symbol table.
@@ -397,7 +398,9 @@ def main(argv):
     prefix = os.path.normpath(sys.prefix)
     torch_symbols = request.get("torch_symbols", True)
     want_device_code = request.get("device_code", False)
-    files = {rel: describe(prefix, rel, torch_symbols, want_device_code) for rel in request.get("files") or []}
+    skip = set(request.get("torch_symbols_skip") or [])
+    files = {rel: describe(prefix, rel, torch_symbols and rel not in skip, want_device_code)
+             for rel in request.get("files") or []}
     query = request.get("defined") or {}
     answer, searched = defined(prefix, query.get("files") or [], query.get("symbols") or [])
     reply = {
