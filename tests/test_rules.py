@@ -389,3 +389,23 @@ def test_jit_cache_label_must_follow_torch_and_can_be_accepted():
     narrow = run(["flashinfer-*"], donor, target, accept=[
         {"code": "lockstep-mismatch", "dists": ["flashinfer-jit-cache"], "reason": "no"}])
     assert narrow.blocking
+
+
+def test_remove_and_accept_entries_that_do_nothing_are_reported():
+    result = run(["a"], [dist("a", "1", {"a.py": "a"})], [dist("old-cu12", "1", {"o.py": "o"})],
+                 remove=["old-cu12", "nvidia-cuda-runtim-cu12"],
+                 accept=[{"code": "libtorch-abi", "reason": "stale"}])
+    [typo] = found(result, "remove-no-match")
+    assert typo.severity == "warning" and "'nvidia-cuda-runtim-cu12' matches no distribution" in typo.message
+    assert [c.action for c in result.changes if c.name == "old-cu12"] == ["remove"]
+    [unused] = found(result, "accept-unused")
+    assert unused.severity == "info" and unused.hint == "remove accept[0] from m.yaml if the fault is gone"
+
+
+def test_manifest_template_placeholder_is_named():
+    from transplant.errors import ManifestError
+
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest({"version": 1, "donor": {"host": "@DONOR@", "venv": "/v"},
+                        "target": {"host": "local", "venv": "/w"}, "overlay": ["a"]}, path="t.yaml")
+    assert "donor.host: '@DONOR@' is a template placeholder" in str(caught.value)

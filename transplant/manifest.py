@@ -232,6 +232,10 @@ def _endpoint(c: _Checker, value: Any, key: str) -> Endpoint | None:
     host = venv = None
     if "host" in data:
         text = c.string(data["host"], f"{key}.host", 'write "local" or [user@]host[:port], e.g. root@ct200')
+        if text is not None and len(text) > 2 and text.startswith("@") and text.endswith("@"):
+            c.add(f"{key}.host", f"{text!r} is a template placeholder (the demo's manifest template; "
+                  "`transplant demo` fills it in)", 'write the real host: "local" or [user@]host[:port]')
+            text = None
         if text is not None:
             try:
                 host = HostSpec.parse(text)

@@ -264,12 +264,41 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
     return findings
 
 
-def _accept(manifest: Manifest, findings: list[Finding]) -> list[Finding]:
-    """Mark the findings the manifest's ``accept`` list names (with its reason)."""
+def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overlaid: list[NormalizedName]) -> list[Finding]:
+    """``remove-no-match``: a ``remove`` entry that uninstalls nothing (a typo would otherwise go unseen)."""
     out = []
+    for pattern in manifest.remove:
+        if any(fnmatchcase(n, pattern) for n in removed):
+            continue
+        moved = [n for n in overlaid if fnmatchcase(n, pattern)]
+        why = f"; the overlay brings {', '.join(moved)} from the donor instead" if moved else ""
+        out.append(Finding(
+            code="remove-no-match", severity="info" if any(ch in pattern for ch in "*?[") else "warning",
+            dists=tuple(moved),
+            message=f"remove entry {pattern!r} matches no distribution on the target{why}",
+            hint=f"fix its spelling or drop it from remove: in {manifest.path} (names are compared after PEP 503 "
+                 f"normalisation)",
+        ))
+    return out
+
+
+def _accept(manifest: Manifest, findings: list[Finding]) -> list[Finding]:
+    """Mark the findings the manifest's ``accept`` list names (with its reason); an entry
+    that accepts nothing is reported (``accept-unused``, info), so a stale one is seen."""
+    out, used = [], set()
     for f in findings:
-        entry = next((a for a in manifest.accept if a.matches(f.code, f.dists)), None)
-        out.append(f if entry is None else replace(f, accepted=entry.reason))
+        index = next((i for i, a in enumerate(manifest.accept) if a.matches(f.code, f.dists)), None)
+        if index is not None:
+            used.add(index)
+        out.append(f if index is None else replace(f, accepted=manifest.accept[index].reason))
+    for i, a in enumerate(manifest.accept):
+        if i not in used:
+            out.append(Finding(
+                code="accept-unused", severity="info", dists=tuple(a.dists),
+                message=f"accept[{i}] ({a.code}{' for ' + ', '.join(a.dists) if a.dists else ''}) matches no finding "
+                        f"of this plan",
+                hint=f"remove accept[{i}] from {manifest.path} if the fault is gone",
+            ))
     return out
 
 
@@ -293,6 +322,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     donor_by, target_by = donor.by_name(), target.by_name()
     names = selected_names(manifest.overlay, donor)
     removed = [n for n in selected_names(manifest.remove, target) if n not in names]
+    findings += _unmatched_removals(manifest, removed, names)
     patched = {patch_destination(p, target) for p in patches}
     owned_elsewhere: set[str] = set()
     known: dict[str, FileEntry] = {}

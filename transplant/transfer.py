@@ -267,7 +267,8 @@ def _rsync(
     if proc.returncode != 0:
         tail = err_text if len(err_text) <= 2000 else "..." + err_text[-2000:]
         hint = None
-        if proc.returncode == 255:
+        # ssh's own failure is 255; when ssh dies after rsync started, rsync reports 12 (protocol stream)
+        if proc.returncode == 255 or "Host key verification failed" in err_text or "Permission denied" in err_text:
             hint = f"check that `ssh` reaches {remote.label} with the same key and known_hosts"
         raise HostError(f"{where} failed with exit status {proc.returncode}:\n{tail}", hint=hint)
     text = b"".join(stdout).decode("utf-8", "replace")

@@ -62,23 +62,24 @@ def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
         if not missing:
             continue
         moves, torch_moves = name in env.overlaid, env.changes("torch")
+        donor_torch = env.donor.latest().get("torch")  # type: ignore[call-overload]
+        donor_dist = env.donor.latest().get(name)  # type: ignore[call-overload]
         if moves and not torch_moves:
             why = f"it moves from the donor without the donor's torch; the target keeps {describe(torch)}"
-            donor_torch = env.donor.latest().get("torch")  # type: ignore[call-overload]
             fix = (f"add 'torch' to overlay in {env.manifest} (the donor has {describe(donor_torch)})" if donor_torch
                    else f"use a build of {dist.display_name} for {describe(torch)}")
         else:
-            why = f"torch changes to {describe(torch)} and {dist.display_name} stays as built for the old one"
-            donor_dist = env.donor.latest().get(name)  # type: ignore[call-overload]
+            why = (f"torch changes to {describe(torch)} and {dist.display_name} stays as built for the old one"
+                   if torch_moves and not moves else f"it was built for another torch than {describe(torch)}")
             fix = (f"add {name!r} to overlay in {env.manifest} (the donor has {describe(donor_dist)}, built with "
-                   f"the donor's torch)" if donor_dist and not moves else
-                   f"install a build of {dist.display_name} made for {describe(torch)}")
+                   f"the donor's torch)" if donor_dist and not moves and donor_dist.raw_version != dist.raw_version
+                   else f"install a build of {dist.display_name} made for {describe(torch)}")
         count = sum(len(s) for s in missing.values())
         first = next(iter(missing.items()))
         out.append(Finding(
             code="libtorch-abi", severity="error" if (moves or torch_moves) else "warning", dists=(name, "torch"),
             message=f"{describe(dist)}: {len(missing)} shared object(s) need {count} libtorch symbol(s) that "
-                    f"{describe(torch)} does not define ({why}); e.g. {first[0]} needs {', '.join(first[1][:_SHOWN])}",
+                    f"{describe(torch)} does not define ({why}); e.g. {first[0]} needs {first[1][0]}",
             hint=fix,
             files=tuple(sorted(missing)[:_SHOWN]),
         ))
