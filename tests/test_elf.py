@@ -254,3 +254,23 @@ def test_unimportable_pyelftools_is_a_host_error(venv):
     with pytest.raises(HostError, match=r"cannot import the pyelftools sent with the request in Python 3\.\d+\.\d+: "
                                         r"ModuleNotFoundError: No module named 'elftools\.elf'"):
         run_script(LocalHost(), str(venv), "elf_facts", request=request)
+
+
+def test_fatbin_with_many_distinct_entries_is_capped():
+    """A crafted fatbin with more distinct entries than any real one is read up to a cap (the
+    de-duplication is a dict, so this stays linear)."""
+    import importlib.util
+    import io
+    import struct
+
+    spec = importlib.util.spec_from_file_location(
+        "elf_facts_module", Path(__file__).parent.parent / "transplant" / "remote" / "elf_facts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    count = module.FATBIN_MAX_ENTRIES + 500
+    entries = b"".join(struct.pack("<HHIQIIHHIIIQQQ", 2, 0x101, 64, 0, 0, 0, 8, 1, arch, 0, 0, 0x11, 0, 0)
+                       for arch in range(1, count + 1))
+    blob = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(entries)) + entries
+    found = module.fatbin_entries(io.BytesIO(blob), 0, len(blob))
+    assert len(found) == module.FATBIN_MAX_ENTRIES
+    assert found[0] == {"kind": "sass", "arch": 1, "variant": ""}

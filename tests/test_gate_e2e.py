@@ -172,3 +172,17 @@ def test_target_python_pointing_to_nothing_is_interpreter_missing(gate, tmp_path
     error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert error["code"] == "interpreter-missing" and "points to nothing" in error["error"]
     assert "venv --upgrade /srv/gate-broken" in error["hint"]
+
+
+def test_no_code_of_the_venvs_runs_during_plan(gate, tmp_path, capsys):
+    """A .pth file is code Python's site runs at startup; the probe, the ELF reader and the applier
+    run with -I -S, so a donor's (or target's) .pth never runs and nothing is written there."""
+    donor = gate.hosts["donor"]
+    pth = donor.path(f"{DONOR}/{SITE}/zz-evil.pth")
+    pth.write_text("import os; open('/srv/pwned', 'w').write('ran')\n")
+    try:
+        assert main(["plan", _manifest(tmp_path, gate, ["tool"]), "--json"]) in (0, 2)
+        capsys.readouterr()
+        assert not donor.path("/srv/pwned").exists()
+    finally:
+        pth.unlink()

@@ -102,7 +102,8 @@ def editable_sglang():
 
 
 def test_case3_editable_install_whose_source_is_absent_on_the_target():
-    texts = {"__editable___sglang_0_5_23_finder.py": FINDER}
+    texts = {"__editable___sglang_0_5_23_finder.py": FINDER,
+             "__editable__.sglang-0.5.23.pth": "import __editable___sglang_0_5_23_finder\n"}
     result = run(["sglang"], [editable_sglang()], [], donor_kw={"texts": texts},
                  target_kw={"elsewhere": {"/donor/src/python": False, "/donor/src/python/sglang": False}})
     [f] = found(result, "editable-install")
@@ -114,6 +115,11 @@ def test_case3_editable_install_whose_source_is_absent_on_the_target():
     assert [f.severity for f in found(present, "editable-install")] == ["info"]
     regular = run(["sglang"], [dist("sglang", "0.5.23", {"sglang/__init__.py": "s"})], [])
     assert not found(regular, "editable-install")
+    # a finder whose MAPPING is code, not data, is never run: the plan says it could not check
+    hostile = {**texts, "__editable___sglang_0_5_23_finder.py": "MAPPING = __import__('os').system('touch /x')\n"}
+    hostile_plan = run(["sglang"], [editable_sglang()], [], donor_kw={"texts": hostile})
+    [f] = [f for f in found(hostile_plan, "editable-install") if f.severity == "warning"]
+    assert "could not be read as data" in f.message and "MAPPING" in f.message
 
 
 # --- record-drift (case 4) --------------------------------------------------------------------
@@ -409,3 +415,54 @@ def test_manifest_template_placeholder_is_named():
         parse_manifest({"version": 1, "donor": {"host": "@DONOR@", "venv": "/v"},
                         "target": {"host": "local", "venv": "/w"}, "overlay": ["a"]}, path="t.yaml")
     assert "donor.host: '@DONOR@' is a template placeholder" in str(caught.value)
+
+
+def test_acceptance_with_dists_does_not_cover_a_finding_without_any():
+    result = run(["a"], [dist("a", "1", {"a.py": "a"})], [], target_kw={"home_exists": False},
+                 accept=[{"code": "interpreter-missing", "dists": ["unrelated"], "reason": "no"}])
+    assert [f.accepted for f in found(result, "interpreter-missing")] == [None] and result.blocking
+
+
+def test_records_that_name_the_venv_itself_are_never_removed_or_written():
+    evil = dist("evil", "1", {"evil/__init__.py": "e"})
+    for row in ("../../../pyvenv.cfg", "../../../bin/python3.11", "../../../bin/activate"):
+        evil["record"].append({"path": row, "venv_path": row.replace("../../../", ""), "record_hash": None,
+                               "record_size": None, "exists": True, "mode": 0o644, "size": 10})
+    result = run(["a"], [dist("a", "1", {"a.py": "a"})], [evil], remove=["evil"])
+    [change] = [c for c in result.changes if c.name == "evil"]
+    assert not any(p in change.remove for p in ("pyvenv.cfg", "bin/python3.11", "bin/activate"))
+    [f] = found(result, "unsafe-path")
+    assert f.severity == "error" and f.files == ("bin/activate", "bin/python3.11", "pyvenv.cfg")
+    donor_evil = dist("evil", "2", {"evil/__init__.py": "e2"})
+    donor_evil["record"].append({"path": "../../../pyvenv.cfg", "venv_path": "pyvenv.cfg", "record_hash": None,
+                                 "record_size": None, "exists": True, "mode": 0o644, "size": 10, "hash": digest("x")})
+    moved = run(["evil"], [donor_evil], [])
+    assert "pyvenv.cfg" not in [c.path for c in moved.changes[0].copy]
+    assert [f.severity for f in found(moved, "unsafe-path")] == ["error"]
+
+
+def test_unreadable_binaries_are_said_not_passed():
+    wheel = dist("a", "1", {"a/x.so": "so", "a/y.so": "so"})
+    donor_elf = elf("d", ElfFacts(path=f"{SITE}/a/x.so", error="not an ELF file (starts with b'hello')"),
+                    so("a/y.so", notes=("its compressed .nv_fatbin section would inflate to 4294967296 bytes; not read",)))
+    [f] = found(run(["a"], [wheel], [], donor_elf=donor_elf, target_elf=elf("t")), "binary-unreadable")
+    assert f.severity == "warning" and f.files == (f"{SITE}/a/x.so", f"{SITE}/a/y.so")
+    assert not found(run(["a"], [wheel], [], donor_elf=elf("d", so("a/x.so"), so("a/y.so")), target_elf=elf("t")),
+                     "binary-unreadable")
+
+
+SH_EXEC = "'" * 3 + "exec'"
+
+
+@pytest.mark.parametrize("head, target, want", [
+    ("#!/donor/venv/bin/python\n", "/t x", f"#!/bin/sh\n{SH_EXEC} '/t x/bin/python' \"$0\" \"$@\"\n"),
+    ("#!/usr/bin/env /donor/venv/bin/python3\n", "/t", "#!/t/bin/python3\n"),
+    ("#!/donor/venv/bin/python\r\n", "/t", "#!/t/bin/python\r\n"),
+    (f"#!/bin/sh\n{SH_EXEC} \"/donor/venv/bin/python \"$0\" \"$@\"\n", "/t", None),  # unbalanced quote: left alone
+    (f"#!/bin/sh\n{SH_EXEC} '/donor/venv/bin/python' \"$0\" \"$@\"\n", "/t",
+     f"#!/bin/sh\n{SH_EXEC} /t/bin/python \"$0\" \"$@\"\n"),
+])
+def test_shebang_rewrites(head, target, want):
+    from transplant.rules.venvfiles import rewritten_head
+
+    assert rewritten_head(head, DONOR, target) == want

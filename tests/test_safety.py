@@ -249,12 +249,16 @@ def test_probe_reads_nvidia_smi(tmp_path):
     assert json.loads(out)["host"]["nvidia"] == {"available": False, "reason": "no nvidia-smi on PATH"}
 
 
-def test_a_hand_edited_plan_is_refused_even_with_paths_inside_the_venv(pair, capsys):
+@pytest.mark.parametrize("path, message", [
+    ("bin/python", "path 'bin/python' is part of the venv itself"),
+    ("lib/python3.11/site-packages/other/__init__.py", "its changes or findings are not what the manifest gives now"),
+])
+def test_a_hand_edited_plan_is_refused_even_with_paths_inside_the_venv(pair, capsys, path, message):
     tmp_path, m = pair
-    plan_file = tamper(tmp_path, m, lambda d: d["changes"][0]["remove"].append("bin/python"))
+    plan_file = tamper(tmp_path, m, lambda d: d["changes"][0]["remove"].append(path))
     before = snapshot(tmp_path / "target")
     assert main(["apply", str(plan_file), "--yes"]) == 1
-    assert "its changes or findings are not what the manifest gives now" in " ".join(capsys.readouterr().out.split())
+    assert message in " ".join(capsys.readouterr().out.split())
     assert snapshot(tmp_path / "target") == before and (tmp_path / "target" / "bin" / "python").exists()
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .errors import TransplantError
 from .hosts import Host, LocalHost
-from .inventory import inside_path
+from .inventory import inside_path, protected_path
 from .model import Plan
 from .probing import run_script, take_inventory
 from .state import expected_state, state_mismatches
@@ -74,6 +74,9 @@ def check_plan_paths(plan: Plan, manifest_dir: Path) -> None:
             if inside_path(path) != path:
                 raise ApplyError(f"refusing the plan: {change.name}: path {path!r} is not a normalised path "
                                  f"inside the venv", hint=_REPLAN)
+            if protected_path(path):
+                raise ApplyError(f"refusing the plan: {change.name}: path {path!r} is part of the venv itself",
+                                 hint=_REPLAN)
         for copy in change.copy:
             if copy.source == "donor":
                 continue

@@ -84,6 +84,8 @@ class ElfFacts:
         (see :func:`is_torch_symbol`), sorted; only gathered when the request asked.
     :ivar device_code: the fatbin entries, sorted; empty without a ``.nv_fatbin`` section
         or when the request did not ask.
+    :ivar notes: parts of the file that were not read, and why (a compressed fatbin too
+        large to inflate); the rules say these checks were not done.
     """
 
     path: str
@@ -95,6 +97,7 @@ class ElfFacts:
     version_needs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     torch_undefined: tuple[str, ...] = ()
     device_code: tuple[DeviceCode, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +190,7 @@ def _facts(label: str, rel: str, obj: Any) -> ElfFacts:
         version_needs=needs,
         torch_undefined=tuple(sorted(_strings(label, obj.get("torch_undefined"), f"{path}.torch_undefined"))),
         device_code=_device_code(label, obj.get("device_code"), f"{path}.device_code"),
+        notes=_strings(label, obj.get("notes"), f"{path}.notes"),
     )
 
 

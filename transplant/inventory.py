@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "inside_path",
     "link_escapes",
     "newest",
+    "protected_path",
 ]
 
 SCHEMA = "transplant.inventory/1"
@@ -302,6 +304,21 @@ def inside_path(path: str) -> str | None:
     if norm in (".", "..") or norm.startswith("../"):
         return None
     return norm
+
+
+_INTERPRETERS = re.compile(r"^(python(\d+(\.\d+)?)?|pythonw|activate(\.\w+)?|Activate\.ps1)$")
+
+
+def protected_path(path: str, scripts: str = "bin") -> bool:
+    """Whether a venv-relative path is part of the venv itself, which no distribution may
+    write or remove: ``pyvenv.cfg``, the interpreter links and activate scripts in the
+    scripts folder (``bin/python3.11``, ``bin/activate.fish``), and transplant's own
+    ``.transplant/`` state folder. A RECORD row naming one (``../../../pyvenv.cfg``) is
+    refused (``unsafe-path``)."""
+    if path == "pyvenv.cfg" or path == ".transplant" or path.startswith(".transplant/"):
+        return True
+    folder, _, name = path.rpartition("/")
+    return folder == scripts and bool(_INTERPRETERS.match(name))
 
 
 def link_escapes(path: str, target: str) -> bool:

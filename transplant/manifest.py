@@ -84,7 +84,8 @@ class Acceptance:
     :ivar code: the finding code (``lockstep-mismatch``).
     :ivar dists: normalised names or globs; a finding is accepted when every distribution
         it names matches one of them (empty: every finding with that code), so accepting
-        one fault never accepts a wider one with the same code.
+        one fault never accepts a wider one with the same code; a finding that names no
+        distribution is accepted only by an entry without ``dists``.
     :ivar reason: why, in the operator's words (shown beside the finding).
     """
 
@@ -96,7 +97,9 @@ class Acceptance:
         """Whether a finding with ``code`` about ``dists`` is accepted by this entry."""
         if code != self.code:
             return False
-        return not self.dists or all(any(fnmatchcase(d, p) for p in self.dists) for d in dists)
+        if not self.dists:
+            return True
+        return bool(dists) and all(any(fnmatchcase(d, p) for p in self.dists) for d in dists)
 
 
 @dataclass(frozen=True, kw_only=True)

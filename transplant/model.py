@@ -40,7 +40,7 @@ FINDING_CODES = (
     "cuda-major-mismatch", "cuda-variant-mismatch", "lockstep-mismatch", "libtorch-abi",
     "driver-too-old", "gpu-arch-unsupported", "editable-install", "record-drift", "script-prefix",
     "interpreter-missing", "record-missing", "unsafe-path", "overlay-no-match", "overlay-target-only",
-    "metadata-invalid", "remove-no-match", "accept-unused",
+    "metadata-invalid", "remove-no-match", "accept-unused", "binary-unreadable",
 )
 
 

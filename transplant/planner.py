@@ -21,7 +21,7 @@ from packaging.utils import NormalizedName
 from .binaries import ElfReport
 from .checks import EnvironmentAfter, compatibility_findings
 from .cuda import cuda_variant, describe_variant
-from .inventory import Distribution, FileEntry, Inventory, link_escapes, newest
+from .inventory import Distribution, FileEntry, Inventory, link_escapes, newest, protected_path
 from .manifest import Manifest
 from .model import Change, FileCopy, Finding, Plan, Side
 from .rules.venvfiles import rewritten_head
@@ -128,6 +128,7 @@ def _distribution_change(
     compiled: list[tuple[str, FileEntry]] = []
     unsafe = [e.record_path for e in new.record or () if e.path is None and not e.error]
     unsafe += [f"{p} -> {e.symlink}" for p, e in new.files.items() if e.symlink is not None and link_escapes(p, e.symlink)]
+    unsafe += [f"{p} (part of the venv itself)" for p in new.files if protected_path(p)]
     if unsafe:
         findings.append(Finding(
             code="unsafe-path", severity="error", dists=(name,),
@@ -139,7 +140,7 @@ def _distribution_change(
         ))
     broken = [f"{e.record_path}: {e.error}" for e in new.record or () if e.error]
     for path, entry in sorted(new.files.items()):
-        if path in patched or entry.error:
+        if path in patched or entry.error or protected_path(path):
             continue
         if entry.symlink is not None and link_escapes(path, entry.symlink):
             continue
@@ -183,6 +184,10 @@ def _distribution_change(
     keep = set(new.files) | patched | owned_elsewhere
     remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists and not e.error)
     remove = sorted(set(remove) | {p for p in _stale_dist_info(olds, new) if p not in keep})
+    refused = [p for p in remove if protected_path(p)]
+    if refused:
+        findings.append(_protected_finding(name, olds, refused))
+        remove = [p for p in remove if not protected_path(p)]
     if old is None:
         action = "add"
     elif not copies and not remove:
@@ -203,12 +208,30 @@ def _stale_dist_info(olds: list[Distribution], new: Distribution | None) -> list
     return [f"{o.dist_info}/{n}" for o in olds if new is None or o.dist_info != new.dist_info for n in o.listing]
 
 
-def _removal(name: NormalizedName, olds: list[Distribution], owned_elsewhere: set[str]) -> Change:
+def _protected_finding(name: NormalizedName, olds: list[Distribution], paths: list[str]) -> Finding:
+    old = newest(olds)
+    return Finding(
+        code="unsafe-path", severity="error", dists=(name,),
+        message=f"{old.display_name} {old.raw_version} on the target lists {len(paths)} file(s) of the venv itself "
+                f"in its RECORD ({', '.join(paths[:5])}); they are never removed",
+        hint=f"repair its RECORD on the target: {shlex.quote(old.dist_info + '/RECORD')} must not list them "
+             f"(or reinstall it: <target venv>/bin/python -m pip install --force-reinstall --no-deps "
+             f"{shlex.quote(f'{old.display_name}=={old.raw_version}')})",
+        files=tuple(paths[:20]),
+    )
+
+
+def _removal(name: NormalizedName, olds: list[Distribution], owned_elsewhere: set[str],
+             findings: list[Finding]) -> Change:
     """The change that uninstalls a target distribution named in the manifest's ``remove`` list."""
     files: set[str] = set()
     for o in olds:
         files.update(p for p, e in o.files.items() if e.exists and not e.error and p not in owned_elsewhere)
     files.update(p for p in _stale_dist_info(olds, None) if p not in owned_elsewhere)
+    refused = sorted(p for p in files if protected_path(p))
+    if refused:
+        findings.append(_protected_finding(name, olds, refused))
+        files -= set(refused)
     old = newest(olds)
     return Change(kind="distribution", name=name, action="remove",
                   reason=f"named in remove:; {len(files)} files to delete",
@@ -271,11 +294,11 @@ def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overl
         if any(fnmatchcase(n, pattern) for n in removed):
             continue
         moved = [n for n in overlaid if fnmatchcase(n, pattern)]
-        why = f"; the overlay brings {', '.join(moved)} from the donor instead" if moved else ""
         out.append(Finding(
             code="remove-no-match", severity="info" if any(ch in pattern for ch in "*?[") else "warning",
             dists=tuple(moved),
-            message=f"remove entry {pattern!r} matches no distribution on the target{why}",
+            message=(f"remove entry {pattern!r} removes nothing: the overlay brings {', '.join(moved)} from the donor"
+                     if moved else f"remove entry {pattern!r} matches no distribution on the target"),
             hint=f"fix its spelling or drop it from remove: in {manifest.path} (names are compared after PEP 503 "
                  f"normalisation)",
         ))
@@ -340,7 +363,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
         after[name] = new
     arriving = {p for n in names for p in newest(donor_by[n]).files}
     for name in removed:
-        changes.append(_removal(name, target_by[name], owned_elsewhere | patched | arriving))
+        changes.append(_removal(name, target_by[name], owned_elsewhere | patched | arriving, findings))
         del after[name]
     changes.sort(key=lambda c: c.name)
     changes.extend(_patch_changes(patches, target))

@@ -44,10 +44,13 @@ def run_script(
     python = venv_python(venv)
     label = f"{host.label}:{venv}"
     code = remote.source(script)
+    # the probe, the ELF reader and the applier run isolated: no site (a .pth file is code the
+    # venv would run), no PYTHON* variables, no user site-packages
+    flags = ["-I", "-S"] if script in remote.ISOLATED else []
     if request is None:
-        argv, stdin = [python, "-", *args], code
+        argv, stdin = [python, *flags, "-", *args], code
     else:
-        argv, stdin = [python, "-c", code.decode(), *args], json.dumps(request).encode()
+        argv, stdin = [python, *flags, "-c", code.decode(), *args], json.dumps(request).encode()
     result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
     lines = [line for line in result.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
     missing = b"No such file" in result.stderr or b"not found" in result.stderr

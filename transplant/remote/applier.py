@@ -29,8 +29,31 @@ import tempfile
 STATE = ".transplant"
 
 
+def venv_prefix():
+    """The venv this interpreter belongs to: the folder above ``bin/`` holding ``pyvenv.cfg``.
+
+    The controller starts host scripts with ``-I -S`` (no ``site``: a venv's ``.pth`` files
+    are code, and nothing of the venv may run), so ``sys.prefix`` is the base install
+    there; the venv is found from the interpreter's own path instead (never resolved).
+    """
+    candidate = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+        return os.path.normpath(candidate)
+    return os.path.normpath(sys.prefix)
+
+
+_PROTECTED = ("pyvenv.cfg", ".transplant")
+
+
 def _resolve(prefix, rel):
+    """Full path of a venv-relative path, or None when it leaves the venv or is part of the
+    venv itself (pyvenv.cfg, bin/python*, bin/activate*, .transplant/)."""
     if not rel or rel.startswith("/") or "\0" in rel:
+        return None
+    norm = os.path.normpath(rel)
+    top = norm.split(os.sep)[0]
+    name = os.path.basename(norm)
+    if top in _PROTECTED or (os.path.dirname(norm) == "bin" and (name.startswith(("python", "activate", "Activate")))):
         return None
     full = os.path.normpath(os.path.join(prefix, rel))
     real_prefix = os.path.realpath(prefix)
@@ -45,7 +68,7 @@ def remove(prefix, paths):
     for rel in paths:
         full = _resolve(prefix, rel)
         if full is None:
-            return {"ok": False, "error": "refused: {!r} leaves the venv {}".format(rel, prefix),
+            return {"ok": False, "error": "refused: {!r} leaves the venv {} or is part of the venv itself".format(rel, prefix),
                     "removed": 0, "missing": []}
         resolved.append(full)
     for full in resolved:
@@ -104,7 +127,7 @@ def heads(prefix, scripts):
         rel = item.get("path", "")
         full = _resolve(prefix, rel)
         if full is None:
-            return {"ok": False, "error": "refused: {!r} leaves the venv {}".format(rel, prefix), "removed": 0,
+            return {"ok": False, "error": "refused: {!r} leaves the venv {} or is part of the venv itself".format(rel, prefix), "removed": 0,
                     "missing": []}
         try:
             st = os.lstat(full)
@@ -145,7 +168,7 @@ def record(prefix, entry):
 
 
 def main(argv):
-    prefix = os.path.normpath(sys.prefix)
+    prefix = venv_prefix()
     request = json.load(sys.stdin)
     op = argv[0] if argv else ""
     if op == "remove":

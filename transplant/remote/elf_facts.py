@@ -14,7 +14,7 @@ Request (one JSON object on standard input):
 * ``modules``: ``{"elftools/__init__.py": "<source>", ...}``, POSIX paths relative to
   site-packages; a package is the key ending in ``/__init__.py``.
 * ``files``: venv-relative POSIX paths of the shared objects to describe. An absolute
-  path, one that leaves the venv prefix (``sys.prefix``) once normalised or once symlinks
+  path, one that leaves the venv prefix (see :func:`venv_prefix`) once normalised or once symlinks
   are resolved, a missing file or one that is not ELF gets an ``error``; the others are
   still described.
 * ``torch_symbols`` (default true): list each file's undefined, non-weak dynamic symbols
@@ -216,8 +216,8 @@ def fatbin_entries(stream, start, size):
     container or the section). Entries other than PTX and SASS (LTO IR) are skipped;
     duplicates (one per translation unit) are reported once.
     """
-    entries, end, position = [], start + size, start
-    while position + FATBIN_CONTAINER.size <= end:
+    entries, end, position = {}, start + size, start
+    while position + FATBIN_CONTAINER.size <= end and len(entries) < FATBIN_MAX_ENTRIES:
         stream.seek(position)
         head = stream.read(FATBIN_CONTAINER.size)
         if len(head) < FATBIN_CONTAINER.size:
@@ -229,12 +229,17 @@ def fatbin_entries(stream, start, size):
         if not _container_entries(stream, body, stop, entries):
             break
         position = stop
-    return entries
+    return list(entries.values())
+
+
+FATBIN_MAX_ENTRIES = 4096  # distinct (kind, arch, variant) triples; real fatbins hold a few dozen
+FATBIN_MAX_INFLATED = 64 << 20  # bytes: a compressed .nv_fatbin section larger than this is not inflated
 
 
 def _container_entries(stream, position, stop, entries):
-    """Append one container's entries; False when it was malformed (stop reading)."""
-    while position + FATBIN_ENTRY.size <= stop:
+    """Add one container's entries to ``entries`` (a dict keyed by (kind, arch, variant));
+    False when it was malformed (stop reading)."""
+    while position + FATBIN_ENTRY.size <= stop and len(entries) < FATBIN_MAX_ENTRIES:
         stream.seek(position)
         head = stream.read(FATBIN_ENTRY.size)
         if len(head) < FATBIN_ENTRY.size:
@@ -246,11 +251,13 @@ def _container_entries(stream, position, stop, entries):
             return False
         if kind in FATBIN_KINDS and arch > 0:
             variant = "f" if flags & FLAG_FAMILY_SPECIFIC else "a" if flags & FLAG_ARCH_SPECIFIC else ""
-            entry = {"kind": FATBIN_KINDS[kind], "arch": arch, "variant": variant}
-            if entry not in entries:
-                entries.append(entry)
+            entries.setdefault((kind, arch, variant), {"kind": FATBIN_KINDS[kind], "arch": arch, "variant": variant})
         position = following
     return position == stop
+
+
+class FatbinTooLarge(Exception):
+    """A compressed .nv_fatbin section too large to inflate (a decompression bomb or worse)."""
 
 
 def device_code(elf, sections):
@@ -259,6 +266,9 @@ def device_code(elf, sections):
     if section is None or section["sh_type"] == "SHT_NOBITS":
         return []
     if section["sh_flags"] & SHF_COMPRESSED:
+        inflated = getattr(section, "data_size", None)
+        if not isinstance(inflated, int) or inflated > FATBIN_MAX_INFLATED:
+            raise FatbinTooLarge("its compressed .nv_fatbin section would inflate to {} bytes; not read".format(inflated))
         data = section.data()
         return fatbin_entries(io.BytesIO(data), 0, len(data))
     return fatbin_entries(elf.stream, section["sh_offset"], section["sh_size"])
@@ -270,6 +280,12 @@ def facts(elf, torch_symbols, want_device_code):
     soname, needed = dynamic_names(sections)
     links_torch = any(name.startswith(TORCH_LIBS) for name in needed)
     machine = elf["e_machine"]
+    code, notes = [], []
+    if want_device_code:
+        try:
+            code = device_code(elf, sections)
+        except FatbinTooLarge as exc:
+            notes.append(str(exc))
     return {
         "error": None,
         "machine": machine if isinstance(machine, str) else f"EM_{machine}",
@@ -278,7 +294,8 @@ def facts(elf, torch_symbols, want_device_code):
         "needed": needed,
         "version_needs": version_needs(sections),
         "torch_undefined": torch_undefined(sections) if torch_symbols and links_torch else [],
-        "device_code": device_code(elf, sections) if want_device_code else [],
+        "device_code": code,
+        "notes": notes,
     }
 
 
@@ -386,6 +403,19 @@ def libstdcxx():
     return {"path": path, "versions": versions}
 
 
+def venv_prefix():
+    """The venv this interpreter belongs to: the folder above ``bin/`` holding ``pyvenv.cfg``.
+
+    The controller starts host scripts with ``-I -S`` (no ``site``: a venv's ``.pth`` files
+    are code, and nothing of the venv may run), so ``sys.prefix`` is the base install
+    there; the venv is found from the interpreter's own path instead (never resolved).
+    """
+    candidate = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+        return os.path.normpath(candidate)
+    return os.path.normpath(sys.prefix)
+
+
 def main(argv):
     started = time.monotonic()
     request = json.load(sys.stdin)
@@ -395,7 +425,7 @@ def main(argv):
         sys.stderr.write("elf_facts: cannot import the pyelftools sent with the request in Python {}: {}: {}\n"
                          .format(".".join(map(str, sys.version_info[:3])), type(exc).__name__, exc))
         return 1
-    prefix = os.path.normpath(sys.prefix)
+    prefix = venv_prefix()
     torch_symbols = request.get("torch_symbols", True)
     want_device_code = request.get("device_code", False)
     skip = set(request.get("torch_symbols_skip") or [])

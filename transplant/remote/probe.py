@@ -74,6 +74,25 @@ def file_hash(path):
     return "sha256=" + encoded, size
 
 
+def venv_prefix():
+    """The venv this interpreter belongs to: the folder above ``bin/`` holding ``pyvenv.cfg``.
+
+    The controller starts host scripts with ``-I -S`` (no ``site``: a venv's ``.pth`` files
+    are code, and nothing of the venv may run), so ``sys.prefix`` is the base install
+    there; the venv is found from the interpreter's own path instead (never resolved).
+    """
+    candidate = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+        return os.path.normpath(candidate)
+    return os.path.normpath(sys.prefix)
+
+
+def venv_paths(prefix):
+    """sysconfig's install paths for ``prefix`` (purelib, platlib, scripts...)."""
+    base = {"base": prefix, "platbase": prefix, "installed_base": prefix, "installed_platbase": prefix}
+    return sysconfig.get_paths(vars=base)
+
+
 _REALPATHS = {}
 
 
@@ -260,13 +279,17 @@ def _file_facts(full, hashed):
 
 
 def _direct_url(dist_dir):
-    text = _read(os.path.join(dist_dir, "direct_url.json"))
-    if text is None:
+    """PEP 610 ``direct_url.json`` as an object; ``{"unreadable": true}`` when it is not a
+    JSON object (or larger than 64 KiB); None when absent."""
+    path = os.path.join(dist_dir, "direct_url.json")
+    if not os.path.lexists(path):
         return None
+    text = _read_small(path)
     try:
-        return json.loads(text)
-    except ValueError:
-        return {"unreadable": True}
+        value = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        value = None
+    return value if isinstance(value, dict) else {"unreadable": True}
 
 
 def _listing(dist_dir):
@@ -454,8 +477,8 @@ def _elsewhere(paths):
 def _arguments(argv):
     if argv == ["--stdin"]:
         request = json.load(sys.stdin)
-        site = sysconfig.get_paths()["purelib"]
-        prefix = os.path.normpath(sys.prefix)
+        prefix = venv_prefix()
+        site = venv_paths(prefix)["purelib"]
         files = list(request.get("files", []))
         for rel in request.get("site_files", []):
             files.append(os.path.relpath(os.path.join(site, rel), prefix).replace(os.sep, "/"))
@@ -479,8 +502,8 @@ def main(argv):
     """Print the inventory document of the running interpreter's venv; return 0."""
     started = time.time()
     patterns, files = _arguments(argv)
-    prefix = os.path.normpath(sys.prefix)
-    paths = sysconfig.get_paths()
+    prefix = venv_prefix()
+    paths = venv_paths(prefix)
     sites = []
     for key in ("purelib", "platlib"):
         if paths[key] not in sites:

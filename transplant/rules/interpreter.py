@@ -19,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 from ..model import Finding
 from .env import EnvironmentAfter, describe
 
-__all__ = ["interpreter_findings", "python_abi_findings", "platform_findings"]
+__all__ = ["interpreter_findings", "python_abi_findings", "platform_findings", "unread_findings"]
 
 _EXT = re.compile(r"\.(cpython-\d+[a-z]*)-[^/]*\.so$")
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(.+)$")
@@ -173,5 +173,28 @@ def platform_findings(env: EnvironmentAfter) -> list[Finding]:
                  f"there: {shlex.join([f'{t.prefix}/bin/python', '-m', 'pip', 'install', f'{dist.display_name}=={dist.version.public if dist.version else dist.raw_version}'])}"
                  f" (or upgrade the target's OS to glibc/libstdc++ at least as new as the donor's)",
             files=tuple(p.split(" ", 1)[0] for p in problems if "/" in p.split(" ", 1)[0])[:_SHOWN],
+        ))
+    return out
+
+
+def unread_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``binary-unreadable``: overlaid shared objects the ELF reader could not read (not ELF,
+    truncated, refused) or read only in part; the binary checks did not cover them, and
+    the plan says so rather than passing them silently."""
+    out = []
+    for name in env.overlaid:
+        dist = env.after[name]
+        problems = [f"{f.path}: {f.error}" for f in env.objects(name) if f.error]
+        problems += [f"{f.path}: {note}" for f in env.objects(name) for note in f.notes]
+        if not problems:
+            continue
+        out.append(Finding(
+            code="binary-unreadable", severity="warning", dists=(name,),
+            message=f"{describe(dist)}: {len(problems)} shared object(s) could not be read (fully) as ELF, so the "
+                    f"platform, CUDA and libtorch checks did not cover them: " + "; ".join(problems[:3])
+                    + (f"; and {len(problems) - 3} more" if len(problems) > 3 else ""),
+            hint=f"reinstall {dist.display_name} on the donor from its wheel, or check those files by hand "
+                 f"(readelf -d FILE)",
+            files=tuple(p.split(": ", 1)[0] for p in problems[:_SHOWN]),
         ))
     return out

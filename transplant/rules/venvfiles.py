@@ -22,19 +22,31 @@ from .env import EnvironmentAfter, describe, pip
 __all__ = ["editable_sources", "editable_findings", "shebang_interpreter", "rewritten_head", "script_findings",
            "drift_findings"]
 
+_SH_EXEC = "'" * 3 + "exec'"  # pip's /bin/sh form: the second line starts with this
 _MAPPING = re.compile(r"^MAPPING\s*(?::[^=\n]*)?=\s*(\{.*?\})\s*$", re.M | re.S)
 _SHOWN = 10
 
 
+class _Unreadable(Exception):
+    """An editable-install mapping that cannot be read as data."""
+
+
 def _finder_paths(text: str) -> list[str]:
+    """The folders of a setuptools ``__editable__`` finder's ``MAPPING`` literal (read as data
+    with ``ast.literal_eval``, never run).
+
+    :raises _Unreadable: no literal ``MAPPING`` dict.
+    """
     match = _MAPPING.search(text)
     if not match:
-        return []
+        raise _Unreadable("no MAPPING = {...} literal")
     try:
         mapping = ast.literal_eval(match.group(1))
-    except (ValueError, SyntaxError):
-        return []
-    return [v for v in mapping.values() if isinstance(v, str)] if isinstance(mapping, dict) else []
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise _Unreadable("its MAPPING is not a literal") from None
+    if not isinstance(mapping, dict):
+        raise _Unreadable("its MAPPING is not a dict")
+    return [v for v in mapping.values() if isinstance(v, str)]
 
 
 def _pth_paths(text: str) -> list[str]:
@@ -45,25 +57,37 @@ def _pth_paths(text: str) -> list[str]:
 def editable_sources(dist: Distribution, inv: Inventory) -> list[str]:
     """Absolute folders an editable install of ``dist`` imports from, on ``inv``'s host (sorted).
 
-    Read from ``direct_url.json`` (``file://`` URL with ``dir_info.editable``), the
+    Read from ``direct_url.json`` (a local ``file://`` URL with ``dir_info.editable``), the
     ``__editable__`` finders and ``.pth`` files its RECORD lists, and a
     ``<name>.egg-link`` at the top of site-packages.
     """
+    return _editable(dist, inv)[0]
+
+
+def _editable(dist: Distribution, inv: Inventory) -> tuple[list[str], list[str]]:
+    """(source folders, mapping files that could not be read) of an editable install."""
     paths: set[str] = set()
+    unread: list[str] = []
     info = dist.direct_url or {}
     dir_info = info.get("dir_info") if isinstance(info, dict) else None
     if isinstance(dir_info, dict) and dir_info.get("editable") is True and isinstance(info.get("url"), str):
         parsed = urlparse(info["url"])
-        if parsed.scheme == "file" and parsed.path:
+        if parsed.scheme == "file" and parsed.path and parsed.netloc in ("", "localhost"):
             paths.add(unquote(parsed.path))
     for rel in dist.files:
+        base = rel.rsplit("/", 1)[-1]
+        is_finder = base.startswith("__editable__") and base.endswith(".py")
+        if not (is_finder or base.endswith(".pth")):
+            continue
         text = inv.texts.get(rel)
         if text is None:
-            continue
-        base = rel.rsplit("/", 1)[-1]
-        if base.startswith("__editable__") and base.endswith(".py"):
-            paths.update(_finder_paths(text))
-        elif base.endswith(".pth"):
+            unread.append(f"{rel} (too large or unreadable)")
+        elif is_finder:
+            try:
+                paths.update(_finder_paths(text))
+            except _Unreadable as exc:
+                unread.append(f"{rel} ({exc})")
+        else:
             paths.update(_pth_paths(text))
     for rel, text in inv.texts.items():
         stem = rel.rsplit("/", 1)[-1]
@@ -72,7 +96,7 @@ def editable_sources(dist: Distribution, inv: Inventory) -> list[str]:
             first = text.splitlines()[0].strip() if text.splitlines() else ""
             if first.startswith("/"):
                 paths.add(first)
-    return sorted(posixpath.normpath(p) for p in paths)
+    return sorted(posixpath.normpath(p) for p in paths if "\0" not in p), unread
 
 
 def editable_findings(env: EnvironmentAfter) -> list[Finding]:
@@ -82,7 +106,16 @@ def editable_findings(env: EnvironmentAfter) -> list[Finding]:
     out = []
     for name in env.overlaid:
         dist = env.after[name]
-        sources = editable_sources(dist, env.donor)
+        sources, unread = _editable(dist, env.donor)
+        if unread:
+            out.append(Finding(
+                code="editable-install", severity="warning", dists=(name,),
+                message=f"{describe(dist)} looks like an editable install, but its mapping could not be read as "
+                        f"data: {', '.join(unread[:3])}; where it imports from was not checked",
+                hint=f"reinstall it as a regular install on the donor ({pip(env.donor.interpreter.prefix)} install "
+                     f"--no-deps --force-reinstall SOURCE), or check the mapping by hand",
+                files=tuple(u.split(" (", 1)[0] for u in unread[:_SHOWN]),
+            ))
         if not sources:
             continue
         missing = [p for p in sources if not env.target.elsewhere.get(p, False)]
@@ -91,16 +124,17 @@ def editable_findings(env: EnvironmentAfter) -> list[Finding]:
             out.append(Finding(
                 code="editable-install", severity="error", dists=(name,),
                 message=f"{describe(dist)} is an editable install on the donor importing from "
-                        f"{', '.join(missing)}, which does not exist on the target; copying its dist-info and "
+                        f"{', '.join(missing[:_SHOWN])}{' and more' if len(missing) > _SHOWN else ''}, which does "
+                        f"not exist on the target; copying its dist-info and "
                         f"finder would leave 'import' failing there",
                 hint=f"reinstall it from its source as a regular install on the donor: {donor_python} -m pip install "
                      f"--no-deps --force-reinstall {shlex.quote(missing[0])}; or remove {name!r} from overlay",
-                files=tuple(missing),
+                files=tuple(missing[:_SHOWN]),
             ))
         else:
             out.append(Finding(
                 code="editable-install", severity="info", dists=(name,),
-                message=f"{describe(dist)} is an editable install importing from {', '.join(sources)}, which exists "
+                message=f"{describe(dist)} is an editable install importing from {', '.join(sources[:_SHOWN])}, which exists "
                         f"on the target too; the target runs whatever that folder holds there",
                 hint=f"to pin the code, reinstall it as a regular install on the donor: {donor_python} -m pip install "
                      f"--no-deps --force-reinstall {shlex.quote(sources[0])}",
@@ -109,25 +143,46 @@ def editable_findings(env: EnvironmentAfter) -> list[Finding]:
 
 
 def shebang_interpreter(head: str) -> str | None:
-    """The interpreter a script head runs: ``#!/v/bin/python`` -> ``/v/bin/python``; pip's
-    ``#!/bin/sh`` + ``'''exec' /v/bin/python "$0" "$@"`` form -> ``/v/bin/python``; None otherwise."""
+    """The interpreter a script head runs: ``#!/v/bin/python`` -> ``/v/bin/python``;
+    ``#!/usr/bin/env /v/bin/python`` -> ``/v/bin/python``; pip's ``#!/bin/sh`` +
+    ``'''exec' "/v/bin/python" "$0" "$@"`` form -> ``/v/bin/python``; None otherwise
+    (also for a head that does not parse)."""
     lines = head.splitlines()
     if not lines or not lines[0].startswith("#!"):
         return None
-    if lines[0].strip() == "#!/bin/sh" and len(lines) > 1 and lines[1].startswith("'''exec'"):
-        parts = shlex.split(lines[1][len("'''exec'"):], posix=True)
+    if lines[0].strip() == "#!/bin/sh" and len(lines) > 1 and lines[1].startswith(_SH_EXEC):
+        try:
+            parts = shlex.split(lines[1][len(_SH_EXEC):], posix=True)
+        except ValueError:
+            return None
         return parts[0] if parts else None
     words = lines[0][2:].strip().split()
+    if len(words) > 1 and words[0].endswith("/env"):
+        words = [w for w in words[1:] if not w.startswith("-")]
     return words[0] if words else None
+
+
+#: Longest interpreter line a shebang may carry here (the kernel reads 128 bytes before Linux 5.1).
+_SHEBANG_MAX = 127
 
 
 def rewritten_head(head: str, donor_prefix: str, target_prefix: str) -> str | None:
     """The head a script must get on the target when its interpreter lies in the donor's
-    prefix (the prefix replaced by the target's), or None when it needs no rewrite."""
+    prefix, or None when it needs no rewrite.
+
+    The interpreter becomes the target's ``bin/<same name>``; when that path has a space
+    or a shell character, or is too long for a shebang, pip's ``#!/bin/sh`` + ``'''exec'``
+    form is written with the path shell-quoted (as pip's script maker does).
+    """
     interpreter = shebang_interpreter(head)
     if interpreter is None or donor_prefix == target_prefix or not interpreter.startswith(donor_prefix + "/"):
         return None
-    return head.replace(donor_prefix + "/", target_prefix + "/")
+    new = target_prefix + interpreter[len(donor_prefix):]
+    ending = "\r\n" if head.splitlines(keepends=True)[0].endswith("\r\n") else "\n"
+    sh_form = head.startswith("#!/bin/sh") and len(head.splitlines()) > 1
+    if sh_form or len(new) + 2 > _SHEBANG_MAX or any(ch in new for ch in " \t\"'$`\\"):
+        return f"#!/bin/sh{ending}{_SH_EXEC} {shlex.quote(new)} \"$0\" \"$@\"{ending}"
+    return f"#!{new}{ending}"
 
 
 def script_findings(env: EnvironmentAfter) -> list[Finding]:
