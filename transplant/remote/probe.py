@@ -231,9 +231,13 @@ def _script_facts(path):
     except OSError:
         return None, None, None
     head, body = script_head(data)
-    if head is None:
+    try:
+        text = head.decode("utf-8") if head is not None else None
+    except UnicodeDecodeError:
+        text = None  # a head that is not UTF-8 cannot be rewritten byte for byte: it is copied as it is
+    if text is None:
         return _digest(data), None, None
-    return _digest(data), head.decode("utf-8", "replace"), _digest(body)
+    return _digest(data), text, _digest(body)
 
 
 def _run_hash_jobs():
