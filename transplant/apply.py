@@ -1,19 +1,19 @@
-"""Apply a plan to the target (edge): move the differing files, remove stale ones, check.
+"""Apply a plan to the target as a transaction (edge).
 
-Order, so that a half-copied distribution does not look installed: package files
-first, then the donor's dist-info folders, then patch files, then the shebangs of
-console scripts from the donor are rewritten for the target's prefix, then the removals (old
-files and old dist-info folders); last, every path the plan touched is hashed again on
-the target and must equal the planned state hash for hash (the files it left alone were
-found identical when the plan was made). rsync writes each file under a temporary name in its
-folder and renames it into place, so other hardlinks to a replaced file keep their
-bytes. A history line is appended to ``<venv>/.transplant/history.jsonl`` before and
-after.
+The target is locked; new files are staged inside the venv's state folder
+(``<venv>/.transplant/txn/<id>/staged``) and only then renamed into place, in the order
+of :func:`transplant.state.transaction_steps` (per distribution the dist-info last), each
+replaced or removed file kept as a hardlink backup; last, every path the plan touched is
+hashed again and must equal the planned state hash for hash. An interrupted transaction
+is finished (``--resume``) or undone (``--rollback``) by :mod:`transplant.txn`; every
+transaction stays recorded in ``<venv>/.transplant/`` for ``transplant history`` and
+``transplant rollback``.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -26,11 +26,11 @@ from .errors import TransplantError
 from .hosts import Host, LocalHost
 from .inventory import inside_path, protected_path
 from .model import Plan
-from .probing import run_script, take_inventory
-from .state import expected_state, state_mismatches
+from . import txn
+from .state import expected_state, transaction_steps
 from .transfer import copy_files
 
-__all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "default_state_dir"]
+__all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "default_state_dir", "new_transaction_id"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -105,6 +105,11 @@ def _stage_patches(plan: Plan, manifest_dir: Path, staging: Path) -> list[str]:
     return paths
 
 
+def new_transaction_id() -> str:
+    """``20261130T143000Z-1a2b3c4d``: sorts by time, unique per apply."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
 def execute(
     plan: Plan,
     *,
@@ -114,37 +119,40 @@ def execute(
     state_dir: Path,
     progress: Progress | None = None,
     timeout: float | None = None,
+    say: Callable[[str], None] = lambda _line: None,
+    break_lock: bool = False,
+    crash_after: int | None = None,
 ) -> ApplyResult:
-    """Carry out ``plan``: copy, remove, then check the target against the planned state.
+    """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
+
+    Lock the target; refuse while an earlier transaction there is interrupted; check free
+    space and writability and record the state before (nothing is written before these
+    pass); copy every new file into the transaction's staging folder inside the venv's
+    state folder (rsync); rewrite console-script shebangs there; then commit: the
+    ordered renames and removals of :func:`transplant.state.transaction_steps`, each
+    replaced or removed file kept as a hardlink backup. Last, every touched path is
+    hashed again and must equal the plan. A failure before the commit discards the
+    staging (the live venv never changed); a failure during it leaves a transaction that
+    ``apply --resume`` finishes or ``apply --rollback`` undoes.
 
     :param donor: connected donor host; :param target: connected target host.
     :param manifest_dir: folder the patch sources are relative to.
     :param state_dir: the controller's state folder (staging for relayed copies).
     :param progress: called with (step name, bytes done, bytes in all).
     :param timeout: seconds for each transfer; None waits without limit.
-    :raises ApplyError: a path in the plan leaves its root (checked before any write), a
-        host script refused a path, or the target differs from the plan afterwards
-        (``mismatches`` names the files).
-    :raises HostError: a host could not be reached or rsync failed.
+    :param say: called with a line for each notice (a stale lock broken).
+    :param break_lock: take the lock even when another controller holds it.
+    :param crash_after: testing hook: the commit kills itself (SIGKILL) before that step.
+    :raises ApplyError: a path in the plan leaves its root (checked before any write), the
+        target lacks space or cannot be written (nothing changed), an earlier transaction
+        is interrupted, or the target differs from the plan afterwards (``mismatches``).
+    :raises TransactionError: the target is locked, or a transaction step failed.
+    :raises HostError: a host could not be reached or rsync failed (nothing changed).
     """
     check_plan_paths(plan, manifest_dir)
     started = time.monotonic()
-    transaction = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    txid = new_transaction_id()
     venv = plan.target.venv
-    run_script(target, venv, "applier", ["record"], request={"entry": {
-        "id": transaction, "event": "started", "time": time.time(), "donor": plan.donor.label,
-        "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint}})
-    staging = state_dir / "staging"
-    staging.mkdir(parents=True, exist_ok=True)
-    dist_infos = [c.dist_info + "/" for c in plan.changes if c.dist_info]
-    donor_files = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
-    package_files = [p for p in donor_files if not any(p.startswith(d) for d in dist_infos)]
-    metadata_files = [p for p in donor_files if any(p.startswith(d) for d in dist_infos)]
-    moved = copied = 0
-
-    def report(step: str) -> Callable[[int, int], None] | None:
-        return None if progress is None else (lambda done, total: progress(step, done, total))
-
     steps: list[tuple[str, float]] = []
     mark = time.monotonic()
 
@@ -154,53 +162,102 @@ def execute(
         steps.append((name, now - mark))
         mark = now
 
-    for step, paths in (("package files", package_files), ("dist-info", metadata_files)):
-        if paths:
-            result = copy_files(donor, plan.donor.venv, target, venv, paths, staging=staging,
-                                progress=report(step), timeout=timeout)
-            moved += result.bytes
-            copied += len(paths)
+    txn.acquire(target, venv, txid, f"transplant apply {plan.manifest}", say=say, break_lock=break_lock)
+    try:
+        pending = txn.interrupted(target, venv)
+        if pending:
+            raise ApplyError(
+                f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
+                f"finish it or undo it first",
+                hint=f"transplant apply {shlex.quote(plan.manifest)} --resume   (or --rollback)")
+        expected = expected_state(plan)
+        order = transaction_steps(plan)
+        reply = txn.call(target, venv, "begin", {
+            "id": txid, "steps": order, "after": expected, "bytes": plan.copy_bytes,
+            "source": f"donor {plan.donor.label}"}, check=False)
+        if not reply.get("ok"):
+            raise _begin_error(plan, reply)
+        txn.call(target, venv, "record", {"entry": {
+            "id": txid, "event": "started", "time": time.time(), "source": f"donor {plan.donor.label}",
+            "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint}})
+        try:
+            moved, copied = _stage(plan, donor, target, reply["staged"], manifest_dir, state_dir, progress, timeout)
+            scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
+                       for c in plan.changes for cp in c.copy if cp.head is not None]
+            if scripts:
+                txn.call(target, venv, "heads", {"id": txid, "scripts": scripts})
+        except BaseException:
+            txn.call(target, venv, "discard", {"id": txid}, check=False)
+            txn.call(target, venv, "record", {"entry": {"id": txid, "event": "aborted", "time": time.time()}},
+                     check=False)
+            raise
+        lap("transfer")
+        extra = {"crash_after": crash_after} if crash_after is not None else {}
+        done = txn.call(target, venv, "commit", {"id": txid, **extra})
+        lap("commit")
+        mismatches = txn.check_state(target, venv, expected)
+        lap("check")
+        outcome = "applied" if not mismatches else "differs"
+        txn.call(target, venv, "record", {"entry": {
+            "id": txid, "event": outcome, "time": time.time(), "files_copied": copied,
+            "files_removed": done.get("removed", 0)}})
+    finally:
+        txn.release(target, venv, txid)
+    if mismatches:
+        raise ApplyError(
+            f"{plan.target.label}: after apply, {len(mismatches)} files differ from the plan",
+            hint=f"undo it: transplant rollback {shlex.quote(plan.manifest)}; then plan again",
+            mismatches=mismatches,
+        )
+    return ApplyResult(transaction=txid, files_copied=copied, bytes_moved=moved,
+                       files_removed=int(done.get("removed", 0)), seconds=time.monotonic() - started,
+                       steps=tuple(steps))
+
+
+def _begin_error(plan: Plan, reply: dict) -> ApplyError:
+    """The error for a transaction the target refused to begin (nothing was written)."""
+    if reply.get("error") == "not enough space":
+        from .render import human_bytes
+
+        return ApplyError(
+            f"{plan.target.label}: not enough space for the transaction: it needs {human_bytes(reply['needed'])} "
+            f"(the new files, staged beside the venv before any is renamed into place, plus a margin) and "
+            f"{human_bytes(reply['free'])} is free; nothing was changed",
+            hint="free space on the target's filesystem, then apply again")
+    if reply.get("unwritable"):
+        return ApplyError(f"{plan.target.label}: {reply['error']}; nothing was changed",
+                          hint="make those folders writable (or remount them read-write), then apply again")
+    return ApplyError(f"{plan.target.label}: the transaction could not begin: {reply.get('error')}; nothing was "
+                      f"changed")
+
+
+def _stage(plan: Plan, donor: Host, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
+           progress: Progress | None, timeout: float | None) -> tuple[int, int]:
+    """Copy the plan's new files into the transaction's staging folder on the target;
+    returns (bytes on the wire, files)."""
+    staging = state_dir / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    donor_files = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
+    moved = copied = 0
+
+    def report(step: str) -> Callable[[int, int], None] | None:
+        return None if progress is None else (lambda done, total: progress(step, done, total))
+
+    if donor_files:
+        result = copy_files(donor, plan.donor.venv, target, staged, donor_files, staging=staging,
+                            progress=report("files"), timeout=timeout)
+        moved, copied = result.bytes, len(donor_files)
     patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))
     try:
         patch_paths = _stage_patches(plan, manifest_dir, patch_dir)
         if patch_paths:
-            result = copy_files(LocalHost(), str(patch_dir), target, venv, patch_paths, staging=staging,
+            result = copy_files(LocalHost(), str(patch_dir), target, staged, patch_paths, staging=staging,
                                 progress=report("patches"), timeout=timeout)
             moved += result.bytes
             copied += len(patch_paths)
     finally:
         shutil.rmtree(patch_dir, ignore_errors=True)
-    scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
-               for c in plan.changes for cp in c.copy if cp.head is not None]
-    if scripts:
-        reply = run_script(target, venv, "applier", ["heads"], request={"scripts": scripts})
-        if not reply.get("ok"):
-            raise ApplyError(f"{plan.target.label}: rewriting console scripts: {reply.get('error')}")
-    lap("transfer")
-    expected = expected_state(plan)
-    removals = sorted(p for p, want in expected.items() if want is None)
-    removed = 0
-    if removals:
-        reply = run_script(target, venv, "applier", ["remove"], request={"paths": removals})
-        if not reply.get("ok"):
-            raise ApplyError(f"{plan.target.label}: {reply.get('error')}")
-        removed = int(reply.get("removed", 0))
-    lap("removals")
-    after = take_inventory(target, venv, files=sorted(expected), record=False)
-    mismatches = state_mismatches(expected, after)
-    lap("check")
-    outcome = "applied" if not mismatches else "differs"
-    run_script(target, venv, "applier", ["record"], request={"entry": {
-        "id": transaction, "event": outcome, "time": time.time(), "files_copied": copied,
-        "files_removed": removed, "target_after": after.fingerprint}})
-    if mismatches:
-        raise ApplyError(
-            f"{plan.target.label}: after apply, {len(mismatches)} files differ from the plan",
-            hint="run transplant plan again to see the target's state, then apply again",
-            mismatches=mismatches,
-        )
-    return ApplyResult(transaction=transaction, files_copied=copied, bytes_moved=moved,
-                       files_removed=removed, seconds=time.monotonic() - started, steps=tuple(steps))
+    return moved, copied
 
 
 def default_state_dir() -> Path:

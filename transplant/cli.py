@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -25,17 +26,18 @@ from rich.text import Text
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
-from .apply import check_plan_paths, default_state_dir, execute
+from .apply import check_plan_paths, default_state_dir, execute, new_transaction_id
 from .errors import TransplantError
 from .files import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
 from .manifest import Manifest
 from .model import Plan
+from . import txn
 from .gather import gather
 from .planner import plan as make_plan
 from .probing import take_inventory
-from .render import human_bytes, inventory_table, print_plan, stages_table, verify_json
+from .render import history_table, human_bytes, inventory_table, print_plan, stages_table, verify_json
 from .state import drift
 from .verdicts import overall_ok
 from .verify import donor_reader, run_stages
@@ -128,7 +130,52 @@ def _progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=True)
 
 
+def _finish_interrupted(args: argparse.Namespace, console: Console, session: "_Session") -> bool:
+    """Handle --resume / --rollback, or refuse while a transaction is interrupted.
+
+    :returns: True when the command is done (finished or undone), False to go on and apply.
+    """
+    m = session.manifest
+    target = session.host("target")
+    pending = txn.interrupted(target, m.target.venv)
+    how = "resume" if args.resume else "rollback" if args.rollback else None
+    if not pending:
+        if how:
+            raise UsageError(f"{m.target}: no interrupted transaction to {how}")
+        return False
+    last = pending[-1]
+    if how is None:
+        raise TransplantError(
+            f"{m.target}: transaction {last['id']} was interrupted ({last['state']}, {last['steps']} steps, "
+            f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
+            hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
+                 f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
+    txid = new_transaction_id()
+    txn.acquire(target, m.target.venv, txid, f"transplant apply --{how}", say=lambda line: console.print(line, markup=False),
+                break_lock=args.break_lock)
+    try:
+        outcome = txn.finish(target, m.target.venv, last["id"], how, crash_after=_crash_after())
+    finally:
+        txn.release(target, m.target.venv, txid)
+    if outcome == "aborted":
+        console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded",
+                      markup=False)
+        return how == "rollback"
+    console.print(Text.assemble((outcome, "bold green"), f" transaction {last['id']}: the target matches its "
+                                f"{'planned' if outcome == 'applied' else 'earlier'} state hash for hash"))
+    return True
+
+
+def _crash_after() -> int | None:
+    """Testing hook: ``TRANSPLANT_TEST_CRASH_AFTER=N`` makes the target's commit or rollback
+    kill itself (SIGKILL) before step N, for the fault-injection tests."""
+    value = os.environ.get("TRANSPLANT_TEST_CRASH_AFTER")
+    return int(value) if value and value.isdigit() else None
+
+
 def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
+    if args.resume and args.rollback:
+        raise UsageError("--resume and --rollback exclude each other")
     source = Path(args.source)
     saved: Plan | None = None
     if source.suffix == ".json":
@@ -138,6 +185,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         manifest = load_manifest(source)
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
+        if _finish_interrupted(args, console, session):
+            return EXIT_OK
         if saved is not None:
             _check_saved_plan(saved, manifest, source)
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
@@ -178,7 +227,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
 
             result = execute(plan, donor=session.host("donor"), target=session.host("target"),
                              manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
-                             progress=report)
+                             progress=report, say=lambda line: console.print(line, markup=False),
+                             break_lock=args.break_lock, crash_after=_crash_after())
     relayed = " (relayed through the controller, so each byte crossed twice)" if not (
         manifest.donor.host.is_local or manifest.target.host.is_local) else ""
     console.print(Text.assemble(("applied", "bold green"), (
@@ -186,6 +236,43 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
         f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
         + "); the target now matches the plan hash for hash")))
+    return EXIT_OK
+
+
+def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
+    manifest = load_manifest(args.manifest)
+    with ExitStack() as stack:
+        session = _Session(manifest, console, stack)
+        target, venv = session.host("target"), manifest.target.venv
+        if txn.interrupted(target, venv):
+            raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
+                                  hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
+        if not args.yes and not sys.stdin.isatty():
+            raise TransplantError("rollback needs confirmation and standard input is not a terminal",
+                                  hint=f"add --yes: transplant rollback {shlex.quote(args.manifest)} --yes")
+        if not args.yes and console.input(f"roll back {manifest.target}? [y/N] ").strip().lower() not in ("y", "yes"):
+            console.print("nothing was changed")
+            return EXIT_FAIL
+        txid = new_transaction_id()
+        txn.acquire(target, venv, txid, "transplant rollback", say=lambda line: console.print(line, markup=False))
+        try:
+            done = txn.undo(target, venv, to=args.to, force=args.force,
+                            say=lambda line: console.print(line, markup=False))
+        finally:
+            txn.release(target, venv, txid)
+    console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "
+                                f"recorded before {'them' if len(done) > 1 else 'it'} hash for hash"))
+    return EXIT_OK
+
+
+def _cmd_history(args: argparse.Namespace, console: Console) -> int:
+    manifest = load_manifest(args.manifest)
+    with ExitStack() as stack:
+        record = txn.history(_Session(manifest, console, stack).host("target"), manifest.target.venv)
+    if args.json:
+        print(json.dumps({"schema": "transplant.history/1", **record}, indent=2, sort_keys=True))
+    else:
+        console.print(history_table(record["transactions"], record["events"], str(manifest.target)))
     return EXIT_OK
 
 
@@ -283,7 +370,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts changed)")
     a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     a.add_argument("--force", action="store_true", help="apply despite error findings")
+    a.add_argument("--resume", action="store_true", help="finish the target's interrupted transaction")
+    a.add_argument("--rollback", action="store_true", help="undo the target's interrupted transaction")
+    a.add_argument("--break-lock", action="store_true",
+                   help="take the target's lock even if another controller holds it (only when that one is gone)")
     a.set_defaults(func=_cmd_apply)
+    r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
+    r.add_argument("manifest", help="the manifest whose target to roll back")
+    r.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
+    r.add_argument("--force", action="store_true", help="roll back even if files changed since the transaction")
+    r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    r.set_defaults(func=_cmd_rollback)
+    h = sub.add_parser("history", help="list the transactions recorded in the target venv")
+    h.add_argument("manifest", help="the manifest whose target to read")
+    h.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.history/1)")
+    h.set_defaults(func=_cmd_history)
     v = sub.add_parser("verify", help="prove the target venv works: imports, requirements, server args, smoke")
     v.add_argument("manifest", help="the manifest whose target and verify settings to use")
     v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/1)")

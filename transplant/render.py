@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -14,13 +15,13 @@ from .inventory import Inventory
 from .model import Finding, Plan
 from .verdicts import VERIFY_SCHEMA, StageResult
 
-__all__ = ["human_bytes", "plan_table", "findings_table", "stages_table", "inventory_table", "verify_json",
-           "print_plan"]
+__all__ = ["human_bytes", "history_table", "plan_table", "findings_table", "stages_table", "inventory_table",
+           "verify_json", "print_plan"]
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "skip": "yellow"}
 _ACTION_STYLE = {"keep": "dim", "add": "green", "upgrade": "cyan", "downgrade": "magenta", "rebuild": "bold cyan",
-                 "refresh": "cyan", "replace": "cyan"}
+                 "refresh": "cyan", "replace": "cyan", "remove": "red"}
 
 
 def human_bytes(count: int | None) -> str:
@@ -111,4 +112,19 @@ def inventory_table(inv: Inventory) -> Table:
         size = sum(e.size or 0 for e in files.values())
         table.add_row(Text(d.display_name), Text(d.raw_version or "?"), str(len(files)), human_bytes(size),
                       Text(d.installer or "-"))
+    return table
+
+
+def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Table:
+    """Transactions of a target: id, state, source, steps, and the events recorded for each."""
+    table = Table(title=f"transactions in {where}", title_justify="left")
+    for column in ("id", "state", "source", "steps", "events"):
+        table.add_column(column)
+    by_id: dict[str, list[str]] = {}
+    for event in events:
+        stamp = time.strftime("%H:%M:%S", time.gmtime(event.get("time", 0)))
+        by_id.setdefault(str(event.get("id")), []).append(f"{event.get('event')} {stamp}")
+    for t in transactions:
+        table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),
+                      str(t.get("steps", "")), Text(", ".join(by_id.get(str(t["id"]), []))))
     return table

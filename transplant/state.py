@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from .inventory import FileEntry, Inventory
 from .model import Plan
 
-__all__ = ["expected_state", "state_mismatches", "drift"]
+__all__ = ["expected_state", "state_mismatches", "drift", "transaction_steps"]
 
 
 def expected_state(plan: Plan) -> dict[str, str | None]:
@@ -71,3 +71,42 @@ def drift(plan: Plan, donor_fingerprint: str, target_fingerprint: str) -> list[s
     if target_fingerprint != plan.target.fingerprint:
         out.append(f"the target {plan.target.label} changed since the plan was made")
     return out
+
+
+def _in_dist_info(path: str) -> bool:
+    return any(part.endswith(".dist-info") for part in path.split("/")[:-1])
+
+
+def transaction_steps(plan: Plan) -> list[dict[str, str]]:
+    """The ordered steps apply's transaction runs on the target: ``{"op": "put"|"del", "path"}``.
+
+    Per distribution, the dist-info moves last so a half-applied distribution never looks
+    installed: the old dist-info files go first (it now looks absent), then the new
+    package files are put, then the old package files removed, then the new dist-info put,
+    ``METADATA`` last (importlib treats a folder with METADATA as installed). Patch files
+    follow. A path some change removes and another copies is only put.
+    """
+    expected = expected_state(plan)
+    steps: list[dict[str, str]] = []
+    seen: set[str] = set()
+
+    def add(op: str, paths: list[str]) -> None:
+        for path in paths:
+            if path not in seen:
+                seen.add(path)
+                steps.append({"op": op, "path": path})
+
+    for change in plan.changes:
+        puts = [c.path for c in change.copy]
+        dels = [p for p in change.remove if expected.get(p, "") is None]
+        if change.kind != "distribution":
+            add("put", puts)
+            add("del", dels)
+            continue
+        info = f"{change.dist_info}/" if change.dist_info else None
+        info_puts = sorted((p for p in puts if info and p.startswith(info)), key=lambda p: (p.endswith("/METADATA"), p))
+        add("del", [p for p in dels if _in_dist_info(p)])
+        add("put", [p for p in puts if p not in set(info_puts)])
+        add("del", [p for p in dels if not _in_dist_info(p)])
+        add("put", info_puts)
+    return steps

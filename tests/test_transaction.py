@@ -1,0 +1,259 @@
+"""apply is a transaction: crashes at random points (SIGKILL of the real processes), locks,
+resume, rollback, history. Local venvs built from real wheels; the venv state folder is
+``<venv>/.transplant``."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from transplant import txn
+from transplant.cli import main
+from transplant.hosts import LocalHost
+from transplant.lab.wheels import build_wheel, make_venv
+
+SITE = "lib/python3.11/site-packages"
+SEED = 20261130
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def snapshot(venv: Path) -> dict[str, tuple]:
+    """Every file and symlink of a venv but transplant's state and bytecode: path -> (bytes, mode) or link."""
+    out = {}
+    for path in sorted(venv.rglob("*")):
+        rel = str(path.relative_to(venv))
+        if rel.startswith(".transplant") or "__pycache__" in rel:
+            continue
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_file():
+            out[rel] = (path.read_bytes(), path.stat().st_mode & 0o7777)
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Pristine donor and target venvs, the manifest maker, and the target's state before and after."""
+    base = tmp_path_factory.mktemp("txn")
+    wheels = base / "wheels"
+    sub_new = {f"alpha/sub/m{i}.py": f"N = {i}\n" for i in range(20)}
+    sub_old = {f"alpha/sub/m{i}.py": f"O = {i}\n" for i in range(20)}
+    alpha2 = build_wheel(wheels, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", "alpha/new.py": "NEW = 1\n",
+                                                  **sub_new})
+    alpha1 = build_wheel(wheels / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n", "alpha/old.py": "OLD = 1\n",
+                                                          **sub_old})
+    beta = build_wheel(wheels, "beta", "1.0", {"beta/__init__.py": "import alpha\nB = alpha.V\n"},
+                       requires=("alpha>=2",))
+    gamma = build_wheel(wheels, "gamma", "1.0", {"gamma/__init__.py": "G = 1\n"})
+    donor = make_venv(base / "donor", [alpha2, beta])
+    pristine = make_venv(base / "pristine", [alpha1, gamma])
+    patches = base / "patches"
+    patches.mkdir()
+    (patches / "patched.py").write_text("PATCHED = True\n")
+
+    def target(name: str) -> tuple[Path, str]:
+        venv = base / name
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run(["cp", "-a", str(pristine), str(venv)], check=True)
+        m = base / f"{name}.yaml"
+        m.write_text(textwrap.dedent(f"""\
+            version: 1
+            donor: {{host: local, venv: {donor}}}
+            target: {{host: local, venv: {venv}}}
+            overlay: [alpha, beta]
+            remove: [gamma]
+            patches:
+              - {{source: patches/patched.py, dest: alpha/patched.py}}
+            """))
+        return venv, str(m)
+
+    before = snapshot(pristine)
+    reference, m = target("reference")
+    os.environ["TRANSPLANT_STATE_DIR"] = str(base / "state")
+    started = time.monotonic()  # as a process, as the kill test runs it
+    subprocess.run([sys.executable, "-m", "transplant", "apply", m, "--yes"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    seconds = time.monotonic() - started
+    after = snapshot(reference)
+    assert after != before and f"{SITE}/gamma/__init__.py" not in after
+    steps = txn.history(LocalHost(), str(reference))["transactions"][-1]["steps"]
+    return {"target": target, "before": before, "after": after, "steps": steps, "seconds": seconds, "base": base}
+
+
+def imports(venv: Path) -> str:
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", "import alpha; print(alpha.V)"],
+                          capture_output=True, text=True, env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent"})
+    return done.stdout.strip()
+
+
+def settle(world, venv: Path, how: str, capsys) -> str:
+    """After a crash: an interrupted transaction must be finished or undone before anything
+    else runs; returns which end state the target must now be in ('after' or 'before')."""
+    m = str(venv) + ".yaml"
+    pending = txn.interrupted(LocalHost(), str(venv))
+    if not pending:
+        return "after" if snapshot(venv) == world["after"] else "before"
+    assert main(["apply", m, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "was interrupted" in out and "--resume" in out and "--rollback" in out
+    assert main(["apply", m, "--yes", f"--{how}"]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    if pending[-1]["state"] == "staging":
+        return "after" if how == "resume" else "before"
+    return "after" if how == "resume" else "before"
+
+
+def points(count: int, steps: int) -> list[tuple[int, str]]:
+    rng = random.Random(SEED)
+    return [(rng.randrange(0, steps + 1), rng.choice(["resume", "rollback"])) for _ in range(count)]
+
+
+@pytest.mark.parametrize("index", range(20))
+def test_commit_killed_at_a_random_step_then_resumed_or_rolled_back(world, capsys, monkeypatch, index):
+    crash, how = points(20, world["steps"])[index]
+    venv, m = world["target"](f"crash{index}")
+    monkeypatch.setenv("TRANSPLANT_TEST_CRASH_AFTER", str(crash))
+    code = main(["apply", m, "--yes"])
+    monkeypatch.delenv("TRANSPLANT_TEST_CRASH_AFTER")
+    out = capsys.readouterr().out
+    assert code == (1 if crash < world["steps"] else 0), out
+    end = settle(world, venv, how, capsys)
+    assert snapshot(venv) == world[end]
+    assert imports(venv) == ("2" if end == "after" else "1")
+    assert not txn.interrupted(LocalHost(), str(venv))
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_a_crashed_resume_or_rollback_is_finished_by_running_it_again(world, capsys, monkeypatch, index):
+    rng = random.Random(SEED + index)
+    venv, m = world["target"](f"twice{index}")
+    monkeypatch.setenv("TRANSPLANT_TEST_CRASH_AFTER", str(rng.randrange(1, world["steps"])))
+    assert main(["apply", m, "--yes"]) == 1
+    how = "resume" if index % 2 else "rollback"
+    monkeypatch.setenv("TRANSPLANT_TEST_CRASH_AFTER", str(rng.randrange(0, world["steps"])))
+    assert main(["apply", m, "--yes", f"--{how}"]) == 1
+    monkeypatch.delenv("TRANSPLANT_TEST_CRASH_AFTER")
+    capsys.readouterr()
+    assert main(["apply", m, "--yes", f"--{how}"]) == 0, capsys.readouterr().out
+    assert snapshot(venv) == world["after" if how == "resume" else "before"]
+
+
+@pytest.mark.parametrize("index", range(10))
+def test_controller_killed_at_a_random_moment(world, capsys, index):
+    """SIGKILL of the whole controller process at a random time (transfer, renames, dist-info
+    swap): its lock is left behind with a dead pid, an orphaned commit may still run."""
+    rng = random.Random(SEED * 7 + index)
+    venv, m = world["target"](f"kill{index}")
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", "apply", m, "--yes"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(rng.uniform(0.4, 1.0) * world["seconds"])  # the first 40 % is start-up and planning
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    end = settle(world, venv, "resume" if index % 2 else "rollback", capsys)
+    assert snapshot(venv) == world[end]
+    # a lock left by the dead controller is broken, and said so, by the next command
+    assert main(["apply", m, "--yes"]) == 0
+    assert snapshot(venv) == world["after"]
+
+
+def test_a_live_lock_is_refused_with_who_holds_it(world, capsys):
+    venv, m = world["target"]("locked")
+    txn.acquire(LocalHost(), str(venv), "20260101T000000Z-feedbeef", "transplant apply other.yaml", say=print)
+    try:
+        assert main(["apply", m, "--yes"]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "is locked by another apply: transaction 20260101T000000Z-feedbeef (transplant apply other.yaml)" in out
+        assert f"pid {os.getpid()}" in out and "still running" in out
+        assert snapshot(venv) == world["before"]
+    finally:
+        txn.release(LocalHost(), str(venv), "20260101T000000Z-feedbeef")
+
+
+def test_a_stale_lock_is_detected_said_and_broken(world, capsys):
+    venv, m = world["target"]("stale")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (venv / ".transplant").mkdir(mode=0o700)
+    (venv / ".transplant" / "lock").write_text(
+        f'{{"id": "20260101T000000Z-deadbeef", "controller": "{os.uname().nodename}", "pid": {gone.pid}, '
+        f'"since": 0, "command": "transplant apply"}}')
+    assert main(["apply", m, "--yes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "breaking the lock" in out and "its holder is gone" in out and f"pid {gone.pid}" in out
+    assert snapshot(venv) == world["after"]
+
+
+def test_two_applies_at_once_never_commit_twice(world):
+    venv, m = world["target"]("race")
+    env = {**os.environ, "COLUMNS": "300"}
+    procs = [subprocess.Popen([sys.executable, "-m", "transplant", "apply", m, "--yes"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+    assert sorted(code for code, _ in results) in ([0, 0], [0, 1])
+    for code, out in results:
+        if code == 1:
+            assert "is locked by another apply" in out, out
+    committed = [t for t in txn.history(LocalHost(), str(venv))["transactions"] if t["state"] == "committed"]
+    assert len(committed) == 1
+    assert snapshot(venv) == world["after"]
+
+
+def _apply_with_patch(m: str, text: str) -> None:
+    patch = Path(m).parent / "patches" / "patched.py"
+    original = patch.read_text()
+    patch.write_text(text)
+    try:
+        assert main(["apply", m, "--yes"]) == 0
+    finally:
+        patch.write_text(original)
+
+
+def test_history_and_rollback_to_an_earlier_state(world, capsys):
+    import json
+
+    venv, m = world["target"]("undo")
+    assert main(["apply", m, "--yes"]) == 0                      # A: the planned state
+    _apply_with_patch(m, "PATCHED = 2\n")                       # B: another patch on top
+    second = snapshot(venv)
+    assert second != world["after"]
+    capsys.readouterr()
+    assert main(["history", m, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    first, b = [t["id"] for t in record["transactions"]]
+    assert [t["state"] for t in record["transactions"]] == ["committed", "committed"]
+    assert [e["event"] for e in record["events"] if e["id"] == b] == ["started", "applied"]
+    assert main(["rollback", m, "--yes"]) == 0                   # undo the newest: B
+    assert snapshot(venv) == world["after"]
+    _apply_with_patch(m, "PATCHED = 3\n")                       # C
+    assert snapshot(venv) != world["after"]
+    capsys.readouterr()
+    assert main(["rollback", m, "--yes", "--to", "19700101T000000Z-00000000"]) == 1
+    assert "no transaction '19700101T000000Z-00000000'" in capsys.readouterr().out
+    assert main(["rollback", m, "--yes", "--to", first]) == 0    # undo all after A: C
+    assert snapshot(venv) == world["after"]
+    assert main(["rollback", m, "--yes"]) == 0                   # and A itself
+    assert snapshot(venv) == world["before"] and imports(venv) == "1"
+    states = {t["id"]: t["state"] for t in txn.history(LocalHost(), str(venv))["transactions"]}
+    assert states[first] == states[b] == "rolled-back"
+    assert main(["history", m]) == 0
+    assert "rolled-back" in capsys.readouterr().out
+
+
+def test_rollback_refuses_when_files_changed_since(world, capsys):
+    venv, m = world["target"]("drifted")
+    assert main(["apply", m, "--yes"]) == 0
+    (venv / SITE / "alpha" / "new.py").write_text("EDITED = 1\n")
+    capsys.readouterr()
+    assert main(["rollback", m, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "files changed since it was applied" in out and "alpha/new.py" in out

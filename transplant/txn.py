@@ -1,0 +1,227 @@
+"""Transactions on the target (edge): the lock, interrupted transactions, resume, rollback
+and history, driving the ``applier`` host script (see :mod:`transplant.remote.applier`)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import TransplantError
+from .hosts import Host
+from .probing import run_script, take_inventory
+from .state import state_mismatches
+
+__all__ = [
+    "TransactionError",
+    "Holder",
+    "call",
+    "acquire",
+    "release",
+    "interrupted",
+    "finish",
+    "check_state",
+    "history",
+    "undo",
+]
+
+Say = Callable[[str], None]
+
+
+class TransactionError(TransplantError):
+    """A transaction step failed or was refused; ``mismatches`` lists files that differ, if any."""
+
+    def __init__(self, message: str, *, hint: str | None = None, mismatches: list[str] | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.mismatches = mismatches or []
+
+
+def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: bool = True,
+         timeout: float | None = 3600.0) -> dict[str, Any]:
+    """Run one applier operation on the target and return its reply.
+
+    :param check: raise when the reply says ``ok: false``; False returns it for the caller.
+    :raises TransactionError: the operation failed (with ``check``).
+    :raises HostError: as :func:`transplant.probing.run_script`.
+    """
+    reply = run_script(host, venv, "applier", [op], request=dict(request), timeout=timeout)
+    if check and not reply.get("ok"):
+        raise TransactionError(f"{host.label}:{venv}: {op} failed: {reply.get('error')}")
+    return reply
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holder:
+    """Who holds a target's lock: transaction id, controller host name, its process id,
+    since when (seconds since the epoch) and the command; ``alive`` is False when the
+    holder ran on this controller and its process is gone, None when that cannot be told."""
+
+    id: str | None
+    controller: str | None
+    pid: int | None
+    since: float | None
+    command: str | None
+    alive: bool | None
+
+    def describe(self) -> str:
+        """One line for messages."""
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since)) if self.since else "an unknown time"
+        who = f"transaction {self.id} ({self.command or 'transplant'}) from {self.controller} pid {self.pid}"
+        state = {True: "still running", False: "its process is gone", None: "on another controller"}[self.alive]
+        return f"{who}, since {when}; {state}"
+
+
+def _holder(raw: Mapping[str, Any] | None) -> Holder | None:
+    if raw is None:
+        return None
+    controller, pid = raw.get("controller"), raw.get("pid")
+    alive = None
+    if controller == socket.gethostname() and isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+    return Holder(id=raw.get("id"), controller=controller, pid=pid if isinstance(pid, int) else None,
+                  since=raw.get("since"), command=raw.get("command"), alive=alive)
+
+
+def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_lock: bool = False) -> None:
+    """Take the target's lock for transaction ``txid``.
+
+    A lock whose holder ran on this controller and is gone is broken, and said so; a live
+    one, or one from another controller, is refused unless ``break_lock``.
+
+    :raises TransactionError: the lock is held (the message names the holder and since when).
+    """
+    request = {"id": txid, "controller": socket.gethostname(), "pid": os.getpid(), "command": command}
+    reply = call(host, venv, "lock", request, check=False)
+    if reply.get("ok"):
+        return
+    holder = _holder(reply.get("held"))
+    label = f"{host.label}:{venv}"
+    if holder is not None and (holder.alive is False or break_lock):
+        why = "its holder is gone" if holder.alive is False else "--break-lock was given"
+        say(f"breaking the lock of {label} ({why}): {holder.describe()}")
+        call(host, venv, "break-lock", {})
+        call(host, venv, "lock", request)
+        return
+    raise TransactionError(
+        f"{label} is locked by another apply: {holder.describe() if holder else 'an unreadable lock file'}",
+        hint="wait for it to finish; if its controller is gone for good, add --break-lock",
+    )
+
+
+def release(host: Host, venv: str, txid: str) -> None:
+    """Give the lock back (only if ``txid`` holds it)."""
+    call(host, venv, "unlock", {"id": txid}, check=False)
+
+
+def interrupted(host: Host, venv: str, *, say: Say | None = None, wait: float = 600.0) -> list[dict[str, Any]]:
+    """Transactions on the target that started and did not end (``staging``, ``committing``,
+    ``rolling-back``), oldest first.
+
+    A commit or rollback still running there (its controller died, the host script lives
+    on) is waited for first, up to ``wait`` seconds, so nothing races it.
+
+    :raises TransactionError: it still runs after ``wait`` seconds.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        reply = call(host, venv, "pending", {})
+        if reply.get("active") is None:
+            return list(reply.get("interrupted", []))
+        if time.monotonic() > deadline:
+            raise TransactionError(f"{host.label}:{venv}: a commit or rollback (pid {reply['active']}) is still "
+                                   f"running there after {wait:g} s", hint="wait for it, then run the command again")
+        if say is not None:
+            say(f"waiting for the commit or rollback still running on {host.label} (pid {reply['active']})")
+            say = None
+        time.sleep(0.5)
+
+
+def check_state(host: Host, venv: str, expected: Mapping[str, str | None]) -> list[str]:
+    """Probe the paths of ``expected`` on the target; lines naming each one that differs."""
+    after = take_inventory(host, venv, files=sorted(expected), record=False)
+    return state_mismatches(expected, after)
+
+
+def finish(host: Host, venv: str, txid: str, how: str, *, crash_after: int | None = None) -> str:
+    """Resume (``how="resume"``) or roll back (``"rollback"``) an interrupted transaction,
+    then check the target hash for hash against the state it must reach.
+
+    A transaction still ``staging`` never changed a live file: either way it is discarded
+    (resuming means applying afresh). Returns the transaction's new state.
+
+    :raises TransactionError: the target differs afterwards (``mismatches`` names the files).
+    """
+    info = call(host, venv, "txn", {"id": txid})
+    extra = {"crash_after": crash_after} if crash_after is not None else {}
+    if info["state"] == "staging":
+        call(host, venv, "discard", {"id": txid})
+        _record(host, venv, txid, "aborted", how=how)
+        return "aborted"
+    if how == "resume" and info["state"] in ("committing", "committed"):
+        call(host, venv, "commit", {"id": txid, **extra})
+        expected, outcome = info["after"], "applied"
+    else:
+        call(host, venv, "rollback", {"id": txid, **extra})
+        expected, outcome = info["before"], "rolled-back"
+    mismatches = check_state(host, venv, expected)
+    _record(host, venv, txid, outcome if not mismatches else "differs", how=how)
+    if mismatches:
+        raise TransactionError(f"{host.label}:{venv}: after {how}, {len(mismatches)} files differ from the "
+                               f"recorded state of transaction {txid}", mismatches=mismatches)
+    return outcome
+
+
+def _record(host: Host, venv: str, txid: str, event: str, **fields: Any) -> None:
+    call(host, venv, "record", {"entry": {"id": txid, "event": event, "time": time.time(), **fields}})
+
+
+def history(host: Host, venv: str) -> dict[str, Any]:
+    """The target's transactions (id, state, source, created, steps) and its event log."""
+    reply = call(host, venv, "history", {})
+    return {"transactions": reply.get("transactions", []), "events": reply.get("events", [])}
+
+
+def undo(host: Host, venv: str, *, to: str | None, say: Say, force: bool = False) -> list[str]:
+    """Roll back committed transactions, newest first: the newest one (``to`` None), or every
+    one after ``to``, so the target returns to the state recorded before them, hash for hash.
+
+    Before undoing one, its files must still be as it left them (else another change
+    happened since: refused unless ``force``).
+
+    :returns: the ids rolled back.
+    :raises TransactionError: ``to`` is unknown, nothing to roll back, the target drifted,
+        or a rolled-back state differs from its record.
+    """
+    label = f"{host.label}:{venv}"
+    txns = [t for t in history(host, venv)["transactions"] if t["state"] == "committed"]
+    known = [t["id"] for t in history(host, venv)["transactions"]]
+    if to is not None and to not in known:
+        raise TransactionError(f"{label}: no transaction {to!r}",
+                               hint=f"list them: transplant history {shlex.quote(label)}")
+    ids = [t["id"] for t in txns]
+    chosen = ids[-1:] if to is None else [i for i in ids if i > to]
+    if not chosen:
+        raise TransactionError(f"{label}: no committed transaction to roll back"
+                               + (f" after {to}" if to else ""))
+    done = []
+    for txid in reversed(chosen):
+        info = call(host, venv, "txn", {"id": txid})
+        drifted = check_state(host, venv, info["after"])
+        if drifted and not force:
+            raise TransactionError(
+                f"{label}: transaction {txid}'s files changed since it was applied; rolling it back would lose that",
+                hint="look at the files listed; add --force to roll back anyway", mismatches=drifted)
+        say(f"rolling back {txid}")
+        finish(host, venv, txid, "rollback")
+        done.append(txid)
+    return done
