@@ -257,3 +257,24 @@ def test_rollback_refuses_when_files_changed_since(world, capsys):
     assert main(["rollback", m, "--yes"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "files changed since it was applied" in out and "alpha/new.py" in out
+
+
+def test_symlinks_stay_symlinks_and_absolute_ones_into_the_donor_are_repointed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    wheel = build_wheel(tmp_path / "w", "linky", "1.0", {"linky/__init__.py": "", "linky/data.txt": "data\n"})
+    donor = make_venv(tmp_path / "donor", [wheel])
+    target = make_venv(tmp_path / "target")
+    site = donor / SITE
+    os.symlink(f"{donor}/{SITE}/linky/data.txt", site / "linky" / "absolute.txt")
+    os.symlink("data.txt", site / "linky" / "relative.txt")
+    record = next(site.glob("linky-1.0.dist-info")) / "RECORD"
+    record.write_text(record.read_text() + "linky/absolute.txt,,\nlinky/relative.txt,,\n")
+    m = tmp_path / "m.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {donor}}}\ntarget: {{host: local, venv: {target}}}\n"
+                 f"overlay: [linky]\n")
+    assert main(["apply", str(m), "--yes"]) == 0
+    linky = target / SITE / "linky"
+    assert os.readlink(linky / "absolute.txt") == f"{target}/{SITE}/linky/data.txt"
+    assert os.readlink(linky / "relative.txt") == "data.txt"
+    assert (linky / "absolute.txt").read_text() == "data\n"
+    assert main(["plan", str(m)]) == 0  # nothing left to change: the repointed link is what the plan wants

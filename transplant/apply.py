@@ -186,6 +186,9 @@ def execute(
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
                 txn.call(target, venv, "heads", {"id": txid, "scripts": scripts})
+            links = [{"path": cp.path, "target": cp.link} for c in plan.changes for cp in c.copy if cp.link]
+            if links:
+                txn.call(target, venv, "links", {"id": txid, "links": links})
         except BaseException:
             txn.call(target, venv, "discard", {"id": txid}, check=False)
             txn.call(target, venv, "record", {"entry": {"id": txid, "event": "aborted", "time": time.time()}},

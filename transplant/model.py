@@ -81,6 +81,9 @@ class FileCopy:
         apply writes instead (naming the target's interpreter); None copies verbatim.
     :ivar body_hash: with ``head``, the hash of the script's bytes after its head (the
         part that must arrive unchanged).
+    :ivar link: for an absolute symlink into the donor's prefix, the target it gets on
+        the target host (the same path under the target's prefix); ``hash`` is then
+        ``symlink:<link>``. None copies a symlink as it is.
     """
 
     path: str
@@ -90,6 +93,7 @@ class FileCopy:
     local: str | None = None
     head: str | None = None
     body_hash: str | None = None
+    link: str | None = None
 
     @property
     def identity(self) -> str:

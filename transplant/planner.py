@@ -21,7 +21,7 @@ from packaging.utils import NormalizedName
 from .binaries import ElfReport
 from .checks import EnvironmentAfter, compatibility_findings
 from .cuda import cuda_variant, describe_variant
-from .inventory import Distribution, FileEntry, Inventory, link_escapes, newest, protected_path
+from .inventory import Distribution, FileEntry, Inventory, inside_path, link_escapes, newest, protected_path
 from .manifest import Manifest
 from .model import Change, FileCopy, Finding, Plan, Side
 from .rules.venvfiles import rewritten_head
@@ -127,7 +127,9 @@ def _distribution_change(
     missing: list[str] = []
     compiled: list[tuple[str, FileEntry]] = []
     unsafe = [e.record_path for e in new.record or () if e.path is None and not e.error]
-    unsafe += [f"{p} -> {e.symlink}" for p, e in new.files.items() if e.symlink is not None and link_escapes(p, e.symlink)]
+    moved_links = {p: _relinked(e.symlink, p, prefixes) for p, e in new.files.items() if e.symlink is not None}
+    unsafe += [f"{p} -> {e.symlink}" for p, e in new.files.items() if e.symlink is not None
+               and link_escapes(p, e.symlink) and moved_links[p] is None]
     unsafe += [f"{p} (part of the venv itself)" for p in new.files if protected_path(p)]
     if unsafe:
         findings.append(Finding(
@@ -143,6 +145,14 @@ def _distribution_change(
         if path in patched or entry.error or protected_path(path):
             continue
         if entry.symlink is not None and link_escapes(path, entry.symlink):
+            relinked = moved_links.get(path)
+            if relinked is not None:
+                copy = FileCopy(path=path, size=None, hash=f"symlink:{relinked}", link=relinked)
+                present = target_files.get(path) or known.get(path)
+                if present is not None and present.exists and present.content == copy.hash:
+                    same += 1
+                else:
+                    copies.append(copy)
             continue
         if not entry.exists or entry.content is None:
             missing.append(path)
@@ -200,6 +210,16 @@ def _distribution_change(
         from_version=old.raw_version if old else None, to_version=new.raw_version,
         copy=tuple(copies), remove=tuple(remove), dist_info=new.dist_info, unchanged=same,
     )
+
+
+def _relinked(link: str | None, path: str, prefixes: tuple[str, str]) -> str | None:
+    """The target an absolute symlink into the donor's prefix gets on the target (the same
+    path under the target's prefix), when that stays inside the venv; else None."""
+    donor_prefix, target_prefix = prefixes
+    if not link or not donor_prefix or not link.startswith(donor_prefix + "/"):
+        return None
+    inside = inside_path(link[len(donor_prefix) + 1:])
+    return f"{target_prefix}/{inside}" if inside is not None else None
 
 
 def _stale_dist_info(olds: list[Distribution], new: Distribution | None) -> list[str]:

@@ -31,6 +31,8 @@ not exist before is removed. Operations:
   every folder it will write is writable, before anything is written; records the
   content of each touched path (``before.json``).
 * ``heads`` ``{"id", "scripts": [{"path", "head", "body_hash"}]}``: rewrite staged scripts.
+* ``links`` ``{"id", "links": [{"path", "target"}]}``: repoint staged symlinks (absolute ones
+  into the donor's prefix get the same path under this venv; never outside it).
 * ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
 * ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after.
@@ -321,6 +323,23 @@ def heads(prefix, request):
     return {"ok": True, "error": None, "rewritten": done}
 
 
+def links(prefix, request):
+    """Point staged symlinks at their target-side paths (absolute links into the donor's prefix)."""
+    staged = os.path.join(_txn_dir(prefix, request.get("id")), "staged")
+    real_prefix = os.path.realpath(prefix)
+    for item in request.get("links") or []:
+        rel, where = item.get("path", ""), item.get("target", "")
+        _resolve(prefix, rel)
+        if not isinstance(where, str) or not where.startswith(real_prefix + os.sep) and not where.startswith(prefix + os.sep):
+            raise Refused("refused: link {!r} -> {!r} leaves the venv".format(rel, where))
+        full = os.path.join(staged, os.path.normpath(rel))
+        if not os.path.islink(full):
+            raise Refused("{}: not a staged symlink".format(rel))
+        os.unlink(full)
+        os.symlink(where, full)
+    return {"ok": True, "error": None}
+
+
 def _backup(full, backup):
     """Keep the current file (or symlink) at ``backup``: a hardlink, or a copy where links fail."""
     if os.path.lexists(backup):
@@ -530,7 +549,7 @@ def history(prefix, request):
 
 
 OPERATIONS = {"lock": lock, "unlock": unlock, "break-lock": break_lock, "pending": pending, "begin": begin,
-              "heads": heads, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
+              "heads": heads, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
               "record": record, "history": history}
 
 
