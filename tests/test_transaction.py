@@ -278,3 +278,14 @@ def test_symlinks_stay_symlinks_and_absolute_ones_into_the_donor_are_repointed(t
     assert os.readlink(linky / "relative.txt") == "data.txt"
     assert (linky / "absolute.txt").read_text() == "data\n"
     assert main(["plan", str(m)]) == 0  # nothing left to change: the repointed link is what the plan wants
+
+
+def test_a_state_folder_that_is_a_symlink_is_refused(world, tmp_path, capsys):
+    venv, m = world["target"]("redirected")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (venv / ".transplant").symlink_to(elsewhere)
+    assert main(["apply", m, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "is a symlink or not a folder" in out
+    assert list(elsewhere.iterdir()) == [] and snapshot(venv) == world["before"]

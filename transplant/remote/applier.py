@@ -94,16 +94,28 @@ def _resolve(prefix, rel):
     return os.path.join(parent, os.path.basename(full))
 
 
-def _state_dir(prefix):
-    path = os.path.join(prefix, STATE)
+def _real_folder(path):
+    """Create ``path`` (mode 0700) if missing; Refused when it is a symlink or not a folder,
+    so transplant's state can never be redirected outside the venv."""
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        raise Refused("refused: {} is a symlink or not a folder; transplant keeps its state only in a real "
+                      "folder inside the venv".format(path))
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 
 
+def _state_dir(prefix):
+    return _real_folder(os.path.join(prefix, STATE))
+
+
 def _txn_dir(prefix, txid):
-    if not isinstance(txid, str) or not txid or "/" in txid or txid.startswith("."):
+    if not isinstance(txid, str) or not txid or "/" in txid or txid.startswith(".") or "\0" in txid:
         raise Refused("refused: bad transaction id {!r}".format(txid))
-    return os.path.join(_state_dir(prefix), "txn", txid)
+    root = _real_folder(os.path.join(_state_dir(prefix), "txn"))
+    folder = os.path.join(root, txid)
+    if os.path.islink(folder):
+        raise Refused("refused: {} is a symlink".format(folder))
+    return folder
 
 
 def _write_atomic(path, data):
