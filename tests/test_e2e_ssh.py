@@ -105,7 +105,9 @@ def test_plan_apply_verify_over_ssh(hosts, tmp_path, capsys):
     assert "nothing to change" in capsys.readouterr().out
     assert main(["plan", m]) == 0
     assert main(["apply", str(plan_file), "--yes"]) == 1
-    assert "refusing a stale plan: the target" in capsys.readouterr().out
+    stale = " ".join(capsys.readouterr().out.split())
+    assert "refusing a stale plan: the target" in stale
+    assert "alpha: planned upgrade 1.0 -> 1.1+cu130, now keep 1.1+cu130 -> 1.1+cu130" in stale
 
     # verify in the target venv over SSH
     assert main(["verify", m, "--json"]) == 0

@@ -38,7 +38,7 @@ from .gather import gather
 from .planner import plan as make_plan
 from .probing import take_inventory
 from .render import history_table, human_bytes, inventory_table, print_plan, stages_table, verify_json
-from .state import drift
+from .state import drift, plan_differences
 from .verdicts import overall_ok
 from .verify import donor_reader, run_stages
 
@@ -194,8 +194,10 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         if saved is not None:
             changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
             if changed:
+                what = plan_differences(saved, plan)
                 raise TransplantError(
-                    f"{source}: refusing a stale plan: " + "; ".join(changed),
+                    f"{source}: refusing a stale plan: " + "; ".join(changed)
+                    + (": " + "; ".join(what) if what else " (the planned changes are the same; other files differ)"),
                     hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
             if saved != plan:
                 raise TransplantError(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from .inventory import FileEntry, Inventory
 from .model import Plan
 
-__all__ = ["expected_state", "state_mismatches", "drift", "transaction_steps"]
+__all__ = ["expected_state", "state_mismatches", "drift", "plan_differences", "transaction_steps"]
 
 
 def expected_state(plan: Plan) -> dict[str, str | None]:
@@ -70,6 +70,34 @@ def drift(plan: Plan, donor_fingerprint: str, target_fingerprint: str) -> list[s
         out.append(f"the donor {plan.donor.label} changed since the plan was made")
     if target_fingerprint != plan.target.fingerprint:
         out.append(f"the target {plan.target.label} changed since the plan was made")
+    return out
+
+
+def plan_differences(saved: Plan, fresh: Plan, *, shown: int = 8) -> list[str]:
+    """What differs between a saved plan and the plan made now, one line per change
+    (``torch: planned rebuild 2.11.0+cu128 -> 2.11.0+cu130, now keep``), at most ``shown``."""
+    def key(plan: Plan) -> dict[tuple[str, str], object]:
+        return {(c.kind, c.name): c for c in plan.changes}
+
+    before, now = key(saved), key(fresh)
+    out = []
+    for k in sorted(set(before) | set(now)):
+        a, b = before.get(k), now.get(k)
+        if a == b:
+            continue
+        name = k[1]
+        if a is None:
+            out.append(f"{name}: not in the saved plan, now {b.action}")  # type: ignore[union-attr]
+        elif b is None:
+            out.append(f"{name}: planned {a.action}, now nothing to do")  # type: ignore[union-attr]
+        else:
+            was = f"{a.action} {a.from_version or '-'} -> {a.to_version or '-'}"  # type: ignore[union-attr]
+            new = f"{b.action} {b.from_version or '-'} -> {b.to_version or '-'}"  # type: ignore[union-attr]
+            out.append(f"{name}: planned {was}, now {new}" if was != new else
+                       f"{name}: {len(set(a.copy) ^ set(b.copy)) + len(set(a.remove) ^ set(b.remove))} file(s) "  # type: ignore[union-attr]
+                       f"differ from the saved plan")
+    if len(out) > shown:
+        out = out[:shown] + [f"and {len(out) - shown} more"]
     return out
 
 
