@@ -88,6 +88,7 @@ def test_donor_sshd_killed_during_the_transfer(hosts, tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert result["code"] == 1, out
     assert "rsync" in out and "failed" in out
+    assert "was aborted before its commit: its staged files were discarded and the live venv did not change" in out
     assert snapshot(target, TARGET) == before, "the live venv never changed"
     ends = {t["id"]: t["state"] for t in txn.history(_target(lab), TARGET)["transactions"]}
     assert list(ends.values())[-1] == "aborted"

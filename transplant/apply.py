@@ -189,10 +189,13 @@ def execute(
             links = [{"path": cp.path, "target": cp.link} for c in plan.changes for cp in c.copy if cp.link]
             if links:
                 txn.call(target, venv, "links", {"id": txid, "links": links})
-        except BaseException:
+        except BaseException as exc:
             txn.call(target, venv, "discard", {"id": txid}, check=False)
             txn.call(target, venv, "record", {"entry": {"id": txid, "event": "aborted", "time": time.time()}},
                      check=False)
+            if isinstance(exc, TransplantError):
+                raise TransplantError(f"{exc.message}\n(transaction {txid} was aborted before its commit: its staged "
+                                f"files were discarded and the live venv did not change)", hint=exc.hint) from exc
             raise
         lap("transfer")
         extra = {"crash_after": crash_after} if crash_after is not None else {}
