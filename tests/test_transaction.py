@@ -37,6 +37,8 @@ def snapshot(venv: Path) -> dict[str, tuple]:
             out[rel] = ("link", os.readlink(path))
         elif path.is_file():
             out[rel] = (path.read_bytes(), path.stat().st_mode & 0o7777)
+        elif path.is_dir():
+            out[rel] = ("dir",)  # an empty folder left behind is an importable namespace package
     return out
 
 
@@ -238,7 +240,9 @@ def test_history_and_rollback_to_an_earlier_state(world, capsys):
     assert snapshot(venv) != world["after"]
     capsys.readouterr()
     assert main(["rollback", m, "--yes", "--to", "19700101T000000Z-00000000"]) == 1
-    assert "no transaction '19700101T000000Z-00000000'" in capsys.readouterr().out
+    refused = " ".join(capsys.readouterr().out.split())
+    assert "no transaction '19700101T000000Z-00000000'" in refused
+    assert f"list them: transplant history {m}" in refused
     assert main(["rollback", m, "--yes", "--to", first]) == 0    # undo all after A: C
     assert snapshot(venv) == world["after"]
     assert main(["rollback", m, "--yes"]) == 0                   # and A itself
@@ -289,3 +293,87 @@ def test_a_state_folder_that_is_a_symlink_is_refused(world, tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "is a symlink or not a folder" in out
     assert list(elsewhere.iterdir()) == [] and snapshot(venv) == world["before"]
+
+
+def _crashed(world, name: str, monkeypatch, step: int = 30) -> tuple[Path, str, Path]:
+    venv, m = world["target"](name)
+    monkeypatch.setenv("TRANSPLANT_TEST_CRASH_AFTER", str(step))
+    assert main(["apply", m, "--yes"]) == 1
+    monkeypatch.delenv("TRANSPLANT_TEST_CRASH_AFTER")
+    [pending] = txn.interrupted(LocalHost(), str(venv))
+    return venv, m, venv / ".transplant" / "txn" / pending["id"]
+
+
+def test_a_damaged_record_is_never_acted_on(world, monkeypatch, capsys):
+    venv, m, folder = _crashed(world, "damaged", monkeypatch)
+    (folder / "before.json").write_text("{not json")
+    middle = snapshot(venv)
+    assert main(["apply", m, "--yes", "--rollback"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "before.json of transaction" in out and "missing or damaged" in out
+    assert snapshot(venv) == middle, "nothing deleted on a damaged record"
+
+
+def test_state_folders_that_lead_outside_are_refused(world, monkeypatch, capsys, tmp_path):
+    venv, m, folder = _crashed(world, "backup-link", monkeypatch)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(folder / "backup")
+    (folder / "backup").symlink_to(outside)
+    assert main(["apply", m, "--yes", "--rollback"]) == 1
+    assert "is a symlink or not a folder" in " ".join(capsys.readouterr().out.split())
+    assert list(outside.iterdir()) == []
+
+
+def test_a_rollback_that_cannot_restore_everything_stays_open(world, monkeypatch, capsys):
+    venv, m, folder = _crashed(world, "emptied", monkeypatch)
+    shutil.rmtree(folder / "backup")
+    (folder / "backup").mkdir()
+    assert main(["apply", m, "--yes", "--rollback"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "files differ from the recorded state of transaction" in out and "it stays open" in out
+    assert [t["state"] for t in txn.interrupted(LocalHost(), str(venv))] == ["rolling-back"]
+
+
+def test_a_damaged_state_counts_as_interrupted(world, capsys):
+    venv, m = world["target"]("garbled")
+    assert main(["apply", m, "--yes"]) == 0
+    [done] = txn.history(LocalHost(), str(venv))["transactions"]
+    (venv / ".transplant" / "txn" / done["id"] / "state").write_text("garbage")
+    capsys.readouterr()
+    assert main(["apply", m, "--yes"]) == 1
+    assert "was interrupted (damaged" in " ".join(capsys.readouterr().out.split())
+    assert main(["apply", m, "--yes", "--rollback"]) == 0
+    assert snapshot(venv) == world["before"]
+
+
+@pytest.mark.parametrize("content", ["[1, 2, 3]", "not json", '{"id": "x", "since": 1e300, "pid": 1180591620717411303424}'])
+def test_a_garbled_lock_is_reported_not_a_traceback(world, capsys, content):
+    venv, m = world["target"]("garbled-lock")
+    (venv / ".transplant").mkdir(mode=0o700)
+    (venv / ".transplant" / "lock").write_text(content)
+    assert main(["apply", m, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "is locked by another apply" in out and "Traceback" not in out
+
+
+def test_a_donor_file_that_changes_between_plan_and_copy_is_caught_before_the_commit(world, monkeypatch, capsys):
+    import transplant.apply as apply_module
+
+    venv, m = world["target"]("raced")
+    donor_file = Path(m).parent / "donor" / SITE / "alpha" / "new.py"
+    original, stage = donor_file.read_text(), apply_module._stage
+
+    def edited_meanwhile(*args, **kwargs):
+        donor_file.write_text("CHANGED = 1\n")
+        return stage(*args, **kwargs)
+
+    monkeypatch.setattr(apply_module, "_stage", edited_meanwhile)
+    try:
+        assert main(["apply", m, "--yes"]) == 1
+    finally:
+        donor_file.write_text(original)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "staged file(s) differ from the plan: the donor (or a patch) changed between plan and copy" in out
+    assert f"{SITE}/alpha/new.py" in out
+    assert snapshot(venv) == world["before"] and not txn.interrupted(LocalHost(), str(venv))

@@ -189,21 +189,34 @@ def execute(
             links = [{"path": cp.path, "target": cp.link} for c in plan.changes for cp in c.copy if cp.link]
             if links:
                 txn.call(target, venv, "links", {"id": txid, "links": links})
+            puts = {p: want for p, want in expected.items() if want is not None}
+            checked = txn.call(target, venv, "check", {"id": txid, "expect": puts}, check=False)
+            if not checked.get("ok"):
+                raise ApplyError(f"{plan.target.label}: {checked.get('error')}: the donor (or a patch) changed "
+                                 f"between plan and copy", hint="plan again, then apply",
+                                 mismatches=list(checked.get("differ") or []))
         except BaseException as exc:
-            txn.call(target, venv, "discard", {"id": txid}, check=False)
+            txn.call(target, venv, "discard", {"id": txid, "lock": txid}, check=False)
             txn.call(target, venv, "record", {"entry": {"id": txid, "event": "aborted", "time": time.time()}},
                      check=False)
             if isinstance(exc, TransplantError):
-                raise TransplantError(f"{exc.message}\n(transaction {txid} was aborted before its commit: its staged "
-                                f"files were discarded and the live venv did not change)", hint=exc.hint) from exc
+                raise ApplyError(f"{exc.message}\n(transaction {txid} was aborted before its commit: its staged "
+                                f"files were discarded and the live venv did not change)", hint=exc.hint,
+                                 mismatches=getattr(exc, "mismatches", None)) from exc
             raise
         lap("transfer")
         extra = {"crash_after": crash_after} if crash_after is not None else {}
-        done = txn.call(target, venv, "commit", {"id": txid, **extra})
+        try:
+            done = txn.call(target, venv, "commit", {"id": txid, "lock": txid, **extra})
+        except TransplantError as exc:
+            raise TransplantError(f"{exc.message}\n(transaction {txid} is interrupted part-way through its commit)",
+                                  hint=_FINISH.format(manifest=shlex.quote(plan.manifest))) from exc
         lap("commit")
         mismatches = txn.check_state(target, venv, expected)
         lap("check")
         outcome = "applied" if not mismatches else "differs"
+        if mismatches:  # keep it interrupted: --rollback undoes it, --resume retries
+            txn.call(target, venv, "mark", {"id": txid, "state": "committing"})
         txn.call(target, venv, "record", {"entry": {
             "id": txid, "event": outcome, "time": time.time(), "files_copied": copied,
             "files_removed": done.get("removed", 0)}})
@@ -211,13 +224,15 @@ def execute(
         txn.release(target, venv, txid)
     if mismatches:
         raise ApplyError(
-            f"{plan.target.label}: after apply, {len(mismatches)} files differ from the plan",
-            hint=f"undo it: transplant rollback {shlex.quote(plan.manifest)}; then plan again",
-            mismatches=mismatches,
-        )
+            f"{plan.target.label}: after apply, {len(mismatches)} files differ from the plan; transaction {txid} "
+            f"stays open", hint=_FINISH.format(manifest=shlex.quote(plan.manifest)), mismatches=mismatches)
     return ApplyResult(transaction=txid, files_copied=copied, bytes_moved=moved,
                        files_removed=int(done.get("removed", 0)), seconds=time.monotonic() - started,
                        steps=tuple(steps))
+
+
+_FINISH = ("undo it: transplant apply {manifest} --rollback   (or finish it once the cause is fixed: "
+           "transplant apply {manifest} --resume)")
 
 
 def _begin_error(plan: Plan, reply: dict) -> ApplyError:

@@ -137,24 +137,26 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "_S
     """
     m = session.manifest
     target = session.host("target")
-    pending = txn.interrupted(target, m.target.venv)
     how = "resume" if args.resume else "rollback" if args.rollback else None
-    if not pending:
-        if how:
-            raise UsageError(f"{m.target}: no interrupted transaction to {how}")
-        return False
-    last = pending[-1]
-    if how is None:
-        raise TransplantError(
-            f"{m.target}: transaction {last['id']} was interrupted ({last['state']}, {last['steps']} steps, "
-            f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
-            hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
-                 f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
     txid = new_transaction_id()
-    txn.acquire(target, m.target.venv, txid, f"transplant apply --{how}", say=lambda line: console.print(line, markup=False),
+    say = (lambda line: console.print(line, markup=False))
+    # under the lock: a transaction another apply is running now is not "interrupted"
+    txn.acquire(target, m.target.venv, txid, f"transplant apply --{how or 'check'}", say=say,
                 break_lock=args.break_lock)
     try:
-        outcome = txn.finish(target, m.target.venv, last["id"], how, crash_after=_crash_after())
+        pending = txn.interrupted(target, m.target.venv, say=say)
+        if not pending:
+            if how:
+                raise UsageError(f"{m.target}: no interrupted transaction to {how}")
+            return False
+        last = pending[-1]
+        if how is None:
+            raise TransplantError(
+                f"{m.target}: transaction {last['id']} was interrupted ({last['state']}, {last['steps']} steps, "
+                f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
+                hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
+                     f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
+        outcome = txn.finish(target, m.target.venv, last["id"], how, lock=txid, crash_after=_crash_after())
     finally:
         txn.release(target, m.target.venv, txid)
     if outcome == "aborted":
@@ -246,9 +248,6 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
         target, venv = session.host("target"), manifest.target.venv
-        if txn.interrupted(target, venv):
-            raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
-                                  hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
         if not args.yes and not sys.stdin.isatty():
             raise TransplantError("rollback needs confirmation and standard input is not a terminal",
                                   hint=f"add --yes: transplant rollback {shlex.quote(args.manifest)} --yes")
@@ -258,8 +257,12 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
         txid = new_transaction_id()
         txn.acquire(target, venv, txid, "transplant rollback", say=lambda line: console.print(line, markup=False))
         try:
-            done = txn.undo(target, venv, to=args.to, force=args.force,
-                            say=lambda line: console.print(line, markup=False))
+            if txn.interrupted(target, venv):
+                raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
+                                      hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
+            done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid,
+                            say=lambda line: console.print(line, markup=False),
+                            listing=f"transplant history {shlex.quote(args.manifest)}")
         finally:
             txn.release(target, venv, txid)
     console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "

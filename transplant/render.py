@@ -122,7 +122,13 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
         table.add_column(column)
     by_id: dict[str, list[str]] = {}
     for event in events:
-        stamp = time.strftime("%H:%M:%S", time.gmtime(event.get("time", 0)))
+        if not isinstance(event, Mapping):
+            continue
+        stamp_at = event.get("time")
+        try:
+            stamp = time.strftime("%H:%M:%S", time.gmtime(stamp_at)) if isinstance(stamp_at, (int, float)) else "?"
+        except (OverflowError, OSError, ValueError):
+            stamp = "?"
         by_id.setdefault(str(event.get("id")), []).append(f"{event.get('event')} {stamp}")
     for t in transactions:
         table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),

@@ -68,19 +68,29 @@ class Holder:
     alive: bool | None
 
     def describe(self) -> str:
-        """One line for messages."""
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since)) if self.since else "an unknown time"
-        who = f"transaction {self.id} ({self.command or 'transplant'}) from {self.controller} pid {self.pid}"
+        """One line for messages (control characters from the lock file shown escaped)."""
+        try:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since)) if self.since else "an unknown time"
+        except (OverflowError, OSError, ValueError):
+            when = "an unknown time"
+        who = _printable(f"transaction {self.id} ({self.command or 'transplant'}) from {self.controller} pid {self.pid}")
         state = {True: "still running", False: "its process is gone", None: "on another controller"}[self.alive]
         return f"{who}, since {when}; {state}"
 
 
-def _holder(raw: Mapping[str, Any] | None) -> Holder | None:
-    if raw is None:
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _holder(raw: Any) -> Holder | None:
+    """The lock's holder from the lock file's JSON; None when it is unreadable."""
+    if not isinstance(raw, Mapping) or raw.get("unreadable"):
         return None
-    controller, pid = raw.get("controller"), raw.get("pid")
+    controller, pid, since = raw.get("controller"), raw.get("pid"), raw.get("since")
+    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**22 else None
+    since = since if isinstance(since, (int, float)) and not isinstance(since, bool) and 0 < since < 2**40 else None
     alive = None
-    if controller == socket.gethostname() and isinstance(pid, int):
+    if controller == socket.gethostname() and pid is not None:
         try:
             os.kill(pid, 0)
             alive = True
@@ -88,8 +98,9 @@ def _holder(raw: Mapping[str, Any] | None) -> Holder | None:
             alive = False
         except PermissionError:
             alive = True
-    return Holder(id=raw.get("id"), controller=controller, pid=pid if isinstance(pid, int) else None,
-                  since=raw.get("since"), command=raw.get("command"), alive=alive)
+    text = (lambda v: str(v)[:200] if v is not None else None)
+    return Holder(id=text(raw.get("id")), controller=text(controller), pid=pid, since=since,
+                  command=text(raw.get("command")), alive=alive)
 
 
 def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_lock: bool = False) -> None:
@@ -101,17 +112,24 @@ def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_l
     :raises TransactionError: the lock is held (the message names the holder and since when).
     """
     request = {"id": txid, "controller": socket.gethostname(), "pid": os.getpid(), "command": command}
+    label = f"{host.label}:{venv}"
     reply = call(host, venv, "lock", request, check=False)
     if reply.get("ok"):
         return
+    if "held" not in reply:
+        raise TransactionError(f"{label}: cannot take the lock: {reply.get('error')}",
+                               hint="the venv's state folder must be writable (.transplant inside the venv)")
     holder = _holder(reply.get("held"))
-    label = f"{host.label}:{venv}"
-    if holder is not None and (holder.alive is False or break_lock):
-        why = "its holder is gone" if holder.alive is False else "--break-lock was given"
-        say(f"breaking the lock of {label} ({why}): {holder.describe()}")
-        call(host, venv, "break-lock", {})
-        call(host, venv, "lock", request)
-        return
+    if (holder is not None and holder.alive is False) or break_lock:
+        why = "its holder is gone" if holder is not None and holder.alive is False else "--break-lock was given"
+        say(f"breaking the lock of {label} ({why}): {holder.describe() if holder else 'an unreadable lock file'}")
+        broke = call(host, venv, "break-lock", {"expect": holder.id if holder else None}, check=False)
+        if broke.get("ok") and call(host, venv, "lock", request, check=False).get("ok"):
+            return
+        reply = call(host, venv, "lock", request, check=False)
+        if reply.get("ok"):
+            return
+        holder = _holder(reply.get("held"))
     raise TransactionError(
         f"{label} is locked by another apply: {holder.describe() if holder else 'an unreadable lock file'}",
         hint="wait for it to finish; if its controller is gone for good, add --break-lock",
@@ -152,32 +170,38 @@ def check_state(host: Host, venv: str, expected: Mapping[str, str | None]) -> li
     return state_mismatches(expected, after)
 
 
-def finish(host: Host, venv: str, txid: str, how: str, *, crash_after: int | None = None) -> str:
+def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after: int | None = None) -> str:
     """Resume (``how="resume"``) or roll back (``"rollback"``) an interrupted transaction,
     then check the target hash for hash against the state it must reach.
 
     A transaction still ``staging`` never changed a live file: either way it is discarded
     (resuming means applying afresh). Returns the transaction's new state.
 
+    :param lock: the id of the lock the caller holds (see :func:`acquire`).
+
     :raises TransactionError: the target differs afterwards (``mismatches`` names the files).
     """
     info = call(host, venv, "txn", {"id": txid})
-    extra = {"crash_after": crash_after} if crash_after is not None else {}
+    extra = {"lock": lock, **({"crash_after": crash_after} if crash_after is not None else {})}
     if info["state"] == "staging":
-        call(host, venv, "discard", {"id": txid})
+        call(host, venv, "discard", {"id": txid, "lock": lock})
         _record(host, venv, txid, "aborted", how=how)
         return "aborted"
     if how == "resume" and info["state"] in ("committing", "committed"):
         call(host, venv, "commit", {"id": txid, **extra})
-        expected, outcome = info["after"], "applied"
+        expected, outcome, ok_state, open_state = info["after"], "applied", "committed", "committing"
     else:
         call(host, venv, "rollback", {"id": txid, **extra})
-        expected, outcome = info["before"], "rolled-back"
+        expected, outcome, ok_state, open_state = info["before"], "rolled-back", "rolled-back", "rolling-back"
     mismatches = check_state(host, venv, expected)
+    call(host, venv, "mark", {"id": txid, "state": open_state if mismatches else ok_state})
     _record(host, venv, txid, outcome if not mismatches else "differs", how=how)
     if mismatches:
-        raise TransactionError(f"{host.label}:{venv}: after {how}, {len(mismatches)} files differ from the "
-                               f"recorded state of transaction {txid}", mismatches=mismatches)
+        raise TransactionError(
+            f"{host.label}:{venv}: after {how}, {len(mismatches)} files differ from the recorded state of transaction "
+            f"{txid}; it stays open", mismatches=mismatches,
+            hint="look at the files listed (their backups are in the venv's .transplant/txn/<id>/backup), then run "
+                 "the same command again")
     return outcome
 
 
@@ -191,13 +215,15 @@ def history(host: Host, venv: str) -> dict[str, Any]:
     return {"transactions": reply.get("transactions", []), "events": reply.get("events", [])}
 
 
-def undo(host: Host, venv: str, *, to: str | None, say: Say, force: bool = False) -> list[str]:
+def undo(host: Host, venv: str, *, to: str | None, say: Say, lock: str, force: bool = False,
+         listing: str = "transplant history MANIFEST") -> list[str]:
     """Roll back committed transactions, newest first: the newest one (``to`` None), or every
     one after ``to``, so the target returns to the state recorded before them, hash for hash.
 
     Before undoing one, its files must still be as it left them (else another change
     happened since: refused unless ``force``).
 
+    :param listing: the command that lists the transactions, for the hint.
     :returns: the ids rolled back.
     :raises TransactionError: ``to`` is unknown, nothing to roll back, the target drifted,
         or a rolled-back state differs from its record.
@@ -206,8 +232,7 @@ def undo(host: Host, venv: str, *, to: str | None, say: Say, force: bool = False
     txns = [t for t in history(host, venv)["transactions"] if t["state"] == "committed"]
     known = [t["id"] for t in history(host, venv)["transactions"]]
     if to is not None and to not in known:
-        raise TransactionError(f"{label}: no transaction {to!r}",
-                               hint=f"list them: transplant history {shlex.quote(label)}")
+        raise TransactionError(f"{label}: no transaction {to!r}", hint=f"list them: {listing}")
     ids = [t["id"] for t in txns]
     chosen = ids[-1:] if to is None else [i for i in ids if i > to]
     if not chosen:
@@ -222,6 +247,6 @@ def undo(host: Host, venv: str, *, to: str | None, say: Say, force: bool = False
                 f"{label}: transaction {txid}'s files changed since it was applied; rolling it back would lose that",
                 hint="look at the files listed; add --force to roll back anyway", mismatches=drifted)
         say(f"rolling back {txid}")
-        finish(host, venv, txid, "rollback")
+        finish(host, venv, txid, "rollback", lock=lock)
         done.append(txid)
     return done

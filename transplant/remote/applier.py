@@ -156,8 +156,48 @@ def _read_json(path, default=None):
     try:
         with open(path, "r", encoding="utf-8") as handle:
             return json.load(handle)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return default
+
+
+def _required(folder, name, kind):
+    """A state file a commit or rollback relies on, of type ``kind``; Refused when missing or
+    damaged (acting on a damaged record could delete what it never touched)."""
+    value = _read_json(os.path.join(folder, name))
+    if not isinstance(value, kind):
+        raise Refused("{} of transaction {} is missing or damaged; transplant will not act on it. Look at the "
+                      "venv by hand (the backups are in {})".format(name, os.path.basename(folder),
+                                                                   os.path.join(folder, "backup")))
+    return value
+
+
+def _plan(folder):
+    plan = _required(folder, "plan.json", dict)
+    steps = plan.get("steps")
+    if not isinstance(steps, list) or not all(
+            isinstance(st, dict) and st.get("op") in ("put", "del") and isinstance(st.get("path"), str) for st in steps):
+        raise Refused("plan.json of transaction {} has damaged steps; transplant will not act on it".format(
+            os.path.basename(folder)))
+    return plan
+
+
+def _append(path, line):
+    """Append a line to a state file, never through a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _under(root, rel):
+    """``root/rel`` for a staging or backup path, refusing a symlinked folder on the way
+    (the state folder must not lead outside the venv)."""
+    full = os.path.join(root, os.path.normpath(rel))
+    real_root = os.path.realpath(root)
+    if os.path.islink(root) or not os.path.realpath(os.path.dirname(full)).startswith(real_root):
+        raise Refused("refused: {} leads outside the transaction's folder".format(full))
+    return full
 
 
 def _digest(data):
@@ -184,9 +224,10 @@ def lock(prefix, request):
     entry = {"id": request.get("id"), "controller": request.get("controller"), "pid": request.get("pid"),
              "command": request.get("command"), "since": time.time()}
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        return {"ok": False, "error": "locked", "held": _read_json(path, {"unreadable": True})}
+        held = _read_json(path, None) if os.path.isfile(path) and not os.path.islink(path) else None
+        return {"ok": False, "error": "locked", "held": held if isinstance(held, dict) else {"unreadable": True}}
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(entry, handle)
         handle.flush()
@@ -205,10 +246,26 @@ def unlock(prefix, request):
 
 
 def break_lock(prefix, request):
+    """Remove the lock, but only the one the caller saw (``expect``: its id, or None for an
+    unreadable one): it is renamed aside first, so two breakers never both win."""
     path = os.path.join(_state_dir(prefix), "lock")
     held = _read_json(path)
-    if os.path.exists(path):
-        os.unlink(path)
+    seen = held.get("id") if isinstance(held, dict) else None
+    if seen != request.get("expect"):
+        return {"ok": False, "error": "the lock changed hands meanwhile (now {})".format(seen), "held": held}
+    aside = "{}.broken-{}".format(path, os.getpid())
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return {"ok": False, "error": "the lock was broken by someone else meanwhile"}
+    again = _read_json(aside)
+    if (again.get("id") if isinstance(again, dict) else None) != seen:
+        os.rename(aside, path)  # taken by another in between: put it back
+        return {"ok": False, "error": "the lock changed hands meanwhile"}
+    if os.path.isdir(aside) and not os.path.islink(aside):
+        shutil.rmtree(aside)
+    else:
+        os.unlink(aside)
     return {"ok": True, "error": None, "held": held}
 
 
@@ -223,19 +280,30 @@ def _transactions(prefix):
     out = []
     for name in names:
         folder = os.path.join(root, name)
+        if not os.path.isdir(folder) or os.path.islink(folder):
+            continue
         plan = _read_json(os.path.join(folder, "plan.json"), {})
-        state = _read_state(folder)
-        out.append({"id": name, "state": state, "source": plan.get("source"), "created": plan.get("created"),
-                    "steps": len(plan.get("steps", []))})
+        plan = plan if isinstance(plan, dict) else {}
+        steps = plan.get("steps") if isinstance(plan.get("steps"), list) else []
+        out.append({"id": name, "state": _read_state(folder), "source": str(plan.get("source") or ""),
+                    "created": plan.get("created") if isinstance(plan.get("created"), (int, float)) else None,
+                    "steps": len(steps)})
     return out
 
 
+_STATES = ("staging", "committing", "committed", "rolling-back", "rolled-back", "aborted")
+FINAL = ("committed", "rolled-back", "aborted")
+
+
 def _read_state(folder):
+    """The transaction's state; ``damaged`` for anything unreadable or unknown (then it counts
+    as interrupted, so a damaged record never lets another apply run over it)."""
     try:
-        with open(os.path.join(folder, "state"), "r", encoding="utf-8") as handle:
-            return handle.read().strip()
+        with open(os.path.join(folder, "state"), "r", encoding="utf-8", errors="replace") as handle:
+            text = handle.read(64).strip()
     except OSError:
-        return "unknown"
+        return "damaged"
+    return text if text in _STATES else "damaged"
 
 
 def _set_state(folder, state):
@@ -243,8 +311,9 @@ def _set_state(folder, state):
 
 
 def pending(prefix, request):
-    interrupted = [t for t in _transactions(prefix) if t["state"] in ("staging", "committing", "rolling-back")]
-    return {"ok": True, "error": None, "lock": _read_json(os.path.join(_state_dir(prefix), "lock")),
+    interrupted = [t for t in _transactions(prefix) if t["state"] not in FINAL]
+    held = _read_json(os.path.join(_state_dir(prefix), "lock"))
+    return {"ok": True, "error": None, "lock": held if isinstance(held, dict) else None,
             "interrupted": interrupted, "active": active(prefix)}
 
 
@@ -352,6 +421,37 @@ def links(prefix, request):
     return {"ok": True, "error": None}
 
 
+def _identity(full, want):
+    """The content identity of a staged file in the form ``want`` uses (hash, symlink or script)."""
+    if not isinstance(want, str) or not want.startswith("script:"):
+        return _content(full)
+    with open(full, "rb") as handle:
+        data = handle.read()
+    head, body = _split_head(data)
+    if head is None:
+        return _content(full)
+    try:
+        return "script:{}:{}".format(_digest(body), head.decode("utf-8"))
+    except UnicodeDecodeError:
+        return _content(full)
+
+
+def check(prefix, request):
+    """Compare every staged file with the plan before the commit (``expect``: path ->
+    identity); a donor file that changed between plan and copy is caught here, while the
+    live venv is still untouched."""
+    staged = _real_folder(os.path.join(_txn_dir(prefix, request.get("id")), "staged"))
+    differ = []
+    for rel, want in sorted((request.get("expect") or {}).items()):
+        _resolve(prefix, rel)
+        full = _under(staged, rel)
+        have = _identity(full, want) if os.path.lexists(full) else None
+        if have != want:
+            differ.append("{}: staged {} , planned {}".format(rel, have, want))
+    return {"ok": not differ, "error": "{} staged file(s) differ from the plan".format(len(differ)) if differ else None,
+            "differ": differ[:50]}
+
+
 def _backup(full, backup):
     """Keep the current file (or symlink) at ``backup``: a hardlink, or a copy where links fail."""
     if os.path.lexists(backup):
@@ -397,7 +497,7 @@ class _Active:
         self.path = os.path.join(_state_dir(prefix), "active")
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -424,7 +524,7 @@ def active(prefix):
     """The pid of a running commit or rollback in this venv, or None."""
     path = os.path.join(_state_dir(prefix), "active")
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -436,55 +536,58 @@ def active(prefix):
     return None
 
 
+def _holding(prefix, request):
+    """Refused unless the caller holds the venv's lock (``request["lock"]`` is its id): a host
+    script orphaned by a dead controller must not act after another apply took over."""
+    held = _read_json(os.path.join(_state_dir(prefix), "lock"))
+    if not isinstance(held, dict) or held.get("id") != request.get("lock"):
+        raise Refused("refused: this request's lock {!r} is not the venv's lock (held by {!r}); another apply "
+                      "took over".format(request.get("lock"), held.get("id") if isinstance(held, dict) else None))
+
+
 def commit(prefix, request):
     with _Active(prefix):
+        _holding(prefix, request)
         return _commit(prefix, request)
 
 
 def rollback(prefix, request):
     with _Active(prefix):
+        _holding(prefix, request)
         return _rollback(prefix, request)
 
 
 def _commit(prefix, request):
     folder = _txn_dir(prefix, request.get("id"))
-    plan = _read_json(os.path.join(folder, "plan.json"))
-    if plan is None:
-        raise Refused("no transaction {}".format(request.get("id")))
+    plan = _plan(folder)
+    _required(folder, "after.json", dict)
     state = _read_state(folder)
     if state not in ("staging", "committing", "committed"):
         raise Refused("transaction {} is {}; it cannot be committed".format(request.get("id"), state))
     _set_state(folder, "committing")
-    staged, backups = os.path.join(folder, "staged"), os.path.join(folder, "backup")
-    journal = open(os.path.join(folder, "journal.jsonl"), "a", encoding="utf-8")
-    emptied = set()
-    try:
-        for index, step in enumerate(plan["steps"]):
-            _crash_point(request, index)
-            rel = os.path.normpath(step["path"])
-            full = _resolve(prefix, rel)
-            if step["op"] == "put":
-                source = os.path.join(staged, rel)
-                if not os.path.lexists(source):
-                    continue  # done before a crash
-                if os.path.lexists(full):
-                    _backup(full, os.path.join(backups, rel))
-                os.makedirs(os.path.dirname(full), exist_ok=True)
-                os.rename(source, full)
-            else:
-                if os.path.lexists(full):
-                    _backup(full, os.path.join(backups, rel))
-                    os.unlink(full)
-                    emptied.add(os.path.dirname(full))
-            if index % 500 == 499:
-                journal.write(json.dumps({"done": index + 1, "time": time.time()}) + "\n")
-                journal.flush()
-        journal.write(json.dumps({"done": len(plan["steps"]), "time": time.time()}) + "\n")
-        journal.flush()
-        os.fsync(journal.fileno())
-    finally:
-        journal.close()
-    _prune_empty(prefix, emptied)
+    staged = _real_folder(os.path.join(folder, "staged"))
+    backups = _real_folder(os.path.join(folder, "backup"))
+    journal = os.path.join(folder, "journal.jsonl")
+    for index, step in enumerate(plan["steps"]):
+        _crash_point(request, index)
+        rel = os.path.normpath(step["path"])
+        full = _resolve(prefix, rel)
+        if step["op"] == "put":
+            source = _under(staged, rel)
+            if not os.path.lexists(source):
+                continue  # done before a crash
+            if os.path.lexists(full):
+                _backup(full, _under(backups, rel))
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            os.rename(source, full)
+        elif os.path.lexists(full):
+            _backup(full, _under(backups, rel))
+            os.unlink(full)
+        if index % 500 == 499:
+            _append(journal, json.dumps({"done": index + 1, "time": time.time()}) + "\n")
+    _append(journal, json.dumps({"done": len(plan["steps"]), "time": time.time()}) + "\n")
+    # every folder a removal may have emptied, also those of steps done before a crash
+    _prune_empty(prefix, {os.path.dirname(_resolve(prefix, st["path"])) for st in plan["steps"] if st["op"] == "del"})
     os.sync()
     _set_state(folder, "committed")
     return {"ok": True, "error": None, "steps": len(plan["steps"]), "removed": len(
@@ -493,68 +596,86 @@ def _commit(prefix, request):
 
 def _rollback(prefix, request):
     folder = _txn_dir(prefix, request.get("id"))
-    plan = _read_json(os.path.join(folder, "plan.json"))
-    before = _read_json(os.path.join(folder, "before.json"), {})
-    if plan is None:
-        raise Refused("no transaction {}".format(request.get("id")))
+    plan = _plan(folder)
+    before = _required(folder, "before.json", dict)
     _set_state(folder, "rolling-back")
-    backups = os.path.join(folder, "backup")
-    created = set()
+    backups = _real_folder(os.path.join(folder, "backup"))
     for index, step in enumerate(reversed(plan["steps"])):
         _crash_point(request, index)
         rel = os.path.normpath(step["path"])
         full = _resolve(prefix, rel)
-        saved = os.path.join(backups, rel)
+        saved = _under(backups, rel)
         if os.path.lexists(saved):
             os.makedirs(os.path.dirname(full), exist_ok=True)
             os.rename(saved, full)
-        elif before.get(step["path"]) is None and os.path.lexists(full):
+        elif step["path"] in before and before[step["path"]] is None and os.path.lexists(full):
             os.unlink(full)
-            created.add(os.path.dirname(full))
-    _prune_empty(prefix, created)
-    shutil.rmtree(os.path.join(folder, "staged"), ignore_errors=True)
+    # every folder a put may have created, also those of steps undone before a crash
+    _prune_empty(prefix, {os.path.dirname(_resolve(prefix, st["path"])) for st in plan["steps"]
+                          if st["op"] == "put" and before.get(st["path"]) is None})
+    staged = os.path.join(folder, "staged")
+    if os.path.isdir(staged) and not os.path.islink(staged):
+        shutil.rmtree(staged, ignore_errors=True)
     os.sync()
-    _set_state(folder, "rolled-back")
     return {"ok": True, "error": None, "steps": len(plan["steps"])}
 
 
 def discard(prefix, request):
+    with _Active(prefix):
+        _holding(prefix, request)
+        return _discard(prefix, request)
+
+
+def _discard(prefix, request):
     folder = _txn_dir(prefix, request.get("id"))
     state = _read_state(folder)
     if state != "staging":
         raise Refused("transaction {} is {}; only an unstarted one is discarded".format(request.get("id"), state))
-    shutil.rmtree(os.path.join(folder, "staged"), ignore_errors=True)
+    staged = os.path.join(folder, "staged")
+    if os.path.isdir(staged) and not os.path.islink(staged):
+        shutil.rmtree(staged, ignore_errors=True)
     _set_state(folder, "aborted")
     return {"ok": True, "error": None}
 
 
 def txn(prefix, request):
     folder = _txn_dir(prefix, request.get("id"))
-    plan = _read_json(os.path.join(folder, "plan.json"))
-    if plan is None:
+    state = _read_state(folder)
+    if not os.path.isdir(folder):
         raise Refused("no transaction {}".format(request.get("id")))
-    return {"ok": True, "error": None, "plan": plan, "state": _read_state(folder),
-            "before": _read_json(os.path.join(folder, "before.json"), {}),
-            "after": _read_json(os.path.join(folder, "after.json"), {})}
+    return {"ok": True, "error": None, "plan": _plan(folder), "state": state,
+            "before": _required(folder, "before.json", dict), "after": _required(folder, "after.json", dict)}
+
+
+def mark(prefix, request):
+    """Set a transaction's state after the controller checked the target (``rolled-back``
+    only when the check passed; ``rolling-back`` keeps it interrupted when it did not)."""
+    folder = _txn_dir(prefix, request.get("id"))
+    if request.get("state") not in ("rolled-back", "rolling-back", "committed", "committing"):
+        raise Refused("refused: state {!r}".format(request.get("state")))
+    _plan(folder)
+    _set_state(folder, request["state"])
+    return {"ok": True, "error": None}
 
 
 def record(prefix, request):
-    with open(os.path.join(_state_dir(prefix), "history.jsonl"), "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(request.get("entry", {}), sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    _append(os.path.join(_state_dir(prefix), "history.jsonl"), json.dumps(request.get("entry", {}), sort_keys=True) + "\n")
     return {"ok": True, "error": None}
 
 
 def history(prefix, request):
     events = []
+    if not os.path.isdir(os.path.join(prefix, STATE)):
+        return {"ok": True, "error": None, "events": [], "transactions": []}
     try:
-        with open(os.path.join(_state_dir(prefix), "history.jsonl"), "r", encoding="utf-8") as handle:
+        with open(os.path.join(_state_dir(prefix), "history.jsonl"), "r", encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 try:
-                    events.append(json.loads(line))
-                except ValueError:
+                    event = json.loads(line)
+                except (ValueError, RecursionError):
                     continue
+                if isinstance(event, dict):
+                    events.append(event)
     except OSError:
         pass
     return {"ok": True, "error": None, "events": events, "transactions": _transactions(prefix)}
@@ -562,7 +683,7 @@ def history(prefix, request):
 
 OPERATIONS = {"lock": lock, "unlock": unlock, "break-lock": break_lock, "pending": pending, "begin": begin,
               "heads": heads, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
-              "record": record, "history": history}
+              "mark": mark, "record": record, "history": history, "check": check}
 
 
 def main(argv):
@@ -577,6 +698,8 @@ def main(argv):
         reply = {"ok": False, "error": str(exc)}
     except OSError as exc:
         reply = {"ok": False, "error": "{}: {}".format(exc.filename or "", exc.strerror or exc), "errno": exc.errno}
+    except Exception as exc:  # a damaged state file must give an error, never a traceback
+        reply = {"ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]}
     sys.stdout.write(json.dumps(reply) + "\n")
     return 0
 
