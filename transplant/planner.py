@@ -144,27 +144,25 @@ def _distribution_change(
     for path, entry in sorted(new.files.items()):
         if path in patched or entry.error or protected_path(path):
             continue
+        rewritten: FileCopy | None = None
         if entry.symlink is not None and link_escapes(path, entry.symlink):
             relinked = moved_links.get(path)
-            if relinked is not None:
-                copy = FileCopy(path=path, size=None, hash=f"symlink:{relinked}", link=relinked)
-                present = target_files.get(path) or known.get(path)
-                if present is not None and present.exists and present.content == copy.hash:
-                    same += 1
-                else:
-                    copies.append(copy)
-            continue
-        if not entry.exists or entry.content is None:
+            if relinked is None:
+                continue
+            rewritten = FileCopy(path=path, size=None, hash=f"symlink:{relinked}", link=relinked)
+        elif not entry.exists or entry.content is None:
             missing.append(path)
             continue
-        head = rewritten_head(entry.head, *prefixes) if entry.head is not None else None
-        if head is not None:
-            copy = FileCopy(path=path, size=entry.size, hash=entry.content, head=head, body_hash=entry.body_hash)
+        elif entry.head is not None and (head := rewritten_head(entry.head, *prefixes)) is not None:
+            rewritten = FileCopy(path=path, size=entry.size, hash=entry.content, head=head, body_hash=entry.body_hash)
+        if rewritten is not None:  # arrives changed for the target: compare what it will be
             present = target_files.get(path) or known.get(path)
-            if present is not None and present.exists and present.script_identity == copy.identity:
+            there = None if present is None or not present.exists else (
+                present.script_identity if rewritten.head is not None else present.content)
+            if there == rewritten.identity:
                 same += 1
             else:
-                copies.append(copy)
+                copies.append(rewritten)
             continue
         if _same(entry, target_files.get(path) or known.get(path)):
             same += 1

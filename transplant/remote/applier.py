@@ -545,16 +545,13 @@ def _holding(prefix, request):
                       "took over".format(request.get("lock"), held.get("id") if isinstance(held, dict) else None))
 
 
-def commit(prefix, request):
-    with _Active(prefix):
-        _holding(prefix, request)
-        return _commit(prefix, request)
-
-
-def rollback(prefix, request):
-    with _Active(prefix):
-        _holding(prefix, request)
-        return _rollback(prefix, request)
+def _exclusive(operation):
+    """Run ``operation`` holding ``.transplant/active``, and only for the lock's holder."""
+    def run(prefix, request):
+        with _Active(prefix):
+            _holding(prefix, request)
+            return operation(prefix, request)
+    return run
 
 
 def _commit(prefix, request):
@@ -620,12 +617,6 @@ def _rollback(prefix, request):
     return {"ok": True, "error": None, "steps": len(plan["steps"])}
 
 
-def discard(prefix, request):
-    with _Active(prefix):
-        _holding(prefix, request)
-        return _discard(prefix, request)
-
-
 def _discard(prefix, request):
     folder = _txn_dir(prefix, request.get("id"))
     state = _read_state(folder)
@@ -680,6 +671,8 @@ def history(prefix, request):
         pass
     return {"ok": True, "error": None, "events": events, "transactions": _transactions(prefix)}
 
+
+commit, rollback, discard = _exclusive(_commit), _exclusive(_rollback), _exclusive(_discard)
 
 OPERATIONS = {"lock": lock, "unlock": unlock, "break-lock": break_lock, "pending": pending, "begin": begin,
               "heads": heads, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
