@@ -1,0 +1,282 @@
+"""Benchmarks: transplant's inventory, plan and apply against pip and rsync, side by side.
+
+Usage (the README's command)::
+
+    .venv/bin/python -m bench.run [--scales 1,2,4] [--runs 3] [--out BENCHMARKS.md]
+
+Starts two loopback sshd hosts (``transplant.lab``), builds the synthetic serving-shaped
+venvs of :mod:`bench.workload` on them (donor +cu130, target +cu128), and measures, each
+``--runs`` times with the median reported:
+
+* inventory of the target venv: transplant's probe (metadata, no hashing) against
+  ``pip inspect`` and ``pip list``, all run on the host itself; the probe with every
+  file hashed, against ``dd`` reading the largest file (the disk's sequential read, warm);
+* ``transplant plan`` cold (target as built) and no-op (after apply), ``transplant apply``
+  and a re-apply (no-op), as processes on the controller, with their peak memory;
+* what an operator would do instead, run on the donor towards the target over ssh:
+  ``rsync -a`` of the whole site-packages, ``rsync -a --checksum``, rsync of exactly the
+  differing files (``--files-from``, with and without ``--whole-file``), and the floor:
+  ``tar`` of exactly those files piped over ssh into ``tar``.
+
+The target is reset from a hardlinked pristine copy before every apply-like run (every
+writer here replaces files by rename, so the pristine copy keeps its bytes). The table is
+printed and written to ``--out`` with the machine's description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from transplant.lab import Lab
+
+from .workload import SITE, build_venv, differing_files
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV, PRISTINE = "/srv/bench", "/srv/bench-pristine"
+OVERLAY = ["torch", "torchvision", "triton", "sgl-kernel", "nvidia-*"]
+
+
+def _child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    """Run a process on the controller: (seconds, peak RSS in bytes, stdout)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, text=True)
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.monotonic() - started
+    if proc.returncode not in (0, 2):
+        raise RuntimeError(f"{shlex.join(argv)} exited {proc.returncode}:\n{out[-3000:]}")
+    return seconds, usage.ru_maxrss * 1024, out
+
+
+def _on(host, argv: list[str], *, stdin: bytes | None = None) -> tuple[float, str]:
+    """Run a command inside a lab host (its mount namespace): (seconds, stdout)."""
+    started = time.monotonic()
+    done = host.run(argv, input=stdin)
+    return time.monotonic() - started, done.stdout.decode("utf-8", "replace")
+
+
+class Bench:
+    """One lab, one scale: builds the venvs and runs the measurements."""
+
+    def __init__(self, lab: Lab, scale: float, workdir: Path) -> None:
+        self.lab, self.scale, self.workdir = lab, scale, workdir
+        self.donor, self.target = lab.hosts["donor"], lab.hosts["target"]
+        self.files, self.diff_bytes = differing_files(scale)
+        self.manifest = workdir / "bench.yaml"
+        self.manifest.write_text(
+            f"version: 1\ndonor: {{host: \"{self.donor.spec}\", venv: {VENV}}}\n"
+            f"target: {{host: \"{self.target.spec}\", venv: {VENV}}}\n"
+            f"ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}}}\n"
+            f"overlay: {json.dumps(OVERLAY)}\n")
+        self.env = {**os.environ, "TRANSPLANT_STATE_DIR": str(workdir / "state"), "COLUMNS": "200"}
+
+    def build(self) -> float:
+        started = time.monotonic()
+        for host in (self.donor, self.target):
+            for folder in (VENV, PRISTINE):
+                host.run(["rm", "-rf", folder])
+        donor = build_venv(self.donor.path(VENV), "donor", self.scale)
+        build_venv(self.target.path(PRISTINE), "target", self.scale, common=donor)
+        return time.monotonic() - started
+
+    def reset(self) -> None:
+        self.target.run(["rm", "-rf", VENV])
+        self.target.run(["cp", "-al", PRISTINE, VENV])
+
+    def ssh(self) -> str:
+        t = self.target
+        return shlex.join(["ssh", "-i", str(self.lab.identity_file), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
+                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(t.port)])
+
+    def remote(self) -> str:
+        return f"root@{self.target.address}:{VENV}/{SITE}/"
+
+    # -- measurements: each returns (seconds, bytes moved or None, peak RSS or None)
+
+    def probe(self, hash_all: bool) -> tuple[float, None, None]:
+        from transplant import remote
+
+        request = json.dumps({"hash": ["*"] if hash_all else [], "record": True}).encode()
+        code = remote.source("probe").decode()
+        seconds, _ = _on(self.target, [f"{VENV}/bin/python", "-I", "-S", "-c", code, "--stdin"], stdin=request)
+        return seconds, None, None
+
+    def pip(self, what: str) -> tuple[float, None, None]:
+        python = getattr(sys, "_base_executable", sys.executable)
+        seconds, _ = _on(self.target, [python, "-m", "pip", "--disable-pip-version-check", "--python",
+                                       f"{VENV}/bin/python", what])
+        return seconds, None, None
+
+    def read_speed(self) -> float:
+        """Bytes per second ``dd`` reads the largest file (warm, as the probe's re-hash is)."""
+        big = f"{VENV}/{SITE}/torch/lib/libtorch_cuda.so"
+        size = self.target.path(big).stat().st_size
+        self.target.run(["cat", big], check=True)  # warm it as the probe's runs are
+        seconds, _ = _on(self.target, ["dd", f"if={big}", "of=/dev/null", "bs=8M", "status=none"])
+        return size / seconds
+
+    def transplant(self, command: str, *extra: str) -> tuple[float, int | None, int]:
+        seconds, rss, out = _child([sys.executable, "-m", "transplant", command, str(self.manifest), *extra],
+                                   env=self.env)
+        moved = re.search(r"([\d.]+) (B|KiB|MiB|GiB) on the wire", " ".join(out.split()))
+        units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+        return seconds, int(float(moved.group(1)) * units[moved.group(2)]) if moved else None, rss
+
+    def rsync(self, *options: str, files: bool = False) -> tuple[float, int, None]:
+        argv = ["rsync", "-a", "--stats", *options, "-e", self.ssh()]
+        stdin = None
+        if files:
+            argv += ["--files-from=-"]
+            stdin = "\n".join(self.files).encode() + b"\n"
+        seconds, out = _on(self.donor, [*argv, f"{VENV}/{SITE}/", self.remote()], stdin=stdin)
+        sent = re.search(r"Total bytes sent: ([\d,]+)", out)
+        return seconds, int(sent.group(1).replace(",", "")) if sent else 0, None
+
+    def tar(self) -> tuple[float, int, None]:
+        listing = self.workdir / "files.txt"
+        listing.write_text("\n".join(self.files) + "\n")
+        remote_tar = shlex.join(["tar", "-C", f"{VENV}/{SITE}", "-xf", "-"])
+        pipeline = (f"tar -C {shlex.quote(VENV + '/' + SITE)} -cf - -T {shlex.quote(str(listing))} | "
+                    f"{self.ssh()} root@{self.target.address} {shlex.quote(remote_tar)}")
+        seconds, _ = _on(self.donor, ["sh", "-c", pipeline])
+        return seconds, self.diff_bytes, None
+
+
+def _median(runs: list[tuple]) -> tuple[float, int | None, int | None]:
+    seconds = statistics.median(r[0] for r in runs)
+    moved = [r[1] for r in runs if r[1] is not None]
+    rss = [r[2] for r in runs if r[2] is not None]
+    return seconds, (int(statistics.median(moved)) if moved else None), (max(rss) if rss else None)
+
+
+def measure(bench: Bench, runs: int, say) -> dict[str, tuple]:
+    """Every measurement at one scale: name -> (median seconds, bytes moved, peak RSS)."""
+    out: dict[str, tuple] = {}
+
+    def repeat(name: str, body, reset: bool = False) -> None:
+        results = []
+        for _ in range(runs):
+            if reset:
+                bench.reset()
+            results.append(body())
+        out[name] = _median(results)
+        say(f"  {name}: {out[name][0]:.2f} s")
+
+    bench.reset()
+    repeat("inventory: transplant probe (metadata)", lambda: bench.probe(False))
+    repeat("inventory: pip inspect", lambda: bench.pip("inspect"))
+    repeat("inventory: pip list", lambda: bench.pip("list"))
+    repeat("inventory: transplant probe (every file hashed)", lambda: bench.probe(True))
+    out["disk read (dd, warm)"] = (bench.read_speed(), None, None)
+    repeat("transplant plan (cold)", lambda: bench.transplant("plan", "--json"), reset=True)
+
+    def apply_then_noops() -> tuple:
+        bench.reset()
+        return bench.transplant("apply", "--yes")
+
+    repeat("transplant apply", apply_then_noops)
+    repeat("transplant plan (no-op)", lambda: bench.transplant("plan", "--json"))
+    repeat("transplant apply (no-op)", lambda: bench.transplant("apply", "--yes"))
+    repeat("rsync -a (whole site-packages)", lambda: bench.rsync(), reset=True)
+    repeat("rsync -a --checksum", lambda: bench.rsync("--checksum"), reset=True)
+    repeat("rsync --files-from (differing files)", lambda: bench.rsync(files=True), reset=True)
+    repeat("rsync --files-from --whole-file", lambda: bench.rsync("--whole-file", files=True), reset=True)
+    repeat("tar piped over ssh into tar (differing files: the floor)", bench.tar, reset=True)
+    return out
+
+
+def _machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), 0)
+    return f"{os.cpu_count()} cores ({cpu}), {mem} GiB memory, {platform.system()} {platform.release()}, Python " \
+           f"{platform.python_version()}; both hosts are loopback sshd hosts on this machine and one disk"
+
+
+def table(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int], runs: int) -> str:
+    """The markdown report: per scale, each measurement with its ratio to the baselines, then the targets."""
+    lines = [f"Machine: {_machine()}.", f"Medians of {runs} runs. Generated by `.venv/bin/python -m bench.run`.", ""]
+    for scale, r in results.items():
+        floor = r["tar piped over ssh into tar (differing files: the floor)"][0]
+        lines += [f"## Scale {scale:g} (differing bytes {diff_bytes[scale] / 2**20:.0f} MiB)", "",
+                  "| measurement | seconds | bytes moved | x tar floor | peak controller RSS |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for name, (seconds, moved, rss) in r.items():
+            if name.startswith("disk read"):
+                lines.append(f"| {name} | {seconds / 2**20:.0f} MiB/s | | | |")
+                continue
+            ratio = f"{seconds / floor:.2f}" if not name.startswith("inventory") else ""
+            lines.append(f"| {name} | {seconds:.2f} | {'' if moved is None else f'{moved / 2**20:.0f} MiB'} | {ratio} | "
+                         f"{'' if rss is None else f'{rss / 2**20:.0f} MiB'} |")
+        lines.append("")
+    lines += _targets(results, diff_bytes)
+    return "\n".join(lines) + "\n"
+
+
+def _targets(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int]) -> list[str]:
+    scale = min(results, key=lambda s: abs(s - 1))
+    r = results[scale]
+    get = lambda name: r[name][0]  # noqa: E731
+    venv_bytes = None
+    rows = [
+        ("inventory (metadata) faster than pip inspect", get("inventory: transplant probe (metadata)"),
+         get("inventory: pip inspect"), "s"),
+        ("no-op plan under 1.0 s", get("transplant plan (no-op)"), 1.0, "s"),
+        ("apply within 1.15x of the tar floor", get("transplant apply"),
+         1.15 * get("tar piped over ssh into tar (differing files: the floor)"), "s"),
+        ("apply moves at most 1.01x the differing bytes", (r["transplant apply"][1] or 0) / 2**20,
+         1.01 * diff_bytes[scale] / 2**20, "MiB"),
+        ("controller memory under 300 MB", max(v[2] or 0 for v in r.values()) / 2**20, 300, "MiB"),
+    ]
+    del venv_bytes
+    out = [f"## Targets (scale {scale:g})", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
+    for name, got, limit, unit in rows:
+        out.append(f"| {name} | {got:.2f} {unit} | {limit:.2f} {unit} | "
+                   f"{'yes' if got <= limit else f'no, by {got / limit:.2f}x'} |")
+    hashed = r["inventory: transplant probe (every file hashed)"][0]
+    read = r["disk read (dd, warm)"][0]
+    return out + ["", f"Full re-hash: {hashed:.2f} s for the venv; the disk reads {read / 2**20:.0f} MiB/s (warm)."]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks; returns 0."""
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scales", default="1,2,4", help="comma-separated scale factors (1: about 2 GB)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per measurement (the median is reported)")
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="where to write the report")
+    args = parser.parse_args(argv)
+    scales = [float(s) for s in args.scales.split(",")]
+    workdir = Path(tempfile.mkdtemp(prefix="transplant-bench-", dir="/tmp"))
+    results: dict[float, dict[str, tuple]] = {}
+    diff: dict[float, int] = {}
+    try:
+        with Lab(workdir / "lab", ("donor", "target")) as lab:
+            for scale in scales:
+                bench = Bench(lab, scale, workdir)
+                print(f"scale {scale:g}: building the venvs ({bench.build():.0f} s)", flush=True)
+                results[scale] = measure(bench, args.runs, lambda line: print(line, flush=True))
+                diff[scale] = bench.diff_bytes
+                report = "# Benchmarks\n\n" + table(results, diff, args.runs)
+                Path(args.out).write_text(report)
+                print(report, flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
