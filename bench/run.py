@@ -242,7 +242,6 @@ def _targets(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int
     scale = min(results, key=lambda s: abs(s - 1))
     r = results[scale]
     get = lambda name: r[name][0]  # noqa: E731
-    venv_bytes = None
     rows = [
         ("inventory (metadata) faster than pip inspect", get("inventory: transplant probe (metadata)"),
          get("inventory: pip inspect"), "s"),
@@ -253,7 +252,6 @@ def _targets(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int
          1.01 * diff_bytes[scale] / 2**20, "MiB"),
         ("controller memory under 300 MB", max(v[2] or 0 for v in r.values()) / 2**20, 300, "MiB"),
     ]
-    del venv_bytes
     out = [f"## Targets (scale {scale:g})", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
     for name, got, limit, unit in rows:
         out.append(f"| {name} | {got:.2f} {unit} | {limit:.2f} {unit} | "

@@ -25,7 +25,7 @@ from .inventory import Distribution, Inventory
 from .model import Finding
 from .requirements import Unmet, unmet_requirements
 from .rules.cudarules import cuda_major_findings, driver_findings, gpu_arch_findings
-from .rules.env import EnvironmentAfter
+from .rules.env import EnvironmentAfter, pip
 from .rules.families import lockstep_findings, torch_family_findings
 from .rules.interpreter import interpreter_findings, platform_findings, python_abi_findings, unread_findings
 from .rules.libtorch import libtorch_findings
@@ -39,11 +39,6 @@ RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_majo
          script_findings, drift_findings, unread_findings)
 
 _SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
-
-
-def _pip(venv: str) -> str:
-    """``<venv>/bin/python -m pip``, shell-quoted."""
-    return shlex.join([f"{venv}/bin/python", "-m", "pip"])
 
 
 def _versions(dists: Mapping[NormalizedName, Distribution]) -> dict:
@@ -94,7 +89,7 @@ def requirement_findings(
                     have.version, prereleases=True):
                 fixes.append(f"add {u.required!r} to overlay (the donor has {have.raw_version})")
             else:
-                fixes.append(f"{_pip(venv)} install {shlex.quote(str(u.requirement))}")
+                fixes.append(f"{pip(venv)} install {shlex.quote(str(u.requirement))}")
         findings.append(Finding(code="requirement-unmet", severity="error",
                                 dists=(requirer, *sorted({u.required for u in items})),
                                 message=f"{dist.display_name} {dist.raw_version} requires {lines}",
@@ -110,7 +105,7 @@ def requirement_findings(
             message=f"{count} requirement(s) of {len(inherited)} distribution(s) are unmet here and on the donor (or "
                     f"before apply, or come from distributions the donor does not have), so the transplant does not "
                     f"change them: {parts}; e.g. {example}",
-            hint=f"see them all with --json; if the service needs them: {_pip(venv)} install ...",
+            hint=f"see them all with --json; if the service needs them: {pip(venv)} install ...",
         ))
     return findings
 
@@ -139,7 +134,7 @@ def _duplicates(inv: Inventory, side: str, overlaid: tuple[NormalizedName, ...])
         else:
             severity = "warning"
             hint = ("apply replaces them with the donor's one" if name in overlaid else
-                    f"add {name!r} to overlay, or reinstall it: {_pip(inv.interpreter.prefix)} "
+                    f"add {name!r} to overlay, or reinstall it: {pip(inv.interpreter.prefix)} "
                     f"install --force-reinstall {name}")
         what = f"{len(dists)} dist-info folders" if len(dists) > 1 else "a dist-info folder without METADATA"
         out.append(Finding(

@@ -24,6 +24,7 @@ from .inventory import Distribution, Inventory
 from .manifest import Manifest
 from .planner import PatchFile, selected_names
 from .probing import take_inventory
+from .rules.libtorch import links_libtorch, torch_libraries
 from .rules.venvfiles import editable_sources
 
 __all__ = ["Facts", "gather"]
@@ -44,13 +45,6 @@ class Facts:
 def _objects(dists: Sequence[Distribution]) -> list[str]:
     return sorted({p for d in dists for p, e in d.files.items()
                    if is_shared_object(p) and e.exists and e.symlink is None and not e.error})
-
-
-def _torch_libraries(torch: Distribution | None) -> list[str]:
-    if torch is None:
-        return []
-    return [p for p in _objects([torch]) if "/torch/lib/" in f"/{p}"
-            and p.rsplit("/", 1)[-1].startswith(("libtorch", "libc10"))]
 
 
 def gather(
@@ -101,9 +95,9 @@ def gather(
     torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")  # type: ignore[call-overload]
     own = set(torch.files) if torch is not None else set()
     wanted = sorted({s for report in (donor_elf, target_elf) for f in report.files.values()
-                     if f.path not in own and any(n.startswith(("libtorch", "libc10")) for n in f.needed)
+                     if f.path not in own and links_libtorch(f)
                      for s in f.torch_undefined})
-    libraries = _torch_libraries(torch)
+    libraries = torch_libraries(torch)
     if wanted and libraries:
         say(f"looking up {len(wanted)} libtorch symbol(s) in the {torch_side}'s torch")
         host, venv = (donor_host, m.donor.venv) if torch_side == "donor" else (target_host, m.target.venv)

@@ -229,8 +229,9 @@ def undo(host: Host, venv: str, *, to: str | None, say: Say, lock: str, force: b
         or a rolled-back state differs from its record.
     """
     label = f"{host.label}:{venv}"
-    txns = [t for t in history(host, venv)["transactions"] if t["state"] == "committed"]
-    known = [t["id"] for t in history(host, venv)["transactions"]]
+    every = history(host, venv)["transactions"]
+    txns = [t for t in every if t["state"] == "committed"]
+    known = [t["id"] for t in every]
     if to is not None and to not in known:
         raise TransactionError(f"{label}: no transaction {to!r}", hint=f"list them: {listing}")
     ids = [t["id"] for t in txns]

@@ -35,11 +35,8 @@ def build_variant(dist: Distribution, torch: Distribution | None) -> tuple[str |
     variant = cuda_variant(dist.version)
     if variant is not None:
         return variant, f"+{variant}"
-    release = _release(torch.version if torch is not None else None)
-    if dist.name != "torch" and torch is not None:
-        row = family_table()["torch"].get(release or "", {})
-    else:
-        row = family_table()["torch"].get(_release(dist.version) or "", {})
+    anchor = torch if torch is not None and dist.name != "torch" else dist
+    row = family_table()["torch"].get(_release(anchor.version) or "", {})
     default = row.get("default_variant")
     return default, (f"no label: PyPI's default {describe_variant(default)} build" if default else "no label")
 

@@ -12,6 +12,7 @@ ELF report on torch's side).
 from __future__ import annotations
 
 from ..binaries import ElfFacts, is_shared_object
+from ..inventory import Distribution
 from ..model import Finding
 from .env import EnvironmentAfter, describe
 
@@ -25,13 +26,14 @@ def links_libtorch(facts: ElfFacts) -> bool:
     return any(n.startswith(("libtorch", "libc10")) for n in facts.needed)
 
 
-def torch_libraries(env: EnvironmentAfter) -> list[str]:
-    """venv-relative paths of the torch libraries after apply (``torch/lib/libtorch*.so``, ``libc10*.so``)."""
-    torch = env.after.get("torch")  # type: ignore[call-overload]
+def torch_libraries(torch: Distribution | None) -> list[str]:
+    """venv-relative paths of a torch distribution's own libraries present on disk
+    (``torch/lib/libtorch*.so``, ``libc10*.so``), sorted; [] for None."""
     if torch is None:
         return []
-    return sorted(p for p in torch.files if is_shared_object(p) and "/torch/lib/" in f"/{p}"
-                  and p.rsplit("/", 1)[-1].startswith(("libtorch", "libc10")))
+    return sorted(p for p, e in torch.files.items() if is_shared_object(p) and "/torch/lib/" in f"/{p}"
+                  and p.rsplit("/", 1)[-1].startswith(("libtorch", "libc10"))
+                  and e.exists and e.symlink is None and not e.error)
 
 
 def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
