@@ -90,6 +90,7 @@ class Bench:
         self.env = {**os.environ, "TRANSPLANT_STATE_DIR": str(workdir / "state"), "COLUMNS": "200"}
 
     def build(self) -> float:
+        """Write the donor venv and the target's pristine copy on the hosts; returns seconds."""
         started = time.monotonic()
         for host in (self.donor, self.target):
             for folder in (VENV, PRISTINE):
@@ -99,20 +100,24 @@ class Bench:
         return time.monotonic() - started
 
     def reset(self) -> None:
+        """Make the target venv the pristine copy again (hardlinks: instant, and no writer here edits in place)."""
         self.target.run(["rm", "-rf", VENV])
         self.target.run(["cp", "-al", PRISTINE, VENV])
 
     def ssh(self) -> str:
+        """The ssh command (shell-quoted) that reaches the target from the donor, host keys checked."""
         t = self.target
         return shlex.join(["ssh", "-i", str(self.lab.identity_file), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
                            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(t.port)])
 
     def remote(self) -> str:
+        """rsync's destination: the target venv's site-packages."""
         return f"root@{self.target.address}:{VENV}/{SITE}/"
 
     # -- measurements: each returns (seconds, bytes moved or None, peak RSS or None)
 
     def probe(self, hash_all: bool) -> tuple[float, None, None]:
+        """transplant's probe run on the target host itself (no SSH): metadata only, or every file hashed."""
         from transplant import remote
 
         request = json.dumps({"hash": ["*"] if hash_all else [], "record": True}).encode()
@@ -121,6 +126,7 @@ class Bench:
         return seconds, None, None
 
     def pip(self, what: str) -> tuple[float, None, None]:
+        """``pip inspect`` or ``pip list`` of the target venv, on the target host."""
         python = getattr(sys, "_base_executable", sys.executable)
         seconds, _ = _on(self.target, [python, "-m", "pip", "--disable-pip-version-check", "--python",
                                        f"{VENV}/bin/python", what])
@@ -135,6 +141,7 @@ class Bench:
         return size / seconds
 
     def transplant(self, command: str, *extra: str) -> tuple[float, int | None, int]:
+        """A transplant command on the controller: (seconds, bytes on the wire or None, peak RSS bytes)."""
         seconds, rss, out = _child([sys.executable, "-m", "transplant", command, str(self.manifest), *extra],
                                    env=self.env)
         moved = re.search(r"([\d.]+) (B|KiB|MiB|GiB) on the wire", " ".join(out.split()))
@@ -142,6 +149,7 @@ class Bench:
         return seconds, int(float(moved.group(1)) * units[moved.group(2)]) if moved else None, rss
 
     def rsync(self, *options: str, files: bool = False) -> tuple[float, int, None]:
+        """rsync from the donor to the target (whole site-packages, or ``files``: the differing ones)."""
         argv = ["rsync", "-a", "--stats", *options, "-e", self.ssh()]
         stdin = None
         if files:
@@ -152,6 +160,7 @@ class Bench:
         return seconds, int(sent.group(1).replace(",", "")) if sent else 0, None
 
     def tar(self) -> tuple[float, int, None]:
+        """The floor: tar of exactly the differing files, piped over ssh into tar on the target."""
         listing = self.workdir / "files.txt"
         listing.write_text("\n".join(self.files) + "\n")
         remote_tar = shlex.join(["tar", "-C", f"{VENV}/{SITE}", "-xf", "-"])
