@@ -2,7 +2,8 @@
 
 Exit codes: ``plan`` 0 nothing to change, 2 changes and no blocking finding, 3 blocked
 by an error finding; ``apply`` 0 done (or nothing to do), 3 blocked; ``verify`` 0 no
-stage failed, 3 a stage failed; every command 1 when it could not do its job
+stage failed, 3 a stage failed; ``clone`` 0 done, 3 done but a text file or symlink of the clone still
+names the old prefix; every command 1 when it could not do its job
 (unreachable host, bad manifest, failed apply) and 64 for a command-line mistake. With
 ``--json``, such an error is also printed on standard output as
 ``{"schema": "transplant.error/1", "error", "hint", "code"}`` (``code``: the finding code the
@@ -354,6 +355,26 @@ def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
+    from .cloning import clone
+    from .clonereport import clone_report
+
+    (src_spec, src_venv), (dst_spec, dst_venv) = parse_location(args.source), parse_location(args.dest)
+    options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
+                         known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+    with ExitStack() as stack:
+        src = stack.enter_context(connect(src_spec, options))
+        dst = src if dst_spec == src_spec else stack.enter_context(connect(dst_spec, options))
+        with console.status("cloning") as status:
+            result = clone(src, src_venv, dst, dst_venv, state_dir=default_state_dir(), replace=args.replace,
+                           say=lambda line: status.update(line))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        clone_report(console, result)
+    return EXIT_BLOCKED if result.leftovers.errors else EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from .demo import run_demo  # the demo pulls in the lab; keep it off the other commands' path
 
@@ -401,6 +422,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     i.add_argument("--known-hosts", help="known_hosts file to check the host key against (default ~/.ssh/known_hosts)")
     i.set_defaults(func=_cmd_inventory)
+    c = sub.add_parser("clone", help="copy a venv to another path or host and rewrite what names its old prefix")
+    c.add_argument("source", metavar="SRC_HOST:VENV", help="the venv to clone, e.g. local:/srv/venv_base")
+    c.add_argument("dest", metavar="DEST_HOST:VENV", help="where the clone goes (absent or an empty folder)")
+    c.add_argument("--replace", action="store_true",
+                   help="delete a venv (a folder holding pyvenv.cfg) already at the destination first")
+    c.add_argument("--json", action="store_true", help="print the result (schema transplant.clone/1)")
+    c.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
+    c.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
+    c.set_defaults(func=_cmd_clone)
     d = sub.add_parser("demo", help="replay the seed story on two loopback test hosts")
     d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
     d.add_argument("--keep", action="store_true",

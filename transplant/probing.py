@@ -30,6 +30,7 @@ def run_script(
     request: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = 600.0,
+    python: str | None = None,
 ) -> dict[str, Any]:
     """Run the host script ``script`` (see :mod:`transplant.remote`) with the venv's python.
 
@@ -37,11 +38,13 @@ def run_script(
     the script is passed with ``-c`` and the request as JSON on standard input.
 
     :param timeout: seconds; None waits without limit.
+    :param python: the interpreter to run instead of the venv's ``bin/python`` (a base
+        interpreter, before the venv exists); None runs the venv's own.
     :returns: the JSON object the script printed (its last line of output).
     :raises HostError: the host cannot be reached, the venv's python is missing or does
         not start, or the script printed no JSON (its stderr tail is in the message).
     """
-    python = venv_python(venv)
+    python = python or venv_python(venv)
     label = f"{host.label}:{venv}"
     code = remote.source(script)
     # the probe, the ELF reader and the applier run isolated: no site (a .pth file is code the

@@ -29,7 +29,7 @@ from pathlib import Path
 from .errors import HostError, TransplantError
 from .hosts import Host, LocalHost, kill_group
 
-__all__ = ["TransferResult", "copy_files", "check_relpath"]
+__all__ = ["TransferResult", "copy_files", "copy_tree", "check_relpath"]
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -44,6 +44,8 @@ _RSYNC_OPTIONS = (
     "--info=progress2",
     "--no-human-readable",
 )
+#: A whole tree (a venv clone): symlinks as symlinks, hardlinks within the tree as hardlinks.
+_TREE_OPTIONS = ("-aH", "--whole-file", "--mkpath", "--stats", "--info=progress2", "--no-human-readable")
 _PROGRESS = re.compile(rb"^\s*([\d,]+)\s+(\d+)%")
 _STAT_LINES = {
     "files": re.compile(r"^Number of regular files transferred: ([\d,]+)", re.M),
@@ -155,6 +157,54 @@ def copy_files(
     )
 
 
+def copy_tree(
+    src: Host,
+    src_root: str,
+    dst: Host,
+    dst_root: str,
+    *,
+    staging: Path,
+    exclude: Sequence[str] = (),
+    progress: ProgressCallback | None = None,
+    timeout: float | None = None,
+) -> TransferResult:
+    """Copy the tree ``src_root`` to ``dst_root`` with ``rsync -aH``: modes, times, symlinks
+    as symlinks (never followed), hardlinks between files of the tree as hardlinks.
+
+    SSH to SSH is relayed through a fresh folder under ``staging`` on the controller, as
+    :func:`copy_files` does; hardlinks survive both legs.
+
+    :param exclude: names at the top of ``src_root`` not to copy (``.transplant``).
+    :returns: files and bytes moved, and the time taken.
+    :raises ValueError: a root is not absolute, or an exclude is not a plain name.
+    :raises HostError: rsync failed or ran past ``timeout``.
+    :raises TransplantError: rsync is not installed on the controller.
+    """
+    for root in (src_root, dst_root):
+        if not root.startswith("/"):
+            raise ValueError(f"root folders must be absolute paths, got {root!r}")
+    options = list(_TREE_OPTIONS)
+    for name in exclude:
+        if not name or "/" in name or name in (".", "..") or any(c in name for c in "*?[\\"):
+            raise ValueError(f"exclude must be a plain name, got {name!r}")
+        options.append(f"--exclude=/{name}")
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    if src.rsync_rsh() is None or dst.rsync_rsh() is None:
+        stats = _rsync(src, src_root, dst, dst_root, b"", progress, (0, 1), deadline, timeout, options)
+        return TransferResult(files=stats.files, bytes=stats.wire, seconds=time.monotonic() - started)
+    staging = Path(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    relay = tempfile.mkdtemp(prefix="relay-", dir=staging)
+    try:
+        controller = LocalHost()
+        first = _rsync(src, src_root, controller, relay, b"", progress, (0, 2), deadline, timeout, options)
+        second = _rsync(controller, relay, dst, dst_root, b"", progress, (1, 2), deadline, timeout, options)
+    finally:
+        shutil.rmtree(relay, ignore_errors=True)
+    return TransferResult(files=second.files, bytes=first.wire + second.wire, seconds=time.monotonic() - started)
+
+
 def _rsync_env() -> dict[str, str]:
     """The controller's environment for rsync: C locale (its statistics are parsed), and
     without RSYNC_OLD_ARGS / RSYNC_PROTECT_ARGS, which would let the remote shell split a
@@ -181,11 +231,12 @@ def _rsync(
     leg: tuple[int, int],
     deadline: float | None,
     timeout: float | None,
+    options: Sequence[str] = _RSYNC_OPTIONS,
 ) -> _Stats:
     """One rsync run from the controller; at most one side is remote."""
     remote = src if src.rsync_rsh() is not None else dst
     rsh = remote.rsync_rsh()
-    argv = ["rsync", *_RSYNC_OPTIONS]
+    argv = ["rsync", *options]
     if rsh is not None:
         argv += ["-e", rsh]
     argv += [

@@ -10,12 +10,12 @@ from importlib import resources
 
 __all__ = ["source", "SCRIPTS", "ISOLATED"]
 
-SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts")
+SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "relocate")
 
 
 #: Scripts that only read (or write files) and never import the venv's distributions: they run
 #: with ``-I -S``, so none of the venv's ``.pth`` code runs and nothing is written there.
-ISOLATED = ("probe", "elf_facts", "applier")
+ISOLATED = ("probe", "elf_facts", "applier", "relocate")
 
 
 def source(name: str) -> bytes:

@@ -1,0 +1,326 @@
+"""Clone support on a host: check a destination, scan a venv for a prefix, relocate a clone.
+
+One stdlib-only file, run on the host by a Python 3.9+ with ``-I -S`` (no ``site``: none of
+a venv's ``.pth`` code runs). The controller passes this file with ``-c``, the operation as
+the only argument, and a JSON request on standard input; it prints one JSON object.
+
+Operations:
+
+* ``check`` (run by the base interpreter named by the source's ``pyvenv.cfg`` ``home``,
+  before anything is copied): ``{"dest", "paths": [...]}`` -> this interpreter's
+  ``implementation``, ``version``, ``executable``; ``dest_state`` (``absent``, ``empty``,
+  ``venv`` (a non-empty folder holding ``pyvenv.cfg``), ``nonempty``, ``not-a-folder``);
+  ``parent`` (the nearest existing folder above ``dest``, ``parent_writable``); and
+  ``exists``: ``{path: bool}`` for each of ``paths``.
+* ``scan`` (run by the venv's own interpreter): ``{"root", "old"}`` -> ``hits``: every
+  regular file under ``root`` (symlinks not followed, ``.transplant/`` skipped) whose bytes
+  name ``old`` as a whole path (``old`` followed by ``/``, a quote, a blank, end... but not
+  by another name character, so ``/srv/venv2`` is not ``/srv/venv``), each
+  ``{"path", "binary", "head"}`` (``binary``: the file has a NUL byte or is not UTF-8;
+  ``head``: the shebang line(s) as text, or null); ``links``: symlinks whose target is
+  absolute and names ``old`` (``{"path", "target"}``); ``external``: other absolute
+  symlinks (``bin/python -> /usr/bin/python3.11``); ``files``, ``bytes`` scanned;
+  ``top``: the names at the top of ``root`` but ``.transplant``; ``lock``: whether
+  ``root/.transplant/lock`` exists.
+* ``relocate`` (run by the clone's own interpreter): ``{"root", "old", "new", "edits",
+  "links"}``; each edit ``{"path", "head_old", "head_new"}`` (both null: no head change)
+  replaces the file's head, then every whole-path ``old`` in the rest of the file by
+  ``new``; each link ``{"path", "target"}`` is re-made pointing at ``target``. Then every
+  RECORD row naming an edited file gets its new ``sha256=`` hash and size, the cached
+  bytecode of an edited ``.py`` file is removed, and the tree is scanned again: the answer
+  is ``{"edited", "relinked", "records", "bytecode_removed", "scan": <scan answer>}``.
+
+Edited files are written to a temporary name and renamed (mode kept), except files with
+other hardlinks inside the clone, which are rewritten in place so the links stay links.
+Nothing outside ``root`` is written; a path that leaves ``root`` is refused.
+"""
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import stat
+import sys
+import tempfile
+
+_CHUNK = 8 << 20
+_HEAD_MAX = 4096
+_SH_EXEC = b"'" * 3 + b"exec'"
+_SKIP = ".transplant"
+
+
+def _pattern(old):
+    """Whole-path matches of ``old``: not inside a longer name on either side; ``file://``
+    may precede it."""
+    return re.compile(rb"(?:(?<![A-Za-z0-9_.\-/])|(?<=file://))" + re.escape(old) + rb"(?![A-Za-z0-9_.\-])")
+
+
+def _inside(root, rel):
+    full = os.path.normpath(os.path.join(root, rel))
+    if not full.startswith(root.rstrip("/") + "/"):
+        raise ValueError("path leaves the venv: " + rel)
+    parent = os.path.realpath(os.path.dirname(full))
+    real_root = os.path.realpath(root)
+    if parent != real_root and not parent.startswith(real_root + "/"):
+        raise ValueError("path leaves the venv through a symlink: " + rel)
+    return full
+
+
+def script_head(data):
+    """(head, body) as the probe splits them: the shebang line, plus the second line of
+    pip's ``#!/bin/sh`` + ``'''exec'`` form; (None, data) without a shebang."""
+    if not data.startswith(b"#!"):
+        return None, data
+    first, sep, rest = data.partition(b"\n")
+    head = first + sep
+    if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
+        second, sep2, rest = rest.partition(b"\n")
+        head += second + sep2
+    return head, rest
+
+
+def _file_hit(full, old, pattern):
+    """(named, binary, head text) for one regular file."""
+    named = binary = False
+    head = None
+    tail = b""
+    keep = len(old) + 16
+    try:
+        with open(full, "rb") as handle:
+            first = True
+            while True:
+                block = handle.read(_CHUNK)
+                if not block:
+                    break
+                if first:
+                    first = False
+                    found, _ = script_head(block[:_HEAD_MAX])
+                    if found is not None:
+                        try:
+                            head = found.decode("utf-8")
+                        except UnicodeDecodeError:
+                            head = None
+                if not binary and b"\0" in block:
+                    binary = True
+                window = tail + block
+                if not named and old in window and pattern.search(window):
+                    named = True
+                if named and binary:
+                    break
+                tail = window[-keep:]
+    except OSError:
+        return False, False, None
+    if named and not binary:
+        try:
+            with open(full, "rb") as handle:
+                handle.read().decode("utf-8")
+        except UnicodeDecodeError:
+            binary = True
+        except OSError:
+            pass
+    return named, binary, head
+
+
+def scan(root, old):
+    """The ``scan`` answer (see the module docstring)."""
+    root = os.path.normpath(root)
+    raw = old.encode("utf-8", "surrogateescape")
+    pattern = _pattern(raw)
+    hits, links, external = [], [], []
+    files = size = 0
+    for folder, dirs, names in os.walk(root):
+        if folder == root and _SKIP in dirs:
+            dirs.remove(_SKIP)
+        dirs.sort()
+        for name in list(dirs):
+            full = os.path.join(folder, name)
+            if os.path.islink(full):  # os.walk does not descend into it; report it as a link
+                names.append(name)
+        for name in sorted(names):
+            full = os.path.join(folder, name)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            try:
+                info = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISLNK(info.st_mode):
+                target = os.readlink(full)
+                if target.startswith("/") and pattern.search(target.encode("utf-8", "surrogateescape")):
+                    links.append({"path": rel, "target": target})
+                elif target.startswith("/"):
+                    external.append({"path": rel, "target": target})
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            files += 1
+            size += info.st_size
+            named, binary, head = _file_hit(full, raw, pattern)
+            if named:
+                hits.append({"path": rel, "binary": binary, "head": head})
+    return {"hits": hits, "links": links, "external": external, "files": files, "bytes": size,
+            "top": sorted(n for n in os.listdir(root) if n != _SKIP),
+            "lock": os.path.lexists(os.path.join(root, _SKIP, "lock"))}
+
+
+def _write(full, data):
+    info = os.lstat(full)
+    if info.st_nlink > 1:  # keep the clone's own hardlinks linked: rewrite the shared inode
+        with open(full, "r+b") as handle:
+            handle.write(data)
+            handle.truncate()
+        return
+    fd, temp = tempfile.mkstemp(prefix=".relocate-", dir=os.path.dirname(full))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(temp, stat.S_IMODE(info.st_mode))
+        os.replace(temp, full)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+def _drop_bytecode(full):
+    """Remove the cached bytecode of an edited ``.py`` file (it holds the old text); Python
+    compiles it again on the next import. Returns how many files went."""
+    folder, name = os.path.split(full)
+    stem, ext = os.path.splitext(name)
+    cache = os.path.join(folder, "__pycache__")
+    if ext != ".py" or os.path.islink(cache) or not os.path.isdir(cache):
+        return 0
+    gone = 0
+    for entry in os.listdir(cache):
+        if entry.startswith(stem + ".") and entry.endswith(".pyc") and entry.count(".") == stem.count(".") + 2:
+            os.unlink(os.path.join(cache, entry))
+            gone += 1
+    return gone
+
+
+def _digest(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
+
+
+def _update_records(root, edited):
+    """Give every RECORD row naming an edited file its new hash and size; returns the RECORDs changed."""
+    changed = []
+    for folder, dirs, names in os.walk(root):
+        if folder == root and _SKIP in dirs:
+            dirs.remove(_SKIP)
+        if not folder.endswith(".dist-info") or "RECORD" not in names:
+            continue
+        record = os.path.join(folder, "RECORD")
+        if os.path.islink(record):
+            continue
+        site = os.path.dirname(folder)
+        with open(record, "r", encoding="utf-8", newline="") as handle:
+            rows = list(csv.reader(handle))
+        touched = False
+        for row in rows:
+            if len(row) < 3 or not row[0]:
+                continue
+            full = os.path.normpath(row[0] if row[0].startswith("/") else os.path.join(site, row[0]))
+            if full in edited and full != record:
+                data = edited[full]
+                row[1], row[2] = _digest(data), str(len(data))
+                touched = True
+        if touched:
+            out = io.StringIO()
+            csv.writer(out, lineterminator="\n").writerows(rows)
+            _write(record, out.getvalue().encode("utf-8"))
+            changed.append(os.path.relpath(record, root))
+    return sorted(changed)
+
+
+def relocate(request):
+    """The ``relocate`` answer (see the module docstring)."""
+    root = os.path.normpath(request["root"])
+    old, new = request["old"], request["new"]
+    raw_old, raw_new = old.encode("utf-8"), new.encode("utf-8")
+    pattern = _pattern(raw_old)
+    edited = {}
+    bytecode = 0
+    for edit in request.get("edits", []):
+        full = _inside(root, edit["path"])
+        if os.path.islink(full) or not os.path.isfile(full):
+            raise ValueError("not a regular file in the clone: " + edit["path"])
+        with open(full, "rb") as handle:
+            data = handle.read()
+        head, body = b"", data
+        if edit.get("head_old") is not None:
+            found, rest = script_head(data)
+            if found is None or found.decode("utf-8", "replace") != edit["head_old"]:
+                raise ValueError("the head of {} changed since the scan".format(edit["path"]))
+            head, body = edit["head_new"].encode("utf-8"), rest
+        result = head + pattern.sub(lambda _m: raw_new, body)
+        if result != data:
+            _write(full, result)
+            bytecode += _drop_bytecode(full)
+        edited[full] = result
+    relinked = 0
+    for link in request.get("links", []):
+        full = _inside(root, link["path"])
+        if not os.path.islink(full):
+            raise ValueError("not a symlink in the clone: " + link["path"])
+        temp = os.path.join(os.path.dirname(full), ".relocate-link-" + os.path.basename(full))
+        os.symlink(link["target"], temp)
+        os.replace(temp, full)
+        relinked += 1
+    records = _update_records(root, edited)
+    return {"edited": len(edited), "relinked": relinked, "records": records, "bytecode_removed": bytecode,
+            "scan": scan(root, old)}
+
+
+def _dest_state(dest):
+    if not os.path.lexists(dest):
+        return "absent"
+    if os.path.islink(dest) or not os.path.isdir(dest):
+        return "not-a-folder"
+    entries = os.listdir(dest)
+    if not entries:
+        return "empty"
+    return "venv" if "pyvenv.cfg" in entries else "nonempty"
+
+
+def check(request):
+    """The ``check`` answer (see the module docstring)."""
+    dest = os.path.normpath(request["dest"])
+    parent = os.path.dirname(dest)
+    while parent != "/" and not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    return {
+        "implementation": sys.implementation.name,
+        "version": platform.python_version(),
+        "executable": sys.executable,
+        "dest_state": _dest_state(dest),
+        "parent": parent,
+        "parent_writable": os.access(parent, os.W_OK | os.X_OK),
+        "exists": {p: os.path.exists(p) for p in request.get("paths", [])},
+    }
+
+
+def main(argv):
+    """Run the operation ``argv[0]`` on the JSON request from standard input; print the answer."""
+    request = json.loads(sys.stdin.read() or "{}")
+    op = argv[0] if argv else ""
+    try:
+        if op == "check":
+            answer = check(request)
+        elif op == "scan":
+            answer = scan(request["root"], request["old"])
+        elif op == "relocate":
+            answer = relocate(request)
+        else:
+            answer = {"error": "unknown operation " + repr(op)}
+    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        answer = {"error": "{}: {}".format(type(exc).__name__, exc)}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
