@@ -1,0 +1,318 @@
+"""``transplant clone``: real venvs (a console script from a real wheel with an entry point,
+two ``pip install -e`` projects, a ``.pth`` file, symlinks and hardlinks) cloned to another
+path on the controller, on one SSH host and between two loopback sshd hosts; the clones'
+scripts and imports run with their own interpreters."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from transplant.cli import main
+from transplant.lab.wheels import build_wheel
+
+SITE = "lib/python3.11/site-packages"
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+[project]
+name = "{name}"
+version = "0.1"
+[tool.setuptools]
+packages = ["{name}"]
+"""
+
+
+def _python() -> str:
+    return getattr(sys, "_base_executable", sys.executable)
+
+
+def build_source(run: Callable[[list[str]], None], path: Callable[[str], Path], venv: str, proj: str,
+                 wheels: Path) -> None:
+    """A venv at ``venv`` (as the host sees it) with: the console script ``hello`` from a wheel
+    with an entry point; ``projmod`` installed with ``pip install -e`` from ``proj`` (outside the
+    venv); ``inmod`` installed with ``pip install -e`` from ``<venv>/src/inproj`` (inside it);
+    ``extra.pth`` naming ``<venv>/extra``; a hardlinked pair; an absolute symlink into the venv
+    and a relative one. ``path`` maps a host path to the controller's."""
+    wheel = build_wheel(wheels, "hello-cli", "1.0", {
+        "hello_cli/__init__.py": "def main():\n    import sys\n    print('hello from', sys.prefix)\n",
+        "hello_cli/data.txt": "data\n"}, entry_points="[console_scripts]\nhello = hello_cli:main\n")
+    run([_python(), "-m", "venv", "--without-pip", venv])
+    pip = [sys.executable, "-m", "pip", "--python", f"{venv}/bin/python", "install", "-q", "--disable-pip-version-check"]
+    run([*pip, "--no-index", "--no-deps", str(wheel)])
+    for name, folder in (("projmod", proj), ("inmod", f"{venv}/src/inproj")):
+        (path(folder) / name).mkdir(parents=True, exist_ok=True)
+        (path(folder) / name / "__init__.py").write_text(f"WHO = {name!r}\n")
+        (path(folder) / "pyproject.toml").write_text(PYPROJECT.format(name=name))
+        run([*pip, "--no-deps", "-e", folder])
+    (path(venv) / "extra").mkdir()
+    (path(venv) / "extra" / "extramod.py").write_text("Z = 3\n")
+    (path(venv) / SITE / "extra.pth").write_text(f"{venv}/extra\n")
+    os.link(path(venv) / SITE / "hello_cli" / "data.txt", path(venv) / SITE / "hello_cli" / "data-link.txt")
+    os.symlink(f"{venv}/extra/extramod.py", path(venv) / "abs-link.py")
+    os.symlink("hello_cli/data.txt", path(venv) / SITE / "rel-link.txt")
+
+
+def tree_naming(root: Path, prefix: str) -> tuple[list[str], list[str]]:
+    """(text files, binary files) under root whose bytes contain ``prefix`` as a whole path, symlinks
+    not followed; independent of transplant's own scan."""
+    import re
+
+    pattern = re.compile(re.escape(prefix.encode()) + rb"(?![A-Za-z0-9_.-])")
+    text, binary = [], []
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            full = Path(folder) / name
+            if full.is_symlink() or not full.is_file():
+                continue
+            data = full.read_bytes()
+            if pattern.search(data):
+                (binary if b"\0" in data else text).append(str(full.relative_to(root)))
+    return sorted(text), sorted(binary)
+
+
+def clone_json(*argv: str, capsys) -> tuple[int, dict]:
+    code = main(["clone", *argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+def check_clone(run: Callable[[list[str]], subprocess.CompletedProcess], path: Callable[[str], Path], src: str,
+                dst: str, proj: str, source: tuple[Callable, Callable] | None = None) -> None:
+    """What every clone must show, whichever host it is on (``source``: the source host's
+    ``run`` and ``path`` when it is another host)."""
+    src_run, src_path = source or (run, path)
+    # the console script runs the clone's interpreter
+    out = run([f"{dst}/bin/hello"]).stdout.decode()
+    assert out.strip() == f"hello from {dst}"
+    # imports with the clone's interpreter: the in-venv editable and the .pth folder resolve inside the clone
+    probe = "import projmod, inmod, extramod, hello_cli, sys; print(projmod.__file__, inmod.__file__, " \
+            "extramod.__file__, hello_cli.__file__, sys.prefix)"
+    files = run([f"{dst}/bin/python", "-c", probe]).stdout.decode().split()
+    assert files == [f"{proj}/projmod/__init__.py", f"{dst}/src/inproj/inmod/__init__.py", f"{dst}/extra/extramod.py",
+                     f"{dst}/{SITE}/hello_cli/__init__.py", dst]
+    # bin/activate sets the clone's prefix
+    env = run(["bash", "-c", f". {dst}/bin/activate && echo $VIRTUAL_ENV && command -v python"]).stdout.decode()
+    assert env.split() == [dst, f"{dst}/bin/python"]
+    root = path(dst)
+    text, binary = tree_naming(root, src)
+    assert text == []  # no text file names the old prefix: scripts, activate*, pyvenv.cfg, RECORD, .pth, finder
+    assert all(p.endswith(".pyc") for p in binary), binary
+    for name in ("activate", "activate.csh", "activate.fish"):  # (Activate.ps1 finds its venv from its own path)
+        assert dst in (root / "bin" / name).read_text(), name
+    assert (root / "pyvenv.cfg").read_text().count(dst) == 1
+    # symlinks stay symlinks: relative ones as they were, absolute ones into the venv repointed
+    assert os.readlink(root / "lib64") == "lib"
+    assert os.readlink(root / SITE / "rel-link.txt") == "hello_cli/data.txt"
+    assert os.readlink(root / "abs-link.py") == f"{dst}/extra/extramod.py"
+    # hardlinks stay hardlinks within the clone, and share nothing with the source
+    data, link = root / SITE / "hello_cli" / "data.txt", root / SITE / "hello_cli" / "data-link.txt"
+    assert data.stat().st_ino == link.stat().st_ino and data.stat().st_nlink == 2
+    source_data = src_path(src) / SITE / "hello_cli" / "data.txt"
+    assert data.stat().st_ino != source_data.stat().st_ino
+    # RECORD carries the rewritten script's new hash
+    record = (root / SITE / "hello_cli-1.0.dist-info" / "RECORD").read_text()
+    import base64
+    import hashlib
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256((root / "bin" / "hello").read_bytes()).digest()).rstrip(b"=")
+    assert f"../../../bin/hello,sha256={digest.decode()}," in record
+    # editing the clone leaves the source untouched (a hardlinked file and a script)
+    before = {p: (src_path(src) / p).read_bytes() for p in (f"{SITE}/hello_cli/data.txt", f"{SITE}/hello_cli/__init__.py")}
+    data.write_text("edited in the clone\n")
+    (root / SITE / "hello_cli" / "__init__.py").write_text("def main():\n    print('edited')\n")
+    assert link.read_text() == "edited in the clone\n"
+    assert {p: (src_path(src) / p).read_bytes() for p in before} == before
+    assert src_run([f"{src}/bin/hello"]).stdout.decode().strip() == f"hello from {src}"
+
+
+@pytest.fixture(scope="module")
+def local_source(tmp_path_factory):
+    base = tmp_path_factory.mktemp("clone")
+    venv, proj = str(base / "src-venv"), str(base / "proj")
+
+    def run(argv):
+        return subprocess.run(argv, check=True, capture_output=True)
+
+    build_source(run, Path, venv, proj, base / "wheels")
+    return base, venv, proj
+
+
+def _local_run(argv):
+    return subprocess.run(argv, check=True, capture_output=True)
+
+
+def test_clone_on_the_controller_relocates_everything(local_source, capsys):
+    base, src, proj = local_source
+    dst = str(base / "clone-a")
+    code, report = clone_json(f"local:{src}", f"local:{dst}", capsys=capsys)
+    assert code == 0, report
+    assert report["ok"] is True and report["method"] == "cp --reflink=auto"
+    kinds = {e["kind"] for e in report["edited"]}
+    assert {"script", "activate script", "pyvenv.cfg", ".pth file", "editable finder", "direct_url.json"} <= kinds
+    assert {"path": "abs-link.py", "target": f"{dst}/extra/extramod.py"} in report["relinked"]
+    assert report["leftovers"]["text"] == [] and report["leftovers"]["links"] == []
+    assert not (Path(dst) / ".transplant").exists()
+    check_clone(_local_run, Path, src, dst, proj)
+
+
+def test_clone_refusals_change_nothing(local_source, capsys):
+    base, src, _ = local_source
+    busy = base / "busy"
+    busy.mkdir(exist_ok=True)
+    (busy / "keep.txt").write_text("mine\n")
+    code = main(["clone", f"local:{src}", f"local:{busy}"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1
+    assert f"the destination local:{busy} exists and is not empty; fix: choose another path" in out
+    assert "nothing was copied" in out
+    assert [p.name for p in busy.iterdir()] == ["keep.txt"]
+    # --replace deletes only a venv, never another folder
+    assert main(["clone", f"local:{src}", f"local:{busy}", "--replace"]) == 1
+    assert "--replace only deletes a venv" in " ".join(capsys.readouterr().out.split())
+    assert [p.name for p in busy.iterdir()] == ["keep.txt"]
+    for bad, why in ((f"{base}/x/../clone-b", "is not normalised"), (f"{src}/inner", "is inside the source"),
+                     (src, "is the source itself"), (f"{base}/with space", "a character a venv path may not hold")):
+        assert main(["clone", f"local:{src}", f"local:{bad}"]) == 1
+        assert why in " ".join(capsys.readouterr().out.split()), bad
+    assert not (base / "clone-b").exists() and not (base / "with space").exists()
+    assert main(["clone", f"local:{src}", "local:relative/venv"]) == 64
+    capsys.readouterr()
+    # a venv at the destination goes with --replace, and the clone is whole again
+    again = base / "clone-replace"
+    assert main(["clone", f"local:{src}", f"local:{again}"]) == 0
+    (again / "stale.txt").write_text("old clone\n")
+    assert main(["clone", f"local:{src}", f"local:{again}"]) == 1
+    assert "pass --replace to delete that venv first" in " ".join(capsys.readouterr().out.split())
+    assert main(["clone", f"local:{src}", f"local:{again}", "--replace"]) == 0
+    assert not (again / "stale.txt").exists()
+    assert subprocess.run([f"{again}/bin/hello"], capture_output=True, check=True).stdout.decode().strip() == \
+        f"hello from {again}"
+
+
+def test_clone_lists_text_files_it_cannot_relocate(local_source, capsys):
+    base, src, _ = local_source
+    own = base / "src-own"
+    assert main(["clone", f"local:{src}", f"local:{own}"]) == 0
+    # a config file that names the venv's prefix, which no rule knows how to rewrite, and a binary one
+    (own / SITE / "hello_cli" / "settings.ini").write_text(f"[paths]\ncache = {own}/cache\n")
+    (own / SITE / "hello_cli" / "blob.bin").write_bytes(b"\0\1" + str(own).encode() + b"/x\0")
+    capsys.readouterr()
+    dst = base / "clone-leftover"
+    code, report = clone_json(f"local:{own}", f"local:{dst}", capsys=capsys)
+    assert code == 3
+    assert report["ok"] is False
+    assert report["leftovers"]["text"] == [f"{SITE}/hello_cli/settings.ini"]
+    assert f"{SITE}/hello_cli/blob.bin" in report["leftovers"]["binary"]
+    code = main(["clone", f"local:{own}", f"local:{base / 'clone-leftover2'}"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 3
+    assert f"error: 1 text file(s) of the clone still name {own}: {SITE}/hello_cli/settings.ini" in out
+    assert f"warning: 1 binary file(s) still contain {own}: {SITE}/hello_cli/blob.bin" in out
+
+
+# -- SSH hosts ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lab_source(lab, tmp_path_factory):
+    donor = lab.hosts["donor"]
+    for name in ("donor", "target"):
+        lab.hosts[name].run(["rm", "-rf", "/srv/cl-src", "/srv/cl-proj", "/srv/cl-dst", "/srv/cl-same", "/srv/cl-py"])
+
+    def run(argv):
+        return donor.run(argv)
+
+    build_source(run, donor.path, "/srv/cl-src", "/srv/cl-proj", tmp_path_factory.mktemp("clwheels"))
+    return lab
+
+
+def _ssh_args(lab) -> list[str]:
+    return ["--identity-file", str(lab.identity_file), "--known-hosts", str(lab.known_hosts)]
+
+
+def test_clone_between_two_ssh_hosts(lab_source, capsys, tmp_path, monkeypatch):
+    lab = lab_source
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    donor, target = lab.hosts["donor"], lab.hosts["target"]
+    src, dst = f"{donor.spec}:/srv/cl-src", f"{target.spec}:/srv/cl-dst"
+    # the editable source /srv/cl-proj exists on the donor only: refused before anything is copied
+    assert main(["clone", src, dst, *_ssh_args(lab)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "editable install(s) import from /srv/cl-proj, /srv/cl-proj/projmod, which the destination lacks" in out
+    assert not target.path("/srv/cl-dst").exists()
+    # with the project there too (as a real second host would have it), the clone goes through the controller
+    shutil.copytree(donor.path("/srv/cl-proj"), target.path("/srv/cl-proj"))
+    code, report = clone_json(src, dst, *_ssh_args(lab), capsys=capsys)
+    assert code == 0, report
+    assert report["method"] == "rsync -aH"
+
+    def run(argv):
+        return target.run(argv)
+
+    check_clone(run, target.path, "/srv/cl-src", "/srv/cl-dst", "/srv/cl-proj", source=(donor.run, donor.path))
+    # the relay folder in the controller's state folder was used and is gone
+    assert list((tmp_path / "state" / "relay").iterdir()) == []
+
+
+def test_clone_on_one_ssh_host(lab_source, capsys):
+    lab = lab_source
+    donor = lab.hosts["donor"]
+    code, report = clone_json(f"{donor.spec}:/srv/cl-src", f"{donor.spec}:/srv/cl-same", *_ssh_args(lab),
+                              capsys=capsys)
+    assert code == 0, report
+    assert report["method"] == "cp --reflink=auto"
+    check_clone(donor.run, donor.path, "/srv/cl-src", "/srv/cl-same", "/srv/cl-proj")
+
+
+def _other_python() -> str | None:
+    """A real CPython of another major.minor than the one running the tests (3.9+), or None."""
+    for candidate in sorted(glob.glob("/root/.pyenv/versions/*/bin/python3.*") + glob.glob("/usr/bin/python3.*")
+                            + glob.glob("/usr/local/bin/python3.*")):
+        if not candidate.rsplit("python", 1)[1].replace(".", "").isdigit():
+            continue
+        done = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2] >= (3, 9), "
+                                                "sys.version_info[:2] != (3, 11))"], capture_output=True)
+        if done.returncode == 0 and done.stdout.split() == [b"True", b"True"]:
+            return candidate
+    return None
+
+
+def test_clone_refuses_a_missing_home_or_another_python(lab_source, capsys):
+    lab = lab_source
+    donor, target = lab.hosts["donor"], lab.hosts["target"]
+    other = _other_python()
+    if other is None:
+        pytest.skip("no second CPython (3.9+, not 3.11) on this machine to stand at the destination's home")
+    # a venv whose home is a folder private to the donor: /srv/cl-py/bin/python3.11 -> the real 3.11
+    donor.run(["mkdir", "-p", "/srv/cl-py/bin"])
+    donor.run(["ln", "-s", os.path.realpath(_python()), "/srv/cl-py/bin/python3.11"])
+    donor.run(["/srv/cl-py/bin/python3.11", "-m", "venv", "--without-pip", "/srv/cl-homed"])
+    assert "home = /srv/cl-py/bin" in donor.path("/srv/cl-homed/pyvenv.cfg").read_text()
+    src, dst = f"{donor.spec}:/srv/cl-homed", f"{target.spec}:/srv/cl-homed-clone"
+    assert main(["clone", src, dst, *_ssh_args(lab)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"pyvenv.cfg's home /srv/cl-py/bin has no Python on the destination {dst}" in out
+    assert "nothing was copied" in out
+    assert not target.path("/srv/cl-homed-clone").exists()
+    # the same home on the target holds another Python
+    target.run(["mkdir", "-p", "/srv/cl-py/bin"])
+    target.run(["ln", "-s", other, "/srv/cl-py/bin/python3.11"])
+    try:
+        assert main(["clone", src, dst, *_ssh_args(lab)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "the destination's Python at /srv/cl-py/bin is cpython 3." in out
+        assert "the source venv runs cpython 3.11." in out
+        assert not target.path("/srv/cl-homed-clone").exists()
+    finally:
+        target.run(["rm", "-rf", "/srv/cl-py"])
