@@ -316,3 +316,50 @@ def test_clone_refuses_a_missing_home_or_another_python(lab_source, capsys):
         assert not target.path("/srv/cl-homed-clone").exists()
     finally:
         target.run(["rm", "-rf", "/srv/cl-py"])
+
+
+# -- target.base -------------------------------------------------------------------------------------------------
+
+
+def test_manifest_target_base_clones_then_overlays(tmp_path, capsys):
+    wheels = tmp_path / "wheels"
+    new = build_wheel(wheels, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n"})
+    old = build_wheel(wheels / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
+    cli = build_wheel(wheels, "hello-cli", "1.0", {"hello_cli/__init__.py": "def main():\n    import sys\n"
+                                                   "    print('hello from', sys.prefix)\n"},
+                      entry_points="[console_scripts]\nhello = hello_cli:main\n")
+    donor, base, target = tmp_path / "donor", tmp_path / "base", tmp_path / "target"
+    for venv, dists in ((donor, [new]), (base, [old, cli])):
+        _local_run([_python(), "-m", "venv", "--without-pip", str(venv)])
+        _local_run([sys.executable, "-m", "pip", "--python", f"{venv}/bin/python", "install", "-q", "--no-index",
+                    "--no-deps", "--disable-pip-version-check", *map(str, dists)])
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: local, venv: {donor}}}
+        target: {{host: local, venv: {target}, base: {base}}}
+        overlay: [alpha]
+        """))
+    # plan: says the clone comes first, plans against the base, and writes nothing
+    assert main(["plan", str(manifest)]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"target.base: local:{target} does not exist; apply first clones local:{base} to it" in out
+    assert "upgrade" in out and not target.exists()
+    assert main(["plan", str(manifest), "--out", str(tmp_path / "plan.json")]) == 1
+    assert "a saved plan would not match it after the clone" in " ".join(capsys.readouterr().out.split())
+    assert not (tmp_path / "plan.json").exists()
+    # apply: clone, then the overlay on the clone; the base keeps its alpha 1.0
+    assert main(["apply", str(manifest), "--yes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"cloning local:{base} to it first" in out and "applied" in out
+    check = "import alpha, hello_cli, sys; print(alpha.V, alpha.__file__.startswith(sys.prefix))"
+    assert _local_run([f"{target}/bin/python", "-c", check]).stdout.split() == [b"2", b"True"]
+    assert _local_run([f"{base}/bin/python", "-c", check]).stdout.split() == [b"1", b"True"]
+    assert _local_run([f"{target}/bin/hello"]).stdout.decode().strip() == f"hello from {target}"
+    assert tree_naming(target, str(base))[0] == []
+    # the target exists now: the base is not cloned again, and nothing is left to change
+    assert main(["apply", str(manifest), "--yes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cloning" not in out and "nothing to change" in out
+    assert main(["plan", str(manifest)]) == 0
+    assert "target.base" not in capsys.readouterr().out

@@ -20,6 +20,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -76,6 +77,28 @@ class _Session:
         self.stack = stack
         self.ssh = _ssh_options(manifest)
         self._hosts: dict[str, Host] = {}
+        self._pending: bool | None = None
+
+    def clone_pending(self) -> bool:
+        """True when ``target.base`` is set and the target venv does not exist yet (see :mod:`transplant.cloning`)."""
+        if self._pending is None:
+            from .cloning import venv_exists
+
+            self._pending = self.manifest.target.base is not None and \
+                not venv_exists(self.host("target"), self.manifest.target.venv)
+        return self._pending
+
+    def base_host(self) -> Host:
+        """The host of ``target.base`` (the target's or donor's connection when it is the same host)."""
+        base = self.manifest.target.base
+        assert base is not None
+        for side in ("target", "donor"):
+            if base.host == getattr(self.manifest, side).host:
+                return self.host(side)
+        if "base" not in self._hosts:
+            with self.console.status(f"connecting to the base {base.host}"):
+                self._hosts["base"] = self.stack.enter_context(connect(base.host, self.ssh))
+        return self._hosts["base"]
 
     def host(self, side: str) -> Host:
         if side not in self._hosts:
@@ -89,6 +112,9 @@ class _Session:
         m = self.manifest
         patches = read_patch_files(m)
         donor_host, target_host = self.host("donor"), self.host("target")
+        if self.clone_pending():  # plan against the base: the clone will hold its files
+            assert m.target.base is not None
+            m, target_host = replace(m, target=m.target.base), self.base_host()
         with self.console.status("probing") as status:
             facts = gather(m, donor_host, target_host, patches, step=lambda line: status.update(line))
         return make_plan(m, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
@@ -112,7 +138,18 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         check_plan_destination(args.out, manifest=manifest.path)
         _refuse_inside_venvs(args.out, manifest)
     with ExitStack() as stack:
-        plan = _Session(manifest, console, stack).plan()
+        session = _Session(manifest, console, stack)
+        pending = session.clone_pending()
+        if pending and args.out:
+            raise TransplantError(f"target.base: {manifest.target} does not exist yet, so a saved plan would not "
+                                  f"match it after the clone", hint=f"apply the manifest itself (transplant apply "
+                                  f"{shlex.quote(manifest.path)}), or clone first: transplant clone "
+                                  f"{manifest.target.base} {manifest.target}")
+        plan = session.plan()
+    if pending:
+        console.print(f"target.base: {manifest.target} does not exist; apply first clones {manifest.target.base} to "
+                      f"it (as transplant clone does), then applies the overlay below, planned here against "
+                      f"{manifest.target.base}", markup=False, style="bold")
     if args.out:
         save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
@@ -123,7 +160,32 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
     if plan.blocking:
         return EXIT_BLOCKED
-    return EXIT_CHANGES if plan.has_changes else EXIT_OK
+    return EXIT_CHANGES if plan.has_changes or pending else EXIT_OK
+
+
+def _clone_base(args: argparse.Namespace, console: Console, session: _Session) -> None:
+    """``target.base``: clone the base venv to the (absent) target venv before the overlay."""
+    from .cloning import clone
+    from .clonereport import clone_report
+
+    m = session.manifest
+    assert m.target.base is not None
+    console.print(f"target.base: {m.target} does not exist; cloning {m.target.base} to it first", markup=False)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise TransplantError("apply needs confirmation and standard input is not a terminal",
+                                  hint=f"add --yes: transplant apply {shlex.quote(args.source)} --yes")
+        if console.input("clone it now (the overlay's plan is shown after)? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise TransplantError("nothing was changed: the clone was declined")
+    with console.status("cloning target.base") as status:
+        result = clone(session.base_host(), m.target.base.venv, session.host("target"), m.target.venv,
+                       state_dir=default_state_dir(), say=lambda line: status.update(line))
+    clone_report(console, result)
+    if result.leftovers.errors:
+        raise TransplantError(f"the clone {m.target} still names {m.target.base.venv} in files transplant cannot "
+                              f"rewrite (listed above); the overlay was not applied",
+                              hint=f"edit those files in {m.target.venv}, then run the same apply again")
+    session._pending = False
 
 
 def _progress(console: Console) -> Progress:
@@ -188,6 +250,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         manifest = load_manifest(source)
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
+        if saved is None and not (args.resume or args.rollback) and session.clone_pending():
+            _clone_base(args, console, session)
         if _finish_interrupted(args, console, session):
             return EXIT_OK
         if saved is not None:

@@ -36,7 +36,7 @@ from .relocation import Leftovers, Relocation, check_clone_paths, check_venv_pat
 from .rules.venvfiles import editable_sources
 from .transfer import copy_tree
 
-__all__ = ["CloneResult", "clone", "STATE"]
+__all__ = ["CloneResult", "clone", "venv_exists", "STATE"]
 
 #: transplant's state folder inside a venv; never copied into a clone.
 STATE = ".transplant"
@@ -207,6 +207,14 @@ def clone(
     return CloneResult(source=source, dest=dest, method=method, files=scanned["files"], bytes=scanned["bytes"],
                        relocation=relocation, records=tuple(done["records"]), leftovers=judge(done["scan"]),
                        warnings=tuple(warnings), seconds=time.monotonic() - started)
+
+
+def venv_exists(host: Host, venv: str) -> bool:
+    """True when ``venv/pyvenv.cfg`` exists on ``host`` (``target.base`` clones only while it does not).
+
+    :raises HostError: the host cannot be reached.
+    """
+    return host.run(["test", "-e", posixpath.join(venv, "pyvenv.cfg")]).returncode == 0
 
 
 def _run(host: Host, argv: list[str], what: str, timeout: float | None) -> None:

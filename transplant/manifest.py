@@ -40,10 +40,15 @@ _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-*?[]!")
 
 @dataclass(frozen=True, kw_only=True)
 class Endpoint:
-    """A venv on a host: ``host`` parsed from ``local`` or ``[user@]host[:port]``, ``venv`` absolute."""
+    """A venv on a host: ``host`` parsed from ``local`` or ``[user@]host[:port]``, ``venv`` absolute.
+
+    :ivar base: the target only (``target.base``): a venv to clone to ``venv`` (and relocate)
+        while ``venv`` does not exist, before the overlay; None when there is none.
+    """
 
     host: HostSpec
     venv: str
+    base: Endpoint | None = None
 
     def __str__(self) -> str:
         return f"{self.host}:{self.venv}"
@@ -229,8 +234,10 @@ def _relative(path: str) -> str | None:
     return norm
 
 
-def _endpoint(c: _Checker, value: Any, key: str) -> Endpoint | None:
+def _endpoint(c: _Checker, value: Any, key: str, *, base: bool = False) -> Endpoint | None:
     allowed = {"host": 'host: root@gpu-07 (or "local")', "venv": "venv: /root/venv_sglang"}
+    if base:
+        allowed["base"] = "base: /root/venv_base (a venv on the target's host to clone first)"
     data = c.mapping(value, key, allowed, required=("host", "venv"))
     host = venv = None
     if "host" in data:
@@ -259,7 +266,41 @@ def _endpoint(c: _Checker, value: Any, key: str) -> Endpoint | None:
                 venv = None
     if host is None or venv is None:
         return None
+    if base and data.get("base") is not None:
+        return _with_base(c, Endpoint(host=host, venv=venv), data["base"], f"{key}.base")
     return Endpoint(host=host, venv=venv)
+
+
+def _with_base(c: _Checker, target: Endpoint, value: Any, key: str) -> Endpoint | None:
+    """``target.base``: a path on the target's host, or ``{host, venv}``; both venvs must be
+    clone paths (:func:`transplant.relocation.check_venv_path`) and not overlap on one host."""
+    from .relocation import check_clone_paths, check_venv_path
+
+    if isinstance(value, str):
+        found = _endpoint(c, {"host": str(target.host), "venv": value}, key) if value.startswith("/") else None
+        if not value.startswith("/"):
+            c.add(key, f"expected an absolute venv path or {{host, venv}}, got {_kind(value)}",
+                  "write e.g. base: /root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}")
+    else:
+        found = _endpoint(c, value, key)
+    if found is None:
+        return None
+    problems = 0
+    for where, path in ((f"{key}.venv" if not isinstance(value, str) else key, found.venv),
+                        (key.rsplit(".", 1)[0] + ".venv", target.venv)):
+        try:
+            check_venv_path(path, where)
+        except ValueError as exc:
+            problems += 1
+            c.add(where, str(exc).split(": ", 1)[1], "give a plain absolute path (letters, digits, ._+@%=,:~- and /)")
+    if problems:
+        return None
+    try:
+        check_clone_paths(found.venv, target.venv, same_host=found.host == target.host)
+    except ValueError as exc:
+        c.add(key, str(exc), "clone the base to a venv path of its own, beside it")
+        return None
+    return Endpoint(host=target.host, venv=target.venv, base=found)
 
 
 def _ssh(c: _Checker, value: Any) -> SSHSettings:
@@ -500,7 +541,7 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
     if "version" in top and (top["version"] != 1 or isinstance(top["version"], bool)):
         c.add("version", f"expected 1, got {_kind(top['version'])}", "write version: 1 (the only manifest version)")
     donor = _endpoint(c, top["donor"], "donor") if "donor" in top else None
-    target = _endpoint(c, top["target"], "target") if "target" in top else None
+    target = _endpoint(c, top["target"], "target", base=True) if "target" in top else None
     ssh = _ssh(c, top.get("ssh"))
     overlay = _overlay(c, top["overlay"]) if "overlay" in top else ()
     patches = _patches(c, top.get("patches"))
@@ -511,7 +552,7 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
         codes = FINDING_CODES
     accept = _accept(c, top.get("accept"), codes)
     verify = _verify(c, top.get("verify"))
-    if donor is not None and target is not None and donor == target:
+    if donor is not None and target is not None and (donor.host, donor.venv) == (target.host, target.venv):
         c.add("target", f"the target is the donor ({donor})", "name another host or venv as the target")
     if c.problems or donor is None or target is None:
         raise ManifestError(path, c.problems or ["donor and target are required"])
