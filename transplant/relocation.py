@@ -62,7 +62,7 @@ def check_venv_path(path: object, what: str) -> str:
         raise ValueError(f"{what}: '/' cannot be a venv")
     if not _SAFE.match(path):
         raise ValueError(f"{what}: {path!r} has a character a venv path may not hold here (a blank, a quote, $, a "
-                         f"backquote, a backslash or a control character); choose a plain path")
+                         f"backquote, a backslash or a control character)")
     return path
 
 

@@ -1,0 +1,224 @@
+"""Cloning's pure core (what to rewrite, what is left, whether a clone may start), the host
+script's prefix matching run for real in a subprocess, and ``target.base`` validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from transplant import remote
+from transplant.errors import ManifestError
+from transplant.manifest import parse_manifest
+from transplant.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, editable_outside, judge,
+                                   preflight, relocatable_kind)
+
+OLD, NEW = "/srv/venv", "/opt/clones/venv-b"
+
+
+@pytest.mark.parametrize("path,why", [
+    ("venv", "'venv' is not an absolute path"),
+    ("/srv/../venv", "'/srv/../venv' is not normalised; write '/venv'"),
+    ("/srv/venv/", "'/srv/venv/' is not normalised; write '/srv/venv'"),
+    ("//srv/venv", "'//srv/venv' is not normalised"),
+    ("/", "'/' cannot be a venv"),
+    ("/srv/my venv", "'/srv/my venv' has a character a venv path may not hold here"),
+    ("/srv/$HOME", "has a character a venv path may not hold here"),
+])
+def test_clone_paths_must_be_plain_absolute_paths(path, why):
+    with pytest.raises(ValueError) as info:
+        check_venv_path(path, "the destination venv")
+    assert str(info.value).startswith("the destination venv: ") and why in str(info.value)
+
+
+def test_clone_paths_may_not_overlap_on_one_host():
+    assert check_venv_path("/srv/venv_base-2.1+cu130", "x") == "/srv/venv_base-2.1+cu130"
+    with pytest.raises(ValueError, match="is inside the source"):
+        check_clone_paths("/srv/v", "/srv/v/clone", same_host=True)
+    with pytest.raises(ValueError, match="is inside the destination"):
+        check_clone_paths("/srv/v/inner", "/srv/v", same_host=True)
+    with pytest.raises(ValueError, match="is the source itself"):
+        check_clone_paths("/srv/v", "/srv/v", same_host=True)
+    check_clone_paths("/srv/v", "/srv/v2", same_host=True)  # a sibling whose name starts alike
+    check_clone_paths("/srv/v", "/srv/v", same_host=False)  # the same path on another host
+
+
+@pytest.mark.parametrize("path,kind", [
+    ("pyvenv.cfg", "pyvenv.cfg"), ("bin/activate", "activate script"), ("bin/activate.fish", "activate script"),
+    ("bin/Activate.ps1", "activate script"), ("bin/torchrun", "script"),
+    ("lib/python3.11/site-packages/torch-2.13.0.dist-info/RECORD", "RECORD"),
+    ("lib/python3.11/site-packages/p-1.dist-info/direct_url.json", "direct_url.json"),
+    ("lib/python3.11/site-packages/__editable___p_1_finder.py", "editable finder"),
+    ("lib/python3.11/site-packages/extra.pth", ".pth file"),
+    ("lib/python3.11/site-packages/p.egg-link", ".egg-link file"),
+    ("share/jupyter/kernels/python3/kernel.json", "Jupyter kernel.json"),
+    ("lib/python3.11/site-packages/torch/__init__.py", None), ("lib/python3.11/site-packages/sub/x.pth", None),
+    ("bin/sub/tool", None), ("etc/config.ini", None),
+])
+def test_relocatable_kinds(path, kind):
+    assert relocatable_kind(path) == kind
+
+
+def test_decide_rewrites_known_files_repoints_links_and_expects_the_rest():
+    long_new = "/opt/" + "x" * 130 + "/venv"
+    scan = {
+        "hits": [
+            {"path": "bin/hello", "binary": False, "head": f"#!{OLD}/bin/python\n"},
+            {"path": "bin/activate", "binary": False, "head": None},
+            {"path": "bin/tool.sh", "binary": False, "head": "#!/bin/bash\n"},
+            {"path": "lib/python3.11/site-packages/a-1.dist-info/RECORD", "binary": False, "head": None},
+            {"path": "lib/python3.11/site-packages/a/settings.ini", "binary": False, "head": None},
+            {"path": "lib/python3.11/site-packages/a/__pycache__/b.cpython-311.pyc", "binary": True, "head": None},
+            {"path": "lib/python3.11/site-packages/a/_c.so", "binary": True, "head": None},
+        ],
+        "links": [{"path": "abs", "target": f"{OLD}/lib/x"}, {"path": "odd", "target": f"/mnt/file://{OLD}"}],
+    }
+    plan = decide(OLD, NEW, scan)
+    by_path = {e.path: e for e in plan.edits}
+    assert sorted(by_path) == ["bin/activate", "bin/hello", "bin/tool.sh",
+                               "lib/python3.11/site-packages/a-1.dist-info/RECORD"]
+    assert by_path["bin/hello"].head_old == f"#!{OLD}/bin/python\n"
+    assert by_path["bin/hello"].head_new == f"#!{NEW}/bin/python\n"
+    assert by_path["bin/tool.sh"].head_new is None  # its shebang is not the venv's: only the text is rewritten
+    assert [(ln.path, ln.target) for ln in plan.links] == [("abs", f"{NEW}/lib/x")]
+    assert plan.expected == Leftovers(text=("lib/python3.11/site-packages/a/settings.ini",),
+                                      binary=("lib/python3.11/site-packages/a/__pycache__/b.cpython-311.pyc",
+                                              "lib/python3.11/site-packages/a/_c.so"), links=("odd",))
+    assert plan.expected.bytecode == ("lib/python3.11/site-packages/a/__pycache__/b.cpython-311.pyc",)
+    # a prefix too long for a shebang gets pip's /bin/sh + exec form, as apply writes it
+    head = decide(OLD, long_new, scan).edits[1].head_new
+    assert head == f"#!/bin/sh\n'''exec' {long_new}/bin/python \"$0\" \"$@\"\n"
+    request = plan.to_request(NEW)
+    assert request["root"] == NEW and request["old"] == OLD and request["new"] == NEW
+    assert {"path": "abs", "target": f"{NEW}/lib/x"} in request["links"]
+
+
+def test_judge_sorts_what_the_clone_still_names():
+    left = judge({"hits": [{"path": "z.txt", "binary": False}, {"path": "a/__pycache__/m.cpython-311.pyc",
+                                                               "binary": True}], "links": [{"path": "l", "target": OLD}]})
+    assert left.text == ("z.txt",) and left.links == ("l",) and left.errors
+    assert not judge({"hits": [{"path": "x.so", "binary": True}], "links": []}).errors
+    assert editable_outside(["/srv/venv/src/p", "/home/me/p", "/srv/venv2/p", "/home/me/p"], OLD) == \
+        ["/home/me/p", "/srv/venv2/p"]
+
+
+def _check(**changes):
+    answer = {"implementation": "cpython", "version": "3.11.7", "executable": "/usr/bin/python3.11",
+              "dest_state": "absent", "parent": "/opt", "parent_writable": True,
+              "exists": {"/home/me/p": True, "/usr/bin/python3.11": True}}
+    answer.update(changes)
+    return answer
+
+
+def _preflight(check, **changes):
+    args = dict(source="local:/srv/venv", dest="h:/opt/v", pyvenv_cfg={"home": "/usr/bin", "version": "3.11.7"},
+                implementation="cpython", version="3.11.7", check=check, tried=["/usr/bin/python3.11"],
+                editable=["/home/me/p"], external=[{"path": "bin/python", "target": "/usr/bin/python3.11"}],
+                lock=False, replace=False)
+    args.update(changes)
+    return preflight(**args)
+
+
+def test_preflight_passes_a_good_destination_and_warns_on_another_micro_version():
+    assert _preflight(_check()) == ([], [])
+    problems, warnings = _preflight(_check(version="3.11.2"))
+    assert problems == [] and warnings == ["the destination's Python is 3.11.2, the source's 3.11.7 (same 3.11, so "
+                                           "the same ABI)"]
+    assert _preflight(_check(dest_state="empty"))[0] == []
+    assert _preflight(_check(dest_state="venv"), replace=True)[0] == []
+
+
+def test_preflight_names_every_problem_with_its_fix():
+    problems, _ = _preflight(_check(implementation="cpython", version="3.12.1", dest_state="nonempty",
+                                    parent_writable=False, exists={"/home/me/p": False}), lock=True)
+    assert problems == [
+        "local:/srv/venv holds a transplant lock (.transplant/lock): an apply is running there or was interrupted, so "
+        "its files may be half-changed; fix: wait for it, or finish it with 'transplant apply MANIFEST --resume' "
+        "(or --rollback)",
+        "the destination's Python at /usr/bin is cpython 3.12.1, the source venv runs cpython 3.11.7; its extension "
+        "modules and site-packages folder (python3.11) need the same Python; fix: clone to a host with cpython 3.11 "
+        "at /usr/bin",
+        "the destination h:/opt/v exists and is not empty; fix: choose another path (--replace only deletes a venv, "
+        "a folder holding pyvenv.cfg)",
+        "/opt on the destination is not writable, so /opt/v cannot be made there; fix: choose a writable place, or "
+        "fix its permissions",
+        "editable install(s) import from /home/me/p, which the destination lacks; the clone's imports would fail; "
+        "fix: put the source there at the same path, or reinstall the project as a regular install in the source "
+        "venv (pip install --no-deps --force-reinstall SOURCE)",
+        "symlink(s) of the venv point to bin/python -> /usr/bin/python3.11, which the destination lacks; fix: install "
+        "that there, or recreate the venv's links",
+    ]
+    problems, _ = _preflight(None)
+    assert problems == ["pyvenv.cfg's home /usr/bin has no Python on the destination h:/opt/v (tried "
+                        "/usr/bin/python3.11); the clone's python would not start; fix: install Python 3.11 at "
+                        "/usr/bin there, or clone to a host that has it"]
+    assert "pass --replace to delete that venv first" in _preflight(_check(dest_state="venv"))[0][0]
+    assert "is not a folder" in _preflight(_check(dest_state="not-a-folder"))[0][0]
+    assert "has no pyvenv.cfg with a home" in _preflight(None, pyvenv_cfg=None)[0][0]
+
+
+def _scan(root, old):
+    code = remote.source("relocate").decode()
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, "scan"], input=json.dumps(
+        {"root": str(root), "old": old}).encode(), capture_output=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_host_scan_matches_whole_paths_only(tmp_path):
+    root = tmp_path / "v"
+    (root / ".transplant").mkdir(parents=True)
+    old = str(root)
+    files = {
+        "plain.txt": f"x = {old}/lib\n", "quoted.txt": f"'{old}'\n", "url.json": f'{{"url": "file://{old}/src"}}',
+        "end.txt": f"home={old}", "longer.txt": f"{old}2/lib\n", "inside.txt": f"/mnt{old}/lib\n",
+        "dotted.txt": f"{old}.bak\n", "bin.so": b"\x7fELF\0" + old.encode() + b"/x\0",
+        "latin1.txt": b"\xe9" + old.encode() + b"\n", ".transplant/lock": old,
+    }
+    for name, data in files.items():
+        (root / name).write_bytes(data.encode() if isinstance(data, str) else data)
+    (root / "link").symlink_to(f"{old}/plain.txt")
+    (root / "python").symlink_to("/usr/bin/python3")
+    report = _scan(root, old)
+    hits = {h["path"]: h["binary"] for h in report["hits"]}
+    assert hits == {"plain.txt": False, "quoted.txt": False, "url.json": False, "end.txt": False, "bin.so": True,
+                    "latin1.txt": True}
+    assert report["links"] == [{"path": "link", "target": f"{old}/plain.txt"}]
+    assert report["external"] == [{"path": "python", "target": "/usr/bin/python3"}]
+    assert report["lock"] is True and ".transplant" not in report["top"]
+    assert report["files"] == len(files) - 1
+
+
+def test_manifest_target_base_is_checked():
+    def load(target):
+        return parse_manifest({"version": 1, "donor": {"host": "local", "venv": "/srv/donor"}, "overlay": ["x"],
+                               "target": target}, path="m.yaml")
+
+    m = load({"host": "root@gpu", "venv": "/srv/new", "base": "/srv/base"})
+    assert (str(m.target.base), str(m.target)) == ("root@gpu:/srv/base", "root@gpu:/srv/new")
+    m = load({"host": "root@gpu", "venv": "/srv/new", "base": {"host": "local", "venv": "/srv/base"}})
+    assert str(m.target.base) == "local:/srv/base"
+    for target, problem in (
+        ({"host": "local", "venv": "/srv/new", "base": "base"},
+         "target.base: expected an absolute venv path or {host, venv}, got the string 'base'; fix: write e.g. base: "
+         "/root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}"),
+        ({"host": "local", "venv": "/srv/new", "base": "/srv/new/base"},
+         "target.base: the source /srv/new/base is inside the destination /srv/new; fix: clone the base to a venv "
+         "path of its own, beside it"),
+        ({"host": "local", "venv": "/srv/new venv", "base": "/srv/base"},
+         "target.venv: '/srv/new venv' has a character a venv path may not hold here (a blank, a quote, $, a "
+         "backquote, a backslash or a control character); fix: give a plain absolute path (letters, digits, "
+         "._+@%=,:~- and /)"),
+        ({"host": "local", "venv": "/srv/new", "base": {"venv": "/srv/b"}},
+         "target.base.host: missing; fix: add it: host: root@gpu-07 (or \"local\")"),
+        ({"host": "local", "venv": "/srv/new", "base": {"host": "local", "venv": "/srv/b", "base": "/x"}},
+         "target.base.base: unknown key; fix: remove it; allowed keys: host, venv"),
+    ):
+        with pytest.raises(ManifestError) as info:
+            load(target)
+        assert info.value.problems == [problem]
+    with pytest.raises(ManifestError) as info:
+        parse_manifest({"version": 1, "donor": {"host": "local", "venv": "/srv/d", "base": "/x"}, "overlay": ["x"],
+                        "target": {"host": "local", "venv": "/srv/t"}}, path="m.yaml")
+    assert info.value.problems[0].startswith("donor.base: unknown key")
