@@ -363,3 +363,45 @@ def test_manifest_target_base_clones_then_overlays(tmp_path, capsys):
     assert "cloning" not in out and "nothing to change" in out
     assert main(["plan", str(manifest)]) == 0
     assert "target.base" not in capsys.readouterr().out
+
+
+# -- the demo's target ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.demo
+def test_verify_passes_on_a_clone_of_the_demo_target(lab, tmp_path, capsys):
+    """The demo's real target venv (torch 2.13.0 CPU, sglang 0.5.9, flashinfer; 1.9 GB) cloned on one
+    loopback host; ``transplant verify`` with the clone as target and its source as the reference."""
+    from transplant import demo
+    from transplant.lab import Lab
+
+    srv = demo.build_demo_venv("target", demo._cache_root())
+    with Lab(tmp_path / "lab", ("clonedemo",)) as own:
+        host = own.hosts["clonedemo"]
+        subprocess.run(["cp", "-al", str(srv / "venv_sglang"), str(host.path(demo.VENV))], check=True)
+        spec = host.spec
+        code, report = clone_json(f"{spec}:{demo.VENV}", f"{spec}:/srv/venv_clone", *_ssh_args(own), capsys=capsys)
+        assert code == 0, report
+        assert report["leftovers"]["text"] == [] and report["leftovers"]["links"] == []
+        assert any(e["path"].startswith("bin/torchrun") for e in report["edited"])
+        manifest = tmp_path / "verify.yaml"
+        manifest.write_text(textwrap.dedent(f"""\
+            version: 1
+            donor: {{host: "{spec}", venv: {demo.VENV}}}
+            target: {{host: "{spec}", venv: /srv/venv_clone}}
+            ssh: {{identity_file: {own.identity_file}, known_hosts: {own.known_hosts}}}
+            overlay: [torch]
+            verify:
+              imports: [torch, sglang, flashinfer, sgl_kernel]
+              smoke: {{device: cpu}}
+            """))
+        code = main(["verify", str(manifest), "--json"])
+        result = json.loads(capsys.readouterr().out)
+        assert code == 0, result
+        stages = {s["name"]: s for s in result["stages"]}
+        assert [stages[n]["status"] for n in ("imports", "requirements", "smoke")] == ["pass", "pass", "pass"]
+        files = json.dumps(stages["imports"]["details"])
+        assert "/srv/venv_clone/lib/python3.11/site-packages/torch/__init__.py" in files
+        assert demo.VENV + "/" not in files
+        # the source is untouched: its console scripts still run its own interpreter
+        assert host.path(f"{demo.VENV}/bin/torchrun").read_text().startswith(f"#!{demo.VENV}/bin/python")
