@@ -16,9 +16,9 @@ __all__ = ["clone_report"]
 _SHOWN = 20
 
 
-def _names(paths: tuple[str, ...]) -> str:
-    shown = ", ".join(paths[:_SHOWN])
-    return shown + (f" and {len(paths) - _SHOWN} more (--json lists all)" if len(paths) > _SHOWN else "")
+def _names(paths: tuple[str, ...], limit: int = _SHOWN) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more (--json lists all)" if len(paths) > limit else "")
 
 
 def clone_report(console: Console, result: CloneResult) -> None:
@@ -29,11 +29,11 @@ def clone_report(console: Console, result: CloneResult) -> None:
     """
     r, left = result.relocation, result.leftovers
     kinds = Counter(e.kind for e in r.edits)
-    edited = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no file"
+    edited = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "no file"
     say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
     say(f"copied {result.files} files ({human_bytes(result.bytes)}) from {result.source} to {result.dest} "
         f"with {result.method}")
-    say(f"rewrote {edited} naming {r.old}; repointed {len(r.links)} symlink(s); updated {len(result.records)} "
+    say(f"rewrote what named {r.old} ({edited}); repointed {len(r.links)} symlink(s); updated {len(result.records)} "
         f"RECORD file(s) for the rewritten files")
     for line in result.warnings:
         console.print(Text.assemble(("warning: ", "yellow"), line))
@@ -44,7 +44,7 @@ def clone_report(console: Console, result: CloneResult) -> None:
     if left.bytecode:
         console.print(Text.assemble(("warning: ", "yellow"), f"{len(left.bytecode)} bytecode file(s) record "
                                     f"{r.old} as their source path (Python corrects it at import): "
-                                    f"{_names(left.bytecode)}"))
+                                    f"{_names(left.bytecode, 3)}"))
     if left.errors:
         if left.text:
             console.print(Text.assemble(("error: ", "bold red"), f"{len(left.text)} text file(s) of the clone still "

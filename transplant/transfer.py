@@ -131,30 +131,40 @@ def copy_files(
         if not root.startswith("/"):
             raise ValueError(f"root folders must be absolute paths, got {root!r}")
     paths = [check_relpath(p) for p in relpaths]
-    started = time.monotonic()
     if not paths:
         return TransferResult(files=0, bytes=0, seconds=0.0)
     listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+    return _one_or_two_legs(src, src_root, dst, dst_root, listing, _RSYNC_OPTIONS, staging, progress, timeout)
+
+
+def _one_or_two_legs(
+    src: Host,
+    src_root: str,
+    dst: Host,
+    dst_root: str,
+    listing: bytes,
+    options: Sequence[str],
+    staging: Path,
+    progress: ProgressCallback | None,
+    timeout: float | None,
+) -> TransferResult:
+    """One rsync when a side is the controller; else two, relayed through a fresh folder
+    under ``staging`` on the controller (removed afterwards)."""
+    started = time.monotonic()
     deadline = None if timeout is None else started + timeout
-
-    src_remote = src.rsync_rsh() is not None
-    dst_remote = dst.rsync_rsh() is not None
-    if not (src_remote and dst_remote):
-        stats = _rsync(src, src_root, dst, dst_root, listing, progress, (0, 1), deadline, timeout)
+    if src.rsync_rsh() is None or dst.rsync_rsh() is None:
+        stats = _rsync(src, src_root, dst, dst_root, listing, progress, (0, 1), deadline, timeout, options)
         return TransferResult(files=stats.files, bytes=stats.wire, seconds=time.monotonic() - started)
-
     staging = Path(staging)
     staging.mkdir(parents=True, exist_ok=True)
     relay = tempfile.mkdtemp(prefix="relay-", dir=staging)
     try:
         controller = LocalHost()
-        first = _rsync(src, src_root, controller, relay, listing, progress, (0, 2), deadline, timeout)
-        second = _rsync(controller, relay, dst, dst_root, listing, progress, (1, 2), deadline, timeout)
+        first = _rsync(src, src_root, controller, relay, listing, progress, (0, 2), deadline, timeout, options)
+        second = _rsync(controller, relay, dst, dst_root, listing, progress, (1, 2), deadline, timeout, options)
     finally:
         shutil.rmtree(relay, ignore_errors=True)
-    return TransferResult(
-        files=second.files, bytes=first.wire + second.wire, seconds=time.monotonic() - started
-    )
+    return TransferResult(files=second.files, bytes=first.wire + second.wire, seconds=time.monotonic() - started)
 
 
 def copy_tree(
@@ -188,21 +198,7 @@ def copy_tree(
         if not name or "/" in name or name in (".", "..") or any(c in name for c in "*?[\\"):
             raise ValueError(f"exclude must be a plain name, got {name!r}")
         options.append(f"--exclude=/{name}")
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    if src.rsync_rsh() is None or dst.rsync_rsh() is None:
-        stats = _rsync(src, src_root, dst, dst_root, b"", progress, (0, 1), deadline, timeout, options)
-        return TransferResult(files=stats.files, bytes=stats.wire, seconds=time.monotonic() - started)
-    staging = Path(staging)
-    staging.mkdir(parents=True, exist_ok=True)
-    relay = tempfile.mkdtemp(prefix="relay-", dir=staging)
-    try:
-        controller = LocalHost()
-        first = _rsync(src, src_root, controller, relay, b"", progress, (0, 2), deadline, timeout, options)
-        second = _rsync(controller, relay, dst, dst_root, b"", progress, (1, 2), deadline, timeout, options)
-    finally:
-        shutil.rmtree(relay, ignore_errors=True)
-    return TransferResult(files=second.files, bytes=first.wire + second.wire, seconds=time.monotonic() - started)
+    return _one_or_two_legs(src, src_root, dst, dst_root, b"", options, staging, progress, timeout)
 
 
 def _rsync_env() -> dict[str, str]:
