@@ -59,6 +59,7 @@ def build_source(run: Callable[[list[str]], None], path: Callable[[str], Path], 
     (path(venv) / "extra" / "extramod.py").write_text("Z = 3\n")
     (path(venv) / SITE / "extra.pth").write_text(f"{venv}/extra\n")
     os.link(path(venv) / SITE / "hello_cli" / "data.txt", path(venv) / SITE / "hello_cli" / "data-link.txt")
+    os.link(path(venv) / "bin" / "hello", path(venv) / "bin" / "hello-again")  # a hardlinked console script
     os.symlink(f"{venv}/extra/extramod.py", path(venv) / "abs-link.py")
     os.symlink("hello_cli/data.txt", path(venv) / SITE / "rel-link.txt")
 
@@ -95,6 +96,7 @@ def check_clone(run: Callable[[list[str]], subprocess.CompletedProcess], path: C
     # the console script runs the clone's interpreter
     out = run([f"{dst}/bin/hello"]).stdout.decode()
     assert out.strip() == f"hello from {dst}"
+    assert run([f"{dst}/bin/hello-again"]).stdout.decode().strip() == f"hello from {dst}"
     # imports with the clone's interpreter: the in-venv editable and the .pth folder resolve inside the clone
     probe = "import projmod, inmod, extramod, hello_cli, sys; print(projmod.__file__, inmod.__file__, " \
             "extramod.__file__, hello_cli.__file__, sys.prefix)"
@@ -118,6 +120,8 @@ def check_clone(run: Callable[[list[str]], subprocess.CompletedProcess], path: C
     # hardlinks stay hardlinks within the clone, and share nothing with the source
     data, link = root / SITE / "hello_cli" / "data.txt", root / SITE / "hello_cli" / "data-link.txt"
     assert data.stat().st_ino == link.stat().st_ino and data.stat().st_nlink == 2
+    script, twin = root / "bin" / "hello", root / "bin" / "hello-again"
+    assert script.stat().st_ino == twin.stat().st_ino and script.stat().st_nlink == 2
     source_data = src_path(src) / SITE / "hello_cli" / "data.txt"
     assert data.stat().st_ino != source_data.stat().st_ino
     # RECORD carries the rewritten script's new hash
@@ -273,6 +277,33 @@ def test_clone_on_one_ssh_host(lab_source, capsys):
     assert code == 0, report
     assert report["method"] == "cp --reflink=auto"
     check_clone(donor.run, donor.path, "/srv/cl-src", "/srv/cl-same", "/srv/cl-proj")
+
+
+def test_clone_refuses_a_full_destination_and_removes_a_failed_copy(lab_source, capsys):
+    lab = lab_source
+    donor, target = lab.hosts["donor"], lab.hosts["target"]
+    if not target.path("/srv/cl-proj").exists():
+        shutil.copytree(donor.path("/srv/cl-proj"), target.path("/srv/cl-proj"))
+    src = f"{donor.spec}:/srv/cl-src"
+    target.run(["mkdir", "-p", "/srv/cl-tiny", "/srv/cl-few"])
+    # 1 MiB: the space check refuses before anything is copied
+    target.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/srv/cl-tiny"])
+    # room for the bytes, but only 12 inodes: the copy itself fails (ENOSPC) half-way
+    target.run(["mount", "-t", "tmpfs", "-o", "size=256m,nr_inodes=12", "tmpfs", "/srv/cl-few"])
+    try:
+        assert main(["clone", src, f"{target.spec}:/srv/cl-tiny/venv", *_ssh_args(lab)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "the destination's filesystem at /srv/cl-tiny has 1.0 MiB free; the clone needs" in out
+        assert "nothing was copied" in out
+        assert target.run(["ls", "-A", "/srv/cl-tiny"]).stdout == b""
+        assert main(["clone", src, f"{target.spec}:/srv/cl-few/venv", *_ssh_args(lab)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "failed, and the partial clone was removed" in out
+        assert target.run(["ls", "-A", "/srv/cl-few"]).stdout == b""
+    finally:
+        target.run(["umount", "/srv/cl-tiny"], check=False)
+        target.run(["umount", "/srv/cl-few"], check=False)
+        target.run(["rm", "-rf", "/srv/cl-tiny", "/srv/cl-few"], check=False)
 
 
 def _other_python() -> str | None:

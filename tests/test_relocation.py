@@ -154,6 +154,11 @@ def test_preflight_names_every_problem_with_its_fix():
     assert problems == ["pyvenv.cfg's home /usr/bin has no Python on the destination h:/opt/v (tried "
                         "/usr/bin/python3.11); the clone's python would not start; fix: install Python 3.11 at "
                         "/usr/bin there, or clone to a host that has it"]
+    short = _preflight(_check(free=(20 << 20)), size=8 << 20)[0]
+    assert short == ["the destination's filesystem at /opt has 20.0 MiB free; the clone needs 8.0 MiB plus 16.0 MiB; "
+                     "fix: free space there, or choose another filesystem"]
+    assert _preflight(_check(free=(24 << 20)), size=8 << 20)[0] == []
+    assert _preflight(_check(free=0, dest_state="venv"), size=8 << 20, replace=True)[0] == []  # its space comes back
     assert "pass --replace to delete that venv first" in _preflight(_check(dest_state="venv"))[0][0]
     assert "is not a folder" in _preflight(_check(dest_state="not-a-folder"))[0][0]
     assert "has no pyvenv.cfg with a home" in _preflight(None, pyvenv_cfg=None)[0][0]

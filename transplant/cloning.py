@@ -170,7 +170,7 @@ def clone(
     problems, warnings = preflight(source=source, dest=dest, pyvenv_cfg=interp.pyvenv_cfg,
                                    implementation=interp.implementation, version=str(interp.version), check=answer,
                                    tried=tried, editable=editable, external=external, lock=scanned["lock"],
-                                   replace=replace)
+                                   replace=replace, size=scanned["bytes"])
     if problems:
         raise TransplantError(f"cannot clone {source} to {dest}; nothing was copied:\n"
                               + "\n".join(f"  - {p}" for p in problems))

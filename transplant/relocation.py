@@ -29,6 +29,8 @@ __all__ = ["Edit", "Relink", "Relocation", "Leftovers", "check_venv_path", "chec
 #: and a path without blanks, quotes, ``$``, backquotes or backslashes needs no quoting in any.
 _SAFE = re.compile(r"[A-Za-z0-9._+@%=,:/~-]+\Z")
 _SITE = r"lib/[^/]+/site-packages"
+#: Bytes a destination filesystem must have free beyond the clone's size (as apply's staging check).
+MARGIN = 16 << 20
 _KINDS = (
     (re.compile(r"pyvenv\.cfg\Z"), "pyvenv.cfg"),
     (re.compile(r"bin/(activate|activate\.[A-Za-z0-9]+|Activate\.ps1)\Z"), "activate script"),
@@ -241,6 +243,7 @@ def preflight(
     external: Sequence[Mapping[str, str]],
     lock: bool,
     replace: bool,
+    size: int = 0,
 ) -> tuple[list[str], list[str]]:
     """Whether a clone may start: (problems, warnings), each one line ``what; fix: how``.
 
@@ -253,6 +256,9 @@ def preflight(
     :param external: the source's absolute symlinks out of the venv (``bin/python -> /usr/bin/python3.11``).
     :param lock: the source holds a transplant lock (an apply running or interrupted).
     :param replace: ``--replace`` was given: an existing venv at the destination may go.
+    :param size: bytes of the source's regular files; the destination's filesystem must have
+        them free plus :data:`MARGIN` (not checked when ``replace`` lets an old venv go, whose
+        space comes back, nor when the destination could not say).
     """
     problems: list[str] = []
     warnings: list[str] = []
@@ -285,6 +291,11 @@ def preflight(
             problems.append(f"the destination {dest} exists and is not empty; fix: choose another path"
                             + (", or pass --replace to delete that venv first" if state == "venv" else
                                " (--replace only deletes a venv, a folder holding pyvenv.cfg)"))
+        free = check.get("free")
+        if isinstance(free, int) and free < size + MARGIN and not (replace and state == "venv"):
+            problems.append(f"the destination's filesystem at {check.get('parent')} has {_mib(free)} free; the "
+                            f"clone needs {_mib(size)} plus {_mib(MARGIN)}; fix: free space there, or choose "
+                            f"another filesystem")
         if not check.get("parent_writable", False):
             problems.append(f"{check.get('parent')} on the destination is not writable, so {dest_venv} cannot be "
                             f"made there; fix: choose a writable place, or fix its permissions")
@@ -300,6 +311,10 @@ def preflight(
             problems.append(f"symlink(s) of the venv point to {', '.join(dangling)}, which the destination "
                             f"lacks; fix: install that there, or recreate the venv's links")
     return problems, warnings
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB"
 
 
 def _minor(version: str) -> str:

@@ -10,7 +10,8 @@ Operations:
   before anything is copied): ``{"dest", "paths": [...]}`` -> this interpreter's
   ``implementation``, ``version``, ``executable``; ``dest_state`` (``absent``, ``empty``,
   ``venv`` (a non-empty folder holding ``pyvenv.cfg``), ``nonempty``, ``not-a-folder``);
-  ``parent`` (the nearest existing folder above ``dest``, ``parent_writable``); and
+  ``parent`` (the nearest existing folder above ``dest``, ``parent_writable``, ``free``:
+  bytes available there to this user, or null); and
   ``exists``: ``{path: bool}`` for each of ``paths``.
 * ``scan`` (run by the venv's own interpreter): ``{"root", "old"}`` -> ``hits``: every
   regular file under ``root`` (symlinks not followed, ``.transplant/`` skipped) whose bytes
@@ -243,6 +244,7 @@ def relocate(request):
     raw_old, raw_new = old.encode("utf-8"), new.encode("utf-8")
     pattern = _pattern(raw_old)
     edited = {}
+    inodes = set()  # (device, inode) of every file edited, so a hardlink's other name is known
     bytecode = 0
     for edit in request.get("edits", []):
         full = _inside(root, edit["path"])
@@ -253,14 +255,21 @@ def relocate(request):
         head, body = b"", data
         if edit.get("head_old") is not None:
             found, rest = script_head(data)
-            if found is None or found.decode("utf-8", "replace") != edit["head_old"]:
+            text = found.decode("utf-8", "replace") if found is not None else None
+            info = os.lstat(full)
+            if text == edit["head_new"] and (info.st_dev, info.st_ino) in inodes:
+                pass  # a hardlink of a script edited above under its other name
+            elif text != edit["head_old"]:
                 raise ValueError("the head of {} changed since the scan".format(edit["path"]))
-            head, body = edit["head_new"].encode("utf-8"), rest
+            else:
+                head, body = edit["head_new"].encode("utf-8"), rest
         result = head + pattern.sub(lambda _m: raw_new, body)
         if result != data:
             _write(full, result)
             bytecode += _drop_bytecode(full)
         edited[full] = result
+        info = os.lstat(full)
+        inodes.add((info.st_dev, info.st_ino))
     relinked = 0
     for link in request.get("links", []):
         full = _inside(root, link["path"])
@@ -286,6 +295,14 @@ def _dest_state(dest):
     return "venv" if "pyvenv.cfg" in entries else "nonempty"
 
 
+def _free(folder):
+    try:
+        info = os.statvfs(folder)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
 def check(request):
     """The ``check`` answer (see the module docstring)."""
     dest = os.path.normpath(request["dest"])
@@ -299,6 +316,7 @@ def check(request):
         "dest_state": _dest_state(dest),
         "parent": parent,
         "parent_writable": os.access(parent, os.W_OK | os.X_OK),
+        "free": _free(parent),
         "exists": {p: os.path.exists(p) for p in request.get("paths", [])},
     }
 
