@@ -238,6 +238,9 @@ def lab_source(lab, tmp_path_factory):
         return donor.run(argv)
 
     build_source(run, donor.path, "/srv/cl-src", "/srv/cl-proj", tmp_path_factory.mktemp("clwheels"))
+    # a .pth file naming a folder outside the venv that only the donor has
+    donor.run(["mkdir", "-p", "/srv/cl-outside"])
+    donor.path(f"/srv/cl-src/{SITE}/outside.pth").write_text("/srv/cl-outside\n")
     return lab
 
 
@@ -260,6 +263,8 @@ def test_clone_between_two_ssh_hosts(lab_source, capsys, tmp_path, monkeypatch):
     code, report = clone_json(src, dst, *_ssh_args(lab), capsys=capsys)
     assert code == 0, report
     assert report["method"] == "rsync -aH"
+    assert report["warnings"] == [".pth file(s) of the venv add /srv/cl-outside to sys.path, which the destination "
+                                  "lacks; Python skips a missing folder, so what it holds will not import in the clone"]
 
     def run(argv):
         return target.run(argv)

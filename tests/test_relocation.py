@@ -159,6 +159,9 @@ def test_preflight_names_every_problem_with_its_fix():
                      "fix: free space there, or choose another filesystem"]
     assert _preflight(_check(free=(24 << 20)), size=8 << 20)[0] == []
     assert _preflight(_check(free=0, dest_state="venv"), size=8 << 20, replace=True)[0] == []  # its space comes back
+    assert _preflight(_check(), pth=["/opt/extra-libs", "/home/me/p"]) == ([], [
+        ".pth file(s) of the venv add /opt/extra-libs to sys.path, which the destination lacks; Python skips a "
+        "missing folder, so what it holds will not import in the clone"])
     assert "pass --replace to delete that venv first" in _preflight(_check(dest_state="venv"))[0][0]
     assert "is not a folder" in _preflight(_check(dest_state="not-a-folder"))[0][0]
     assert "has no pyvenv.cfg with a home" in _preflight(None, pyvenv_cfg=None)[0][0]

@@ -33,7 +33,7 @@ from .hosts import Host
 from .probing import run_script, take_inventory
 from .relocation import Leftovers, Relocation, check_clone_paths, check_venv_path, decide, editable_outside, judge, \
     preflight
-from .rules.venvfiles import editable_sources
+from .rules.venvfiles import editable_sources, pth_paths
 from .transfer import copy_tree
 
 __all__ = ["CloneResult", "clone", "venv_exists", "STATE"]
@@ -161,16 +161,18 @@ def clone(
     relocation = decide(src_venv, dst_venv, scanned)
     sources = {p for d in inv.distributions for p in editable_sources(d, inv)}
     editable = editable_outside(sorted(sources), src_venv)
+    folders = {p for rel, text in inv.texts.items() if rel.endswith(".pth") and text for p in pth_paths(text)}
+    pth = [p for p in editable_outside(sorted(folders), src_venv) if p not in editable]
     external = [e for e in scanned["external"]]
     tell(f"checking the destination {dest}")
     interp = inv.interpreter
     home = (interp.pyvenv_cfg or {}).get("home")
     answer, tried = _destination_check(dst, dst_venv, home, interp.minor,
-                                       sorted(set(editable) | {e["target"] for e in external}), timeout)
+                                       sorted(set(editable) | set(pth) | {e["target"] for e in external}), timeout)
     problems, warnings = preflight(source=source, dest=dest, pyvenv_cfg=interp.pyvenv_cfg,
                                    implementation=interp.implementation, version=str(interp.version), check=answer,
                                    tried=tried, editable=editable, external=external, lock=scanned["lock"],
-                                   replace=replace, size=scanned["bytes"])
+                                   replace=replace, size=scanned["bytes"], pth=pth)
     if problems:
         raise TransplantError(f"cannot clone {source} to {dest}; nothing was copied:\n"
                               + "\n".join(f"  - {p}" for p in problems))

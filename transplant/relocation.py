@@ -244,6 +244,7 @@ def preflight(
     lock: bool,
     replace: bool,
     size: int = 0,
+    pth: Sequence[str] = (),
 ) -> tuple[list[str], list[str]]:
     """Whether a clone may start: (problems, warnings), each one line ``what; fix: how``.
 
@@ -259,6 +260,8 @@ def preflight(
     :param size: bytes of the source's regular files; the destination's filesystem must have
         them free plus :data:`MARGIN` (not checked when ``replace`` lets an old venv go, whose
         space comes back, nor when the destination could not say).
+    :param pth: folders outside the venv that its ``.pth`` files add to ``sys.path`` (not
+        editable installs); one the destination lacks is a warning (``site`` skips it).
     """
     problems: list[str] = []
     warnings: list[str] = []
@@ -306,6 +309,10 @@ def preflight(
                             f"the clone's imports would fail; fix: put the source there at the same path, or "
                             f"reinstall the project as a regular install in the source venv (pip install --no-deps "
                             f"--force-reinstall SOURCE)")
+        absent = [p for p in pth if not exists.get(p, False)]
+        if absent:
+            warnings.append(f".pth file(s) of the venv add {', '.join(absent)} to sys.path, which the destination "
+                            f"lacks; Python skips a missing folder, so what it holds will not import in the clone")
         dangling = [f"{e['path']} -> {e['target']}" for e in external if not exists.get(e["target"], False)]
         if dangling:
             problems.append(f"symlink(s) of the venv point to {', '.join(dangling)}, which the destination "

@@ -19,7 +19,7 @@ from ..inventory import Distribution, Inventory
 from ..model import Finding
 from .env import EnvironmentAfter, describe, pip
 
-__all__ = ["editable_sources", "editable_findings", "shebang_interpreter", "rewritten_head", "script_findings",
+__all__ = ["pth_paths", "editable_sources", "editable_findings", "shebang_interpreter", "rewritten_head", "script_findings",
            "drift_findings"]
 
 _SH_EXEC = "'" * 3 + "exec'"  # pip's /bin/sh form: the second line starts with this
@@ -49,7 +49,9 @@ def _finder_paths(text: str) -> list[str]:
     return [v for v in mapping.values() if isinstance(v, str)]
 
 
-def _pth_paths(text: str) -> list[str]:
+def pth_paths(text: str) -> list[str]:
+    """The absolute folders a ``.pth`` file adds to ``sys.path`` (its lines starting with ``/``;
+    ``import`` lines and comments are not paths), in file order."""
     return [line.strip() for line in text.splitlines()
             if line.strip().startswith("/") and not line.startswith(("import ", "import\t", "#"))]
 
@@ -88,7 +90,7 @@ def _editable(dist: Distribution, inv: Inventory) -> tuple[list[str], list[str]]
             except _Unreadable as exc:
                 unread.append(f"{rel} ({exc})")
         else:
-            paths.update(_pth_paths(text))
+            paths.update(pth_paths(text))
     for rel, text in inv.texts.items():
         stem = rel.rsplit("/", 1)[-1]
         if stem.endswith(".egg-link") and text and \
