@@ -88,6 +88,10 @@ class _Session:
                 not venv_exists(self.host("target"), self.manifest.target.venv)
         return self._pending
 
+    def cloned(self) -> None:
+        """Say that ``target.base`` was cloned: the target venv exists now."""
+        self._pending = False
+
     def base_host(self) -> Host:
         """The host of ``target.base`` (the target's or donor's connection when it is the same host)."""
         base = self.manifest.target.base
@@ -141,15 +145,12 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         session = _Session(manifest, console, stack)
         pending = session.clone_pending()
         if pending and args.out:
-            raise TransplantError(f"target.base: {manifest.target} does not exist yet, so a saved plan would not "
-                                  f"match it after the clone", hint=f"apply the manifest itself (transplant apply "
-                                  f"{shlex.quote(manifest.path)}), or clone first: transplant clone "
-                                  f"{manifest.target.base} {manifest.target}")
+            from .clonecmd import saved_plan_refusal
+            raise saved_plan_refusal(manifest)
         plan = session.plan()
     if pending:
-        console.print(f"target.base: {manifest.target} does not exist; apply first clones {manifest.target.base} to "
-                      f"it (as transplant clone does), then applies the overlay below, planned here against "
-                      f"{manifest.target.base}", markup=False, style="bold")
+        from .clonecmd import pending_note
+        console.print(pending_note(manifest), markup=False, style="bold")
     if args.out:
         save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
@@ -161,31 +162,6 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if plan.blocking:
         return EXIT_BLOCKED
     return EXIT_CHANGES if plan.has_changes or pending else EXIT_OK
-
-
-def _clone_base(args: argparse.Namespace, console: Console, session: _Session) -> None:
-    """``target.base``: clone the base venv to the (absent) target venv before the overlay."""
-    from .cloning import clone
-    from .clonereport import clone_report
-
-    m = session.manifest
-    assert m.target.base is not None
-    console.print(f"target.base: {m.target} does not exist; cloning {m.target.base} to it first", markup=False)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise TransplantError("apply needs confirmation and standard input is not a terminal",
-                                  hint=f"add --yes: transplant apply {shlex.quote(args.source)} --yes")
-        if console.input("clone it now (the overlay's plan is shown after)? [y/N] ").strip().lower() not in ("y", "yes"):
-            raise TransplantError("nothing was changed: the clone was declined")
-    with console.status("cloning target.base") as status:
-        result = clone(session.base_host(), m.target.base.venv, session.host("target"), m.target.venv,
-                       state_dir=default_state_dir(), say=lambda line: status.update(line))
-    clone_report(console, result)
-    if result.leftovers.errors:
-        raise TransplantError(f"the clone {m.target} still names {m.target.base.venv} in files transplant cannot "
-                              f"rewrite (listed above); the overlay was not applied",
-                              hint=f"edit those files in {m.target.venv}, then run the same apply again")
-    session._pending = False
 
 
 def _progress(console: Console) -> Progress:
@@ -251,7 +227,9 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
         if saved is None and not (args.resume or args.rollback) and session.clone_pending():
-            _clone_base(args, console, session)
+            from .clonecmd import clone_base
+            clone_base(args, console, manifest, session.base_host(), session.host("target"))
+            session.cloned()
         if _finish_interrupted(args, console, session):
             return EXIT_OK
         if saved is not None:
@@ -420,23 +398,9 @@ def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
-    from .cloning import clone
-    from .clonereport import clone_report
+    from .clonecmd import clone_command
 
-    (src_spec, src_venv), (dst_spec, dst_venv) = parse_location(args.source), parse_location(args.dest)
-    options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
-                         known_hosts=Path(args.known_hosts) if args.known_hosts else None)
-    with ExitStack() as stack:
-        src = stack.enter_context(connect(src_spec, options))
-        dst = src if dst_spec == src_spec else stack.enter_context(connect(dst_spec, options))
-        with console.status("cloning") as status:
-            result = clone(src, src_venv, dst, dst_venv, state_dir=default_state_dir(), replace=args.replace,
-                           say=lambda line: status.update(line))
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-    else:
-        clone_report(console, result)
-    return EXIT_BLOCKED if result.leftovers.errors else EXIT_OK
+    return EXIT_OK if clone_command(args, console, parse_location) else EXIT_BLOCKED
 
 
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
