@@ -26,6 +26,7 @@ OLD, NEW = "/srv/venv", "/opt/clones/venv-b"
     ("/", "'/' cannot be a venv"),
     ("/srv/my venv", "'/srv/my venv' has a character a venv path may not hold here"),
     ("/srv/$HOME", "has a character a venv path may not hold here"),
+    ("/srv/a:b", "has a character a venv path may not hold here"),  # it would split PATH in bin/activate
 ])
 def test_clone_paths_must_be_plain_absolute_paths(path, why):
     with pytest.raises(ValueError) as info:
@@ -216,8 +217,8 @@ def test_manifest_target_base_is_checked():
          "path of its own, beside it"),
         ({"host": "local", "venv": "/srv/new venv", "base": "/srv/base"},
          "target.venv: '/srv/new venv' has a character a venv path may not hold here (a blank, a quote, $, a "
-         "backquote, a backslash or a control character); fix: give a plain absolute path (letters, digits, "
-         "._+@%=,:~- and /)"),
+         "backquote, a backslash, a colon or a control character); fix: give a plain absolute path (letters, digits, "
+         "._+@=,~- and /)"),
         ({"host": "local", "venv": "/srv/new", "base": {"venv": "/srv/b"}},
          "target.base.host: missing; fix: add it: host: root@gpu-07 (or \"local\")"),
         ({"host": "local", "venv": "/srv/new", "base": {"host": "local", "venv": "/srv/b", "base": "/x"}},

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .errors import HostError, TransplantError
 from .hosts import Host
+from .inventory import Inventory
 from .probing import run_script, take_inventory
 from .relocation import Leftovers, Relocation, check_clone_paths, check_venv_path, decide, editable_outside, judge, \
     preflight
@@ -97,6 +98,27 @@ def _relocate_call(host: Host, venv: str, op: str, request: dict, *, python: str
     return answer
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Source:
+    """What is read from the source before a clone: its inventory, the host scan for its prefix,
+    the editable sources and ``.pth`` folders outside it (sorted)."""
+
+    inventory: Inventory
+    scan: dict
+    editable: list[str]
+    pth: list[str]
+
+
+def _read_source(host: Host, venv: str, timeout: float | None) -> _Source:
+    inv = take_inventory(host, venv, timeout=timeout)
+    scanned = _relocate_call(host, venv, "scan", {"root": venv, "old": venv}, timeout=timeout)
+    sources = {p for d in inv.distributions for p in editable_sources(d, inv)}
+    editable = editable_outside(sorted(sources), venv)
+    folders = {p for rel, text in inv.texts.items() if rel.endswith(".pth") and text for p in pth_paths(text)}
+    pth = [p for p in editable_outside(sorted(folders), venv) if p not in editable]
+    return _Source(inventory=inv, scan=scanned, editable=editable, pth=pth)
+
+
 def _destination_check(host: Host, dest: str, home: str | None, minor: str, paths: list[str],
                        timeout: float | None) -> tuple[dict | None, list[str]]:
     """The ``check`` answer from the first base interpreter under ``home`` that starts, and what was tried."""
@@ -156,23 +178,17 @@ def clone(
                               ) from None
     source, dest = _label(src, src_venv), _label(dst, dst_venv)
     tell(f"reading the source {source}")
-    inv = take_inventory(src, src_venv, timeout=timeout)
-    scanned = _relocate_call(src, src_venv, "scan", {"root": src_venv, "old": src_venv}, timeout=timeout)
+    facts = _read_source(src, src_venv, timeout)
+    scanned, interp = facts.scan, facts.inventory.interpreter
     relocation = decide(src_venv, dst_venv, scanned)
-    sources = {p for d in inv.distributions for p in editable_sources(d, inv)}
-    editable = editable_outside(sorted(sources), src_venv)
-    folders = {p for rel, text in inv.texts.items() if rel.endswith(".pth") and text for p in pth_paths(text)}
-    pth = [p for p in editable_outside(sorted(folders), src_venv) if p not in editable]
-    external = [e for e in scanned["external"]]
     tell(f"checking the destination {dest}")
-    interp = inv.interpreter
     home = (interp.pyvenv_cfg or {}).get("home")
-    answer, tried = _destination_check(dst, dst_venv, home, interp.minor,
-                                       sorted(set(editable) | set(pth) | {e["target"] for e in external}), timeout)
+    wanted = sorted(set(facts.editable) | set(facts.pth) | {e["target"] for e in scanned["external"]})
+    answer, tried = _destination_check(dst, dst_venv, home, interp.minor, wanted, timeout)
     problems, warnings = preflight(source=source, dest=dest, pyvenv_cfg=interp.pyvenv_cfg,
                                    implementation=interp.implementation, version=str(interp.version), check=answer,
-                                   tried=tried, editable=editable, external=external, lock=scanned["lock"],
-                                   replace=replace, size=scanned["bytes"], pth=pth)
+                                   tried=tried, editable=facts.editable, external=scanned["external"],
+                                   lock=scanned["lock"], replace=replace, size=scanned["bytes"], pth=facts.pth)
     if problems:
         raise TransplantError(f"cannot clone {source} to {dest}; nothing was copied:\n"
                               + "\n".join(f"  - {p}" for p in problems))

@@ -292,7 +292,7 @@ def _with_base(c: _Checker, target: Endpoint, value: Any, key: str) -> Endpoint 
             check_venv_path(path, where)
         except ValueError as exc:
             problems += 1
-            c.add(where, str(exc).split(": ", 1)[1], "give a plain absolute path (letters, digits, ._+@%=,:~- and /)")
+            c.add(where, str(exc).split(": ", 1)[1], "give a plain absolute path (letters, digits, ._+@=,~- and /)")
     if problems:
         return None
     try:

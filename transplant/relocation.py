@@ -26,8 +26,9 @@ __all__ = ["Edit", "Relink", "Relocation", "Leftovers", "check_venv_path", "chec
            "decide", "judge", "bytecode", "editable_outside", "preflight"]
 
 #: Characters a clone's path may hold: the activate scripts quote the prefix for their shell,
-#: and a path without blanks, quotes, ``$``, backquotes or backslashes needs no quoting in any.
-_SAFE = re.compile(r"[A-Za-z0-9._+@%=,:/~-]+\Z")
+#: and a path without blanks, quotes, ``$``, backquotes or backslashes needs no quoting in any;
+#: no ``:`` either, which would split ``PATH`` (``$VIRTUAL_ENV/bin:$PATH``).
+_SAFE = re.compile(r"[A-Za-z0-9._+@=,/~-]+\Z")
 _SITE = r"lib/[^/]+/site-packages"
 #: Bytes a destination filesystem must have free beyond the clone's size (as apply's staging check).
 MARGIN = 16 << 20
@@ -52,7 +53,8 @@ def check_venv_path(path: object, what: str) -> str:
     :returns: the path, unchanged.
     :raises ValueError: not a string, not absolute, not normalised (``//``, ``..``, ``.``,
         a trailing ``/``), ``/`` itself, or with a character outside letters, digits and
-        ``._+@%=,:/~-`` (a blank, a quote, ``$``... would need quoting in the activate scripts).
+        ``._+@=,/~-`` (a blank, a quote, ``$``... would need quoting in the activate scripts, a
+        ``:`` would split ``PATH``).
     """
     if not isinstance(path, str) or not path:
         raise ValueError(f"{what}: expected an absolute venv path, got {path!r}")
@@ -64,7 +66,7 @@ def check_venv_path(path: object, what: str) -> str:
         raise ValueError(f"{what}: '/' cannot be a venv")
     if not _SAFE.match(path):
         raise ValueError(f"{what}: {path!r} has a character a venv path may not hold here (a blank, a quote, $, a "
-                         f"backquote, a backslash or a control character)")
+                         f"backquote, a backslash, a colon or a control character)")
     return path
 
 
