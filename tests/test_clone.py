@@ -190,6 +190,10 @@ def test_clone_refusals_change_nothing(local_source, capsys):
         assert main(["clone", f"local:{src}", f"local:{bad}"]) == 1
         assert why in " ".join(capsys.readouterr().out.split()), bad
     assert not (base / "clone-b").exists() and not (base / "with space").exists()
+    # no folder is made outside the clone: the parent must exist
+    assert main(["clone", f"local:{src}", f"local:{base}/no/such/venv"]) == 1
+    assert f"the destination's parent folder {base}/no/such does not exist" in " ".join(capsys.readouterr().out.split())
+    assert not (base / "no").exists()
     assert main(["clone", f"local:{src}", "local:relative/venv"]) == 64
     capsys.readouterr()
     # a venv at the destination goes with --replace, and the clone is whole again

@@ -114,7 +114,7 @@ def _check(**changes):
 
 
 def _preflight(check, **changes):
-    args = dict(source="local:/srv/venv", dest="h:/opt/v", pyvenv_cfg={"home": "/usr/bin", "version": "3.11.7"},
+    args = dict(source="local:/srv/venv", dest="h:/opt/v", dest_venv="/opt/v", pyvenv_cfg={"home": "/usr/bin", "version": "3.11.7"},
                 implementation="cpython", version="3.11.7", check=check, tried=["/usr/bin/python3.11"],
                 editable=["/home/me/p"], external=[{"path": "bin/python", "target": "/usr/bin/python3.11"}],
                 lock=False, replace=False)
@@ -155,6 +155,9 @@ def test_preflight_names_every_problem_with_its_fix():
     assert problems == ["pyvenv.cfg's home /usr/bin has no Python on the destination h:/opt/v (tried "
                         "/usr/bin/python3.11); the clone's python would not start; fix: install Python 3.11 at "
                         "/usr/bin there, or clone to a host that has it"]
+    assert _preflight(_check(parent="/"))[0] == [
+        "the destination's parent folder /opt does not exist (a clone makes no folder outside its venv); fix: create "
+        "it there (mkdir -p /opt), or choose another path"]
     short = _preflight(_check(free=(20 << 20)), size=8 << 20)[0]
     assert short == ["the destination's filesystem at /opt has 20.0 MiB free; the clone needs 8.0 MiB plus 16.0 MiB; "
                      "fix: free space there, or choose another filesystem"]

@@ -185,7 +185,7 @@ def clone(
     home = (interp.pyvenv_cfg or {}).get("home")
     wanted = sorted(set(facts.editable) | set(facts.pth) | {e["target"] for e in scanned["external"]})
     answer, tried = _destination_check(dst, dst_venv, home, interp.minor, wanted, timeout)
-    problems, warnings = preflight(source=source, dest=dest, pyvenv_cfg=interp.pyvenv_cfg,
+    problems, warnings = preflight(source=source, dest=dest, dest_venv=dst_venv, pyvenv_cfg=interp.pyvenv_cfg,
                                    implementation=interp.implementation, version=str(interp.version), check=answer,
                                    tried=tried, editable=facts.editable, external=scanned["external"],
                                    lock=scanned["lock"], replace=replace, size=scanned["bytes"], pth=facts.pth)
@@ -202,7 +202,8 @@ def clone(
     tell(f"copying {scanned['files']} files ({method})")
     try:
         if same_host:
-            _run(dst, ["mkdir", "-p", "--", dst_venv], "create the destination", timeout)
+            if answer["dest_state"] != "empty":
+                _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
             entries = [posixpath.join(src_venv, name) for name in scanned["top"]]
             if entries:
                 _run(dst, ["cp", "-a", "--reflink=auto", "-t", dst_venv, "--", *entries], "copy the venv", timeout)

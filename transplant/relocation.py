@@ -236,6 +236,7 @@ def preflight(
     *,
     source: str,
     dest: str,
+    dest_venv: str,
     pyvenv_cfg: Mapping[str, str] | None,
     implementation: str,
     version: str,
@@ -251,6 +252,8 @@ def preflight(
     """Whether a clone may start: (problems, warnings), each one line ``what; fix: how``.
 
     :param source: ``HOST:VENV`` of the source, :param dest: of the destination (for messages).
+    :param dest_venv: the destination venv's path; its parent folder must exist (a clone
+        writes nothing outside the venv, so it makes no folders above it).
     :param pyvenv_cfg: the source's ``pyvenv.cfg`` values (None: it has none).
     :param implementation: the source interpreter's (``cpython``); :param version: its ``3.11.7``.
     :param check: the host script's ``check`` answer from the destination's base interpreter,
@@ -268,7 +271,6 @@ def preflight(
     problems: list[str] = []
     warnings: list[str] = []
     home = (pyvenv_cfg or {}).get("home")
-    dest_venv = dest.rsplit(":", 1)[-1] if ":/" in dest else dest
     if pyvenv_cfg is None or not home:
         problems.append(f"{source} has no pyvenv.cfg with a home; it is not a venv made by venv or virtualenv; "
                         f"fix: name the venv's own folder (the one holding pyvenv.cfg)")
@@ -296,6 +298,10 @@ def preflight(
             problems.append(f"the destination {dest} exists and is not empty; fix: choose another path"
                             + (", or pass --replace to delete that venv first" if state == "venv" else
                                " (--replace only deletes a venv, a folder holding pyvenv.cfg)"))
+        parent = posixpath.dirname(dest_venv)
+        if check.get("parent") != parent:
+            problems.append(f"the destination's parent folder {parent} does not exist (a clone makes no folder "
+                            f"outside its venv); fix: create it there (mkdir -p {parent}), or choose another path")
         free = check.get("free")
         if isinstance(free, int) and free < size + MARGIN and not (replace and state == "venv"):
             problems.append(f"the destination's filesystem at {check.get('parent')} has {_mib(free)} free; the "
