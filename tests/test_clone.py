@@ -159,7 +159,12 @@ def _local_run(argv):
 def test_clone_on_the_controller_relocates_everything(local_source, capsys):
     base, src, proj = local_source
     dst = str(base / "clone-a")
-    code, report = clone_json(f"local:{src}", f"local:{dst}", capsys=capsys)
+    (Path(src) / ".transplant").mkdir()  # the source's transplant history stays with the source
+    (Path(src) / ".transplant" / "history.jsonl").write_text("{}\n")
+    try:
+        code, report = clone_json(f"local:{src}", f"local:{dst}", capsys=capsys)
+    finally:
+        shutil.rmtree(Path(src) / ".transplant")
     assert code == 0, report
     assert report["ok"] is True and report["method"] == "cp --reflink=auto"
     kinds = {e["kind"] for e in report["edited"]}
@@ -194,6 +199,15 @@ def test_clone_refusals_change_nothing(local_source, capsys):
     assert main(["clone", f"local:{src}", f"local:{base}/no/such/venv"]) == 1
     assert f"the destination's parent folder {base}/no/such does not exist" in " ".join(capsys.readouterr().out.split())
     assert not (base / "no").exists()
+    # a source with a transplant lock (an apply running or interrupted) is not cloned
+    (Path(src) / ".transplant").mkdir()
+    (Path(src) / ".transplant" / "lock").write_text("{}")
+    try:
+        assert main(["clone", f"local:{src}", f"local:{base}/clone-locked"]) == 1
+        assert "holds a transplant lock (.transplant/lock)" in " ".join(capsys.readouterr().out.split())
+        assert not (base / "clone-locked").exists()
+    finally:
+        shutil.rmtree(Path(src) / ".transplant")
     assert main(["clone", f"local:{src}", "local:relative/venv"]) == 64
     capsys.readouterr()
     # a venv at the destination goes with --replace, and the clone is whole again
@@ -313,6 +327,34 @@ def test_clone_refuses_a_full_destination_and_removes_a_failed_copy(lab_source, 
         target.run(["umount", "/srv/cl-tiny"], check=False)
         target.run(["umount", "/srv/cl-few"], check=False)
         target.run(["rm", "-rf", "/srv/cl-tiny", "/srv/cl-few"], check=False)
+
+
+def test_target_base_on_another_host(lab_source, tmp_path, capsys):
+    """``target.base`` on the donor's host, cloned to the target's host by apply (rsync through the controller)."""
+    lab = lab_source
+    donor, target = lab.hosts["donor"], lab.hosts["target"]
+    if not target.path("/srv/cl-proj").exists():
+        shutil.copytree(donor.path("/srv/cl-proj"), target.path("/srv/cl-proj"))
+    target.run(["rm", "-rf", "/srv/cl-based"])
+    manifest = tmp_path / "based.yaml"
+    manifest.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: "{donor.spec}", venv: /srv/cl-src}}
+        target: {{host: "{target.spec}", venv: /srv/cl-based, base: {{host: "{donor.spec}", venv: /srv/cl-src}}}}
+        ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}}}
+        overlay: [hello-cli]
+        """))
+    assert main(["apply", str(manifest), "--yes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # the clone's RECORD carries the hashes of its own console scripts (as pip writes them at that prefix), the
+    # donor's those of its prefix: the overlay of the same version refreshes exactly that one file
+    assert "with rsync -aH" in out and "same version, 1 files differ" in out, out
+    assert target.run(["/srv/cl-based/bin/hello"]).stdout.decode().strip() == "hello from /srv/cl-based"
+    steps = [json.loads(p.read_text())["steps"] for p in target.path("/srv/cl-based/.transplant/txn").glob("*/plan.json")]
+    assert steps == [[{"op": "put", "path": f"{SITE}/hello_cli-1.0.dist-info/RECORD"}]]
+    assert main(["apply", str(manifest), "--yes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cloning" not in out and "nothing to change" in out
 
 
 def _other_python() -> str | None:
