@@ -141,7 +141,11 @@ def main():
               "log_tail": None, "port": port, "model": model}
     proc = None
     log_path = os.path.join(work, "server.log")
+    state = os.path.join(sys.prefix, ".transplant")
     try:
+        if os.path.islink(state) or (os.path.exists(state) and not os.path.isdir(state)):
+            report["error"] = "{} is not a real folder; refusing to write the tiny model through it".format(state)
+            return
         write_model(model, request.get("config") or TINY)
         argv = [a.replace("{model}", model).replace("{port}", str(port)).replace("{python}", sys.executable)
                 for a in request["command"]]
