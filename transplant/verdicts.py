@@ -111,19 +111,20 @@ def judge_smoke(report: Mapping[str, Any]) -> tuple[str, str]:
     one is named as skipped, with its reason, in the reason of a passing stage.
     """
     checks = report.get("checks", [])
+    subs = report.get("subchecks", [])
     if not report.get("ok"):
         bad = [c for c in checks if not c.get("ok")]
         if bad:
             c = bad[0]
             return "fail", (f"{c['name']} {c['dtype']} on {report.get('device')}: relative error "
                             f"{c['rel_error']:.2e} above the bound {c['bound']:.0e}")
+    failed = [c for c in subs if c.get("status") == "fail"]
+    if failed:
+        return "fail", "; ".join(f"{c['name']}: {c['reason']}" for c in failed)
+    if not report.get("ok"):
         return "fail", str(report.get("reason"))
     if not checks:
         return "fail", "the smoke script ran no check"
-    subs = report.get("subchecks", [])
-    bad = [c for c in subs if c.get("status") == "fail"]
-    if bad:
-        return "fail", "; ".join(f"{c['name']}: {c['reason']}" for c in bad)
     worst = ", ".join(f"{c['name']} {c['dtype']} {c['rel_error']:.1e} <= {c['bound']:.0e}" for c in checks)
     tail = "".join(f"; {c['name']}: {c['status']} ({c['reason']})" for c in subs)
     return "pass", f"{report.get('reason')}; torch {report.get('torch')}; {worst}{tail}"
