@@ -13,7 +13,9 @@ config.json and the platform; older releases resolve inside the parser, and then
 nothing more to run). Its outcome is ``"resolve": {"ran", "ok", "error", "kind",
 "seconds", "model_path", "config_json", "gpu"}``: ``kind`` is the exception's class and
 its base classes' names; ``config_json`` whether ``<model_path>/config.json`` exists;
-``gpu`` whether torch (if loaded) sees a CUDA device. Stdlib only.
+``gpu`` whether torch (if loaded) sees a CUDA device. The step runs with ``HF_HUB_OFFLINE``
+and ``TRANSFORMERS_OFFLINE`` set to 1 unless ``verify.env`` sets them: verify never
+downloads a model. Stdlib only.
 """
 
 import contextlib
@@ -63,6 +65,9 @@ def _resolve(parsed):
         return out
     out["ran"] = True
     out["method"] = "{}.resolve_once".format(type(parsed).__name__)
+    # verify never downloads a model: a missing model folder must show as missing
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     started = time.monotonic()
     captured = io.StringIO()
     try:
