@@ -159,6 +159,14 @@ def test_sound_venv_passes_each_stage_and_skips_what_has_no_settings(built, loca
     assert all(r.seconds >= 0 for r in results)
 
 
+def test_skip_imports_leaves_a_derived_name_out_and_says_why(built, local, tmp_path):
+    settings = VerifySettings(overlay=("brokenext", "fakecuda"), env=_env(built, tmp_path), timeout=120,
+                              skip_imports={"fakecuda": "not meant to import here"})
+    by = _by_name(run_stages(settings, target=local, venv=built["broken"]))
+    assert by["imports"].reason == "1 imports: brokenext 1.0; skipped fakecuda (verify.skip_imports: not meant to import here)"
+    assert by["library-provenance"].details["imported"] == [{"name": "brokenext", "ok": True, "error": None}]
+
+
 def test_native_load_names_the_missing_soname_and_the_undefined_symbol(built, local, tmp_path):
     settings = VerifySettings(overlay=("brokenext", "fakecuda"), env=_env(built, tmp_path), timeout=120)
     native = _by_name(run_stages(settings, target=local, venv=built["broken"]))["native-load"]

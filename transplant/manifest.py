@@ -160,6 +160,8 @@ class VerifySettings:
     :ivar serve: the serve check, or None to skip that stage.
     :ivar overlay: the manifest's overlay patterns: their distributions' import names and
         shared objects are checked too (empty: only ``imports``).
+    :ivar skip_imports: import name -> the operator's reason not to import it (a derived
+        top-level name that is not meant to work here); shown as skipped, with the reason.
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
@@ -169,6 +171,7 @@ class VerifySettings:
     timeout: float = 300.0
     serve: ServeCheck | None = None
     overlay: tuple[str, ...] = ()
+    skip_imports: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -519,7 +522,8 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
     allowed = {"env": "env: {CUDA_VISIBLE_DEVICES: '0'}", "imports": "imports: [torch, sglang]",
                "server_args": "server_args: {entry: ..., args: [...], expect: {...}}",
                "smoke": "smoke: {device: auto}", "timeout": "timeout: 300",
-               "serve": "serve: {command: [...]}"}
+               "serve": "serve: {command: [...]}",
+               "skip_imports": "skip_imports: [{name: transformers, reason: why}]"}
     data = c.mapping(value, "verify", allowed)
     env: dict[str, str] = {}
     if "env" in data:
@@ -562,8 +566,25 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
             c.add("verify.timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {_kind(t)}",
                   "write e.g. timeout: 300")
     serve = _serve(c, data["serve"]) if "serve" in data else None
+    skips: dict[str, str] = {}
+    if "skip_imports" in data:
+        example = "skip_imports: [{name: transformers, reason: travels without its dependencies here}]"
+        if not isinstance(data["skip_imports"], list):
+            c.add("verify.skip_imports", f"expected a list, got {_kind(data['skip_imports'])}", f"write e.g. {example}")
+        else:
+            for i, item in enumerate(data["skip_imports"]):
+                key = f"verify.skip_imports[{i}]"
+                entry = c.mapping(item, key, {"name": "name: transformers", "reason": "reason: why"},
+                                  required=("name", "reason"))
+                name = c.string(entry["name"], f"{key}.name", "write an import name") if "name" in entry else None
+                reason = c.string(entry["reason"], f"{key}.reason", "say why it is not imported here") \
+                    if "reason" in entry else None
+                if name is not None and not all(p.isidentifier() for p in name.split(".")):
+                    c.add(f"{key}.name", f"expected an import name, got {name!r}", "write e.g. transformers")
+                elif name is not None and reason is not None:
+                    skips[name] = reason.strip()
     return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout,
-                          serve=serve)
+                          serve=serve, skip_imports=skips)
 
 
 def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Manifest:

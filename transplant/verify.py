@@ -104,14 +104,17 @@ def run_stages(
         dists = ladder.overlaid(live, settings.overlay) if live is not None else []
         if live is not None and not settings.overlay and settings.imports:
             dists = ladder.dists_for_imports(live, settings.imports)
-        names = ladder.import_names(dists if settings.overlay else [], settings.imports)
+        names = [n for n in ladder.import_names(dists if settings.overlay else [], settings.imports)
+                 if n not in settings.skip_imports]
+        skipped = "".join(f"; skipped {name} (verify.skip_imports: {why})" for name, why in settings.skip_imports.items())
 
         def imports() -> tuple[str, str, Mapping]:
             if not names:
-                return "skip", "no import names: no overlay distributions found and no verify.imports", {}
+                return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
             report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
             status, reason = judge_imports(report)
-            return status, reason, {**report, "derived_from": [d.display_name for d in dists]}
+            return status, reason + skipped, {**report, "derived_from": [d.display_name for d in dists],
+                                              "skipped": dict(settings.skip_imports)}
 
         run("imports", imports)
 
