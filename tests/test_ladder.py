@@ -67,6 +67,16 @@ SERVER = textwrap.dedent('''\
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             n = request["sampling_params"]["max_new_tokens"]
             ids = [(i * 7) % config["vocab_size"] for i in range(n)]
+            if mode == "stream":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for i in range(1, n + 1):
+                    self.wfile.write(("data: " + json.dumps({"output_ids": ids[:i]}) + "\\n\\n").encode())
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                self.wfile.write(b"data: [DONE]\\n\\n")
+                return
             self._send(200, {"output_ids": ids if mode != "empty" else [], "meta_info": {}})
 
     http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
@@ -242,6 +252,27 @@ def test_serve_starts_asks_and_stops_a_real_server(built, local, tmp_path):
     assert _gone(int(pidfile.read_text())), "the server's process group was stopped"
     assert not Path(details["model"]).exists(), "the tiny model folder is removed"
     assert list((Path(built["good"]) / ".transplant").iterdir()) == []
+
+
+def test_serve_streamed_answer_times_the_first_token(built, local, tmp_path):
+    settings, _ = _serve_settings(built, tmp_path, "stream")
+    settings = dataclasses.replace(settings, serve=dataclasses.replace(
+        settings.serve, body={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}, "stream": True}))
+    serve = _by_name(run_stages(settings, target=local, venv=built["good"]))["serve"]
+    assert serve.status == "pass", serve.reason
+    assert "; streamed first token after " in serve.reason and "output_ids: 4 items" in serve.reason
+    details = serve.details
+    assert details["streamed"] is True and details["answer"] == {"output_ids": [0, 7, 14, 21]}
+    assert details["request_seconds"] - details["first_token_seconds"] >= 0.5, "three more events, 0.2 s apart"
+
+
+def test_a_stage_past_its_timeout_fails_and_says_so(built, local, tmp_path):
+    (tmp_path / "slowpoke.py").write_text("import time\ntime.sleep(60)\n")
+    settings = VerifySettings(imports=("slowpoke",), env=_env(built, tmp_path, PYTHONPATH=str(tmp_path)), timeout=3)
+    imports = _by_name(run_stages(settings, target=local, venv=built["good"]))["imports"]
+    assert imports.status == "fail" and 3 <= imports.seconds < 30
+    assert imports.reason == ("ran past its timeout of 3 s and was stopped; give it longer with verify.timeout "
+                              "(verify.serve.timeout for serve)")
 
 
 @pytest.mark.parametrize("mode,expected", [

@@ -11,6 +11,7 @@ Each stage runs in a fresh interpreter of the target venv with the manifest's
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +40,13 @@ def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResu
     try:
         status, reason, details = body()
     except HostError as exc:
-        status, reason, details = "fail", str(exc), {}
+        timed_out = re.search(r"timed out after ([0-9.]+) s", str(exc))
+        if timed_out:  # the message would quote the whole script (python -c SOURCE)
+            reason = (f"ran past its timeout of {timed_out.group(1)} s and was stopped; give it longer with "
+                      f"verify.timeout (verify.serve.timeout for serve)")
+        else:
+            reason = str(exc) if len(str(exc)) <= 2000 else str(exc)[:1000] + " ... " + str(exc)[-900:]
+        status, details = "fail", {}
     return StageResult(name=name, status=status, reason=reason, seconds=time.monotonic() - started, details=details)
 
 
