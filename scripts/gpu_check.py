@@ -80,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                                      announce=lambda name: status.update(f"gpu-check: {name}"))
     label = f"local:{venv}"
     console.print(stages_table(results, f"gpu-check {label}"))
+    by = {r.name: r for r in results}
+    smoke, interp = by["smoke"].details, by["interpreter"].details.get("target") or {}
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    console.print(f"checked: python {interp.get('version')}, torch {smoke.get('torch')} (CUDA {smoke.get('cuda')}), "
+                  f"smoke on {smoke.get('device')}: {smoke.get('reason')}; sglang {'installed' if sglang else 'absent'}; "
+                  f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped",
+                  markup=False, highlight=False)
     if args.json:
         Path(args.json).write_text(verify_json(results, label))
     if args.junit:

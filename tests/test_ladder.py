@@ -339,3 +339,20 @@ def test_bad_imports_option_is_a_clear_error(built, capsys):
     assert main(["verify", f"local:{built['good']}", "--imports", "torch,no-dash"]) == 1
     out = capsys.readouterr().out
     assert "--imports: 'no-dash' is not an import name" in out and "hint:" in out
+
+
+def test_gpu_check_script_runs_the_ladder_and_fails_without_a_gpu(built, tmp_path):
+    """scripts/gpu-check is for a CUDA machine; here it must still run every stage and fail smoke."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, COLUMNS="400", **_env(built, tmp_path))
+    done = subprocess.run([sys.executable, str(root / "scripts" / "gpu_check.py"), built["good"], "--timeout", "120",
+                           "--json", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=600, env=env)
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 3, out[-3000:]
+    doc = json.loads((tmp_path / "g.json").read_text())
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert list(stages) == ["interpreter", "imports", "native-load", "library-provenance", "requirements", "server-args",
+                            "smoke", "serve", "jit-caches"]
+    assert stages["smoke"]["status"] == "fail" and stages["smoke"]["reason"].startswith("import torch failed")
+    assert stages["server-args"]["status"] == "skip" and stages["serve"]["status"] == "skip"
+    assert "checked: python 3.11" in out and "sglang absent" in out

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import judges, ladder
 from .checks import requirement_findings
-from .errors import HostError, TransplantError
+from .errors import HostError, ProbeError, TransplantError
 from .hosts import Host
 from .inventory import Inventory
 from .manifest import VerifySettings
@@ -39,7 +39,7 @@ def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResu
     started = time.monotonic()
     try:
         status, reason, details = body()
-    except HostError as exc:
+    except (HostError, ProbeError) as exc:
         timed_out = re.search(r"timed out after ([0-9.]+) s", str(exc))
         if timed_out:  # the message would quote the whole script (python -c SOURCE)
             reason = (f"ran past its timeout of {timed_out.group(1)} s and was stopped; give it longer with "
@@ -79,7 +79,8 @@ def run_stages(
     :param announce: called with each stage's name before it runs (for progress).
     :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
         (only those folders).
-    :raises HostError: only when the target cannot be reached at all.
+    A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
+    a missing interpreter) is a fail with that reason; the other stages still run.
     """
     env = dict(settings.env)
     timeout = settings.timeout
