@@ -168,7 +168,10 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "") -> 
         else:
             failed.append((lib, what))
     prefix = venv.rstrip("/") + "/" if venv else ""
-    shown = lambda path: path[len(prefix):] if prefix and path.startswith(prefix) else path  # noqa: E731
+
+    def shown(path: str) -> str:
+        return path[len(prefix):] if prefix and path.startswith(prefix) else path
+
     not_loaded = [p for p in report.get("preload", []) if not p.get("ok")]
     note = "".join(f"; note: preloading {p['name']} failed ({p['error']})" for p in not_loaded)
     if driverless:
