@@ -148,6 +148,12 @@ def test_provenance_says_why_each_outside_library_was_taken():
         "libnvrtc.so.13": "ld.so.conf lists /usr/lib/x86_64-linux-gnu (the loader's cache), and nothing loaded the "
                           "venv's copy by path first",
         "libcublasLt.so.13": "/lib64 is one of the loader's default folders"}
+    assert ladder.cuda_torch_libraries(report) == [
+        {"library": "libtorch_cuda.so", "path": "/real/v/torch/lib/libtorch_cuda.so", "from": "venv"},
+        {"library": "libcudart.so.13", "path": "/usr/local/cuda/lib64/libcudart.so.13.0.96", "from": "outside"},
+        {"library": "libcublas.so.13", "path": "/opt/pre/libcublas.so.13", "from": "outside"},
+        {"library": "libnvrtc.so.13", "path": "/usr/lib/x86_64-linux-gnu/libnvrtc.so.13.0.1", "from": "outside"},
+        {"library": "libcublasLt.so.13", "path": "/lib64/libcublasLt.so.13", "from": "outside"}]
     status, reason = ladder.judge_provenance(report, shipped)
     assert status == "fail" and reason.startswith("4 libraries from outside the venv: libcublas.so.13 mapped from "
                                                   "/opt/pre/libcublas.so.13 instead of the venv's")

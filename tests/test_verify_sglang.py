@@ -65,6 +65,8 @@ def test_sglang_0523_parses_dflash_and_its_resolution_step_says_what_it_lacks(ve
     # real torch and CUDA-runtime wheels: every shared object loads, none shadowed from outside
     assert by["native-load"].status == "pass" and by["library-provenance"].status == "pass"
     assert "torch" in by["library-provenance"].reason
+    mapped = {lib["library"]: lib["from"] for lib in by["library-provenance"].details["cuda_torch_libraries"]}
+    assert mapped["libtorch_cpu.so"] == "venv" and mapped["libc10.so"] == "venv"
     names = [i["name"] for i in by["imports"].details["imports"]]
     assert {"torch", "nvidia", "sgl_kernel", "flashinfer"} <= set(names)
 

@@ -26,6 +26,7 @@ __all__ = [
     "judge_native",
     "provenance_conflicts",
     "judge_provenance",
+    "cuda_torch_libraries",
     "DRIVER_SONAMES",
 ]
 
@@ -228,6 +229,18 @@ def provenance_conflicts(report: Mapping[str, Any], shipped: Sequence[str]) -> l
             why = "loaded by absolute path or through another library's RPATH/RUNPATH"
         out.append({"library": key, "mapped": mapped, "venv_copy": ours[key], "why": why})
     return sorted(out, key=lambda c: c["library"])
+
+
+_CUDA_TORCH = re.compile(r"^lib(cudart|cublas|cublasLt|nvrtc|nvJitLink|cudnn\w*|nccl|cusparse\w*|cufft\w*|curand|"
+                         r"cusolver\w*|nvshmem\w*|torch\w*|c10\w*|shm)\.so")
+
+
+def cuda_torch_libraries(report: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The CUDA and torch libraries the process mapped (libcudart, libcublas, libcublasLt, libnvrtc,
+    libcudnn, libnccl, libtorch*, libc10*...), each ``{"library", "path", "from": "venv" | "outside"}``."""
+    roots = [report.get("prefix", ""), report.get("prefix_real", "")]
+    return [{"library": library_key(m), "path": m, "from": "venv" if _inside(m, roots) else "outside"}
+            for m in report.get("mapped", []) if _CUDA_TORCH.match(posixpath.basename(m))]
 
 
 def judge_provenance(report: Mapping[str, Any], shipped: Sequence[str]) -> tuple[str, str]:

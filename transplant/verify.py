@@ -153,7 +153,8 @@ def run_stages(
             report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
                                 timeout=timeout)
             status, reason = ladder.judge_provenance(report, shipped)
-            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped), **report}
+            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped),
+                                    "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
 
         run("library-provenance", provenance)
 
