@@ -133,6 +133,7 @@ def test_verify_serve_and_resolve(tmp_path):
     answer: choices.0.text
     timeout: 900
   skip_imports: [{name: build_backend, reason: "flashinfer's build helper, not a runtime module"}]
+  python: "3.11"
 """).replace("speculative_num_draft_tokens: 16}", "speculative_num_draft_tokens: 16}\n    resolve: true")
     m = load_manifest(write(tmp_path, text))
     serve = m.verify.serve
@@ -142,6 +143,7 @@ def test_verify_serve_and_resolve(tmp_path):
     assert serve.body == {"input_ids": [1, 5, 7, 9], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     assert m.verify.server_args.resolve is True
     assert m.verify.skip_imports == {"build_backend": "flashinfer's build helper, not a runtime module"}
+    assert m.verify.python == "3.11"
     assert m.verify.overlay == m.overlay, "the overlay's distributions are what verify derives its checks from"
 
 
@@ -150,6 +152,7 @@ def test_bad_verify_serve_and_resolve_are_listed(tmp_path):
   smoke: {device: cuda}
   serve: {command: [], health: health, max_tokens: 0, body: [1], port: 1}
   skip_imports: [{name: "a-b", reason: x}, {name: y}]
+  python: 3.10
 """).replace("speculative_num_draft_tokens: 16}", "speculative_num_draft_tokens: 16}\n    resolve: yes please"))
     assert found == [
         "verify.server_args.resolve: expected true or false, got the string 'yes please'; fix: write resolve: true to run "
@@ -163,4 +166,5 @@ def test_bad_verify_serve_and_resolve_are_listed(tmp_path):
         "verify.serve.max_tokens: expected a positive whole number, got a number (0); fix: write e.g. max_tokens: 4",
         "verify.skip_imports[0].name: expected an import name, got 'a-b'; fix: write e.g. transformers",
         "verify.skip_imports[1].reason: missing; fix: add it: reason: why",
+        'verify.python: expected a version like "3.11", got a number (3.1); fix: write it quoted: python: "3.11"',
     ]

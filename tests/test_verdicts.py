@@ -112,6 +112,12 @@ def test_judge_interpreter():
     assert ladder.judge_interpreter(target, dict(target, version="3.10.12")) == (
         "fail", "cpython 3.11.2 (/v/bin/python, home /usr/bin), but the donor runs cpython 3.10.12: extension "
                 "modules built for 3.10 do not load in 3.11")
+    assert ladder.judge_interpreter(target, None, python="3.11") == (
+        "pass", "cpython 3.11.2 (/v/bin/python, home /usr/bin); Python 3.11 as the manifest expects; no donor "
+                "interpreter to compare with")
+    assert ladder.judge_interpreter(target, None, python="3.11.9") == (
+        "fail", "cpython 3.11.2 (/v/bin/python, home /usr/bin), but the manifest expects Python 3.11.9 (verify.python)")
+    assert ladder.judge_interpreter(dict(target, version="3.1.0"), None, python="3.11")[0] == "fail"
     assert ladder.judge_interpreter(dict(target, home_exists=False), None) == (
         "fail", "pyvenv.cfg home /usr/bin does not exist: the venv's python points to nothing")
 

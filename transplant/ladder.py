@@ -114,13 +114,16 @@ def library_key(name: str) -> str:
     return match.group(1) + match.group(2) if match else base
 
 
-def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | None) -> tuple[str, str]:
+def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | None, *,
+                      python: str | None = None) -> tuple[str, str]:
     """(status, reason) for the target's interpreter.
 
     :param target: ``{"version": "3.11.2", "implementation": "cpython", "home": str | None,
         "home_exists": bool | None, "executable": str}`` from the target's probe.
     :param expected: the same keys for the donor's interpreter, or None when there is no donor
-        to compare with (then only ``home`` is checked, and the reason says so).
+        to compare with (then only ``home`` and ``python`` are checked, and the reason says so).
+    :param python: the manifest's ``verify.python`` (``3.11`` or ``3.11.9``): the target's version
+        must start with it; None: not checked.
     """
     home, version = target.get("home"), str(target.get("version"))
     if target.get("home_exists") is False:
@@ -128,6 +131,10 @@ def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | N
     minor = ".".join(version.split(".")[:2])
     impl = target.get("implementation")
     where = f"{impl} {version} ({target.get('executable')}, home {home})"
+    if python is not None and version.split(".")[:len(python.split("."))] != python.split("."):
+        return "fail", f"{where}, but the manifest expects Python {python} (verify.python)"
+    if python is not None:
+        where += f"; Python {python} as the manifest expects"
     if expected is None:
         return "pass", f"{where}; no donor interpreter to compare with"
     want_minor = ".".join(str(expected.get("version")).split(".")[:2])

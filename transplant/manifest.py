@@ -162,6 +162,7 @@ class VerifySettings:
         shared objects are checked too (empty: only ``imports``).
     :ivar skip_imports: import name -> the operator's reason not to import it (a derived
         top-level name that is not meant to work here); shown as skipped, with the reason.
+    :ivar python: the Python version the target must run (``3.11`` or ``3.11.9``), or None.
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
@@ -172,6 +173,7 @@ class VerifySettings:
     serve: ServeCheck | None = None
     overlay: tuple[str, ...] = ()
     skip_imports: Mapping[str, str] = field(default_factory=dict)
+    python: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -523,7 +525,8 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
                "server_args": "server_args: {entry: ..., args: [...], expect: {...}}",
                "smoke": "smoke: {device: auto}", "timeout": "timeout: 300",
                "serve": "serve: {command: [...]}",
-               "skip_imports": "skip_imports: [{name: transformers, reason: why}]"}
+               "skip_imports": "skip_imports: [{name: transformers, reason: why}]",
+               "python": 'python: "3.11"'}
     data = c.mapping(value, "verify", allowed)
     env: dict[str, str] = {}
     if "env" in data:
@@ -583,8 +586,17 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
                     c.add(f"{key}.name", f"expected an import name, got {name!r}", "write e.g. transformers")
                 elif name is not None and reason is not None:
                     skips[name] = reason.strip()
+    python = None
+    if "python" in data:
+        # a string only: YAML reads 3.10 as the number 3.1
+        text = data["python"] if isinstance(data["python"], str) else None
+        if text is not None and re.fullmatch(r"3\.\d+(\.\d+)?", text):
+            python = text
+        else:
+            c.add("verify.python", f"expected a version like \"3.11\", got {_kind(data['python'])}",
+                  'write it quoted: python: "3.11"')
     return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout,
-                          serve=serve, skip_imports=skips)
+                          serve=serve, skip_imports=skips, python=python)
 
 
 def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Manifest:

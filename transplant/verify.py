@@ -104,7 +104,7 @@ def run_stages(
             theirs = donor()
             facts = _interpreter_facts(live)
             expected = _interpreter_facts(theirs) if theirs is not None else None
-            status, reason = ladder.judge_interpreter(facts, expected)
+            status, reason = ladder.judge_interpreter(facts, expected, python=settings.python)
             return status, reason, {"target": facts, "donor": expected}
 
         run("interpreter", interpreter)
