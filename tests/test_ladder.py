@@ -215,6 +215,9 @@ def test_interpreter_fails_against_another_donor_python_and_a_missing_home(built
     assert stage.reason.endswith("but the donor runs cpython 3.12.4: extension modules built for 3.12 do not load in 3.11")
     same = run_stages(settings, target=local, venv=built["good"], donor_inventory=lambda: live)[0]
     assert same.status == "pass" and same.reason.endswith(f"matches the donor's {live.interpreter.version}")
+    wrong = dataclasses.replace(settings, python="3.9")
+    assert run_stages(wrong, target=local, venv=built["good"])[0].reason.endswith(
+        "but the manifest expects Python 3.9 (verify.python)")
     copy = tmp_path / "moved"
     shutil.copytree(built["good"], copy, symlinks=True)
     cfg = copy / "pyvenv.cfg"
