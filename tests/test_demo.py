@@ -41,6 +41,14 @@ def test_demo_replays_the_story(lab):
     # act 4: the story's checkpoint line, and the smoke run said it used the CPU
     assert "parsed; DFLASH 16 /dev/shm/Qwen3.6-27B 15 (speculative_algorithm, speculative_dflash_block_size, model_path, speculative_ddtree_budget)" in out
     assert "ran on the CPU" in out
+    # the verify ladder, every rung shown; the GPU-only sub-checks and the serve stage as skips with why
+    for stage in ("interpreter", "imports", "native-load", "library-provenance", "requirements", "server-args",
+                  "smoke", "serve", "jit-caches"):
+        assert f"│ {stage} " in out, stage
+    assert "shared objects load (RTLD_NOW)" in out and "none shadowing a library the venv ships" in out
+    assert "skipped transformers (verify.skip_imports: the CPU demo carries transformers without its dependencies" in out
+    assert "triton kernel: skip (no GPU: a triton kernel needs one)" in out
+    assert "│ serve │ SKIP │ 0.0 │ no verify.serve in the manifest" in out
     assert "demo passed" in out
 
 

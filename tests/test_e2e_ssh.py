@@ -131,6 +131,21 @@ def test_verify_fails_a_broken_import(hosts, tmp_path, capsys):
     assert "no_such_module: ModuleNotFoundError" in stages["imports"]["reason"]
 
 
+def test_verify_without_manifest_over_ssh(hosts, tmp_path, capsys):
+    lab, _ = hosts
+    spec = lab.hosts["target"].spec
+    junit = tmp_path / "v.xml"
+    assert main(["verify", f"{spec}:{VENV}", "--imports", "alpha", "--identity-file", str(lab.identity_file),
+                 "--known-hosts", str(lab.known_hosts), "--json", "--junit", str(junit)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["target"] == f"{spec}:{VENV}" and doc["ok"] is True
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert stages["imports"]["details"]["imports"][0]["file"].startswith(f"{VENV}/{SITE}/alpha/")
+    assert stages["native-load"]["status"] == "skip" and "ship no shared objects (alpha)" in stages["native-load"]["reason"]
+    assert stages["interpreter"]["status"] == "pass"
+    assert junit.read_text().startswith("<?xml")
+
+
 def test_unknown_host_key_is_refused_and_nothing_runs(hosts, tmp_path, capsys):
     lab, _ = hosts
     empty = tmp_path / "known_hosts"

@@ -123,3 +123,48 @@ def test_donor_equals_target(tmp_path):
                                           ("sgl__kernel", "sgl-kernel")])
 def test_overlay_names_pep503(given, normal):
     assert normalize_pattern(given) == normal
+
+
+def test_verify_serve_and_resolve(tmp_path):
+    text = GOOD.replace("  smoke: {device: cuda}\n", """\
+  smoke: {device: cuda}
+  serve:
+    command: ["{python}", -m, sglang.launch_server, --model-path, "{model}", --port, "{port}"]
+    answer: choices.0.text
+    timeout: 900
+  skip_imports: [{name: build_backend, reason: "flashinfer's build helper, not a runtime module"}]
+  python: "3.11"
+""").replace("speculative_num_draft_tokens: 16}", "speculative_num_draft_tokens: 16}\n    resolve: true")
+    m = load_manifest(write(tmp_path, text))
+    serve = m.verify.serve
+    assert serve.command == ("{python}", "-m", "sglang.launch_server", "--model-path", "{model}", "--port", "{port}")
+    assert (serve.health, serve.path, serve.answer, serve.max_tokens, serve.timeout) == (
+        "/health", "/generate", "choices.0.text", 4, 900.0)
+    assert serve.body == {"input_ids": [1, 5, 7, 9], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    assert m.verify.server_args.resolve is True
+    assert m.verify.skip_imports == {"build_backend": "flashinfer's build helper, not a runtime module"}
+    assert m.verify.python == "3.11"
+    assert m.verify.overlay == m.overlay, "the overlay's distributions are what verify derives its checks from"
+
+
+def test_bad_verify_serve_and_resolve_are_listed(tmp_path):
+    found = problems(tmp_path, GOOD.replace("  smoke: {device: cuda}\n", """\
+  smoke: {device: cuda}
+  serve: {command: [], health: health, max_tokens: 0, body: [1], port: 1}
+  skip_imports: [{name: "a-b", reason: x}, {name: y}]
+  python: 3.10
+""").replace("speculative_num_draft_tokens: 16}", "speculative_num_draft_tokens: 16}\n    resolve: yes please"))
+    assert found == [
+        "verify.server_args.resolve: expected true or false, got the string 'yes please'; fix: write resolve: true to run "
+        "the framework's deeper resolution step too",
+        "verify.serve.port: unknown key; fix: remove it; allowed keys: command, health, path, body, answer, max_tokens, "
+        "config, timeout",
+        "verify.serve.command: expected a non-empty list of strings, got a list; fix: write e.g. command: ['{python}', "
+        "-m, sglang.launch_server, --model-path, '{model}', --port, '{port}']",
+        "verify.serve.health: expected a URL path starting with /, got 'health'; fix: write e.g. /health",
+        "verify.serve.body: expected a mapping, got a list; fix: write e.g. body: {input_ids: [1, 2]}",
+        "verify.serve.max_tokens: expected a positive whole number, got a number (0); fix: write e.g. max_tokens: 4",
+        "verify.skip_imports[0].name: expected an import name, got 'a-b'; fix: write e.g. transformers",
+        "verify.skip_imports[1].reason: missing; fix: add it: reason: why",
+        'verify.python: expected a version like "3.11", got a number (3.1); fix: write it quoted: python: "3.11"',
+    ]

@@ -66,3 +66,192 @@ def test_requirements_and_overall():
     assert not overall_ok(stages + [StageResult(name="y", status="fail", reason="r", seconds=1.0)])
     with pytest.raises(ValueError):
         StageResult(name="z", status="passed", reason="r", seconds=0)
+
+
+# --- the ladder's later stages (plain data) ---
+
+from transplant import judges, ladder  # noqa: E402
+from transplant.inventory import Distribution, FileEntry  # noqa: E402
+from transplant.render import verify_junit  # noqa: E402
+
+
+def _dist(name, top_level=(), paths=()):
+    record = tuple(FileEntry(record_path=p, path=f"lib/python3.11/site-packages/{p}", exists=True) for p in paths)
+    return Distribution(name=name, display_name=name, version=None, raw_version="1", dist_info=f"{name}-1.dist-info",
+                        metadata_present=True, top_level=tuple(top_level), record=record)
+
+
+def test_import_names_from_top_level_else_record():
+    torch = _dist("torch", top_level=("functorch", "torch", "torchgen"))
+    nv = _dist("nvidia-cuda-runtime", paths=("nvidia/cuda_runtime/lib/libcudart.so.13", "nvidia/cu13/__init__.py",
+                                             "nvidia_cuda_runtime-13.0.96.dist-info/RECORD"))
+    ext = _dist("sgl-kernel", paths=("sgl_kernel/__init__.py", "common_ops.cpython-311-x86_64-linux-gnu.so",
+                                     "tests/data/x.txt", "six.py", "../../bin/tool"))
+    assert ladder.import_names([torch, nv, ext], extra=("sglang", "torch")) == [
+        "sglang", "torch", "functorch", "torchgen", "nvidia", "common_ops", "sgl_kernel", "six"]
+    assert ladder.shared_objects([nv, ext], "/v") == [
+        "/v/lib/python3.11/site-packages/common_ops.cpython-311-x86_64-linux-gnu.so",
+        "/v/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.13"]
+
+
+@pytest.mark.parametrize("name,key", [
+    ("/usr/local/cuda/lib64/libcudart.so.13.0.96", "libcudart.so.13"), ("libcudart.so.13", "libcudart.so.13"),
+    ("/x/libtorch_cuda.so", "libtorch_cuda.so"), ("libgomp-a34b3233.so.1", "libgomp-a34b3233.so.1"),
+    ("python3.11", "python3.11"),
+])
+def test_library_key(name, key):
+    assert ladder.library_key(name) == key
+
+
+def test_judge_interpreter():
+    target = {"version": "3.11.2", "implementation": "cpython", "home": "/usr/bin", "home_exists": True,
+              "executable": "/v/bin/python"}
+    assert ladder.judge_interpreter(target, None) == (
+        "pass", "cpython 3.11.2 (/v/bin/python, home /usr/bin); no donor interpreter to compare with")
+    assert ladder.judge_interpreter(target, dict(target, version="3.11.9"))[0] == "pass"
+    assert ladder.judge_interpreter(target, dict(target, version="3.10.12")) == (
+        "fail", "cpython 3.11.2 (/v/bin/python, home /usr/bin), but the donor runs cpython 3.10.12: extension "
+                "modules built for 3.10 do not load in 3.11")
+    assert ladder.judge_interpreter(target, None, python="3.11") == (
+        "pass", "cpython 3.11.2 (/v/bin/python, home /usr/bin); Python 3.11 as the manifest expects; no donor "
+                "interpreter to compare with")
+    assert ladder.judge_interpreter(target, None, python="3.11.9") == (
+        "fail", "cpython 3.11.2 (/v/bin/python, home /usr/bin), but the manifest expects Python 3.11.9 (verify.python)")
+    assert ladder.judge_interpreter(dict(target, version="3.1.0"), None, python="3.11")[0] == "fail"
+    assert ladder.judge_interpreter(dict(target, home_exists=False), None) == (
+        "fail", "pyvenv.cfg home /usr/bin does not exist: the venv's python points to nothing")
+
+
+def test_judge_native_names_soname_symbol_and_driver_libraries():
+    libs = [{"path": "/v/a.so", "ok": True, "error": None},
+            {"path": "/v/b.so", "ok": False, "error": "libcudart.so.12: cannot open shared object file: No such file"},
+            {"path": "/v/c.so", "ok": False, "error": "/v/c.so: undefined symbol: _ZN3c104cuda9SetDeviceEa"},
+            {"path": "/v/d.so", "ok": False, "error": "libcuda.so.1: cannot open shared object file: No such file"}]
+    status, reason = ladder.judge_native({"libraries": libs}, driver=False, venv="/v")
+    assert (status, reason) == ("fail", "2 of 4 shared objects do not load: b.so: missing libcudart.so.12; c.so: "
+                                        "undefined symbol _ZN3c104cuda9SetDeviceEa; 1 need the NVIDIA driver's "
+                                        "libraries, absent on this host (e.g. d.so): not checkable here")
+    assert ladder.judge_native({"libraries": libs}, driver=True, venv="/v")[1].startswith("3 of 4 shared objects")
+    assert ladder.judge_native({"libraries": [libs[0], libs[3]]}, driver=False)[0] == "pass"
+    assert ladder.judge_native({"libraries": []}, driver=True)[0] == "skip"
+
+
+def test_provenance_says_why_each_outside_library_was_taken():
+    shipped = ["/v/nvidia/cu13/lib/libcudart.so.13", "/v/torch/lib/libtorch_cuda.so", "/v/nvidia/lib/libcublas.so.13",
+               "/v/nvidia/lib/libnvrtc.so.13", "/v/nvidia/lib/libcublasLt.so.13"]
+    report = {"prefix": "/v", "prefix_real": "/real/v",
+              "mapped": ["/real/v/torch/lib/libtorch_cuda.so", "/usr/local/cuda/lib64/libcudart.so.13.0.96",
+                         "/opt/pre/libcublas.so.13", "/usr/lib/x86_64-linux-gnu/libnvrtc.so.13.0.1",
+                         "/lib64/libcublasLt.so.13", "/usr/lib/x86_64-linux-gnu/libc.so.6"],
+              "ld_library_path": [["/usr/local/cuda/lib64", "/usr/local/cuda/lib64"]],
+              "ld_preload": [["/opt/pre/libcublas.so.13", "/opt/pre/libcublas.so.13"]],
+              "ld_so_conf": [["/usr/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"]],
+              "imported": [{"name": "torch", "ok": True}]}
+    why = {c["library"]: c["why"] for c in ladder.provenance_conflicts(report, shipped)}
+    assert why == {
+        "libcudart.so.13": "LD_LIBRARY_PATH lists /usr/local/cuda/lib64, searched before the venv's RUNPATH",
+        "libcublas.so.13": "LD_PRELOAD names it",
+        "libnvrtc.so.13": "ld.so.conf lists /usr/lib/x86_64-linux-gnu (the loader's cache), and nothing loaded the "
+                          "venv's copy by path first",
+        "libcublasLt.so.13": "/lib64 is one of the loader's default folders"}
+    assert ladder.cuda_torch_libraries(report) == [
+        {"library": "libtorch_cuda.so", "path": "/real/v/torch/lib/libtorch_cuda.so", "from": "venv"},
+        {"library": "libcudart.so.13", "path": "/usr/local/cuda/lib64/libcudart.so.13.0.96", "from": "outside"},
+        {"library": "libcublas.so.13", "path": "/opt/pre/libcublas.so.13", "from": "outside"},
+        {"library": "libnvrtc.so.13", "path": "/usr/lib/x86_64-linux-gnu/libnvrtc.so.13.0.1", "from": "outside"},
+        {"library": "libcublasLt.so.13", "path": "/lib64/libcublasLt.so.13", "from": "outside"}]
+    status, reason = ladder.judge_provenance(report, shipped)
+    assert status == "fail" and reason.startswith("4 libraries from outside the venv: libcublas.so.13 mapped from "
+                                                  "/opt/pre/libcublas.so.13 instead of the venv's")
+    assert reason.endswith("; and 1 more")
+    clean = dict(report, mapped=["/real/v/torch/lib/libtorch_cuda.so", "/usr/lib/x86_64-linux-gnu/libc.so.6"])
+    assert ladder.judge_provenance(clean, shipped) == (
+        "pass", "after importing torch: 1 libraries mapped from the venv, 1 from the system, none shadowing a library "
+                "the venv ships")
+    empty_entry = dict(report, mapped=["/cwd/libcudart.so.13"], ld_library_path=[["", "/cwd"]], ld_preload=[])
+    assert ladder.provenance_conflicts(empty_entry, shipped)[0]["why"].startswith("LD_LIBRARY_PATH has an empty entry")
+    rpath = dict(report, mapped=["/opt/x/libcudart.so.13"], ld_preload=[])
+    assert ladder.provenance_conflicts(rpath, shipped)[0]["why"] == \
+        "loaded by absolute path or through another library's RPATH/RUNPATH"
+    nothing = dict(clean, imported=[{"name": "torch", "ok": False, "error": "ImportError: x"}])
+    assert ladder.judge_provenance(nothing, shipped)[0] == "skip"
+
+
+@pytest.mark.parametrize("report,expected", [
+    ({"ran": False, "error": "ServerArgs has no separate resolution step (resolve_once); its parser already resolved"},
+     ("skip", "ServerArgs has no separate resolution step (resolve_once); its parser already resolved")),
+    ({"ran": True, "ok": True, "method": "ServerArgs.resolve_once"},
+     ("pass", "ServerArgs.resolve_once() ran: the arguments resolve against the model and platform")),
+    ({"ran": True, "ok": False, "method": "ServerArgs.resolve_once", "error": "ModuleNotFoundError: No module named 'regex'",
+      "kind": ["ModuleNotFoundError", "ImportError", "Exception"], "config_json": False},
+     ("fail", "ServerArgs.resolve_once() needs a module the venv lacks: ModuleNotFoundError: No module named 'regex'")),
+    ({"ran": True, "ok": False, "method": "M", "error": "OSError: /m does not appear to have a file named config.json",
+      "kind": ["OSError"], "model_path": "/m", "config_json": False, "gpu": False},
+     ("skip", "M() needs the model's config.json, and /m/config.json is absent on the target; put the model there to "
+              "run it (OSError: /m does not appear to have a file named config.json)")),
+    ({"ran": True, "ok": False, "method": "M", "error": "RuntimeError: No CUDA GPUs are available", "kind": ["RuntimeError"],
+      "model_path": "/m", "config_json": True, "gpu": False},
+     ("skip", "M() needs a GPU, and none is visible here (RuntimeError: No CUDA GPUs are available)")),
+    ({"ran": True, "ok": False, "method": "M", "error": "RuntimeError: No CUDA GPUs are available", "kind": ["RuntimeError"],
+      "model_path": "/m", "config_json": True, "gpu": True},
+     ("fail", "M() failed: RuntimeError: No CUDA GPUs are available")),
+])
+def test_judge_resolve(report, expected):
+    assert judges.judge_resolve(report) == expected
+
+
+def test_judge_serve_shape_and_failures():
+    ok = {"started": True, "startup_seconds": 12.34, "first_token_seconds": 0.5, "streamed": False,
+          "answer": {"choices": [{"text": "hello"}]}, "stopped": "stopped by SIGTERM"}
+    assert judges.judge_serve(ok, "choices.0.text") == (
+        "pass", "started in 12.3 s; answer after 0.50 s; choices.0.text: 5 characters; server stopped by SIGTERM")
+    assert judges.judge_serve(ok, "choices.1.text")[1].startswith("the answer has no 'choices.1.text'")
+    many = dict(ok, answer={"output_ids": list(range(9))})
+    assert judges.judge_serve(many, "output_ids", max_tokens=4)[1].startswith(
+        "the answer's output_ids has 9 items, more than the 4 asked for")
+    assert judges.judge_serve(dict(many, streamed=True), "output_ids")[1].startswith(
+        "started in 12.3 s; streamed first token after 0.50 s; output_ids: 9 items")
+    down = {"started": False, "error": "the server exited with code 1 before x answered", "log_tail": "a\nboom\n"}
+    assert judges.judge_serve(down, "output_ids") == ("fail", "the server exited with code 1 before x answered; its log "
+                                                              "ends: boom")
+
+
+def test_judge_jit_caches():
+    caches = [{"name": "triton", "library": "triton", "path": "/h/.triton/cache", "exists": True, "files": 3,
+               "versions": ["3.4.0", "3.5.0"], "installed": "3.5.0"},
+              {"name": "flashinfer", "library": "flashinfer", "path": "/h/.cache/flashinfer", "exists": False,
+               "files": 0, "versions": [], "installed": "0.7.2"}]
+    assert judges.stale_versions(caches[0]) == ["3.4.0"]
+    assert judges.judge_jit_caches(caches, cleared=False) == (
+        "pass", "triton /h/.triton/cache (3 files, built for triton 3.4.0, 3.5.0); warning: triton cache holds builds "
+                "for triton 3.4.0 but 3.5.0 is installed (--clear-jit-caches removes it)")
+    refused = [dict(caches[0], removed=False, error="not removed: it is a symlink")]
+    assert judges.judge_jit_caches(refused, cleared=True) == ("fail", "/h/.triton/cache: not removed: it is a symlink")
+    assert judges.judge_jit_caches([caches[1]], cleared=False) == (
+        "pass", "no JIT cache folders exist (/h/.cache/flashinfer)")
+
+
+def test_smoke_subchecks_fail_the_stage_and_skips_are_named():
+    checks = [{"name": "matmul 256x256", "dtype": "float32", "rel_error": 1e-7, "bound": 1e-4, "ok": True}]
+    subs = [{"name": "triton kernel", "status": "skip", "reason": "no GPU: a triton kernel needs one"}]
+    report = {"ok": True, "device": "cpu", "reason": "ran on cpu", "torch": "2.13.0+cpu", "checks": checks,
+              "subchecks": subs}
+    status, reason = judge_smoke(report)
+    assert status == "pass" and reason.endswith("; triton kernel: skip (no GPU: a triton kernel needs one)")
+    bad = dict(report, ok=False, subchecks=subs + [{"name": "flashinfer rmsnorm", "status": "fail",
+                                                    "reason": "flashinfer 0.7.2: relative error 3.00e-01 above the bound 2e-02"}])
+    assert judge_smoke(bad) == ("fail", "flashinfer rmsnorm: flashinfer 0.7.2: relative error 3.00e-01 above the bound 2e-02")
+
+
+def test_junit_counts_skips_apart_from_passes():
+    from xml.etree import ElementTree
+
+    results = [StageResult(name="a", status="pass", reason="fine", seconds=1.0),
+               StageResult(name="b", status="skip", reason="no GPU", seconds=0.0),
+               StageResult(name="c", status="fail", reason="broken <&>", seconds=2.5)]
+    suite = ElementTree.fromstring(verify_junit(results, "local:/v")).find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"), suite.get("time")) == ("3", "1", "1", "3.500")
+    cases = suite.findall("testcase")
+    assert cases[0].find("failure") is None and cases[0].find("skipped") is None
+    assert cases[1].find("skipped").get("message") == "no GPU"
+    assert cases[2].find("failure").get("message") == "broken <&>"

@@ -39,10 +39,8 @@ from . import txn
 from .gather import gather
 from .planner import plan as make_plan
 from .probing import take_inventory
-from .render import history_table, human_bytes, inventory_table, print_plan, stages_table, verify_json
+from .render import history_table, human_bytes, inventory_table, print_plan
 from .state import drift, plan_differences
-from .verdicts import overall_ok
-from .verify import donor_reader, run_stages
 
 __all__ = ["main", "EXIT_USAGE"]
 
@@ -336,33 +334,9 @@ def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
-    with ExitStack() as stack:
-        session = _Session(manifest, console, stack)
-        target = session.host("target")
-        try:
-            donor_host: Host | None = session.host("donor")
-        except TransplantError as exc:
-            console.print(f"the donor cannot be reached ({exc.message}); requirements are checked without it",
-                          style="yellow", highlight=False, markup=False)
-            donor_host = None
+    from .verify_cli import verify_command  # keeps this file's share of verify small
 
-        def read_donor():
-            if donor_host is None:
-                raise TransplantError("the donor cannot be reached")
-            return take_inventory(donor_host, manifest.donor.venv, record=False)
-
-        with console.status("verifying") as status:
-            results = run_stages(manifest.verify, target=target, venv=manifest.target.venv,
-                                 donor_inventory=donor_reader(read_donor),
-                                 announce=lambda name: status.update(f"verify: {name}"))
-    if args.json:
-        print(verify_json(results, str(manifest.target)))
-    else:
-        console.print(stages_table(results, f"verify {manifest.target}"))
-        bad = [r for r in results if r.status == "fail"]
-        console.print("[bold green]verify passed[/]" if not bad else f"[bold red]verify failed[/]: {len(bad)} stage(s)")
-    return EXIT_OK if overall_ok(results) else EXIT_BLOCKED
+    return verify_command(args, console, session_class=_Session, parse_location=parse_location)
 
 
 class UsageError(TransplantError):
@@ -439,9 +413,18 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("manifest", help="the manifest whose target to read")
     h.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.history/1)")
     h.set_defaults(func=_cmd_history)
-    v = sub.add_parser("verify", help="prove the target venv works: imports, requirements, server args, smoke")
-    v.add_argument("manifest", help="the manifest whose target and verify settings to use")
-    v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/1)")
+    v = sub.add_parser("verify", help="prove the target venv works: the verify ladder, interpreter to a served request")
+    v.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
+                   help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
+                        "check without one")
+    v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/2)")
+    v.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
+    v.add_argument("--imports", metavar="NAMES", help="comma-separated import names (without a manifest: the "
+                   "distributions providing them are checked too)")
+    v.add_argument("--clear-jit-caches", action="store_true",
+                   help="remove the triton, flashinfer and torch-inductor cache folders of the target's user")
+    v.add_argument("--identity-file", help="SSH private key, for HOST:VENV (default: ssh-agent and ~/.ssh/id_*)")
+    v.add_argument("--known-hosts", help="known_hosts file, for HOST:VENV (default ~/.ssh/known_hosts)")
     v.set_defaults(func=_cmd_verify)
     i = sub.add_parser("inventory", help="print what a venv holds")
     i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")

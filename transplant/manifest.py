@@ -12,7 +12,7 @@ import difflib
 import re
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from pathlib import PurePosixPath
 from typing import Any
@@ -26,6 +26,7 @@ __all__ = [
     "Patch",
     "Acceptance",
     "ServerArgsCheck",
+    "ServeCheck",
     "VerifySettings",
     "Manifest",
     "parse_manifest",
@@ -119,6 +120,37 @@ class ServerArgsCheck:
     entry: str
     args: tuple[str, ...]
     expect: Mapping[str, Any]
+    resolve: bool = False
+
+
+#: The generation request ``verify.serve`` sends by default: sglang's ``/generate`` with token
+#: ids (no tokenizer in the tiny model), greedy, four new tokens.
+SERVE_BODY: Mapping[str, Any] = {"input_ids": [1, 5, 7, 9], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeCheck:
+    """Start the server with a tiny model, wait for health, ask once, stop it.
+
+    :ivar command: argv; ``{model}``, ``{port}`` and ``{python}`` are replaced by the tiny
+        model's folder, a free loopback port and the venv's python.
+    :ivar health: path answered with 200 once the server is up.
+    :ivar path: path of the generation request, POSTed ``body`` as JSON.
+    :ivar answer: dotted path of the generated value in the answer (``output_ids``,
+        ``choices.0.text``); it must be a non-empty string or list.
+    :ivar max_tokens: an answer list longer than this fails (None: not checked).
+    :ivar config: the tiny model's config.json, or None for the built-in two-layer Llama.
+    :ivar timeout: seconds for start, request and stop together.
+    """
+
+    command: tuple[str, ...]
+    health: str = "/health"
+    path: str = "/generate"
+    body: Mapping[str, Any] = field(default_factory=lambda: dict(SERVE_BODY))
+    answer: str = "output_ids"
+    max_tokens: int | None = 4
+    config: Mapping[str, Any] | None = None
+    timeout: float = 600.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +162,12 @@ class VerifySettings:
     :ivar server_args: the argument-parser check, or None to skip that stage.
     :ivar smoke_device: ``cpu``, ``cuda`` or ``auto``; None to skip the smoke stage.
     :ivar timeout: seconds each stage may take before it is failed.
+    :ivar serve: the serve check, or None to skip that stage.
+    :ivar overlay: the manifest's overlay patterns: their distributions' import names and
+        shared objects are checked too (empty: only ``imports``).
+    :ivar skip_imports: import name -> the operator's reason not to import it (a derived
+        top-level name that is not meant to work here); shown as skipped, with the reason.
+    :ivar python: the Python version the target must run (``3.11`` or ``3.11.9``), or None.
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
@@ -137,6 +175,10 @@ class VerifySettings:
     server_args: ServerArgsCheck | None = None
     smoke_device: str | None = None
     timeout: float = 300.0
+    serve: ServeCheck | None = None
+    overlay: tuple[str, ...] = ()
+    skip_imports: Mapping[str, str] = field(default_factory=dict)
+    python: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -425,7 +467,8 @@ def _patches(c: _Checker, value: Any) -> tuple[Patch, ...]:
 def _server_args(c: _Checker, value: Any) -> ServerArgsCheck | None:
     allowed = {"entry": "entry: sglang.srt.server_args:prepare_server_args",
                "args": "args: [--model-path, /models/x]",
-               "expect": "expect: {speculative_algorithm: DFLASH}"}
+               "expect": "expect: {speculative_algorithm: DFLASH}",
+               "resolve": "resolve: true"}
     data = c.mapping(value, "verify.server_args", allowed, required=("entry", "args"))
     entry = None
     if "entry" in data:
@@ -461,9 +504,59 @@ def _server_args(c: _Checker, value: Any) -> ServerArgsCheck | None:
                           "compare one value per attribute")
                 else:
                     expect[k] = v
+    resolve = False
+    if "resolve" in data:
+        if isinstance(data["resolve"], bool):
+            resolve = data["resolve"]
+        else:
+            c.add("verify.server_args.resolve", f"expected true or false, got {_kind(data['resolve'])}",
+                  "write resolve: true to run the framework's deeper resolution step too")
     if entry is None:
         return None
-    return ServerArgsCheck(entry=entry, args=tuple(args), expect=expect)
+    return ServerArgsCheck(entry=entry, args=tuple(args), expect=expect, resolve=resolve)
+
+
+def _serve(c: _Checker, value: Any) -> ServeCheck | None:
+    allowed = {"command": "command: [python, -m, sglang.launch_server, --model-path, '{model}', --port, '{port}']",
+               "health": "health: /health", "path": "path: /generate", "body": "body: {input_ids: [1, 2]}",
+               "answer": "answer: output_ids", "max_tokens": "max_tokens: 4", "config": "config: {model_type: llama}",
+               "timeout": "timeout: 600"}
+    data = c.mapping(value, "verify.serve", allowed, required=("command",))
+    out: dict[str, Any] = {}
+    if "command" in data:
+        cmd = data["command"]
+        if not isinstance(cmd, list) or not cmd or not all(
+                isinstance(a, (str, int, float)) and not isinstance(a, bool) and "\0" not in str(a) for a in cmd):
+            c.add("verify.serve.command", f"expected a non-empty list of strings, got {_kind(cmd)}",
+                  "write e.g. command: ['{python}', -m, sglang.launch_server, --model-path, '{model}', --port, '{port}']")
+        else:
+            out["command"] = tuple(str(a) for a in cmd)
+    for key in ("health", "path", "answer"):
+        if key in data:
+            text = c.string(data[key], f"verify.serve.{key}", allowed[key].replace(": ", " is e.g. "))
+            if text is not None and key != "answer" and not text.startswith("/"):
+                c.add(f"verify.serve.{key}", f"expected a URL path starting with /, got {text!r}", f"write e.g. /{text}")
+            elif text is not None:
+                out[key] = text
+    for key in ("body", "config"):
+        if key in data:
+            if isinstance(data[key], dict):
+                out[key] = data[key]
+            else:
+                c.add(f"verify.serve.{key}", f"expected a mapping, got {_kind(data[key])}", f"write e.g. {allowed[key]}")
+    if "max_tokens" in data:
+        m = data["max_tokens"]
+        if m is None or (isinstance(m, int) and not isinstance(m, bool) and m > 0):
+            out["max_tokens"] = m
+        else:
+            c.add("verify.serve.max_tokens", f"expected a positive whole number, got {_kind(m)}", "write e.g. max_tokens: 4")
+    if "timeout" in data:
+        if _seconds(data["timeout"]):
+            out["timeout"] = float(data["timeout"])
+        else:
+            c.add("verify.serve.timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got "
+                  f"{_kind(data['timeout'])}", "write e.g. timeout: 600")
+    return ServeCheck(**out) if "command" in out else None
 
 
 def _verify(c: _Checker, value: Any) -> VerifySettings:
@@ -471,7 +564,10 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
         return VerifySettings()
     allowed = {"env": "env: {CUDA_VISIBLE_DEVICES: '0'}", "imports": "imports: [torch, sglang]",
                "server_args": "server_args: {entry: ..., args: [...], expect: {...}}",
-               "smoke": "smoke: {device: auto}", "timeout": "timeout: 300"}
+               "smoke": "smoke: {device: auto}", "timeout": "timeout: 300",
+               "serve": "serve: {command: [...]}",
+               "skip_imports": "skip_imports: [{name: transformers, reason: why}]",
+               "python": 'python: "3.11"'}
     data = c.mapping(value, "verify", allowed)
     env: dict[str, str] = {}
     if "env" in data:
@@ -513,7 +609,35 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
         else:
             c.add("verify.timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {_kind(t)}",
                   "write e.g. timeout: 300")
-    return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout)
+    serve = _serve(c, data["serve"]) if "serve" in data else None
+    skips: dict[str, str] = {}
+    if "skip_imports" in data:
+        example = "skip_imports: [{name: transformers, reason: travels without its dependencies here}]"
+        if not isinstance(data["skip_imports"], list):
+            c.add("verify.skip_imports", f"expected a list, got {_kind(data['skip_imports'])}", f"write e.g. {example}")
+        else:
+            for i, item in enumerate(data["skip_imports"]):
+                key = f"verify.skip_imports[{i}]"
+                entry = c.mapping(item, key, {"name": "name: transformers", "reason": "reason: why"},
+                                  required=("name", "reason"))
+                name = c.string(entry["name"], f"{key}.name", "write an import name") if "name" in entry else None
+                reason = c.string(entry["reason"], f"{key}.reason", "say why it is not imported here") \
+                    if "reason" in entry else None
+                if name is not None and not all(p.isidentifier() for p in name.split(".")):
+                    c.add(f"{key}.name", f"expected an import name, got {name!r}", "write e.g. transformers")
+                elif name is not None and reason is not None:
+                    skips[name] = reason.strip()
+    python = None
+    if "python" in data:
+        # a string only: YAML reads 3.10 as the number 3.1
+        text = data["python"] if isinstance(data["python"], str) else None
+        if text is not None and re.fullmatch(r"3\.\d+(\.\d+)?", text):
+            python = text
+        else:
+            c.add("verify.python", f"expected a version like \"3.11\", got {_kind(data['python'])}",
+                  'write it quoted: python: "3.11"')
+    return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout,
+                          serve=serve, skip_imports=skips, python=python)
 
 
 def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Manifest:
@@ -556,5 +680,6 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
         c.add("target", f"the target is the donor ({donor})", "name another host or venv as the target")
     if c.problems or donor is None or target is None:
         raise ManifestError(path, c.problems or ["donor and target are required"])
+    verify = replace(verify, overlay=overlay)
     return Manifest(path=path, donor=donor, target=target, ssh=ssh, overlay=overlay, patches=patches, verify=verify,
                     remove=remove, accept=accept)

@@ -16,7 +16,7 @@ from .model import Finding, Plan
 from .verdicts import VERIFY_SCHEMA, StageResult
 
 __all__ = ["human_bytes", "history_table", "plan_table", "findings_table", "stages_table", "inventory_table",
-           "verify_json", "print_plan"]
+           "verify_json", "verify_junit", "print_plan"]
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "skip": "yellow"}
@@ -93,11 +93,36 @@ def stages_table(results: Sequence[StageResult], title: str) -> Table:
 
 
 def verify_json(results: Sequence[StageResult], target: str) -> str:
-    """``{"schema", "target", "ok", "stages": [{"name", "status", "reason", "seconds", "details"}]}``."""
+    """``{"schema", "target", "ok", "counts": {"pass", "fail", "skip"}, "stages": [{"name", "status",
+    "reason", "seconds", "details"}]}``; ``ok`` is false when a stage failed (skips are counted apart)."""
     doc: dict[str, Any] = {"schema": VERIFY_SCHEMA, "target": target,
                            "ok": not any(r.status == "fail" for r in results),
+                           "counts": {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")},
                            "stages": [r.to_dict() for r in results]}
     return json.dumps(doc, indent=2, sort_keys=True, default=str)
+
+
+def verify_junit(results: Sequence[StageResult], target: str) -> str:
+    """The results as JUnit XML (the format CI systems read): one ``<testsuite name="transplant
+    verify TARGET">`` with one ``<testcase>`` per stage; a fail carries ``<failure message>``,
+    a skip ``<skipped message>`` (never counted as passed); the reason is also in
+    ``<system-out>``."""
+    from xml.etree import ElementTree as ET
+
+    suite = ET.Element("testsuite", name=f"transplant verify {target}", tests=str(len(results)),
+                       failures=str(sum(r.status == "fail" for r in results)), errors="0",
+                       skipped=str(sum(r.status == "skip" for r in results)),
+                       time=f"{sum(r.seconds for r in results):.3f}")
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname="transplant.verify", name=r.name, time=f"{r.seconds:.3f}")
+        if r.status == "fail":
+            ET.SubElement(case, "failure", message=r.reason, type="fail").text = r.reason
+        elif r.status == "skip":
+            ET.SubElement(case, "skipped", message=r.reason)
+        ET.SubElement(case, "system-out").text = r.reason
+    suites = ET.Element("testsuites")
+    suites.append(suite)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def inventory_table(inv: Inventory) -> Table:

@@ -24,7 +24,7 @@ __all__ = [
     "overall_ok",
 ]
 
-VERIFY_SCHEMA = "transplant.verify/1"
+VERIFY_SCHEMA = "transplant.verify/2"  # 2: the ladder's stages, "counts"
 STATUSES = ("pass", "fail", "skip")
 
 
@@ -105,19 +105,29 @@ def judge_server_args(expect: Mapping[str, Any], report: Mapping[str, Any]) -> t
 
 
 def judge_smoke(report: Mapping[str, Any]) -> tuple[str, str]:
-    """(status, reason) for the smoke script's report (it already applied the manifest's device choice)."""
+    """(status, reason) for the smoke script's report (it already applied the manifest's device choice).
+
+    Its sub-checks (triton, sgl_kernel, flashinfer) fail the stage when one fails; a skipped
+    one is named as skipped, with its reason, in the reason of a passing stage.
+    """
     checks = report.get("checks", [])
+    subs = report.get("subchecks", [])
     if not report.get("ok"):
         bad = [c for c in checks if not c.get("ok")]
         if bad:
             c = bad[0]
             return "fail", (f"{c['name']} {c['dtype']} on {report.get('device')}: relative error "
                             f"{c['rel_error']:.2e} above the bound {c['bound']:.0e}")
+    failed = [c for c in subs if c.get("status") == "fail"]
+    if failed:
+        return "fail", "; ".join(f"{c['name']}: {c['reason']}" for c in failed)
+    if not report.get("ok"):
         return "fail", str(report.get("reason"))
     if not checks:
         return "fail", "the smoke script ran no check"
     worst = ", ".join(f"{c['name']} {c['dtype']} {c['rel_error']:.1e} <= {c['bound']:.0e}" for c in checks)
-    return "pass", f"{report.get('reason')}; torch {report.get('torch')}; {worst}"
+    tail = "".join(f"; {c['name']}: {c['status']} ({c['reason']})" for c in subs)
+    return "pass", f"{report.get('reason')}; torch {report.get('torch')}; {worst}{tail}"
 
 
 def judge_requirements(findings: Sequence[Finding]) -> tuple[str, str]:

@@ -1,38 +1,60 @@
-"""Run the verify stages in the target venv (edge).
+"""Run the verify ladder in the target venv (edge).
 
 Each stage runs in a fresh interpreter of the target venv with the manifest's
-``verify.env`` and a timeout; its report is judged by :mod:`transplant.verdicts`.
-Stages, cheapest first: ``imports``, ``requirements``, ``server-args``, ``smoke``.
+``verify.env`` and a timeout; its report is judged by :mod:`transplant.verdicts`,
+:mod:`transplant.ladder` and :mod:`transplant.judges`. Stages, cheapest first:
+``interpreter``, ``imports``, ``native-load``, ``library-provenance``, ``requirements``,
+``server-args`` (and ``server-args-resolve`` when asked for), ``smoke``, ``serve``,
+``jit-caches``. A stage that has nothing to check is a skip with its reason, never a pass.
 """
 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+import re
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
 
+from . import judges, ladder
 from .checks import requirement_findings
-from .errors import HostError, TransplantError
+from .errors import HostError, ProbeError, TransplantError
 from .hosts import Host
 from .inventory import Inventory
 from .manifest import VerifySettings
 from .probing import run_script, take_inventory
 from .verdicts import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
 
-__all__ = ["run_stages"]
+__all__ = ["run_stages", "donor_reader", "STAGES"]
 
 Announce = Callable[[str], None]
+#: The ladder's stages, in the order they run.
+STAGES = ("interpreter", "imports", "native-load", "library-provenance", "requirements", "server-args",
+          "server-args-resolve", "smoke", "serve", "jit-caches")
 
 
 def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
     started = time.monotonic()
     try:
         status, reason, details = body()
-    except HostError as exc:
-        status, reason, details = "fail", str(exc), {}
+    except (HostError, ProbeError) as exc:
+        timed_out = re.search(r"timed out after ([0-9.]+) s", str(exc))
+        if timed_out:  # the message would quote the whole script (python -c SOURCE)
+            reason = (f"ran past its timeout of {timed_out.group(1)} s and was stopped; give it longer with "
+                      f"verify.timeout (verify.serve.timeout for serve)")
+        else:
+            reason = str(exc) if len(str(exc)) <= 2000 else str(exc)[:1000] + " ... " + str(exc)[-900:]
+        status, details = "fail", {}
     return StageResult(name=name, status=status, reason=reason, seconds=time.monotonic() - started, details=details)
+
+
+def _interpreter_facts(inv: Inventory) -> dict[str, Any]:
+    cfg = inv.interpreter.pyvenv_cfg or {}
+    return {"version": str(inv.interpreter.version), "implementation": inv.interpreter.implementation,
+            "home": cfg.get("home"), "home_exists": inv.interpreter.home_exists,
+            "executable": inv.interpreter.executable}
 
 
 def run_stages(
@@ -42,68 +64,138 @@ def run_stages(
     venv: str,
     donor_inventory: Callable[[], Inventory | None] | None = None,
     announce: Announce | None = None,
+    clear_jit_caches: bool = False,
 ) -> list[StageResult]:
-    """Run every verify stage and return their results in order.
+    """Run every verify stage and return their results in order (see :data:`STAGES`).
 
-    :param settings: the manifest's verify settings (or ones built from the command line).
-    :param donor_inventory: returns the donor's inventory for the requirements stage's
-        reference, or None when there is no donor to compare with. An unmet requirement
-        fails the stage only when the donor's environment satisfies it (the target lacks
-        what the donor shows can be had); one the donor cannot meet either is a warning.
+    :param settings: the manifest's verify settings (or ones built from the command line);
+        ``settings.overlay`` names the distributions whose import names and shared objects
+        are checked besides ``settings.imports``.
+    :param donor_inventory: returns the donor's inventory, or None when there is no donor to
+        compare with. It is the reference of the ``interpreter`` stage (same implementation
+        and ``major.minor``) and of ``requirements``: an unmet requirement fails only when
+        the donor's environment satisfies it; one the donor cannot meet either is a warning.
         Without a donor nothing can be compared, so every unmet requirement fails.
     :param announce: called with each stage's name before it runs (for progress).
-    :raises HostError: only when the target cannot be reached at all.
+    :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
+        (only those folders).
+    A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
+    a missing interpreter) is a fail with that reason; the other stages still run.
     """
     env = dict(settings.env)
     timeout = settings.timeout
-    results = []
+    results: list[StageResult] = []
+    state: dict[str, Any] = {"live": None, "donor": None, "names": list(settings.imports)}
 
-    def step(name: str) -> None:
+    def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> None:
         if announce:
             announce(name)
+        results.append(_timed(name, body))
 
-    step("imports")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        donor_future = pool.submit(donor_inventory) if donor_inventory else None
 
-    def imports() -> tuple[str, str, Mapping]:
-        if not settings.imports:
-            return "skip", "no import names given (verify.imports)", {}
-        report = run_script(target, venv, "stage_imports", settings.imports, env=env, timeout=timeout)
-        status, reason = judge_imports(report)
-        return status, reason, report
+        def donor() -> Inventory | None:
+            return donor_future.result() if donor_future else None
 
-    results.append(_timed("imports", imports))
+        def interpreter() -> tuple[str, str, Mapping]:
+            live = take_inventory(target, venv, timeout=timeout)
+            state["live"] = live
+            theirs = donor()
+            facts = _interpreter_facts(live)
+            expected = _interpreter_facts(theirs) if theirs is not None else None
+            status, reason = ladder.judge_interpreter(facts, expected, python=settings.python)
+            return status, reason, {"target": facts, "donor": expected}
 
-    step("requirements")
+        run("interpreter", interpreter)
+        live: Inventory | None = state["live"]
+        dists = ladder.overlaid(live, settings.overlay) if live is not None else []
+        if live is not None and not settings.overlay and settings.imports:
+            dists = ladder.dists_for_imports(live, settings.imports)
+        names = [n for n in ladder.import_names(dists if settings.overlay else [], settings.imports)
+                 if n not in settings.skip_imports]
+        skipped = "".join(f"; skipped {name} (verify.skip_imports: {why})" for name, why in settings.skip_imports.items())
 
-    def requirements() -> tuple[str, str, Mapping]:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            donor_future = pool.submit(donor_inventory) if donor_inventory else None
-            live = take_inventory(target, venv, record=False, timeout=timeout)
-            donor = donor_future.result() if donor_future else None
-        donor_env = donor.latest() if donor is not None else None
-        findings = requirement_findings(live.latest(), live.interpreter.markers,
-                                        reference=[donor_env] if donor_env else [], venv=venv, donor=donor_env)
-        status, reason = judge_requirements(findings)
-        if donor is None and donor_inventory is not None:
-            reason += " (the donor could not be read, so every unmet requirement counts)"
-        return status, reason, {"findings": [asdict(f) for f in findings]}
+        def imports() -> tuple[str, str, Mapping]:
+            if not names:
+                return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
+            report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
+            status, reason = judge_imports(report)
+            return status, reason + skipped, {**report, "derived_from": [d.display_name for d in dists],
+                                              "skipped": dict(settings.skip_imports)}
 
-    results.append(_timed("requirements", requirements))
+        run("imports", imports)
 
-    step("server-args")
+        def native() -> tuple[str, str, Mapping]:
+            if live is None:
+                return "skip", "the target's inventory could not be read (see interpreter)", {}
+            paths = ladder.shared_objects(dists, venv)
+            if not paths:
+                return "skip", "the distributions checked ship no shared objects (" + (
+                    ", ".join(d.display_name for d in dists) or "none") + ")", {}
+            preload = ["torch"] if "torch" in live.latest() else []
+            report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
+                                env=env, timeout=timeout)
+            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv)
+            return status, reason, report
+
+        run("native-load", native)
+
+        def provenance() -> tuple[str, str, Mapping]:
+            if live is None:
+                return "skip", "the target's inventory could not be read (see interpreter)", {}
+            shipped = ladder.shared_objects(live.latest().values(), venv)
+            if not shipped:
+                return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
+            modules = (["torch"] if "torch" in live.latest() else []) + [n for n in names if n != "torch"]
+            if not modules:
+                return "skip", "nothing to import (no torch, no import names)", {}
+            report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
+                                timeout=timeout)
+            status, reason = ladder.judge_provenance(report, shipped)
+            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped),
+                                    "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
+
+        run("library-provenance", provenance)
+
+        def requirements() -> tuple[str, str, Mapping]:
+            if live is None:
+                return "skip", "the target's inventory could not be read (see interpreter)", {}
+            theirs = donor()
+            donor_env = theirs.latest() if theirs is not None else None
+            findings = requirement_findings(live.latest(), live.interpreter.markers,
+                                            reference=[donor_env] if donor_env else [], venv=venv, donor=donor_env)
+            status, reason = judge_requirements(findings)
+            if theirs is None and donor_inventory is not None:
+                reason += " (the donor could not be read, so every unmet requirement counts)"
+            elif donor_inventory is None:
+                reason += " (no donor to compare with, so every unmet requirement counts)"
+            return status, reason, {"findings": [asdict(f) for f in findings]}
+
+        run("requirements", requirements)
+
+    resolved: dict[str, Any] = {}
 
     def server_args() -> tuple[str, str, Mapping]:
         check = settings.server_args
         if check is None:
             return "skip", "no verify.server_args in the manifest", {}
-        args = [check.entry, json.dumps(sorted(check.expect)), *check.args]
-        report = run_script(target, venv, "stage_server_args", args, env=env, timeout=timeout)
+        wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
+        report = run_script(target, venv, "stage_server_args", [check.entry, json.dumps(wanted), *check.args],
+                            env=env, timeout=timeout)
+        resolved.update(report.get("resolve") or {})
         status, reason = judge_server_args(check.expect, report)
         return status, reason, report
 
-    results.append(_timed("server-args", server_args))
-
-    step("smoke")
+    run("server-args", server_args)
+    if settings.server_args is not None and settings.server_args.resolve:
+        started = results[-1]
+        if resolved:
+            status, reason = judges.judge_resolve(resolved)
+        else:
+            status, reason = "skip", f"not run: the arguments did not parse ({started.status})"
+        results.append(StageResult(name="server-args-resolve", status=status, reason=reason,
+                                   seconds=float(resolved.get("seconds") or 0.0), details=resolved))
 
     def smoke() -> tuple[str, str, Mapping]:
         if settings.smoke_device is None:
@@ -112,7 +204,29 @@ def run_stages(
         status, reason = judge_smoke(report)
         return status, reason, report
 
-    results.append(_timed("smoke", smoke))
+    run("smoke", smoke)
+
+    def serve() -> tuple[str, str, Mapping]:
+        check = settings.serve
+        if check is None:
+            return "skip", "no verify.serve in the manifest", {}
+        request = {"command": list(check.command), "health": check.health, "path": check.path,
+                   "body": dict(check.body), "config": dict(check.config) if check.config else None,
+                   "deadline": check.timeout}
+        # the script keeps its own deadline and always stops the server; this is the backstop
+        report = run_script(target, venv, "stage_serve", request=request, env=env, timeout=check.timeout + 60)
+        status, reason = judges.judge_serve(report, check.answer, max_tokens=check.max_tokens)
+        return status, reason, report
+
+    run("serve", serve)
+
+    def jit() -> tuple[str, str, Mapping]:
+        report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env, timeout=timeout)
+        caches = report.get("caches", [])
+        status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
+        return status, reason, report
+
+    run("jit-caches", jit)
     return results
 
 

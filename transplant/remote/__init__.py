@@ -10,7 +10,8 @@ from importlib import resources
 
 __all__ = ["source", "SCRIPTS", "ISOLATED"]
 
-SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "relocate")
+SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "stage_native",
+           "stage_provenance", "stage_serve", "stage_jit", "relocate")
 
 
 #: Scripts that only read (or write files) and never import the venv's distributions: they run

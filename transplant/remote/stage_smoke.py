@@ -6,11 +6,20 @@ Usage: ``<venv>/bin/python - DEVICE < stage_smoke.py`` with DEVICE ``cpu``, ``cu
 on the CPU by the relative Frobenius error ``||out - ref|| / ||ref||``. Bounds, per
 dtype: float32 1e-4 (about 100x its unit round-off 6e-8 times sqrt(K) growth, TF32 off),
 bfloat16 2e-2 (its unit round-off is 3.9e-3; K=256 accumulation in float32).
+Then sub-checks, each ``pass``, ``fail`` or ``skip`` with its reason: where triton and a
+GPU are present, a tiny triton kernel (``out = x * 2 + y`` over 4096 float32 values, exact);
+where sgl_kernel or flashinfer is importable and a GPU is present, its ``rmsnorm`` on a
+16x256 bfloat16 input against the same formula in float64 (bound 2e-2, bfloat16's
+round-off with headroom); without a GPU, or without the package, an honest skip.
+
 Prints ``{"ok", "device", "reason", "torch", "cuda", "checks": [{"name", "dtype",
-"rel_error", "bound", "ok"}]}``. Stdlib only apart from torch, which it tests.
+"rel_error", "bound", "ok"}], "subchecks": [{"name", "status", "reason"}]}``. Stdlib only
+apart from torch, triton, sgl_kernel and flashinfer, which it tests.
 """
 
+import importlib.util
 import json
+import linecache
 import sys
 
 BOUNDS = {"float32": 1e-4, "bfloat16": 2e-2}
@@ -65,7 +74,82 @@ def main(argv):
     check("mlp 256-512-256 forward", "float32", mlp, mlp_ref)
     if device == "cuda":
         torch.cuda.synchronize()
-    return _report(ok=all(c["ok"] for c in checks), device=device, reason=reason, checks=checks, **info)
+    subchecks = [_triton(torch, device), _rmsnorm(torch, device, "sgl_kernel"), _rmsnorm(torch, device, "flashinfer")]
+    ok = all(c["ok"] for c in checks) and not any(s["status"] == "fail" for s in subchecks)
+    return _report(ok=ok, device=device, reason=reason, checks=checks, subchecks=subchecks, **info)
+
+
+# triton reads a kernel's source with inspect, which finds it through linecache: the kernel is
+# compiled from this text under a made-up file name registered there, so nothing is written.
+_TRITON_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def axpy(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2.0 + tl.load(y_ptr + offs, mask=mask), mask=mask)
+"""
+
+
+def _sub(name, status, reason):
+    return {"name": name, "status": status, "reason": reason}
+
+
+def _triton(torch, device):
+    name = "triton kernel"
+    if importlib.util.find_spec("triton") is None:
+        return _sub(name, "skip", "triton is not installed")
+    if device != "cuda":
+        return _sub(name, "skip", "no GPU: a triton kernel needs one")
+    try:
+        filename = "<transplant-smoke-triton>"
+        linecache.cache[filename] = (len(_TRITON_KERNEL), None, _TRITON_KERNEL.splitlines(True), filename)
+        space = {"__name__": "transplant_smoke_triton"}
+        exec(compile(_TRITON_KERNEL, filename, "exec"), space)
+        n = 4096
+        x = torch.arange(n, dtype=torch.float32, device="cuda")
+        y = torch.ones(n, dtype=torch.float32, device="cuda")
+        out = torch.empty_like(x)
+        space["axpy"][(n // 1024,)](x, y, out, n, BLOCK=1024)
+        torch.cuda.synchronize()
+        wrong = int((out != x * 2 + y).sum())
+    except BaseException as exc:  # noqa: BLE001 - the failure is the finding
+        return _sub(name, "fail", "{}: {}".format(type(exc).__name__, str(exc)[:500]))
+    if wrong:
+        return _sub(name, "fail", "x*2+y over 4096 float32 values: {} wrong".format(wrong))
+    import triton
+    return _sub(name, "pass", "triton {}: x*2+y over 4096 float32 values, exact".format(triton.__version__))
+
+
+def _rmsnorm(torch, device, package):
+    name = "{} rmsnorm".format(package)
+    if importlib.util.find_spec(package) is None:
+        return _sub(name, "skip", "{} is not installed".format(package))
+    if device != "cuda":
+        return _sub(name, "skip", "no GPU: {}'s kernels run on CUDA only".format(package))
+    try:
+        module = __import__(package)
+        func = getattr(module, "rmsnorm", None)
+        if func is None:
+            norm = __import__(package + ".norm", fromlist=["rmsnorm"])
+            func = norm.rmsnorm
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(16, 256, generator=gen, dtype=torch.float64)
+        w = torch.rand(256, generator=gen, dtype=torch.float64) + 0.5
+        eps = 1e-6
+        ref = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+        out = func(x.to("cuda", torch.bfloat16), w.to("cuda", torch.bfloat16), eps)
+        torch.cuda.synchronize()
+        err = float(torch.linalg.norm(out.double().cpu() - ref) / torch.linalg.norm(ref))
+    except BaseException as exc:  # noqa: BLE001
+        return _sub(name, "fail", "{}: {}".format(type(exc).__name__, str(exc)[:500]))
+    version = getattr(module, "__version__", "?")
+    if err > 2e-2:
+        return _sub(name, "fail", "{} {}: relative error {:.2e} above the bound 2e-02".format(package, version, err))
+    return _sub(name, "pass", "{} {}: 16x256 bfloat16, relative error {:.1e} <= 2e-02".format(package, version, err))
 
 
 if __name__ == "__main__":

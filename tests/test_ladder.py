@@ -1,0 +1,361 @@
+"""The verify ladder end to end in real venvs on this machine: gcc-built shared objects (a
+missing soname, an undefined symbol, a same-soname library shadowing the venv's through
+LD_LIBRARY_PATH or LD_PRELOAD), a real HTTP server for ``serve``, JIT cache folders, and
+the command's JSON and JUnit reports read back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+from packaging.version import Version
+
+from transplant.cli import main
+from transplant.hosts import HostSpec, connect
+from transplant.lab.wheels import build_wheel, make_venv
+from transplant.manifest import ServeCheck, VerifySettings
+from transplant.probing import take_inventory
+from transplant.verify import run_stages
+
+SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+
+LOADER = textwrap.dedent('''\
+    """Loads its libbar.so, which needs libfoo.so.1 (found through RUNPATH $ORIGIN)."""
+    import ctypes, os
+    _lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "lib", "libbar.so"))
+    __version__ = "1.0"
+    ''')
+
+SERVER = textwrap.dedent('''\
+    """A small real HTTP server standing in for a model server: reads the model folder's
+    config.json, answers /health after a delay and /generate with max_new_tokens ids."""
+    import http.server, json, os, sys, time
+    port, model, mode, pidfile = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    open(pidfile, "w").write(str(os.getpid()))
+    config = json.load(open(os.path.join(model, "config.json")))
+    assert os.path.getsize(os.path.join(model, "model.safetensors")) > 8
+    if mode == "crash":
+        sys.stderr.write("CUDA error: no kernel image is available\\n")
+        sys.exit(3)
+    ready = time.monotonic() + 0.5
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, doc):
+            body = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            healthy = time.monotonic() > ready and mode != "never"
+            self._send(200 if healthy else 503, {"ok": healthy})
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            n = request["sampling_params"]["max_new_tokens"]
+            ids = [(i * 7) % config["vocab_size"] for i in range(n)]
+            if mode == "stream":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for i in range(1, n + 1):
+                    self.wfile.write(("data: " + json.dumps({"output_ids": ids[:i]}) + "\\n\\n").encode())
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                self.wfile.write(b"data: [DONE]\\n\\n")
+                return
+            self._send(200, {"output_ids": ids if mode != "empty" else [], "meta_info": {}})
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    ''')
+
+
+def _gcc(out: Path, name: str, source: str, *flags: str) -> Path:
+    src = out / (name + ".c")
+    src.write_text(source)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out / name), str(src), *flags], check=True, cwd=out)
+    return out / name
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Venvs ``good`` (fakecuda) and ``broken`` (fakecuda + brokenext), a folder ``outside`` with
+    another libfoo.so.1, and the server script."""
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is needed to build the test libraries (apt-get install gcc)")
+    root = tmp_path_factory.mktemp("ladder")
+    lib = root / "lib"
+    lib.mkdir()
+    foo = _gcc(lib, "libfoo.so.1", "int foo(void) { return 42; }\n", "-Wl,-soname,libfoo.so.1")
+    bar = _gcc(lib, "libbar.so", "int foo(void);\nint bar(void) { return foo() + 1; }\n", "-L.", "-l:libfoo.so.1",
+               "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags")
+    undef = _gcc(lib, "libundef.so", "void nowhere_symbol(void);\nvoid call_it(void) { nowhere_symbol(); }\n")
+    _gcc(lib, "libmissing.so.7", "int foo(void) { return 1; }\n", "-Wl,-soname,libmissing.so.7")
+    needs = _gcc(lib, "libneeds.so", "int foo(void);\nint f(void) { return foo(); }\n", "-L.", "-l:libmissing.so.7")
+    outside = root / "outside"
+    outside.mkdir()
+    _gcc(outside, "libfoo.so.1", "int foo(void) { return 7; }\n", "-Wl,-soname,libfoo.so.1")
+    wheels = root / "wheels"
+    tag = "cp311-cp311-linux_x86_64"
+    fake = build_wheel(wheels, "fakecuda", "1.0", {"fakecuda/__init__.py": LOADER,
+                                                  "fakecuda/lib/libfoo.so.1": foo.read_bytes(),
+                                                  "fakecuda/lib/libbar.so": bar.read_bytes()}, tag=tag)
+    broken = build_wheel(wheels, "brokenext", "1.0", {"brokenext/__init__.py": "__version__ = '1.0'\n",
+                                                      "brokenext/libneeds.so": needs.read_bytes(),
+                                                      "brokenext/libundef.so": undef.read_bytes()}, tag=tag)
+    good_venv = make_venv(root / "good", [fake])
+    broken_venv = make_venv(root / "broken", [fake, broken])
+    for venv in (good_venv, broken_venv):  # pip --target does not keep the execute bit
+        for so in (venv / SITE).rglob("*.so*"):
+            so.chmod(0o755)
+    server = root / "server.py"
+    server.write_text(SERVER)
+    empty = root / "empty"
+    empty.mkdir()
+    return {"root": root, "good": str(good_venv), "broken": str(broken_venv), "outside": outside, "server": server,
+            "empty": empty}
+
+
+@pytest.fixture
+def local():
+    with connect(HostSpec.parse("local")) as host:
+        yield host
+
+
+def _env(built, tmp_path, **extra):
+    """A stage environment with LD_LIBRARY_PATH set explicitly (set-but-empty here would mean
+    the current folder) and the JIT cache folders inside tmp_path."""
+    return {"LD_LIBRARY_PATH": str(built["empty"]), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+            "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+            **extra}
+
+
+def _by_name(results):
+    return {r.name: r for r in results}
+
+
+def test_sound_venv_passes_each_stage_and_skips_what_has_no_settings(built, local, tmp_path):
+    settings = VerifySettings(overlay=("fakecuda",), env=_env(built, tmp_path), timeout=120)
+    seen = []
+    results = run_stages(settings, target=local, venv=built["good"], announce=seen.append)
+    by = _by_name(results)
+    assert [r.name for r in results] == ["interpreter", "imports", "native-load", "library-provenance", "requirements",
+                                         "server-args", "smoke", "serve", "jit-caches"]
+    assert seen == [r.name for r in results]
+    assert by["interpreter"].status == "pass" and "no donor interpreter to compare with" in by["interpreter"].reason
+    # the import name comes from fakecuda's RECORD (the wheel has no top_level.txt)
+    assert by["imports"].reason == "1 imports: fakecuda 1.0"
+    assert by["imports"].details["imports"][0]["file"] == f"{built['good']}/{SITE}/fakecuda/__init__.py"
+    assert by["native-load"].reason == "2 of 2 shared objects load (RTLD_NOW)"
+    assert by["library-provenance"].status == "pass"
+    mapped = by["library-provenance"].details["mapped"]
+    assert f"{built['good']}/{SITE}/fakecuda/lib/libfoo.so.1" in mapped
+    for name in ("server-args", "smoke", "serve"):
+        assert by[name].status == "skip" and by[name].reason == f"no verify.{name.replace('-', '_')} in the manifest"
+    assert by["jit-caches"].status == "pass" and by["jit-caches"].reason.startswith("no JIT cache folders exist")
+    assert all(r.seconds >= 0 for r in results)
+
+
+def test_skip_imports_leaves_a_derived_name_out_and_says_why(built, local, tmp_path):
+    settings = VerifySettings(overlay=("brokenext", "fakecuda"), env=_env(built, tmp_path), timeout=120,
+                              skip_imports={"fakecuda": "not meant to import here"})
+    by = _by_name(run_stages(settings, target=local, venv=built["broken"]))
+    assert by["imports"].reason == "1 imports: brokenext 1.0; skipped fakecuda (verify.skip_imports: not meant to import here)"
+    assert by["library-provenance"].details["imported"] == [{"name": "brokenext", "ok": True, "error": None}]
+
+
+def test_native_load_names_the_missing_soname_and_the_undefined_symbol(built, local, tmp_path):
+    settings = VerifySettings(overlay=("brokenext", "fakecuda"), env=_env(built, tmp_path), timeout=120)
+    native = _by_name(run_stages(settings, target=local, venv=built["broken"]))["native-load"]
+    assert native.status == "fail"
+    assert native.reason == (f"2 of 4 shared objects do not load: {SITE}/brokenext/libneeds.so: missing libmissing.so.7; "
+                             f"{SITE}/brokenext/libundef.so: undefined symbol nowhere_symbol")
+    errors = {Path(lib["path"]).name: lib["error"] for lib in native.details["libraries"]}
+    assert "libmissing.so.7: cannot open shared object file" in errors["libneeds.so"]
+    assert errors["libbar.so"] is None
+
+
+@pytest.mark.parametrize("how", ["LD_LIBRARY_PATH", "LD_PRELOAD"])
+def test_library_provenance_fails_when_an_outside_copy_shadows_the_venvs(built, local, tmp_path, how):
+    outside = built["outside"]
+    extra = {"LD_LIBRARY_PATH": str(outside)} if how == "LD_LIBRARY_PATH" else {"LD_PRELOAD": str(outside / "libfoo.so.1")}
+    settings = VerifySettings(overlay=("fakecuda",), env=_env(built, tmp_path, **extra), timeout=120)
+    by = _by_name(run_stages(settings, target=local, venv=built["good"]))
+    assert by["imports"].status == "pass", "the import works either way: only provenance sees the wrong library"
+    stage = by["library-provenance"]
+    assert stage.status == "fail"
+    venv_copy = f"{built['good']}/{SITE}/fakecuda/lib/libfoo.so.1"
+    why = (f"LD_LIBRARY_PATH lists {outside}, searched before the venv's RUNPATH" if how == "LD_LIBRARY_PATH"
+           else "LD_PRELOAD names it")
+    assert stage.reason == (f"1 library from outside the venv: libfoo.so.1 mapped from {outside}/libfoo.so.1 instead "
+                            f"of the venv's {venv_copy}: {why}")
+    assert stage.details["conflicts"] == [{"library": "libfoo.so.1", "mapped": f"{outside}/libfoo.so.1",
+                                           "venv_copy": venv_copy, "why": why}]
+
+
+def test_interpreter_fails_against_another_donor_python_and_a_missing_home(built, local, tmp_path):
+    live = take_inventory(local, built["good"])
+    other = dataclasses.replace(live, interpreter=dataclasses.replace(live.interpreter, version=Version("3.12.4")))
+    settings = VerifySettings(env=_env(built, tmp_path), timeout=120)
+    stage = run_stages(settings, target=local, venv=built["good"], donor_inventory=lambda: other)[0]
+    assert stage.status == "fail"
+    assert stage.reason.endswith("but the donor runs cpython 3.12.4: extension modules built for 3.12 do not load in 3.11")
+    same = run_stages(settings, target=local, venv=built["good"], donor_inventory=lambda: live)[0]
+    assert same.status == "pass" and same.reason.endswith(f"matches the donor's {live.interpreter.version}")
+    wrong = dataclasses.replace(settings, python="3.9")
+    assert run_stages(wrong, target=local, venv=built["good"])[0].reason.endswith(
+        "but the manifest expects Python 3.9 (verify.python)")
+    copy = tmp_path / "moved"
+    shutil.copytree(built["good"], copy, symlinks=True)
+    cfg = copy / "pyvenv.cfg"
+    cfg.write_text("".join("home = /nonexistent/bin\n" if line.startswith("home") else line
+                           for line in cfg.read_text().splitlines(True)))
+    broken = run_stages(settings, target=local, venv=str(copy))[0]
+    assert broken.status == "fail" and "/nonexistent/bin" in broken.reason
+
+
+def _serve_settings(built, tmp_path, mode, **changes):
+    pidfile = tmp_path / f"server-{mode}.pid"
+    serve = ServeCheck(command=("{python}", str(built["server"]), "{port}", "{model}", mode, str(pidfile)),
+                       timeout=changes.pop("timeout", 60))
+    return VerifySettings(serve=serve, env=_env(built, tmp_path), timeout=60), pidfile
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_serve_starts_asks_and_stops_a_real_server(built, local, tmp_path):
+    settings, pidfile = _serve_settings(built, tmp_path, "ok")
+    serve = _by_name(run_stages(settings, target=local, venv=built["good"]))["serve"]
+    assert serve.status == "pass", serve.reason
+    assert serve.reason.startswith("started in ") and "; answer after " in serve.reason
+    assert "output_ids: 4 items; server stopped by SIGTERM" in serve.reason
+    details = serve.details
+    assert details["answer"]["output_ids"] == [0, 7, 14, 21]
+    assert details["startup_seconds"] >= 0.5, "the server answers /health only after half a second"
+    assert details["first_token_seconds"] > 0
+    assert _gone(int(pidfile.read_text())), "the server's process group was stopped"
+    assert not Path(details["model"]).exists(), "the tiny model folder is removed"
+    assert list((Path(built["good"]) / ".transplant").iterdir()) == []
+
+
+def test_serve_streamed_answer_times_the_first_token(built, local, tmp_path):
+    settings, _ = _serve_settings(built, tmp_path, "stream")
+    settings = dataclasses.replace(settings, serve=dataclasses.replace(
+        settings.serve, body={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}, "stream": True}))
+    serve = _by_name(run_stages(settings, target=local, venv=built["good"]))["serve"]
+    assert serve.status == "pass", serve.reason
+    assert "; streamed first token after " in serve.reason and "output_ids: 4 items" in serve.reason
+    details = serve.details
+    assert details["streamed"] is True and details["answer"] == {"output_ids": [0, 7, 14, 21]}
+    assert details["request_seconds"] - details["first_token_seconds"] >= 0.5, "three more events, 0.2 s apart"
+
+
+def test_a_stage_past_its_timeout_fails_and_says_so(built, local, tmp_path):
+    (tmp_path / "slowpoke.py").write_text("import time\ntime.sleep(60)\n")
+    settings = VerifySettings(imports=("slowpoke",), env=_env(built, tmp_path, PYTHONPATH=str(tmp_path)), timeout=3)
+    imports = _by_name(run_stages(settings, target=local, venv=built["good"]))["imports"]
+    assert imports.status == "fail" and 3 <= imports.seconds < 30
+    assert imports.reason == ("ran past its timeout of 3 s and was stopped; give it longer with verify.timeout "
+                              "(verify.serve.timeout for serve)")
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("crash", "the server exited with code 3 before http://127.0.0.1:{port}/health answered; its log ends: "
+              "CUDA error: no kernel image is available"),
+    ("empty", "the answer's output_ids is [], expected a non-empty string or list; server stopped by SIGTERM"),
+    ("never", "http://127.0.0.1:{port}/health did not answer 200 within"),
+])
+def test_serve_failures_say_what_went_wrong(built, local, tmp_path, mode, expected):
+    settings, pidfile = _serve_settings(built, tmp_path, mode, timeout=4)
+    serve = _by_name(run_stages(settings, target=local, venv=built["good"]))["serve"]
+    assert serve.status == "fail"
+    assert serve.reason.startswith(expected.format(port=serve.details["port"])), serve.reason
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_cli_without_manifest_writes_json_and_junit(built, tmp_path, monkeypatch, capsys):
+    for key, value in _env(built, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "triton" / "ab12").mkdir(parents=True)
+    (tmp_path / "triton" / "ab12" / "k.json").write_text(json.dumps({"name": "k", "triton_version": "3.1.0"}))
+    (tmp_path / "fi" / ".cache" / "flashinfer" / "0.6.3" / "90").mkdir(parents=True)
+    junit = tmp_path / "verify.xml"
+    code = main(["verify", f"local:{built['broken']}", "--imports", "brokenext,fakecuda", "--json", "--junit", str(junit)])
+    assert code == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "transplant.verify/2" and doc["ok"] is False
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert stages["native-load"]["status"] == "fail" and stages["imports"]["status"] == "pass"
+    assert doc["counts"] == {s: sum(x["status"] == s for x in doc["stages"]) for s in ("pass", "fail", "skip")}
+    jit = stages["jit-caches"]
+    assert "triton cache holds builds for triton 3.1.0 but none is installed" in jit["reason"]
+    assert "flashinfer cache holds builds for flashinfer 0.6.3 but none is installed" in jit["reason"]
+    suite = ElementTree.parse(junit).getroot().find("testsuite")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert list(cases) == [s["name"] for s in doc["stages"]]
+    assert suite.get("failures") == str(doc["counts"]["fail"]) and suite.get("skipped") == str(doc["counts"]["skip"])
+    for name, stage in stages.items():
+        failure, skipped = cases[name].find("failure"), cases[name].find("skipped")
+        assert (failure is not None) == (stage["status"] == "fail")
+        assert (skipped is not None) == (stage["status"] == "skip")
+        assert cases[name].find("system-out").text == stage["reason"]
+    assert cases["native-load"].find("failure").get("message") == stages["native-load"]["reason"]
+
+
+def test_clear_jit_caches_removes_only_those_folders(built, tmp_path, monkeypatch, capsys):
+    for key, value in _env(built, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    for folder in ("triton/x", "fi/.cache/flashinfer/0.6.3", "inductor/y"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "f").write_text("x")
+    (tmp_path / "fi" / "keep.txt").write_text("not a cache")
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"--clear-jit-caches removed {tmp_path}/triton, {tmp_path}/fi/.cache/flashinfer, {tmp_path}/inductor; "
+            f"nothing else was touched") in out
+    assert not (tmp_path / "triton").exists() and not (tmp_path / "inductor").exists()
+    assert not (tmp_path / "fi" / ".cache" / "flashinfer").exists()
+    assert (tmp_path / "fi" / "keep.txt").read_text() == "not a cache"
+    assert "verify passed" in out
+
+
+def test_bad_imports_option_is_a_clear_error(built, capsys):
+    assert main(["verify", f"local:{built['good']}", "--imports", "torch,no-dash"]) == 1
+    out = capsys.readouterr().out
+    assert "--imports: 'no-dash' is not an import name" in out and "hint:" in out
+
+
+def test_gpu_check_script_runs_the_ladder_and_fails_without_a_gpu(built, tmp_path):
+    """scripts/gpu-check is for a CUDA machine; here it must still run every stage and fail smoke."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, COLUMNS="400", **_env(built, tmp_path))
+    done = subprocess.run([sys.executable, str(root / "scripts" / "gpu_check.py"), built["good"], "--timeout", "120",
+                           "--json", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=600, env=env)
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 3, out[-3000:]
+    doc = json.loads((tmp_path / "g.json").read_text())
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert list(stages) == ["interpreter", "imports", "native-load", "library-provenance", "requirements", "server-args",
+                            "smoke", "serve", "jit-caches"]
+    assert stages["smoke"]["status"] == "fail" and stages["smoke"]["reason"].startswith("import torch failed")
+    assert stages["server-args"]["status"] == "skip" and stages["serve"]["status"] == "skip"
+    assert "checked: python 3.11" in out and "sglang absent" in out

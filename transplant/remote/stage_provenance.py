@@ -1,0 +1,89 @@
+"""Verify stage ``library-provenance``: which shared libraries the process really mapped.
+
+Usage: ``<venv>/bin/python -c SOURCE < request.json`` with ``{"modules": ["torch", ...]}``.
+Imports each module (a failure is recorded, not fatal), then reads ``/proc/self/maps``
+for every mapped file, and reports what decides where the dynamic loader looks:
+``LD_LIBRARY_PATH`` and ``LD_PRELOAD`` as set, and the folders of ``/etc/ld.so.conf``
+(with its ``include`` files), each also as a real path.
+
+Prints ``{"prefix", "prefix_real", "imported": [{"name", "ok", "error"}], "mapped":
+[real paths], "ld_library_path": [[entry, real]], "ld_preload": [[entry, real]],
+"ld_so_conf": [[folder, real]]}``. Stdlib only, apart from the modules it imports.
+"""
+
+import glob
+import json
+import os
+import sys
+
+
+def _real(entry):
+    # an empty LD_LIBRARY_PATH entry means the current folder to the loader
+    return os.path.realpath(entry or ".")
+
+
+def _ld_so_conf(path="/etc/ld.so.conf", depth=0):
+    folders = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return folders
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("include") and depth < 4:
+            pattern = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
+            if not pattern.startswith("/"):
+                pattern = os.path.join(os.path.dirname(path), pattern)
+            for name in sorted(glob.glob(pattern)):
+                folders.extend(_ld_so_conf(name, depth + 1))
+        elif line.startswith("/"):
+            folders.append(line)
+    return folders
+
+
+def _mapped():
+    paths = []
+    seen = set()
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            parts = line.split(None, 5)
+            if len(parts) < 6:
+                continue
+            path = parts[5].strip()
+            if not path.startswith("/") or path in seen or path.endswith(" (deleted)"):
+                continue
+            seen.add(path)
+            paths.append(path)
+    return paths
+
+
+def main():
+    request = json.loads(sys.stdin.read() or "{}")
+    imported = []
+    for name in request.get("modules", []):
+        try:
+            __import__(name)
+            imported.append({"name": name, "ok": True, "error": None})
+        except BaseException as exc:  # noqa: BLE001 - recorded; the imports stage judges it
+            imported.append({"name": name, "ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]})
+    env = os.environ
+    lib_path = env.get("LD_LIBRARY_PATH")
+    preload = env.get("LD_PRELOAD")
+    report = {
+        "prefix": sys.prefix,
+        "prefix_real": os.path.realpath(sys.prefix),
+        "imported": imported,
+        "mapped": _mapped(),
+        "ld_library_path": [[e, _real(e)] for e in lib_path.split(":")] if lib_path is not None else [],
+        "ld_preload": [[e, _real(e)] for e in preload.replace(" ", ":").split(":") if e] if preload else [],
+        "ld_so_conf": [[f, os.path.realpath(f)] for f in _ld_so_conf()],
+    }
+    sys.stdout.write(json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

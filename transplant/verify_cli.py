@@ -1,0 +1,116 @@
+"""The ``verify`` command (face): with a manifest or a bare ``HOST:VENV``, the ladder, and its reports."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from .errors import TransplantError
+from .files import load_manifest
+from .hosts import Host, SSHOptions, connect
+from .manifest import VerifySettings
+from .probing import take_inventory
+from .render import stages_table, verify_json, verify_junit
+from .verdicts import overall_ok
+from .verify import donor_reader, run_stages
+
+__all__ = ["verify_command", "parse_imports"]
+
+EXIT_OK, EXIT_BLOCKED = 0, 3
+
+
+def parse_imports(text: str | None) -> tuple[str, ...]:
+    """``"torch, sglang.srt"`` -> ``("torch", "sglang.srt")``.
+
+    :raises TransplantError: a name that is not a dotted identifier.
+    """
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    for name in names:
+        if not all(p.isidentifier() for p in name.split(".")):
+            raise TransplantError(f"--imports: {name!r} is not an import name",
+                                  hint="write e.g. --imports torch,sglang,sglang.srt.server_args")
+    return names
+
+
+def _check_junit(path: str) -> None:
+    target = Path(path)
+    if target.is_dir() or (target.exists() and not target.is_file()):
+        raise TransplantError(f"--junit {path}: not a regular file", hint="name a file, e.g. --junit verify.xml")
+    if not target.resolve().parent.is_dir():
+        raise TransplantError(f"--junit {path}: its folder does not exist", hint="create the folder first")
+
+
+def verify_command(args: argparse.Namespace, console: Console, *, session_class: Callable[..., Any],
+                   parse_location: Callable[[str], tuple[Any, str]]) -> int:
+    """Run ``transplant verify``; returns 0 when no stage failed, 3 when one did.
+
+    ``args.manifest`` is a manifest file, or ``HOST:VENV`` (recognised by ``:/``, with no such
+    file) to verify a venv without one: then ``--imports`` names what to check, the
+    distributions providing those names are the ones whose shared objects are loaded, and
+    there is no donor (every unmet requirement counts).
+
+    :raises TransplantError: bad manifest or option, unreachable target.
+    """
+    extra = parse_imports(args.imports)
+    if args.junit:
+        _check_junit(args.junit)
+    source = args.manifest
+    with ExitStack() as stack:
+        if ":/" in source and not os.path.exists(source):
+            spec, venv = parse_location(source)
+            options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
+                                 known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+            with console.status(f"connecting to {spec}"):
+                target: Host = stack.enter_context(connect(spec, options))
+            settings = VerifySettings(imports=extra)
+            label, donor = f"{spec}:{venv}", None
+        else:
+            manifest = load_manifest(source)
+            session = session_class(manifest, console, stack)
+            target, venv, label = session.host("target"), manifest.target.venv, str(manifest.target)
+            settings = manifest.verify
+            if extra:
+                settings = dataclasses.replace(settings, imports=tuple(dict.fromkeys(settings.imports + extra)))
+            try:
+                donor_host: Host | None = session.host("donor")
+            except TransplantError as exc:
+                console.print(f"the donor cannot be reached ({exc.message}); requirements are checked without it",
+                              style="yellow", highlight=False, markup=False)
+                donor_host = None
+
+            def read_donor():
+                if donor_host is None:
+                    raise TransplantError("the donor cannot be reached")
+                return take_inventory(donor_host, manifest.donor.venv, record=False)
+
+            donor = donor_reader(read_donor)
+        with console.status("verifying") as status:
+            results = run_stages(settings, target=target, venv=venv, donor_inventory=donor,
+                                 announce=lambda name: status.update(f"verify: {name}"),
+                                 clear_jit_caches=args.clear_jit_caches)
+    if args.junit:
+        Path(args.junit).write_text(verify_junit(results, label))
+    if args.json:
+        print(verify_json(results, label))
+    else:
+        console.print(stages_table(results, f"verify {label}"))
+        bad = [r for r in results if r.status == "fail"]
+        skipped = sum(r.status == "skip" for r in results)
+        passed = sum(r.status == "pass" for r in results)
+        summary = f"{passed} passed, {len(bad)} failed, {skipped} skipped"
+        console.print(f"[bold green]verify passed[/] ({summary})" if not bad else f"[bold red]verify failed[/] ({summary})")
+    if args.clear_jit_caches:
+        jit = next((r for r in results if r.name == "jit-caches"), None)
+        removed = [c["path"] for c in (jit.details.get("caches", []) if jit else []) if c.get("removed")]
+        console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing (no cache "
+                      "folder existed)") + "; nothing else was touched", markup=False, highlight=False)
+    if args.junit:
+        console.print(f"JUnit XML written to {args.junit}", markup=False, highlight=False)
+    return EXIT_OK if overall_ok(results) else EXIT_BLOCKED
