@@ -16,6 +16,7 @@ import json
 import shlex
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -31,15 +32,18 @@ from .errors import TransplantError
 from .files import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
-from .manifest import Manifest
+from .manifest import Endpoint, Manifest
 from .model import Plan
 from . import txn
 from .gather import gather
 from .planner import plan as make_plan
 from .probing import take_inventory
 from .render import history_table, human_bytes, inventory_table, print_plan, stages_table, verify_json
+from .reports import snapshots_table
 from .state import drift, plan_differences
 from .verdicts import overall_ok
+from .recipes import make_recipe, record_verified
+from .sources import Opened, open_donor
 from .verify import donor_reader, run_stages
 
 __all__ = ["main", "EXIT_USAGE"]
@@ -67,7 +71,11 @@ def _ssh_options(manifest: Manifest) -> SSHOptions:
 
 
 class _Session:
-    """Connections and inventories for one command, closed at the end."""
+    """Connections and inventories for one command, closed at the end.
+
+    ``manifest`` becomes the effective one once the donor is opened (:meth:`donor`): its
+    ``donor`` is then the host and venv the facts are of (a snapshot's original donor).
+    """
 
     def __init__(self, manifest: Manifest, console: Console, stack: ExitStack) -> None:
         self.manifest = manifest
@@ -75,21 +83,40 @@ class _Session:
         self.stack = stack
         self.ssh = _ssh_options(manifest)
         self._hosts: dict[str, Host] = {}
+        self._donor: Opened | None = None
 
     def host(self, side: str) -> Host:
+        if side == "donor":
+            opened = self.donor()
+            if opened.host is None:
+                raise TransplantError(f"the donor is {opened.source.label}, not a host")
+            return opened.host
         if side not in self._hosts:
             spec = getattr(self.manifest, side).host
             with self.console.status(f"connecting to the {side} {spec}"):
                 self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
         return self._hosts[side]
 
+    def donor(self, *, quiet: bool = False) -> Opened:
+        """Open the donor source (the manifest's donor, else its first fallback that works) and say which."""
+        if self._donor is None:
+            say = (lambda line: self.console.print(line, style="yellow", markup=False, highlight=False))
+            with self.console.status("opening the donor"):
+                self._donor = open_donor(self.manifest, self.ssh, self.stack, say=say)
+            self.manifest = self._donor.manifest
+            if not quiet:
+                self.console.print(f"donor source: {self._donor.source.label} ({self._donor.why})", markup=False,
+                                   highlight=False)
+        return self._donor
+
     def plan(self) -> Plan:
         """Gather facts from the donor and the target (see :mod:`transplant.gather`), and plan."""
+        source = self.donor().source
         m = self.manifest
         patches = read_patch_files(m)
-        donor_host, target_host = self.host("donor"), self.host("target")
+        target_host = self.host("target")
         with self.console.status("probing") as status:
-            facts = gather(m, donor_host, target_host, patches, step=lambda line: status.update(line))
+            facts = gather(m, source, target_host, patches, step=lambda line: status.update(line))
         return make_plan(m, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
                          target_elf=facts.target_elf)
 
@@ -99,6 +126,8 @@ def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
     resolved = Path(path).resolve()
     for side in ("donor", "target"):
         end = getattr(manifest, side)
+        if not isinstance(end, Endpoint):
+            continue
         venv = Path(end.venv).resolve()
         if end.host.is_local and (resolved == venv or venv in resolved.parents):
             raise TransplantError(f"--out {path}: that is inside the {side} venv {end.venv}",
@@ -111,11 +140,13 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         check_plan_destination(args.out, manifest=manifest.path)
         _refuse_inside_venvs(args.out, manifest)
     with ExitStack() as stack:
-        plan = _Session(manifest, console, stack).plan()
+        session = _Session(manifest, console, stack)
+        plan = session.plan()
+        opened = session.donor()
     if args.out:
         save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**plan.to_dict(), "donor_source": opened.to_dict()}, indent=2, sort_keys=True))
     else:
         print_plan(console, plan)
         if args.out:
@@ -189,6 +220,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         session = _Session(manifest, console, stack)
         if _finish_interrupted(args, console, session):
             return EXIT_OK
+        opened = session.donor()
+        manifest = session.manifest
         if saved is not None:
             _check_saved_plan(saved, manifest, source)
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
@@ -229,11 +262,14 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
                     tasks[step] = progress.add_task(f"copying {step}", total=total or None)
                 progress.update(tasks[step], completed=done, total=total or None)
 
-            result = execute(plan, donor=session.host("donor"), target=session.host("target"),
+            donor_host, donor_root = opened.source.files(
+                [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
+            result = execute(plan, donor=donor_host, target=session.host("target"),
                              manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
                              progress=report, say=lambda line: console.print(line, markup=False),
-                             break_lock=args.break_lock, crash_after=_crash_after())
-    relayed = " (relayed through the controller, so each byte crossed twice)" if not (
+                             break_lock=args.break_lock, crash_after=_crash_after(), donor_root=donor_root,
+                             recipe=make_recipe(manifest, plan, opened))
+    relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
         manifest.donor.host.is_local or manifest.target.host.is_local) else ""
     console.print(Text.assemble(("applied", "bold green"), (
         f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
@@ -298,21 +334,22 @@ def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
         session = _Session(manifest, console, stack)
         target = session.host("target")
         try:
-            donor_host: Host | None = session.host("donor")
+            donor: Opened | None = session.donor()
         except TransplantError as exc:
             console.print(f"the donor cannot be reached ({exc.message}); requirements are checked without it",
                           style="yellow", highlight=False, markup=False)
-            donor_host = None
+            donor = None
 
         def read_donor():
-            if donor_host is None:
+            if donor is None:
                 raise TransplantError("the donor cannot be reached")
-            return take_inventory(donor_host, manifest.donor.venv, record=False)
+            return donor.source.inventory(hash_patterns=())
 
         with console.status("verifying") as status:
             results = run_stages(manifest.verify, target=target, venv=manifest.target.venv,
                                  donor_inventory=donor_reader(read_donor),
                                  announce=lambda name: status.update(f"verify: {name}"))
+        record_verified(target, manifest.target.venv, overall_ok(results), time.time())
     if args.json:
         print(verify_json(results, str(manifest.target)))
     else:
@@ -351,6 +388,52 @@ def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(inv.document, indent=2, sort_keys=True))
     else:
         console.print(inventory_table(inv))
+    return EXIT_OK
+
+
+def _cmd_snapshot(args: argparse.Namespace, console: Console) -> int:
+    from .snapshot import capture, list_snapshots, prune
+
+    store = Path(args.out) if args.out else default_state_dir() / "snapshots"
+    if args.list or args.prune is not None:
+        if args.manifest:
+            raise UsageError("--list and --prune take no manifest")
+        if args.list:
+            snaps = list_snapshots(store)
+            if args.json:
+                print(json.dumps({"schema": "transplant.snapshots/1", "store": str(store), "snapshots": [
+                    {"id": s.id, "path": str(s.path), "created": s.created, "donor": f"{s.donor_host}:{s.donor_venv}",
+                     "dists": list(s.dists), "files": len(s.files), "bytes": s.size} for s in snaps]},
+                    indent=2, sort_keys=True))
+            else:
+                console.print(snapshots_table(snaps, str(store)))
+            return EXIT_OK
+        removed, objects, freed = prune(store, args.prune)
+        console.print(f"pruned {len(removed)} snapshot(s) and {objects} stored file(s) no snapshot uses "
+                      f"({human_bytes(freed)} freed) in {store}", markup=False)
+        return EXIT_OK
+    if not args.manifest:
+        raise UsageError("give a manifest to snapshot its donor (or --list / --prune)")
+    manifest = load_manifest(args.manifest)
+    if not isinstance(manifest.donor, Endpoint):
+        raise TransplantError(f"{manifest.path}: the donor is already a snapshot ({manifest.donor.path})",
+                              hint="snapshot a manifest whose donor is a host")
+    with ExitStack() as stack:
+        with console.status(f"connecting to the donor {manifest.donor.host}"):
+            donor = stack.enter_context(connect(manifest.donor.host, _ssh_options(manifest)))
+        with console.status("snapshot") as status:
+            result = capture(manifest, donor, store, step=lambda line: status.update(line))
+    snap = result.snapshot
+    if args.json:
+        print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
+                          "fetched": result.fetched, "reused": result.reused, "bytes_read": result.bytes_read,
+                          "files": len(snap.files), "bytes": snap.size}, indent=2, sort_keys=True))
+    else:
+        console.print(Text.assemble(("snapshot", "bold green"), (
+            f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "
+            f"{len(snap.files)} files ({human_bytes(snap.size)}); {result.fetched} read from the donor "
+            f"({human_bytes(result.bytes_read)} on the wire), {result.reused} already stored; in "
+            f"{result.seconds:.1f} s\nuse it as the donor: donor: {{snapshot: {snap.path}}}")))
     return EXIT_OK
 
 
@@ -401,6 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     i.add_argument("--known-hosts", help="known_hosts file to check the host key against (default ~/.ssh/known_hosts)")
     i.set_defaults(func=_cmd_inventory)
+    s = sub.add_parser("snapshot", help="keep the donor's overlay set on the controller, for when the donor is gone")
+    s.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
+    s.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
+    s.add_argument("--list", action="store_true", help="list the snapshots in the store")
+    s.add_argument("--prune", nargs="*", metavar="ID", help="remove these snapshots, then every stored file no "
+                   "snapshot uses")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+    s.set_defaults(func=_cmd_snapshot)
     d = sub.add_parser("demo", help="replay the seed story on two loopback test hosts")
     d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
     d.add_argument("--keep", action="store_true",

@@ -1,0 +1,201 @@
+"""Snapshots on real sshd hosts: capture, the donor stopped, apply and verify from the snapshot;
+deduplication; a tampered store; a missing snapshot; fallbacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from transplant.cli import main
+from transplant.lab import Lab
+from transplant.lab.wheels import build_wheel
+
+from conftest import lab_skip_reason
+
+VENV = "/srv/snap-venv"
+SITE = "lib/python3.11/site-packages"
+ELF = Path(__file__).parent / "data" / "fatbin" / "libdevice.so"
+NAMES = ("donor", "t1", "t2", "t3", "t4", "t5")
+
+
+def _python() -> str:
+    return getattr(sys, "_base_executable", sys.executable)
+
+
+def install(host, wheels) -> None:
+    host.run(["rm", "-rf", VENV])
+    host.run([_python(), "-m", "venv", "--without-pip", VENV])
+    host.run([_python(), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+              "--target", f"{VENV}/{SITE}", *map(str, wheels)])
+
+
+@pytest.fixture(scope="module")
+def snaplab(tmp_path_factory):
+    """Its own lab (the donor gets stopped): donor with alpha 1.1 (a real ELF library inside) and
+    beta 2.0 (needs alpha>=1.1); targets t1..t5 with alpha 1.0."""
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    directory = Path(tempfile.mkdtemp(prefix="transplant-snaplab-", dir="/tmp"))
+    wheels = tmp_path_factory.mktemp("snapwheels")
+    a1 = build_wheel(wheels, "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    a2 = build_wheel(wheels, "alpha", "1.1", {"alpha/__init__.py": "__version__ = '1.1'\n",
+                                              "alpha/libdevice.so": ELF.read_bytes(),
+                                              "alpha/same.py": "SAME = 1\n"})
+    b = build_wheel(wheels, "beta", "2.0", {"beta/__init__.py": "import alpha\n__version__ = '2.0'\n"},
+                    requires=("alpha>=1.1",))
+    try:
+        with Lab(directory, NAMES) as lab:
+            install(lab.hosts["donor"], [a2, b])
+            for name in NAMES[1:]:
+                install(lab.hosts[name], [a1])
+            yield lab
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def write_manifest(folder: Path, lab, *, donor: str | None = None, target: str = "t1", extra: str = "",
+                   overlay: str = "[alpha, beta]", name: str = "m.yaml") -> str:
+    (folder / "patches").mkdir(parents=True, exist_ok=True)
+    (folder / "patches" / "tuned.py").write_text("TUNED = 15\n")
+    donor = donor or f'{{host: "{lab.hosts["donor"].spec}", venv: {VENV}}}'
+    text = textwrap.dedent(f"""\
+        version: 1
+        donor: {donor}
+        target: {{host: "{lab.hosts[target].spec}", venv: {VENV}}}
+        ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}, connect_timeout: 3}}
+        overlay: {overlay}
+        patches:
+          - {{source: patches/tuned.py, dest: alpha/tuned.py}}
+        verify:
+          imports: [alpha, beta, alpha.tuned]
+        """) + extra
+    path = folder / name
+    path.write_text(text)
+    return str(path)
+
+
+def files_of(lab, name: str) -> dict[str, bytes]:
+    root = lab.hosts[name].path(f"{VENV}/{SITE}")
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and not p.name == "RECORD"
+            and ".dist-info" not in str(p.relative_to(root))}
+
+
+def snapshot(capsys, manifest: str, store: Path) -> dict:
+    assert main(["snapshot", manifest, "--out", str(store), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_snapshot_then_donor_gone_apply_and_verify_from_it(snaplab, tmp_path, capsys):
+    lab = snaplab
+    store = tmp_path / "store"
+    m = write_manifest(tmp_path, lab)
+    first = snapshot(capsys, m, store)
+    assert first["fetched"] > 0 and first["reused"] == 0 and first["bytes_read"] > ELF.stat().st_size
+    objects = sorted(p.name for p in (store / "objects").glob("*/*"))
+    assert len(objects) == first["fetched"] + 1, "every donor file once, plus the patch"
+
+    again = snapshot(capsys, m, store)
+    assert again["fetched"] == 0 and again["bytes_read"] == 0, "a file already stored is not read again"
+    assert again["reused"] >= first["fetched"] and again["id"] != first["id"]
+    assert sorted(p.name for p in (store / "objects").glob("*/*")) == objects
+
+    assert main(["snapshot", "--list", "--out", str(store), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["snapshots"]
+    assert [s["id"] for s in listed] == sorted([first["id"], again["id"]])
+    assert listed[0]["dists"] == ["alpha", "beta"]
+
+    lab.hosts["donor"].stop_sshd()
+    try:
+        assert main(["plan", m]) == 1, "the donor is gone"
+        capsys.readouterr()
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        shutil.copytree(tmp_path / "patches", fresh / "patches")
+        ms = write_manifest(fresh, lab, donor=f"{{snapshot: {again['path']}}}")
+        assert main(["plan", ms, "--json"]) == 2
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["donor_source"]["which"] == "donor"
+        assert doc["donor_source"]["source"].startswith(f"snapshot {again['id']} of {lab.hosts['donor'].spec}")
+        codes = {f["code"] for f in doc["findings"]}
+        assert "binary-unreadable" not in codes, "the ELF library was read from the snapshot's view"
+        alpha = [c for c in doc["changes"] if c["name"] == "alpha"][0]
+        assert alpha["action"] == "upgrade" and alpha["to_version"] == "1.1"
+
+        assert main(["apply", ms, "--yes"]) == 0
+        out = capsys.readouterr().out
+        assert f"snapshot {again['id']}" in out
+        assert main(["verify", ms, "--json"]) == 0
+        stages = {s["name"]: s["status"] for s in json.loads(capsys.readouterr().out)["stages"]}
+        assert stages["imports"] == "pass" and stages["requirements"] == "pass"
+        target = files_of(lab, "t1")
+        donor = files_of(lab, "donor")
+        assert {k: v for k, v in target.items() if k != "alpha/tuned.py"} == donor
+        assert target["alpha/tuned.py"] == b"TUNED = 15\n"
+        assert main(["apply", ms, "--yes"]) == 0
+        assert "nothing to change" in capsys.readouterr().out
+    finally:
+        lab.hosts["donor"].start_sshd()
+
+
+def test_tampered_store_file_is_a_hash_mismatch_and_nothing_changes(snaplab, tmp_path, capsys):
+    lab = snaplab
+    store = tmp_path / "store"
+    snap = snapshot(capsys, write_manifest(tmp_path, lab), store)
+    index = json.loads(Path(snap["path"]).read_text())
+    digest = index["files"][f"{SITE}/alpha/libdevice.so"]["hash"]
+    from transplant.store import object_path
+
+    victim = object_path(store, digest)
+    os.chmod(victim, 0o644)
+    victim.write_bytes(b"\x7fELF not what was stored")
+    before = files_of(lab, "t2")
+    ms = write_manifest(tmp_path, lab, donor=f"{{snapshot: {snap['path']}}}", target="t2", name="s.yaml")
+    assert main(["apply", ms, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "hash mismatch" in out and victim.name in out.replace(" ", "") and "take the snapshot again" in out
+    assert files_of(lab, "t2") == before
+
+
+def test_missing_snapshot_and_narrower_snapshot_are_clear_errors(snaplab, tmp_path, capsys):
+    lab = snaplab
+    ms = write_manifest(tmp_path, lab, donor="{snapshot: nowhere/none.json}", target="t2")
+    assert main(["plan", ms]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "snapshot nowhere/none.json: not found" in out and "transplant snapshot --list" in out
+
+    store = tmp_path / "store"
+    snap = snapshot(capsys, write_manifest(tmp_path, lab, overlay="[alpha]", name="a.yaml"), store)
+    wide = write_manifest(tmp_path, lab, donor=f"{{snapshot: {snap['path']}}}", target="t2", name="w.yaml")
+    assert main(["plan", wide]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "holds the files of alpha only; the overlay also selects beta" in out
+
+
+def test_fallback_is_tried_in_order_and_plan_says_why(snaplab, tmp_path, capsys):
+    lab = snaplab
+    store = tmp_path / "store"
+    snap = snapshot(capsys, write_manifest(tmp_path, lab), store)
+    dead = "root@127.0.0.250:9"  # loopback, nothing listens there
+    donor = f'{{host: "{dead}", venv: {VENV}, fallback: [{{snapshot: gone.json}}, {{snapshot: {snap["path"]}}}]}}'
+    m = write_manifest(tmp_path, lab, donor=donor, target="t3", name="f.yaml")
+    assert main(["plan", m, "--json"]) == 2
+    used = json.loads(capsys.readouterr().out)["donor_source"]
+    assert used["which"] == "donor.fallback[1]"
+    assert used["source"].startswith(f"snapshot {snap['id']}")
+    assert used["why"].startswith(f"donor.fallback[1], because donor ({dead}:{VENV}) cannot be used: ")
+    assert "donor.fallback[0] (snapshot gone.json) cannot be used: snapshot gone.json: not found" in used["why"]
+
+    none_left = f'{{host: "{dead}", venv: {VENV}, fallback: [{{snapshot: gone.json}}]}}'
+    m = write_manifest(tmp_path, lab, donor=none_left, target="t3", name="g.yaml")
+    assert main(["plan", m]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no donor source can be used" in out and "donor.fallback[0] (snapshot gone.json)" in out

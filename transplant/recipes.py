@@ -1,0 +1,77 @@
+"""What a target's history keeps of where its state came from (edge), for status and recover.
+
+apply writes a *recipe* into the ``started`` event of each transaction
+(``<venv>/.transplant/history.jsonl``): the manifest as data and its folder, the patch files
+(local path, venv-relative destination, hash), the donor source's label and, when the
+donor was a snapshot, the snapshot's index file. verify appends a ``verified`` event
+(``ok`` true or false) naming the newest committed transaction. :func:`last_verified`
+reads them back: the newest committed transaction that a passing verify followed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import txn
+from .files import read_patch_files
+from .hosts import Host
+from .manifest import Manifest
+from .model import Plan
+
+__all__ = ["make_recipe", "record_verified", "last_verified", "committed"]
+
+
+def make_recipe(manifest: Manifest, plan: Plan, opened: Any) -> dict[str, Any]:
+    """The recipe apply records (see the module docstring).
+
+    :param opened: the :class:`transplant.sources.Opened` donor source in use.
+    """
+    venv_paths = {c.name for c in plan.changes if c.kind == "patch"}
+    patches = []
+    for p in read_patch_files(manifest):
+        dest = next((v for v in sorted(venv_paths) if v.endswith("/" + p.dest)), None)
+        patches.append({"local": p.local, "dest": p.dest, "venv_path": dest, "hash": p.hash})
+    snapshot = getattr(getattr(opened.source, "snapshot", None), "path", None)
+    return {
+        "manifest": yaml.safe_load(Path(manifest.path).read_text(encoding="utf-8")),
+        "manifest_dir": str(Path(manifest.path).resolve().parent),
+        "patches": patches,
+        "donor": opened.source.label,
+        "snapshot": str(Path(snapshot).resolve()) if snapshot is not None else None,
+    }
+
+
+def committed(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The committed transactions of a history record (``txn.history``), oldest first."""
+    return [t for t in record["transactions"] if t.get("state") == "committed"]
+
+
+def record_verified(host: Host, venv: str, ok: bool, when: float) -> str | None:
+    """Append a ``verified`` event for the newest committed transaction of the venv.
+
+    Nothing is written to a venv with no committed transaction (no state folder is made).
+    :returns: the transaction id recorded, or None.
+    """
+    record = txn.history(host, venv)
+    done = committed(record)
+    if not done:
+        return None
+    txid = done[-1]["id"]
+    txn.call(host, venv, "record", {"entry": {"id": txid, "event": "verified", "ok": ok, "time": when}})
+    return txid
+
+
+def last_verified(record: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the newest committed transaction a passing verify followed, its ``started`` event), or
+    (None, None). A transaction counts as verified when the newest ``verified`` event about it
+    (after it committed) has ``ok`` true."""
+    events = record["events"]
+    for t in reversed(committed(record)):
+        verdicts = [e for e in events if e.get("id") == t["id"] and e.get("event") == "verified"]
+        if verdicts and verdicts[-1].get("ok") is True:
+            started = next((e for e in events if e.get("id") == t["id"] and e.get("event") == "started"), None)
+            return t, started
+    return None, None
