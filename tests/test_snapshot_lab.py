@@ -199,3 +199,95 @@ def test_fallback_is_tried_in_order_and_plan_says_why(snaplab, tmp_path, capsys)
     assert main(["plan", m]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "no donor source can be used" in out and "donor.fallback[0] (snapshot gone.json)" in out
+
+
+def test_prune_keeps_what_a_snapshot_still_uses(snaplab, tmp_path, capsys):
+    lab = snaplab
+    store = tmp_path / "store"
+    one = snapshot(capsys, write_manifest(tmp_path, lab, overlay="[alpha]", name="a.yaml"), store)
+    two = snapshot(capsys, write_manifest(tmp_path, lab, name="b.yaml"), store)
+    every = {p.name for p in (store / "objects").glob("*/*")}
+    assert main(["snapshot", "--prune", "nope", "--out", str(store)]) == 1
+    assert "no snapshot nope; nothing was removed" in " ".join(capsys.readouterr().out.split())
+    assert main(["snapshot", "--prune", two["id"], "--out", str(store)]) == 0
+    assert "pruned 1 snapshot(s)" in capsys.readouterr().out
+    left = {p.name for p in (store / "objects").glob("*/*")}
+    assert left < every, "beta's files went with the snapshot that alone used them"
+    kept = json.loads(Path(one["path"]).read_text())
+    from transplant.store import object_key
+
+    assert {object_key(f["hash"]) for f in kept["files"].values() if "hash" in f} <= left
+    assert main(["snapshot", "--prune", one["id"], "--out", str(store)]) == 0
+    capsys.readouterr()
+    assert not list((store / "objects").glob("*/*"))
+
+
+def accepted(lab, name: str) -> int:
+    """SSH logins the host's sshd accepted so far (its log)."""
+    return lab.hosts[name].log.read_text(errors="replace").count("Accepted publickey")
+
+
+def test_fleet_plan_apply_verify_one_broken_host_and_the_donor_read_once(snaplab, tmp_path, capsys, monkeypatch):
+    lab = snaplab
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    wheels = tmp_path / "w"
+    old = build_wheel(wheels, "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    good = ["t1", "t2", "t3", "t4"]
+    for name in good + ["t5"]:
+        install(lab.hosts[name], [old])
+    lab.hosts["t5"].run(["rm", f"{VENV}/bin/python"])  # the broken host: its venv's python is gone
+    targets = "targets:\n" + "".join(f'  - {{host: "{lab.hosts[n].spec}", venv: {VENV}}}\n' for n in good + ["t5"])
+    m = write_manifest(tmp_path, lab, name="fleet.yaml")
+    Path(m).write_text(Path(m).read_text().replace(f'target: {{host: "{lab.hosts["t1"].spec}", venv: {VENV}}}\n',
+                                                   targets))
+
+    assert main(["plan", m, "--json", "--jobs", "3"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    by = {t["target"]: t for t in report["targets"]}
+    broken = f"{lab.hosts['t5'].spec}:{VENV}"
+    assert by[broken]["code"] == 1 and "does not exist or points to nothing" in by[broken]["error"]
+    assert [by[f"{lab.hosts[n].spec}:{VENV}"]["code"] for n in good] == [2, 2, 2, 2]
+    assert report["donor"]["files_read"] > 0
+
+    logins = accepted(lab, "donor")
+    assert main(["apply", m, "--yes", "--verify", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert accepted(lab, "donor") - logins == 1, "one SSH login on the donor for the whole fleet (the probe)"
+    assert report["donor"]["files_read"] == 0 and report["donor"]["bytes_read"] == 0, \
+        "the plan's snapshot already holds every file: nothing is read from the donor again"
+    by = {t["target"]: t for t in report["targets"]}
+    assert by[broken]["code"] == 1 and by[broken]["result"] == "failed"
+    donor_files = files_of(lab, "donor")
+    for n in good:
+        one = by[f"{lab.hosts[n].spec}:{VENV}"]
+        assert one["code"] == 0 and one["applied"]["files"] > 0, one
+        assert {s["name"]: s["status"] for s in one["stages"]}["imports"] == "pass"
+        got = files_of(lab, n)
+        assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == donor_files
+
+    assert main(["verify", m, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [t["code"] for t in report["targets"]] == [0, 0, 0, 0, 1]
+    # fixed, the same command succeeds everywhere, and the exit code says so
+    install(lab.hosts["t5"], [old])
+    assert main(["apply", m, "--yes", "--verify"]) == 0
+    assert "apply: all 5 targets succeeded" in capsys.readouterr().out
+
+
+def test_fleet_donor_reads_do_not_grow_with_the_number_of_targets(snaplab, tmp_path, capsys, monkeypatch):
+    lab = snaplab
+    old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    reads = {}
+    for count in (2, 4):
+        monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / f"state{count}"))  # an empty store each time
+        names = ["t1", "t2", "t3", "t4"][:count]
+        for name in names:
+            install(lab.hosts[name], [old])
+        args = [a for n in names for a in ("--target", f"{lab.hosts[n].spec}:{VENV}")]
+        logins = accepted(lab, "donor")
+        assert main(["apply", write_manifest(tmp_path, lab), "--yes", "--json", *args]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert [t["code"] for t in report["targets"]] == [0] * count
+        reads[count] = (accepted(lab, "donor") - logins, report["donor"]["bytes_read"], report["donor"]["files_read"])
+    assert reads[2][0] == reads[4][0] == 2, "two logins on the donor (one probe, one rsync), whatever the fleet"
+    assert reads[2][1:] == reads[4][1:] and reads[4][1] > ELF.stat().st_size

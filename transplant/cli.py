@@ -12,6 +12,7 @@ error stands for, such as ``interpreter-missing``, or null).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import os
@@ -121,6 +122,33 @@ class _Session:
                          target_elf=facts.target_elf)
 
 
+def _targets(args: argparse.Namespace, manifest: Manifest) -> tuple[Manifest, list[Endpoint]]:
+    """The targets: ``--target`` (repeatable) replaces the manifest's ``target`` / ``targets``.
+
+    :returns: the manifest with its first target as ``target``, and every target.
+    """
+    given = getattr(args, "target", None) or []
+    targets = [Endpoint(host=spec, venv=venv) for spec, venv in map(parse_location, given)] or \
+        list(manifest.targets or (manifest.target,))
+    for t in targets:
+        if t == manifest.donor or t in manifest.fallback:
+            raise UsageError(f"--target {t}: that is a donor of {manifest.path}", hint="name another host or venv")
+    if len(set(targets)) != len(targets):
+        raise UsageError("a target is given twice", hint="name each host and venv once")
+    return dataclasses.replace(manifest, target=targets[0], targets=tuple(targets)), targets
+
+
+def _fleet(action: str, args: argparse.Namespace, console: Console, manifest: Manifest,
+           targets: list[Endpoint]) -> int:
+    """plan / apply / verify on several targets (see :mod:`transplant.fleetcli`)."""
+    from .fleetcli import run_fleet_command
+
+    with ExitStack() as stack:
+        session = _Session(manifest, console, stack)
+        opened = session.donor(quiet=True)
+        return run_fleet_command(action, args, console, session.manifest, targets, opened, session.ssh, stack)
+
+
 def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
     """A file the controller writes (``--out``) must not land inside a local donor or target venv."""
     resolved = Path(path).resolve()
@@ -135,7 +163,11 @@ def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest, targets = _targets(args, load_manifest(args.manifest))
+    if len(targets) > 1:
+        if args.out:
+            raise UsageError("--out saves the plan of one target; drop it, or name one --target")
+        return _fleet("plan", args, console, manifest, targets)
     if args.out:
         check_plan_destination(args.out, manifest=manifest.path)
         _refuse_inside_venvs(args.out, manifest)
@@ -212,10 +244,17 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
     source = Path(args.source)
     saved: Plan | None = None
     if source.suffix == ".json":
+        if args.target:
+            raise UsageError("a saved plan is for its own target; --target goes with a manifest")
         saved = load_plan(source)
         manifest = load_manifest(saved.manifest)
     else:
         manifest = load_manifest(source)
+    manifest, targets = _targets(args, manifest)
+    if len(targets) > 1:
+        if args.resume or args.rollback or args.break_lock:
+            raise UsageError("--resume, --rollback and --break-lock act on one target; name it with --target")
+        return _fleet("apply", args, console, manifest, targets)
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
         if _finish_interrupted(args, console, session):
@@ -276,6 +315,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
         f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
         + "); the target now matches the plan hash for hash")))
+    if args.verify:
+        return _cmd_verify(args, console, manifest=manifest)
     return EXIT_OK
 
 
@@ -328,8 +369,11 @@ def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path) -> None:
                 hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
 
 
-def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
+def _cmd_verify(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
+    if manifest is None:
+        manifest, targets = _targets(args, load_manifest(args.manifest))
+        if len(targets) > 1:
+            return _fleet("verify", args, console, manifest, targets)
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
         target = session.host("target")
@@ -443,6 +487,12 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
 
 
+def _fleet_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", action="append", metavar="HOST:VENV",
+                   help="a target (repeat for several; replaces the manifest's target / targets)")
+    p.add_argument("--jobs", type=int, default=4, metavar="N", help="targets worked on at a time (default 4)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``transplant``."""
     parser = _Parser(prog="transplant", description="Move working CUDA Python environments between GPU hosts.")
@@ -452,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
     p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
     p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
+    _fleet_options(p)
     p.set_defaults(func=_cmd_plan)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
     a.add_argument("source", metavar="MANIFEST|PLAN.json",
@@ -462,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--rollback", action="store_true", help="undo the target's interrupted transaction")
     a.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
+    a.add_argument("--verify", action="store_true", help="verify each target after applying to it")
+    a.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
+    _fleet_options(a)
     a.set_defaults(func=_cmd_apply)
     r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
     r.add_argument("manifest", help="the manifest whose target to roll back")
@@ -476,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="prove the target venv works: imports, requirements, server args, smoke")
     v.add_argument("manifest", help="the manifest whose target and verify settings to use")
     v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/1)")
+    _fleet_options(v)
     v.set_defaults(func=_cmd_verify)
     i = sub.add_parser("inventory", help="print what a venv holds")
     i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")
