@@ -291,3 +291,94 @@ def test_fleet_donor_reads_do_not_grow_with_the_number_of_targets(snaplab, tmp_p
         reads[count] = (accepted(lab, "donor") - logins, report["donor"]["bytes_read"], report["donor"]["files_read"])
     assert reads[2][0] == reads[4][0] == 2, "two logins on the donor (one probe, one rsync), whatever the fleet"
     assert reads[2][1:] == reads[4][1:] and reads[4][1] > ELF.stat().st_size
+
+
+def ssh_args(lab) -> list[str]:
+    return ["--identity-file", str(lab.identity_file), "--known-hosts", str(lab.known_hosts)]
+
+
+def test_status_says_what_was_applied_from_where_and_what_drifted(snaplab, tmp_path, capsys, monkeypatch):
+    lab = snaplab
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    install(lab.hosts["t3"], [old])
+    where = f"{lab.hosts['t3'].spec}:{VENV}"
+    assert main(["status", where, *ssh_args(lab)]) == 0
+    assert "transplant has applied nothing here" in " ".join(capsys.readouterr().out.split())
+
+    m = write_manifest(tmp_path, lab, target="t3")
+    assert main(["apply", m, "--yes", "--verify"]) == 0
+    capsys.readouterr()
+    assert main(["status", where, "--json", *ssh_args(lab)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (applied,) = doc["transactions"]
+    assert applied["source"] == f"donor {lab.hosts['donor'].spec}:{VENV}"
+    assert applied["verified"] is True and applied["manifest"] == str(Path(m).resolve())
+    assert doc["drift"] == [] and doc["checked"] > 3 and applied["applied"] is not None
+
+    lab.hosts["t3"].path(f"{VENV}/{SITE}/alpha/same.py").write_text("SAME = 2  # edited by hand\n")
+    assert main(["status", where, *ssh_args(lab)]) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"drift: 1 of {doc['checked']} applied paths no longer match" in out and f"{SITE}/alpha/same.py" in out
+
+
+def test_recover_rebuilds_from_history_alone_with_the_donor_gone(snaplab, tmp_path, capsys, monkeypatch):
+    lab = snaplab
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    for name in ("t3", "t4"):
+        install(lab.hosts[name], [old])
+    source = f"{lab.hosts['t3'].spec}:{VENV}"
+    assert main(["recover", "--from", source, "--target", lab.hosts["t4"].spec, "--yes", *ssh_args(lab)]) == 1
+    assert "no transaction there was applied and then verified" in " ".join(capsys.readouterr().out.split())
+
+    m = write_manifest(tmp_path, lab, target="t3")
+    assert main(["apply", m, "--yes", "--verify"]) == 0
+    capsys.readouterr()
+    lab.hosts["donor"].stop_sshd()
+    try:
+        assert main(["recover", "--from", source, "--target", lab.hosts["t4"].spec, "--yes", *ssh_args(lab)]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        for step in ("recover: 1/3 plan", "recover: 2/3 apply", "recover: 3/3 verify", "verify passed", "recovered"):
+            assert step in out
+        assert f"donor source: {source}" in out
+        assert files_of(lab, "t4") == files_of(lab, "t3")
+        assert files_of(lab, "t4")["alpha/tuned.py"] == b"TUNED = 15\n"
+        # a drifted source is refused: it no longer holds the verified state
+        lab.hosts["t3"].path(f"{VENV}/{SITE}/alpha/same.py").write_text("SAME = 3\n")
+        install(lab.hosts["t4"], [old])
+        assert main(["recover", "--from", source, "--target", lab.hosts["t4"].spec, "--yes", *ssh_args(lab)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "applied file(s) changed since" in out and "alpha/same.py" in out
+    finally:
+        lab.hosts["donor"].start_sshd()
+
+
+def test_recover_from_a_snapshot_and_bad_targets(snaplab, tmp_path, capsys, monkeypatch):
+    lab = snaplab
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    install(lab.hosts["t2"], [old])
+    snap = snapshot(capsys, write_manifest(tmp_path, lab), tmp_path / "state" / "snapshots")
+    lab.hosts["donor"].stop_sshd()
+    try:
+        assert main(["recover", "--target", f"{lab.hosts['t2'].spec}:{VENV}", "--yes"]) == 0, \
+            "the newest snapshot in the store, the ssh settings from its manifest"
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"rebuilding snapshot {snap['id']}" in out and "recovered" in out
+        got = files_of(lab, "t2")
+        assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == files_of(lab, "donor")
+    finally:
+        lab.hosts["donor"].start_sshd()
+    assert main(["recover", "--snapshot", "nope", "--target", lab.hosts["t2"].spec]) == 1
+    assert "snapshot nope: not found" in " ".join(capsys.readouterr().out.split())
+    assert main(["recover", "--target", "bad host!", "--snapshot", snap["id"]]) == 64
+    assert "--target 'bad host!'" in capsys.readouterr().out
+    m = write_manifest(tmp_path, lab)
+    assert main(["plan", m, "--target", "no-venv-here"]) == 64
+    assert "expected HOST:VENV" in capsys.readouterr().out
+    assert main(["plan", m, "--target", f"root@127.0.0.250:9:{VENV}", "--target", f"{lab.hosts['t1'].spec}:{VENV}",
+                 "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["targets"][0]["code"] == 1 and "127.0.0.250" in report["targets"][0]["error"]
+    assert report["targets"][1]["code"] in (0, 2)

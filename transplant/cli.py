@@ -40,7 +40,7 @@ from .gather import gather
 from .planner import plan as make_plan
 from .probing import take_inventory
 from .render import history_table, human_bytes, inventory_table, print_plan, stages_table, verify_json
-from .reports import snapshots_table
+from .reports import snapshots_table, status_table
 from .state import drift, plan_differences
 from .verdicts import overall_ok
 from .recipes import make_recipe, record_verified
@@ -435,6 +435,86 @@ def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def _ssh_from_args(args: argparse.Namespace) -> SSHOptions:
+    return SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
+                      known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+
+
+def _cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from .status import read_status
+
+    spec, venv = parse_location(args.location)
+    with connect(spec, _ssh_from_args(args)) as host, console.status(f"reading {args.location}"):
+        status = read_status(host, venv)
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
+        return EXIT_BLOCKED if status.drift else EXIT_OK
+    if not status.transactions:
+        console.print(f"{status.where}: transplant has applied nothing here (no committed transaction)", markup=False)
+    else:
+        console.print(status_table(status))
+    for txid in status.interrupted:
+        console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
+                      f"apply --rollback")
+    if status.drift:
+        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match:")
+        for line in status.drift[:50]:
+            console.print(f"  {line}", markup=False, highlight=False)
+    elif status.transactions:
+        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied")
+    return EXIT_BLOCKED if status.drift else EXIT_OK
+
+
+def _cmd_recover(args: argparse.Namespace, console: Console) -> int:
+    from .recover import from_history, from_snapshot
+    from .snapshot import list_snapshots, load_snapshot
+
+    if args.source_host and args.snapshot:
+        raise UsageError("--from and --snapshot exclude each other")
+    store = Path(args.out) if args.out else default_state_dir() / "snapshots"
+    ssh = {k: str(Path(v).absolute()) for k, v in (("identity_file", args.identity_file),
+                                                    ("known_hosts", args.known_hosts)) if v}
+    spec_text, sep, venv_text = args.target.partition(":/")
+    try:
+        spec = HostSpec.parse(spec_text)
+    except ValueError as exc:
+        raise UsageError(f"--target {args.target!r}: {exc}", hint="write HOST or HOST:/path/to/venv") from None
+    console.rule("recover: where from")
+    if args.source_host:
+        old_spec, old_venv = parse_location(args.source_host)
+        target = Endpoint(host=spec, venv="/" + venv_text if sep else old_venv)
+        with connect(old_spec, _ssh_from_args(args)) as old, console.status(f"reading the history of {args.source_host}"):
+            recovery = from_history(old, old_venv, target, default_state_dir(), ssh=ssh, force=args.force)
+    else:
+        if args.snapshot:
+            snap = load_snapshot(args.snapshot, store=store)
+        else:
+            every = list_snapshots(store)
+            if not every:
+                raise UsageError(f"no snapshot in {store} to recover from",
+                                 hint="name one with --snapshot, or a host that holds the state with --from HOST:VENV")
+            snap = every[-1]
+        target = Endpoint(host=spec, venv="/" + venv_text if sep else snap.donor_venv)
+        recovery = from_snapshot(snap, target, default_state_dir(), ssh=ssh)
+    console.print(f"rebuilding {recovery.origin} on {target}; the manifest for it: {recovery.manifest}",
+                  markup=False, highlight=False)
+    common = dict(target=None, jobs=1, json=False)
+    console.rule("recover: 1/3 plan")
+    code = _cmd_plan(argparse.Namespace(manifest=str(recovery.manifest), out=None, **common), console)
+    if code == EXIT_BLOCKED and not args.force:
+        console.print("[bold red]recover stopped[/]: the plan is blocked; fix the findings or add --force")
+        return code
+    console.rule("recover: 2/3 apply")
+    code = _cmd_apply(argparse.Namespace(source=str(recovery.manifest), yes=args.yes, force=args.force, resume=False,
+                                         rollback=False, break_lock=False, verify=False, **common), console)
+    if code != EXIT_OK:
+        return code
+    console.rule("recover: 3/3 verify")
+    code = _cmd_verify(argparse.Namespace(manifest=str(recovery.manifest), **common), console)
+    console.print(f"[bold green]recovered[/] {target}" if code == EXIT_OK else f"[bold red]recover failed at verify[/]")
+    return code
+
+
 def _cmd_snapshot(args: argparse.Namespace, console: Console) -> int:
     from .snapshot import capture, list_snapshots, prune
 
@@ -547,6 +627,25 @@ def build_parser() -> argparse.ArgumentParser:
                    "snapshot uses")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=_cmd_snapshot)
+    st = sub.add_parser("status", help="what was applied to a venv, from where, when, and what drifted since")
+    st.add_argument("location", metavar="HOST:VENV", help="e.g. root@gpu-07:/root/venv_sglang")
+    st.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
+    st.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
+    st.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
+    st.set_defaults(func=_cmd_status)
+    rc = sub.add_parser("recover", help="rebuild the last verified state on a new host: plan, apply, verify")
+    rc.add_argument("--target", required=True, metavar="HOST[:VENV]",
+                    help="the host to rebuild on (the venv defaults to the source's path)")
+    rc.add_argument("--from", dest="source_host", metavar="HOST:VENV",
+                    help="a venv whose history holds the state (its newest applied and verified transaction)")
+    rc.add_argument("--snapshot", metavar="ID|PATH", help="a snapshot (default: the newest in the store)")
+    rc.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
+    rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
+    rc.add_argument("--force", action="store_true",
+                    help="go on despite error findings, or a source whose applied files drifted")
+    rc.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
+    rc.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
+    rc.set_defaults(func=_cmd_recover)
     d = sub.add_parser("demo", help="replay the seed story on two loopback test hosts")
     d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
     d.add_argument("--keep", action="store_true",

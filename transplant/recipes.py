@@ -38,6 +38,7 @@ def make_recipe(manifest: Manifest, plan: Plan, opened: Any) -> dict[str, Any]:
     return {
         "manifest": yaml.safe_load(Path(manifest.path).read_text(encoding="utf-8")),
         "manifest_dir": str(Path(manifest.path).resolve().parent),
+        "manifest_path": str(Path(manifest.path).resolve()),
         "patches": patches,
         "donor": opened.source.label,
         "snapshot": str(Path(snapshot).resolve()) if snapshot is not None else None,

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from .render import human_bytes
 
-__all__ = ["snapshots_table", "stamp"]
+__all__ = ["snapshots_table", "stamp", "status_table"]
 
 
 def stamp(seconds: float | None) -> str:
@@ -31,4 +31,17 @@ def snapshots_table(snapshots: Sequence[Any], store: str) -> Table:
     for s in snapshots:
         table.add_row(Text(s.id), stamp(s.created), Text(f"{s.donor_host}:{s.donor_venv}"),
                       Text(", ".join(s.dists)), str(len(s.files)), human_bytes(s.size))
+    return table
+
+
+def status_table(status: Any) -> Table:
+    """One row per committed transaction: id, applied when, from where, verified, files."""
+    table = Table(title=f"applied in {status.where}", title_justify="left")
+    for column in ("transaction", "applied", "from", "verified", "paths"):
+        table.add_column(column)
+    for t in status.transactions:
+        verified = {None: "not verified", True: "passed", False: "failed"}[t.verified]
+        table.add_row(Text(t.id), stamp(t.applied), Text(t.source + (f"\nmanifest {t.manifest}" if t.manifest else "")),
+                      Text(verified, style={"passed": "green", "failed": "bold red"}.get(verified, "yellow")),
+                      str(t.files))
     return table
