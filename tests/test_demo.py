@@ -41,6 +41,10 @@ def test_demo_replays_the_story(lab):
     # act 4: the story's checkpoint line, and the smoke run said it used the CPU
     assert "parsed; DFLASH 16 /dev/shm/Qwen3.6-27B 15 (speculative_algorithm, speculative_dflash_block_size, model_path, speculative_ddtree_budget)" in out
     assert "ran on the CPU" in out
+    # acts 5-8: a snapshot, the donor stopped, a fresh host rebuilt from the snapshot alone and verified
+    assert "stopped the donor's sshd" in out
+    assert out.count("donor source: snapshot ") == 2 and out.count("verify passed") == 2
+    assert "no drift: all" in out and "applied paths match what was applied" in out
     assert "demo passed" in out
 
 
