@@ -53,7 +53,8 @@ def _line(action: str, r: TargetResult) -> str:
 def fleet_table(action: str, results: Sequence[TargetResult]) -> Table:
     """One row per target: outcome, changes, transaction, verify, error."""
     table = Table(title=f"{action} on {len(results)} targets", title_justify="left")
-    for column in ("target", "result", "changes", "applied", "verify", "error / note"):
+    table.add_column("target", overflow="fold")
+    for column in ("result", "changes", "applied", "verify", "error / note"):
         table.add_column(column)
     for r in results:
         style = "bold green" if r.code in (0, 2) else "bold red"

@@ -5,7 +5,9 @@ transaction's ``after.json`` (the state it left, path -> hash, None for a remova
 history events (``started`` with its source and recipe, ``applied``, ``verified``). The
 state the venv should be in is every committed transaction's ``after`` in order, a later
 one winning for a path; each path is hashed on the target now and compared, and every
-one that no longer matches is drift.
+one that no longer matches is drift. Bytecode (``__pycache__/*.pyc``) is left out: the
+interpreter rewrites it whenever it finds it stale (PEP 3147), so a changed ``.pyc`` is a
+cache refreshed, not an edit; its source file is checked.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from . import txn
 from .hosts import Host
+from .planner import pyc_source
 from .recipes import committed
 
 __all__ = ["Applied", "Status", "read_status"]
@@ -38,7 +41,8 @@ class Applied:
 @dataclass(frozen=True, kw_only=True)
 class Status:
     """A target's status: ``transactions`` oldest first, ``interrupted`` ids, ``drift`` lines
-    (one per path that no longer matches its recorded state) out of ``checked`` paths."""
+    (one per path that no longer matches its recorded state) out of ``checked`` paths (the
+    applied paths, bytecode left out)."""
 
     where: str
     transactions: tuple[Applied, ...]
@@ -83,6 +87,7 @@ def read_status(host: Host, venv: str) -> Status:
             files=len(info["after"])))
     interrupted = tuple(t["id"] for t in record["transactions"] if t.get("state") not in
                         ("committed", "rolled-back", "aborted"))
-    drift = txn.check_state(host, venv, expected) if expected else []
+    checked = {p: h for p, h in expected.items() if pyc_source(p) is None}
+    drift = txn.check_state(host, venv, checked) if checked else []
     return Status(where=f"{host.label}:{venv}", transactions=tuple(done), interrupted=interrupted,
-                  drift=tuple(drift), checked=len(expected))
+                  drift=tuple(drift), checked=len(checked))
