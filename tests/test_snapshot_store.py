@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,40 @@ def test_bad_source_and_target_keys(data, problem):
     with pytest.raises(ManifestError) as info:
         parse_manifest({**BASE, **data}, path="m.yaml")
     assert problem in info.value.problems
+
+
+def _source(tmp_path, files: dict):
+    from docs import dist, document
+    from transplant.inventory import parse_inventory
+    from transplant.snapshot import Snapshot, SnapshotSource
+
+    store = tmp_path / "store"
+    src = tmp_path / "src"
+    src.write_bytes(b"ok\n")
+    cas.put(store, record_hash(b"ok\n"), src)
+    inv = parse_inventory(document("/v", [dist("alpha", "1.0", {"alpha/x.py": "ok\n"})]), label="snapshot t")
+    snap = Snapshot(id="t", path=store / "index" / "t.json", store=store, created=0.0, donor_host="h", donor_venv="/v",
+                    overlay=("alpha",), dists=("alpha",), inventory=inv, files=files, patches=(), manifest={})
+    return SnapshotSource(snap)
+
+
+def test_view_refuses_paths_an_edited_index_would_write_outside_it(tmp_path):
+    from transplant.snapshot import SnapshotError
+
+    ok = {"hash": record_hash(b"ok\n"), "size": 3, "mode": 0o644}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with _source(tmp_path, {"../../escape.py": ok, "pyvenv.cfg": ok, "link": {"symlink": str(outside)},
+                            "link/x.py": ok, "lib/x.py": ok}) as source:
+        host, root = source.files(["lib/x.py"])
+        assert (Path(root) / "lib/x.py").read_bytes() == b"ok\n"
+        for bad in ("../../escape.py", "pyvenv.cfg"):
+            with pytest.raises(SnapshotError, match="refusing the path"):
+                source.files([bad])
+        source.files(["link"])
+        with pytest.raises(SnapshotError, match="refusing the path 'link/x.py'"):
+            source.files(["link/x.py"])
+        assert not list(outside.iterdir()), "nothing was written through the symlink"
+        with pytest.raises(SnapshotError, match="does not hold nope.py"):
+            source.files(["nope.py"])
+    assert not Path(root).exists(), "the view is removed on close"

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from . import txn
+from .errors import TransplantError
 from .files import read_patch_files
 from .hosts import Host
 from .manifest import Manifest
@@ -53,10 +54,15 @@ def committed(record: dict[str, Any]) -> list[dict[str, Any]]:
 def record_verified(host: Host, venv: str, ok: bool, when: float) -> str | None:
     """Append a ``verified`` event for the newest committed transaction of the venv.
 
-    Nothing is written to a venv with no committed transaction (no state folder is made).
+    Nothing is written to a venv with no committed transaction (no state folder is made),
+    nor to one whose python does not start (its verify failed already; there is no record
+    to add to that matters more than that verdict).
     :returns: the transaction id recorded, or None.
     """
-    record = txn.history(host, venv)
+    try:
+        record = txn.history(host, venv)
+    except TransplantError:
+        return None
     done = committed(record)
     if not done:
         return None

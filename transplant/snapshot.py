@@ -41,7 +41,7 @@ from .elfscan import read_elf_facts
 from .errors import ProbeError, TransplantError
 from .files import read_patch_files
 from .hosts import Host, LocalHost
-from .inventory import Inventory, parse_inventory, protected_path
+from .inventory import Inventory, inside_path, parse_inventory, protected_path
 from .manifest import Manifest
 from .planner import selected_names
 from .probing import take_inventory
@@ -332,6 +332,10 @@ class SnapshotSource:
                 if facts is None:
                     raise SnapshotError(f"{self.label} does not hold {path}", hint="plan again")
                 dest = root / path
+                if inside_path(path) != path or protected_path(path) or \
+                        not dest.parent.resolve().is_relative_to(root.resolve()):
+                    raise SnapshotError(f"{self.snapshot.path}: refusing the path {path!r}: it leaves the venv "
+                                        f"(the index was edited)", hint="take the snapshot again")
                 if "symlink" in facts:
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     os.symlink(facts["symlink"], dest)
