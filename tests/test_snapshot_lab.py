@@ -265,9 +265,10 @@ def test_fleet_plan_apply_verify_one_broken_host_and_the_donor_read_once(snaplab
         got = files_of(lab, n)
         assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == donor_files
 
-    assert main(["verify", m, "--json"]) == 1
+    assert main(["verify", m, "--json"]) == 3, "as for one target: its stages fail, so verify fails (exit 3)"
     report = json.loads(capsys.readouterr().out)
-    assert [t["code"] for t in report["targets"]] == [0, 0, 0, 0, 1]
+    assert [t["code"] for t in report["targets"]] == [0, 0, 0, 0, 3]
+    assert {s["status"] for s in report["targets"][-1]["stages"]} == {"fail", "skip"}
     # fixed, the same command succeeds everywhere, and the exit code says so
     install(lab.hosts["t5"], [old])
     assert main(["apply", m, "--yes", "--verify"]) == 0
