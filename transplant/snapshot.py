@@ -64,8 +64,10 @@ class Snapshot:
 
     :ivar id: ``20261130T171500Z-1a2b3c4d`` (sorts by time); :ivar path: the index file.
     :ivar store: the store folder its objects are in (two levels above ``path``).
-    :ivar created: seconds since the epoch; :ivar donor: ``host`` and ``venv`` it came from.
-    :ivar dists: normalised names whose files it holds; :ivar inventory: the donor's.
+    :ivar created: seconds since the epoch; :ivar donor_host: the host (``[user@]host[:port]``)
+        and :ivar donor_venv: the venv it came from; :ivar overlay: the manifest's patterns.
+    :ivar dists: normalised names whose files it holds; :ivar inventory: the donor's, labelled
+        ``snapshot <id> of <host>:<venv>``.
     :ivar files: venv-relative path -> ``{"hash", "size", "mode"}`` or ``{"symlink"}``.
     :ivar patches: ``[{"local", "dest", "hash", "size"}]``; :ivar manifest: ``{"data", "dir"}``.
     """
