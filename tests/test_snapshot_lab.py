@@ -140,8 +140,10 @@ def test_snapshot_then_donor_gone_apply_and_verify_from_it(snaplab, tmp_path, ca
         donor = files_of(lab, "donor")
         assert {k: v for k, v in target.items() if k != "alpha/tuned.py"} == donor
         assert target["alpha/tuned.py"] == b"TUNED = 15\n"
-        assert main(["apply", ms, "--yes"]) == 0
-        assert "nothing to change" in capsys.readouterr().out
+        assert main(["apply", ms, "--yes", "--verify"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "nothing to change" in out and "verify passed" in out
+        assert "cannot be reached" not in out and out.count(f"donor source: snapshot {again['id']}") == 2
     finally:
         lab.hosts["donor"].start_sshd()
 

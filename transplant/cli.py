@@ -260,7 +260,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         if _finish_interrupted(args, console, session):
             return EXIT_OK
         opened = session.donor()
-        manifest = session.manifest
+        given, manifest = manifest, session.manifest
         if saved is not None:
             _check_saved_plan(saved, manifest, source)
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
@@ -281,7 +281,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         print_plan(console, plan)
         if not plan.has_changes:
             console.print("nothing to change: the target already holds the planned state")
-            return EXIT_OK
+            return _cmd_verify(args, console, manifest=given) if args.verify else EXIT_OK
         if plan.blocking and not args.force:
             console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
             return EXIT_BLOCKED
@@ -316,7 +316,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
         + "); the target now matches the plan hash for hash")))
     if args.verify:
-        return _cmd_verify(args, console, manifest=manifest)
+        return _cmd_verify(args, console, manifest=given)
     return EXIT_OK
 
 
