@@ -61,6 +61,12 @@ def snaplab(tmp_path_factory):
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _own_state(tmp_path, monkeypatch):
+    """Each test its own state folder: its own snapshot store and log of verified states."""
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+
+
 def write_manifest(folder: Path, lab, *, donor: str | None = None, target: str = "t1", extra: str = "",
                    overlay: str = "[alpha, beta]", name: str = "m.yaml") -> str:
     (folder / "patches").mkdir(parents=True, exist_ok=True)
@@ -387,3 +393,41 @@ def test_recover_from_a_snapshot_and_bad_targets(snaplab, tmp_path, capsys, monk
     report = json.loads(capsys.readouterr().out)
     assert report["targets"][0]["code"] == 1 and "127.0.0.250" in report["targets"][0]["error"]
     assert report["targets"][1]["code"] in (0, 2)
+
+
+def test_recover_without_a_source_takes_the_last_verified_state_then_its_snapshot(snaplab, tmp_path, capsys,
+                                                                                 monkeypatch):
+    lab = snaplab
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    for name in ("t3", "t4"):
+        install(lab.hosts[name], [old])
+    snap = snapshot(capsys, write_manifest(tmp_path, lab), tmp_path / "elsewhere")  # not the default store
+    fresh = tmp_path / "from-snapshot"
+    fresh.mkdir()
+    shutil.copytree(tmp_path / "patches", fresh / "patches")
+    assert main(["apply", write_manifest(fresh, lab, donor=f"{{snapshot: {snap['path']}}}", target="t3"), "--yes",
+                 "--verify"]) == 0
+    capsys.readouterr()
+    lab.hosts["donor"].stop_sshd()
+    try:
+        assert main(["recover", "--target", lab.hosts["t4"].spec, "--yes"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "a state this controller saw verified: transaction" in out
+        assert f"on {lab.hosts['t3'].spec}:{VENV}" in out and f"donor source: {lab.hosts['t3'].spec}:{VENV}" in out
+        assert files_of(lab, "t4") == files_of(lab, "t3")
+        # both hosts that hold the state go down: t4 (recovered from t3, no snapshot of its own), then t3,
+        # whose state came from a snapshot: that snapshot rebuilds it on t2
+        install(lab.hosts["t2"], [old])
+        lab.hosts["t3"].stop_sshd()
+        lab.hosts["t4"].stop_sshd()
+        assert main(["recover", "--target", lab.hosts["t2"].spec, "--yes"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert out.index(f"{lab.hosts['t4'].spec}:{VENV} cannot be used") < \
+            out.index(f"{lab.hosts['t3'].spec}:{VENV} cannot be used")
+        assert f"using the snapshot it was applied from: {snap['path']}" in out and "recovered" in out
+        got = files_of(lab, "t2")
+        assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == files_of(lab, "donor")
+    finally:
+        for name in ("t3", "t4", "donor"):
+            lab.hosts[name].start_sshd()

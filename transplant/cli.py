@@ -29,7 +29,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 
 from . import __version__
 from .apply import check_plan_paths, default_state_dir, execute, new_transaction_id
-from .errors import TransplantError
+from .errors import HostError, TransplantError
 from .files import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
@@ -43,7 +43,7 @@ from .render import history_table, human_bytes, inventory_table, print_plan, sta
 from .reports import snapshots_table, status_table
 from .state import drift, plan_differences
 from .verdicts import overall_ok
-from .recipes import make_recipe, record_verified
+from .recipes import make_recipe, record_verified, verified_log
 from .sources import Opened, open_donor
 from .verify import donor_reader, run_stages
 
@@ -393,7 +393,8 @@ def _cmd_verify(args: argparse.Namespace, console: Console, manifest: Manifest |
             results = run_stages(manifest.verify, target=target, venv=manifest.target.venv,
                                  donor_inventory=donor_reader(read_donor),
                                  announce=lambda name: status.update(f"verify: {name}"))
-        record_verified(target, manifest.target.venv, overall_ok(results), time.time())
+        record_verified(target, manifest.target.venv, overall_ok(results), time.time(),
+                        log=verified_log(default_state_dir()), ssh=session.ssh)
     if args.json:
         print(verify_json(results, str(manifest.target)))
     else:
@@ -465,9 +466,51 @@ def _cmd_status(args: argparse.Namespace, console: Console) -> int:
     return EXIT_BLOCKED if status.drift else EXIT_OK
 
 
-def _cmd_recover(args: argparse.Namespace, console: Console) -> int:
-    from .recover import from_history, from_snapshot
+def _recover_default(args: argparse.Namespace, console: Console, store: Path, by_history, by_snapshot):
+    """The source when recover is given none: the states this controller saw verified
+    (``<state>/verified.jsonl``), newest first: each from its host's history, or from the
+    snapshot it was applied from when that host cannot be used; last, the newest snapshot in
+    the store."""
+    from .recipes import known_states
+    from .recover import RecoverError
     from .snapshot import list_snapshots, load_snapshot
+
+    say = (lambda line, style=None: console.print(line, style=style, markup=False, highlight=False))
+    tried = []
+    for entry in known_states(verified_log(default_state_dir())):
+        where = f"{entry['host']}:{entry['venv']}"
+        say(f"a state this controller saw verified: transaction {entry.get('transaction')} on {where}")
+        keys = entry.get("ssh") if isinstance(entry.get("ssh"), dict) else {}
+        options = _ssh_from_args(args) if (args.identity_file or args.known_hosts) else SSHOptions(
+            identity_file=Path(keys["identity_file"]) if keys.get("identity_file") else None,
+            known_hosts=Path(keys["known_hosts"]) if keys.get("known_hosts") else None)
+        try:
+            return by_history(HostSpec.parse(entry["host"]), entry["venv"], options)
+        except (HostError, RecoverError) as exc:
+            say(f"{where} cannot be used: {exc.message.splitlines()[0]}", "yellow")
+            tried.append(f"{where}: {exc.message.splitlines()[0]}")
+        if entry.get("snapshot"):
+            try:
+                snap = load_snapshot(entry["snapshot"])
+            except TransplantError as exc:
+                say(f"nor the snapshot it was applied from: {exc.message.splitlines()[0]}", "yellow")
+                tried.append(exc.message.splitlines()[0])
+                continue
+            say(f"using the snapshot it was applied from: {entry['snapshot']}")
+            return by_snapshot(snap)
+    every = list_snapshots(store)
+    if not every:
+        raise TransplantError("nothing to recover from: " + ("; ".join(tried) if tried else
+                              f"no verified state recorded on this controller and no snapshot in {store}"),
+                              hint="name a host that holds the state with --from HOST:VENV, or a snapshot with "
+                                   "--snapshot")
+    say(f"the newest snapshot in {store}: {every[-1].id}")
+    return by_snapshot(every[-1])
+
+
+def _cmd_recover(args: argparse.Namespace, console: Console) -> int:
+    from .recover import Recovery, from_history, from_snapshot
+    from .snapshot import Snapshot, load_snapshot
 
     if args.source_host and args.snapshot:
         raise UsageError("--from and --snapshot exclude each other")
@@ -480,22 +523,22 @@ def _cmd_recover(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise UsageError(f"--target {args.target!r}: {exc}", hint="write HOST or HOST:/path/to/venv") from None
     console.rule("recover: where from")
-    if args.source_host:
-        old_spec, old_venv = parse_location(args.source_host)
-        target = Endpoint(host=spec, venv="/" + venv_text if sep else old_venv)
-        with connect(old_spec, _ssh_from_args(args)) as old, console.status(f"reading the history of {args.source_host}"):
-            recovery = from_history(old, old_venv, target, default_state_dir(), ssh=ssh, force=args.force)
-    else:
-        if args.snapshot:
-            snap = load_snapshot(args.snapshot, store=store)
-        else:
-            every = list_snapshots(store)
-            if not every:
-                raise UsageError(f"no snapshot in {store} to recover from",
-                                 hint="name one with --snapshot, or a host that holds the state with --from HOST:VENV")
-            snap = every[-1]
+
+    def by_history(where: HostSpec, venv: str, options: SSHOptions) -> tuple[Recovery, Endpoint]:
+        target = Endpoint(host=spec, venv="/" + venv_text if sep else venv)
+        with connect(where, options) as old, console.status(f"reading the history of {where}:{venv}"):
+            return from_history(old, venv, target, default_state_dir(), ssh=ssh, force=args.force), target
+
+    def by_snapshot(snap: Snapshot) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else snap.donor_venv)
-        recovery = from_snapshot(snap, target, default_state_dir(), ssh=ssh)
+        return from_snapshot(snap, target, default_state_dir(), ssh=ssh), target
+
+    if args.source_host:
+        recovery, target = by_history(*parse_location(args.source_host), _ssh_from_args(args))
+    elif args.snapshot:
+        recovery, target = by_snapshot(load_snapshot(args.snapshot, store=store))
+    else:
+        recovery, target = _recover_default(args, console, store, by_history, by_snapshot)
     console.print(f"rebuilding {recovery.origin} on {target}; the manifest for it: {recovery.manifest}",
                   markup=False, highlight=False)
     common = dict(target=None, jobs=1, json=False)
@@ -638,7 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the host to rebuild on (the venv defaults to the source's path)")
     rc.add_argument("--from", dest="source_host", metavar="HOST:VENV",
                     help="a venv whose history holds the state (its newest applied and verified transaction)")
-    rc.add_argument("--snapshot", metavar="ID|PATH", help="a snapshot (default: the newest in the store)")
+    rc.add_argument("--snapshot", metavar="ID|PATH",
+                    help="a snapshot (without --from or --snapshot: the last state this controller saw verified, "
+                         "from its host or, when that is gone, its snapshot; else the newest snapshot in the store)")
     rc.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
     rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
     rc.add_argument("--force", action="store_true",

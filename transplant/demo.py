@@ -242,6 +242,9 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
     work = Path(tempfile.mkdtemp(prefix="transplant-demo-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     results = []
+    # the demo's relay staging, snapshot store and log of verified states stay in its work folder
+    state_before = os.environ.get("TRANSPLANT_STATE_DIR")
+    os.environ["TRANSPLANT_STATE_DIR"] = str(work / "state")
     try:
         with console.status("starting the loopback hosts donor, target and fresh"):
             lab = Lab(work / "lab", ("donor", "target", "fresh"))
@@ -263,6 +266,10 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
             results.append(_act(console, "4. verify after apply", ["verify", str(full)], 0))
             results += _donor_gone(console, lab, work, full)
     finally:
+        if state_before is None:
+            os.environ.pop("TRANSPLANT_STATE_DIR", None)
+        else:
+            os.environ["TRANSPLANT_STATE_DIR"] = state_before
         if own and not keep:
             shutil.rmtree(work, ignore_errors=True)
     console.print(Rule("demo"))

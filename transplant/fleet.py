@@ -29,7 +29,7 @@ from .inventory import Inventory
 from .manifest import Endpoint, Manifest
 from .model import Plan
 from .planner import plan as make_plan
-from .recipes import make_recipe, record_verified
+from .recipes import make_recipe, record_verified, verified_log
 from .snapshot import SnapshotSource, capture
 from .sources import HostSource, Opened
 from .verdicts import StageResult, overall_ok
@@ -128,7 +128,7 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
             if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):
                 result.stages = run_stages(m.verify, target=host, venv=target.venv, donor_inventory=donor_inventory)
                 ok = overall_ok(result.stages)
-                record_verified(host, target.venv, ok, time.time())
+                record_verified(host, target.venv, ok, time.time(), log=verified_log(default_state_dir()), ssh=ssh)
                 result.code = EXIT_OK if ok else EXIT_BLOCKED
     except TransplantError as exc:
         result.code, result.error, result.hint = EXIT_FAIL, exc.message, exc.hint

@@ -10,6 +10,7 @@ reads them back: the newest committed transaction that a passing verify followed
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,16 @@ import yaml
 from . import txn
 from .errors import TransplantError
 from .files import read_patch_files
-from .hosts import Host
+from .hosts import Host, SSHOptions
 from .manifest import Manifest
 from .model import Plan
 
-__all__ = ["make_recipe", "record_verified", "last_verified", "committed"]
+__all__ = ["make_recipe", "record_verified", "last_verified", "known_states", "committed", "verified_log"]
+
+
+def verified_log(state_dir: Path) -> Path:
+    """The controller's log of verified states: ``<state>/verified.jsonl``."""
+    return state_dir / "verified.jsonl"
 
 
 def make_recipe(manifest: Manifest, plan: Plan, opened: Any) -> dict[str, Any]:
@@ -51,8 +57,12 @@ def committed(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for t in record["transactions"] if t.get("state") == "committed"]
 
 
-def record_verified(host: Host, venv: str, ok: bool, when: float) -> str | None:
-    """Append a ``verified`` event for the newest committed transaction of the venv.
+def record_verified(host: Host, venv: str, ok: bool, when: float, *, log: Path | None = None,
+                    ssh: SSHOptions | None = None) -> str | None:
+    """Append a ``verified`` event for the newest committed transaction of the venv, and, when
+    it passed, a line to the controller's log ``log`` (``<state>/verified.jsonl``: host, venv,
+    transaction, the snapshot it came from, the SSH key and known_hosts that reached it), which
+    ``transplant recover`` reads to find the last verified state anywhere.
 
     Nothing is written to a venv with no committed transaction (no state folder is made),
     nor to one whose python does not start (its verify failed already; there is no record
@@ -68,7 +78,38 @@ def record_verified(host: Host, venv: str, ok: bool, when: float) -> str | None:
         return None
     txid = done[-1]["id"]
     txn.call(host, venv, "record", {"entry": {"id": txid, "event": "verified", "ok": ok, "time": when}})
+    if ok and log is not None:
+        started = next((e for e in record["events"] if e.get("id") == txid and e.get("event") == "started"), {})
+        recipe = started.get("recipe") if isinstance(started.get("recipe"), dict) else {}
+        keys = {k: str(Path(v).absolute()) for k, v in (("identity_file", getattr(ssh, "identity_file", None)),
+                                                         ("known_hosts", getattr(ssh, "known_hosts", None))) if v}
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"time": when, "host": str(host.spec), "venv": venv, "transaction": txid,
+                                     "snapshot": recipe.get("snapshot"), "ssh": keys}, sort_keys=True) + "\n")
     return txid
+
+
+def known_states(log: Path) -> list[dict[str, Any]]:
+    """The entries of the controller's verified log (see :func:`record_verified`), newest first,
+    one per host and venv (its newest)."""
+    try:
+        lines = log.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not (isinstance(entry, dict) and isinstance(entry.get("host"), str) and isinstance(entry.get("venv"), str)):
+            continue
+        if (entry["host"], entry["venv"]) not in seen:
+            seen.add((entry["host"], entry["venv"]))
+            out.append(entry)
+    return out
 
 
 def last_verified(record: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
