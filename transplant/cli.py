@@ -387,7 +387,7 @@ def _cmd_verify(args: argparse.Namespace, console: Console, manifest: Manifest |
         def read_donor():
             if donor is None:
                 raise TransplantError("the donor cannot be reached")
-            return donor.source.inventory(hash_patterns=())
+            return donor.source.inventory(hash_patterns=(), record=False)
 
         with console.status("verifying") as status:
             results = run_stages(manifest.verify, target=target, venv=manifest.target.venv,

@@ -148,7 +148,7 @@ def _once(read: Callable[[], Any]) -> Callable[[], Any]:
 
 def _donor_inventory(opened: Opened):
     try:
-        return opened.source.inventory(hash_patterns=())
+        return opened.source.inventory(hash_patterns=(), record=False)
     except TransplantError:
         return None
 

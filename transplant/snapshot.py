@@ -302,9 +302,10 @@ class SnapshotSource:
         return self._view
 
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None) -> Inventory:
-        """The donor's inventory as captured; every distribution ``hash_patterns`` selects
-        must be one whose files the snapshot holds.
+                  timeout: float | None = None, record: bool = True) -> Inventory:
+        """The donor's inventory as captured (``texts`` and ``record`` are what the capture
+        asked for); every distribution ``hash_patterns`` selects must be one whose files the
+        snapshot holds.
 
         :raises SnapshotError: the overlay selects a distribution the snapshot lacks files for.
         """

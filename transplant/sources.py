@@ -35,7 +35,7 @@ class DonorSource(Protocol):
     label: str
 
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None) -> Inventory: ...
+                  timeout: float | None = None, record: bool = True) -> Inventory: ...
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport: ...
 
@@ -51,9 +51,10 @@ class HostSource:
         self.label = f"{host.label}:{venv}"
 
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None) -> Inventory:
-        """The probe's inventory, the ``hash_patterns`` distributions hashed."""
-        return take_inventory(self.host, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout)
+                  timeout: float | None = None, record: bool = True) -> Inventory:
+        """The probe's inventory, the ``hash_patterns`` distributions hashed (``record`` False: metadata only)."""
+        return take_inventory(self.host, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout,
+                              record=record)
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
         """:func:`transplant.elfscan.read_elf_facts` on the donor."""
