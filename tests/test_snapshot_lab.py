@@ -431,3 +431,16 @@ def test_recover_without_a_source_takes_the_last_verified_state_then_its_snapsho
     finally:
         for name in ("t3", "t4", "donor"):
             lab.hosts[name].start_sshd()
+
+
+def test_an_edited_snapshot_index_is_refused(snaplab, tmp_path, capsys):
+    lab = snaplab
+    snap = snapshot(capsys, write_manifest(tmp_path, lab), tmp_path / "store")
+    index = Path(snap["path"])
+    doc = json.loads(index.read_text())
+    doc["files"][f"{SITE}/alpha/same.py"]["mode"] = 0o4755  # setuid, by hand
+    index.write_text(json.dumps(doc))
+    ms = write_manifest(tmp_path, lab, donor=f"{{snapshot: {snap['path']}}}", target="t2", name="s.yaml")
+    assert main(["plan", ms]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "hash mismatch: the index was changed after it was written" in out and "take the snapshot again" in out

@@ -2,7 +2,8 @@
 
 :func:`capture` probes the donor once (the overlaid distributions hashed), fetches with
 rsync only the files whose content the store lacks, and writes an index document
-(schema ``transplant.snapshot/1``) beside the store's objects (:mod:`transplant.store`):
+(schema ``transplant.snapshot/1``, with ``digest``: the sha256 of the rest, checked whenever
+it is read) beside the store's objects (:mod:`transplant.store`):
 
 * ``donor``: the host and venv it came from; ``overlay``: the manifest's patterns;
   ``dists``: the distributions whose files it holds (every RECORD entry inside the venv,
@@ -21,6 +22,7 @@ venv of the controller's own interpreter, so the ELF reader runs there unchanged
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -184,6 +186,7 @@ def capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[str
         "overlay": list(manifest.overlay), "dists": list(names), "inventory": dict(inventory.document),
         "files": files, "patches": patches, "manifest": {"data": data, "dir": str(base)},
     }
+    document["digest"] = _index_digest(document)
     index = store / "index"
     index.mkdir(parents=True, exist_ok=True)
     tmp = index / f".{sid}.json.tmp"
@@ -192,6 +195,12 @@ def capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[str
     snap = load_snapshot(str(index / f"{sid}.json"))
     return CaptureResult(snapshot=snap, fetched=len(by_hash), reused=reused, bytes_read=bytes_read,
                          seconds=time.monotonic() - started)
+
+
+def _index_digest(document: dict[str, Any]) -> str:
+    """sha256 hex of the index document without its ``digest`` key (canonical JSON: sorted keys)."""
+    body = {k: v for k, v in document.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def resolve_path(reference: str, *, base: Path | None, store: Path) -> Path:
@@ -227,6 +236,9 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
         raise SnapshotError(f"snapshot {where}: not a snapshot index (schema {SNAPSHOT_SCHEMA!r} expected)",
                             hint=f"name a file from {store / 'index'}")
+    if doc.get("digest") != _index_digest(doc):
+        raise SnapshotError(f"snapshot {where}: hash mismatch: the index was changed after it was written "
+                            f"(its digest does not match its content); it was not used", hint="take the snapshot again")
     try:
         donor = doc["donor"]
         label = f"snapshot {doc['id']} of {donor['host']}:{donor['venv']}"
