@@ -235,9 +235,8 @@ def accepted(lab, name: str) -> int:
     return lab.hosts[name].log.read_text(errors="replace").count("Accepted publickey")
 
 
-def test_fleet_plan_apply_verify_one_broken_host_and_the_donor_read_once(snaplab, tmp_path, capsys, monkeypatch):
+def test_fleet_plan_apply_verify_one_broken_host_and_the_donor_read_once(snaplab, tmp_path, capsys):
     lab = snaplab
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
     wheels = tmp_path / "w"
     old = build_wheel(wheels, "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
     good = ["t1", "t2", "t3", "t4"]
@@ -308,9 +307,8 @@ def ssh_args(lab) -> list[str]:
     return ["--identity-file", str(lab.identity_file), "--known-hosts", str(lab.known_hosts)]
 
 
-def test_status_says_what_was_applied_from_where_and_what_drifted(snaplab, tmp_path, capsys, monkeypatch):
+def test_status_says_what_was_applied_from_where_and_what_drifted(snaplab, tmp_path, capsys):
     lab = snaplab
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
     old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
     install(lab.hosts["t3"], [old])
     where = f"{lab.hosts['t3'].spec}:{VENV}"
@@ -333,9 +331,8 @@ def test_status_says_what_was_applied_from_where_and_what_drifted(snaplab, tmp_p
     assert f"drift: 1 of {doc['checked']} applied paths no longer match" in out and f"{SITE}/alpha/same.py" in out
 
 
-def test_recover_rebuilds_from_history_alone_with_the_donor_gone(snaplab, tmp_path, capsys, monkeypatch):
+def test_recover_rebuilds_from_history_alone_with_the_donor_gone(snaplab, tmp_path, capsys):
     lab = snaplab
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
     old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
     for name in ("t3", "t4"):
         install(lab.hosts[name], [old])
@@ -365,9 +362,8 @@ def test_recover_rebuilds_from_history_alone_with_the_donor_gone(snaplab, tmp_pa
         lab.hosts["donor"].start_sshd()
 
 
-def test_recover_from_a_snapshot_and_bad_targets(snaplab, tmp_path, capsys, monkeypatch):
+def test_recover_from_a_snapshot_and_bad_targets(snaplab, tmp_path, capsys):
     lab = snaplab
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
     old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
     install(lab.hosts["t2"], [old])
     snap = snapshot(capsys, write_manifest(tmp_path, lab), tmp_path / "state" / "snapshots")
@@ -395,10 +391,8 @@ def test_recover_from_a_snapshot_and_bad_targets(snaplab, tmp_path, capsys, monk
     assert report["targets"][1]["code"] in (0, 2)
 
 
-def test_recover_without_a_source_takes_the_last_verified_state_then_its_snapshot(snaplab, tmp_path, capsys,
-                                                                                 monkeypatch):
+def test_recover_without_a_source_takes_the_last_verified_state_then_its_snapshot(snaplab, tmp_path, capsys):
     lab = snaplab
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
     old = build_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
     for name in ("t3", "t4"):
         install(lab.hosts[name], [old])
