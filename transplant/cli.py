@@ -691,7 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     rc.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
     rc.set_defaults(func=_cmd_recover)
-    d = sub.add_parser("demo", help="replay the seed story on two loopback test hosts")
+    d = sub.add_parser("demo", help="replay the seed story on loopback test hosts, then rebuild a host with the donor gone")
     d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
     d.add_argument("--keep", action="store_true",
                    help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")
