@@ -27,6 +27,13 @@ def lab_skip_reason() -> str | None:
     return None
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _state_folder(tmp_path_factory) -> None:
+    """transplant's state folder (relay staging, snapshots, the log of verified states) for the
+    whole session: a temporary one, never the user's (a test may still set its own)."""
+    os.environ.setdefault("TRANSPLANT_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Lab]:
     """A running lab with hosts ``donor`` and ``target``, for the whole session."""

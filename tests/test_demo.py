@@ -49,6 +49,10 @@ def test_demo_replays_the_story(lab):
     assert "skipped transformers (verify.skip_imports: the CPU demo carries transformers without its dependencies" in out
     assert "triton kernel: skip (no GPU: a triton kernel needs one)" in out
     assert "│ serve │ SKIP │ 0.0 │ no verify.serve in the manifest" in out
+    # acts 5-8: a snapshot, the donor stopped, a fresh host rebuilt from the snapshot alone and verified
+    assert "stopped the donor's sshd" in out
+    assert out.count("donor source: snapshot ") == 2 and out.count("verify passed") == 2
+    assert "no drift: all" in out and "applied paths match what was applied" in out
     assert "demo passed" in out
 
 

@@ -122,6 +122,8 @@ def execute(
     say: Callable[[str], None] = lambda _line: None,
     break_lock: bool = False,
     crash_after: int | None = None,
+    donor_root: str | None = None,
+    recipe: dict | None = None,
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
@@ -143,6 +145,11 @@ def execute(
     :param say: called with a line for each notice (a stale lock broken).
     :param break_lock: take the lock even when another controller holds it.
     :param crash_after: testing hook: the commit kills itself (SIGKILL) before that step.
+    :param donor_root: the folder on ``donor`` the files are read from; None: the plan's
+        donor venv (a snapshot's view folder on the controller otherwise).
+    :param recipe: what the target's history keeps of where this state came from (the
+        manifest as data, its patch files, the snapshot), for ``transplant status`` and
+        ``transplant recover``; None records none.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
         target lacks space or cannot be written (nothing changed), an earlier transaction
         is interrupted, or the target differs from the plan afterwards (``mismatches``).
@@ -179,9 +186,11 @@ def execute(
             raise _begin_error(plan, reply)
         txn.call(target, venv, "record", {"entry": {
             "id": txid, "event": "started", "time": time.time(), "source": f"donor {plan.donor.label}",
-            "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint}})
+            "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint,
+            **({"recipe": recipe} if recipe is not None else {})}})
         try:
-            moved, copied = _stage(plan, donor, target, reply["staged"], manifest_dir, state_dir, progress, timeout)
+            moved, copied = _stage(plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir,
+                                   state_dir, progress, timeout)
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
@@ -252,7 +261,7 @@ def _begin_error(plan: Plan, reply: dict) -> ApplyError:
                       f"changed")
 
 
-def _stage(plan: Plan, donor: Host, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
+def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
            progress: Progress | None, timeout: float | None) -> tuple[int, int]:
     """Copy the plan's new files into the transaction's staging folder on the target;
     returns (bytes on the wire, files)."""
@@ -265,7 +274,7 @@ def _stage(plan: Plan, donor: Host, target: Host, staged: str, manifest_dir: Pat
         return None if progress is None else (lambda done, total: progress(step, done, total))
 
     if donor_files:
-        result = copy_files(donor, plan.donor.venv, target, staged, donor_files, staging=staging,
+        result = copy_files(donor, donor_root, target, staged, donor_files, staging=staging,
                             progress=report("files"), timeout=timeout)
         moved, copied = result.bytes, len(donor_files)
     patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))

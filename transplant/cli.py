@@ -13,11 +13,11 @@ error stands for, such as ``interpreter-missing``, or null).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -33,7 +33,7 @@ from .errors import TransplantError
 from .files import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
-from .manifest import Manifest
+from .manifest import Endpoint, Manifest
 from .model import Plan
 from . import txn
 from .gather import gather
@@ -41,6 +41,8 @@ from .planner import plan as make_plan
 from .probing import take_inventory
 from .render import history_table, human_bytes, inventory_table, print_plan
 from .state import drift, plan_differences
+from .recipes import make_recipe
+from .sources import Opened, open_donor
 
 __all__ = ["main", "EXIT_USAGE"]
 
@@ -67,7 +69,11 @@ def _ssh_options(manifest: Manifest) -> SSHOptions:
 
 
 class _Session:
-    """Connections and inventories for one command, closed at the end."""
+    """Connections and inventories for one command, closed at the end.
+
+    ``manifest`` becomes the effective one once the donor is opened (:meth:`donor`): its
+    ``donor`` is then the host and venv the facts are of (a snapshot's original donor).
+    """
 
     def __init__(self, manifest: Manifest, console: Console, stack: ExitStack) -> None:
         self.manifest = manifest
@@ -76,6 +82,7 @@ class _Session:
         self.ssh = _ssh_options(manifest)
         self._hosts: dict[str, Host] = {}
         self._pending: bool | None = None
+        self._donor: Opened | None = None
 
     def clone_pending(self) -> bool:
         """True when ``target.base`` is set and the target venv does not exist yet (see :mod:`transplant.cloning`)."""
@@ -91,36 +98,80 @@ class _Session:
         self._pending = False
 
     def base_host(self) -> Host:
-        """The host of ``target.base`` (the target's or donor's connection when it is the same host)."""
+        """The host of ``target.base`` (the target's connection when it is the same host, else a new one)."""
         base = self.manifest.target.base
         assert base is not None
-        for side in ("target", "donor"):
-            if base.host == getattr(self.manifest, side).host:
-                return self.host(side)
+        if base.host == self.manifest.target.host:
+            return self.host("target")
         if "base" not in self._hosts:
             with self.console.status(f"connecting to the base {base.host}"):
                 self._hosts["base"] = self.stack.enter_context(connect(base.host, self.ssh))
         return self._hosts["base"]
 
     def host(self, side: str) -> Host:
+        if side == "donor":
+            opened = self.donor()
+            if opened.host is None:
+                raise TransplantError(f"the donor is {opened.source.label}, not a host")
+            return opened.host
         if side not in self._hosts:
             spec = getattr(self.manifest, side).host
             with self.console.status(f"connecting to the {side} {spec}"):
                 self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
         return self._hosts[side]
 
+    def donor(self, *, quiet: bool = False) -> Opened:
+        """Open the donor source (the manifest's donor, else its first fallback that works) and say which."""
+        if self._donor is None:
+            say = (lambda line: self.console.print(line, style="yellow", markup=False, highlight=False))
+            with self.console.status("opening the donor"):
+                self._donor = open_donor(self.manifest, self.ssh, self.stack, say=say)
+            self.manifest = self._donor.manifest
+            if not quiet:
+                self.console.print(f"donor source: {self._donor.source.label} ({self._donor.why})", markup=False,
+                                   highlight=False)
+        return self._donor
+
     def plan(self) -> Plan:
         """Gather facts from the donor and the target (see :mod:`transplant.gather`), and plan."""
+        source = self.donor().source
         m = self.manifest
         patches = read_patch_files(m)
-        donor_host, target_host = self.host("donor"), self.host("target")
+        target_host = self.host("target")
         if self.clone_pending():  # plan against the base: the clone will hold its files
             assert m.target.base is not None
             m, target_host = replace(m, target=m.target.base), self.base_host()
         with self.console.status("probing") as status:
-            facts = gather(m, donor_host, target_host, patches, step=lambda line: status.update(line))
+            facts = gather(m, source, target_host, patches, step=lambda line: status.update(line))
         return make_plan(m, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
                          target_elf=facts.target_elf)
+
+
+def _targets(args: argparse.Namespace, manifest: Manifest) -> tuple[Manifest, list[Endpoint]]:
+    """The targets: ``--target`` (repeatable) replaces the manifest's ``target`` / ``targets``.
+
+    :returns: the manifest with its first target as ``target``, and every target.
+    """
+    given = getattr(args, "target", None) or []
+    targets = [Endpoint(host=spec, venv=venv) for spec, venv in map(parse_location, given)] or \
+        list(manifest.targets or (manifest.target,))
+    for t in targets:
+        if t == manifest.donor or t in manifest.fallback:
+            raise UsageError(f"--target {t}: that is a donor of {manifest.path}", hint="name another host or venv")
+    if len(set(targets)) != len(targets):
+        raise UsageError("a target is given twice", hint="name each host and venv once")
+    return dataclasses.replace(manifest, target=targets[0], targets=tuple(targets)), targets
+
+
+def _fleet(action: str, args: argparse.Namespace, console: Console, manifest: Manifest,
+           targets: list[Endpoint]) -> int:
+    """plan / apply / verify on several targets (see :mod:`transplant.fleetcli`)."""
+    from .fleetcli import run_fleet_command
+
+    with ExitStack() as stack:
+        session = _Session(manifest, console, stack)
+        opened = session.donor(quiet=True)
+        return run_fleet_command(action, args, console, session.manifest, targets, opened, session.ssh, stack)
 
 
 def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
@@ -128,6 +179,8 @@ def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
     resolved = Path(path).resolve()
     for side in ("donor", "target"):
         end = getattr(manifest, side)
+        if not isinstance(end, Endpoint):
+            continue
         venv = Path(end.venv).resolve()
         if end.host.is_local and (resolved == venv or venv in resolved.parents):
             raise TransplantError(f"--out {path}: that is inside the {side} venv {end.venv}",
@@ -135,7 +188,11 @@ def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest, targets = _targets(args, load_manifest(args.manifest))
+    if len(targets) > 1:
+        if args.out:
+            raise UsageError("--out saves the plan of one target; drop it, or name one --target")
+        return _fleet("plan", args, console, manifest, targets)
     if args.out:
         check_plan_destination(args.out, manifest=manifest.path)
         _refuse_inside_venvs(args.out, manifest)
@@ -146,13 +203,14 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             from .clonecmd import saved_plan_refusal
             raise saved_plan_refusal(manifest)
         plan = session.plan()
+        opened = session.donor()
     if pending:
         from .clonecmd import pending_note
         console.print(pending_note(manifest), markup=False, style="bold")
     if args.out:
         save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps({**plan.to_dict(), "donor_source": opened.to_dict()}, indent=2, sort_keys=True))
     else:
         print_plan(console, plan)
         if args.out:
@@ -218,10 +276,17 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
     source = Path(args.source)
     saved: Plan | None = None
     if source.suffix == ".json":
+        if args.target:
+            raise UsageError("a saved plan is for its own target; --target goes with a manifest")
         saved = load_plan(source)
         manifest = load_manifest(saved.manifest)
     else:
         manifest = load_manifest(source)
+    manifest, targets = _targets(args, manifest)
+    if len(targets) > 1:
+        if args.resume or args.rollback or args.break_lock:
+            raise UsageError("--resume, --rollback and --break-lock act on one target; name it with --target")
+        return _fleet("apply", args, console, manifest, targets)
     with ExitStack() as stack:
         session = _Session(manifest, console, stack)
         if saved is None and not (args.resume or args.rollback) and session.clone_pending():
@@ -230,6 +295,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             session.cloned()
         if _finish_interrupted(args, console, session):
             return EXIT_OK
+        opened = session.donor()
+        given, manifest = manifest, session.manifest
         if saved is not None:
             _check_saved_plan(saved, manifest, source)
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
@@ -250,7 +317,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         print_plan(console, plan)
         if not plan.has_changes:
             console.print("nothing to change: the target already holds the planned state")
-            return EXIT_OK
+            return _cmd_verify(args, console, manifest=given) if args.verify else EXIT_OK
         if plan.blocking and not args.force:
             console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
             return EXIT_BLOCKED
@@ -270,17 +337,22 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
                     tasks[step] = progress.add_task(f"copying {step}", total=total or None)
                 progress.update(tasks[step], completed=done, total=total or None)
 
-            result = execute(plan, donor=session.host("donor"), target=session.host("target"),
+            donor_host, donor_root = opened.source.files(
+                [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
+            result = execute(plan, donor=donor_host, target=session.host("target"),
                              manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
                              progress=report, say=lambda line: console.print(line, markup=False),
-                             break_lock=args.break_lock, crash_after=_crash_after())
-    relayed = " (relayed through the controller, so each byte crossed twice)" if not (
+                             break_lock=args.break_lock, crash_after=_crash_after(), donor_root=donor_root,
+                             recipe=make_recipe(manifest, plan, opened))
+    relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
         manifest.donor.host.is_local or manifest.target.host.is_local) else ""
     console.print(Text.assemble(("applied", "bold green"), (
         f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
         f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
         f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
         + "); the target now matches the plan hash for hash")))
+    if args.verify:
+        return _cmd_verify(args, console, manifest=given)
     return EXIT_OK
 
 
@@ -333,10 +405,16 @@ def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path) -> None:
                 hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
 
 
-def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from .verify_cli import verify_command  # keeps this file's share of verify small
+def _cmd_verify(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
+    from .verify_cli import is_location, verify_command  # keeps this file's share of verify small
 
-    return verify_command(args, console, session_class=_Session, parse_location=parse_location)
+    if manifest is None and not is_location(args.manifest):
+        manifest, targets = _targets(args, load_manifest(args.manifest))
+        if len(targets) > 1:
+            if getattr(args, "junit", None) or getattr(args, "clear_jit_caches", False):
+                raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
+            return _fleet("verify", args, console, manifest, targets)
+    return verify_command(args, console, session_class=_Session, parse_location=parse_location, manifest=manifest)
 
 
 class UsageError(TransplantError):
@@ -377,10 +455,34 @@ def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK if clone_command(args, console, parse_location) else EXIT_BLOCKED
 
 
+def _cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from .recovercli import status_command
+
+    return status_command(args, console)
+
+
+def _cmd_recover(args: argparse.Namespace, console: Console) -> int:
+    from .recovercli import recover_command
+
+    return recover_command(args, console)
+
+
+def _cmd_snapshot(args: argparse.Namespace, console: Console) -> int:
+    from .recovercli import snapshot_command
+
+    return snapshot_command(args, console)
+
+
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from .demo import run_demo  # the demo pulls in the lab; keep it off the other commands' path
 
     return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
+
+
+def _fleet_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", action="append", metavar="HOST:VENV",
+                   help="a target (repeat for several; replaces the manifest's target / targets)")
+    p.add_argument("--jobs", type=int, default=4, metavar="N", help="targets worked on at a time (default 4)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -392,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
     p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
     p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
+    _fleet_options(p)
     p.set_defaults(func=_cmd_plan)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
     a.add_argument("source", metavar="MANIFEST|PLAN.json",
@@ -402,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--rollback", action="store_true", help="undo the target's interrupted transaction")
     a.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
+    a.add_argument("--verify", action="store_true", help="verify each target after applying to it")
+    a.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
+    _fleet_options(a)
     a.set_defaults(func=_cmd_apply)
     r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
     r.add_argument("manifest", help="the manifest whose target to roll back")
@@ -425,6 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remove the triton, flashinfer and torch-inductor cache folders of the target's user")
     v.add_argument("--identity-file", help="SSH private key, for HOST:VENV (default: ssh-agent and ~/.ssh/id_*)")
     v.add_argument("--known-hosts", help="known_hosts file, for HOST:VENV (default ~/.ssh/known_hosts)")
+    _fleet_options(v)
     v.set_defaults(func=_cmd_verify)
     i = sub.add_parser("inventory", help="print what a venv holds")
     i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")
@@ -442,7 +549,36 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     c.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
     c.set_defaults(func=_cmd_clone)
-    d = sub.add_parser("demo", help="replay the seed story on two loopback test hosts")
+    s = sub.add_parser("snapshot", help="keep the donor's overlay set on the controller, for when the donor is gone")
+    s.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
+    s.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
+    s.add_argument("--list", action="store_true", help="list the snapshots in the store")
+    s.add_argument("--prune", nargs="*", metavar="ID", help="remove these snapshots, then every stored file no "
+                   "snapshot uses")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+    s.set_defaults(func=_cmd_snapshot)
+    st = sub.add_parser("status", help="what was applied to a venv, from where, when, and what drifted since")
+    st.add_argument("location", metavar="HOST:VENV", help="e.g. root@gpu-07:/root/venv_sglang")
+    st.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
+    st.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
+    st.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
+    st.set_defaults(func=_cmd_status)
+    rc = sub.add_parser("recover", help="rebuild the last verified state on a new host: plan, apply, verify")
+    rc.add_argument("--target", required=True, metavar="HOST[:VENV]",
+                    help="the host to rebuild on (the venv defaults to the source's path)")
+    rc.add_argument("--from", dest="source_host", metavar="HOST:VENV",
+                    help="a venv whose history holds the state (its newest applied and verified transaction)")
+    rc.add_argument("--snapshot", metavar="ID|PATH",
+                    help="a snapshot (without --from or --snapshot: the last state this controller saw verified, "
+                         "from its host or, when that is gone, its snapshot; else the newest snapshot in the store)")
+    rc.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
+    rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
+    rc.add_argument("--force", action="store_true",
+                    help="go on despite error findings, or a source whose applied files drifted")
+    rc.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
+    rc.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
+    rc.set_defaults(func=_cmd_recover)
+    d = sub.add_parser("demo", help="replay the seed story on loopback test hosts, then rebuild a host with the donor gone")
     d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
     d.add_argument("--keep", action="store_true",
                    help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")

@@ -1,9 +1,11 @@
-"""The built-in demo: the seed story replayed on two loopback sshd hosts (face + lab).
+"""The built-in demo: the seed story replayed on loopback sshd hosts, then the donor lost (face + lab).
 
 Acts: verify fails on the target (its sglang has no DFLASH); plan with an overlay that
 leaves out flashinfer-python finds sglang's pin unmet and blocks; apply of the full
 manifest (which shows its plan first); verify passes (``DFLASH 16 /dev/shm/Qwen3.6-27B``,
-smoke on the CPU). (That a second apply changes nothing is shown by the tests, not here,
+smoke on the CPU). Then the donor is gone: a snapshot of its overlay set is taken, its
+host is stopped, and a third host (``fresh``, as the target was) is rebuilt from the
+snapshot alone: apply, verify, status. (That a second apply changes nothing is shown by the tests, not here,
 to keep the demo short.) The hosts are stopped at the end whatever happens.
 
 The two venvs are built once into ``~/.cache/transplant/demo`` (``$TRANSPLANT_DEMO_CACHE``)
@@ -203,6 +205,32 @@ def _act(console: Console, title: str, argv: list[str], want: int) -> bool:
     return ok
 
 
+def _donor_gone(console: Console, lab: Lab, work: Path, full: Path) -> list[bool]:
+    """The acts after the story: snapshot the donor, lose it, rebuild a fresh host from the snapshot."""
+    store = work / "snapshots"
+    results = [_act(console, "5. keep the donor's overlay set on the controller, while the donor is up",
+                    ["snapshot", str(full), "--out", str(store)], 0)]
+    index = sorted((store / "index").glob("*.json"))
+    if not index:
+        return results + [False]
+    console.print(Rule("the donor host goes down"))
+    lab.hosts["donor"].stop_sshd()
+    console.print(f"stopped the donor's sshd ({lab.hosts['donor'].spec})", highlight=False)
+    data = yaml.safe_load(full.read_text())
+    data["donor"] = {"snapshot": str(index[-1])}
+    data["target"] = {"host": lab.hosts["fresh"].spec, "venv": VENV}
+    rebuilt = work / "manifest-from-snapshot.yaml"
+    rebuilt.write_text("# the demo's manifest with the snapshot as the donor and the fresh host as the target\n"
+                       + yaml.safe_dump(data, sort_keys=False))
+    ssh = ["--identity-file", str(lab.identity_file), "--known-hosts", str(lab.known_hosts)]
+    return results + [
+        _act(console, "6. the donor is gone: apply to a fresh host from the snapshot", ["apply", str(rebuilt), "--yes"], 0),
+        _act(console, "7. verify the fresh host", ["verify", str(rebuilt)], 0),
+        _act(console, "8. what the fresh host holds, from where, and whether it drifted",
+             ["status", f"{lab.hosts['fresh'].spec}:{VENV}", *ssh], 0),
+    ]
+
+
 def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = False) -> int:
     """Run the demo; returns 0 when every act behaved as the story says, else 1."""
     if not (EXAMPLE / "manifest.yaml").exists():
@@ -214,15 +242,18 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
     work = Path(tempfile.mkdtemp(prefix="transplant-demo-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     results = []
+    # the demo's relay staging, snapshot store and log of verified states stay in its work folder
+    state_before = os.environ.get("TRANSPLANT_STATE_DIR")
+    os.environ["TRANSPLANT_STATE_DIR"] = str(work / "state")
     try:
-        with console.status("starting the loopback hosts donor and target"):
-            lab = Lab(work / "lab", ("donor", "target"))
+        with console.status("starting the loopback hosts donor, target and fresh"):
+            lab = Lab(work / "lab", ("donor", "target", "fresh"))
         with lab:
-            for role in ("donor", "target"):
+            for role, venv in (("donor", "donor"), ("target", "target"), ("fresh", "target")):
                 dest = lab.hosts[role].path(VENV)
                 if dest.exists():
                     shutil.rmtree(dest)
-                subprocess.run(["cp", "-al", str(venvs[role] / "venv_sglang"), str(dest)], check=True)
+                subprocess.run(["cp", "-al", str(venvs[venv] / "venv_sglang"), str(dest)], check=True)
             console.print(f"hosts: donor {lab.hosts['donor'].spec}, target {lab.hosts['target'].spec}; "
                           f"venv {VENV} on both")
             site = lab.hosts["donor"].path(f"{VENV}/lib/python3.11/site-packages")
@@ -233,7 +264,12 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
             results.append(_act(console, "3. apply the full manifest (it shows the plan it carries out)",
                                 ["apply", str(full), "--yes"], 0))
             results.append(_act(console, "4. verify after apply", ["verify", str(full)], 0))
+            results += _donor_gone(console, lab, work, full)
     finally:
+        if state_before is None:
+            os.environ.pop("TRANSPLANT_STATE_DIR", None)
+        else:
+            os.environ["TRANSPLANT_STATE_DIR"] = state_before
         if own and not keep:
             shutil.rmtree(work, ignore_errors=True)
     console.print(Rule("demo"))

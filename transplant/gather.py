@@ -26,10 +26,11 @@ from .planner import PatchFile, selected_names
 from .probing import take_inventory
 from .rules.libtorch import links_libtorch, torch_libraries
 from .rules.venvfiles import editable_sources
+from .snapshot import TEXTS
+from .sources import DonorSource, as_source
 
 __all__ = ["Facts", "gather"]
 
-TEXTS = ("torch/version.py",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +50,7 @@ def _objects(dists: Sequence[Distribution]) -> list[str]:
 
 def gather(
     manifest: Manifest,
-    donor_host: Host,
+    donor_host: Host | DonorSource,
     target_host: Host,
     patches: Sequence[PatchFile] = (),
     *,
@@ -58,6 +59,8 @@ def gather(
 ) -> Facts:
     """Probe both venvs and read their shared objects, as the module docstring says.
 
+    :param donor_host: the connected donor host, or a donor source (a snapshot: see
+        :mod:`transplant.sources`).
     :param step: called with a line describing each step (for a spinner), or None.
     :param timeout: seconds for each host script.
     :raises HostError: a host could not be reached or a script failed there.
@@ -65,10 +68,10 @@ def gather(
     """
     say = step or (lambda _line: None)
     m = manifest
+    source = as_source(donor_host, m.donor.venv)
     say(f"probing the donor {m.donor} and the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        d = pool.submit(take_inventory, donor_host, m.donor.venv, hash_patterns=m.overlay, texts=TEXTS,
-                        timeout=timeout)
+        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
                         site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout)
         donor, target = d.result(), t.result()
@@ -86,7 +89,7 @@ def gather(
     own_torch = [p for inv in (donor, target) for d in inv.distributions if d.name == "torch" for p in d.files
                  if is_shared_object(p)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        de = pool.submit(read_elf_facts, donor_host, m.donor.venv, _objects(moving), torch_symbols_skip=own_torch,
+        de = pool.submit(source.elf, _objects(moving), torch_symbols_skip=own_torch,
                          device_code=bool(target.nvidia.gpus), timeout=timeout)
         te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), torch_symbols_skip=own_torch,
                          libstdcxx=True, timeout=timeout)
@@ -100,8 +103,8 @@ def gather(
     libraries = torch_libraries(torch)
     if wanted and libraries:
         say(f"looking up {len(wanted)} libtorch symbol(s) in the {torch_side}'s torch")
-        host, venv = (donor_host, m.donor.venv) if torch_side == "donor" else (target_host, m.target.venv)
-        answer = read_elf_facts(host, venv, [], torch_symbols=False, defined=(libraries, wanted), timeout=timeout)
+        lookup = source if torch_side == "donor" else as_source(target_host, m.target.venv)
+        answer = lookup.elf([], torch_symbols=False, defined=(libraries, wanted), timeout=timeout)
         found = {"defined": answer.defined, "defined_in": answer.defined_in}
         if torch_side == "donor":
             donor_elf = replace(donor_elf, **found)

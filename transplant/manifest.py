@@ -22,6 +22,7 @@ from .hostspec import HostSpec
 
 __all__ = [
     "Endpoint",
+    "SnapshotRef",
     "SSHSettings",
     "Patch",
     "Acceptance",
@@ -53,6 +54,17 @@ class Endpoint:
 
     def __str__(self) -> str:
         return f"{self.host}:{self.venv}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotRef:
+    """A snapshot playing the donor: ``path`` as the manifest writes it, an index file
+    (relative to the manifest's folder) or a snapshot id in the default store."""
+
+    path: str
+
+    def __str__(self) -> str:
+        return f"snapshot {self.path}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,10 +195,15 @@ class VerifySettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
-    """A validated manifest. ``path`` is where it was read from (for messages and patch sources)."""
+    """A validated manifest. ``path`` is where it was read from (for messages and patch sources).
+
+    ``donor`` is a host and venv or a :class:`SnapshotRef`; ``fallback`` the other sources
+    tried in order when it cannot be reached (``donor.fallback``). ``target`` is the first
+    of ``targets`` (``target:`` gives one, ``targets:`` several, a fleet).
+    """
 
     path: str
-    donor: Endpoint
+    donor: Endpoint | SnapshotRef
     target: Endpoint
     ssh: SSHSettings
     overlay: tuple[str, ...]
@@ -194,6 +211,8 @@ class Manifest:
     verify: VerifySettings
     remove: tuple[str, ...] = ()
     accept: tuple[Acceptance, ...] = ()
+    fallback: tuple[Endpoint | SnapshotRef, ...] = ()
+    targets: tuple[Endpoint, ...] = ()
 
 
 def normalize_pattern(pattern: str) -> str:
@@ -343,6 +362,53 @@ def _with_base(c: _Checker, target: Endpoint, value: Any, key: str) -> Endpoint 
         c.add(key, str(exc), "clone the base to a venv path of its own, beside it")
         return None
     return Endpoint(host=target.host, venv=target.venv, base=found)
+
+
+def _source(c: _Checker, value: Any, key: str, *, fallback: bool = False) -> tuple[Endpoint | SnapshotRef | None, Any]:
+    """A donor source: ``{host, venv}`` or ``{snapshot}``; with ``fallback`` the key ``fallback`` is allowed
+    and its value returned as the second item (None when absent)."""
+    if not isinstance(value, dict) or "snapshot" not in value:
+        extra = value.get("fallback") if fallback and isinstance(value, dict) else None
+        rest = {k: v for k, v in value.items() if not (fallback and k == "fallback")} if isinstance(value, dict) \
+            else value
+        return _endpoint(c, rest, key), extra
+    allowed = {"snapshot": "snapshot: snapshots/index/ID.json (or a snapshot id)"}
+    if fallback:
+        allowed["fallback"] = "fallback: [{host: root@gpu-2, venv: /root/venv}, {snapshot: ID}]"
+    data = c.mapping(value, key, allowed)
+    path = c.string(data["snapshot"], f"{key}.snapshot",
+                    "give the snapshot's index file or id (transplant snapshot --list)")
+    return (SnapshotRef(path=path) if path is not None else None), data.get("fallback")
+
+
+def _fallback(c: _Checker, value: Any) -> tuple[Endpoint | SnapshotRef, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        c.add("donor.fallback", f"expected a non-empty list, got {_kind(value)}",
+              "write e.g. fallback: [{host: root@gpu-2, venv: /root/venv}, {snapshot: ID}]")
+        return ()
+    out = []
+    for i, item in enumerate(value):
+        source, _ = _source(c, item, f"donor.fallback[{i}]")
+        if source is not None:
+            out.append(source)
+    return tuple(out)
+
+
+def _targets(c: _Checker, value: Any) -> tuple[Endpoint, ...]:
+    if not isinstance(value, list) or not value:
+        c.add("targets", f"expected a non-empty list of {{host, venv}}, got {_kind(value)}",
+              "write e.g. targets: [{host: root@gpu-1, venv: /root/venv}, {host: root@gpu-2, venv: /root/venv}]")
+        return ()
+    out: list[Endpoint] = []
+    for i, item in enumerate(value):
+        end = _endpoint(c, item, f"targets[{i}]")
+        if end is not None and end in out:
+            c.add(f"targets[{i}]", f"{end} is listed twice", "keep one entry per host and venv")
+        elif end is not None:
+            out.append(end)
+    return tuple(out)
 
 
 def _ssh(c: _Checker, value: Any) -> SSHSettings:
@@ -654,6 +720,7 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
         "version": "version: 1",
         "donor": "donor: {host: root@ct129, venv: /root/venv_sglang}",
         "target": "target: {host: root@ct200, venv: /root/venv_sglang}",
+        "targets": "targets: [{host: root@gpu-1, venv: /root/venv}, ...]",
         "ssh": "ssh: {identity_file: ..., known_hosts: ...}",
         "overlay": "overlay: [torch, sglang]",
         "patches": "patches: [{source: ..., dest: ...}]",
@@ -661,11 +728,23 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
         "accept": "accept: [{code: ..., dists: [...], reason: ...}]",
         "verify": "verify: {imports: [...]}",
     }
-    top = c.mapping(data, "", allowed, required=("version", "donor", "target", "overlay"))
+    top = c.mapping(data, "", allowed, required=("version", "donor", "overlay"))
     if "version" in top and (top["version"] != 1 or isinstance(top["version"], bool)):
         c.add("version", f"expected 1, got {_kind(top['version'])}", "write version: 1 (the only manifest version)")
-    donor = _endpoint(c, top["donor"], "donor") if "donor" in top else None
-    target = _endpoint(c, top["target"], "target", base=True) if "target" in top else None
+    donor, fallback_value = _source(c, top["donor"], "donor", fallback=True) if "donor" in top else (None, None)
+    fallback = _fallback(c, fallback_value)
+    targets: tuple[Endpoint, ...] = ()
+    if "target" in top and "targets" in top:
+        c.add("targets", "both target and targets are given", "list every target under targets: and drop target:")
+    elif "target" in top:
+        one = _endpoint(c, top["target"], "target", base=True)
+        targets = (one,) if one is not None else ()
+    elif "targets" in top:
+        targets = _targets(c, top["targets"])
+    elif isinstance(top, dict):
+        c.add("target", "missing", "add it: target: {host: root@ct200, venv: /root/venv_sglang} "
+                                   "(or targets: [...] for several)")
+    target = targets[0] if targets else None
     ssh = _ssh(c, top.get("ssh"))
     overlay = _overlay(c, top["overlay"]) if "overlay" in top else ()
     patches = _patches(c, top.get("patches"))
@@ -676,10 +755,15 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
         codes = FINDING_CODES
     accept = _accept(c, top.get("accept"), codes)
     verify = _verify(c, top.get("verify"))
-    if donor is not None and target is not None and (donor.host, donor.venv) == (target.host, target.venv):
-        c.add("target", f"the target is the donor ({donor})", "name another host or venv as the target")
+    donors = [d for d in (donor, *fallback) if isinstance(d, Endpoint)]
+    for i, one in enumerate(targets):
+        same = next((d for d in donors if (d.host, d.venv) == (one.host, one.venv)), None)
+        if same is not None:
+            where = "target" if "target" in top else f"targets[{i}]"
+            which = "the donor" if same is donor else "a fallback donor"
+            c.add(where, f"the target is {which} ({same})", "name another host or venv as the target")
     if c.problems or donor is None or target is None:
         raise ManifestError(path, c.problems or ["donor and target are required"])
     verify = replace(verify, overlay=overlay)
     return Manifest(path=path, donor=donor, target=target, ssh=ssh, overlay=overlay, patches=patches, verify=verify,
-                    remove=remove, accept=accept)
+                    remove=remove, accept=accept, fallback=fallback, targets=targets)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -15,13 +16,15 @@ from rich.console import Console
 from .errors import TransplantError
 from .files import load_manifest
 from .hosts import Host, SSHOptions, connect
-from .manifest import VerifySettings
-from .probing import take_inventory
+from .manifest import Manifest, VerifySettings
+from .recipes import record_verified, verified_log
+from .sources import Opened
+from .apply import default_state_dir
 from .render import stages_table, verify_json, verify_junit
 from .verdicts import overall_ok
 from .verify import donor_reader, run_stages
 
-__all__ = ["verify_command", "parse_imports"]
+__all__ = ["verify_command", "parse_imports", "is_location"]
 
 EXIT_OK, EXIT_BLOCKED = 0, 3
 
@@ -47,23 +50,37 @@ def _check_junit(path: str) -> None:
         raise TransplantError(f"--junit {path}: its folder does not exist", hint="create the folder first")
 
 
+def is_location(text: str) -> bool:
+    """Whether a ``verify`` argument is ``HOST:VENV`` (it holds ``:/`` and names no file) rather than a manifest."""
+    return ":/" in text and not os.path.exists(text)
+
+
 def verify_command(args: argparse.Namespace, console: Console, *, session_class: Callable[..., Any],
-                   parse_location: Callable[[str], tuple[Any, str]]) -> int:
+                   parse_location: Callable[[str], tuple[Any, str]], manifest: Manifest | None = None) -> int:
     """Run ``transplant verify``; returns 0 when no stage failed, 3 when one did.
 
     ``args.manifest`` is a manifest file, or ``HOST:VENV`` (recognised by ``:/``, with no such
     file) to verify a venv without one: then ``--imports`` names what to check, the
     distributions providing those names are the ones whose shared objects are loaded, and
-    there is no donor (every unmet requirement counts).
+    there is no donor (every unmet requirement counts). With a manifest the donor source is the
+    manifest's (a host, a snapshot, or the first fallback that works), and the result is recorded
+    in the target's history and, when it passes, in the controller's verified log (see
+    :func:`transplant.recipes.record_verified`).
+
+    :param manifest: an already loaded manifest (``apply --verify``, ``recover``); None reads
+        ``args.manifest``. Options missing from ``args`` (``--junit``, ``--imports``...) count as
+        not given.
 
     :raises TransplantError: bad manifest or option, unreachable target.
     """
-    extra = parse_imports(args.imports)
-    if args.junit:
-        _check_junit(args.junit)
+    junit = getattr(args, "junit", None)
+    clear = bool(getattr(args, "clear_jit_caches", False))
+    extra = parse_imports(getattr(args, "imports", None))
+    if junit:
+        _check_junit(junit)
     source = args.manifest
     with ExitStack() as stack:
-        if ":/" in source and not os.path.exists(source):
+        if manifest is None and is_location(source):
             spec, venv = parse_location(source)
             options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
                                  known_hosts=Path(args.known_hosts) if args.known_hosts else None)
@@ -72,32 +89,36 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
             settings = VerifySettings(imports=extra)
             label, donor = f"{spec}:{venv}", None
         else:
-            manifest = load_manifest(source)
+            if manifest is None:
+                manifest = load_manifest(source)
             session = session_class(manifest, console, stack)
             target, venv, label = session.host("target"), manifest.target.venv, str(manifest.target)
             settings = manifest.verify
             if extra:
                 settings = dataclasses.replace(settings, imports=tuple(dict.fromkeys(settings.imports + extra)))
             try:
-                donor_host: Host | None = session.host("donor")
+                opened: Opened | None = session.donor()
             except TransplantError as exc:
                 console.print(f"the donor cannot be reached ({exc.message}); requirements are checked without it",
                               style="yellow", highlight=False, markup=False)
-                donor_host = None
+                opened = None
 
             def read_donor():
-                if donor_host is None:
+                if opened is None:
                     raise TransplantError("the donor cannot be reached")
-                return take_inventory(donor_host, manifest.donor.venv, record=False)
+                return opened.source.inventory(hash_patterns=(), record=False)
 
             donor = donor_reader(read_donor)
         with console.status("verifying") as status:
             results = run_stages(settings, target=target, venv=venv, donor_inventory=donor,
                                  announce=lambda name: status.update(f"verify: {name}"),
-                                 clear_jit_caches=args.clear_jit_caches)
-    if args.junit:
-        Path(args.junit).write_text(verify_junit(results, label))
-    if args.json:
+                                 clear_jit_caches=clear)
+        if manifest is not None:
+            record_verified(target, venv, overall_ok(results), time.time(), log=verified_log(default_state_dir()),
+                            ssh=session.ssh)
+    if junit:
+        Path(junit).write_text(verify_junit(results, label))
+    if getattr(args, "json", False):
         print(verify_json(results, label))
     else:
         console.print(stages_table(results, f"verify {label}"))
@@ -106,11 +127,11 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
         passed = sum(r.status == "pass" for r in results)
         summary = f"{passed} passed, {len(bad)} failed, {skipped} skipped"
         console.print(f"[bold green]verify passed[/] ({summary})" if not bad else f"[bold red]verify failed[/] ({summary})")
-    if args.clear_jit_caches:
+    if clear:
         jit = next((r for r in results if r.name == "jit-caches"), None)
         removed = [c["path"] for c in (jit.details.get("caches", []) if jit else []) if c.get("removed")]
         console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing (no cache "
                       "folder existed)") + "; nothing else was touched", markup=False, highlight=False)
-    if args.junit:
-        console.print(f"JUnit XML written to {args.junit}", markup=False, highlight=False)
+    if junit:
+        console.print(f"JUnit XML written to {junit}", markup=False, highlight=False)
     return EXIT_OK if overall_ok(results) else EXIT_BLOCKED

@@ -1,0 +1,152 @@
+"""Rebuild a known-good state on a new host without the original donor (edge): ``transplant recover``.
+
+A recovery writes an ordinary manifest into a work folder under the state folder
+(``recover/<id>/manifest.yaml``, with the patch files beside it) and then runs the usual
+plan, apply and verify on it, so every step is the one the user knows and can re-run:
+
+* **from a host's history** (``--from HOST:VENV``): the newest transaction there that a
+  passing verify followed (:func:`transplant.recipes.last_verified`) gives the manifest it
+  was applied with (its recipe); that venv, which holds exactly that state, becomes the
+  donor (the snapshot it came from, if any, its fallback), and the patch files are read
+  back from it and checked against the hashes the recipe recorded. A host whose applied
+  files drifted since is refused (``force`` overrides).
+* **from a snapshot** (``--snapshot``): the manifest the snapshot was taken with, the
+  snapshot as the donor, the patch files from the store (hash-checked).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import store as cas
+from . import txn
+from .errors import TransplantError
+from .files import file_digest
+from .hosts import Host, LocalHost
+from .manifest import Endpoint
+from .recipes import last_verified
+from .snapshot import Snapshot
+from .status import read_status
+from .transfer import copy_files
+
+__all__ = ["RecoverError", "Recovery", "from_history", "from_snapshot"]
+
+
+class RecoverError(TransplantError):
+    """Nothing to recover from: no verified state, no recipe, drift, or a patch file that changed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recovery:
+    """A written recovery manifest: ``manifest`` its path, ``origin`` one line saying what
+    state it rebuilds and from where."""
+
+    manifest: Path
+    origin: str
+
+
+def _work(state_dir: Path) -> Path:
+    folder = state_dir / "recover" / (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8])
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _absolute_ssh(data: dict[str, Any], base: str, ssh: dict[str, str]) -> dict[str, Any]:
+    """The recipe's ssh settings with file paths made absolute (from its manifest's folder), then ``ssh`` over them."""
+    out = dict(data.get("ssh") or {})
+    for key in ("identity_file", "known_hosts"):
+        if isinstance(out.get(key), str):
+            path = Path(out[key]).expanduser()
+            out[key] = str(path if path.is_absolute() else Path(base) / path)
+    out.update(ssh)
+    return out
+
+
+def _write(folder: Path, data: dict[str, Any], donor: dict[str, Any], target: Endpoint, ssh: dict[str, Any]) -> Path:
+    manifest = {k: v for k, v in data.items() if k not in ("target", "targets", "donor", "ssh")}
+    manifest.update({"donor": donor, "target": {"host": str(target.host), "venv": target.venv}})
+    if ssh:
+        manifest["ssh"] = ssh
+    path = folder / "manifest.yaml"
+    path.write_text("# written by transplant recover\n" + yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _place(folder: Path, local: str) -> Path:
+    dest = (folder / local).resolve()
+    if folder.resolve() not in dest.parents:
+        raise RecoverError(f"refusing the recorded patch path {local!r}: it leaves the work folder")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return dest
+
+
+def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ssh: dict[str, str],
+                 force: bool = False) -> Recovery:
+    """Write the recovery manifest for the newest verified state of ``host:venv`` (see the module docstring).
+
+    :param target: the host and venv to rebuild it on.
+    :param ssh: ``identity_file`` / ``known_hosts`` given on the command line (they win over the recipe's).
+    :raises RecoverError: no transaction there was applied and then verified, it has no
+        recipe (applied by an older transplant), its files drifted (unless ``force``), or a
+        patch file read back differs from what was applied.
+    """
+    where = f"{host.label}:{venv}"
+    record = txn.history(host, venv)
+    applied, started = last_verified(record)
+    if applied is None:
+        raise RecoverError(f"{where}: no transaction there was applied and then verified; nothing to rebuild from",
+                           hint="verify it first (transplant verify MANIFEST), or recover from a snapshot "
+                                "(transplant recover --snapshot ID --target HOST)")
+    recipe = (started or {}).get("recipe")
+    if not isinstance(recipe, dict) or not isinstance(recipe.get("manifest"), dict):
+        raise RecoverError(f"{where}: transaction {applied['id']} has no recorded recipe (applied by an older "
+                           f"transplant); recover from a snapshot instead")
+    later = [t["id"] for t in record["transactions"] if t.get("state") == "committed" and t["id"] > applied["id"]]
+    if later:
+        raise RecoverError(f"{where}: transaction {applied['id']} is the newest verified one, but {', '.join(later)} "
+                           f"was applied after it and not verified", hint=f"verify {where} first")
+    status = read_status(host, venv)
+    if status.drift and not force:
+        raise RecoverError(f"{where}: {len(status.drift)} applied file(s) changed since; it no longer holds the "
+                           f"verified state: " + "; ".join(status.drift[:5]),
+                           hint="recover from a snapshot instead, or add --force to take the files as they are")
+    folder = _work(state_dir)
+    patches = [p for p in recipe.get("patches") or [] if isinstance(p, dict)]
+    if patches:
+        fetched = folder / ".fetched"
+        copy_files(host, venv, LocalHost(), str(fetched), [p["venv_path"] for p in patches], staging=state_dir)
+        for p in patches:
+            got, _ = file_digest(fetched / p["venv_path"])
+            if got != p["hash"] and not force:
+                raise RecoverError(f"{where}: the patch file {p['venv_path']} differs from what was applied "
+                                   f"({p['local']})", hint="recover from a snapshot instead")
+            shutil.move(str(fetched / p["venv_path"]), _place(folder, p["local"]))
+        shutil.rmtree(fetched, ignore_errors=True)
+    donor: dict[str, Any] = {"host": str(host.spec), "venv": venv}
+    if recipe.get("snapshot"):
+        donor["fallback"] = [{"snapshot": recipe["snapshot"]}]
+    path = _write(folder, recipe["manifest"], donor, target,
+                  _absolute_ssh(recipe["manifest"], str(recipe.get("manifest_dir") or "."), ssh))
+    return Recovery(manifest=path, origin=f"transaction {applied['id']} of {where} (applied from "
+                                          f"{started.get('source', '?')}, verified)")
+
+
+def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dict[str, str]) -> Recovery:
+    """Write the recovery manifest that rebuilds ``snap`` (its manifest, its patches) on ``target``.
+
+    :raises StoreError: a patch file is missing from the store or fails its hash check.
+    """
+    folder = _work(state_dir)
+    for p in snap.patches:
+        cas.read_into(snap.store, p["hash"], _place(folder, p["local"]))
+    data = snap.manifest.get("data") or {}
+    path = _write(folder, data, {"snapshot": str(snap.path.resolve())}, target,
+                  _absolute_ssh(data, str(snap.manifest.get("dir") or "."), ssh))
+    return Recovery(manifest=path, origin=f"snapshot {snap.id} of {snap.donor_host}:{snap.donor_venv}")
