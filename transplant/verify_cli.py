@@ -78,7 +78,7 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
     extra = parse_imports(getattr(args, "imports", None))
     if junit:
         _check_junit(junit)
-    source = args.manifest
+    source = getattr(args, "manifest", None) or ""
     with ExitStack() as stack:
         if manifest is None and is_location(source):
             spec, venv = parse_location(source)
