@@ -151,3 +151,36 @@ def test_one_target_raising_unexpectedly_does_not_hide_the_others(monkeypatch):
     results = fleet.run_fleet("verify", manifest, targets, None, None, jobs=2)
     assert [r.code for r in results] == [1, 1]
     assert results[0].error == "cannot reach it" and "RuntimeError: wires crossed" in results[1].error
+
+
+GOOD_PATCH = {"venv_path": "lib/python3.11/site-packages/alpha/x.py", "local": "patches/x.py", "hash": OK["hash"]}
+
+
+@pytest.mark.parametrize("patch, problem", [
+    ({**GOOD_PATCH, "venv_path": "../../../root/.ssh/id_ed25519"}, "is not a file inside the venv"),
+    ({**GOOD_PATCH, "venv_path": "/etc/shadow"}, "is not a file inside the venv"),
+    ({**GOOD_PATCH, "venv_path": ".transplant/history.jsonl"}, "is not a file inside the venv"),
+    ({**GOOD_PATCH, "venv_path": None}, "does not say where in the venv"),
+    ({**GOOD_PATCH, "local": "../../.bashrc"}, "leaves the manifest's folder"),
+    ({**GOOD_PATCH, "local": "/tmp/x.py"}, "leaves the manifest's folder"),
+    ({**GOOD_PATCH, "hash": ["sha256"]}, "is not a RECORD sha256 hash"),
+    ("patches/x.py", "is not a file inside the venv"),
+])
+def test_recover_refuses_a_hostile_recipe_before_reading_anything(patch, problem):
+    from transplant.recover import RecoverError, recorded_patches
+
+    assert recorded_patches({"patches": [GOOD_PATCH]}, "h:/v") == [GOOD_PATCH]
+    with pytest.raises(RecoverError, match=r"h:/v: the recorded recipe's patches\[1\] is refused") as info:
+        recorded_patches({"patches": [GOOD_PATCH, patch]}, "h:/v")
+    assert problem in info.value.message and "snapshot" in info.value.hint
+
+
+def test_recover_from_a_snapshot_without_a_manifest_is_refused(tmp_path):
+    from transplant.recover import RecoverError, from_snapshot
+    from transplant.snapshot import load_snapshot
+
+    snap = load_snapshot(str(_index(tmp_path / "store", "s", {"alpha/x.py": OK})))
+    object.__setattr__(snap, "manifest", {"data": ["not", "a", "manifest"]})
+    with pytest.raises(RecoverError, match="holds no manifest"):
+        from_snapshot(snap, _end("127.0.0.2", "/v"), tmp_path / "state", ssh={})
+    assert not (tmp_path / "state").exists(), "nothing was written"
