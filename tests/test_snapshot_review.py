@@ -184,3 +184,19 @@ def test_recover_from_a_snapshot_without_a_manifest_is_refused(tmp_path):
     with pytest.raises(RecoverError, match="holds no manifest"):
         from_snapshot(snap, _end("127.0.0.2", "/v"), tmp_path / "state", ssh={})
     assert not (tmp_path / "state").exists(), "nothing was written"
+
+
+@pytest.mark.parametrize("donor, problem", [
+    ({"host": "root@[bad", "venv": "/v"}, "damaged index"),
+    ({"host": "h", "venv": "relative/v"}, "is not an absolute path"),
+])
+def test_an_index_naming_a_bad_donor_is_refused(tmp_path, donor, problem):
+    from transplant.snapshot import SnapshotError, _index_digest, load_snapshot
+
+    path = _index(tmp_path / "store", "s", {"alpha/x.py": OK})
+    doc = json.loads(path.read_text())
+    doc["donor"] = donor
+    doc["digest"] = _index_digest(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SnapshotError, match=problem):
+        load_snapshot(str(path))

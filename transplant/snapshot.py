@@ -43,6 +43,7 @@ from .elfscan import read_elf_facts
 from .errors import ProbeError, TransplantError
 from .files import read_patch_files
 from .hosts import Host, LocalHost
+from .hostspec import HostSpec
 from .inventory import Inventory, inside_path, parse_inventory, protected_path
 from .manifest import Manifest
 from .planner import selected_names
@@ -248,6 +249,9 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     try:
         _check_entries(doc.get("files"), doc.get("patches"))
         donor = doc["donor"]
+        HostSpec.parse(donor["host"])
+        if not isinstance(donor["venv"], str) or not donor["venv"].startswith("/"):
+            raise ValueError(f"the donor venv {donor['venv']!r} is not an absolute path")
         label = f"snapshot {doc['id']} of {donor['host']}:{donor['venv']}"
         inventory = parse_inventory(doc["inventory"], label=label)
         return Snapshot(id=str(doc["id"]), path=where, store=where.resolve().parent.parent,
