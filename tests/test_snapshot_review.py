@@ -200,3 +200,21 @@ def test_an_index_naming_a_bad_donor_is_refused(tmp_path, donor, problem):
     path.write_text(json.dumps(doc))
     with pytest.raises(SnapshotError, match=problem):
         load_snapshot(str(path))
+
+
+def test_prune_leaves_stray_files_in_the_objects_folder_alone(tmp_path):
+    from transplant.snapshot import prune
+
+    store = tmp_path / "store"
+    _index(store, "good", {"alpha/x.py": OK})
+    stray = store / "objects" / "zz" / "notes.txt"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("mine")
+    misplaced = store / "objects" / "00" / ("ab" * 32)
+    misplaced.parent.mkdir()
+    misplaced.write_text("x")
+    orphan = tmp_path / "o"
+    orphan.write_bytes(b"unused\n")
+    cas.put(store, record_hash(b"unused\n"), orphan)
+    assert prune(store, [])[1] == 1
+    assert stray.exists() and misplaced.exists() and cas.has(store, OK["hash"])

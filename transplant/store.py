@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,6 +32,7 @@ __all__ = ["StoreError", "object_key", "object_path", "has", "put", "read_into",
            "locked"]
 
 _BLOCK = 1 << 20
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class StoreError(TransplantError):
@@ -166,8 +168,11 @@ def locked(store: Path, *, exclusive: bool):
 
 
 def object_sizes(store: Path) -> dict[str, int]:
-    """Every object file in ``store``: hex name -> size in bytes."""
+    """Every object file in ``store``: hex name -> size in bytes. Only files laid out as
+    objects count (``objects/<2 hex>/<64 hex>``, not symlinks); anything else there is left
+    alone by prune, which removes by these names."""
     root = store / "objects"
     if not root.is_dir():
         return {}
-    return {p.name: p.stat().st_size for p in root.glob("*/*") if p.is_file()}
+    return {p.name: p.stat().st_size for p in root.glob("*/*")
+            if _HEX.fullmatch(p.name) and p.parent.name == p.name[:2] and p.is_file() and not p.is_symlink()}
