@@ -218,3 +218,17 @@ def test_prune_leaves_stray_files_in_the_objects_folder_alone(tmp_path):
     cas.put(store, record_hash(b"unused\n"), orphan)
     assert prune(store, [])[1] == 1
     assert stray.exists() and misplaced.exists() and cas.has(store, OK["hash"])
+
+
+def test_an_index_copied_out_of_its_store_is_refused_before_anything_is_written(tmp_path):
+    from transplant.snapshot import SnapshotError, load_snapshot
+
+    path = _index(tmp_path / "store", "s", {"alpha/x.py": OK})
+    elsewhere = tmp_path / "home" / "copy.json"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(path.read_bytes())
+    with pytest.raises(SnapshotError, match="store's index/ folder") as info:
+        load_snapshot(str(elsewhere))
+    assert "bare snapshot id" in info.value.hint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "src", "store"], "no tmp/ beside the copy"
+    assert load_snapshot("s", store=tmp_path / "store").id == "s"

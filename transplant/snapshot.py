@@ -240,6 +240,11 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
                             hint=f"list the snapshots: {listing}; or take one: transplant snapshot MANIFEST") from None
     except (OSError, ValueError) as exc:
         raise SnapshotError(f"snapshot {where}: cannot be read ({exc})", hint="take the snapshot again") from None
+    if where.resolve().parent.name != "index":
+        raise SnapshotError(f"snapshot {where}: an index file is read where the snapshot command wrote it, in a "
+                            f"store's index/ folder (STORE/index/ID.json); its files are looked up (and its view "
+                            f"written) in that store, never beside a copied index",
+                            hint=f"name the file in its store, e.g. {store / 'index'}/ID.json, or the bare snapshot id")
     if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
         raise SnapshotError(f"snapshot {where}: not a snapshot index (schema {SNAPSHOT_SCHEMA!r} expected)",
                             hint=f"name a file from {store / 'index'}")
