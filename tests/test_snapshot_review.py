@@ -232,3 +232,12 @@ def test_an_index_copied_out_of_its_store_is_refused_before_anything_is_written(
     assert "bare snapshot id" in info.value.hint
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "src", "store"], "no tmp/ beside the copy"
     assert load_snapshot("s", store=tmp_path / "store").id == "s"
+
+
+def test_view_refuses_a_path_that_is_both_file_and_folder(tmp_path):
+    from transplant.snapshot import SnapshotError, SnapshotSource, load_snapshot
+
+    path = _index(tmp_path / "store", "s", {"alpha/x.py": OK, "alpha/x.py/y.py": OK})
+    with SnapshotSource(load_snapshot(str(path))) as source:
+        with pytest.raises(SnapshotError, match="cannot write alpha/x.py/y.py into the view"):
+            source.files(["alpha/x.py", "alpha/x.py/y.py"])

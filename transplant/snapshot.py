@@ -397,7 +397,7 @@ class SnapshotSource:
         """Write ``paths`` (venv-relative) into the view; returns (the controller, the view folder)
         for rsync to read them from.
 
-        :raises SnapshotError: a path is not in the snapshot.
+        :raises SnapshotError: a path is not in the snapshot, leaves the view, or cannot be written.
         :raises StoreError: a stored file is missing or fails its hash check.
         """
         with self._lock:
@@ -413,11 +413,16 @@ class SnapshotSource:
                         not dest.parent.resolve().is_relative_to(root.resolve()):
                     raise SnapshotError(f"{self.snapshot.path}: refusing the path {path!r}: it leaves the venv "
                                         f"(the index was edited)", hint="take the snapshot again")
-                if "symlink" in facts:
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    os.symlink(facts["symlink"], dest)
-                else:
-                    cas.read_into(self.snapshot.store, facts["hash"], dest, mode=facts.get("mode"))
+                try:
+                    if "symlink" in facts:
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        os.symlink(facts["symlink"], dest)
+                    else:
+                        cas.read_into(self.snapshot.store, facts["hash"], dest, mode=facts.get("mode"))
+                except OSError as exc:
+                    raise SnapshotError(f"{self.snapshot.path}: cannot write {path} into the view ({exc}); the index "
+                                        f"names it both as a file and as a folder, or the disk is full",
+                                        hint="take the snapshot again") from None
                 self._written.add(path)
         return LocalHost(), str(root)
 
