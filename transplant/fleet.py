@@ -12,6 +12,7 @@ stops or hides another's (the habit of Fabric's ``Group`` results).
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,9 +36,46 @@ from .sources import HostSource, Opened
 from .verdicts import StageResult, overall_ok
 from .verify import run_stages
 
-__all__ = ["TargetResult", "DonorRead", "serve_from_snapshot", "run_target", "run_fleet", "fleet_exit"]
+__all__ = ["TargetResult", "DonorRead", "FleetError", "check_fleet", "serve_from_snapshot", "run_target", "run_fleet",
+           "fleet_exit"]
 
 EXIT_OK, EXIT_FAIL, EXIT_CHANGES, EXIT_BLOCKED = 0, 1, 2, 3
+
+
+class FleetError(TransplantError):
+    """The fleet cannot run as asked (a target named twice or that is a donor, a bad ``--jobs``); nothing ran."""
+
+
+def _place_key(end: Endpoint) -> tuple[str, int, str]:
+    """Where a venv really is: host name (case folded), port (None is SSH's 22), venv path
+    normalised; the login name is left out (two users on one host share its files)."""
+    host = end.host
+    return host.hostname.lower(), 22 if host.port is None else host.port, posixpath.normpath(end.venv)
+
+
+def check_fleet(targets: Sequence[Endpoint], donors: Sequence[Endpoint], jobs: int) -> int:
+    """Refuse a fleet that would run two applies on one venv, or write into a donor.
+
+    :param donors: the donor and its fallback hosts (snapshots are not endpoints).
+    :param jobs: the concurrency limit asked for (``--jobs``).
+    :returns: the number of workers to start: ``jobs``, at most one per target.
+    :raises FleetError: ``jobs`` below 1; a venv named twice (``root@h:/v`` and ``h:22:/v/``
+        are one venv); a target that is a donor's venv.
+    """
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise FleetError(f"--jobs {jobs}: the number of targets worked on at a time must be 1 or more",
+                         hint="write e.g. --jobs 4")
+    seen: dict[tuple[str, int, str], Endpoint] = {}
+    for t in targets:
+        key = _place_key(t)
+        if key in seen:
+            raise FleetError(f"targets {seen[key]} and {t} are one venv on one host; two applies at once would "
+                             f"race on it", hint="name each host and venv once (targets: or --target)")
+        seen[key] = t
+    for d in donors:
+        if _place_key(d) in seen:
+            raise FleetError(f"target {seen[_place_key(d)]} is the donor venv {d}", hint="name another host or venv")
+    return max(1, min(jobs, len(targets)))
 
 
 @dataclass(kw_only=True)
@@ -132,6 +170,9 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                 result.code = EXIT_OK if ok else EXIT_BLOCKED
     except TransplantError as exc:
         result.code, result.error, result.hint = EXIT_FAIL, exc.message, exc.hint
+    except Exception as exc:  # noqa: BLE001 - one target's fault must not hide the others' results
+        result.code, result.error = EXIT_FAIL, f"{type(exc).__name__}: {exc}"
+        result.hint = "an unexpected error on this target only; run it alone to see the traceback"
     result.seconds = time.monotonic() - started
     return result
 
@@ -143,7 +184,9 @@ def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], open
     """:func:`run_target` for every target, at most ``jobs`` at a time; results in ``targets`` order.
 
     :param done: called (from a worker thread, one call at a time) as each target finishes.
+    :raises FleetError: as :func:`check_fleet` (nothing ran).
     """
+    workers = check_fleet(targets, [], jobs)
     lock = threading.Lock()
 
     def one(target: Endpoint) -> TargetResult:
@@ -154,7 +197,7 @@ def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], open
                 done(res)
         return res
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(one, targets))
 
 

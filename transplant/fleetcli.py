@@ -16,7 +16,7 @@ from rich.text import Text
 
 from .apply import default_state_dir
 from .errors import TransplantError
-from .fleet import DonorRead, TargetResult, fleet_exit, run_fleet, serve_from_snapshot
+from .fleet import DonorRead, TargetResult, check_fleet, fleet_exit, run_fleet, serve_from_snapshot
 from .hosts import SSHOptions
 from .manifest import Endpoint, Manifest
 from .render import human_bytes, print_plan, stages_table
@@ -90,8 +90,11 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
     """Run ``action`` on every target and report per host; returns the fleet's exit code.
 
     For apply without ``--yes``, every target is planned first and one confirmation asked.
+    :raises FleetError: a target named twice or that is a donor, ``--jobs`` below 1: nothing ran.
     :raises TransplantError: the donor (or its snapshot) could not be read: nothing ran.
     """
+    donors = [e for e in (manifest.donor, *manifest.fallback) if isinstance(e, Endpoint)]
+    jobs = check_fleet(targets, donors, getattr(args, "jobs", 4))
     read = DonorRead()
     donor_inventory = None
     if action == "verify":
@@ -102,7 +105,6 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
                                                step=lambda line: status.update(line))
     console.print(f"donor source: {opened.source.label} ({opened.why}); read from the donor: {read.files} file(s), "
                   f"{human_bytes(read.bytes)}", markup=False, highlight=False)
-    jobs = max(1, getattr(args, "jobs", 4) or 4)
     if action == "apply" and not args.yes:
         if not sys.stdin.isatty():
             raise TransplantError("apply needs confirmation and standard input is not a terminal",

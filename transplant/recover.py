@@ -30,13 +30,14 @@ from . import txn
 from .errors import TransplantError
 from .files import file_digest
 from .hosts import Host, LocalHost
+from .inventory import inside_path, protected_path
 from .manifest import Endpoint
 from .recipes import last_verified
 from .snapshot import Snapshot
 from .status import read_status
 from .transfer import copy_files
 
-__all__ = ["RecoverError", "Recovery", "from_history", "from_snapshot"]
+__all__ = ["RecoverError", "Recovery", "recorded_patches", "from_history", "from_snapshot"]
 
 
 class RecoverError(TransplantError):
@@ -87,6 +88,39 @@ def _place(folder: Path, local: str) -> Path:
     return dest
 
 
+def recorded_patches(recipe: dict[str, Any], where: str) -> list[dict[str, str]]:
+    """The recipe's patch entries, each checked before any is read back: ``venv_path`` a
+    venv-relative path (not absolute, no ``..``, not the venv's own files), ``local`` a path
+    inside the manifest's folder, ``hash`` RECORD's sha256 form. The history lives on the host,
+    so it is input like any other, and an edited one must not make recover read or move files
+    outside the venv or write outside its work folder.
+
+    :raises RecoverError: the first bad entry, named, with the fix.
+    """
+    raw = recipe.get("patches") or []
+    out = []
+    for i, p in enumerate(raw if isinstance(raw, list) else [raw]):
+        fields = {k: p.get(k) for k in ("venv_path", "local", "hash")} if isinstance(p, dict) else {}
+        venv_path, local, digest = fields.get("venv_path"), fields.get("local"), fields.get("hash")
+        problem = None
+        if venv_path is None and isinstance(p, dict):
+            problem = f"it does not say where in the venv the patch {local!r} went"
+        elif not (isinstance(venv_path, str) and inside_path(venv_path) == venv_path and not protected_path(venv_path)):
+            problem = f"its venv path {venv_path!r} is not a file inside the venv"
+        elif not (isinstance(local, str) and inside_path(local) == local):
+            problem = f"its local path {local!r} leaves the manifest's folder"
+        else:
+            try:
+                cas.object_key(digest if isinstance(digest, str) else "")
+            except ValueError:
+                problem = f"its hash {digest!r} is not a RECORD sha256 hash"
+        if problem:
+            raise RecoverError(f"{where}: the recorded recipe's patches[{i}] is refused: {problem} (the history "
+                               f"was edited or damaged); nothing was read", hint="recover from a snapshot instead")
+        out.append({"venv_path": venv_path, "local": local, "hash": digest})
+    return out
+
+
 def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ssh: dict[str, str],
                  force: bool = False) -> Recovery:
     """Write the recovery manifest for the newest verified state of ``host:venv`` (see the module docstring).
@@ -117,8 +151,8 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
         raise RecoverError(f"{where}: {len(status.drift)} applied file(s) changed since; it no longer holds the "
                            f"verified state: " + "; ".join(status.drift[:5]),
                            hint="recover from a snapshot instead, or add --force to take the files as they are")
+    patches = recorded_patches(recipe, where)
     folder = _work(state_dir)
-    patches = [p for p in recipe.get("patches") or [] if isinstance(p, dict)]
     if patches:
         fetched = folder / ".fetched"
         copy_files(host, venv, LocalHost(), str(fetched), [p["venv_path"] for p in patches], staging=state_dir)
@@ -142,11 +176,15 @@ def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dic
     """Write the recovery manifest that rebuilds ``snap`` (its manifest, its patches) on ``target``.
 
     :raises StoreError: a patch file is missing from the store or fails its hash check.
+    :raises RecoverError: the snapshot holds no manifest (an older or damaged index).
     """
+    data = snap.manifest.get("data")
+    if not isinstance(data, dict):
+        raise RecoverError(f"snapshot {snap.path}: it holds no manifest to rebuild from",
+                           hint="take the snapshot again with transplant snapshot MANIFEST")
     folder = _work(state_dir)
     for p in snap.patches:
         cas.read_into(snap.store, p["hash"], _place(folder, p["local"]))
-    data = snap.manifest.get("data") or {}
     path = _write(folder, data, {"snapshot": str(snap.path.resolve())}, target,
                   _absolute_ssh(data, str(snap.manifest.get("dir") or "."), ssh))
     return Recovery(manifest=path, origin=f"snapshot {snap.id} of {snap.donor_host}:{snap.donor_venv}")

@@ -43,6 +43,7 @@ from .elfscan import read_elf_facts
 from .errors import ProbeError, TransplantError
 from .files import read_patch_files
 from .hosts import Host, LocalHost
+from .hostspec import HostSpec
 from .inventory import Inventory, inside_path, parse_inventory, protected_path
 from .manifest import Manifest
 from .planner import selected_names
@@ -138,6 +139,12 @@ def capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[str
     :raises HostError: the donor could not be reached or rsync failed (nothing is indexed).
     :raises SnapshotError: the overlay selects nothing, or a file changed while it was read.
     """
+    with cas.locked(store, exclusive=False):
+        return _capture(manifest, donor, store, step=step, timeout=timeout)
+
+
+def _capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[str], None] | None,
+             timeout: float | None) -> CaptureResult:
     say = step or (lambda _line: None)
     started = time.monotonic()
     venv = manifest.donor.venv
@@ -233,6 +240,11 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
                             hint=f"list the snapshots: {listing}; or take one: transplant snapshot MANIFEST") from None
     except (OSError, ValueError) as exc:
         raise SnapshotError(f"snapshot {where}: cannot be read ({exc})", hint="take the snapshot again") from None
+    if where.resolve().parent.name != "index":
+        raise SnapshotError(f"snapshot {where}: an index file is read where the snapshot command wrote it, in a "
+                            f"store's index/ folder (STORE/index/ID.json); its files are looked up (and its view "
+                            f"written) in that store, never beside a copied index",
+                            hint=f"name the file in its store, e.g. {store / 'index'}/ID.json, or the bare snapshot id")
     if not isinstance(doc, dict) or doc.get("schema") != SNAPSHOT_SCHEMA:
         raise SnapshotError(f"snapshot {where}: not a snapshot index (schema {SNAPSHOT_SCHEMA!r} expected)",
                             hint=f"name a file from {store / 'index'}")
@@ -240,7 +252,11 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
         raise SnapshotError(f"snapshot {where}: hash mismatch: the index was changed after it was written "
                             f"(its digest does not match its content); it was not used", hint="take the snapshot again")
     try:
+        _check_entries(doc.get("files"), doc.get("patches"))
         donor = doc["donor"]
+        HostSpec.parse(donor["host"])
+        if not isinstance(donor["venv"], str) or not donor["venv"].startswith("/"):
+            raise ValueError(f"the donor venv {donor['venv']!r} is not an absolute path")
         label = f"snapshot {doc['id']} of {donor['host']}:{donor['venv']}"
         inventory = parse_inventory(doc["inventory"], label=label)
         return Snapshot(id=str(doc["id"]), path=where, store=where.resolve().parent.parent,
@@ -250,6 +266,35 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     except (KeyError, TypeError, ValueError, ProbeError) as exc:
         raise SnapshotError(f"snapshot {where}: damaged index ({type(exc).__name__}: {exc})",
                             hint="take the snapshot again") from None
+
+
+def _check_entries(files: Any, patches: Any) -> None:
+    """Refuse an index whose entries an edit made unsafe or meaningless: a path that is not
+    venv-relative (absolute, ``..``, the venv's own files), a hash not in RECORD's sha256
+    form (the store names objects by it), a size or mode that is not a number.
+
+    :raises ValueError: the first bad entry, named.
+    """
+    if not isinstance(files, dict) or not isinstance(patches, list):
+        raise ValueError("files must be a mapping and patches a list")
+    for path, facts in files.items():
+        if not isinstance(path, str) or inside_path(path) != path or protected_path(path):
+            raise ValueError(f"the path {path!r} leaves the venv or is the venv's own file")
+        if not isinstance(facts, dict):
+            raise ValueError(f"{path}: expected {{hash, size, mode}} or {{symlink}}")
+        if "symlink" in facts:
+            if not isinstance(facts["symlink"], str) or not facts["symlink"]:
+                raise ValueError(f"{path}: the symlink target must be text")
+            continue
+        cas.object_key(facts.get("hash") if isinstance(facts.get("hash"), str) else "")
+        for key in ("size", "mode"):
+            if not isinstance(facts.get(key), int) or isinstance(facts.get(key), bool) or facts[key] < 0:
+                raise ValueError(f"{path}: {key} must be a whole number >= 0")
+    for i, patch in enumerate(patches):
+        if not isinstance(patch, dict) or not isinstance(patch.get("local"), str) \
+                or inside_path(patch["local"]) != patch["local"]:
+            raise ValueError(f"patches[{i}]: its local path must stay inside the manifest's folder")
+        cas.object_key(patch.get("hash") if isinstance(patch.get("hash"), str) else "")
 
 
 def list_snapshots(store: Path) -> list[Snapshot]:
@@ -266,10 +311,27 @@ def list_snapshots(store: Path) -> list[Snapshot]:
 def prune(store: Path, ids: Sequence[str] = ()) -> tuple[list[str], int, int]:
     """Remove the named snapshots, then every object no remaining snapshot references.
 
+    Runs under the store's exclusive lock (:func:`transplant.store.locked`), so a
+    :func:`capture` under way (objects stored, index not yet written) is waited for, never
+    robbed of its objects.
+
     :returns: (ids removed, objects removed, bytes freed).
-    :raises SnapshotError: an id is not in the store (nothing is removed).
+    :raises SnapshotError: an id is not in the store, or an index there cannot be read (its
+        objects would look unused): nothing is removed.
     """
-    known = {s.id: s for s in list_snapshots(store)}
+    with cas.locked(store, exclusive=True):
+        return _prune(store, ids)
+
+
+def _prune(store: Path, ids: Sequence[str]) -> tuple[list[str], int, int]:
+    known: dict[str, Snapshot] = {}
+    for path in sorted((store / "index").glob("*.json")):
+        try:
+            snap = load_snapshot(str(path))
+        except SnapshotError as exc:
+            raise SnapshotError(f"{exc.message}; pruning would remove the objects it may still use, so nothing "
+                                f"was removed", hint=f"move or delete that index file ({path}), then prune again") from None
+        known[snap.id] = snap
     unknown = [i for i in ids if i not in known]
     if unknown:
         raise SnapshotError(f"{store}: no snapshot {', '.join(unknown)}; nothing was removed",
@@ -335,7 +397,7 @@ class SnapshotSource:
         """Write ``paths`` (venv-relative) into the view; returns (the controller, the view folder)
         for rsync to read them from.
 
-        :raises SnapshotError: a path is not in the snapshot.
+        :raises SnapshotError: a path is not in the snapshot, leaves the view, or cannot be written.
         :raises StoreError: a stored file is missing or fails its hash check.
         """
         with self._lock:
@@ -351,11 +413,16 @@ class SnapshotSource:
                         not dest.parent.resolve().is_relative_to(root.resolve()):
                     raise SnapshotError(f"{self.snapshot.path}: refusing the path {path!r}: it leaves the venv "
                                         f"(the index was edited)", hint="take the snapshot again")
-                if "symlink" in facts:
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    os.symlink(facts["symlink"], dest)
-                else:
-                    cas.read_into(self.snapshot.store, facts["hash"], dest, mode=facts.get("mode"))
+                try:
+                    if "symlink" in facts:
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        os.symlink(facts["symlink"], dest)
+                    else:
+                        cas.read_into(self.snapshot.store, facts["hash"], dest, mode=facts.get("mode"))
+                except OSError as exc:
+                    raise SnapshotError(f"{self.snapshot.path}: cannot write {path} into the view ({exc}); the index "
+                                        f"names it both as a file and as a folder, or the disk is full",
+                                        hint="take the snapshot again") from None
                 self._written.add(path)
         return LocalHost(), str(root)
 

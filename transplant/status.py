@@ -62,6 +62,11 @@ def _event(events: list[dict[str, Any]], txid: str, name: str) -> dict[str, Any]
     return found[-1] if found else None
 
 
+def _text(value: Any) -> str | None:
+    """A recorded text field, or None when the history holds something else there (it is the host's input)."""
+    return value if isinstance(value, str) else None
+
+
 def read_status(host: Host, venv: str) -> Status:
     """Read the target's records and hash the paths its transactions left.
 
@@ -83,7 +88,7 @@ def read_status(host: Host, venv: str) -> Status:
             id=t["id"], source=str(started.get("source") or t.get("source") or "?"),
             applied=applied.get("time") if isinstance(applied.get("time"), (int, float)) else None,
             verified=None if verified is None else verified.get("ok") is True,
-            manifest=recipe.get("manifest_path"), snapshot=recipe.get("snapshot"),
+            manifest=_text(recipe.get("manifest_path")), snapshot=_text(recipe.get("snapshot")),
             files=len(info["after"])))
     interrupted = tuple(t["id"] for t in record["transactions"] if t.get("state") not in
                         ("committed", "rolled-back", "aborted"))

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import fcntl
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from .errors import TransplantError
 
-__all__ = ["StoreError", "object_key", "object_path", "has", "put", "read_into", "new_tmp", "object_sizes"]
+__all__ = ["StoreError", "object_key", "object_path", "has", "put", "read_into", "new_tmp", "object_sizes",
+           "locked"]
 
 _BLOCK = 1 << 20
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class StoreError(TransplantError):
@@ -118,7 +123,8 @@ def put(store: Path, digest: str, source: Path, *, move: bool = False) -> bool:
 def read_into(store: Path, digest: str, dest: Path, *, mode: int | None = None) -> int:
     """Copy the content ``digest`` from ``store`` to ``dest`` (a new file), hashing it on the way.
 
-    :param mode: permission bits for ``dest`` (None: 0o644).
+    :param mode: permission bits for ``dest`` (None: 0o644); setuid, setgid and sticky bits
+        are dropped (a store never hands out privileges).
     :returns: bytes copied.
     :raises StoreError: the object is missing, or its bytes do not hash to ``digest`` (a
         damaged or tampered store); ``dest`` is removed then.
@@ -143,13 +149,30 @@ def read_into(store: Path, digest: str, dest: Path, *, mode: int | None = None) 
         dest.unlink(missing_ok=True)
         raise StoreError(f"{source}: hash mismatch: the store holds it for {digest}, but its content hashes to "
                          f"{found} (the file was changed after it was stored); it was not used", hint=fix)
-    os.chmod(dest, 0o644 if mode is None else mode & 0o7777)
+    os.chmod(dest, 0o644 if mode is None else mode & 0o777)
     return size
 
 
+@contextlib.contextmanager
+def locked(store: Path, *, exclusive: bool):
+    """Hold the store's lock (``store/lock``, flock(2)) for the ``with`` block: shared for
+    writers that add objects then an index (captures may run together), exclusive for
+    prune, which must not remove objects a capture has stored but not yet indexed."""
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / "lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def object_sizes(store: Path) -> dict[str, int]:
-    """Every object file in ``store``: hex name -> size in bytes."""
+    """Every object file in ``store``: hex name -> size in bytes. Only files laid out as
+    objects count (``objects/<2 hex>/<64 hex>``, not symlinks); anything else there is left
+    alone by prune, which removes by these names."""
     root = store / "objects"
     if not root.is_dir():
         return {}
-    return {p.name: p.stat().st_size for p in root.glob("*/*") if p.is_file()}
+    return {p.name: p.stat().st_size for p in root.glob("*/*")
+            if _HEX.fullmatch(p.name) and p.parent.name == p.name[:2] and p.is_file() and not p.is_symlink()}
