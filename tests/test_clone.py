@@ -222,6 +222,37 @@ def test_clone_refusals_change_nothing(local_source, capsys):
         f"hello from {again}"
 
 
+def test_clone_refuses_a_destination_that_reaches_the_source_through_a_symlink(local_source, capsys):
+    base, src, _ = local_source
+    links = base / "links"
+    links.mkdir(exist_ok=True)
+    (links / "alias").symlink_to(base)  # .../links/alias/src-venv is the source
+    (links / "into").symlink_to(src)  # .../links/into/clone lies inside the source
+    (links / "up").symlink_to(base.parent)  # .../links/up/<base> holds the source
+    (base / "pyvenv.cfg").write_text("home = /usr/bin\n")  # so it would pass for a venv --replace may delete
+    before = sorted(str(p.relative_to(src)) for p in Path(src).rglob("*"))
+    try:
+        for dest, what in ((links / "alias" / "src-venv", "is the source itself"),
+                           (links / "into" / "clone", "lies inside the source"),
+                           (links / "up" / base.name, "holds the source")):
+            assert main(["clone", f"local:{src}", f"local:{dest}", "--replace"]) == 1, dest
+            out = " ".join(capsys.readouterr().out.split())
+            assert f"the destination local:{dest} {what} (its real path is" in out, out
+            assert "nothing was copied" in out
+    finally:
+        (base / "pyvenv.cfg").unlink()
+    assert sorted(str(p.relative_to(src)) for p in Path(src).rglob("*")) == before
+    assert not (Path(src) / "clone").exists()
+    # a folder that merely holds a file named pyvenv.cfg (no home key) is not a venv --replace deletes
+    stray = base / "stray"
+    stray.mkdir(exist_ok=True)
+    (stray / "pyvenv.cfg").write_text("not a venv\n")
+    (stray / "notes.txt").write_text("mine\n")
+    assert main(["clone", f"local:{src}", f"local:{stray}", "--replace"]) == 1
+    assert "--replace only deletes a venv" in " ".join(capsys.readouterr().out.split())
+    assert sorted(p.name for p in stray.iterdir()) == ["notes.txt", "pyvenv.cfg"]
+
+
 def test_clone_lists_text_files_it_cannot_relocate(local_source, capsys):
     base, src, _ = local_source
     own = base / "src-own"

@@ -141,8 +141,8 @@ def test_preflight_names_every_problem_with_its_fix():
         "the destination's Python at /usr/bin is cpython 3.12.1, the source venv runs cpython 3.11.7; its extension "
         "modules and site-packages folder (python3.11) need the same Python; fix: clone to a host with cpython 3.11 "
         "at /usr/bin",
-        "the destination h:/opt/v exists and is not empty; fix: choose another path (--replace only deletes a venv, "
-        "a folder holding pyvenv.cfg)",
+        "the destination h:/opt/v exists and is not empty; fix: choose another path (--replace only deletes a venv: "
+        "a folder whose pyvenv.cfg has a home key, not a home folder or a mount point)",
         "/opt on the destination is not writable, so /opt/v cannot be made there; fix: choose a writable place, or "
         "fix its permissions",
         "editable install(s) import from /home/me/p, which the destination lacks; the clone's imports would fail; "
@@ -234,3 +234,11 @@ def test_manifest_target_base_is_checked():
         parse_manifest({"version": 1, "donor": {"host": "local", "venv": "/srv/d", "base": "/x"}, "overlay": ["x"],
                         "target": {"host": "local", "venv": "/srv/t"}}, path="m.yaml")
     assert info.value.problems[0].startswith("donor.base: unknown key")
+
+
+def test_preflight_refuses_a_destination_overlapping_the_source_by_identity():
+    for overlap, what in (("same", "is the source itself"), ("inside", "lies inside the source"),
+                          ("contains", "holds the source")):
+        problems = _preflight(_check(overlap=overlap, real="/data/v", dest_state="venv"), replace=True)[0]
+        assert problems == [f"the destination h:/opt/v {what} (its real path is /data/v, symlinks resolved); "
+                            f"fix: choose a path outside the source and not above it"]

@@ -119,16 +119,17 @@ def _read_source(host: Host, venv: str, timeout: float | None) -> _Source:
     return _Source(inventory=inv, scan=scanned, editable=editable, pth=pth)
 
 
-def _destination_check(host: Host, dest: str, home: str | None, minor: str, paths: list[str],
+def _destination_check(host: Host, dest: str, home: str | None, minor: str, paths: list[str], source: dict | None,
                        timeout: float | None) -> tuple[dict | None, list[str]]:
-    """The ``check`` answer from the first base interpreter under ``home`` that starts, and what was tried."""
+    """The ``check`` answer from the first base interpreter under ``home`` that starts, and what was tried
+    (``source``: the source scan's ``identity``, for the overlap test)."""
     if not home:
         return None, []
     major = minor.split(".")[0]
     tried = [posixpath.join(home, name) for name in (f"python{minor}", f"python{major}", "python")]
     for python in tried:
         try:
-            answer = _relocate_call(host, dest, "check", {"dest": dest, "paths": paths}, python=python,
+            answer = _relocate_call(host, dest, "check", {"dest": dest, "paths": paths, "source": source}, python=python,
                                     timeout=timeout)
         except HostError as exc:
             if exc.code == "interpreter-missing":
@@ -184,7 +185,7 @@ def clone(
     tell(f"checking the destination {dest}")
     home = (interp.pyvenv_cfg or {}).get("home")
     wanted = sorted(set(facts.editable) | set(facts.pth) | {e["target"] for e in scanned["external"]})
-    answer, tried = _destination_check(dst, dst_venv, home, interp.minor, wanted, timeout)
+    answer, tried = _destination_check(dst, dst_venv, home, interp.minor, wanted, scanned.get("identity"), timeout)
     problems, warnings = preflight(source=source, dest=dest, dest_venv=dst_venv, pyvenv_cfg=interp.pyvenv_cfg,
                                    implementation=interp.implementation, version=str(interp.version), check=answer,
                                    tried=tried, editable=facts.editable, external=scanned["external"],
@@ -197,13 +198,13 @@ def clone(
     assert answer is not None  # no problems means the destination answered
     if answer["dest_state"] == "venv":
         tell(f"removing the venv at {dest} (--replace)")
-        _run(dst, ["rm", "-rf", "--", dst_venv], "remove the old destination venv", timeout)
+        _run(dst, ["rm", "-rf", "--one-file-system", "--", dst_venv], "remove the old destination venv", timeout)
+    if answer["dest_state"] != "empty":  # outside the try: a folder made by someone else meanwhile is not ours
+        _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
     method = "cp --reflink=auto" if same_host else "rsync -aH"
     tell(f"copying {scanned['files']} files ({method})")
     try:
         if same_host:
-            if answer["dest_state"] != "empty":
-                _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
             entries = [posixpath.join(src_venv, name) for name in scanned["top"]]
             if entries:
                 _run(dst, ["cp", "-a", "--reflink=auto", "-t", dst_venv, "--", *entries], "copy the venv", timeout)
@@ -214,7 +215,7 @@ def clone(
         done = _relocate_call(dst, dst_venv, "relocate", relocation.to_request(dst_venv), timeout=timeout)
     except BaseException as exc:
         try:
-            dst.run(["rm", "-rf", "--", dst_venv], timeout=timeout)
+            dst.run(["rm", "-rf", "--one-file-system", "--", dst_venv], timeout=timeout)
             if answer["dest_state"] == "empty":  # as it was
                 dst.run(["mkdir", "--", dst_venv], timeout=timeout)
         except TransplantError:

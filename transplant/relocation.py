@@ -257,7 +257,9 @@ def preflight(
     :param pyvenv_cfg: the source's ``pyvenv.cfg`` values (None: it has none).
     :param implementation: the source interpreter's (``cpython``); :param version: its ``3.11.7``.
     :param check: the host script's ``check`` answer from the destination's base interpreter,
-        or None when none of ``tried`` (the interpreters looked for under ``home``) started.
+        or None when none of ``tried`` (the interpreters looked for under ``home``) started;
+        its ``overlap`` (the destination is, is inside or holds the source, symlinks resolved)
+        is a problem.
     :param editable: editable source folders outside the source venv.
     :param external: the source's absolute symlinks out of the venv (``bin/python -> /usr/bin/python3.11``).
     :param lock: the source holds a transplant lock (an apply running or interrupted).
@@ -291,13 +293,19 @@ def preflight(
         elif check["version"] != version:
             warnings.append(f"the destination's Python is {check['version']}, the source's {version} (same "
                             f"{_minor(version)}, so the same ABI)")
-        state = check["dest_state"]
-        if state == "not-a-folder":
+        state, overlap, real = check["dest_state"], check.get("overlap"), check.get("real", dest_venv)
+        if overlap:
+            what = {"same": "is the source itself", "inside": "lies inside the source",
+                    "contains": "holds the source"}.get(overlap, "overlaps the source")
+            problems.append(f"the destination {dest} {what} (its real path is {real}, symlinks resolved); fix: "
+                            f"choose a path outside the source and not above it")
+        elif state == "not-a-folder":
             problems.append(f"the destination {dest} exists and is not a folder; fix: choose another path")
         elif state == "nonempty" or (state == "venv" and not replace):
             problems.append(f"the destination {dest} exists and is not empty; fix: choose another path"
                             + (", or pass --replace to delete that venv first" if state == "venv" else
-                               " (--replace only deletes a venv, a folder holding pyvenv.cfg)"))
+                               " (--replace only deletes a venv: a folder whose pyvenv.cfg has a home key, not a "
+                               "home folder or a mount point)"))
         parent = posixpath.dirname(dest_venv)
         if check.get("parent") != parent:
             problems.append(f"the destination's parent folder {parent} does not exist (a clone makes no folder "
