@@ -253,6 +253,40 @@ def test_clone_refuses_a_destination_that_reaches_the_source_through_a_symlink(l
     assert sorted(p.name for p in stray.iterdir()) == ["notes.txt", "pyvenv.cfg"]
 
 
+def test_clone_relocates_latin1_and_trampoline_scripts_and_pip_uninstalls_from_the_clone(tmp_path, capsys):
+    src = tmp_path / "src"
+    wheel = build_wheel(tmp_path / "wheels", "hello-cli", "1.0", {
+        "hello_cli/__init__.py": "def main():\n    import sys\n    print('hello from', sys.prefix)\n"},
+        entry_points="[console_scripts]\nhello = hello_cli:main\n")
+    _local_run([_python(), "-m", "venv", "--without-pip", str(src)])
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--python"]
+    _local_run([*pip, f"{src}/bin/python", "install", "--no-index", "--no-deps", str(wheel)])
+    latin = f"#!{src}/bin/python\n# -*- coding: latin-1 -*-\nimport sys\nprint('caf\xe9', sys.prefix)\n"
+    (src / "bin" / "latin").write_bytes(latin.encode("latin-1"))
+    (src / "bin" / "latin").chmod(0o755)
+    near = tmp_path / "near"
+    code, report = clone_json(f"local:{src}", f"local:{near}", capsys=capsys)
+    assert code == 0, report
+    assert report["leftovers"]["text"] == [] and not [p for p in report["leftovers"]["binary"] if "latin" in p]
+    assert _local_run([str(near / "bin" / "latin")]).stdout.decode().strip() == f"caf\xe9 {near}"
+    (src / "bin" / "latin").unlink()  # (pip's sh form would push its coding line past line 2)
+    os.link(src / "bin" / "hello", src / "bin" / "hello-twin")  # a hardlinked console script, rewritten once
+    dst = tmp_path / ("x" * 130) / "clone"  # too long for a shebang: pip's #!/bin/sh + exec form
+    dst.parent.mkdir()
+    code, report = clone_json(f"local:{src}", f"local:{dst}", capsys=capsys)
+    assert code == 0, report
+    assert (dst / "bin" / "hello-twin").stat().st_ino == (dst / "bin" / "hello").stat().st_ino
+    sh_form = "#!/bin/sh\n" + "'" * 3 + f"exec' {dst}/bin/python \"$0\" \"$@\"\n' " + "'" * 3 + "\n"
+    assert (dst / "bin" / "hello").read_text().startswith(sh_form)
+    assert _local_run([str(dst / "bin" / "hello-twin")]).stdout.decode().strip() == f"hello from {dst}"
+    assert _local_run([str(dst / "bin" / "hello")]).stdout.decode().strip() == f"hello from {dst}"
+    # pip reads the clone's RECORD: uninstalling from the clone removes the clone's files, not the source's
+    _local_run([*pip, f"{dst}/bin/python", "uninstall", "-y", "hello-cli"])
+    assert not (dst / "bin" / "hello").exists() and not glob.glob(f"{dst}/{SITE}/hello_cli*")
+    assert (src / "bin" / "hello").exists()
+    assert _local_run([str(src / "bin" / "hello")]).stdout.decode().strip() == f"hello from {src}"
+
+
 def test_clone_lists_text_files_it_cannot_relocate(local_source, capsys):
     base, src, _ = local_source
     own = base / "src-own"

@@ -196,6 +196,7 @@ def test_host_scan_matches_whole_paths_only(tmp_path):
     hits = {h["path"]: h["binary"] for h in report["hits"]}
     assert hits == {"plain.txt": False, "quoted.txt": False, "url.json": False, "end.txt": False, "bin.so": True,
                     "latin1.txt": True}
+    assert {h["path"]: h["nul"] for h in report["hits"] if h["binary"]} == {"bin.so": True, "latin1.txt": False}
     assert report["links"] == [{"path": "link", "target": f"{old}/plain.txt"}]
     assert report["external"] == [{"path": "python", "target": "/usr/bin/python3"}]
     assert report["lock"] is True and ".transplant" not in report["top"]
@@ -242,3 +243,24 @@ def test_preflight_refuses_a_destination_overlapping_the_source_by_identity():
         problems = _preflight(_check(overlap=overlap, real="/data/v", dest_state="venv"), replace=True)[0]
         assert problems == [f"the destination h:/opt/v {what} (its real path is /data/v, symlinks resolved); "
                             f"fix: choose a path outside the source and not above it"]
+
+
+def test_decide_rewrites_a_relocatable_file_that_is_not_utf8_but_has_no_nul():
+    scan = {"hits": [{"path": "bin/latin", "binary": True, "nul": False, "head": f"#!{OLD}/bin/python\n"},
+                     {"path": "bin/tool", "binary": True, "nul": True, "head": None},
+                     {"path": "lib/python3.11/site-packages/a/notes.txt", "binary": True, "nul": False, "head": None}],
+            "links": []}
+    plan = decide(OLD, NEW, scan)
+    assert [(e.path, e.head_new) for e in plan.edits] == [("bin/latin", f"#!{NEW}/bin/python\n")]
+    assert plan.expected.binary == ("bin/tool", "lib/python3.11/site-packages/a/notes.txt")
+
+
+def test_host_scan_reads_a_file_larger_than_a_block_once(tmp_path):
+    root = tmp_path / "v"
+    root.mkdir()
+    old = str(root)
+    big = b"x" * (9 << 20) + f" {old}/lib\n".encode() + "é".encode()  # past the 8 MiB block; é stays UTF-8
+    (root / "big.txt").write_bytes(big)
+    (root / "late.txt").write_bytes(b"y" * (9 << 20) + b"\xe9 " + old.encode())  # not UTF-8 only past the block
+    hits = {h["path"]: (h["binary"], h["nul"]) for h in _scan(root, old)["hits"]}
+    assert hits == {"big.txt": (False, False), "late.txt": (True, False)}

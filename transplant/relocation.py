@@ -184,7 +184,8 @@ def _moved(target: str, old: str, new: str) -> str | None:
 def decide(old: str, new: str, scan: Mapping[str, Any]) -> Relocation:
     """Turn a scan of the source (the host script's ``scan`` answer) into a :class:`Relocation`.
 
-    Text files of a relocatable kind get every whole-path ``old`` replaced by ``new``;
+    Files of a relocatable kind without a NUL byte (UTF-8 or not: the prefix is ASCII, so a
+    Latin-1 script is rewritten too) get every whole-path ``old`` replaced by ``new``;
     scripts whose shebang runs an interpreter inside ``old`` get their head from
     ``rewritten_head`` (the ``#!/bin/sh`` + ``exec`` form when the new path is too long
     for a shebang). Absolute symlinks into ``old`` are repointed. Everything else that
@@ -196,7 +197,7 @@ def decide(old: str, new: str, scan: Mapping[str, Any]) -> Relocation:
     for hit in scan["hits"]:
         path = hit["path"]
         kind = relocatable_kind(path)
-        if hit.get("binary"):
+        if hit.get("binary") and (kind is None or hit.get("nul", True)):
             binary.append(path)
         elif kind is None:
             text.append(path)

@@ -22,7 +22,8 @@ Operations:
   regular file under ``root`` (symlinks not followed, ``.transplant/`` skipped) whose bytes
   name ``old`` as a whole path (``old`` followed by ``/``, a quote, a blank, end... but not
   by another name character, so ``/srv/venv2`` is not ``/srv/venv``), each
-  ``{"path", "binary", "head"}`` (``binary``: the file has a NUL byte or is not UTF-8;
+  ``{"path", "binary", "nul", "head"}`` (``binary``: the file has a NUL byte or is not UTF-8;
+  ``nul``: it has a NUL byte;
   ``head``: the shebang line(s) as text, or null); ``links``: symlinks whose target is
   absolute and names ``old`` (``{"path", "target"}``); ``external``: other absolute
   symlinks (``bin/python -> /usr/bin/python3.11``); ``files``, ``bytes`` scanned;
@@ -32,7 +33,8 @@ Operations:
   compares a destination with it, so a symlink cannot lead a clone into its source).
 * ``relocate`` (run by the clone's own interpreter): ``{"root", "old", "new", "edits",
   "links"}``; each edit ``{"path", "head_old", "head_new"}`` (both null: no head change)
-  replaces the file's head, then every whole-path ``old`` in the rest of the file by
+  replaces the file's head (a plain shebang turned into pip's ``#!/bin/sh`` form also gets
+  that form's third line, ``' '''``), then every whole-path ``old`` in the rest of the file by
   ``new``; each link ``{"path", "target"}`` is re-made pointing at ``target``. Then every
   RECORD row naming an edited file gets its new ``sha256=`` hash and size, the cached
   bytecode of an edited ``.py`` file is removed, and the tree is scanned again: the answer
@@ -44,6 +46,7 @@ Nothing outside ``root`` is written; a path that leaves ``root`` is refused.
 """
 
 import base64
+import codecs
 import csv
 import hashlib
 import io
@@ -58,6 +61,7 @@ import tempfile
 _CHUNK = 8 << 20
 _HEAD_MAX = 4096
 _SH_EXEC = b"'" * 3 + b"exec'"
+_SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's form
 _SKIP = ".transplant"
 
 
@@ -91,9 +95,18 @@ def script_head(data):
     return head, rest
 
 
+def _sh_form(head):
+    """True for pip's ``#!/bin/sh`` + ``'''exec'`` head (its first two lines, as :func:`script_head` splits it)."""
+    first, _, rest = head.partition(b"\n")
+    return first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC)
+
+
 def _file_hit(full, old, pattern):
-    """(named, binary, head text) for one regular file."""
-    named = binary = False
+    """(named, nul, utf8, head text) for one regular file, read once in blocks (a large file
+    is never held whole): whether it names ``old``, holds a NUL byte, decodes as UTF-8."""
+    named = nul = False
+    utf8 = True
+    decoder = codecs.getincrementaldecoder("utf-8")()
     head = None
     tail = b""
     keep = len(old) + 16
@@ -112,25 +125,26 @@ def _file_hit(full, old, pattern):
                             head = found.decode("utf-8")
                         except UnicodeDecodeError:
                             head = None
-                if not binary and b"\0" in block:
-                    binary = True
+                if not nul and b"\0" in block:
+                    nul = True
+                if utf8 and not nul:
+                    try:
+                        decoder.decode(block)
+                    except UnicodeDecodeError:
+                        utf8 = False
                 window = tail + block
                 if not named and old in window and pattern.search(window):
                     named = True
-                if named and binary:
+                if named and nul:
                     break
                 tail = window[-keep:]
+            if utf8 and not nul:
+                decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        utf8 = False
     except OSError:
-        return False, False, None
-    if named and not binary:
-        try:
-            with open(full, "rb") as handle:
-                handle.read().decode("utf-8")
-        except UnicodeDecodeError:
-            binary = True
-        except OSError:
-            pass
-    return named, binary, head
+        return False, False, False, None
+    return named, nul, utf8, head
 
 
 def scan(root, old):
@@ -166,9 +180,9 @@ def scan(root, old):
                 continue
             files += 1
             size += info.st_size
-            named, binary, head = _file_hit(full, raw, pattern)
+            named, nul, utf8, head = _file_hit(full, raw, pattern)
             if named:
-                hits.append({"path": rel, "binary": binary, "head": head})
+                hits.append({"path": rel, "binary": nul or not utf8, "nul": nul, "head": head})
     return {"hits": hits, "links": links, "external": external, "files": files, "bytes": size,
             "top": sorted(n for n in os.listdir(root) if n != _SKIP),
             "lock": os.path.lexists(os.path.join(root, _SKIP, "lock")), "identity": identity(root)}
@@ -317,6 +331,9 @@ def relocate(request):
                 raise ValueError("the head of {} changed since the scan".format(edit["path"]))
             else:
                 head, body = edit["head_new"].encode("utf-8"), rest
+                if _sh_form(head) and not _sh_form(found or b""):
+                    # pip's form reads line 2 as the start of a triple-quoted string: its third line closes it
+                    body = _SH_CLOSE + (b"\r\n" if head.endswith(b"\r\n") else b"\n") + body
         result = head + pattern.sub(lambda _m: raw_new, body)
         if result != data:
             _write(full, result)
