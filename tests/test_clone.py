@@ -552,3 +552,18 @@ def test_verify_passes_on_a_clone_of_the_demo_target(lab, tmp_path, capsys):
         assert demo.VENV + "/" not in files
         # the source is untouched: its console scripts still run its own interpreter
         assert host.path(f"{demo.VENV}/bin/torchrun").read_text().startswith(f"#!{demo.VENV}/bin/python")
+
+
+def test_clone_refuses_the_source_itself_reached_as_another_host(lab_source, capsys):
+    """The controller and the donor are two host specs for one filesystem here: the donor's
+    /srv is a folder of the controller's. The identity check (device and inode) still sees it."""
+    lab = lab_source
+    donor = lab.hosts["donor"]
+    before = sorted(p.name for p in donor.path("/srv/cl-src").iterdir())
+    for src, dst, what in ((f"local:{donor.path('/srv/cl-src')}", f"{donor.spec}:/srv/cl-src", "is the source itself"),
+                           (f"{donor.spec}:/srv/cl-src", f"local:{donor.path('/srv/cl-src')}/inner",
+                            "lies inside the source")):
+        assert main(["clone", src, dst, "--replace", *_ssh_args(lab)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"the destination {dst} {what} (its real path is" in out, out
+    assert sorted(p.name for p in donor.path("/srv/cl-src").iterdir()) == before
