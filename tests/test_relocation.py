@@ -12,7 +12,7 @@ import pytest
 from transplant import remote
 from transplant.errors import ManifestError
 from transplant.manifest import parse_manifest
-from transplant.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, editable_outside, judge,
+from transplant.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, outside_venv, judge,
                                    preflight, relocatable_kind)
 
 OLD, NEW = "/srv/venv", "/opt/clones/venv-b"
@@ -101,7 +101,7 @@ def test_judge_sorts_what_the_clone_still_names():
                                                                "binary": True}], "links": [{"path": "l", "target": OLD}]})
     assert left.text == ("z.txt",) and left.links == ("l",) and left.errors
     assert not judge({"hits": [{"path": "x.so", "binary": True}], "links": []}).errors
-    assert editable_outside(["/srv/venv/src/p", "/home/me/p", "/srv/venv2/p", "/home/me/p"], OLD) == \
+    assert outside_venv(["/srv/venv/src/p", "/home/me/p", "/srv/venv2/p", "/home/me/p"], OLD) == \
         ["/home/me/p", "/srv/venv2/p"]
 
 

@@ -32,7 +32,7 @@ from .errors import HostError, TransplantError
 from .hosts import Host
 from .inventory import Inventory
 from .probing import run_script, take_inventory
-from .relocation import Leftovers, Relocation, check_clone_paths, check_venv_path, decide, editable_outside, judge, \
+from .relocation import Leftovers, Relocation, check_clone_paths, check_venv_path, decide, outside_venv, judge, \
     preflight
 from .rules.venvfiles import editable_sources, pth_paths
 from .transfer import copy_tree
@@ -113,9 +113,9 @@ def _read_source(host: Host, venv: str, timeout: float | None) -> _Source:
     inv = take_inventory(host, venv, timeout=timeout)
     scanned = _relocate_call(host, venv, "scan", {"root": venv, "old": venv}, timeout=timeout)
     sources = {p for d in inv.distributions for p in editable_sources(d, inv)}
-    editable = editable_outside(sorted(sources), venv)
+    editable = outside_venv(sorted(sources), venv)
     folders = {p for rel, text in inv.texts.items() if rel.endswith(".pth") and text for p in pth_paths(text)}
-    pth = [p for p in editable_outside(sorted(folders), venv) if p not in editable]
+    pth = [p for p in outside_venv(sorted(folders), venv) if p not in editable]
     return _Source(inventory=inv, scan=scanned, editable=editable, pth=pth)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from .rules.venvfiles import rewritten_head
 
 __all__ = ["Edit", "Relink", "Relocation", "Leftovers", "check_venv_path", "check_clone_paths", "relocatable_kind",
-           "decide", "judge", "bytecode", "editable_outside", "preflight"]
+           "decide", "judge", "bytecode", "outside_venv", "preflight"]
 
 #: Characters a clone's path may hold: the activate scripts quote the prefix for their shell,
 #: and a path without blanks, quotes, ``$``, backquotes or backslashes needs no quoting in any;
@@ -228,9 +228,10 @@ def judge(scan: Mapping[str, Any]) -> Leftovers:
     return Leftovers(text=tuple(text), binary=tuple(binary), links=tuple(sorted(ln["path"] for ln in scan["links"])))
 
 
-def editable_outside(sources: Sequence[str], old: str) -> list[str]:
-    """The editable source folders that do not travel with the clone (outside ``old``), sorted."""
-    return sorted({s for s in sources if s != old and not s.startswith(old + "/")})
+def outside_venv(paths: Sequence[str], old: str) -> list[str]:
+    """The absolute paths (editable source folders, ``.pth`` folders) that do not travel with a
+    clone of the venv ``old`` because they lie outside it; sorted, without repeats."""
+    return sorted({p for p in paths if p != old and not p.startswith(old + "/")})
 
 
 def preflight(
