@@ -287,6 +287,18 @@ def test_clone_relocates_latin1_and_trampoline_scripts_and_pip_uninstalls_from_t
     assert _local_run([str(src / "bin" / "hello")]).stdout.decode().strip() == f"hello from {src}"
 
 
+def test_clone_of_a_source_reached_through_a_symlink_relocates_its_real_prefix(local_source, capsys):
+    base, src, proj = local_source
+    alias = base / "via-link"
+    if not alias.is_symlink():
+        alias.symlink_to(base)
+    dst = str(base / "clone-via-link")
+    code, report = clone_json(f"local:{alias}/src-venv", f"local:{dst}", capsys=capsys)
+    assert code == 0, report
+    assert report["leftovers"]["text"] == [] and report["leftovers"]["links"] == []
+    check_clone(_local_run, Path, src, dst, proj)  # the files named the real path; none does in the clone
+
+
 def test_clone_lists_text_files_it_cannot_relocate(local_source, capsys):
     base, src, _ = local_source
     own = base / "src-own"

@@ -100,23 +100,38 @@ def _relocate_call(host: Host, venv: str, op: str, request: dict, *, python: str
 
 @dataclass(frozen=True, kw_only=True)
 class _Source:
-    """What is read from the source before a clone: its inventory, the host scan for its prefix,
-    the editable sources and ``.pth`` folders outside it (sorted)."""
+    """What is read from the source before a clone: its inventory, the prefix its files name
+    (``venv`` as given, or its real path when ``venv`` is reached through a symlink and only
+    that is named), the host scan for that prefix, the editable sources and ``.pth`` folders
+    outside it (sorted)."""
 
     inventory: Inventory
+    prefix: str
     scan: dict
     editable: list[str]
     pth: list[str]
 
 
 def _read_source(host: Host, venv: str, timeout: float | None) -> _Source:
+    """:raises TransplantError: the venv is reached through a symlink and its files name both paths."""
     inv = take_inventory(host, venv, timeout=timeout)
+    prefix = venv
     scanned = _relocate_call(host, venv, "scan", {"root": venv, "old": venv}, timeout=timeout)
+    real = (scanned.get("identity") or {}).get("real", venv)
+    if real != venv:  # a venv made at its real path names that, not the symlinked path given here
+        other = _relocate_call(host, venv, "scan", {"root": venv, "old": real}, timeout=timeout)
+        if other["hits"] or other["links"]:
+            if scanned["hits"] or scanned["links"]:
+                raise TransplantError(
+                    f"cannot clone {_label(host, venv)}: it is reached through a symlink, and its files name both "
+                    f"{venv} and its real path {real}; nothing was copied",
+                    hint=f"make the venv name one path (recreate it), then clone {_label(host, real)}")
+            prefix, scanned = real, other
     sources = {p for d in inv.distributions for p in editable_sources(d, inv)}
-    editable = outside_venv(sorted(sources), venv)
+    editable = outside_venv(sorted(sources), prefix)
     folders = {p for rel, text in inv.texts.items() if rel.endswith(".pth") and text for p in pth_paths(text)}
-    pth = [p for p in outside_venv(sorted(folders), venv) if p not in editable]
-    return _Source(inventory=inv, scan=scanned, editable=editable, pth=pth)
+    pth = [p for p in outside_venv(sorted(folders), prefix) if p not in editable]
+    return _Source(inventory=inv, prefix=prefix, scan=scanned, editable=editable, pth=pth)
 
 
 def _destination_check(host: Host, dest: str, home: str | None, minor: str, paths: list[str], source: dict | None,
@@ -181,7 +196,7 @@ def clone(
     tell(f"reading the source {source}")
     facts = _read_source(src, src_venv, timeout)
     scanned, interp = facts.scan, facts.inventory.interpreter
-    relocation = decide(src_venv, dst_venv, scanned)
+    relocation = decide(facts.prefix, dst_venv, scanned)
     tell(f"checking the destination {dest}")
     home = (interp.pyvenv_cfg or {}).get("home")
     wanted = sorted(set(facts.editable) | set(facts.pth) | {e["target"] for e in scanned["external"]})
