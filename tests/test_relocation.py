@@ -223,6 +223,12 @@ def test_manifest_target_base_is_checked():
          "target.venv: '/srv/new venv' has a character a venv path may not hold here (a blank, a quote, $, a "
          "backquote, a backslash, a colon or a control character); fix: give a plain absolute path (letters, digits, "
          "._+@=,~- and /)"),
+        ({"host": "local", "venv": "/srv/new", "base": 5},
+         "target.base: expected an absolute venv path or {host, venv}, got a number (5); fix: write e.g. base: "
+         "/root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}"),
+        ({"host": "local", "venv": "/srv/new", "base": ["/srv/b"]},
+         "target.base: expected an absolute venv path or {host, venv}, got a list; fix: write e.g. base: "
+         "/root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}"),
         ({"host": "local", "venv": "/srv/new", "base": {"venv": "/srv/b"}},
          "target.base.host: missing; fix: add it: host: root@gpu-07 (or \"local\")"),
         ({"host": "local", "venv": "/srv/new", "base": {"host": "local", "venv": "/srv/b", "base": "/x"}},
