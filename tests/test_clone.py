@@ -222,6 +222,83 @@ def test_clone_refusals_change_nothing(local_source, capsys):
         f"hello from {again}"
 
 
+def test_clone_refuses_a_destination_that_reaches_the_source_through_a_symlink(local_source, capsys):
+    base, src, _ = local_source
+    links = base / "links"
+    links.mkdir(exist_ok=True)
+    (links / "alias").symlink_to(base)  # .../links/alias/src-venv is the source
+    (links / "into").symlink_to(src)  # .../links/into/clone lies inside the source
+    (links / "up").symlink_to(base.parent)  # .../links/up/<base> holds the source
+    (base / "pyvenv.cfg").write_text("home = /usr/bin\n")  # so it would pass for a venv --replace may delete
+    before = sorted(str(p.relative_to(src)) for p in Path(src).rglob("*"))
+    try:
+        for dest, what in ((links / "alias" / "src-venv", "is the source itself"),
+                           (links / "into" / "clone", "lies inside the source"),
+                           (links / "up" / base.name, "holds the source")):
+            assert main(["clone", f"local:{src}", f"local:{dest}", "--replace"]) == 1, dest
+            out = " ".join(capsys.readouterr().out.split())
+            assert f"the destination local:{dest} {what} (its real path is" in out, out
+            assert "nothing was copied" in out
+    finally:
+        (base / "pyvenv.cfg").unlink()
+    assert sorted(str(p.relative_to(src)) for p in Path(src).rglob("*")) == before
+    assert not (Path(src) / "clone").exists()
+    # a folder that merely holds a file named pyvenv.cfg (no home key) is not a venv --replace deletes
+    stray = base / "stray"
+    stray.mkdir(exist_ok=True)
+    (stray / "pyvenv.cfg").write_text("not a venv\n")
+    (stray / "notes.txt").write_text("mine\n")
+    assert main(["clone", f"local:{src}", f"local:{stray}", "--replace"]) == 1
+    assert "--replace only deletes a venv" in " ".join(capsys.readouterr().out.split())
+    assert sorted(p.name for p in stray.iterdir()) == ["notes.txt", "pyvenv.cfg"]
+
+
+def test_clone_relocates_latin1_and_trampoline_scripts_and_pip_uninstalls_from_the_clone(tmp_path, capsys):
+    src = tmp_path / "src"
+    wheel = build_wheel(tmp_path / "wheels", "hello-cli", "1.0", {
+        "hello_cli/__init__.py": "def main():\n    import sys\n    print('hello from', sys.prefix)\n"},
+        entry_points="[console_scripts]\nhello = hello_cli:main\n")
+    _local_run([_python(), "-m", "venv", "--without-pip", str(src)])
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "--python"]
+    _local_run([*pip, f"{src}/bin/python", "install", "--no-index", "--no-deps", str(wheel)])
+    latin = f"#!{src}/bin/python\n# -*- coding: latin-1 -*-\nimport sys\nprint('caf\xe9', sys.prefix)\n"
+    (src / "bin" / "latin").write_bytes(latin.encode("latin-1"))
+    (src / "bin" / "latin").chmod(0o755)
+    near = tmp_path / "near"
+    code, report = clone_json(f"local:{src}", f"local:{near}", capsys=capsys)
+    assert code == 0, report
+    assert report["leftovers"]["text"] == [] and not [p for p in report["leftovers"]["binary"] if "latin" in p]
+    assert _local_run([str(near / "bin" / "latin")]).stdout.decode().strip() == f"caf\xe9 {near}"
+    (src / "bin" / "latin").unlink()  # (pip's sh form would push its coding line past line 2)
+    os.link(src / "bin" / "hello", src / "bin" / "hello-twin")  # a hardlinked console script, rewritten once
+    dst = tmp_path / ("x" * 130) / "clone"  # too long for a shebang: pip's #!/bin/sh + exec form
+    dst.parent.mkdir()
+    code, report = clone_json(f"local:{src}", f"local:{dst}", capsys=capsys)
+    assert code == 0, report
+    assert (dst / "bin" / "hello-twin").stat().st_ino == (dst / "bin" / "hello").stat().st_ino
+    sh_form = "#!/bin/sh\n" + "'" * 3 + f"exec' {dst}/bin/python \"$0\" \"$@\"\n' " + "'" * 3 + "\n"
+    assert (dst / "bin" / "hello").read_text().startswith(sh_form)
+    assert _local_run([str(dst / "bin" / "hello-twin")]).stdout.decode().strip() == f"hello from {dst}"
+    assert _local_run([str(dst / "bin" / "hello")]).stdout.decode().strip() == f"hello from {dst}"
+    # pip reads the clone's RECORD: uninstalling from the clone removes the clone's files, not the source's
+    _local_run([*pip, f"{dst}/bin/python", "uninstall", "-y", "hello-cli"])
+    assert not (dst / "bin" / "hello").exists() and not glob.glob(f"{dst}/{SITE}/hello_cli*")
+    assert (src / "bin" / "hello").exists()
+    assert _local_run([str(src / "bin" / "hello")]).stdout.decode().strip() == f"hello from {src}"
+
+
+def test_clone_of_a_source_reached_through_a_symlink_relocates_its_real_prefix(local_source, capsys):
+    base, src, proj = local_source
+    alias = base / "via-link"
+    if not alias.is_symlink():
+        alias.symlink_to(base)
+    dst = str(base / "clone-via-link")
+    code, report = clone_json(f"local:{alias}/src-venv", f"local:{dst}", capsys=capsys)
+    assert code == 0, report
+    assert report["leftovers"]["text"] == [] and report["leftovers"]["links"] == []
+    check_clone(_local_run, Path, src, dst, proj)  # the files named the real path; none does in the clone
+
+
 def test_clone_lists_text_files_it_cannot_relocate(local_source, capsys):
     base, src, _ = local_source
     own = base / "src-own"
@@ -488,3 +565,18 @@ def test_verify_passes_on_a_clone_of_the_demo_target(lab, tmp_path, capsys):
         assert demo.VENV + "/" not in files
         # the source is untouched: its console scripts still run its own interpreter
         assert host.path(f"{demo.VENV}/bin/torchrun").read_text().startswith(f"#!{demo.VENV}/bin/python")
+
+
+def test_clone_refuses_the_source_itself_reached_as_another_host(lab_source, capsys):
+    """The controller and the donor are two host specs for one filesystem here: the donor's
+    /srv is a folder of the controller's. The identity check (device and inode) still sees it."""
+    lab = lab_source
+    donor = lab.hosts["donor"]
+    before = sorted(p.name for p in donor.path("/srv/cl-src").iterdir())
+    for src, dst, what in ((f"local:{donor.path('/srv/cl-src')}", f"{donor.spec}:/srv/cl-src", "is the source itself"),
+                           (f"{donor.spec}:/srv/cl-src", f"local:{donor.path('/srv/cl-src')}/inner",
+                            "lies inside the source")):
+        assert main(["clone", src, dst, "--replace", *_ssh_args(lab)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"the destination {dst} {what} (its real path is" in out, out
+    assert sorted(p.name for p in donor.path("/srv/cl-src").iterdir()) == before

@@ -12,7 +12,7 @@ import pytest
 from transplant import remote
 from transplant.errors import ManifestError
 from transplant.manifest import parse_manifest
-from transplant.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, editable_outside, judge,
+from transplant.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, outside_venv, judge,
                                    preflight, relocatable_kind)
 
 OLD, NEW = "/srv/venv", "/opt/clones/venv-b"
@@ -101,7 +101,7 @@ def test_judge_sorts_what_the_clone_still_names():
                                                                "binary": True}], "links": [{"path": "l", "target": OLD}]})
     assert left.text == ("z.txt",) and left.links == ("l",) and left.errors
     assert not judge({"hits": [{"path": "x.so", "binary": True}], "links": []}).errors
-    assert editable_outside(["/srv/venv/src/p", "/home/me/p", "/srv/venv2/p", "/home/me/p"], OLD) == \
+    assert outside_venv(["/srv/venv/src/p", "/home/me/p", "/srv/venv2/p", "/home/me/p"], OLD) == \
         ["/home/me/p", "/srv/venv2/p"]
 
 
@@ -141,8 +141,8 @@ def test_preflight_names_every_problem_with_its_fix():
         "the destination's Python at /usr/bin is cpython 3.12.1, the source venv runs cpython 3.11.7; its extension "
         "modules and site-packages folder (python3.11) need the same Python; fix: clone to a host with cpython 3.11 "
         "at /usr/bin",
-        "the destination h:/opt/v exists and is not empty; fix: choose another path (--replace only deletes a venv, "
-        "a folder holding pyvenv.cfg)",
+        "the destination h:/opt/v exists and is not empty; fix: choose another path (--replace only deletes a venv: "
+        "a folder whose pyvenv.cfg has a home key, not a home folder or a mount point)",
         "/opt on the destination is not writable, so /opt/v cannot be made there; fix: choose a writable place, or "
         "fix its permissions",
         "editable install(s) import from /home/me/p, which the destination lacks; the clone's imports would fail; "
@@ -196,6 +196,7 @@ def test_host_scan_matches_whole_paths_only(tmp_path):
     hits = {h["path"]: h["binary"] for h in report["hits"]}
     assert hits == {"plain.txt": False, "quoted.txt": False, "url.json": False, "end.txt": False, "bin.so": True,
                     "latin1.txt": True}
+    assert {h["path"]: h["nul"] for h in report["hits"] if h["binary"]} == {"bin.so": True, "latin1.txt": False}
     assert report["links"] == [{"path": "link", "target": f"{old}/plain.txt"}]
     assert report["external"] == [{"path": "python", "target": "/usr/bin/python3"}]
     assert report["lock"] is True and ".transplant" not in report["top"]
@@ -222,6 +223,12 @@ def test_manifest_target_base_is_checked():
          "target.venv: '/srv/new venv' has a character a venv path may not hold here (a blank, a quote, $, a "
          "backquote, a backslash, a colon or a control character); fix: give a plain absolute path (letters, digits, "
          "._+@=,~- and /)"),
+        ({"host": "local", "venv": "/srv/new", "base": 5},
+         "target.base: expected an absolute venv path or {host, venv}, got a number (5); fix: write e.g. base: "
+         "/root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}"),
+        ({"host": "local", "venv": "/srv/new", "base": ["/srv/b"]},
+         "target.base: expected an absolute venv path or {host, venv}, got a list; fix: write e.g. base: "
+         "/root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}"),
         ({"host": "local", "venv": "/srv/new", "base": {"venv": "/srv/b"}},
          "target.base.host: missing; fix: add it: host: root@gpu-07 (or \"local\")"),
         ({"host": "local", "venv": "/srv/new", "base": {"host": "local", "venv": "/srv/b", "base": "/x"}},
@@ -234,3 +241,32 @@ def test_manifest_target_base_is_checked():
         parse_manifest({"version": 1, "donor": {"host": "local", "venv": "/srv/d", "base": "/x"}, "overlay": ["x"],
                         "target": {"host": "local", "venv": "/srv/t"}}, path="m.yaml")
     assert info.value.problems[0].startswith("donor.base: unknown key")
+
+
+def test_preflight_refuses_a_destination_overlapping_the_source_by_identity():
+    for overlap, what in (("same", "is the source itself"), ("inside", "lies inside the source"),
+                          ("contains", "holds the source")):
+        problems = _preflight(_check(overlap=overlap, real="/data/v", dest_state="venv"), replace=True)[0]
+        assert problems == [f"the destination h:/opt/v {what} (its real path is /data/v, symlinks resolved); "
+                            f"fix: choose a path outside the source and not above it"]
+
+
+def test_decide_rewrites_a_relocatable_file_that_is_not_utf8_but_has_no_nul():
+    scan = {"hits": [{"path": "bin/latin", "binary": True, "nul": False, "head": f"#!{OLD}/bin/python\n"},
+                     {"path": "bin/tool", "binary": True, "nul": True, "head": None},
+                     {"path": "lib/python3.11/site-packages/a/notes.txt", "binary": True, "nul": False, "head": None}],
+            "links": []}
+    plan = decide(OLD, NEW, scan)
+    assert [(e.path, e.head_new) for e in plan.edits] == [("bin/latin", f"#!{NEW}/bin/python\n")]
+    assert plan.expected.binary == ("bin/tool", "lib/python3.11/site-packages/a/notes.txt")
+
+
+def test_host_scan_reads_a_file_larger_than_a_block_once(tmp_path):
+    root = tmp_path / "v"
+    root.mkdir()
+    old = str(root)
+    big = b"x" * (9 << 20) + f" {old}/lib\n".encode() + "é".encode()  # past the 8 MiB block; é stays UTF-8
+    (root / "big.txt").write_bytes(big)
+    (root / "late.txt").write_bytes(b"y" * (9 << 20) + b"\xe9 " + old.encode())  # not UTF-8 only past the block
+    hits = {h["path"]: (h["binary"], h["nul"]) for h in _scan(root, old)["hits"]}
+    assert hits == {"big.txt": (False, False), "late.txt": (True, False)}

@@ -32,7 +32,7 @@ from .errors import HostError, TransplantError
 from .hosts import Host
 from .inventory import Inventory
 from .probing import run_script, take_inventory
-from .relocation import Leftovers, Relocation, check_clone_paths, check_venv_path, decide, editable_outside, judge, \
+from .relocation import Leftovers, Relocation, check_clone_paths, check_venv_path, decide, outside_venv, judge, \
     preflight
 from .rules.venvfiles import editable_sources, pth_paths
 from .transfer import copy_tree
@@ -100,35 +100,51 @@ def _relocate_call(host: Host, venv: str, op: str, request: dict, *, python: str
 
 @dataclass(frozen=True, kw_only=True)
 class _Source:
-    """What is read from the source before a clone: its inventory, the host scan for its prefix,
-    the editable sources and ``.pth`` folders outside it (sorted)."""
+    """What is read from the source before a clone: its inventory, the prefix its files name
+    (``venv`` as given, or its real path when ``venv`` is reached through a symlink and only
+    that is named), the host scan for that prefix, the editable sources and ``.pth`` folders
+    outside it (sorted)."""
 
     inventory: Inventory
+    prefix: str
     scan: dict
     editable: list[str]
     pth: list[str]
 
 
 def _read_source(host: Host, venv: str, timeout: float | None) -> _Source:
+    """:raises TransplantError: the venv is reached through a symlink and its files name both paths."""
     inv = take_inventory(host, venv, timeout=timeout)
+    prefix = venv
     scanned = _relocate_call(host, venv, "scan", {"root": venv, "old": venv}, timeout=timeout)
+    real = (scanned.get("identity") or {}).get("real", venv)
+    if real != venv:  # a venv made at its real path names that, not the symlinked path given here
+        other = _relocate_call(host, venv, "scan", {"root": venv, "old": real}, timeout=timeout)
+        if other["hits"] or other["links"]:
+            if scanned["hits"] or scanned["links"]:
+                raise TransplantError(
+                    f"cannot clone {_label(host, venv)}: it is reached through a symlink, and its files name both "
+                    f"{venv} and its real path {real}; nothing was copied",
+                    hint=f"make the venv name one path (recreate it), then clone {_label(host, real)}")
+            prefix, scanned = real, other
     sources = {p for d in inv.distributions for p in editable_sources(d, inv)}
-    editable = editable_outside(sorted(sources), venv)
+    editable = outside_venv(sorted(sources), prefix)
     folders = {p for rel, text in inv.texts.items() if rel.endswith(".pth") and text for p in pth_paths(text)}
-    pth = [p for p in editable_outside(sorted(folders), venv) if p not in editable]
-    return _Source(inventory=inv, scan=scanned, editable=editable, pth=pth)
+    pth = [p for p in outside_venv(sorted(folders), prefix) if p not in editable]
+    return _Source(inventory=inv, prefix=prefix, scan=scanned, editable=editable, pth=pth)
 
 
-def _destination_check(host: Host, dest: str, home: str | None, minor: str, paths: list[str],
+def _destination_check(host: Host, dest: str, home: str | None, minor: str, paths: list[str], source: dict | None,
                        timeout: float | None) -> tuple[dict | None, list[str]]:
-    """The ``check`` answer from the first base interpreter under ``home`` that starts, and what was tried."""
+    """The ``check`` answer from the first base interpreter under ``home`` that starts, and what was tried
+    (``source``: the source scan's ``identity``, for the overlap test)."""
     if not home:
         return None, []
     major = minor.split(".")[0]
     tried = [posixpath.join(home, name) for name in (f"python{minor}", f"python{major}", "python")]
     for python in tried:
         try:
-            answer = _relocate_call(host, dest, "check", {"dest": dest, "paths": paths}, python=python,
+            answer = _relocate_call(host, dest, "check", {"dest": dest, "paths": paths, "source": source}, python=python,
                                     timeout=timeout)
         except HostError as exc:
             if exc.code == "interpreter-missing":
@@ -180,11 +196,11 @@ def clone(
     tell(f"reading the source {source}")
     facts = _read_source(src, src_venv, timeout)
     scanned, interp = facts.scan, facts.inventory.interpreter
-    relocation = decide(src_venv, dst_venv, scanned)
+    relocation = decide(facts.prefix, dst_venv, scanned)
     tell(f"checking the destination {dest}")
     home = (interp.pyvenv_cfg or {}).get("home")
     wanted = sorted(set(facts.editable) | set(facts.pth) | {e["target"] for e in scanned["external"]})
-    answer, tried = _destination_check(dst, dst_venv, home, interp.minor, wanted, timeout)
+    answer, tried = _destination_check(dst, dst_venv, home, interp.minor, wanted, scanned.get("identity"), timeout)
     problems, warnings = preflight(source=source, dest=dest, dest_venv=dst_venv, pyvenv_cfg=interp.pyvenv_cfg,
                                    implementation=interp.implementation, version=str(interp.version), check=answer,
                                    tried=tried, editable=facts.editable, external=scanned["external"],
@@ -197,13 +213,13 @@ def clone(
     assert answer is not None  # no problems means the destination answered
     if answer["dest_state"] == "venv":
         tell(f"removing the venv at {dest} (--replace)")
-        _run(dst, ["rm", "-rf", "--", dst_venv], "remove the old destination venv", timeout)
+        _run(dst, ["rm", "-rf", "--one-file-system", "--", dst_venv], "remove the old destination venv", timeout)
+    if answer["dest_state"] != "empty":  # outside the try: a folder made by someone else meanwhile is not ours
+        _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
     method = "cp --reflink=auto" if same_host else "rsync -aH"
     tell(f"copying {scanned['files']} files ({method})")
     try:
         if same_host:
-            if answer["dest_state"] != "empty":
-                _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
             entries = [posixpath.join(src_venv, name) for name in scanned["top"]]
             if entries:
                 _run(dst, ["cp", "-a", "--reflink=auto", "-t", dst_venv, "--", *entries], "copy the venv", timeout)
@@ -214,7 +230,7 @@ def clone(
         done = _relocate_call(dst, dst_venv, "relocate", relocation.to_request(dst_venv), timeout=timeout)
     except BaseException as exc:
         try:
-            dst.run(["rm", "-rf", "--", dst_venv], timeout=timeout)
+            dst.run(["rm", "-rf", "--one-file-system", "--", dst_venv], timeout=timeout)
             if answer["dest_state"] == "empty":  # as it was
                 dst.run(["mkdir", "--", dst_venv], timeout=timeout)
         except TransplantError:

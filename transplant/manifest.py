@@ -337,11 +337,12 @@ def _with_base(c: _Checker, target: Endpoint, value: Any, key: str) -> Endpoint 
     clone paths (:func:`transplant.relocation.check_venv_path`) and not overlap on one host."""
     from .relocation import check_clone_paths, check_venv_path
 
+    if not isinstance(value, (str, dict)) or (isinstance(value, str) and not value.startswith("/")):
+        c.add(key, f"expected an absolute venv path or {{host, venv}}, got {_kind(value)}",
+              "write e.g. base: /root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}")
+        return None
     if isinstance(value, str):
-        found = _endpoint(c, {"host": str(target.host), "venv": value}, key) if value.startswith("/") else None
-        if not value.startswith("/"):
-            c.add(key, f"expected an absolute venv path or {{host, venv}}, got {_kind(value)}",
-                  "write e.g. base: /root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}")
+        found = _endpoint(c, {"host": str(target.host), "venv": value}, key)
     else:
         found = _endpoint(c, value, key)
     if found is None:

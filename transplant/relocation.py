@@ -23,7 +23,7 @@ from typing import Any
 from .rules.venvfiles import rewritten_head
 
 __all__ = ["Edit", "Relink", "Relocation", "Leftovers", "check_venv_path", "check_clone_paths", "relocatable_kind",
-           "decide", "judge", "bytecode", "editable_outside", "preflight"]
+           "decide", "judge", "bytecode", "outside_venv", "preflight"]
 
 #: Characters a clone's path may hold: the activate scripts quote the prefix for their shell,
 #: and a path without blanks, quotes, ``$``, backquotes or backslashes needs no quoting in any;
@@ -184,7 +184,8 @@ def _moved(target: str, old: str, new: str) -> str | None:
 def decide(old: str, new: str, scan: Mapping[str, Any]) -> Relocation:
     """Turn a scan of the source (the host script's ``scan`` answer) into a :class:`Relocation`.
 
-    Text files of a relocatable kind get every whole-path ``old`` replaced by ``new``;
+    Files of a relocatable kind without a NUL byte (UTF-8 or not: the prefix is ASCII, so a
+    Latin-1 script is rewritten too) get every whole-path ``old`` replaced by ``new``;
     scripts whose shebang runs an interpreter inside ``old`` get their head from
     ``rewritten_head`` (the ``#!/bin/sh`` + ``exec`` form when the new path is too long
     for a shebang). Absolute symlinks into ``old`` are repointed. Everything else that
@@ -196,7 +197,7 @@ def decide(old: str, new: str, scan: Mapping[str, Any]) -> Relocation:
     for hit in scan["hits"]:
         path = hit["path"]
         kind = relocatable_kind(path)
-        if hit.get("binary"):
+        if hit.get("binary") and (kind is None or hit.get("nul", True)):
             binary.append(path)
         elif kind is None:
             text.append(path)
@@ -227,9 +228,10 @@ def judge(scan: Mapping[str, Any]) -> Leftovers:
     return Leftovers(text=tuple(text), binary=tuple(binary), links=tuple(sorted(ln["path"] for ln in scan["links"])))
 
 
-def editable_outside(sources: Sequence[str], old: str) -> list[str]:
-    """The editable source folders that do not travel with the clone (outside ``old``), sorted."""
-    return sorted({s for s in sources if s != old and not s.startswith(old + "/")})
+def outside_venv(paths: Sequence[str], old: str) -> list[str]:
+    """The absolute paths (editable source folders, ``.pth`` folders) that do not travel with a
+    clone of the venv ``old`` because they lie outside it; sorted, without repeats."""
+    return sorted({p for p in paths if p != old and not p.startswith(old + "/")})
 
 
 def preflight(
@@ -257,7 +259,9 @@ def preflight(
     :param pyvenv_cfg: the source's ``pyvenv.cfg`` values (None: it has none).
     :param implementation: the source interpreter's (``cpython``); :param version: its ``3.11.7``.
     :param check: the host script's ``check`` answer from the destination's base interpreter,
-        or None when none of ``tried`` (the interpreters looked for under ``home``) started.
+        or None when none of ``tried`` (the interpreters looked for under ``home``) started;
+        its ``overlap`` (the destination is, is inside or holds the source, symlinks resolved)
+        is a problem.
     :param editable: editable source folders outside the source venv.
     :param external: the source's absolute symlinks out of the venv (``bin/python -> /usr/bin/python3.11``).
     :param lock: the source holds a transplant lock (an apply running or interrupted).
@@ -291,13 +295,19 @@ def preflight(
         elif check["version"] != version:
             warnings.append(f"the destination's Python is {check['version']}, the source's {version} (same "
                             f"{_minor(version)}, so the same ABI)")
-        state = check["dest_state"]
-        if state == "not-a-folder":
+        state, overlap, real = check["dest_state"], check.get("overlap"), check.get("real", dest_venv)
+        if overlap:
+            what = {"same": "is the source itself", "inside": "lies inside the source",
+                    "contains": "holds the source"}.get(overlap, "overlaps the source")
+            problems.append(f"the destination {dest} {what} (its real path is {real}, symlinks resolved); fix: "
+                            f"choose a path outside the source and not above it")
+        elif state == "not-a-folder":
             problems.append(f"the destination {dest} exists and is not a folder; fix: choose another path")
         elif state == "nonempty" or (state == "venv" and not replace):
             problems.append(f"the destination {dest} exists and is not empty; fix: choose another path"
                             + (", or pass --replace to delete that venv first" if state == "venv" else
-                               " (--replace only deletes a venv, a folder holding pyvenv.cfg)"))
+                               " (--replace only deletes a venv: a folder whose pyvenv.cfg has a home key, not a "
+                               "home folder or a mount point)"))
         parent = posixpath.dirname(dest_venv)
         if check.get("parent") != parent:
             problems.append(f"the destination's parent folder {parent} does not exist (a clone makes no folder "

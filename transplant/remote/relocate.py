@@ -9,7 +9,12 @@ Operations:
 * ``check`` (run by the base interpreter named by the source's ``pyvenv.cfg`` ``home``,
   before anything is copied): ``{"dest", "paths": [...]}`` -> this interpreter's
   ``implementation``, ``version``, ``executable``; ``dest_state`` (``absent``, ``empty``,
-  ``venv`` (a non-empty folder holding ``pyvenv.cfg``), ``nonempty``, ``not-a-folder``);
+  ``venv`` (a folder whose regular file ``pyvenv.cfg`` has a ``home`` key, and which is
+  neither the user's home folder nor a mount point), ``nonempty``, ``not-a-folder``);
+  ``real``: the destination's real path (symlinks resolved); ``overlap``: given the
+  source's ``identity`` as ``source``, ``same`` (the destination is the source), ``inside``
+  (it lies inside the source), ``contains`` (it holds the source), or null (none of these,
+  or another machine);
   ``parent`` (the nearest existing folder above ``dest``, ``parent_writable``, ``free``:
   bytes available there to this user, or null); and
   ``exists``: ``{path: bool}`` for each of ``paths``.
@@ -17,15 +22,19 @@ Operations:
   regular file under ``root`` (symlinks not followed, ``.transplant/`` skipped) whose bytes
   name ``old`` as a whole path (``old`` followed by ``/``, a quote, a blank, end... but not
   by another name character, so ``/srv/venv2`` is not ``/srv/venv``), each
-  ``{"path", "binary", "head"}`` (``binary``: the file has a NUL byte or is not UTF-8;
+  ``{"path", "binary", "nul", "head"}`` (``binary``: the file has a NUL byte or is not UTF-8;
+  ``nul``: it has a NUL byte;
   ``head``: the shebang line(s) as text, or null); ``links``: symlinks whose target is
   absolute and names ``old`` (``{"path", "target"}``); ``external``: other absolute
   symlinks (``bin/python -> /usr/bin/python3.11``); ``files``, ``bytes`` scanned;
   ``top``: the names at the top of ``root`` but ``.transplant``; ``lock``: whether
-  ``root/.transplant/lock`` exists.
+  ``root/.transplant/lock`` exists; ``identity``: this machine's boot id and the
+  ``[device, inode]`` of ``root``'s real path and of each folder above it (``check``
+  compares a destination with it, so a symlink cannot lead a clone into its source).
 * ``relocate`` (run by the clone's own interpreter): ``{"root", "old", "new", "edits",
   "links"}``; each edit ``{"path", "head_old", "head_new"}`` (both null: no head change)
-  replaces the file's head, then every whole-path ``old`` in the rest of the file by
+  replaces the file's head (a plain shebang turned into pip's ``#!/bin/sh`` form also gets
+  that form's third line, ``' '''``), then every whole-path ``old`` in the rest of the file by
   ``new``; each link ``{"path", "target"}`` is re-made pointing at ``target``. Then every
   RECORD row naming an edited file gets its new ``sha256=`` hash and size, the cached
   bytecode of an edited ``.py`` file is removed, and the tree is scanned again: the answer
@@ -37,6 +46,7 @@ Nothing outside ``root`` is written; a path that leaves ``root`` is refused.
 """
 
 import base64
+import codecs
 import csv
 import hashlib
 import io
@@ -51,6 +61,7 @@ import tempfile
 _CHUNK = 8 << 20
 _HEAD_MAX = 4096
 _SH_EXEC = b"'" * 3 + b"exec'"
+_SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's form
 _SKIP = ".transplant"
 
 
@@ -84,9 +95,18 @@ def script_head(data):
     return head, rest
 
 
+def _sh_form(head):
+    """True for pip's ``#!/bin/sh`` + ``'''exec'`` head (its first two lines, as :func:`script_head` splits it)."""
+    first, _, rest = head.partition(b"\n")
+    return first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC)
+
+
 def _file_hit(full, old, pattern):
-    """(named, binary, head text) for one regular file."""
-    named = binary = False
+    """(named, nul, utf8, head text) for one regular file, read once in blocks (a large file
+    is never held whole): whether it names ``old``, holds a NUL byte, decodes as UTF-8."""
+    named = nul = False
+    utf8 = True
+    decoder = codecs.getincrementaldecoder("utf-8")()
     head = None
     tail = b""
     keep = len(old) + 16
@@ -105,25 +125,26 @@ def _file_hit(full, old, pattern):
                             head = found.decode("utf-8")
                         except UnicodeDecodeError:
                             head = None
-                if not binary and b"\0" in block:
-                    binary = True
+                if not nul and b"\0" in block:
+                    nul = True
+                if utf8 and not nul:
+                    try:
+                        decoder.decode(block)
+                    except UnicodeDecodeError:
+                        utf8 = False
                 window = tail + block
                 if not named and old in window and pattern.search(window):
                     named = True
-                if named and binary:
+                if named and nul:
                     break
                 tail = window[-keep:]
+            if utf8 and not nul:
+                decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        utf8 = False
     except OSError:
-        return False, False, None
-    if named and not binary:
-        try:
-            with open(full, "rb") as handle:
-                handle.read().decode("utf-8")
-        except UnicodeDecodeError:
-            binary = True
-        except OSError:
-            pass
-    return named, binary, head
+        return False, False, False, None
+    return named, nul, utf8, head
 
 
 def scan(root, old):
@@ -159,12 +180,59 @@ def scan(root, old):
                 continue
             files += 1
             size += info.st_size
-            named, binary, head = _file_hit(full, raw, pattern)
+            named, nul, utf8, head = _file_hit(full, raw, pattern)
             if named:
-                hits.append({"path": rel, "binary": binary, "head": head})
+                hits.append({"path": rel, "binary": nul or not utf8, "nul": nul, "head": head})
     return {"hits": hits, "links": links, "external": external, "files": files, "bytes": size,
             "top": sorted(n for n in os.listdir(root) if n != _SKIP),
-            "lock": os.path.lexists(os.path.join(root, _SKIP, "lock"))}
+            "lock": os.path.lexists(os.path.join(root, _SKIP, "lock")), "identity": identity(root)}
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def identity(root):
+    """``{"boot", "real", "chain"}``: this machine's boot id (null when unknown), ``root``'s real
+    path, and ``[device, inode]`` of it and of each folder above it (empty when ``root`` is missing)."""
+    real = os.path.realpath(root)
+    chain, path = [], real
+    if os.path.isdir(real):
+        while True:
+            info = os.stat(path)
+            chain.append([info.st_dev, info.st_ino])
+            if path == "/":
+                break
+            path = os.path.dirname(path)
+    return {"boot": _boot_id(), "real": real, "chain": chain}
+
+
+def _overlap(dest, source):
+    """``same``, ``inside``, ``contains`` or None: ``dest`` against the source's :func:`identity`,
+    by device and inode, so symlinks and bind mounts on either side do not hide an overlap."""
+    if not source or not source.get("boot") or source["boot"] != _boot_id() or not source.get("chain"):
+        return None
+    chain = [tuple(item) for item in source["chain"]]
+    real = os.path.realpath(dest)
+    path = real
+    while True:
+        try:
+            info = os.stat(path)
+        except OSError:
+            info = None
+        if info is not None:
+            found = (info.st_dev, info.st_ino)
+            if found == chain[0]:
+                return "same" if path == real else "inside"
+            if path == real and found in chain[1:]:
+                return "contains"
+        if path == "/":
+            return None
+        path = os.path.dirname(path)
 
 
 def _write(full, data):
@@ -263,6 +331,9 @@ def relocate(request):
                 raise ValueError("the head of {} changed since the scan".format(edit["path"]))
             else:
                 head, body = edit["head_new"].encode("utf-8"), rest
+                if _sh_form(head) and not _sh_form(found or b""):
+                    # pip's form reads line 2 as the start of a triple-quoted string: its third line closes it
+                    body = _SH_CLOSE + (b"\r\n" if head.endswith(b"\r\n") else b"\n") + body
         result = head + pattern.sub(lambda _m: raw_new, body)
         if result != data:
             _write(full, result)
@@ -289,10 +360,26 @@ def _dest_state(dest):
         return "absent"
     if os.path.islink(dest) or not os.path.isdir(dest):
         return "not-a-folder"
-    entries = os.listdir(dest)
-    if not entries:
+    if not os.listdir(dest):
         return "empty"
-    return "venv" if "pyvenv.cfg" in entries else "nonempty"
+    return "venv" if _replaceable_venv(dest) else "nonempty"
+
+
+def _replaceable_venv(dest):
+    """True for a folder ``--replace`` may delete: its ``pyvenv.cfg`` is a regular file with a
+    ``home`` key (venv and virtualenv write one), and it is not the user's home folder, ``/`` or
+    a mount point (a stray ``pyvenv.cfg`` there must not make it deletable)."""
+    cfg = os.path.join(dest, "pyvenv.cfg")
+    if os.path.islink(cfg) or not os.path.isfile(cfg) or os.path.ismount(dest):
+        return False
+    if os.path.realpath(dest) in ("/", os.path.realpath(os.path.expanduser("~"))):
+        return False
+    try:
+        with open(cfg, "rb") as handle:
+            lines = handle.read(1 << 16).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return False
+    return any(line.partition("=")[0].strip().lower() == "home" for line in lines if "=" in line)
 
 
 def _free(folder):
@@ -314,6 +401,8 @@ def check(request):
         "version": platform.python_version(),
         "executable": sys.executable,
         "dest_state": _dest_state(dest),
+        "real": os.path.realpath(dest),
+        "overlap": _overlap(dest, request.get("source")),
         "parent": parent,
         "parent_writable": os.access(parent, os.W_OK | os.X_OK),
         "free": _free(parent),
