@@ -108,9 +108,12 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
         console.print(f"[bold green]verify passed[/] ({summary})" if not bad else f"[bold red]verify failed[/] ({summary})")
     if args.clear_jit_caches:
         jit = next((r for r in results if r.name == "jit-caches"), None)
-        removed = [c["path"] for c in (jit.details.get("caches", []) if jit else []) if c.get("removed")]
-        console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing (no cache "
-                      "folder existed)") + "; nothing else was touched", markup=False, highlight=False)
+        caches = jit.details.get("caches", []) if jit else []
+        removed = [c["path"] for c in caches if c.get("removed")]
+        refused = [f"{c['path']} ({c['error']})" for c in caches if c.get("exists") and not c.get("removed")]
+        console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing")
+                      + ("; left in place: " + ", ".join(refused) if refused else "")
+                      + "; nothing else was touched", markup=False, highlight=False)
     if args.junit:
         console.print(f"JUnit XML written to {args.junit}", markup=False, highlight=False)
     return EXIT_OK if overall_ok(results) else EXIT_BLOCKED
