@@ -372,3 +372,19 @@ def test_clear_jit_caches_refuses_a_symlinked_cache_and_says_so(built, tmp_path,
     out = " ".join(capsys.readouterr().out.split())
     assert f"--clear-jit-caches removed nothing; left in place: {tmp_path}/triton (not removed: a symlink" in out
     assert (elsewhere / "precious.txt").read_text() == "keep"
+
+
+def test_verify_without_manifest_or_imports_is_a_clear_error(tmp_path, capsys):
+    # before this, it "passed" with every overlay stage skipped: nothing had been checked
+    assert main(["verify", f"local:{tmp_path}/venv"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "without a manifest, --imports must name what to check" in out and "--imports torch,sglang" in out
+
+
+def test_junit_that_cannot_be_written_is_a_clear_error(built, tmp_path, monkeypatch, capsys):
+    for key, value in _env(built, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    target = "/proc/transplant-verify.xml"  # an existing folder no one can create files in, root included
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--junit", target]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"--junit {target}: could not write it" in out and "Traceback" not in out

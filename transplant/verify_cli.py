@@ -64,6 +64,9 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
     source = args.manifest
     with ExitStack() as stack:
         if ":/" in source and not os.path.exists(source):
+            if not extra:
+                raise TransplantError(f"verify {source}: without a manifest, --imports must name what to check",
+                                      hint=f"write e.g. transplant verify {source} --imports torch,sglang")
             spec, venv = parse_location(source)
             options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
                                  known_hosts=Path(args.known_hosts) if args.known_hosts else None)
@@ -96,7 +99,11 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
                                  announce=lambda name: status.update(f"verify: {name}"),
                                  clear_jit_caches=args.clear_jit_caches)
     if args.junit:
-        Path(args.junit).write_text(verify_junit(results, label))
+        try:
+            Path(args.junit).write_text(verify_junit(results, label))
+        except OSError as exc:
+            raise TransplantError(f"--junit {args.junit}: could not write it: {exc.strerror or exc}",
+                                  hint="name a file in a folder you can write to") from None
     if args.json:
         print(verify_json(results, label))
     else:
