@@ -359,3 +359,32 @@ def test_gpu_check_script_runs_the_ladder_and_fails_without_a_gpu(built, tmp_pat
     assert stages["smoke"]["status"] == "fail" and stages["smoke"]["reason"].startswith("import torch failed")
     assert stages["server-args"]["status"] == "skip" and stages["serve"]["status"] == "skip"
     assert "checked: python 3.11" in out and "sglang absent" in out
+
+
+def test_clear_jit_caches_refuses_a_symlinked_cache_and_says_so(built, tmp_path, monkeypatch, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("keep")
+    (tmp_path / "triton").symlink_to(elsewhere)
+    for key, value in _env(built, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"--clear-jit-caches removed nothing; left in place: {tmp_path}/triton (not removed: a symlink" in out
+    assert (elsewhere / "precious.txt").read_text() == "keep"
+
+
+def test_verify_without_manifest_or_imports_is_a_clear_error(tmp_path, capsys):
+    # before this, it "passed" with every overlay stage skipped: nothing had been checked
+    assert main(["verify", f"local:{tmp_path}/venv"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "without a manifest, --imports must name what to check" in out and "--imports torch,sglang" in out
+
+
+def test_junit_that_cannot_be_written_is_a_clear_error(built, tmp_path, monkeypatch, capsys):
+    for key, value in _env(built, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    target = "/proc/transplant-verify.xml"  # an existing folder no one can create files in, root included
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--junit", target]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"--junit {target}: could not write it" in out and "Traceback" not in out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -21,7 +22,14 @@ from conftest import lab_skip_reason
 
 VENV = "/srv/snap-venv"
 SITE = "lib/python3.11/site-packages"
-ELF = Path(__file__).parent / "data" / "fatbin" / "libdevice.so"
+#: A real shared object that loads (verify's native-load stage dlopens it), built with gcc by the fixture.
+ELF = Path(tempfile.mkdtemp(prefix="transplant-snapelf-", dir="/tmp")) / "libdevice.so"
+
+
+def _build_elf() -> None:
+    source = ELF.with_name("device.c")
+    source.write_text("int device_answer(void) { return 42; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(ELF), str(source)], check=True)
 NAMES = ("donor", "t1", "t2", "t3", "t4", "t5")
 
 
@@ -45,6 +53,7 @@ def snaplab(tmp_path_factory):
         pytest.skip(reason)
     directory = Path(tempfile.mkdtemp(prefix="transplant-snaplab-", dir="/tmp"))
     wheels = tmp_path_factory.mktemp("snapwheels")
+    _build_elf()
     a1 = build_wheel(wheels, "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
     a2 = build_wheel(wheels, "alpha", "1.1", {"alpha/__init__.py": "__version__ = '1.1'\n",
                                               "alpha/libdevice.so": ELF.read_bytes(),

@@ -81,6 +81,9 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
     source = getattr(args, "manifest", None) or ""
     with ExitStack() as stack:
         if manifest is None and is_location(source):
+            if not extra:
+                raise TransplantError(f"verify {source}: without a manifest, --imports must name what to check",
+                                      hint=f"write e.g. transplant verify {source} --imports torch,sglang")
             spec, venv = parse_location(source)
             options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
                                  known_hosts=Path(args.known_hosts) if args.known_hosts else None)
@@ -117,7 +120,11 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
             record_verified(target, venv, overall_ok(results), time.time(), log=verified_log(default_state_dir()),
                             ssh=session.ssh)
     if junit:
-        Path(junit).write_text(verify_junit(results, label))
+        try:
+            Path(junit).write_text(verify_junit(results, label))
+        except OSError as exc:
+            raise TransplantError(f"--junit {junit}: could not write it: {exc.strerror or exc}",
+                                  hint="name a file in a folder you can write to") from None
     if getattr(args, "json", False):
         print(verify_json(results, label))
     else:
@@ -129,9 +136,12 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
         console.print(f"[bold green]verify passed[/] ({summary})" if not bad else f"[bold red]verify failed[/] ({summary})")
     if clear:
         jit = next((r for r in results if r.name == "jit-caches"), None)
-        removed = [c["path"] for c in (jit.details.get("caches", []) if jit else []) if c.get("removed")]
-        console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing (no cache "
-                      "folder existed)") + "; nothing else was touched", markup=False, highlight=False)
+        caches = jit.details.get("caches", []) if jit else []
+        removed = [c["path"] for c in caches if c.get("removed")]
+        refused = [f"{c['path']} ({c['error']})" for c in caches if c.get("exists") and not c.get("removed")]
+        console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing")
+                      + ("; left in place: " + ", ".join(refused) if refused else "")
+                      + "; nothing else was touched", markup=False, highlight=False)
     if junit:
         console.print(f"JUnit XML written to {junit}", markup=False, highlight=False)
     return EXIT_OK if overall_ok(results) else EXIT_BLOCKED

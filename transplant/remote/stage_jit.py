@@ -12,8 +12,9 @@ chooses them:
   compiled triton kernels record ``triton_version`` (inductor records no torch version).
 
 The installed versions are read from the venv's metadata (nothing is imported). With
-``clear`` true each existing folder is removed (a real folder only: never a symlink, never
-the home folder, ``/`` or a folder holding the venv) and nothing else.
+``clear`` true each existing folder is removed, and nothing else, unless ``_removable`` refuses
+it (a symlink on the way, a relative path, a system, home, temp or venv folder or one holding
+them, a mount point, another user's folder): then its ``error`` says why.
 
 Prints ``{"caches": [{"name", "path", "library" (whose version ``versions`` are), "exists", "files", "bytes", "versions",
 "installed", "scanned", "removed", "error"}]}``. Stdlib only.
@@ -82,16 +83,53 @@ def _scan(name, path):
     return files, size, sorted(versions), scanned
 
 
+# System folders no cache may live in or be: removing under them would break the host.
+# (Not /root, /var/lib or /run: a service user's home or temp folder may lie there.)
+_SYSTEM = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr")
+
+
+def _holds(outer, inner):
+    """True when folder ``inner`` is ``outer`` or lies under it (both real, absolute paths)."""
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
 def _removable(path):
-    """Why ``path`` may not be removed, or None."""
+    """Why ``path`` may not be removed (a sentence), or None when it may.
+
+    Refused: a relative path; a path with a symlink in it (itself or a parent: the folder
+    removed must be the one named); ``/`` or a top-level folder; a system folder or anything
+    under one (``_SYSTEM``); the home folder, the temp folder, the current folder or the venv,
+    or a folder holding any of them; a folder inside the venv; a mount point; a folder owned
+    by another user.
+    """
+    if not os.path.isabs(path):
+        return "it is a relative path ({}); set the variable to an absolute path".format(path)
+    norm = os.path.normpath(path)
     real = os.path.realpath(path)
-    if os.path.islink(path):
-        return "it is a symlink"
-    home = os.path.realpath(os.path.expanduser("~"))
+    if real != norm:
+        return "a symlink leads to it (it is really {}); remove it by hand if you mean to".format(real)
+    if real.count("/") < 2 or real == "/":
+        return "it is / or a top-level folder"
+    for system in _SYSTEM:
+        if _holds(system, real) or _holds(real, system):
+            return "it is or lies in the system folder {}".format(system)
+    guarded = [("the home folder", os.path.expanduser("~")), ("the temp folder", tempfile.gettempdir()),
+               ("the current folder", os.getcwd()), ("the venv", sys.prefix)]
+    for what, folder in guarded:
+        folder = os.path.realpath(folder)
+        if _holds(real, folder):
+            return "it is or holds {} ({})".format(what, folder)
     venv = os.path.realpath(sys.prefix)
-    if real in ("/", home) or home.startswith(real.rstrip("/") + "/") or venv == real \
-            or venv.startswith(real.rstrip("/") + "/"):
-        return "it is /, the home folder or holds it, or holds the venv"
+    if _holds(venv, real):
+        return "it lies inside the venv ({})".format(venv)
+    if os.path.ismount(real):
+        return "it is a mount point"
+    try:
+        owner = os.lstat(real).st_uid
+    except OSError as exc:
+        return "it cannot be read: {}".format(exc)
+    if owner != os.geteuid():
+        return "it belongs to another user (uid {})".format(owner)
     return None
 
 

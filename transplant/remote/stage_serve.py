@@ -105,16 +105,34 @@ def _stop(proc):
     return how
 
 
-def _ask(url, body, timeout):
-    """POST ``body``; returns (status, answer, first_token_seconds, total_seconds, streamed)."""
+_ANSWER_LIMIT = 16 << 20  # bytes of answer read at most
+
+
+def _ask(url, body, deadline):
+    """POST ``body``, reading the answer until ``deadline`` (a ``time.monotonic()`` value);
+    returns (status, answer, first_token_seconds, total_seconds, streamed).
+
+    :raises TimeoutError: the answer was still coming at the deadline (a server trickling a
+        stream, each part inside the socket timeout, is stopped too).
+    :raises ValueError: the answer is over ``_ANSWER_LIMIT`` bytes or not JSON.
+    """
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     started = time.monotonic()
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+
+    def check(size):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer was still coming at the deadline")
+        if size > _ANSWER_LIMIT:
+            raise ValueError("the answer is over {} bytes".format(_ANSWER_LIMIT))
+
+    with urllib.request.urlopen(req, timeout=max(1.0, deadline - started)) as resp:
         status = resp.status
         if "text/event-stream" in resp.headers.get("Content-Type", ""):
-            first, last = None, None
+            first, last, size = None, None, 0
             for raw in resp:
+                size += len(raw)
+                check(size)
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:"):
                     continue
@@ -125,7 +143,15 @@ def _ask(url, body, timeout):
                     first = time.monotonic() - started
                 last = json.loads(payload)
             return status, last, first, time.monotonic() - started, True
-        answer = json.loads(resp.read().decode("utf-8", "replace"))
+        chunks, size = [], 0
+        while True:
+            chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            check(size)
+        answer = json.loads(b"".join(chunks).decode("utf-8", "replace"))
         total = time.monotonic() - started
         return status, answer, total, total, False
 
@@ -180,15 +206,14 @@ def main():
             time.sleep(0.25)
         report["started"] = True
         report["startup_seconds"] = round(time.monotonic() - started, 3)
-        left = max(5.0, deadline - time.monotonic())
         try:
             status, answer, first, total, streamed = _ask(base + request.get("path", "/generate"),
-                                                          request.get("body", {}), left)
+                                                          request.get("body", {}), max(deadline, time.monotonic() + 5))
         except urllib.error.HTTPError as exc:
             report["status"] = exc.code
             report["error"] = "HTTP {} from {}: {}".format(exc.code, exc.url, exc.read()[:500].decode("utf-8", "replace"))
             return
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # TimeoutError is an OSError
             report["error"] = "the generation request failed: {}: {}".format(type(exc).__name__, exc)
             return
         report.update(status=status, answer=answer, first_token_seconds=round(first, 3) if first is not None else None,
