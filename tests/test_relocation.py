@@ -90,7 +90,7 @@ def test_decide_rewrites_known_files_repoints_links_and_expects_the_rest():
     assert plan.expected.bytecode == ("lib/python3.11/site-packages/a/__pycache__/b.cpython-311.pyc",)
     # a prefix too long for a shebang gets pip's /bin/sh + exec form, as apply writes it
     head = decide(OLD, long_new, scan).edits[1].head_new
-    assert head == f"#!/bin/sh\n'''exec' {long_new}/bin/python \"$0\" \"$@\"\n"
+    assert head == f"#!/bin/sh\n'''exec' {long_new}/bin/python \"$0\" \"$@\"\n' '''\n"
     request = plan.to_request(NEW)
     assert request["root"] == NEW and request["old"] == OLD and request["new"] == NEW
     assert {"path": "abs", "target": f"{NEW}/lib/x"} in request["links"]

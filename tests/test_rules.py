@@ -454,15 +454,16 @@ def test_unreadable_binaries_are_said_not_passed():
 
 
 SH_EXEC = "'" * 3 + "exec'"
+SH_CLOSE = "' " + "'" * 3  # pip's form has three lines; the third closes line 2's string for Python
 
 
 @pytest.mark.parametrize("head, target, want", [
-    ("#!/donor/venv/bin/python\n", "/t x", f"#!/bin/sh\n{SH_EXEC} '/t x/bin/python' \"$0\" \"$@\"\n"),
+    ("#!/donor/venv/bin/python\n", "/t x", f"#!/bin/sh\n{SH_EXEC} '/t x/bin/python' \"$0\" \"$@\"\n{SH_CLOSE}\n"),
     ("#!/usr/bin/env /donor/venv/bin/python3\n", "/t", "#!/t/bin/python3\n"),
     ("#!/donor/venv/bin/python\r\n", "/t", "#!/t/bin/python\r\n"),
     (f"#!/bin/sh\n{SH_EXEC} \"/donor/venv/bin/python \"$0\" \"$@\"\n", "/t", None),  # unbalanced quote: left alone
     (f"#!/bin/sh\n{SH_EXEC} '/donor/venv/bin/python' \"$0\" \"$@\"\n", "/t",
-     f"#!/bin/sh\n{SH_EXEC} /t/bin/python \"$0\" \"$@\"\n"),
+     f"#!/bin/sh\n{SH_EXEC} /t/bin/python \"$0\" \"$@\"\n{SH_CLOSE}\n"),
 ])
 def test_shebang_rewrites(head, target, want):
     from transplant.rules.venvfiles import rewritten_head

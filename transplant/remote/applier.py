@@ -54,6 +54,7 @@ import time
 
 STATE = ".transplant"
 _SH_EXEC = b"'" * 3 + b"exec'"
+_SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's /bin/sh form
 _PROTECTED = ("pyvenv.cfg", STATE)
 _MARGIN = 16 << 20  # bytes kept free beyond what staging needs
 
@@ -380,6 +381,9 @@ def _split_head(data):
     if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
         second, sep2, rest = rest.partition(b"\n")
         head += second + sep2
+        third, sep3, after = rest.partition(b"\n")
+        if third.rstrip(b"\r") == _SH_CLOSE:  # the line that closes line 2's string for Python
+            head, rest = head + third + sep3, after
     return head, rest
 
 

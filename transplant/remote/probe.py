@@ -198,6 +198,7 @@ _WORKERS = max(1, min(8, os.cpu_count() or 1))
 _SCRIPT_MAX = 1 << 20
 _TEXT_MAX = 64 * 1024
 _SH_EXEC = b"'" * 3 + b"exec'"
+_SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's /bin/sh form
 
 
 def _digest(data):
@@ -207,8 +208,9 @@ def _digest(data):
 def script_head(data):
     """Split a script's bytes into (head, body).
 
-    The head is the shebang line, plus the second line of pip's ``#!/bin/sh`` form
-    (``exec`` of the interpreter, used when its path is too long for a shebang).
+    The head is the shebang line, plus the second and third lines of pip's ``#!/bin/sh``
+    form (``exec`` of the interpreter, used when its path is too long for a shebang, and the
+    line that closes, for Python, the string the second line opens).
     Returns (None, data) when there is no shebang.
     """
     if not data.startswith(b"#!"):
@@ -218,6 +220,9 @@ def script_head(data):
     if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
         second, sep2, rest = rest.partition(b"\n")
         head += second + sep2
+        third, sep3, after = rest.partition(b"\n")
+        if third.rstrip(b"\r") == _SH_CLOSE:  # the line that closes line 2's string for Python
+            head, rest = head + third + sep3, after
     return head, rest
 
 

@@ -83,8 +83,8 @@ def _inside(root, rel):
 
 
 def script_head(data):
-    """(head, body) as the probe splits them: the shebang line, plus the second line of
-    pip's ``#!/bin/sh`` + ``'''exec'`` form; (None, data) without a shebang."""
+    """(head, body) as the probe splits them: the shebang line, plus the second and third lines
+    of pip's ``#!/bin/sh`` + ``'''exec'`` form; (None, data) without a shebang."""
     if not data.startswith(b"#!"):
         return None, data
     first, sep, rest = data.partition(b"\n")
@@ -92,13 +92,10 @@ def script_head(data):
     if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
         second, sep2, rest = rest.partition(b"\n")
         head += second + sep2
+        third, sep3, after = rest.partition(b"\n")
+        if third.rstrip(b"\r") == _SH_CLOSE:  # the line that closes line 2's string for Python
+            head, rest = head + third + sep3, after
     return head, rest
-
-
-def _sh_form(head):
-    """True for pip's ``#!/bin/sh`` + ``'''exec'`` head (its first two lines, as :func:`script_head` splits it)."""
-    first, _, rest = head.partition(b"\n")
-    return first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC)
 
 
 def _file_hit(full, old, pattern):
@@ -330,10 +327,7 @@ def relocate(request):
             elif text != edit["head_old"]:
                 raise ValueError("the head of {} changed since the scan".format(edit["path"]))
             else:
-                head, body = edit["head_new"].encode("utf-8"), rest
-                if _sh_form(head) and not _sh_form(found or b""):
-                    # pip's form reads line 2 as the start of a triple-quoted string: its third line closes it
-                    body = _SH_CLOSE + (b"\r\n" if head.endswith(b"\r\n") else b"\n") + body
+                head, body = edit["head_new"].encode("utf-8"), rest  # a /bin/sh head has all three lines
         result = head + pattern.sub(lambda _m: raw_new, body)
         if result != data:
             _write(full, result)

@@ -23,6 +23,7 @@ __all__ = ["pth_paths", "editable_sources", "editable_findings", "shebang_interp
            "drift_findings"]
 
 _SH_EXEC = "'" * 3 + "exec'"  # pip's /bin/sh form: the second line starts with this
+_SH_CLOSE = "' " + "'" * 3  # its third line, which closes for Python the string the second opens
 _MAPPING = re.compile(r"^MAPPING\s*(?::[^=\n]*)?=\s*(\{.*?\})\s*$", re.M | re.S)
 _SHOWN = 10
 
@@ -174,7 +175,8 @@ def rewritten_head(head: str, donor_prefix: str, target_prefix: str) -> str | No
 
     The interpreter becomes the target's ``bin/<same name>``; when that path has a space
     or a shell character, or is too long for a shebang, pip's ``#!/bin/sh`` + ``'''exec'``
-    form is written with the path shell-quoted (as pip's script maker does).
+    form is written with the path shell-quoted, all three lines of it (as pip's script maker
+    does; a script's head in that form is those three lines, as the probe splits it).
     """
     interpreter = shebang_interpreter(head)
     if interpreter is None or donor_prefix == target_prefix or not interpreter.startswith(donor_prefix + "/"):
@@ -183,7 +185,7 @@ def rewritten_head(head: str, donor_prefix: str, target_prefix: str) -> str | No
     ending = "\r\n" if head.splitlines(keepends=True)[0].endswith("\r\n") else "\n"
     sh_form = head.startswith("#!/bin/sh") and len(head.splitlines()) > 1
     if sh_form or len(new) + 2 > _SHEBANG_MAX or any(ch in new for ch in " \t\"'$`\\"):
-        return f"#!/bin/sh{ending}{_SH_EXEC} {shlex.quote(new)} \"$0\" \"$@\"{ending}"
+        return f"#!/bin/sh{ending}{_SH_EXEC} {shlex.quote(new)} \"$0\" \"$@\"{ending}{_SH_CLOSE}{ending}"
     return f"#!{new}{ending}"
 
 
