@@ -438,8 +438,7 @@ def parse_location(text: str) -> tuple[HostSpec, str]:
 
 def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
     spec, venv = parse_location(args.location)
-    options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
-                         known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+    options = SSHOptions.from_files(args.identity_file, args.known_hosts)
     with connect(spec, options) as host, console.status(f"probing {args.location}"):
         inv = take_inventory(host, venv, hash_patterns=args.hash or ())
     if args.json:

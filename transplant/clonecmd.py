@@ -9,7 +9,6 @@ import shlex
 import sys
 from collections import Counter
 from contextlib import ExitStack
-from pathlib import Path
 from collections.abc import Callable
 
 from rich.console import Console
@@ -80,8 +79,7 @@ def clone_command(args: argparse.Namespace, console: Console,
     :raises TransplantError: as :func:`transplant.cloning.clone`.
     """
     (src_spec, src_venv), (dst_spec, dst_venv) = parse_location(args.source), parse_location(args.dest)
-    options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
-                         known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+    options = SSHOptions.from_files(args.identity_file, args.known_hosts)
     with ExitStack() as stack:
         src = stack.enter_context(connect(src_spec, options))
         dst = src if dst_spec == src_spec else stack.enter_context(connect(dst_spec, options))

@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .apply import default_state_dir
 from .errors import TransplantError
 from .fleet import DonorRead, TargetResult, check_fleet, fleet_exit, run_fleet, serve_from_snapshot
+from .snapshot import default_store
 from .hosts import SSHOptions
 from .manifest import Endpoint, Manifest
 from .render import human_bytes, print_plan, stages_table
@@ -101,7 +101,7 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
         donor_inventory = _once(lambda: _donor_inventory(opened))
     else:
         with console.status("reading the donor once") as status:
-            opened, read = serve_from_snapshot(opened, default_state_dir() / "snapshots", stack,
+            opened, read = serve_from_snapshot(opened, default_store(), stack,
                                                step=lambda line: status.update(line))
     console.print(f"donor source: {opened.source.label} ({opened.why}); read from the donor: {read.files} file(s), "
                   f"{human_bytes(read.bytes)}", markup=False, highlight=False)

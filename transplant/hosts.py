@@ -77,6 +77,13 @@ class SSHOptions:
     connect_timeout: float = 10.0
     verify_host_keys: bool = True
 
+    @classmethod
+    def from_files(cls, identity_file: str | None, known_hosts: str | None) -> "SSHOptions":
+        """Settings from the ``--identity-file`` / ``--known-hosts`` options (paths as given;
+        None or empty where an option is not given: the SSH defaults above)."""
+        return cls(identity_file=Path(identity_file) if identity_file else None,
+                   known_hosts=Path(known_hosts) if known_hosts else None)
+
     def known_hosts_path(self) -> Path:
         """The known_hosts file in effect, as an absolute path (it may not exist)."""
         if self.known_hosts is not None:

@@ -26,21 +26,16 @@ from .recipes import verified_log
 from .files import load_manifest
 from .render import human_bytes
 from .reports import snapshots_table, status_table
+from .snapshot import default_store
 
-__all__ = ["status_command", "recover_command", "snapshot_command", "ssh_from_args"]
-
-
-def ssh_from_args(args: argparse.Namespace) -> SSHOptions:
-    """SSH settings from ``--identity-file`` / ``--known-hosts`` (None where not given: ssh's defaults)."""
-    return SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
-                      known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+__all__ = ["status_command", "recover_command", "snapshot_command"]
 
 
 def status_command(args: argparse.Namespace, console: Console) -> int:
     from .status import read_status
 
     spec, venv = parse_location(args.location)
-    with connect(spec, ssh_from_args(args)) as host, console.status(f"reading {args.location}"):
+    with connect(spec, SSHOptions.from_files(args.identity_file, args.known_hosts)) as host, console.status(f"reading {args.location}"):
         status = read_status(host, venv)
     if args.json:
         print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
@@ -76,7 +71,7 @@ def _recover_default(args: argparse.Namespace, console: Console, store: Path, by
         where = f"{entry['host']}:{entry['venv']}"
         say(f"a state this controller saw verified: transaction {entry.get('transaction')} on {where}")
         keys = entry.get("ssh") if isinstance(entry.get("ssh"), dict) else {}
-        options = ssh_from_args(args) if (args.identity_file or args.known_hosts) else SSHOptions(
+        options = SSHOptions.from_files(args.identity_file, args.known_hosts) if (args.identity_file or args.known_hosts) else SSHOptions(
             identity_file=Path(keys["identity_file"]) if keys.get("identity_file") else None,
             known_hosts=Path(keys["known_hosts"]) if keys.get("known_hosts") else None)
         try:
@@ -109,7 +104,7 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
 
     if args.source_host and args.snapshot:
         raise UsageError("--from and --snapshot exclude each other")
-    store = Path(args.out) if args.out else default_state_dir() / "snapshots"
+    store = Path(args.out) if args.out else default_store()
     ssh = {k: str(Path(v).absolute()) for k, v in (("identity_file", args.identity_file),
                                                     ("known_hosts", args.known_hosts)) if v}
     spec_text, sep, venv_text = args.target.partition(":/")
@@ -129,7 +124,7 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
         return from_snapshot(snap, target, default_state_dir(), ssh=ssh), target
 
     if args.source_host:
-        recovery, target = by_history(*parse_location(args.source_host), ssh_from_args(args))
+        recovery, target = by_history(*parse_location(args.source_host), SSHOptions.from_files(args.identity_file, args.known_hosts))
     elif args.snapshot:
         recovery, target = by_snapshot(load_snapshot(args.snapshot, store=store))
     else:
@@ -156,7 +151,7 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
 def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     from .snapshot import capture, list_snapshots, prune
 
-    store = Path(args.out) if args.out else default_state_dir() / "snapshots"
+    store = Path(args.out) if args.out else default_store()
     if args.list or args.prune is not None:
         if args.manifest:
             raise UsageError("--list and --prune take no manifest")

@@ -51,7 +51,7 @@ from .probing import take_inventory
 from .transfer import copy_files
 
 __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "capture", "load_snapshot",
-           "list_snapshots", "prune", "SnapshotSource", "TEXTS"]
+           "list_snapshots", "prune", "default_store", "SnapshotSource", "TEXTS"]
 
 SNAPSHOT_SCHEMA = "transplant.snapshot/1"
 TEXTS = ("torch/version.py",)
@@ -210,6 +210,14 @@ def _index_digest(document: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def default_store() -> Path:
+    """The controller's snapshot store: ``<state folder>/snapshots`` (see
+    :func:`transplant.apply.default_state_dir`)."""
+    from .apply import default_state_dir
+
+    return default_state_dir() / "snapshots"
+
+
 def resolve_path(reference: str, *, base: Path | None, store: Path) -> Path:
     """The index file a manifest's ``snapshot:`` names: a path (relative to ``base``, the
     manifest's folder), or a bare snapshot id looked up in ``store``."""
@@ -228,9 +236,7 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     :raises SnapshotError: missing, unreadable, not JSON or of another schema; the message
         names the file and the fix.
     """
-    from .apply import default_state_dir
-
-    store = store or default_state_dir() / "snapshots"
+    store = store or default_store()
     where = resolve_path(path, base=base, store=store)
     listing = f"transplant snapshot --list --out {store}"
     try:

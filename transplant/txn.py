@@ -4,7 +4,6 @@ and history, driving the ``applier`` host script (see :mod:`transplant.remote.ap
 from __future__ import annotations
 
 import os
-import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping

@@ -85,8 +85,7 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
                 raise TransplantError(f"verify {source}: without a manifest, --imports must name what to check",
                                       hint=f"write e.g. transplant verify {source} --imports torch,sglang")
             spec, venv = parse_location(source)
-            options = SSHOptions(identity_file=Path(args.identity_file) if args.identity_file else None,
-                                 known_hosts=Path(args.known_hosts) if args.known_hosts else None)
+            options = SSHOptions.from_files(args.identity_file, args.known_hosts)
             with console.status(f"connecting to {spec}"):
                 target: Host = stack.enter_context(connect(spec, options))
             settings = VerifySettings(imports=extra)
