@@ -32,6 +32,11 @@ __all__ = ["status_command", "recover_command", "snapshot_command"]
 
 
 def status_command(args: argparse.Namespace, console: Console) -> int:
+    """``transplant status HOST:VENV``: print what was applied there and the drift (see
+    :func:`transplant.status.read_status`); returns 0, or 3 when applied files drifted.
+
+    :raises TransplantError: a bad location, an unreachable host, unreadable records.
+    """
     from .status import read_status
 
     spec, venv = parse_location(args.location)
@@ -99,6 +104,13 @@ def _recover_default(args: argparse.Namespace, console: Console, store: Path, by
 
 
 def recover_command(args: argparse.Namespace, console: Console) -> int:
+    """``transplant recover --target HOST[:VENV]``: find the source (``--from``, ``--snapshot``, or
+    the states this controller saw verified, then the newest snapshot), write its manifest under
+    the state folder, then run plan, apply and verify on it. Returns the exit code of the first
+    step that did not succeed (plan blocked 3, apply 1 or 3, verify 3), else 0.
+
+    :raises TransplantError: bad options, nothing to recover from, a refused source.
+    """
     from .recover import Recovery, from_history, from_snapshot
     from .snapshot import Snapshot, load_snapshot
 
@@ -149,6 +161,11 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
 
 
 def snapshot_command(args: argparse.Namespace, console: Console) -> int:
+    """``transplant snapshot MANIFEST`` (capture the donor's overlay set), ``--list`` or
+    ``--prune [ID...]``, in ``--out`` or :func:`transplant.snapshot.default_store`; returns 0.
+
+    :raises TransplantError: bad options or manifest, an unreachable donor, a damaged store.
+    """
     from .snapshot import capture, list_snapshots, prune
 
     store = Path(args.out) if args.out else default_store()

@@ -35,11 +35,26 @@ class DonorSource(Protocol):
     label: str
 
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None, record: bool = True) -> Inventory: ...
+                  timeout: float | None = None, record: bool = True) -> Inventory:
+        """The donor venv's inventory, the distributions ``hash_patterns`` selects hashed;
+        ``texts`` are venv-relative files whose text it carries; ``timeout`` in seconds (None:
+        the probe's default); ``record`` False reads metadata only.
 
-    def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport: ...
+        :raises TransplantError: the donor cannot be read (a host error, a damaged snapshot).
+        """
+        ...
 
-    def files(self, paths: Sequence[str]) -> tuple[Host, str]: ...
+    def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
+        """ELF facts of ``files`` (venv-relative), as :func:`transplant.elfscan.read_elf_facts`."""
+        ...
+
+    def files(self, paths: Sequence[str]) -> tuple[Host, str]:
+        """(host, folder) from which rsync reads ``paths`` (venv-relative): the donor host and its
+        venv, or the controller and a snapshot's view.
+
+        :raises TransplantError: a path cannot be served (a snapshot lacks it or fails its hash).
+        """
+        ...
 
 
 class HostSource:
