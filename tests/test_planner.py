@@ -84,8 +84,8 @@ def test_seed_plan_finds_flashinfer_before_anything_moves():
     assert unmet.message == "sglang 0.5.23 requires flashinfer_python==0.7.2, found 0.6.3"
     assert unmet.hint == "add 'flashinfer-python' to overlay (the donor has 0.7.2)"
     assert errors[1].hint == "add flashinfer-python to overlay in seed.yaml"
-    assert errors[0].hint == ("add 'nvidia-cuda-runtime-cu12' to remove: in seed.yaml "
-                              "(a CUDA 13 environment does not load it)")
+    assert errors[0].hint == ("add to remove: in seed.yaml: [nvidia-cuda-runtime-cu12] "
+                              "(a CUDA 13 environment does not load it, and the donor runs without it)")
     assert result.blocking == tuple(errors)
 
 

@@ -294,7 +294,10 @@ def test_case10_cu128_torch_beside_cuda13_libraries():
     assert f.severity == "error"
     assert "CUDA 12: torch 2.9.0+cu128 (label +cu128)" in f.message
     assert "nvidia-cublas 13.0.0.19 (version 13.0.0.19)" in f.message and "(label +cu130)" in f.message
-    assert f.hint == "install a CUDA 12 build of nvidia-cublas; install a CUDA 12 build of sgl-kernel"
+    # the fix never asks for a build that cannot exist (a CUDA 12 build of the CUDA 13 nvidia-cublas)
+    assert f.hint == ("the donor's nvidia-cublas 13.0.0.19 is itself for another CUDA major: leave 'nvidia-cublas' "
+                      "out of overlay; the donor's sgl-kernel 0.3.16.post4+cu130 is itself for another CUDA major: "
+                      "leave 'sgl-kernel' out of overlay, or build it for CUDA 12")
     # torch's own pin on nvidia-cublas-cu12 is unmet on both sides: reported, folded into the warning
     [unmet] = found(result, "requirement-unmet")
     assert unmet.severity == "warning" and unmet.dists == ("nvidia-cublas-cu12", "torch")
@@ -306,11 +309,33 @@ def test_cuda_major_from_sonames_and_torch_version_py():
              dist("kern", "1.0", {"kern/k.so": "k"})]
     target_elf = elf("t")
     donor_elf = elf("d", so("kern/k.so", needed=("libcudart.so.12",)))
+    # the target's glibc is older than the donor's: another context, so the donor's own mix is no excuse
     result = run(["torch", "kern"], donor, [], donor_kw={"texts": {"torch/version.py": "cuda = '13.0'\n"}},
-                 donor_elf=donor_elf, target_elf=target_elf)
+                 target_kw={"glibc": "2.35"}, donor_elf=donor_elf, target_elf=target_elf)
     [f] = found(result, "cuda-major-mismatch")
+    assert f.severity == "error"
     assert "torch 2.9.0 (torch/version.py cuda = '13.0')" in f.message
     assert f"kern 1.0 (soname {SITE}/kern/k.so needs libcudart.so.12)" in f.message
+
+
+def test_cuda_major_the_donor_runs_is_info():
+    """The donor's own CUDA 12 object beside its CUDA 13 torch (nvidia-cutlass-dsl-libs-cu12 on the
+    real 0.5.23 stack), moved identically to a target of the same context: info, not an error."""
+    donor = [dist("torch", "2.9.0+cu130", {"torch/version.py": "cuda = '13.0'"}),
+             dist("nvidia-dsl-libs-cu12", "4.3.5", {"dsl/libdsl.so": "d"}),
+             dist("nvidia-cuda-runtime", "13.0.96", {"nvidia/cu13/lib/libcudart.so.13": "r"})]
+    target = [dist("torch", "2.9.0+cu128", {"torch/version.py": "cuda = '12.8'"}),
+              dist("nvidia-cuda-runtime-cu12", "12.8.90", {"nvidia/cuda_runtime/lib/libcudart.so.12": "r"})]
+    result = run(["torch", "nvidia-*"], donor, target)
+    [f] = found(result, "cuda-major-mismatch")
+    # the target's leftover runtime is a true fault; the donor's own -cu12 library is named as not counted
+    assert f.severity == "error" and "nvidia-cuda-runtime-cu12 12.8.90 (name -cu12)" in f.message
+    assert "the donor runs with nvidia-dsl-libs-cu12 4.3.5 beside CUDA 13 too" in f.message
+    assert f.hint == ("add to remove: in m.yaml: [nvidia-cuda-runtime-cu12] (a CUDA 13 environment does not "
+                      "load it, and the donor runs without it)")
+    result = run(["torch", "nvidia-*"], donor, target, remove=["nvidia-*-cu12"])
+    [f] = found(result, "cuda-major-mismatch")
+    assert f.severity == "info" and f.dists == ("nvidia-dsl-libs-cu12",) and not result.blocking
 
 
 def test_one_cuda_major_is_quiet():

@@ -387,7 +387,8 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     changes.extend(_patch_changes(patches, target))
     env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after, removed=tuple(removed),
                            patch_dests=frozenset(p.dest for p in patches), donor_elf=donor_elf, target_elf=target_elf,
-                           manifest=manifest.path)
+                           manifest=manifest.path,
+                           changed=frozenset(c.name for c in changes if c.kind == "distribution" and not c.is_noop))
     findings.extend(compatibility_findings(env))
     findings = _accept(manifest, findings)
     order = {"error": 0, "warning": 1, "info": 2}

@@ -10,13 +10,15 @@ Compatibility", "Feature Availability").
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from fnmatch import fnmatchcase
 
 from ..binaries import DeviceCode
 from ..tables import arch_minimum_cuda, cuda_table, driver_cuda, driver_minimum
 from ..model import Finding
 from .cudaenv import Evidence, cuda_evidence, runtime_cuda
-from .env import EnvironmentAfter, describe, severity
+from .env import DONOR_RUNS, EnvironmentAfter, describe, severity
 
 __all__ = ["cuda_major_findings", "driver_findings", "gpu_arch_findings", "covers"]
 
@@ -31,20 +33,76 @@ def _anchor(env: EnvironmentAfter, by_major: dict[int, list[Evidence]]) -> int:
     return max(by_major, key=lambda m: (sum(e.name in env.overlaid for e in by_major[m]), len(by_major[m]), m))
 
 
-def _fix(env: EnvironmentAfter, name: str, anchor: int) -> str:
-    donor = env.donor.latest().get(name)  # type: ignore[call-overload]
-    if name not in env.overlaid and donor is not None and donor.raw_version != env.after[name].raw_version:
-        return f"add {name!r} to overlay (the donor has {describe(donor)})"
-    if name.startswith("nvidia-") and name not in env.overlaid:
-        return f"add {name!r} to remove: in {env.manifest} (a CUDA {anchor} environment does not load it)"
-    if name not in env.overlaid and donor is None:
-        return (f"install a CUDA {anchor} build of {name}, or add {name!r} to remove: in {env.manifest} "
-                f"(the donor runs without it)")
-    return f"install a CUDA {anchor} build of {name}"
+_SUFFIXED = re.compile(r"^(nvidia-.+)-cu(\d+)$")
+
+
+def _donor_tolerates(env: EnvironmentAfter, anchor: int) -> set[tuple[str, int]]:
+    """(name, CUDA major) pairs the donor itself holds beside its own anchor major, when that
+    anchor is ``anchor``: the donor runs with them (e.g. its ``nvidia-cutlass-dsl-libs-cu12``
+    beside a CUDA 13 torch). Empty when the donor's anchor differs or its context does."""
+    if not env.same_context:
+        return set()
+    latest = env.donor.latest()
+    own = EnvironmentAfter(donor=env.donor, target=env.donor, overlaid=tuple(latest), after=latest,
+                           donor_elf=env.donor_elf, target_elf=env.donor_elf)
+    by_major: dict[int, list[Evidence]] = defaultdict(list)
+    for e in cuda_evidence(own):
+        by_major[e.major].append(e)
+    if not by_major or _anchor(own, by_major) != anchor:
+        return set()
+    return {(e.name, e.major) for m, items in by_major.items() if m != anchor for e in items}
+
+
+def _compact(names: list[str], present: set[str]) -> list[str]:
+    """Names for a manifest list, with every ``nvidia-*-cuNN`` group written as that glob when
+    the glob matches exactly those of ``present`` (``nvidia-*-cu12``)."""
+    out, groups = [], defaultdict(list)
+    for n in names:
+        m = _SUFFIXED.match(n)
+        (groups[m.group(2)] if m else out).append(n)
+    for major, members in sorted(groups.items()):
+        glob = f"nvidia-*-cu{major}"
+        if len(members) > 1 and set(members) == {p for p in present if fnmatchcase(p, glob)}:
+            out.append(glob)
+        else:
+            out.extend(members)
+    return sorted(out)
+
+
+def _fixes(env: EnvironmentAfter, names: list[str], anchor: int) -> str:
+    """The manifest changes that leave one CUDA major, grouped into one line per key:
+    overlay the donor's build where the donor has another version, remove what the donor
+    runs without (and every ``nvidia-*`` leftover), and for an overlaid name say to leave
+    it out or rebuild it (never "a CUDA 13 build of ...-cu12", which cannot exist)."""
+    donor = env.donor.latest()
+    overlay, remove, other = [], [], []
+    for n in names:
+        theirs = donor.get(n)  # type: ignore[call-overload]
+        if n in env.overlaid:
+            other.append(f"the donor's {describe(env.after[n])} is itself for another CUDA major: leave {n!r} out of "
+                         f"overlay" + ("" if n.startswith("nvidia-") else f", or build it for CUDA {anchor}"))
+        elif theirs is not None and theirs.raw_version != env.after[n].raw_version and not _SUFFIXED.match(n):
+            overlay.append(f"{n} (the donor has {theirs.raw_version})")
+        else:
+            remove.append(n)
+    parts = []
+    if remove:
+        listed = ", ".join(_compact(remove, set(env.after)))
+        it = "it" if len(remove) == 1 else "them"
+        without = "" if any(n in donor for n in remove) else f", and the donor runs without {it}"
+        parts.append(f"add to remove: in {env.manifest}: [{listed}] (a CUDA {anchor} environment does not load "
+                     f"{it}{without})")
+    if overlay:
+        parts.append(f"add to overlay in {env.manifest}: {', '.join(overlay)}")
+    return "; ".join(parts + other)
 
 
 def cuda_major_findings(env: EnvironmentAfter) -> list[Finding]:
-    """``cuda-major-mismatch``: the environment after apply holds builds for two CUDA majors."""
+    """``cuda-major-mismatch``: the environment after apply holds builds for two CUDA majors.
+
+    A distribution that the donor runs beside the same anchor major (identical, in the same
+    context: :func:`_donor_tolerates`) is not counted as the fault; when it is all there is,
+    the finding is ``info``."""
     evidence = cuda_evidence(env)
     by_major: dict[int, list[Evidence]] = defaultdict(list)
     for e in evidence:
@@ -52,19 +110,35 @@ def cuda_major_findings(env: EnvironmentAfter) -> list[Finding]:
     if len(by_major) < 2:
         return []
     anchor = _anchor(env, by_major)
+    tolerated = _donor_tolerates(env, anchor)
+    odd_items = [e for m, items in by_major.items() if m != anchor for e in items]
+    donor_run = sorted({e.name for e in odd_items if (e.name, e.major) in tolerated and env.donor_identical(e.name)})
+    odd = sorted({e.name for e in odd_items} - set(donor_run))
     parts = []
     for major in sorted(by_major):
-        items = by_major[major]
+        items = [e for e in by_major[major] if e.name not in donor_run]
+        if not items:
+            continue
         shown = ", ".join(f"{describe(env.after[e.name])} ({e.how} {e.detail})" for e in items[:_SHOWN])
         more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
         parts.append(f"CUDA {major}: {shown}{more}")
-    odd = sorted({e.name for m, items in by_major.items() if m != anchor for e in items})
+    ran = (f"; the donor runs with {', '.join(describe(env.after[n]) for n in donor_run)} beside CUDA {anchor} "
+           f"too (same files, same context), so {'those are' if len(donor_run) > 1 else 'that is'} not counted"
+           if donor_run else "")
     names = sorted({e.name for e in evidence})
+    if not odd:
+        return [Finding(
+            code="cuda-major-mismatch", severity="info", dists=tuple(donor_run),
+            message=f"after apply the environment is CUDA {anchor} but holds "
+                    f"{', '.join(describe(env.after[n]) for n in donor_run)} for another major; {DONOR_RUNS}",
+            hint="nothing to do",
+        )]
     return [Finding(
-        code="cuda-major-mismatch", severity=severity(env, names), dists=tuple(names),
+        code="cuda-major-mismatch", severity=severity(env, names, donor=False), dists=tuple(sorted({*odd, *(
+            e.name for e in by_major[anchor])})),
         message="after apply the environment mixes CUDA majors: " + "; ".join(parts)
-                + f"; one process loads one CUDA runtime, so the CUDA {anchor} side fails to load the others",
-        hint="; ".join(_fix(env, n, anchor) for n in odd),
+                + f"; one process loads one CUDA runtime, so the CUDA {anchor} side fails to load the others" + ran,
+        hint=_fixes(env, odd, anchor),
     )]
 
 
@@ -156,14 +230,14 @@ def gpu_arch_findings(env: EnvironmentAfter) -> list[Finding]:
         dropped = [d for d in cuda_table()["arch_dropped"] if d["cuda_major"] <= need[0] and arch < d["below"]]
         if first is not None and need < first:
             out.append(Finding(
-                code="gpu-arch-unsupported", severity=severity(env, list(env.after)), dists=(),
+                code="gpu-arch-unsupported", severity=severity(env, list(env.after), donor=False), dists=(),
                 message=f"the target's {gpu} (sm_{arch}) needs CUDA {first[0]}.{first[1]} or newer; the environment "
                         f"after apply is built for CUDA {need[0]}.{need[1]}",
                 hint=f"overlay builds for CUDA {first[0]}.{first[1]} or newer (e.g. torch +cu{first[0]}{first[1]})",
             ))
         elif dropped:
             out.append(Finding(
-                code="gpu-arch-unsupported", severity=severity(env, list(env.after)), dists=(),
+                code="gpu-arch-unsupported", severity=severity(env, list(env.after), donor=False), dists=(),
                 message=f"CUDA {need[0]} dropped support for the target's {gpu} (sm_{arch})",
                 hint=f"overlay builds for CUDA {need[0] - 1}.x on this host",
             ))

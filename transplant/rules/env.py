@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from packaging.utils import NormalizedName
+from packaging.version import InvalidVersion, Version
 
 from ..binaries import ElfFacts, ElfReport, is_shared_object
 from ..inventory import Distribution, Inventory
 
-__all__ = ["EnvironmentAfter", "pip", "describe", "severity"]
+__all__ = ["EnvironmentAfter", "pip", "describe", "severity", "DONOR_RUNS"]
+
+#: What a finding's message says when the fact holds identically in the donor.
+DONOR_RUNS = ("the donor runs with exactly this (same files, same versions, on the same Python, machine and an "
+              "equal or older glibc), so the transplant does not make it a fault")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +32,9 @@ class EnvironmentAfter:
     :ivar donor_elf / target_elf: ELF facts read on each side (None when not read: the
         binary rules then find nothing).
     :ivar manifest: the manifest's path, for hints.
+    :ivar changed: the names whose files apply copies or removes (from the plan's changes);
+        None (rules tested on plain data) derives it from versions: added, removed, another
+        version, or another dist-info folder.
     """
 
     donor: Inventory
@@ -38,6 +47,7 @@ class EnvironmentAfter:
     target_elf: ElfReport | None = None
     manifest: str = "the manifest"
     before: Mapping[NormalizedName, Distribution] = field(default_factory=dict)
+    changed: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.before:
@@ -53,17 +63,84 @@ class EnvironmentAfter:
 
     def changes(self, name: str) -> bool:
         """Whether apply changes the distribution ``name`` (added, other version, removed)."""
+        if self.changed is not None:
+            return name in self.changed
         old, new = self.before.get(name), self.after.get(name)  # type: ignore[call-overload]
         if old is None or new is None:
             return old is not new
         return old.raw_version != new.raw_version or (name in self.overlaid and old.dist_info != new.dist_info)
 
     def objects(self, name: str) -> list[ElfFacts]:
-        """ELF facts of the distribution's shared objects after apply (those that were read)."""
+        """ELF facts of the distribution's shared objects after apply (those that were read).
+
+        A staying distribution's file that an overlaid distribution writes too is left out:
+        after apply it holds the incoming bytes, reported under the incoming distribution
+        (the overlap itself is ``file-owner-conflict``).
+        """
         dist, report = self.after.get(name), self.elf(name)  # type: ignore[call-overload]
         if dist is None or report is None:
             return []
-        return [report.files[p] for p in sorted(dist.files) if is_shared_object(p) and p in report.files]
+        arriving = self.arriving if name not in self.overlaid else frozenset()
+        return [report.files[p] for p in sorted(dist.files)
+                if is_shared_object(p) and p in report.files and p not in arriving]
+
+    @cached_property
+    def arriving(self) -> frozenset[str]:
+        """Venv-relative paths the overlaid distributions write."""
+        return frozenset(p for n in self.overlaid for p in self.after[n].files)
+
+    @cached_property
+    def same_context(self) -> bool:
+        """Whether the target runs what the donor runs in the same context: the same Python
+        implementation and ``major.minor``, the same machine type, and a glibc at least as
+        new as the donor's (glibc keeps old symbol versions: a newer one runs what an older
+        one ran). False when either glibc is unknown."""
+        d, t = self.donor.interpreter, self.target.interpreter
+        if (d.implementation, d.minor, d.machine) != (t.implementation, t.minor, t.machine):
+            return False
+        try:
+            return d.glibc is not None and t.glibc is not None and Version(t.glibc) >= Version(d.glibc)
+        except InvalidVersion:
+            return False
+
+    @cached_property
+    def _donor_record(self) -> dict[str, str | None]:
+        return {p: e.record_hash for dist in self.donor.latest().values() for p, e in dist.files.items()}
+
+    def donor_has_file(self, path: str) -> bool:
+        """Whether the file at ``path`` after apply holds the donor's bytes at the same path:
+        it arrives from the donor, or it stays and its RECORD hash equals the donor's
+        (RECORD hashes are the wheel's; ``record-drift`` reports files that differ from them)."""
+        if path in self.arriving:
+            return True
+        for name, dist in self.after.items():
+            if name in self.overlaid:
+                continue
+            entry = dist.files.get(path)
+            if entry is not None:
+                return entry.record_hash is not None and self._donor_record.get(path) == entry.record_hash
+        return False
+
+    def donor_identical(self, name: str) -> bool:
+        """Whether the distribution ``name`` after apply is the donor's own: overlaid, or
+        staying at the donor's version with every RECORD hash equal to the donor's."""
+        if name in self.overlaid:
+            return True
+        dist, theirs = self.after.get(name), self.donor.latest().get(name)  # type: ignore[call-overload]
+        if dist is None or theirs is None or dist.raw_version != theirs.raw_version:
+            return False
+        mine = {p: e.record_hash for p, e in dist.files.items()}
+        return mine == {p: e.record_hash for p, e in theirs.files.items()}
+
+    def donor_runs(self, names: Sequence[str], paths: Sequence[str] = ()) -> bool:
+        """Whether a fact about ``names`` (and the files ``paths``) holds identically in the
+        donor: :attr:`same_context`, every distribution :meth:`donor_identical` and every file
+        :meth:`donor_has_file`. Such a fact is at most ``info`` (principle: what the donor runs
+        is not, by itself, an error)."""
+        if not names and not paths:
+            return False
+        return (self.same_context and all(self.donor_identical(n) for n in names)
+                and all(self.donor_has_file(p) for p in paths))
 
 
 def pip(venv: str) -> str:
@@ -76,6 +153,14 @@ def describe(dist: Distribution) -> str:
     return f"{dist.display_name} {dist.raw_version}"
 
 
-def severity(env: EnvironmentAfter, names: list[str] | tuple[str, ...]) -> str:
-    """``error`` when apply changes any of ``names``, else ``warning`` (the target has it already)."""
+def severity(env: EnvironmentAfter, names: Sequence[str], paths: Sequence[str] = (), *, donor: bool = True) -> str:
+    """The severity of a fault about ``names`` (and the files ``paths``): ``info`` when it
+    holds identically in the donor (:meth:`EnvironmentAfter.donor_runs`), else ``error`` when
+    apply changes any of ``names``, else ``warning`` (the target has it already and apply
+    changes nothing about it). Source: manifests/REFERENCE.md, "Findings".
+
+    :param donor: False for a fault that depends on the target's GPUs or driver, which the
+        donor's context says nothing about (the donor principle does not apply)."""
+    if donor and env.donor_runs(names, paths):
+        return "info"
     return "error" if any(env.changes(n) for n in names) else "warning"
