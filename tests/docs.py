@@ -52,23 +52,23 @@ def dist(name: str, version: str, files: dict[str, str], *, requires: list[str] 
 def document(prefix: str, dists: list[dict[str, Any]], *, python: str = "3.11.7", hostname: str = "host",
              files: dict[str, Any] | None = None, nvidia: dict[str, Any] | None = None, glibc: str = "2.36",
              home_exists: bool = True, texts: dict[str, str] | None = None,
-             elsewhere: dict[str, bool] | None = None) -> dict[str, Any]:
+             elsewhere: dict[str, bool] | None = None, machine: str = "x86_64") -> dict[str, Any]:
     """A whole probe document for a venv at ``prefix``; ``texts`` are site-packages-relative."""
     minor = ".".join(python.split(".")[:2])
     markers = {"implementation_name": "cpython", "implementation_version": python, "os_name": "posix",
-               "platform_machine": "x86_64", "platform_release": "6.1", "platform_system": "Linux",
+               "platform_machine": machine, "platform_release": "6.1", "platform_system": "Linux",
                "platform_version": "#1", "python_full_version": python,
                "platform_python_implementation": "CPython", "python_version": minor, "sys_platform": "linux"}
     tag = "cp" + minor.replace(".", "")
     return {
         "schema": "transplant.inventory/1",
-        "host": {"hostname": hostname, "machine": "x86_64",
+        "host": {"hostname": hostname, "machine": machine,
                  "nvidia": nvidia or {"available": False, "reason": "no nvidia-smi on PATH"}},
         "interpreter": {"executable": f"{prefix}/bin/python", "prefix": prefix, "base_prefix": "/usr",
                         "version": python, "implementation": "cpython", "cache_tag": f"cpython-{tag[2:]}",
-                        "soabi": f"cpython-{tag[2:]}-x86_64-linux-gnu",
-                        "ext_suffix": f".cpython-{tag[2:]}-x86_64-linux-gnu.so", "abi_tag": tag,
-                        "machine": "x86_64", "glibc": glibc, "pyvenv_cfg": {"home": "/usr/bin"},
+                        "soabi": f"cpython-{tag[2:]}-{machine}-linux-gnu",
+                        "ext_suffix": f".cpython-{tag[2:]}-{machine}-linux-gnu.so", "abi_tag": tag,
+                        "machine": machine, "glibc": glibc, "pyvenv_cfg": {"home": "/usr/bin"},
                         "home_exists": home_exists, "markers": markers},
         "paths": {"prefix": prefix, "purelib": SITE, "platlib": SITE, "scripts": "bin"},
         "distributions": dists,

@@ -179,6 +179,18 @@ def test_case6_cp311_extension_into_a_312_venv():
     assert not found(run(["torch"], [torch], []), "python-abi-mismatch")
 
 
+def test_python_abi_of_the_donors_own_bytes_on_the_donors_python_is_info():
+    """sglang-kernel 0.4.10 ships sgl_kernel/infllm_ops.cpython-310-...so (its only build, loaded by
+    path) and runs on the 3.11 donor: on a 3.11 target of the same machine and glibc it is no fault."""
+    kernel = dist("sglang-kernel", "0.4.10", {"sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so": "so",
+                                              "sgl_kernel/common_ops.abi3.so": "k"})
+    [f] = found(run(["sglang-kernel"], [kernel], []), "python-abi-mismatch")
+    assert f.severity == "info" and f.files == (f"{SITE}/sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so",)
+    # the same bytes on a target with an older glibc: the donor's context no longer vouches for them
+    [f] = found(run(["sglang-kernel"], [kernel], [], target_kw={"glibc": "2.31"}), "python-abi-mismatch")
+    assert f.severity == "error"
+
+
 # --- platform-mismatch ------------------------------------------------------------------------
 
 def test_manylinux_tag_above_the_target_glibc():
@@ -196,13 +208,29 @@ def test_symbol_versions_and_machine_read_from_the_binaries():
                     so("a/y.so", machine="EM_AARCH64"),
                     so("a/z.so", version_needs={"libstdc++.so.6": ("GLIBCXX_3.4.32",)}))
     target_elf = elf("t", libstdcxx=LibraryVersions(path="/usr/lib/libstdc++.so.6", versions=("GLIBCXX_3.4.30",)))
-    [f] = found(run(["a"], [wheel], [], target_kw={"glibc": "2.31"}, donor_elf=donor_elf, target_elf=target_elf),
-                "platform-mismatch")
+    f, carried = found(run(["a"], [wheel], [], target_kw={"glibc": "2.31"}, donor_elf=donor_elf,
+                           target_elf=target_elf), "platform-mismatch")
+    assert f.severity == "error" and f.files == (f"{SITE}/a/x.so", f"{SITE}/a/z.so")
     assert f"{SITE}/a/x.so needs GLIBC_2.33" in f.message
-    assert f"{SITE}/a/y.so is EM_AARCH64, the target is EM_X86_64" in f.message
     assert f"{SITE}/a/z.so needs GLIBCXX_3.4.32" in f.message
+    # the AArch64 object is carried identically by the x86_64 donor, which cannot load it either
+    assert carried.severity == "info" and carried.files == (f"{SITE}/a/y.so",)
+    assert f"{SITE}/a/y.so is EM_AARCH64, the target is EM_X86_64" in carried.message
     fine = elf("d", so("a/x.so", version_needs={"libc.so.6": ("GLIBC_2.2.5",)}))
     assert not found(run(["a"], [wheel], [], donor_elf=fine, target_elf=target_elf), "platform-mismatch")
+
+
+def test_platform_the_donor_carries_is_info_only_in_its_own_context():
+    wheel = dist("a", "1", {"a/x.so": "so", "a/y.so": "so"})
+    donor_elf = elf("d", so("a/x.so", version_needs={"libc.so.6": ("GLIBC_2.38",)}), so("a/y.so", machine="EM_AARCH64"))
+    # the donor's glibc lacks GLIBC_2.38 too, and it is x86_64 like the target: both facts are the donor's own
+    [f] = found(run(["a"], [wheel], [], donor_kw={"glibc": "2.36"}, target_kw={"glibc": "2.36"},
+                    donor_elf=donor_elf, target_elf=elf("t")), "platform-mismatch")
+    assert f.severity == "info" and len(f.files) == 2
+    # an AArch64 donor really runs its AArch64 object: on an x86_64 target that is an error
+    [f] = found(run(["a"], [wheel], [], donor_kw={"machine": "aarch64", "glibc": "2.38"}, donor_elf=donor_elf,
+                    target_elf=elf("t")), "platform-mismatch")
+    assert f.severity == "error" and f"{SITE}/a/y.so is EM_AARCH64" in f.message
 
 
 # --- cuda-variant-mismatch (case 7) -----------------------------------------------------------
@@ -264,6 +292,65 @@ def test_kernel_left_behind_while_torch_changes():
     [f] = found(run(["torch"], donor, target, donor_elf=donor_elf, target_elf=target_elf), "libtorch-abi")
     assert f.severity == "error" and "torch changes to torch 2.7.0" in f.message
     assert f.hint.startswith("add 'sgl-kernel' to overlay in m.yaml (the donor has sgl-kernel 0.2.0")
+
+
+def test_libtorch_pairing_the_donor_runs_is_info_both_ways():
+    """torch_c_dlpack_ext ships one add-on per torch release and opens only the running torch's: the
+    add-ons for other releases name symbols no single torch defines. Identical on both sides, so the
+    pairing after apply is the donor's own, forward and reverse."""
+    ext = dist("torch-c-dlpack-ext", "0.1.5", {"torch_c_dlpack_ext/libaddon_torch29.so": "29",
+                                              "torch_c_dlpack_ext/libaddon_torch214.so": "214"})
+    new_torch = dist("torch", "2.14.1", {"torch/lib/libc10.so": "c10 2.14"})
+    old_torch = dist("torch", "2.9.1", {"torch/lib/libc10.so": "c10 2.9"})
+    facts = (so("torch_c_dlpack_ext/libaddon_torch29.so", needed=("libc10.so",), torch_undefined=(NEEDS,)),
+             so("torch_c_dlpack_ext/libaddon_torch214.so", needed=("libc10.so",), torch_undefined=(NEEDS + "x",)))
+    for donor_torch, target_torch, missing in ((new_torch, old_torch, NEEDS), (old_torch, new_torch, NEEDS + "x")):
+        donor_elf = elf("d", so("torch/lib/libc10.so"), defined={NEEDS: missing != NEEDS, NEEDS + "x": missing == NEEDS})
+        result = run(["torch"], [donor_torch, ext], [target_torch, ext], donor_elf=donor_elf, target_elf=elf("t", *facts))
+        [f] = found(result, "libtorch-abi")
+        assert f.severity == "info" and "the donor runs with exactly this" in f.message, f
+    # the same add-on beside a torch the donor does not run: a true fault
+    other = dist("torch-c-dlpack-ext", "0.1.5", {"torch_c_dlpack_ext/libaddon_torch29.so": "29 rebuilt",
+                                                "torch_c_dlpack_ext/libaddon_torch214.so": "214"})
+    donor_elf = elf("d", so("torch/lib/libc10.so"), defined={NEEDS: False, NEEDS + "x": True})
+    [f] = found(run(["torch"], [new_torch, ext], [old_torch, other], donor_elf=donor_elf,
+                    target_elf=elf("t", *facts)), "libtorch-abi")
+    assert f.severity == "error" and f.files == (f"{SITE}/torch_c_dlpack_ext/libaddon_torch29.so",)
+
+
+def test_renamed_kernel_package_is_an_owner_conflict_that_cannot_be_forced():
+    """sgl-kernel 0.3.21 stays while sglang-kernel 0.4.10 arrives: both list sgl_kernel/*.so."""
+    files = {"sgl_kernel/__init__.py": "k", "sgl_kernel/common_ops.abi3.so": "so"}
+    donor = [dist("sglang-kernel", "0.4.10", files)]
+    target = [dist("sgl-kernel", "0.3.21", {**files, "sgl_kernel/old_only.py": "old"})]
+    result = run(["sglang-kernel"], donor, target)
+    [f] = found(result, "file-owner-conflict")
+    assert f.severity == "error" and f.dists == ("sgl-kernel", "sglang-kernel") and result.refused == (f,)
+    assert f.files == (f"{SITE}/sgl_kernel/__init__.py", f"{SITE}/sgl_kernel/common_ops.abi3.so")
+    assert f.hint.startswith("add 'sgl-kernel' to remove: in m.yaml (sglang-kernel replaces it")
+    accepted = run(["sglang-kernel"], donor, target, accept=[{"code": "file-owner-conflict", "reason": "x"}])
+    assert accepted.refused  # an accept: entry does not let it through
+    # the fix: removing the old owner deletes only the files the new one does not bring
+    fixed = run(["sglang-kernel"], donor, target, remove=["sgl-kernel"])
+    assert not found(fixed, "file-owner-conflict") and not fixed.refused
+    [gone] = [c for c in fixed.changes if c.name == "sgl-kernel"]
+    assert f"{SITE}/sgl_kernel/old_only.py" in gone.remove and f"{SITE}/sgl_kernel/common_ops.abi3.so" not in gone.remove
+    # a shared namespace __init__.py with the same bytes is no conflict
+    ns = run(["nvidia-x"], [dist("nvidia-x", "13", {"nvidia/__init__.py": "", "nvidia/x/a.so": "a"})],
+             [dist("nvidia-y-cu12", "12", {"nvidia/__init__.py": "", "nvidia/y/b.so": "b"})])
+    assert not found(ns, "file-owner-conflict")
+
+
+def test_a_pin_on_an_overlaid_distribution_is_fixed_by_the_requirer_not_by_undoing_the_overlay():
+    donor = [dist("torch", "2.14.1", {"t.py": "t2"}), dist("torchaudio", "2.11.0", {"a.py": "a2"})]
+    target = [dist("torch", "2.9.1", {"t.py": "t1"}), dist("torchaudio", "2.9.1", {"a.py": "a1"}, requires=["torch==2.9.1"]),
+              dist("torchao", "0.9.0", {"o.py": "o"}, requires=["torch==2.9.1"])]
+    unmet = found(run(["torch"], donor, target), "requirement-unmet")
+    hints = {f.dists[0]: f.hint for f in unmet}
+    assert hints == {"torchaudio": "add 'torchaudio' to overlay (the donor has 2.11.0, which runs with its torch)",
+                     "torchao": "add 'torchao' to remove: in m.yaml (the donor runs without it; its pin would undo "
+                                "the overlay's torch)"}
+    assert all(f.severity == "error" for f in unmet)
 
 
 # --- requirement-unmet with local labels (case 9) ---------------------------------------------
@@ -425,11 +512,16 @@ def test_jit_cache_label_must_follow_torch_and_can_be_accepted():
 
 
 def test_remove_and_accept_entries_that_do_nothing_are_reported():
-    result = run(["a"], [dist("a", "1", {"a.py": "a"})], [dist("old-cu12", "1", {"o.py": "o"})],
-                 remove=["old-cu12", "nvidia-cuda-runtim-cu12"],
+    result = run(["a"], [dist("a", "1", {"a.py": "a"})], [dist("old-cu12", "1", {"o.py": "o"}),
+                                                         dist("nvidia-nccl-cu12", "2", {"n.py": "n"})],
+                 remove=["old-cu12", "nvidia-nccl-cu21", "sgl-kernel"],
                  accept=[{"code": "libtorch-abi", "reason": "stale"}])
-    [typo] = found(result, "remove-no-match")
-    assert typo.severity == "warning" and "'nvidia-cuda-runtim-cu12' matches no distribution" in typo.message
+    typo, gone = found(result, "remove-no-match")
+    assert typo.severity == "warning" and "'nvidia-nccl-cu21' matches no distribution" in typo.message
+    assert "did you mean nvidia-nccl-cu12?" in typo.message and typo.dists == ("nvidia-nccl-cu12",)
+    # a name close to nothing on the target is already absent (an earlier apply removed it): no typo to fix
+    assert gone.severity == "info" and "'sgl-kernel' matches no distribution on the target: it is already absent" \
+        in gone.message and gone.hint.startswith("nothing to do")
     assert [c.action for c in result.changes if c.name == "old-cu12"] == ["remove"]
     [unused] = found(result, "accept-unused")
     assert unused.severity == "info" and unused.hint == "remove accept[0] from m.yaml if the fault is gone"

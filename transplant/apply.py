@@ -157,6 +157,10 @@ def execute(
     :raises HostError: a host could not be reached or rsync failed (nothing changed).
     """
     check_plan_paths(plan, manifest_dir)
+    if plan.refused:
+        first = plan.refused[0]
+        raise ApplyError(f"{plan.target.label}: apply refused, whatever --force or accept: say: {first.message}",
+                         hint=first.hint)
     started = time.monotonic()
     txid = new_transaction_id()
     venv = plan.target.venv

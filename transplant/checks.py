@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shlex
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from packaging.utils import NormalizedName
 
@@ -56,6 +56,9 @@ def requirement_findings(
     reference: list[Mapping[NormalizedName, Distribution]],
     venv: str,
     donor: Mapping[NormalizedName, Distribution] | None = None,
+    changes: Callable[[str], bool] | None = None,
+    overlaid: Collection[str] = (),
+    manifest: str = "the manifest",
 ) -> list[Finding]:
     """``requirement-unmet`` findings for ``after``: one error per requiring distribution,
     and one warning for all the requirements no reference environment satisfies either.
@@ -68,31 +71,38 @@ def requirement_findings(
         so every unmet requirement is an error.
     :param venv: the target venv prefix, for the pip command in hints.
     :param donor: the donor's environment, to say in the hint which version it has.
+    :param changes: for a plan, whether apply changes a distribution: an unmet requirement
+        whose requirer and required distribution apply both leaves alone is a warning (the
+        target has it already); None (verify) makes every meetable one an error.
+    :param overlaid: names the overlay brings; a requirement on one of them is never fixed
+        by reinstalling it at another version (that would undo the overlay), but by bringing
+        the requirer's donor build, or removing a requirer the donor runs without.
+    :param manifest: the manifest's path, for hints.
     """
     grouped: dict[tuple[str, str], list[Unmet]] = defaultdict(list)
     for u in unmet_requirements(_versions(after), _reqs(after), markers):
         known_unmeetable = bool(reference) and not any(_satisfies(env, u) for env in reference)
-        severity = "warning" if known_unmeetable else "error"
+        severity = "inherited" if known_unmeetable else "error"
+        if severity == "error" and changes is not None and not (changes(u.requirer) or changes(u.required)):
+            severity = "warning"
         grouped[(u.requirer, severity)].append(u)
     findings = []
     inherited: list[tuple[str, list[Unmet]]] = []
     for (requirer, severity), items in sorted(grouped.items()):
-        if severity == "warning":
+        if severity == "inherited":
             inherited.append((requirer, items))
             continue
         dist = after[requirer]
         lines = "; ".join(u.detail for u in items)
-        fixes = []
+        fixes: list[str] = []
         for u in items:
-            have = (donor or {}).get(u.required)
-            if have is not None and have.version is not None and u.requirement.specifier.contains(
-                    have.version, prereleases=True):
-                fixes.append(f"add {u.required!r} to overlay (the donor has {have.raw_version})")
-            else:
-                fixes.append(f"{pip(venv)} install {shlex.quote(str(u.requirement))}")
-        findings.append(Finding(code="requirement-unmet", severity="error",
+            fix = _requirement_fix(u, dist, donor or {}, overlaid, venv, manifest)
+            if fix not in fixes:
+                fixes.append(fix)
+        kept = "" if severity == "error" else "; the target has this already and apply changes neither side"
+        findings.append(Finding(code="requirement-unmet", severity=severity,
                                 dists=(requirer, *sorted({u.required for u in items})),
-                                message=f"{dist.display_name} {dist.raw_version} requires {lines}",
+                                message=f"{dist.display_name} {dist.raw_version} requires {lines}{kept}",
                                 hint="; ".join(fixes)))
     if inherited:
         count = sum(len(items) for _, items in inherited)
@@ -108,6 +118,25 @@ def requirement_findings(
             hint=f"see them all with --json; if the service needs them: {pip(venv)} install ...",
         ))
     return findings
+
+
+def _requirement_fix(u: Unmet, dist: Distribution, donor: Mapping[NormalizedName, Distribution],
+                     overlaid: Collection[str], venv: str, manifest: str) -> str:
+    """The one fix for an unmet requirement: bring the donor's build of what is needed, or of
+    the requirer when the overlay sets what it needs, or remove a requirer the donor runs
+    without; a pip command only when the donor offers nothing that meets it."""
+    have = donor.get(u.required)  # type: ignore[call-overload]
+    if u.required in overlaid and u.requirer not in overlaid:
+        theirs = donor.get(u.requirer)  # type: ignore[call-overload]
+        if theirs is None:
+            return (f"add {u.requirer!r} to remove: in {manifest} (the donor runs without it; its pin would undo "
+                    f"the overlay's {u.required})")
+        if theirs.raw_version != dist.raw_version:
+            return f"add {u.requirer!r} to overlay (the donor has {theirs.raw_version}, which runs with its {u.required})"
+    if have is not None and have.version is not None and u.requirement.specifier.contains(have.version,
+                                                                                         prereleases=True):
+        return f"add {u.required!r} to overlay (the donor has {have.raw_version})"
+    return f"{pip(venv)} install {shlex.quote(str(u.requirement))}"
 
 
 def _satisfies(env: Mapping[NormalizedName, Distribution], unmet: Unmet) -> bool:
@@ -174,5 +203,6 @@ def compatibility_findings(env: EnvironmentAfter) -> list[Finding]:
     findings += requirement_findings(
         env.after, env.target.interpreter.markers,
         reference=[donor_env, env.target.latest()], venv=env.target.interpreter.prefix, donor=donor_env,
+        changes=env.changes, overlaid=env.overlaid, manifest=env.manifest,
     )
     return findings

@@ -318,6 +318,10 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
         if not plan.has_changes:
             console.print("nothing to change: the target already holds the planned state")
             return _cmd_verify(args, console, manifest=given) if args.verify else EXIT_OK
+        if plan.refused:
+            console.print(f"[bold red]apply refused[/]: {', '.join(sorted({f.code for f in plan.refused}))} cannot "
+                          f"be forced or accepted; fix it as its hint says")
+            return EXIT_BLOCKED
         if plan.blocking and not args.force:
             console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
             return EXIT_BLOCKED

@@ -150,7 +150,10 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                 result.plan = plan
                 result.code = EXIT_BLOCKED if plan.blocking else EXIT_CHANGES if plan.has_changes else EXIT_OK
                 if action == "apply":
-                    if plan.blocking and not force:
+                    if plan.refused:
+                        result.note = "refused: " + ", ".join(sorted({f.code for f in plan.refused})) + \
+                            " cannot be forced"
+                    elif plan.blocking and not force:
                         result.note = "blocked by error findings (--force overrides)"
                     else:
                         result.code = EXIT_OK

@@ -19,6 +19,7 @@ __all__ = [
     "DIST_ACTIONS",
     "PATCH_ACTIONS",
     "FINDING_CODES",
+    "UNFORCEABLE",
     "Finding",
     "FileCopy",
     "Change",
@@ -40,8 +41,11 @@ FINDING_CODES = (
     "cuda-major-mismatch", "cuda-variant-mismatch", "lockstep-mismatch", "libtorch-abi",
     "driver-too-old", "gpu-arch-unsupported", "editable-install", "record-drift", "script-prefix",
     "interpreter-missing", "record-missing", "unsafe-path", "overlay-no-match", "overlay-target-only",
-    "metadata-invalid", "remove-no-match", "accept-unused", "binary-unreadable",
+    "metadata-invalid", "remove-no-match", "accept-unused", "binary-unreadable", "file-owner-conflict",
 )
+#: Codes that neither ``accept:`` nor ``--force`` lets through: applying past them would leave
+#: the target in a state no installer can describe (a RECORD claiming another distribution's files).
+UNFORCEABLE = ("file-owner-conflict",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,6 +177,12 @@ class Plan:
     def blocking(self) -> tuple[Finding, ...]:
         """The error findings the manifest does not accept (they block apply unless forced)."""
         return tuple(f for f in self.findings if f.severity == "error" and f.accepted is None)
+
+    @property
+    def refused(self) -> tuple[Finding, ...]:
+        """The error findings of :data:`UNFORCEABLE` codes: apply refuses them even with
+        ``--force`` or an ``accept:`` entry."""
+        return tuple(f for f in self.findings if f.severity == "error" and f.code in UNFORCEABLE)
 
     @property
     def has_changes(self) -> bool:

@@ -11,9 +11,12 @@ environment as it will be after apply.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import hashlib
+from collections.abc import Mapping, Sequence
 import shlex
 from dataclasses import dataclass, replace
+from difflib import get_close_matches
 from fnmatch import fnmatchcase
 
 from packaging.utils import NormalizedName
@@ -305,20 +308,90 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
     return findings
 
 
-def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overlaid: list[NormalizedName]) -> list[Finding]:
-    """``remove-no-match``: a ``remove`` entry that uninstalls nothing (a typo would otherwise go unseen)."""
+def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overlaid: list[NormalizedName],
+                        target: Inventory) -> list[Finding]:
+    """``remove-no-match``: a ``remove`` entry that uninstalls nothing. A warning when it looks
+    like a typo (an exact name close to one the target has, by :func:`difflib.get_close_matches`)
+    or the overlay brings that name; otherwise info: the distribution is already absent (a
+    previous apply removed it), and there is nothing to do."""
     out = []
+    names = sorted(d.name for d in target.distributions)
     for pattern in manifest.remove:
         if any(fnmatchcase(n, pattern) for n in removed):
             continue
         moved = [n for n in overlaid if fnmatchcase(n, pattern)]
+        is_glob = any(ch in pattern for ch in "*?[")
+        close = [] if is_glob or moved else get_close_matches(pattern, names, n=3, cutoff=0.8)
+        if moved:
+            message = f"remove entry {pattern!r} removes nothing: the overlay brings {', '.join(moved)} from the donor"
+            hint = f"drop it from remove: in {manifest.path}, or from overlay"
+        elif close:
+            message = (f"remove entry {pattern!r} matches no distribution on the target; did you mean "
+                       f"{' or '.join(close)}?")
+            hint = f"fix its spelling in remove: in {manifest.path} (names are compared after PEP 503 normalisation)"
+        else:
+            message = (f"remove entry {pattern!r} matches no distribution on the target: it is already absent "
+                       f"(removed by an earlier apply, or never installed)")
+            hint = "nothing to do; drop the entry once no target needs it"
         out.append(Finding(
-            code="remove-no-match", severity="info" if any(ch in pattern for ch in "*?[") else "warning",
-            dists=tuple(moved),
-            message=(f"remove entry {pattern!r} removes nothing: the overlay brings {', '.join(moved)} from the donor"
-                     if moved else f"remove entry {pattern!r} matches no distribution on the target"),
-            hint=f"fix its spelling or drop it from remove: in {manifest.path} (names are compared after PEP 503 "
-                 f"normalisation)",
+            code="remove-no-match", severity="warning" if moved or close else "info",
+            dists=tuple(moved or close), message=message, hint=hint,
+        ))
+    return out
+
+
+def _namespace_marker(path: str, entry: FileEntry, incoming: Mapping[str, tuple[str, str | None]]) -> bool:
+    """Whether a shared path is an empty ``__init__.py`` on both sides: the marker several
+    distributions of one namespace ship alike (``nvidia/__init__.py`` in older nvidia-*
+    wheels); rewriting it changes nothing and it belongs to no one distribution."""
+    return path.rsplit("/", 1)[-1] == "__init__.py" and entry.record_hash == _EMPTY == incoming[path][1]
+
+
+#: RECORD's hash of an empty file (``sha256=`` + urlsafe base64 of sha256(b""), unpadded).
+_EMPTY = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b"").digest()).rstrip(b"=").decode()
+
+
+def _owner_conflicts(manifest: Manifest, names: list[NormalizedName], removed: list[NormalizedName],
+                     donor: Inventory, target: Inventory) -> list[Finding]:
+    """``file-owner-conflict``: a target distribution that stays and an overlaid one list the
+    same files in their RECORDs (a renamed distribution: sgl-kernel -> sglang-kernel, which
+    write the same ``sgl_kernel/*.so``). After apply the staying RECORD would claim the
+    incoming files, its leftovers would sit in the incoming package, and uninstalling it
+    would delete them. Info when the donor holds both owners of those files too (what the
+    donor runs, such as a shared namespace ``__init__.py``); else an error that no
+    ``accept:`` or ``--force`` lets through (:data:`transplant.model.UNFORCEABLE`)."""
+    donor_by = donor.by_name()
+    incoming: dict[str, tuple[NormalizedName, str | None]] = {}
+    for n in names:
+        for path, entry in newest(donor_by[n]).files.items():
+            incoming.setdefault(path, (n, entry.record_hash))
+    donor_latest = donor.latest()
+    out = []
+    for name, dists in sorted(target.by_name().items()):
+        if name in names or name in removed:
+            continue
+        stay = newest(dists)
+        shared = sorted(p for p, e in stay.files.items() if p in incoming and not _namespace_marker(p, e, incoming))
+        if not shared:
+            continue
+        theirs = donor_latest.get(name)
+        donor_too = theirs is not None and all(p in theirs.files for p in shared)
+        owners = sorted({incoming[p][0] for p in shared})
+        folders = sorted({p.rsplit("/", 1)[0] for p in shared})
+        out.append(Finding(
+            code="file-owner-conflict", severity="info" if donor_too else "error", dists=(name, *owners),
+            message=f"{stay.display_name} {stay.raw_version} stays on the target and {', '.join(owners)} arrives, "
+                    f"and both RECORDs list the same {len(shared)} file(s) (in {', '.join(folders[:3])}"
+                    f"{' ...' if len(folders) > 3 else ''})"
+                    + ("; the donor holds both owners of them too" if donor_too else
+                       f"; after apply {stay.display_name}'s RECORD would claim files it no longer wrote, its "
+                       f"own leftovers would stay inside the package, and uninstalling it would delete "
+                       f"{', '.join(owners)}'s files (a renamed distribution?)"),
+            hint="nothing to do" if donor_too else
+                 f"add {name!r} to remove: in {manifest.path} ({', '.join(owners)} replaces it; the donor "
+                 f"{'has no ' + repr(name) if theirs is None else 'has it with other files'}); this cannot be "
+                 f"accepted or forced",
+            files=tuple(shared[:10]),
         ))
     return out
 
@@ -363,7 +436,8 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     donor_by, target_by = donor.by_name(), target.by_name()
     names = selected_names(manifest.overlay, donor)
     removed = [n for n in selected_names(manifest.remove, target) if n not in names]
-    findings += _unmatched_removals(manifest, removed, names)
+    findings += _unmatched_removals(manifest, removed, names, target)
+    findings += _owner_conflicts(manifest, names, removed, donor, target)
     patched = {patch_destination(p, target) for p in patches}
     owned_elsewhere: set[str] = set()
     known: dict[str, FileEntry] = {}

@@ -113,6 +113,10 @@ def lockstep_findings(env: EnvironmentAfter) -> list[Finding]:
         present = {m: env.after[m] for m in members if m in env.after and env.after[m].version is not None}
         if family["same_public_version"] and len({d.version.public for d in present.values()}) > 1:
             problems.append("members are not one release: " + ", ".join(describe(d) for d in present.values()))
+            stray = [m for m in present if m not in env.overlaid and m not in donor and m not in env.removed]
+            if stray:  # the donor runs its release without them: overlaying is impossible, removing is the fix
+                fixes.append(f"add {', '.join(stray)} to remove: in {env.manifest} (the donor runs without "
+                             f"{'it' if len(stray) == 1 else 'them'})")
         for m in family["label_follows_torch"]:
             if m in present and torch is not None:
                 mine, theirs = cuda_variant(present[m].version), build_variant(torch, torch)[0]

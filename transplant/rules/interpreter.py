@@ -17,7 +17,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import InvalidVersion, Version
 
 from ..model import Finding
-from .env import EnvironmentAfter, describe
+from .env import DONOR_RUNS, EnvironmentAfter, describe, severity
 
 __all__ = ["interpreter_findings", "python_abi_findings", "platform_findings", "unread_findings"]
 
@@ -85,8 +85,16 @@ def python_abi_findings(env: EnvironmentAfter) -> list[Finding]:
             what.append(f"its WHEEL tags ({', '.join(bad_tags[:4])}) are not loadable by {t.abi_tag}")
         if bad_files:
             what.append(f"{len(bad_files)} extension module(s) end in another ABI suffix than {t.ext_suffix}")
+        if env.same_context:  # the donor's own bytes on the donor's Python: whatever loads them there loads them here
+            out.append(Finding(
+                code="python-abi-mismatch", severity="info", dists=(name,),
+                message=f"{describe(dist)}: " + "; ".join(what) + f"; {DONOR_RUNS} (the donor runs Python "
+                        f"{env.donor.interpreter.version}, the target {t.version})",
+                hint="nothing to do", files=tuple(bad_files[:_SHOWN]),
+            ))
+            continue
         out.append(Finding(
-            code="python-abi-mismatch", severity="error", dists=(name,),
+            code="python-abi-mismatch", severity=severity(env, [name], donor=False), dists=(name,),
             message=f"{describe(dist)} from the donor: " + "; ".join(what) + f" (target Python {t.version})",
             hint=f"remove {name!r} from overlay in {env.manifest} and install a {t.abi_tag} build on the target: "
                  f"{shlex.join([f'{t.prefix}/bin/python', '-m', 'pip', 'install', f'{dist.display_name}=={dist.raw_version}'])}",
@@ -125,8 +133,14 @@ def _tag_platform_problem(tag: Tag, machine: str, glibc: Version | None) -> str 
     return f"{plat} is not a Linux platform"
 
 
-def _elf_problems(env: EnvironmentAfter, name: str, machine: str, glibc: Version | None) -> list[str]:
+def _elf_problems(env: EnvironmentAfter, name: str, machine: str, glibc: Version | None) -> list[tuple[str, bool]]:
+    """(problem, whether the donor has it identically) for each overlaid shared object the
+    target cannot run: another machine type (the donor, of the same machine type, carries
+    the same bytes, so it cannot run them either), or symbol versions the target's glibc or
+    libstdc++ lacks (the donor's glibc lacking them too counts as the donor's)."""
     report = env.target_elf
+    donor_glibc = _glibc(env.donor.interpreter.glibc)
+    same_machine = env.donor.interpreter.machine == machine
     cxx = set(report.libstdcxx.versions) if report is not None and report.libstdcxx is not None else None
     want = _MACHINES.get(machine)
     problems = []
@@ -134,15 +148,19 @@ def _elf_problems(env: EnvironmentAfter, name: str, machine: str, glibc: Version
         if facts.error:
             continue
         if want and facts.machine and facts.machine != want:
-            problems.append(f"{facts.path} is {facts.machine}, the target is {want}")
+            problems.append((f"{facts.path} is {facts.machine}, the target is {want}", same_machine))
             continue
         needs = sorted({v for names in facts.version_needs.values() for v in names})
         too_new = [v for v in needs if v.startswith("GLIBC_") and glibc is not None
                    and (ver := _glibc(v[len("GLIBC_"):])) is not None and ver > glibc]
+        donor_lacks = bool(too_new) and donor_glibc is not None and all(
+            (ver := _glibc(v[len("GLIBC_"):])) is not None and ver > donor_glibc for v in too_new)
         if cxx is not None:
-            too_new += [v for v in needs if v.startswith(("GLIBCXX_", "CXXABI_")) and v not in cxx]
+            cxx_new = [v for v in needs if v.startswith(("GLIBCXX_", "CXXABI_")) and v not in cxx]
+            too_new += cxx_new
+            donor_lacks = donor_lacks and not cxx_new  # the donor's libstdc++ is not read: no claim for it
         if too_new:
-            problems.append(f"{facts.path} needs {', '.join(too_new[:4])}")
+            problems.append((f"{facts.path} needs {', '.join(too_new[:4])}", donor_lacks))
     return problems
 
 
@@ -161,11 +179,25 @@ def platform_findings(env: EnvironmentAfter) -> list[Finding]:
             tag_problems = [_tag_platform_problem(tag, t.machine, glibc) for tag in dist.wheel_tags]
             if all(tag_problems):
                 problems.append(sorted(set(tag_problems))[0])  # type: ignore[type-var]
-        problems += _elf_problems(env, name, t.machine, glibc)
+        elf = _elf_problems(env, name, t.machine, glibc)
+        carried = [p for p, donor_has in elf if donor_has] if env.same_context or \
+            env.donor.interpreter.machine == t.machine else []
+        problems += [p for p, donor_has in elf if p not in carried]
+        if carried:
+            out.append(Finding(
+                code="platform-mismatch", severity="info", dists=(name,),
+                message=f"{describe(dist)}: {len(carried)} shared object(s) the {t.machine} target cannot load, "
+                        f"carried identically by the {env.donor.interpreter.machine} donor, which cannot load them "
+                        f"either (cross-compile stubs, optional variants): " + "; ".join(carried[:3])
+                        + (f"; and {len(carried) - 3} more" if len(carried) > 3 else "") + "; nothing in the donor "
+                        f"loads them, so nothing here will",
+                hint="nothing to do",
+                files=tuple(p.split(" ", 1)[0] for p in carried[:_SHOWN]),
+            ))
         if not problems:
             continue
         out.append(Finding(
-            code="platform-mismatch", severity="error", dists=(name,),
+            code="platform-mismatch", severity=severity(env, [name], donor=False), dists=(name,),
             message=f"{describe(dist)} from the donor cannot run on the target ({t.machine}, glibc {t.glibc}, "
                     f"{cxx_lib}): " + "; ".join(problems[:_SHOWN])
                     + (f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""),

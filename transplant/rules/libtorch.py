@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..binaries import ElfFacts, is_shared_object
 from ..inventory import Distribution
 from ..model import Finding
-from .env import EnvironmentAfter, describe
+from .env import DONOR_RUNS, EnvironmentAfter, describe
 
 __all__ = ["links_libtorch", "torch_libraries", "libtorch_findings"]
 
@@ -61,6 +61,17 @@ def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
             continue
         missing = {f.path: [s for s in f.torch_undefined if not report.defined.get(s, False)] for f in linked}
         missing = {p: s for p, s in missing.items() if s}
+        carried = sorted(p for p in missing if env.donor_runs([name, "torch"], [p]))
+        if carried:  # the donor holds these bytes beside this very torch: whatever it loads of them, loads here
+            out.append(Finding(
+                code="libtorch-abi", severity="info", dists=(name, "torch"),
+                message=f"{describe(dist)}: {len(carried)} shared object(s) name libtorch symbols that "
+                        f"{describe(torch)} does not define (e.g. {carried[0]} needs {missing[carried[0]][0]}); "
+                        f"{DONOR_RUNS} (a loader that picks the object built for the running torch, as "
+                        f"torch_c_dlpack_ext's does, never opens the others)",
+                hint="nothing to do", files=tuple(carried[:_SHOWN]),
+            ))
+            missing = {p: s for p, s in missing.items() if p not in carried}
         if not missing:
             continue
         moves, torch_moves = name in env.overlaid, env.changes("torch")
@@ -73,13 +84,18 @@ def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
         else:
             why = (f"torch changes to {describe(torch)} and {dist.display_name} stays as built for the old one"
                    if torch_moves and not moves else f"it was built for another torch than {describe(torch)}")
-            fix = (f"add {name!r} to overlay in {env.manifest} (the donor has {describe(donor_dist)}, built with "
-                   f"the donor's torch)" if donor_dist and not moves and donor_dist.raw_version != dist.raw_version
-                   else f"install a build of {dist.display_name} made for {describe(torch)}")
+            if donor_dist and not moves and donor_dist.raw_version != dist.raw_version:
+                fix = (f"add {name!r} to overlay in {env.manifest} (the donor has {describe(donor_dist)}, built with "
+                       f"the donor's torch)")
+            elif donor_dist is None and not moves and torch_moves:
+                fix = f"add {name!r} to remove: in {env.manifest} (the donor runs {describe(torch)} without it)"
+            else:
+                fix = f"install a build of {dist.display_name} made for {describe(torch)}"
         count = sum(len(s) for s in missing.values())
         first = next(iter(missing.items()))
         out.append(Finding(
-            code="libtorch-abi", severity="error" if (moves or torch_moves) else "warning", dists=(name, "torch"),
+            code="libtorch-abi", severity="error" if (env.changes(name) or torch_moves) else "warning",
+            dists=(name, "torch"),
             message=f"{describe(dist)}: {len(missing)} shared object(s) need {count} libtorch symbol(s) that "
                     f"{describe(torch)} does not define ({why}); e.g. {first[0]} needs {first[1][0]}",
             hint=fix,
