@@ -235,19 +235,20 @@ def test_platform_the_donor_carries_is_info_only_in_its_own_context():
 
 # --- cuda-variant-mismatch (case 7) -----------------------------------------------------------
 
-@pytest.mark.parametrize("torch_v, vision_v, why", [
-    ("2.2.1+cpu", "0.17.1", "torch is a CPU-only build (+cpu) and torchvision a CUDA 12.1 build"),
-    ("2.9.0+cu128", "0.24.0+cu130", "torch is a CUDA 12.8 build (+cu128) and torchvision a CUDA 13.0 build"),
-    ("2.13.0+cpu", "0.16.2+cpu", "torch 2.13 pairs with torchvision 0.28.x, not 0.16.2+cpu"),
+@pytest.mark.parametrize("torch_v, vision_v, why, spec", [
+    ("2.2.1+cpu", "0.17.1", "torch is a CPU-only build (+cpu) and torchvision a CUDA 12.1 build", "torchvision==0.17.1"),
+    ("2.9.0+cu128", "0.24.0+cu130", "torch is a CUDA 12.8 build (+cu128) and torchvision a CUDA 13.0 build",
+     "torchvision==0.24.0"),
+    ("2.13.0+cpu", "0.16.2+cpu", "torch 2.13 pairs with torchvision 0.28.x, not 0.16.2+cpu", "'torchvision==0.28.*'"),
 ])
-def test_case7_torch_family_from_other_builds(torch_v, vision_v, why):
+def test_case7_torch_family_from_other_builds(torch_v, vision_v, why, spec):
     result = run(["torchvision"], [dist("torchvision", vision_v, {"torchvision/_C.so": "v"})],
                  [dist("torch", torch_v, {"torch/__init__.py": "t"})])
     [f] = found(result, "cuda-variant-mismatch")
     assert f.severity == "error" and why in f.message and f.dists == ("torch", "torchvision")
     variant = torch_v.split("+")[1]
-    assert f.hint.startswith("install the matching build: /target/venv/bin/python -m pip install 'torchvision==")
-    assert f.hint.endswith(f"--index-url https://download.pytorch.org/whl/{variant}")
+    assert f.hint == (f"install the matching build: /target/venv/bin/python -m pip install {spec} "
+                      f"--index-url https://download.pytorch.org/whl/{variant}")
 
 
 def test_case7_matching_torch_family_is_quiet():
@@ -260,6 +261,77 @@ def test_torch_family_fault_already_on_the_target_is_a_warning():
     result = run(["a"], [dist("a", "1", {"a.py": "a"})],
                  [dist("torch", "2.2.1+cpu", {"t.py": "t"}), dist("torchvision", "0.17.1", {"v.py": "v"})])
     assert [f.severity for f in found(result, "cuda-variant-mismatch")] == ["warning"]
+
+
+def _torch_stack(torch_v, **companions):
+    """torch plus companions given as name -> (version, [Requires-Dist])."""
+    return [dist("torch", torch_v, {"torch/__init__.py": "t" + torch_v})] + [
+        dist(n, v, {f"{n}/_C.so": n + v}, requires=reqs) for n, (v, reqs) in companions.items()]
+
+
+def test_issue13_torch_2_14_with_torchaudio_2_11_is_no_error():
+    # sglang 0.5.23 pins torch==2.14.1 and torchaudio==2.11.0; torchaudio 2.11.0 declares no torch
+    # requirement and the registry has no torchaudio 2.14: nothing says this pair is wrong
+    real = _torch_stack("2.14.1", torchaudio=("2.11.0", []), torchvision=("0.29.1", ["torch>=2.14.0"]))
+    assert not found(run(["a"], [dist("a", "1", {"a.py": "a"})], real), "cuda-variant-mismatch")
+    old = _torch_stack("2.9.1", torchaudio=("2.9.1", ["torch==2.9.1"]), torchvision=("0.24.1", ["torch==2.9.1"]))
+    result = run(["torch", "torchaudio", "torchvision"], real, old)
+    assert not [f for f in found(result, "cuda-variant-mismatch") if f.severity == "error"]
+    # without the declared pin the table still judges a pair it knows
+    [f] = found(run(["a"], [dist("a", "1", {"a.py": "a"})], _torch_stack("2.14.1", torchvision=("0.28.0", []))),
+                "cuda-variant-mismatch")
+    assert f.severity == "warning" and "torch 2.14 pairs with torchvision 0.29.x, not 0.28.0" in f.message
+    assert "'torchvision==0.29.*'" in f.hint
+
+
+def test_issue13_an_unmet_companion_pin_is_reported_once():
+    # the overlay moves torch to 2.10.0 and leaves torchaudio and torchvision, which pin torch==2.9.1
+    # (the table pairs 2.10 with other releases too: requirement-unmet says it, this rule does not)
+    donor = _torch_stack("2.10.0", torchaudio=("2.10.0", ["torch==2.10.0"]))
+    target = _torch_stack("2.9.1", torchaudio=("2.9.1", ["torch==2.9.1"]), torchvision=("0.24.1", ["torch==2.9.1"]))
+    result = run(["torch"], donor, target)
+    assert not found(result, "cuda-variant-mismatch")
+    unmet = {f.dists[0]: f for f in found(result, "requirement-unmet") if f.dists[0] in ("torchaudio", "torchvision")}
+    assert sorted(unmet) == ["torchaudio", "torchvision"]
+    assert "torchaudio 2.9.1 requires torch==2.9.1, found 2.10.0" in unmet["torchaudio"].message
+
+
+def test_issue13_the_donors_own_pair_is_info():
+    pair = _torch_stack("2.2.1+cpu", torchvision=("0.17.1", []))
+    target = _torch_stack("2.1.0+cpu", torchvision=("0.16.0+cpu", []))
+    [f] = found(run(["torch", "torchvision"], pair, target), "cuda-variant-mismatch")
+    assert f.severity == "info" and "the donor runs with this pair too" in f.message
+    assert f.hint.startswith("nothing, if the service works on the donor; otherwise install the matching build")
+    # the same pair from a donor on another Python is no evidence for the target
+    [f] = found(run(["torch", "torchvision"], pair, target, donor_kw={"python": "3.12.1"}), "cuda-variant-mismatch")
+    assert f.severity == "error" and "the donor runs" not in f.message
+
+
+def test_issue13_hint_overlays_the_donors_fitting_companion():
+    donor = _torch_stack("2.9.1+cu128", torchvision=("0.24.1+cu128", ["torch==2.9.1"]))
+    target = _torch_stack("2.9.1+cpu", torchvision=("0.24.1+cpu", ["torch==2.9.1"]))
+    [f] = found(run(["torch"], donor, target), "cuda-variant-mismatch")
+    assert f.severity == "error"
+    assert f.hint == "add 'torchvision' to overlay (the donor's torchvision 0.24.1+cu128 pairs with torch 2.9.1+cu128)"
+
+
+def test_issue13_hint_removes_what_the_donor_runs_without():
+    donor = _torch_stack("2.9.1+cu128")
+    target = _torch_stack("2.9.1+cpu", torchvision=("0.24.1+cpu", ["torch==2.9.1"]))
+    [f] = found(run(["torch"], donor, target), "cuda-variant-mismatch")
+    assert f.hint == ("add 'torchvision' to remove: in m.yaml (the donor runs without it), or install the matching "
+                      "build: /target/venv/bin/python -m pip install torchvision==0.24.1 "
+                      "--index-url https://download.pytorch.org/whl/cu128")
+    assert "overlay" not in f.hint
+
+
+def test_triton_is_judged_by_the_table_only_where_torch_pins_none():
+    target = [dist("torch", "2.9.1+cu128", {"t.py": "t"}), dist("triton", "3.4.0", {"triton/x.py": "x"})]
+    [f] = found(run(["a"], [dist("a", "1", {"a.py": "a"})], target), "cuda-variant-mismatch")
+    assert "torch 2.9.1 was released with triton 3.5, not 3.4.0" in f.message and f.dists == ("torch", "triton")
+    assert f.hint.endswith("install the matching release: /target/venv/bin/python -m pip install 'triton==3.5.*'")
+    target[0] = dist("torch", "2.9.1+cu128", {"t.py": "t"}, requires=["triton==3.4.0"])
+    assert not found(run(["a"], [dist("a", "1", {"a.py": "a"})], target), "cuda-variant-mismatch")
 
 
 # --- libtorch-abi (case 8) --------------------------------------------------------------------
