@@ -9,8 +9,10 @@ in seconds, with no 22 GB of venvs. A fixture file is one gzip-compressed JSON d
 "target", "donor_elf", "target_elf"}``.
 
 Usage: ``python -m transplant.lab.realstacks record ROOT OUT_DIR [--after TARGET_VENV]``
-where ROOT holds ``donor`` and ``target`` venvs, and ``--after`` names a venv the forward
-manifest was applied to (its own copy of the target, never the cached one).
+where ROOT holds ``donor`` and ``target`` venvs, and ``--after`` names a venv the calibrated
+forward manifest was applied to (its own clone of the target, never the cached one);
+``python -m transplant.lab.realstacks manifest DONOR TARGET OUT.yaml [--calibrated]`` writes
+the calibration manifest.
 """
 
 from __future__ import annotations
@@ -28,14 +30,30 @@ from ..binaries import ELF_SCHEMA, ElfReport, parse_elf_report
 from ..inventory import Inventory, parse_inventory
 from ..manifest import Manifest, parse_manifest
 
-__all__ = ["SCHEMA", "OVERLAY", "REMOVE", "SERVER_ARGS", "scenario_manifest", "elf_document", "record",
-           "load", "Recorded", "trim", "untrim"]
+__all__ = ["SCHEMA", "OVERLAY", "REMOVE", "CALIBRATED_OVERLAY", "CALIBRATED_REMOVE", "SERVER_ARGS", "scenario_manifest", "elf_document", "record",
+           "load", "Recorded", "trim", "untrim", "manifest_data"]
 
 SCHEMA = "transplant.real-facts/1"
 #: The overlay of the seed story (manifests/seed-migration.yaml) on the registry's package names.
 OVERLAY = ["torch", "triton", "torchvision", "nvidia-*", "sglang-kernel", "sglang", "flashinfer-python"]
 #: The target's CUDA 12 libraries go, as in the seed manifest.
 REMOVE = ["nvidia-*-cu12"]
+#: The overlay after following the forward plan's own hints until no error was left (five plans,
+#: 2026-12-01; ``transplant init`` and overlay closures are to make this loop the tool's job):
+#: the story's names plus sglang 0.5.23's requirements the target lacked or had at other versions.
+CALIBRATED_OVERLAY = OVERLAY + [
+    "torch-memory-saver", "torchaudio", "torchcodec", "cuda-tile", "nccl-extensions", "nccl4py",
+    "quack-kernels", "apache-tvm-ffi", "compressed-tensors", "cuda-python", "deepseek-recipe", "easydict",
+    "flash-attn-4", "humming-kernels", "kernels", "llguidance", "mistral-common", "numba", "nvshmem4py-cu13",
+    "openai", "python-dateutil", "sentencepiece", "sgl-deep-ep", "sgl-deep-gemm", "sgl-flash-mla",
+    "smg-grpc-servicer", "tilelang", "timm", "tml-renderers", "tokenizers", "transformers", "watchfiles",
+    "xgrammar", "zstandard", "cuda-bindings", "cuda-toolkit", "setuptools", "cuda-core", "huggingface-hub",
+    "kernels-data", "tomlkit", "numpy", "pydantic-extra-types", "llvmlite", "cython", "six", "ml-dtypes",
+    "z3-solver", "typer", "rich", "shellingham", "markdown-it-py", "mdurl",
+]
+#: ... and the target's distributions those hints remove: the CUDA 12 libraries, the renamed kernel
+#: package, and what the donor runs without (flashinfer 0.6.3's cubin, torchao 0.9.0 built for torch 2.9).
+CALIBRATED_REMOVE = REMOVE + ["sgl-kernel", "torchao", "flashinfer-cubin"]
 #: The story's DFLASH check, without ``--mamba-scheduler-strategy`` (not in stock sglang 0.5.23).
 SERVER_ARGS = {
     "entry": "sglang.srt.server_args:prepare_server_args",
@@ -193,18 +211,35 @@ def record(manifest: Manifest, scenario: str, out: Path) -> Path:
     return path
 
 
+def manifest_data(donor: str, target: str, *, calibrated: bool) -> dict[str, Any]:
+    """The calibration manifest as YAML-ready data: the story's overlay, or with
+    ``calibrated`` the one that follows the plan's own hints (:data:`CALIBRATED_OVERLAY`)."""
+    return {"version": 1, "donor": {"host": "local", "venv": donor}, "target": {"host": "local", "venv": target},
+            "overlay": list(CALIBRATED_OVERLAY if calibrated else OVERLAY),
+            "remove": list(CALIBRATED_REMOVE if calibrated else REMOVE),
+            "verify": {"imports": ["torch", "sglang", "flashinfer", "sgl_kernel"], "server_args": SERVER_ARGS}}
+
+
+_USAGE = ("usage: python -m transplant.lab.realstacks record ROOT OUT_DIR [--after VENV]\n"
+          "       python -m transplant.lab.realstacks manifest DONOR TARGET OUT.yaml [--calibrated]")
+
+
 def _main(argv: list[str]) -> int:
+    if len(argv) >= 4 and argv[0] == "manifest":
+        import yaml
+
+        data = manifest_data(argv[1], argv[2], calibrated="--calibrated" in argv[4:])
+        Path(argv[3]).write_text(yaml.safe_dump(data, sort_keys=False))
+        return 0
     if len(argv) < 3 or argv[0] != "record":
-        print("usage: python -m transplant.lab.realstacks record ROOT OUT_DIR [--after VENV OVERLAY_JSON]",
-              file=sys.stderr)
+        print(_USAGE, file=sys.stderr)
         return 64
     root, out = Path(argv[1]), Path(argv[2])
     donor, target = str(root / "donor"), str(root / "target")
     done = [record(scenario_manifest(donor, target), "forward", out),
             record(scenario_manifest(target, donor, remove=[]), "reverse", out)]
     if len(argv) >= 5 and argv[3] == "--after":
-        spec: Mapping[str, Any] = json.loads(Path(argv[5]).read_text()) if len(argv) > 5 else {}
-        done.append(record(scenario_manifest(donor, argv[4], overlay=spec.get("overlay"), remove=spec.get("remove")),
+        done.append(record(scenario_manifest(donor, argv[4], overlay=CALIBRATED_OVERLAY, remove=CALIBRATED_REMOVE),
                            "after-apply", out))
     for path in done:
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB")

@@ -1,0 +1,85 @@
+"""The gate on the real seed stacks, from the facts recorded from them (``scripts/real-stacks
+--record``; see :mod:`transplant.lab.realstacks`): the pure planner runs on the real
+inventories and ELF reports of sglang 0.5.23 (torch 2.14.1, CUDA 13) and sglang 0.5.9
+(torch 2.9.1+cu128) in seconds. Each plan is held against a golden summary, and
+``tests/golden/REAL-REVIEW.md`` says, error by error, why each one is true.
+
+Regenerate the goldens after a deliberate change with ``TRANSPLANT_REGOLD=1``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from transplant.lab.realstacks import load
+from transplant.planner import plan
+
+DATA = Path(__file__).parent / "data" / "real"
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def summary(result) -> dict:
+    """What a reviewer reads of a plan: each change's action and counts, every finding whole."""
+    return {
+        "changes": [{"name": c.name, "action": c.action, "from": c.from_version, "to": c.to_version,
+                     "copy": len(c.copy), "remove": len(c.remove), "bytes": c.bytes} for c in result.changes],
+        "findings": [{"code": f.code, "severity": f.severity, "dists": list(f.dists), "message": f.message,
+                      "hint": f.hint, "files": list(f.files)} for f in result.findings],
+    }
+
+
+@pytest.fixture(scope="module", params=["forward", "reverse", "after-apply"])
+def scenario(request):
+    path = DATA / f"{request.param}.json.gz"
+    recorded = load(path)
+    result = plan(recorded.manifest, recorded.donor, recorded.target, donor_elf=recorded.donor_elf,
+                  target_elf=recorded.target_elf)
+    return request.param, result
+
+
+def test_plan_matches_the_reviewed_golden(scenario):
+    name, result = scenario
+    got = json.loads(json.dumps(summary(result)))
+    path = GOLDEN / f"real-{name}.json"
+    if os.environ.get("TRANSPLANT_REGOLD"):
+        path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    assert got == json.loads(path.read_text())
+
+
+def _codes(result, severity):
+    return sorted({f.code for f in result.findings if f.severity == severity})
+
+
+def test_no_error_of_the_false_kinds(scenario):
+    """The first round's false errors on this pair: the donor's own mixed CUDA library, the
+    invented torchaudio pairs, byte-identical libtorch add-ons, AArch64 stubs, the cpython-310
+    module the donor itself carries."""
+    name, result = scenario
+    errors = [f for f in result.findings if f.severity == "error"]
+    assert not [f for f in errors if f.code in ("cuda-variant-mismatch", "platform-mismatch", "python-abi-mismatch")]
+    assert not [f for f in errors if f.code == "libtorch-abi" and "torch-c-dlpack-ext" in f.dists]
+    assert not [f for f in errors if f.code == "cuda-major-mismatch" and "nvidia-cutlass-dsl-libs-cu12" in f.dists]
+    assert not [f for f in result.findings if "torchaudio==2.1" in f.hint]
+
+
+def test_forward_names_the_renamed_kernel_package(scenario):
+    name, result = scenario
+    if name != "forward":
+        pytest.skip("the forward plan is the one that keeps sgl-kernel beside sglang-kernel")
+    [f] = [f for f in result.findings if f.code == "file-owner-conflict" and f.severity == "error"]
+    assert f.dists == ("sgl-kernel", "sglang-kernel") and result.refused == (f,)
+    assert "sgl_kernel" in f.message and f.hint.startswith("add 'sgl-kernel' to remove:")
+
+
+def test_after_apply_no_error_and_no_drift(scenario):
+    """Applied with the plan's own hints, the re-plan has nothing left to change, no error and
+    no record-drift (apply writes the RECORD rows of the scripts it relocates)."""
+    name, result = scenario
+    if name != "after-apply":
+        pytest.skip("only the plan after a real apply")
+    assert _codes(result, "error") == []
+    assert not [f for f in result.findings if f.code == "record-drift"]
+    assert not result.has_changes
