@@ -16,11 +16,14 @@ def digest(text: str) -> str:
 def dist(name: str, version: str, files: dict[str, str], *, requires: list[str] | None = None,
          tags: list[str] | None = None, hashed: bool = True, dist_info: str | None = None,
          metadata: bool = True, on_disk: dict[str, str] | None = None, scripts: dict[str, str] | None = None,
-         direct_url: dict | None = None) -> dict[str, Any]:
+         direct_url: dict | None = None, script_rows: dict[str, str] | None = None,
+         record_identity: str | None = None) -> dict[str, Any]:
     """One distribution entry; ``files`` maps site-packages-relative paths to their text.
 
     ``on_disk`` overrides what the disk holds for some of them (RECORD keeps ``files``'
-    hash); ``scripts`` maps console script names to their text (``bin/<name>``).
+    hash); ``scripts`` maps console script names to their text (``bin/<name>``), and
+    ``script_rows`` overrides the text RECORD's row hashes for some of them; ``record_identity``
+    is what the probe reports for the RECORD itself (hashed only).
     """
     folder = dist_info or f"{name.replace('-', '_')}-{version}.dist-info"
     record = []
@@ -32,15 +35,17 @@ def dist(name: str, version: str, files: dict[str, str], *, requires: list[str] 
             entry["hash"] = digest(disk)
         record.append(entry)
     for script, text in sorted((scripts or {}).items()):
-        entry = {"path": f"../../../bin/{script}", "venv_path": f"bin/{script}", "record_hash": digest(text),
-                 "record_size": len(text.encode()), "exists": True, "mode": 0o755, "size": len(text.encode())}
+        row = (script_rows or {}).get(script, text)
+        entry = {"path": f"../../../bin/{script}", "venv_path": f"bin/{script}", "record_hash": digest(row),
+                 "record_size": len(row.encode()), "exists": True, "mode": 0o755, "size": len(text.encode())}
         if hashed:
             head, _, body = text.partition("\n")
             entry.update(hash=digest(text), head=head + "\n", body_hash=digest(body))
         record.append(entry)
     record.append({"path": f"{folder}/RECORD", "venv_path": f"{SITE}/{folder}/RECORD", "record_hash": None,
                    "record_size": None, "exists": True, "mode": 0o644, "size": 100,
-                   **({"hash": digest(name + version + "RECORD")} if hashed else {})})
+                   **({"hash": digest(name + version + "RECORD")} if hashed else {}),
+                   **({"record_identity": record_identity} if hashed and record_identity else {})})
     return {"name": name, "version": version, "dist_info": folder, "site_packages": SITE,
             "metadata_present": metadata, "summary": None, "requires_python": None,
             "requires_dist": requires or [], "installer": "pip", "requested": True, "direct_url": direct_url,

@@ -141,6 +141,10 @@ def test_apply_rewrites_scripts_and_leaves_one_dist_info(gate, tmp_path, capsys)
     assert script.startswith(f"#!{TARGET}/bin/python\n") and DONOR not in script
     ran = target.run([f"{TARGET}/bin/tool"])
     assert ran.stdout.strip() == b"tool ran"
+    from docs import digest  # its RECORD row names the file as written (issue 13)
+
+    row = f"../../../bin/tool,{digest(script)},{len(script.encode())}"
+    assert row in target.path(f"{TARGET}/{SITE}/tool-1.0.dist-info/RECORD").read_text().splitlines()
     infos = sorted(p.name for p in target.path(f"{TARGET}/{SITE}").iterdir() if p.name.startswith("torch-"))
     assert infos == ["torch-2.6.0.dist-info"]
     # idempotent: the second plan changes nothing

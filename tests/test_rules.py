@@ -83,6 +83,34 @@ def test_case2_console_script_shebang_is_rewritten():
     assert [c.path for c in again.changes[0].copy if c.path == "bin/x"] == []
 
 
+
+def test_record_of_relocated_scripts_is_compared_by_its_normalised_identity():
+    """Issue 13: apply sets the RECORD rows of the scripts it relocates; the plan says which,
+    and a target whose RECORD is the donor's with only those rows set is left alone."""
+    donor_script, moved = "#!/donor/venv/bin/python\nimport x; x.main()\n", "#!/target/venv/bin/python\nimport x; x.main()\n"
+    record = f"{SITE}/x-1.dist-info/RECORD"
+
+    def x(script, rows=None, identity="record:sha256=same", **kw):
+        return dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": script}, script_rows=rows,
+                    record_identity=identity, **kw)
+
+    [copy] = [c for c in run(["x"], [x(donor_script)], []).changes[0].copy if c.path == record]
+    assert (copy.record_identity, copy.record_scripts, copy.identity) == (
+        "record:sha256=same", ("bin/x",), "record:sha256=same")
+    applied = run(["x"], [x(donor_script)], [x(moved)])                 # rows set by apply: nothing to do
+    assert applied.changes[0].action == "keep" and not found(applied, "record-drift")
+    older = run(["x"], [x(donor_script)], [x(moved, rows={"x": donor_script})])  # the donor's row kept
+    assert not found(older, "record-drift")                             # the script is apply's, not an edit
+    assert [(c.path, c.record_scripts) for c in older.changes[0].copy] == [(record, ("bin/x",))]
+    other = run(["x"], [x(donor_script)], [x(moved, identity="record:sha256=other")])
+    assert [c.path for c in other.changes[0].copy] == [record]
+    edited = run(["x"], [x(donor_script)], [x(moved + "# local\n", rows={"x": moved})])  # a hand edit: reported
+    [f] = found(edited, "record-drift")
+    assert f.files == ("bin/x",) and "on the target" in f.message
+    assert sorted(c.path for c in edited.changes[0].copy) == ["bin/x", record]
+    portable = run(["x"], [x("#!/usr/bin/env python3\npass\n")], [])  # nothing relocated: verbatim
+    assert [c.record_identity for c in portable.changes[0].copy if c.path == record] == [None]
+
 def test_portable_shebang_is_not_a_finding():
     result = run(["x"], [dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": "#!/usr/bin/env python3\npass\n"})], [])
     assert not found(result, "script-prefix")

@@ -375,3 +375,82 @@ def test_a_donor_file_that_changes_between_plan_and_copy_is_caught_before_the_co
     assert "staged file(s) differ from the plan: the donor (or a patch) changed between plan and copy" in out
     assert f"{SITE}/alpha/new.py" in out
     assert snapshot(venv) == world["before"] and not txn.interrupted(LocalHost(), str(venv))
+
+
+def _pip_install(venv: Path, wheel: Path) -> None:
+    """Install a wheel into a venv with pip, as a user would: console scripts are generated
+    with this venv's interpreter in their shebang, and RECORD lists them with their hash."""
+    subprocess.run([sys.executable, "-m", "pip", "--python", f"{venv}/bin/python", "install", "-q", "--no-index",
+                    "--no-deps", "--disable-pip-version-check", str(wheel)], check=True)
+
+
+def _rows(record: Path) -> list[tuple[bytes, list[str]]]:
+    """Each line of a RECORD with its parsed fields."""
+    import csv
+    import io
+
+    return [(line, next(csv.reader(io.StringIO(line.decode(), newline=""))))
+            for line in record.read_bytes().splitlines(keepends=True)]
+
+
+def _file_row(path: Path) -> list[str]:
+    from docs import digest
+
+    data = path.read_bytes()
+    return [digest(data.decode()), str(len(data))]
+
+
+def test_relocated_console_scripts_get_their_record_rows_and_a_second_plan_is_a_noop(tmp_path, monkeypatch, capsys):
+    """Issue 13: apply rewrites the shebang of console scripts naming the donor's prefix; their
+    RECORD rows must then hold the hash and size of the files as written, as pip writes them,
+    while every other row stays the donor's, byte for byte."""
+    import json
+
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    module = {"tool.py": "def main():\n    print('tool ran')\n\ndef extra():\n    print('extra ran')\n"}
+    new = build_wheel(tmp_path / "w", "tool", "1.0", module,
+                      entry_points="[console_scripts]\ntool = tool:main\ntool-extra = tool:extra\n")
+    old = build_wheel(tmp_path / "w-old", "tool", "1.0", {"tool.py": "def main():\n    print('old')\n"},
+                      entry_points="[console_scripts]\ntool = tool:main\n")
+    donor, target = make_venv(tmp_path / "donor"), make_venv(tmp_path / "target")
+    _pip_install(donor, new)
+    _pip_install(target, old)  # same version, another build: bin/tool is already right, tool-extra is new
+    record = f"{SITE}/tool-1.0.dist-info/RECORD"
+    before, old_record = snapshot(target), (target / record).read_bytes()
+    m = tmp_path / "m.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {donor}}}\ntarget: {{host: local, venv: {target}}}\n"
+                 f"overlay: [tool]\n")
+    assert main(["apply", str(m), "--yes"]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    for name in ("tool", "tool-extra"):
+        assert (target / "bin" / name).read_text().startswith(f"#!{target}/bin/python\n")
+    donor_rows, target_rows = _rows(donor / record), _rows(target / record)
+    assert [r[0] for _, r in target_rows] == [r[0] for _, r in donor_rows]
+    scripts = 0
+    for (donor_line, _), (line, row) in zip(donor_rows, target_rows):
+        if row[0].startswith("../../../bin/"):
+            scripts += 1
+            assert row[1:] == _file_row(target / "bin" / row[0].rsplit("/", 1)[1]), row
+            assert line.endswith(b"\r\n") and line != donor_line
+        else:
+            assert line == donor_line
+    assert scripts == 2
+
+    assert main(["plan", str(m), "--json"]) == 0   # 0: nothing to change
+    again = json.loads(capsys.readouterr().out)
+    assert [c["copy"] for c in again["changes"]] == [[]] and [c["action"] for c in again["changes"]] == ["keep"]
+    assert not [f for f in again["findings"] if f["code"] == "record-drift"]
+    assert main(["status", f"local:{target}", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["drift"] == [] and status["checked"] > 0
+
+    assert main(["rollback", str(m), "--yes"]) == 0
+    assert (target / record).read_bytes() == old_record and snapshot(target) == before
+
+    assert main(["apply", str(m), "--yes"]) == 0
+    with (target / "bin" / "tool").open("a") as handle:   # a real hand edit
+        handle.write("# local change\n")
+    capsys.readouterr()
+    assert main(["plan", str(m), "--json"]) == 2
+    drifted = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["code"] == "record-drift"]
+    assert [f["files"] for f in drifted] == [["bin/tool"]] and "on the target" in drifted[0]["message"]

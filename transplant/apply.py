@@ -130,7 +130,8 @@ def execute(
     Lock the target; refuse while an earlier transaction there is interrupted; check free
     space and writability and record the state before (nothing is written before these
     pass); copy every new file into the transaction's staging folder inside the venv's
-    state folder (rsync); rewrite console-script shebangs there; then commit: the
+    state folder (rsync); rewrite console-script shebangs there, and set those scripts'
+    rows in their staged RECORD to the files as written (sha256 and size); then commit: the
     ordered renames and removals of :func:`transplant.state.transaction_steps`, each
     replaced or removed file kept as a hardlink backup. Last, every touched path is
     hashed again and must equal the plan. A failure before the commit discards the
@@ -199,6 +200,10 @@ def execute(
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
                 txn.call(target, venv, "heads", {"id": txid, "scripts": scripts})
+            records = [{"path": cp.path, "scripts": list(cp.record_scripts)}
+                       for c in plan.changes for cp in c.copy if cp.record_identity is not None]
+            if records:
+                txn.call(target, venv, "records", {"id": txid, "records": records})
             links = [{"path": cp.path, "target": cp.link} for c in plan.changes for cp in c.copy if cp.link]
             if links:
                 txn.call(target, venv, "links", {"id": txid, "links": links})

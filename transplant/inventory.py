@@ -61,6 +61,10 @@ class FileEntry:
     :ivar head: for a console script in the scripts folder, its shebang line (two lines
         in pip's ``#!/bin/sh`` form), else None.
     :ivar body_hash: the sha256 (RECORD's form) of the script's bytes after ``head``.
+    :ivar record_identity: for a distribution's own RECORD (hashed), its normalised
+        identity ``record:sha256=<urlsafe b64>``: the rows with the hash and size of those
+        under the scripts folder blanked (the probe's ``record_identity``); None otherwise
+        or when it does not parse.
     """
 
     record_path: str
@@ -75,6 +79,7 @@ class FileEntry:
     error: str | None = None
     head: str | None = None
     body_hash: str | None = None
+    record_identity: str | None = None
 
     @property
     def content(self) -> str | None:
@@ -290,6 +295,7 @@ def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
         error=error,
         head=r.get(obj, "head", path, str, optional=True),
         body_hash=r.get(obj, "body_hash", path, str, optional=True),
+        record_identity=r.get(obj, "record_identity", path, str, optional=True),
     )
 
 

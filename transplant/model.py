@@ -88,6 +88,13 @@ class FileCopy:
     :ivar link: for an absolute symlink into the donor's prefix, the target it gets on
         the target host (the same path under the target's prefix); ``hash`` is then
         ``symlink:<link>``. None copies a symlink as it is.
+    :ivar record_identity: for a distribution's RECORD that lists console scripts apply
+        rewrites, the normalised identity it must keep (``record:sha256=...``: its rows with
+        the hash and size of rows under the scripts folder blanked; see
+        ``record_identity`` in :mod:`transplant.remote.probe`); None copies it verbatim.
+    :ivar record_scripts: with ``record_identity``, the venv-relative scripts whose RECORD
+        rows apply sets to the sha256 and size of the file as written on the target (as
+        pip writes rows for the scripts it generates); every other row stays the donor's.
     """
 
     path: str
@@ -98,11 +105,16 @@ class FileCopy:
     head: str | None = None
     body_hash: str | None = None
     link: str | None = None
+    record_identity: str | None = None
+    record_scripts: tuple[str, ...] = ()
 
     @property
     def identity(self) -> str:
-        """What the target file must be after apply: its hash, or for a rewritten script
-        ``script:<body hash>:<head>``."""
+        """What the target file must be after apply: its hash, for a rewritten script
+        ``script:<body hash>:<head>``, for a RECORD whose script rows apply sets
+        ``record:sha256=<...>`` (its normalised identity)."""
+        if self.record_identity is not None:
+            return self.record_identity
         if self.head is not None:
             return f"script:{self.body_hash}:{self.head}"
         return self.hash

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import shlex
 from dataclasses import dataclass, replace
 from difflib import get_close_matches
@@ -144,8 +144,14 @@ def _distribution_change(
             files=tuple(sorted(unsafe)[:20]),
         ))
     broken = [f"{e.record_path}: {e.error}" for e in new.record or () if e.error]
+    record_path = f"{new.dist_info}/RECORD"
+    own_record: FileEntry | None = None  # decided once the scripts apply rewrites are known
+    relocated: list[str] = []
     for path, entry in sorted(new.files.items()):
         if path in patched or entry.error or protected_path(path):
+            continue
+        if path == record_path and entry.exists and entry.record_identity is not None:
+            own_record = entry
             continue
         rewritten: FileCopy | None = None
         if entry.symlink is not None and link_escapes(path, entry.symlink):
@@ -159,6 +165,8 @@ def _distribution_change(
         elif entry.head is not None and (head := rewritten_head(entry.head, *prefixes)) is not None:
             rewritten = FileCopy(path=path, size=entry.size, hash=entry.content, head=head, body_hash=entry.body_hash)
         if rewritten is not None:  # arrives changed for the target: compare what it will be
+            if rewritten.head is not None:
+                relocated.append(path)
             present = target_files.get(path) or known.get(path)
             there = None if present is None or not present.exists else (
                 present.script_identity if rewritten.head is not None else present.content)
@@ -174,6 +182,13 @@ def _distribution_change(
             compiled.append((path, entry))
             continue
         copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
+    if own_record is not None:
+        record_copy = _record_copy(own_record, relocated, {c.path for c in copies},
+                                   lambda p: target_files.get(p) or known.get(p))
+        if record_copy is None:
+            same += 1
+        else:
+            copies.append(record_copy)
     copied = {c.path for c in copies}
     for path, entry in compiled:
         source = pyc_source(path)
@@ -211,6 +226,42 @@ def _distribution_change(
         from_version=old.raw_version if old else None, to_version=new.raw_version,
         copy=tuple(copies), remove=tuple(remove), dist_info=new.dist_info, unchanged=same,
     )
+
+
+def _record_copy(record: FileEntry, relocated: list[str], copied: set[str],
+                 target: Callable[[str], FileEntry | None]) -> FileCopy | None:
+    """The copy of a distribution's RECORD, or None when the target's is already what apply leaves.
+
+    Without console scripts apply rewrites (``relocated``, venv-relative), RECORD is an
+    ordinary file: copied verbatim unless the target's has the same hash. With them, apply
+    sets their rows to the files as written on the target (pip's rule for the scripts it
+    generates: a RECORD row holds the file's own sha256 and size), so the target's RECORD
+    is compared by its normalised identity (rows with the hash and size of those under
+    the scripts folder blanked, :attr:`FileEntry.record_identity`): it stays when that
+    identity equals the donor's, none of those scripts is copied now, and each one's row
+    on the target already holds the hash and size of the target's file.
+
+    :param record: the donor's RECORD entry (hashed, ``record_identity`` set).
+    :param copied: paths this change copies; :param target: the target's file at a
+        venv-relative path, or None when it has none.
+    """
+    if not relocated:
+        if _same(record, target(record.path or "")):
+            return None
+        return FileCopy(path=record.path or "", size=record.size, hash=record.content or "")
+    wanted = FileCopy(path=record.path or "", size=record.size, hash=record.content or "",
+                      record_identity=record.record_identity, record_scripts=tuple(sorted(relocated)))
+    present = target(wanted.path)
+
+    def row_right(path: str) -> bool:
+        entry = target(path)
+        return (entry is not None and entry.exists and entry.hash is not None
+                and (entry.record_hash, entry.record_size) == (entry.hash, entry.size))
+
+    if (present is not None and present.exists and present.record_identity == wanted.identity
+            and not copied.intersection(relocated) and all(row_right(p) for p in relocated)):
+        return None
+    return wanted
 
 
 def _relinked(link: str | None, path: str, prefixes: tuple[str, str]) -> str | None:

@@ -13,9 +13,11 @@ __all__ = ["expected_state", "state_mismatches", "drift", "plan_differences", "t
 def expected_state(plan: Plan) -> dict[str, str | None]:
     """venv-relative path -> the content it must have after apply (None: must be absent).
 
-    Content is ``sha256=<urlsafe b64>``, ``symlink:<target>`` or, for a console script
-    whose shebang apply rewrites, ``script:<body hash>:<head>``; a path both removed by
-    one change and copied by another (a file moving between distributions) must exist.
+    Content is ``sha256=<urlsafe b64>``, ``symlink:<target>``, for a console script
+    whose shebang apply rewrites ``script:<body hash>:<head>``, and for the RECORD of its
+    distribution ``record:sha256=<urlsafe b64>`` (see :attr:`transplant.model.FileCopy.record_identity`);
+    a path both removed by one change and copied by another (a file moving between
+    distributions) must exist.
     """
     state: dict[str, str | None] = {}
     for change in plan.changes:
@@ -57,6 +59,9 @@ def state_mismatches(expected: Mapping[str, str | None], inventory: Inventory) -
         elif want.startswith("script:"):
             if entry.script_identity != want:
                 out.append(f"{path}: script {entry.script_identity or entry.content} differs from the planned {want}")
+        elif want.startswith("record:"):
+            if entry.record_identity != want:
+                out.append(f"{path}: RECORD {entry.record_identity or entry.content} differs from the planned {want}")
         elif entry.content != want:
             out.append(f"{path}: content {entry.content} differs from the planned {want}")
     return out

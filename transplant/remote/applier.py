@@ -31,6 +31,9 @@ not exist before is removed. Operations:
   every folder it will write is writable, before anything is written; records the
   content of each touched path (``before.json``).
 * ``heads`` ``{"id", "scripts": [{"path", "head", "body_hash"}]}``: rewrite staged scripts.
+* ``records`` ``{"id", "records": [{"path", "scripts": [...]}]}``: after ``heads``, set the rows
+  of those scripts in the staged RECORDs to the files as written (sha256 and size); ``check``
+  compares such a RECORD by its normalised identity (``record:...``, see :func:`record_identity`).
 * ``links`` ``{"id", "links": [{"path", "target"}]}``: repoint staged symlinks (absolute ones
   into the donor's prefix get the same path under this venv; never outside it).
 * ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
@@ -42,10 +45,13 @@ process with SIGKILL before step N (a real crash at a chosen point, for the faul
 """
 
 import base64
+import csv
 import fcntl
 import hashlib
+import io
 import json
 import os
+import posixpath
 import shutil
 import signal
 import sys
@@ -203,6 +209,43 @@ def _under(root, rel):
 
 def _digest(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
+
+
+def record_identity(data, site, scripts):
+    """The normalised identity of a RECORD: ``record:sha256=<urlsafe b64, no padding>`` of
+    its parsed CSV rows, with the hash and size fields of every row under the scripts folder
+    blanked; None when ``data`` is not UTF-8 or not CSV.
+
+    :param data: the RECORD file's bytes.
+    :param site: the venv-relative folder its rows are relative to (the site-packages
+        folder holding the dist-info folder), POSIX.
+    :param scripts: the venv-relative scripts folder (``bin``), POSIX.
+
+    Rows are serialised canonically (a JSON list of the rows' fields), so CSV quoting and
+    line endings do not count; empty rows are skipped. A row's path is placed by joining it
+    to ``site`` (PEP 376: RECORD paths are relative to the folder holding the dist-info
+    folder) and normalising, with no filesystem access. The blanking is transplant's rule:
+    apply rewrites console scripts' shebangs for the target's prefix and sets their rows to
+    the files as written (as pip does for the scripts it generates), so those fields differ
+    between donor and target by design. This function is kept identical in
+    ``transplant/remote/probe.py`` and ``transplant/remote/applier.py`` (each is sent to a
+    host alone; a test compares the two).
+    """
+    try:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    canonical = []
+    for row in rows:
+        if not row:
+            continue
+        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
+        if where.startswith(scripts + "/"):
+            row = [row[0], "", ""] + row[3:]
+        canonical.append(row)
+    text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode("ascii")).digest()).rstrip(b"=")
+    return "record:sha256=" + digest.decode("ascii")
 
 
 def _content(full):
@@ -408,6 +451,70 @@ def heads(prefix, request):
     return {"ok": True, "error": None, "rewritten": done}
 
 
+def _row_path(line):
+    """The path field of one RECORD line, or None when the line is not one whole CSV row."""
+    try:
+        rows = list(csv.reader(io.StringIO(line.decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    return rows[0][0] if len(rows) == 1 and rows[0] else None
+
+
+def _file_row(full):
+    """(``sha256=<urlsafe b64>``, size in bytes) of a regular file; Refused otherwise."""
+    if os.path.islink(full) or not os.path.isfile(full):
+        raise Refused("{}: not a regular file; its RECORD row cannot be set".format(full))
+    return _content(full), os.path.getsize(full)
+
+
+def records(prefix, request):
+    """Set the RECORD rows of the console scripts ``heads`` rewrote to the files as written.
+
+    ``{"id", "records": [{"path": <venv-relative RECORD>, "scripts": [<venv-relative script>...]}]}``:
+    in each staged RECORD, every line whose row names one of ``scripts`` (its path joined to
+    the site-packages folder holding the dist-info folder, PEP 376) gets that script's
+    sha256 (RECORD's ``sha256=<urlsafe b64, no padding>`` form) and size in bytes, as pip
+    writes rows for the scripts it generates; the file measured is the staged script, or
+    the live one where this transaction does not replace it. Every other line stays byte for
+    byte as the donor wrote it (line endings too). Returns ``{"ok", "error", "rows": N}``
+    (rows set); Refused for a path outside the venv, a RECORD that is not staged, or a
+    script that is not a regular file.
+    """
+    folder = _txn_dir(prefix, request.get("id"))
+    staged = _real_folder(os.path.join(folder, "staged"))
+    done = 0
+    for item in request.get("records") or []:
+        rel = item.get("path", "")
+        _resolve(prefix, rel)
+        full = _under(staged, rel)
+        if os.path.islink(full) or not os.path.isfile(full):
+            raise Refused("{}: not a staged RECORD".format(rel))
+        facts = {}
+        for script in item.get("scripts") or []:
+            _resolve(prefix, script)
+            source = _under(staged, script)
+            facts[posixpath.normpath(script)] = _file_row(
+                source if os.path.lexists(source) else _resolve(prefix, script))
+        site = posixpath.dirname(posixpath.dirname(posixpath.normpath(rel)))
+        with open(full, "rb") as handle:
+            lines = handle.read().splitlines(keepends=True)
+        out = []
+        for line in lines:
+            path = _row_path(line)
+            where = posixpath.normpath(posixpath.join(site, path)) if path else None
+            if where in facts:
+                body = line.rstrip(b"\r\n")
+                text = io.StringIO(newline="")
+                csv.writer(text, lineterminator="").writerow([path, facts[where][0], facts[where][1]])
+                line = text.getvalue().encode("utf-8") + line[len(body):]
+                done += 1
+            out.append(line)
+        mode = os.lstat(full).st_mode & 0o7777
+        _write_atomic(full, b"".join(out))
+        os.chmod(full, mode)
+    return {"ok": True, "error": None, "rows": done}
+
+
 def links(prefix, request):
     """Point staged symlinks at their target-side paths (absolute links into the donor's prefix)."""
     staged = os.path.join(_txn_dir(prefix, request.get("id")), "staged")
@@ -425,8 +532,15 @@ def links(prefix, request):
     return {"ok": True, "error": None}
 
 
-def _identity(full, want):
-    """The content identity of a staged file in the form ``want`` uses (hash, symlink or script)."""
+def _identity(full, want, rel):
+    """The content identity of a staged file in the form ``want`` uses (hash, symlink, script,
+    or for a RECORD (``rel``: its venv-relative path) the normalised ``record:`` form of
+    :func:`record_identity`, with ``bin`` as the scripts folder, as :func:`_resolve` has it)."""
+    if isinstance(want, str) and want.startswith("record:") and not os.path.islink(full) and os.path.isfile(full):
+        with open(full, "rb") as handle:
+            data = handle.read()
+        site = posixpath.dirname(posixpath.dirname(posixpath.normpath(rel)))
+        return record_identity(data, site, "bin") or _content(full)
     if not isinstance(want, str) or not want.startswith("script:"):
         return _content(full)
     with open(full, "rb") as handle:
@@ -449,7 +563,7 @@ def check(prefix, request):
     for rel, want in sorted((request.get("expect") or {}).items()):
         _resolve(prefix, rel)
         full = _under(staged, rel)
-        have = _identity(full, want) if os.path.lexists(full) else None
+        have = _identity(full, want, rel) if os.path.lexists(full) else None
         if have != want:
             differ.append("{}: staged {} , planned {}".format(rel, have, want))
     return {"ok": not differ, "error": "{} staged file(s) differ from the plan".format(len(differ)) if differ else None,
@@ -679,7 +793,7 @@ def history(prefix, request):
 commit, rollback, discard = _exclusive(_commit), _exclusive(_rollback), _exclusive(_discard)
 
 OPERATIONS = {"lock": lock, "unlock": unlock, "break-lock": break_lock, "pending": pending, "begin": begin,
-              "heads": heads, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
+              "heads": heads, "records": records, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
               "mark": mark, "record": record, "history": history, "check": check}
 
 

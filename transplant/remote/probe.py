@@ -20,8 +20,10 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   (``torch/version.py``), and ``paths_exist`` absolute paths whose existence to report
   (editable installs' source folders).
 * Files of hashed distributions in the scripts folder also report ``head`` (shebang)
-  and ``body_hash``; ``texts`` always includes the ``*.pth``, ``*.egg-link`` and
-  ``__editable__*.py`` files at the top of site-packages.
+  and ``body_hash``; a hashed distribution's own RECORD, and a ``--file`` that is a
+  dist-info's RECORD, also report ``record_identity`` (:func:`record_identity`);
+  ``texts`` always includes the ``*.pth``, ``*.egg-link`` and ``__editable__*.py``
+  files at the top of site-packages.
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), never writes anything. The
@@ -38,6 +40,7 @@ import io
 import json
 import os
 import platform
+import posixpath
 import re
 import shutil
 import socket
@@ -189,7 +192,32 @@ def _record(dist_dir, site, prefix, hashed):
                 script = entry["venv_path"].startswith(_OPTIONS["scripts"] + "/")
                 _HASH_JOBS.append((entry, full, script))
         entries.append(entry)
+    own = _inside(prefix, os.path.join(dist_dir, "RECORD")) if hashed else None
+    for entry in entries:
+        if own is not None and entry["venv_path"] == own and entry.get("size") is not None:
+            identity = _record_identity_of(os.path.join(dist_dir, "RECORD"), own)
+            if identity is not None:
+                entry["record_identity"] = identity
     return entries
+
+
+def _is_record(rel):
+    """Whether a venv-relative POSIX path is a distribution's RECORD (``<site>/<name>.dist-info/RECORD``)."""
+    folder, _, name = rel.rpartition("/")
+    return name == "RECORD" and folder.endswith(".dist-info") and "/" in folder
+
+
+def _record_identity_of(full, rel):
+    """:func:`record_identity` of the RECORD at ``full`` (venv-relative ``rel``), or None when
+    it cannot be read (or is larger than 256 MiB) or does not parse."""
+    try:
+        if os.path.islink(full) or os.path.getsize(full) > _RECORD_MAX:
+            return None
+        with open(full, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return record_identity(data, posixpath.dirname(posixpath.dirname(rel)), _OPTIONS["scripts"])
 
 
 _HASH_JOBS = []
@@ -197,6 +225,7 @@ _OPTIONS = {"record": True, "scripts": "bin"}
 _WORKERS = max(1, min(8, os.cpu_count() or 1))
 _SCRIPT_MAX = 1 << 20
 _TEXT_MAX = 64 * 1024
+_RECORD_MAX = 256 << 20
 _SH_EXEC = b"'" * 3 + b"exec'"
 _SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's /bin/sh form
 
@@ -266,6 +295,43 @@ def _run_hash_jobs():
             entry["hash"] = digest
             if head is not None:
                 entry["head"], entry["body_hash"] = head, body
+
+
+def record_identity(data, site, scripts):
+    """The normalised identity of a RECORD: ``record:sha256=<urlsafe b64, no padding>`` of
+    its parsed CSV rows, with the hash and size fields of every row under the scripts folder
+    blanked; None when ``data`` is not UTF-8 or not CSV.
+
+    :param data: the RECORD file's bytes.
+    :param site: the venv-relative folder its rows are relative to (the site-packages
+        folder holding the dist-info folder), POSIX.
+    :param scripts: the venv-relative scripts folder (``bin``), POSIX.
+
+    Rows are serialised canonically (a JSON list of the rows' fields), so CSV quoting and
+    line endings do not count; empty rows are skipped. A row's path is placed by joining it
+    to ``site`` (PEP 376: RECORD paths are relative to the folder holding the dist-info
+    folder) and normalising, with no filesystem access. The blanking is transplant's rule:
+    apply rewrites console scripts' shebangs for the target's prefix and sets their rows to
+    the files as written (as pip does for the scripts it generates), so those fields differ
+    between donor and target by design. This function is kept identical in
+    ``transplant/remote/probe.py`` and ``transplant/remote/applier.py`` (each is sent to a
+    host alone; a test compares the two).
+    """
+    try:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    canonical = []
+    for row in rows:
+        if not row:
+            continue
+        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
+        if where.startswith(scripts + "/"):
+            row = [row[0], "", ""] + row[3:]
+        canonical.append(row)
+    text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode("ascii")).digest()).rstrip(b"=")
+    return "record:sha256=" + digest.decode("ascii")
 
 
 def _file_facts(full, hashed):
@@ -533,6 +599,10 @@ def main(argv):
                 _, head, body = _script_facts(full)
                 if head is not None:
                     extra[rel]["head"], extra[rel]["body_hash"] = head, body
+            if "hash" in extra[rel] and _is_record(inside):
+                identity = _record_identity_of(full, inside)
+                if identity is not None:
+                    extra[rel]["record_identity"] = identity
     document = {
         "schema": SCHEMA,
         "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia()},

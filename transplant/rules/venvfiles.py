@@ -221,10 +221,30 @@ def _drifted(dist: Distribution, skip: set[str]) -> tuple[list[str], list[str]]:
     return changed, missing
 
 
+def _relocated_here(donor: Distribution, target: Distribution, donor_prefix: str, target_prefix: str) -> set[str]:
+    """Console scripts of ``target`` that are exactly what apply makes of the donor's script:
+    its body with the head :func:`rewritten_head` gives. They are apply's own edit, not a
+    local one, whatever their RECORD row says (an apply before RECORD rows were set kept
+    the donor's row; a plan now copies RECORD again to set it)."""
+    out = set()
+    for path, entry in donor.files.items():
+        there = target.files.get(path)
+        if entry.head is None or there is None:
+            continue
+        head = rewritten_head(entry.head, donor_prefix, target_prefix)
+        if head is not None and there.script_identity == f"script:{entry.body_hash}:{head}":
+            out.add(path)
+    return out
+
+
 def drift_findings(env: EnvironmentAfter) -> list[Finding]:
     """``record-drift`` for content: files of overlaid distributions whose bytes differ from
     their RECORD hash, on the donor (hand edits the manifest does not declare as patches:
-    they would travel silently) and on the target (local edits apply overwrites)."""
+    they would travel silently) and on the target (local edits apply overwrites).
+
+    On the target, a console script that is the donor's relocated by apply (its shebang
+    rewritten for the target's prefix, :func:`_relocated_here`) is not a local edit and is
+    not reported; apply sets its RECORD row to the file as written."""
     out = []
     donor_skip = {f"{env.donor.site_packages}/{d}" for d in env.patch_dests}
     target_skip = {f"{env.target.site_packages}/{d}" for d in env.patch_dests}
@@ -245,7 +265,8 @@ def drift_findings(env: EnvironmentAfter) -> list[Finding]:
                 files=tuple(changed[:_SHOWN]),
             ))
         for old in env.target.by_name().get(name, []):
-            changed, _ = _drifted(old, target_skip)
+            moved = _relocated_here(dist, old, env.donor.interpreter.prefix, env.target.interpreter.prefix)
+            changed, _ = _drifted(old, target_skip | moved)
             if changed and old.hashed:
                 out.append(Finding(
                     code="record-drift", severity="warning", dists=(name,),
