@@ -627,6 +627,24 @@ def test_remove_and_accept_entries_that_do_nothing_are_reported():
     assert unused.severity == "info" and unused.hint == "remove accept[0] from m.yaml if the fault is gone"
 
 
+def test_a_glob_remove_matching_only_what_the_overlay_brings_is_info():
+    donor = [dist("nvidia-dsl-libs-cu12", "4.8", {"d.py": "d"})]
+    result = run(["nvidia-*"], donor, [], remove=["nvidia-*-cu12"])
+    [f] = found(result, "remove-no-match")
+    assert f.severity == "info" and f.hint == "nothing to do" and f.dists == ("nvidia-dsl-libs-cu12",)
+
+
+def test_recompiled_bytecode_is_not_drift_but_an_edited_source_is():
+    """A .pyc differing from RECORD beside an intact source is a recompile (the header holds the
+    source's mtime): numpy's conv_template pyc on the real 0.5.23 stack. An edited .py is drift."""
+    files = {"m/t.py": "src", "m/__pycache__/t.cpython-311.pyc": "pyc"}
+    recompiled = dist("m", "1", files, on_disk={"m/__pycache__/t.cpython-311.pyc": "pyc again"})
+    assert not found(run(["m"], [recompiled], []), "record-drift")
+    edited = dist("m", "1", files, on_disk={"m/t.py": "edited", "m/__pycache__/t.cpython-311.pyc": "pyc again"})
+    [f] = found(run(["m"], [edited], []), "record-drift")
+    assert f.files == (f"{SITE}/m/__pycache__/t.cpython-311.pyc", f"{SITE}/m/t.py")
+
+
 def test_manifest_template_placeholder_is_named():
     from transplant.errors import ManifestError
 

@@ -16,7 +16,6 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 import shlex
 from dataclasses import dataclass, replace
-from difflib import get_close_matches
 from fnmatch import fnmatchcase
 
 from packaging.utils import NormalizedName
@@ -362,9 +361,9 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
 def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overlaid: list[NormalizedName],
                         target: Inventory) -> list[Finding]:
     """``remove-no-match``: a ``remove`` entry that uninstalls nothing. A warning when it looks
-    like a typo (an exact name close to one the target has, by :func:`difflib.get_close_matches`)
-    or the overlay brings that name; otherwise info: the distribution is already absent (a
-    previous apply removed it), and there is nothing to do."""
+    like a typo (:func:`_typo_of` a name the target has) or the overlay brings that exact name;
+    otherwise info: the distribution is already absent (an earlier apply removed it, or a glob
+    matches only names the overlay brings), and there is nothing to do."""
     out = []
     names = sorted(d.name for d in target.distributions)
     for pattern in manifest.remove:
@@ -372,8 +371,12 @@ def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overl
             continue
         moved = [n for n in overlaid if fnmatchcase(n, pattern)]
         is_glob = any(ch in pattern for ch in "*?[")
-        close = [] if is_glob or moved else get_close_matches(pattern, names, n=3, cutoff=0.8)
-        if moved:
+        close = [] if is_glob or moved else [n for n in names if _typo_of(pattern, n)]
+        if moved and is_glob:  # a glob that also matches a name the donor brings: as meant
+            message = f"remove entry {pattern!r} removes nothing on the target; it matches {', '.join(moved)}, " \
+                      f"which the overlay brings from the donor"
+            hint = "nothing to do"
+        elif moved:
             message = f"remove entry {pattern!r} removes nothing: the overlay brings {', '.join(moved)} from the donor"
             hint = f"drop it from remove: in {manifest.path}, or from overlay"
         elif close:
@@ -385,7 +388,7 @@ def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overl
                        f"(removed by an earlier apply, or never installed)")
             hint = "nothing to do; drop the entry once no target needs it"
         out.append(Finding(
-            code="remove-no-match", severity="warning" if moved or close else "info",
+            code="remove-no-match", severity="warning" if (moved and not is_glob) or close else "info",
             dists=tuple(moved or close), message=message, hint=hint,
         ))
     return out
@@ -400,6 +403,25 @@ def _namespace_marker(path: str, entry: FileEntry, incoming: Mapping[str, tuple[
 
 #: RECORD's hash of an empty file (``sha256=`` + urlsafe base64 of sha256(b""), unpadded).
 _EMPTY = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b"").digest()).rstrip(b"=").decode()
+
+
+def _typo_of(typed: str, name: str) -> bool:
+    """Whether ``typed`` looks like a misspelling of ``name``: lengths within one, and at most
+    two single-character edits, a swap of neighbours counting as one (optimal string alignment
+    distance). A renamed distribution (``sgl-kernel`` / ``sglang-kernel``) or a sibling
+    (``torchao`` / ``torch``) differs by more, so an absent name is not taken for a typo."""
+    if typed == name or abs(len(typed) - len(name)) > 1:
+        return False
+    prev2: list[int] = []
+    prev = list(range(len(name) + 1))
+    for i, a in enumerate(typed, 1):
+        row = [i] + [0] * len(name)
+        for j, b in enumerate(name, 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a != b))
+            if i > 1 and j > 1 and a == name[j - 2] and typed[i - 2] == b:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1] <= 2
 
 
 def _owner_conflicts(manifest: Manifest, names: list[NormalizedName], removed: list[NormalizedName],

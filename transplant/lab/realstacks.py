@@ -30,12 +30,14 @@ from ..binaries import ELF_SCHEMA, ElfReport, parse_elf_report
 from ..inventory import Inventory, parse_inventory
 from ..manifest import Manifest, parse_manifest
 
-__all__ = ["SCHEMA", "OVERLAY", "REMOVE", "CALIBRATED_OVERLAY", "CALIBRATED_REMOVE", "SERVER_ARGS", "scenario_manifest", "elf_document", "record",
+__all__ = ["SCHEMA", "OVERLAY", "REVERSE_OVERLAY", "REMOVE", "CALIBRATED_OVERLAY", "CALIBRATED_REMOVE", "SERVER_ARGS", "scenario_manifest", "elf_document", "record",
            "load", "Recorded", "trim", "untrim", "manifest_data"]
 
 SCHEMA = "transplant.real-facts/1"
 #: The overlay of the seed story (manifests/seed-migration.yaml) on the registry's package names.
 OVERLAY = ["torch", "triton", "torchvision", "nvidia-*", "sglang-kernel", "sglang", "flashinfer-python"]
+#: The reverse direction (the 0.5.9 stack as donor) names its kernel package by its old name.
+REVERSE_OVERLAY = [("sgl-kernel" if n == "sglang-kernel" else n) for n in OVERLAY]
 #: The target's CUDA 12 libraries go, as in the seed manifest.
 REMOVE = ["nvidia-*-cu12"]
 #: The overlay after following the forward plan's own hints until no error was left (five plans,
@@ -237,7 +239,7 @@ def _main(argv: list[str]) -> int:
     root, out = Path(argv[1]), Path(argv[2])
     donor, target = str(root / "donor"), str(root / "target")
     done = [record(scenario_manifest(donor, target), "forward", out),
-            record(scenario_manifest(target, donor, remove=[]), "reverse", out)]
+            record(scenario_manifest(target, donor, overlay=REVERSE_OVERLAY, remove=[]), "reverse", out)]
     if len(argv) >= 5 and argv[3] == "--after":
         done.append(record(scenario_manifest(donor, argv[4], overlay=CALIBRATED_OVERLAY, remove=CALIBRATED_REMOVE),
                            "after-apply", out))

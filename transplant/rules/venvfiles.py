@@ -209,6 +209,17 @@ def script_findings(env: EnvironmentAfter) -> list[Finding]:
     return out
 
 
+def _recompiled(path: str, dist: Distribution) -> bool:
+    """Whether ``path`` is bytecode whose source is intact (its hash is RECORD's): the
+    interpreter rewrites such a ``.pyc`` whenever it sees fit (PEP 3147/552: the header
+    holds the source's mtime), so a difference is a recompile, not an edit."""
+    head, sep, name = path.rpartition("/__pycache__/")
+    if not sep or not name.endswith(".pyc"):
+        return False
+    source = dist.files.get(f"{head}/{name.split('.', 1)[0]}.py")
+    return source is not None and source.hash is not None and source.hash == source.record_hash
+
+
 def _drifted(dist: Distribution, skip: set[str]) -> tuple[list[str], list[str]]:
     changed, missing = [], []
     for path, entry in sorted(dist.files.items()):
@@ -216,7 +227,7 @@ def _drifted(dist: Distribution, skip: set[str]) -> tuple[list[str], list[str]]:
             continue
         if not entry.exists:
             missing.append(path)
-        elif entry.hash is not None and entry.hash != entry.record_hash:
+        elif entry.hash is not None and entry.hash != entry.record_hash and not _recompiled(path, dist):
             changed.append(path)
     return changed, missing
 
