@@ -255,3 +255,19 @@ def test_junit_counts_skips_apart_from_passes():
     assert cases[0].find("failure") is None and cases[0].find("skipped") is None
     assert cases[1].find("skipped").get("message") == "no GPU"
     assert cases[2].find("failure").get("message") == "broken <&>"
+
+
+def test_history_table_says_whether_each_verify_passed():
+    from rich.console import Console
+
+    from transplant.render import history_table
+
+    events = [{"id": "t1", "event": "applied", "time": 0},
+              {"id": "t1", "event": "verified", "ok": False, "time": 60},
+              {"id": "t1", "event": "verified", "ok": True, "time": 120},
+              {"id": "t1", "event": "verified", "time": 180}]
+    table = history_table([{"id": "t1", "state": "committed", "source": "d", "steps": 3}], events, "local:/v")
+    console = Console(width=300, record=True, color_system=None)
+    console.print(table)
+    text = console.export_text()
+    assert "applied 00:00:00, verify failed 00:01:00, verify passed 00:02:00, verify ? 00:03:00" in text
