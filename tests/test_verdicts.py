@@ -271,3 +271,19 @@ def test_history_table_says_whether_each_verify_passed():
     console.print(table)
     text = console.export_text()
     assert "applied 00:00:00, verify failed 00:01:00, verify passed 00:02:00, verify ? 00:03:00" in text
+
+
+def test_imports_needing_the_driver_are_not_checkable_without_one():
+    torch = {"name": "torch", "ok": True, "version": "2.9.1"}
+    kernel = {"name": "sgl_kernel", "ok": False,
+              "error": "ImportError: libcuda.so.1: cannot open shared object file: No such file or directory"}
+    other = {"name": "flashinfer", "ok": False,
+             "error": "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory"}
+    assert judge_imports({"imports": [torch, kernel]}, driver=False) == (
+        "pass", "1 of 2 imports: torch 2.9.1; not checkable here: sgl_kernel (needs libcuda.so.1), the NVIDIA "
+                "driver's library, absent on this host")
+    assert judge_imports({"imports": [kernel]}, driver=False)[0] == "skip"
+    # with a driver it is a failure, and a missing CUDA runtime is one everywhere
+    assert judge_imports({"imports": [torch, kernel]}, driver=True)[0] == "fail"
+    status, reason = judge_imports({"imports": [torch, kernel, other]}, driver=False)
+    assert status == "fail" and reason.startswith("1 of 3 imports failed; flashinfer: ImportError: libcudart.so.12")

@@ -28,6 +28,7 @@ __all__ = [
     "judge_provenance",
     "cuda_torch_libraries",
     "DRIVER_SONAMES",
+    "missing_driver_library",
 ]
 
 #: Libraries the NVIDIA driver installs on the host (never a wheel): a venv library that needs
@@ -142,6 +143,20 @@ def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | N
         return "fail", (f"{where}, but the donor runs {expected.get('implementation')} {expected.get('version')}: "
                         f"extension modules built for {want_minor} do not load in {minor}")
     return "pass", f"{where}; matches the donor's {expected.get('version')}"
+
+
+def missing_driver_library(error: str | None) -> str | None:
+    """The driver library (:data:`DRIVER_SONAMES`) a loader or import error says is missing,
+    or None when the error is anything else.
+
+    :param error: the text of a failed ``dlopen`` / import, as the dynamic loader words it
+        (``ImportError: libcuda.so.1: cannot open shared object file: No such file or directory``;
+        glibc's ``_dl_map_object`` message, which Python's ImportError and ctypes' OSError quote).
+    """
+    missing = _MISSING.search(error or "")
+    if missing and missing.group(1) in DRIVER_SONAMES:
+        return missing.group(1)
+    return None
 
 
 def _load_error(error: str) -> str:
