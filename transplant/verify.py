@@ -136,7 +136,8 @@ def run_stages(
             preload = ["torch"] if "torch" in live.latest() else []
             report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
                                 env=env, timeout=timeout)
-            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv)
+            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv,
+                                                 shipped=ladder.record_library_keys(live.distributions))
             return status, reason, report
 
         run("native-load", native)
