@@ -489,6 +489,14 @@ def test_optional_plugins_warn_and_foreign_machine_objects_are_skipped(plugin_st
     assert arm["error"] is None and arm["skipped"].startswith("built for aarch64 (e_machine 183, 64-bit)")
 
 
+def test_standard_library_extension_modules_do_not_shadow_a_venv_module_of_the_same_name(plugins, plugin_stages):
+    provenance = plugin_stages["library-provenance"]
+    assert provenance.status == "pass", provenance.reason
+    stdlib_csv = [m for m in provenance.details["mapped"] if m.endswith("/_csv" + plugins["suffix"])]
+    assert stdlib_csv and not stdlib_csv[0].startswith(plugins["venv"]), "the standard library's _csv was mapped"
+    assert stdlib_csv[0] in provenance.details["extension_modules"]
+
+
 def test_a_missing_cuda_runtime_behind_a_host_library_still_fails(plugins, local, tmp_path):
     settings = VerifySettings(overlay=("cudaneed", "hostplug"), env=_env(plugins, tmp_path), timeout=120)
     native = _by_name(run_stages(settings, target=local, venv=plugins["venv"]))["native-load"]

@@ -363,3 +363,15 @@ def test_record_library_keys_count_listed_files_even_when_gone():
     for d in (dist, gone):
         assert ladder.record_library_keys([d]) == {"libcudart.so.13", "_csv.cpython-311-x86_64-linux-gnu.so"}
     assert ladder.shared_objects([gone], "/v") == [], "shared_objects counts only files on disk"
+
+
+def test_extension_modules_are_not_libraries_for_provenance():
+    base = {"prefix": "/v", "prefix_real": "/v"}
+    stdlib = "/py/lib/python3.11/lib-dynload/_csv.cpython-311-x86_64-linux-gnu.so"
+    shipped = ["/v/site/pyarrow/_csv.cpython-311-x86_64-linux-gnu.so", "/v/site/pkg/_speedups.so"]
+    assert ladder.provenance_conflicts(dict(base, mapped=[stdlib]), shipped) == []
+    # an untagged extension module: known as one from the report's extension_modules
+    plain = "/usr/lib/python3/dist-packages/_speedups.so"
+    assert [c["library"] for c in ladder.provenance_conflicts(dict(base, mapped=[plain]), shipped)] == ["_speedups.so"]
+    assert ladder.provenance_conflicts(dict(base, mapped=[plain], extension_modules=[plain]), shipped) == []
+    assert ladder.extension_module("x/_json.abi3.so") and not ladder.extension_module("libfoo.so.1")

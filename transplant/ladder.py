@@ -26,6 +26,7 @@ __all__ = [
     "library_key",
     "judge_interpreter",
     "judge_native",
+    "extension_module",
     "provenance_conflicts",
     "judge_provenance",
     "cuda_torch_libraries",
@@ -348,24 +349,45 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
     return any(r and (path == r or path.startswith(r.rstrip("/") + "/")) for r in roots)
 
 
+#: A Python extension module's file name: the module name, then an ABI-tagged suffix of
+#: ``importlib.machinery.EXTENSION_SUFFIXES`` (PEP 3149: ``.cpython-311-x86_64-linux-gnu.so``;
+#: PEP 384: ``.abi3.so``; PyPy's ``.pypy39-pp73-...so``). No library soname carries such a tag.
+_EXTENSION_MODULE = re.compile(r"\.(cpython-[^./]+|pypy[^./]+|abi3)\.so$")
+
+
+def extension_module(path: str) -> bool:
+    """Whether a file name is a Python extension module's (:data:`_EXTENSION_MODULE`)."""
+    return bool(_EXTENSION_MODULE.search(posixpath.basename(path)))
+
+
 def provenance_conflicts(report: Mapping[str, Any], shipped: Sequence[str]) -> list[dict[str, str]]:
     """Mapped libraries that came from outside the venv while the venv ships a library of the
     same name (:func:`library_key`), each with where it came from and why the loader took it.
+
+    Python extension modules are not libraries here, on either side: the interpreter imports
+    them by path from ``sys.path`` (the import system's ExtensionFileLoader), the dynamic loader
+    never looks them up by soname, so the standard library's ``_csv`` / ``_json`` do not shadow
+    pyarrow's ``pyarrow/_csv.cpython-311-x86_64-linux-gnu.so`` of the same file name. A mapped
+    file is one when the report's ``extension_modules`` (the files of the imported extension
+    modules) holds it or its name is ABI-tagged (:func:`extension_module`); a shipped one when
+    its name is.
 
     :param report: the library-provenance script's report.
     :param shipped: absolute paths of the venv's shared objects (from RECORD).
     :returns: ``[{"library", "mapped", "venv_copy", "why"}]`` sorted by library.
     """
     roots = [report.get("prefix", ""), report.get("prefix_real", "")]
+    modules = set(report.get("extension_modules") or ())
     ours: dict[str, str] = {}
     for path in shipped:
-        ours.setdefault(library_key(path), path)
+        if not extension_module(path):
+            ours.setdefault(library_key(path), path)
     preload = report.get("ld_preload", [])
     lib_path = report.get("ld_library_path", [])
     conf = report.get("ld_so_conf", [])
     out = []
     for mapped in report.get("mapped", []):
-        if _inside(mapped, roots):
+        if _inside(mapped, roots) or mapped in modules or extension_module(mapped):
             continue
         key = library_key(mapped)
         if key not in ours:
