@@ -13,7 +13,8 @@ Before loading, each file's ELF header (``e_ident`` class and data, ``e_machine`
 :mod:`struct`, the System V gABI layout) is compared with the running interpreter's: an object
 built for another machine or ELF class (the AArch64 stubs an x86_64 wheel carries for
 cross-compiling) cannot be loaded here by construction, so it is not dlopened and gets
-``skipped`` (``"built for aarch64 (e_machine 183), this interpreter is x86_64 (62)"``).
+``skipped`` (``"built for aarch64 (e_machine 183, 64-bit), this interpreter is x86_64 (e_machine 62,
+64-bit)"``).
 
 A load that fails on a missing soname is followed by the dynamic loader's own list of every
 dependency it cannot find (``LD_TRACE_LOADED_OBJECTS=1 <PT_INTERP of the interpreter> FILE``,
