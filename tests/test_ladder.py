@@ -113,11 +113,15 @@ def built(tmp_path_factory):
     fake = build_wheel(wheels, "fakecuda", "1.0", {"fakecuda/__init__.py": LOADER,
                                                   "fakecuda/lib/libfoo.so.1": foo.read_bytes(),
                                                   "fakecuda/lib/libbar.so": bar.read_bytes()}, tag=tag)
+    # brokenext's RECORD lists libmissing.so.7, whose file is removed below: a library the venv
+    # ships, absent (a host library nothing ships would be an optional plugin's, a warning)
     broken = build_wheel(wheels, "brokenext", "1.0", {"brokenext/__init__.py": "__version__ = '1.0'\n",
                                                       "brokenext/libneeds.so": needs.read_bytes(),
+                                                      "brokenext/elsewhere/libmissing.so.7": b"removed",
                                                       "brokenext/libundef.so": undef.read_bytes()}, tag=tag)
     good_venv = make_venv(root / "good", [fake])
     broken_venv = make_venv(root / "broken", [fake, broken])
+    (broken_venv / SITE / "brokenext" / "elsewhere" / "libmissing.so.7").unlink()
     for venv in (good_venv, broken_venv):  # pip --target does not keep the execute bit
         for so in (venv / SITE).rglob("*.so*"):
             so.chmod(0o755)
@@ -388,3 +392,117 @@ def test_junit_that_cannot_be_written_is_a_clear_error(built, tmp_path, monkeypa
     assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--junit", target]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert f"--junit {target}: could not write it" in out and "Traceback" not in out
+
+
+DRIVER_LOADER = textwrap.dedent('''\
+    """Loads its libdrv.so, which needs the NVIDIA driver's libcuda.so.1."""
+    import ctypes, os
+    _lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "libdrv.so"))
+    __version__ = "1.0"
+    ''')
+
+
+def _driver_present() -> bool:
+    import ctypes.util
+
+    return os.path.exists("/dev/nvidiactl") or ctypes.util.find_library("cuda") is not None
+
+
+@pytest.fixture(scope="module")
+def plugins(tmp_path_factory):
+    """A venv with the kinds of objects every real install has that do not load on every host:
+    ``hostplug`` (an optional plugin needing a host library nothing ships, and an AArch64 copy
+    of a library), ``needsdriver`` (a package whose library needs libcuda.so.1), ``fakearrow``
+    (an extension module named like the standard library's ``_csv``; importing csv and json)
+    and ``cudaneed`` (needing a host library and, after it, the CUDA runtime no wheel here ships)."""
+    import importlib.machinery
+
+    root = tmp_path_factory.mktemp("plugins")
+    stubs = root / "stubs"  # link-time stand-ins, never installed
+    stubs.mkdir()
+    for soname, fn in (("libnothere_host.so.1", "host_fn"), ("libcudart.so.12", "cudart_fn"), ("libcuda.so.1", "cu_fn")):
+        _gcc(stubs, soname, f"int {fn}(void) {{ return 1; }}\n", f"-Wl,-soname,{soname}")
+    lib = root / "lib"
+    lib.mkdir()
+    flags = ("-Wl,--no-as-needed", f"-L{stubs}")
+    plug = _gcc(lib, "libplug.so", "int host_fn(void);\nint plug(void) { return host_fn(); }\n", *flags,
+                "-l:libnothere_host.so.1")
+    both = _gcc(lib, "libboth.so", "int host_fn(void); int cudart_fn(void);\nint both(void) { return host_fn() + "
+                "cudart_fn(); }\n", *flags, "-l:libnothere_host.so.1", "-l:libcudart.so.12")
+    drv = _gcc(lib, "libdrv.so", "int cu_fn(void);\nint drv(void) { return cu_fn(); }\n", *flags, "-l:libcuda.so.1")
+    plain = _gcc(lib, "libplain.so", "int plain(void) { return 3; }\n")
+    arm = bytearray(plain.read_bytes())
+    assert arm[:4] == b"\x7fELF" and arm[5] == 1, "a little-endian ELF object"
+    arm[18:20] = (183).to_bytes(2, "little")  # e_machine EM_AARCH64
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]  # .cpython-311-x86_64-linux-gnu.so
+    assert suffix.startswith(".cpython-")
+    wheels = root / "wheels"
+    tag = "cp311-cp311-linux_x86_64"
+    made = [build_wheel(wheels, "hostplug", "1.0", {"hostplug/__init__.py": "__version__ = '1.0'\n",
+                                                     "hostplug/libplug.so": plug.read_bytes(),
+                                                     "hostplug/libplain.so": plain.read_bytes(),
+                                                     "hostplug/stubs/aarch64-unknown-linux-gnu/libplain.so": bytes(arm)},
+                        tag=tag),
+            build_wheel(wheels, "needsdriver", "1.0", {"needsdriver/__init__.py": DRIVER_LOADER,
+                                                        "needsdriver/libdrv.so": drv.read_bytes()}, tag=tag),
+            build_wheel(wheels, "fakearrow", "1.0", {"fakearrow/__init__.py": "import csv, json\n__version__ = '1.0'\n",
+                                                      f"fakearrow/_csv{suffix}": plain.read_bytes(),
+                                                      f"fakearrow/_json{suffix}": plain.read_bytes()}, tag=tag),
+            build_wheel(wheels, "cudaneed", "1.0", {"cudaneed/__init__.py": "__version__ = '1.0'\n",
+                                                     "cudaneed/libboth.so": both.read_bytes()}, tag=tag)]
+    venv = make_venv(root / "venv", made)
+    for so in (venv / SITE).rglob("*.so*"):
+        so.chmod(0o755)
+    empty = root / "empty"
+    empty.mkdir()
+    return {"venv": str(venv), "empty": empty, "suffix": suffix}
+
+
+@pytest.fixture(scope="module")
+def plugin_stages(plugins, tmp_path_factory):
+    """The ladder's results on the plugins venv, overlay fakearrow, hostplug and needsdriver (run once)."""
+    if _driver_present():
+        pytest.skip("this host has the NVIDIA driver: libcuda.so.1 would load")
+    settings = VerifySettings(overlay=("fakearrow", "hostplug", "needsdriver"),
+                              env=_env(plugins, tmp_path_factory.mktemp("plugin-stages")), timeout=120)
+    with connect(HostSpec.parse("local")) as host:
+        return _by_name(run_stages(settings, target=host, venv=plugins["venv"]))
+
+
+def test_an_import_needing_the_driver_is_not_checkable_on_a_driverless_host(plugin_stages):
+    imports = plugin_stages["imports"]
+    assert (imports.status, imports.reason) == (
+        "pass", "2 of 3 imports: fakearrow 1.0, hostplug 1.0; not checkable here: needsdriver (needs libcuda.so.1), "
+                "the NVIDIA driver's library, absent on this host")
+
+
+def test_optional_plugins_warn_and_foreign_machine_objects_are_skipped(plugin_stages):
+    native = plugin_stages["native-load"]
+    assert native.status == "pass", native.reason
+    assert native.reason == (
+        f"3 of 6 shared objects load (RTLD_NOW); skipped 1 built for another machine than this interpreter's "
+        f"(1 for aarch64; e.g. {SITE}/hostplug/stubs/aarch64-unknown-linux-gnu/libplain.so): not loadable here by "
+        f"construction; 1 need the NVIDIA driver's libraries, absent on this host (e.g. {SITE}/needsdriver/libdrv.so): "
+        f"not checkable here; warning: 1 need host libraries that no distribution of the venv ships, absent here "
+        f"(optional plugins; objects needing each: libnothere_host.so.1 (1); e.g. {SITE}/hostplug/libplug.so)")
+    arm = next(lib for lib in native.details["libraries"] if "aarch64" in lib["path"])
+    assert arm["error"] is None and arm["skipped"].startswith("built for aarch64 (e_machine 183, 64-bit)")
+
+
+def test_standard_library_extension_modules_do_not_shadow_a_venv_module_of_the_same_name(plugins, plugin_stages):
+    provenance = plugin_stages["library-provenance"]
+    assert provenance.status == "pass", provenance.reason
+    stdlib_csv = [m for m in provenance.details["mapped"] if m.endswith("/_csv" + plugins["suffix"])]
+    assert stdlib_csv and not stdlib_csv[0].startswith(plugins["venv"]), "the standard library's _csv was mapped"
+    assert stdlib_csv[0] in provenance.details["extension_modules"]
+
+
+def test_a_missing_cuda_runtime_behind_a_host_library_still_fails(plugins, local, tmp_path):
+    settings = VerifySettings(overlay=("cudaneed", "hostplug"), env=_env(plugins, tmp_path), timeout=120)
+    native = _by_name(run_stages(settings, target=local, venv=plugins["venv"]))["native-load"]
+    assert native.status == "fail"
+    assert native.reason.startswith(f"1 of 4 shared objects do not load: {SITE}/cudaneed/libboth.so: missing "
+                                    f"libcudart.so.12;")
+    both = next(lib for lib in native.details["libraries"] if lib["path"].endswith("libboth.so"))
+    assert "libnothere_host.so.1: cannot open shared object file" in both["error"], "dlopen names the host one first"
+    assert both["missing"] == ["libcudart.so.12", "libnothere_host.so.1"]

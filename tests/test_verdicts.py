@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from transplant.model import Finding
@@ -255,3 +257,121 @@ def test_junit_counts_skips_apart_from_passes():
     assert cases[0].find("failure") is None and cases[0].find("skipped") is None
     assert cases[1].find("skipped").get("message") == "no GPU"
     assert cases[2].find("failure").get("message") == "broken <&>"
+
+
+def test_history_table_says_whether_each_verify_passed():
+    from rich.console import Console
+
+    from transplant.render import history_table
+
+    events = [{"id": "t1", "event": "applied", "time": 0},
+              {"id": "t1", "event": "verified", "ok": False, "time": 60},
+              {"id": "t1", "event": "verified", "ok": True, "time": 120},
+              {"id": "t1", "event": "verified", "time": 180}]
+    table = history_table([{"id": "t1", "state": "committed", "source": "d", "steps": 3}], events, "local:/v")
+    console = Console(width=300, record=True, color_system=None)
+    console.print(table)
+    text = console.export_text()
+    assert "applied 00:00:00, verify failed 00:01:00, verify passed 00:02:00, verify ? 00:03:00" in text
+
+
+def test_imports_needing_the_driver_are_not_checkable_without_one():
+    torch = {"name": "torch", "ok": True, "version": "2.9.1"}
+    kernel = {"name": "sgl_kernel", "ok": False,
+              "error": "ImportError: libcuda.so.1: cannot open shared object file: No such file or directory"}
+    other = {"name": "flashinfer", "ok": False,
+             "error": "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory"}
+    assert judge_imports({"imports": [torch, kernel]}, driver=False) == (
+        "pass", "1 of 2 imports: torch 2.9.1; not checkable here: sgl_kernel (needs libcuda.so.1), the NVIDIA "
+                "driver's library, absent on this host")
+    assert judge_imports({"imports": [kernel]}, driver=False)[0] == "skip"
+    # with a driver it is a failure, and a missing CUDA runtime is one everywhere
+    assert judge_imports({"imports": [torch, kernel]}, driver=True)[0] == "fail"
+    status, reason = judge_imports({"imports": [torch, kernel, other]}, driver=False)
+    assert status == "fail" and reason.startswith("1 of 3 imports failed; flashinfer: ImportError: libcudart.so.12")
+
+
+def test_an_import_error_naming_another_missing_library_besides_the_driver_still_fails():
+    wrapped = ("ImportError: Could not load any common_ops library!\n- ImportError: libcuda.so.1: cannot open shared "
+               "object file: No such file or directory\n- ImportError: libcudart.so.12: cannot open shared object file")
+    assert judge_imports({"imports": [{"name": "sgl_kernel", "ok": False, "error": wrapped}]}, driver=False)[0] == "fail"
+    assert judge_imports({"imports": [{"name": "sgl_kernel", "ok": False, "error": wrapped.rsplit("\n", 1)[0]}]},
+                         driver=False)[0] == "skip"
+
+
+def test_judge_native_kinds_host_library_foreign_machine_and_venv_library():
+    err = "{}: cannot open shared object file: No such file or directory".format
+    shipped = {"libcufile.so.0", "libtorchcodec_core4.so", "libnvshmem_host.so.3"}
+    rdma = {"path": "/v/nvidia/cufile/lib/libcufile_rdma.so.1", "ok": False, "error": err("libmlx5.so.1"),
+            "missing": ["libibverbs.so.1", "libmlx5.so.1", "librdmacm.so.1"]}
+    ucx = {"path": "/v/nvidia/nvshmem/lib/nvshmem_transport_ucx.so.3", "ok": False, "error": err("libucs.so.0"),
+           "missing": ["libucp.so.0", "libucs.so.0"]}
+    arm = {"path": "/v/stubs/aarch64-unknown-linux-gnu/libcute_dsl_runtime.so", "ok": False, "error": None,
+           "skipped": "built for aarch64 (e_machine 183, 64-bit), this interpreter is x86_64 (e_machine 62, 64-bit)"}
+    ok = {"path": "/v/a.so", "ok": True, "error": None}
+    status, reason = ladder.judge_native({"libraries": [ok, rdma, ucx, arm]}, driver=False, venv="/v", shipped=shipped)
+    assert status == "pass"
+    assert reason == ("1 of 4 shared objects load (RTLD_NOW); skipped 1 built for another machine than this "
+                      "interpreter's (1 for aarch64; e.g. stubs/aarch64-unknown-linux-gnu/libcute_dsl_runtime.so): "
+                      "not loadable here by construction; warning: 2 need host libraries that no distribution of the "
+                      "venv ships, absent here (optional plugins; objects needing each: libibverbs.so.1 (1), "
+                      "libmlx5.so.1 (1), librdmacm.so.1 (1), libucp.so.0 (1), libucs.so.0 (1); e.g. "
+                      "nvidia/cufile/lib/libcufile_rdma.so.1)")
+    # without knowing what the venv ships, a missing library is a failure
+    assert ladder.judge_native({"libraries": [ok, rdma]}, driver=False, shipped=None)[0] == "fail"
+    # a library the venv ships (RECORD), or of a CUDA family pip ships, or auditwheel-grafted, is a failure,
+    # also when the loader's message named a host library first
+    for name in ("libcufile.so.0", "libcudart.so.12", "libgomp-a34b3233.so.1"):
+        both = dict(rdma, missing=["libmlx5.so.1", name])
+        status, reason = ladder.judge_native({"libraries": [ok, both]}, driver=False, venv="/v", shipped=shipped)
+        assert (status, reason) == ("fail", f"1 of 2 shared objects do not load: nvidia/cufile/lib/libcufile_rdma.so.1: "
+                                            f"missing {name}"), name
+    # an undefined symbol stays a failure
+    undefined = {"path": "/v/t.so", "ok": False, "error": "/v/t.so: undefined symbol: _ZN3c10"}
+    assert ladder.judge_native({"libraries": [ok, undefined]}, driver=False, shipped=shipped)[0] == "fail"
+    # only foreign objects: nothing checkable
+    assert ladder.judge_native({"libraries": [arm]}, driver=False, shipped=shipped)[0] == "skip"
+
+
+def test_judge_native_passes_a_host_reason_on_through_the_venvs_own_library():
+    err = "{}: cannot open shared object file: No such file or directory".format
+    core = {"path": "/v/torchcodec/libtorchcodec_core4.so", "ok": False, "error": err("libavutil.so.56"),
+            "missing": ["libavcodec.so.58", "libavutil.so.56"]}
+    ops = {"path": "/v/torchcodec/libtorchcodec_custom_ops4.so", "ok": False, "error": err("libtorchcodec_core4.so"),
+           "missing": ["libavutil.so.56", "libtorchcodec_core4.so"]}
+    shipped = {"libtorchcodec_core4.so", "libtorchcodec_custom_ops4.so"}
+    status, reason = ladder.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, core, ops]}, driver=False,
+                                         venv="/v", shipped=shipped)
+    assert status == "pass" and "warning: 2 need host libraries" in reason and "libavutil.so.56 (2)" in reason
+    # the venv's copy loading, or not being in the report, leaves the dependant a failure
+    loaded = dict(core, ok=True, error=None)
+    assert ladder.judge_native({"libraries": [loaded, ops]}, driver=False, shipped=shipped)[0] == "fail"
+    assert ladder.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, ops]}, driver=False,
+                               shipped=shipped)[0] == "fail"
+    # a copy that needs the driver passes "not checkable" on; with a driver it is a failure
+    drv = dict(core, error=err("libcuda.so.1"), missing=["libcuda.so.1"])
+    status, reason = ladder.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, drv, ops]}, driver=False,
+                                         venv="/v", shipped=shipped)
+    assert status == "pass" and "2 need the NVIDIA driver's libraries" in reason
+    assert ladder.judge_native({"libraries": [drv, ops]}, driver=True, shipped=shipped)[0] == "fail"
+
+
+def test_record_library_keys_count_listed_files_even_when_gone():
+    dist = _dist("x", paths=("nvidia/cu13/lib/libcudart.so.13", "pkg/_csv.cpython-311-x86_64-linux-gnu.so",
+                             "pkg/__init__.py"))
+    gone = dataclasses.replace(dist, record=tuple(dataclasses.replace(e, path=None, exists=False) for e in dist.record))
+    for d in (dist, gone):
+        assert ladder.record_library_keys([d]) == {"libcudart.so.13", "_csv.cpython-311-x86_64-linux-gnu.so"}
+    assert ladder.shared_objects([gone], "/v") == [], "shared_objects counts only files on disk"
+
+
+def test_extension_modules_are_not_libraries_for_provenance():
+    base = {"prefix": "/v", "prefix_real": "/v"}
+    stdlib = "/py/lib/python3.11/lib-dynload/_csv.cpython-311-x86_64-linux-gnu.so"
+    shipped = ["/v/site/pyarrow/_csv.cpython-311-x86_64-linux-gnu.so", "/v/site/pkg/_speedups.so"]
+    assert ladder.provenance_conflicts(dict(base, mapped=[stdlib]), shipped) == []
+    # an untagged extension module: known as one from the report's extension_modules
+    plain = "/usr/lib/python3/dist-packages/_speedups.so"
+    assert [c["library"] for c in ladder.provenance_conflicts(dict(base, mapped=[plain]), shipped)] == ["_speedups.so"]
+    assert ladder.provenance_conflicts(dict(base, mapped=[plain], extension_modules=[plain]), shipped) == []
+    assert ladder.extension_module("x/_json.abi3.so") and not ladder.extension_module("libfoo.so.1")

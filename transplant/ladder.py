@@ -21,13 +21,17 @@ __all__ = [
     "dists_for_imports",
     "import_names",
     "shared_objects",
+    "record_library_keys",
+    "pip_shipped_library",
     "library_key",
     "judge_interpreter",
     "judge_native",
+    "extension_module",
     "provenance_conflicts",
     "judge_provenance",
     "cuda_torch_libraries",
     "DRIVER_SONAMES",
+    "missing_driver_library",
 ]
 
 #: Libraries the NVIDIA driver installs on the host (never a wheel): a venv library that needs
@@ -105,6 +109,47 @@ def shared_objects(dists: Iterable[Distribution], venv: str) -> list[str]:
     return sorted(out)
 
 
+def record_library_keys(dists: Iterable[Distribution]) -> set[str]:
+    """The :func:`library_key` of every shared object (``*.so``, ``*.so.N``) any of the
+    distributions' RECORDs lists, whether or not the file is on disk (a listed file that is gone
+    is still the venv's library, broken): what the venv ships, to tell its own libraries from the
+    host's (:func:`judge_native`)."""
+    out = set()
+    for dist in dists:
+        for entry in dist.record or ():
+            base = posixpath.basename(entry.record_path)
+            if _SHARED.search(base):
+                out.add(library_key(base))
+    return out
+
+
+#: The libraries pip distributions ship for CUDA and torch, by soname family. Source: the
+#: shared objects of the ``nvidia-*-cu12`` wheels (``nvidia/<component>/lib``), the CUDA 13
+#: ``nvidia-*`` wheels (``nvidia/cu13/lib``), ``nvidia-cudnn``, ``nvidia-nccl``,
+#: ``nvidia-nvshmem`` (its ``nvshmem_*`` plugins too), ``nvidia-cusparselt`` and torch's wheel
+#: (``torch/lib``): every library of sglang 0.5.9's and 0.5.23's stacks (torch 2.9.1+cu128,
+#: 2.14.1+cu130) matches; plus cuTENSOR, cuDSS, NPP, nvJPEG and nvFatbin, shipped the same way.
+#: A missing one of these is a distribution removed or broken, never a host library.
+_PIP_GPU = re.compile(r"^(lib(cudart|cublas|cublasLt|cudnn\w*|cufft\w*|cufile\w*|cupti|curand|cusolver\w*|"
+                      r"cusparse\w*|nccl|nvJitLink|nvrtc[\w.-]*|nvblas|nvperf_\w+|nvshmem\w*|nvToolsExt|nvtx\w*|"
+                      r"nvvm|pcsamplingutil|checkpoint|torch\w*|c10\w*|caffe2\w*|shm|cutensor\w*|cudss\w*|"
+                      r"npp\w*|nvjpeg\w*|nvfatbin)|nvshmem_\w+)\.so")
+#: auditwheel repair grafts the libraries a wheel needs into it renamed ``<name>-<8 hex>.so...``
+#: (the first 8 hex digits of the file's sha256) and rewrites DT_NEEDED to match: such a soname
+#: exists only inside a wheel.
+_GRAFTED = re.compile(r"-[0-9a-f]{8}\.so")
+
+
+def pip_shipped_library(soname: str, shipped: Iterable[str] = ()) -> bool:
+    """Whether a soname is one a pip distribution ships, so that its absence is a broken venv
+    rather than a library the host may or may not have: its :func:`library_key` is among
+    ``shipped`` (:func:`record_library_keys`), it is of a CUDA/torch family the ``nvidia-*``
+    and torch wheels ship (:data:`_PIP_GPU`; ``libcudart.so.12`` after ``nvidia-cuda-runtime-cu12``
+    was removed), or auditwheel grafted it into a wheel (``libgomp-a34b3233.so.1``)."""
+    base = posixpath.basename(soname)
+    return library_key(base) in set(shipped) or bool(_PIP_GPU.match(base)) or bool(_GRAFTED.search(base))
+
+
 def library_key(name: str) -> str:
     """The name that identifies a library across its file names: the file name up to ``.so``
     and the first version number after it (``libcudart.so.13.0.96`` and ``libcudart.so.13`` ->
@@ -144,6 +189,22 @@ def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | N
     return "pass", f"{where}; matches the donor's {expected.get('version')}"
 
 
+def missing_driver_library(error: str | None) -> str | None:
+    """The driver library (:data:`DRIVER_SONAMES`) a loader or import error says is missing,
+    or None when the error is anything else, or also names a missing library that is not the
+    driver's (a package that wraps the loader's messages of several attempts, as sgl_kernel's
+    "Could not load any common_ops library!" does, is judged on all of them).
+
+    :param error: the text of a failed ``dlopen`` / import, as the dynamic loader words it
+        (``ImportError: libcuda.so.1: cannot open shared object file: No such file or directory``;
+        glibc's ``_dl_map_object`` message, which Python's ImportError and ctypes' OSError quote).
+    """
+    missing = _MISSING.findall(error or "")
+    if missing and all(name in DRIVER_SONAMES for name in missing):
+        return missing[0]
+    return None
+
+
 def _load_error(error: str) -> str:
     missing = _MISSING.search(error or "")
     if missing:
@@ -154,27 +215,98 @@ def _load_error(error: str) -> str:
     return error or "unknown error"
 
 
-def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "") -> tuple[str, str]:
-    """(status, reason) for the native-load script's report.
+def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
+                 shipped: Iterable[str] | None = None) -> tuple[str, str]:
+    """(status, reason) for the native-load script's report
+    (``{"preload": [...], "libraries": [{"path", "ok", "error", "skipped"?, "missing"?}]}``).
 
-    A library fails when the loader refuses it: the reason names the missing soname or the
-    undefined symbol. One that only lacks a driver library (:data:`DRIVER_SONAMES`) fails
-    where the host has a driver (``driver`` True) and is counted as not checkable otherwise.
+    Each library that did not load is, by kind:
 
+    - ``skipped`` by the script (its ELF header names another machine or class than the
+      interpreter's, like the ``stubs/aarch64-*`` objects of the x86_64 nvidia-cutlass-dsl
+      wheels): not loadable here by construction; counted as skipped, by machine.
+    - an undefined symbol, or any error other than a missing soname: a failure.
+    - missing sonames (``missing``, the loader's full list, with the one dlopen named): a
+      failure if any is a library a pip distribution ships (:func:`pip_shipped_library`
+      against ``shipped``: the venv ships it, or it is of the CUDA/torch families). Else, one
+      missing a driver library (:data:`DRIVER_SONAMES`) fails where the host has a driver
+      (``driver`` True) and is not checkable otherwise. Else every missing soname is a host
+      library no distribution of the venv ships: an optional plugin's dependency (cufile's
+      RDMA transport needs ``libmlx5.so.1``, nvshmem's bootstraps and transports ``libmpi``,
+      ``libpmix``, ``libfabric``, UCX; numba's TBB pool ``libtbb.so.12``), which loads where
+      the host installs that library; a warning in a passing stage, naming each library and
+      how many objects need it. Without ``shipped`` (None) the venv's libraries are unknown
+      and every missing soname other than a driver's is a failure.
+    - missing only libraries the venv ships whose own copies in the report are not loadable here
+      for one of the two host reasons above (torchcodec's ``libtorchcodec_custom_ops4.so``
+      needs ``libtorchcodec_core4.so``, which needs FFmpeg 4's ``libavutil.so.56``): that reason,
+      passed on. The script has already loaded such files again after all the others, so a
+      sibling the package loads by path first is found.
+
+    :param shipped: the venv's library keys (:func:`record_library_keys` over every
+        distribution), or None.
     :param venv: stripped from the paths shown.
+    Status: fail on any failure; skip when there is no library, or none could be checked;
+    else pass.
     """
     libraries = report.get("libraries", [])
     if not libraries:
         return "skip", "the overlaid distributions ship no shared objects"
-    failed, driverless = [], []
+    keys = set(shipped) if shipped is not None else None
+    # kind per path: ("fail", what) | ("driver", names) | ("optional", names) | ("foreign", why)
+    kinds: dict[str, tuple[str, Any]] = {}
+    venv_missing: dict[str, list[str]] = {}
     for lib in libraries:
         if lib.get("ok"):
             continue
-        what = _load_error(str(lib.get("error")))
-        if not driver and what.startswith("missing ") and what[len("missing "):] in DRIVER_SONAMES:
-            driverless.append(lib)
+        path = str(lib["path"])
+        if lib.get("skipped"):
+            kinds[path] = ("foreign", lib["skipped"])
+            continue
+        error = str(lib.get("error"))
+        first = _MISSING.search(error)
+        if first is None:
+            kinds[path] = ("fail", _load_error(error))
+            continue
+        names = sorted(set(lib.get("missing") or ()) | {first.group(1)})
+        ours = [n for n in names if n not in DRIVER_SONAMES and (keys is None or pip_shipped_library(n, keys))]
+        drivers = [n for n in names if n in DRIVER_SONAMES]
+        if ours:
+            kinds[path] = ("fail", "missing " + ", ".join(ours))
+            venv_missing[path] = ours
+        elif drivers and driver:
+            kinds[path] = ("fail", "missing " + ", ".join(drivers))
+        elif drivers:
+            kinds[path] = ("driver", names)
         else:
-            failed.append((lib, what))
+            kinds[path] = ("optional", names)
+    # a library of the venv that is not loadable here only for a host reason (a driver, an
+    # optional host library) passes that reason on to the venv's objects that need it
+    copies: dict[str, list[str]] = {}
+    for lib in libraries:
+        copies.setdefault(library_key(str(lib["path"])), []).append(str(lib["path"]))
+    changed = True
+    while changed:
+        changed = False
+        for path, ours in venv_missing.items():
+            if kinds[path][0] != "fail":
+                continue
+            inherited: list[tuple[str, Any]] = []
+            for name in ours:
+                found = [kinds.get(c, ("ok", None)) for c in copies.get(library_key(name), [])]
+                host = [k for k in found if k[0] in ("driver", "optional")]
+                if not host or len(host) != len(found):
+                    break
+                inherited.extend(host)
+            else:
+                names = sorted({n for _, ns in inherited for n in ns})
+                kinds[path] = ("driver" if any(k == "driver" for k, _ in inherited) else "optional", names)
+                changed = True
+    failed = [(lib, kinds[str(lib["path"])][1]) for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "fail"]
+    driverless = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "driver"]
+    foreign = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "foreign"]
+    optional = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
+                if kinds.get(str(lib["path"]), ("",))[0] == "optional"]
     prefix = venv.rstrip("/") + "/" if venv else ""
 
     def shown(path: str) -> str:
@@ -182,14 +314,34 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "") -> 
 
     not_loaded = [p for p in report.get("preload", []) if not p.get("ok")]
     note = "".join(f"; note: preloading {p['name']} failed ({p['error']})" for p in not_loaded)
+    if foreign:
+        machines: dict[str, int] = {}
+        for lib in foreign:
+            word = str(lib["skipped"]).removeprefix("built for ").split(" ")[0]
+            machines[word] = machines.get(word, 0) + 1
+        kinds = ", ".join(f"{n} for {m}" for m, n in sorted(machines.items()))
+        note += (f"; skipped {len(foreign)} built for another machine than this interpreter's ({kinds}; e.g. "
+                 f"{shown(foreign[0]['path'])}): not loadable here by construction")
     if driverless:
         note += (f"; {len(driverless)} need the NVIDIA driver's libraries, absent on this host "
                  f"(e.g. {shown(driverless[0]['path'])}): not checkable here")
+    if optional:
+        needs: dict[str, int] = {}
+        for _, names in optional:
+            for name in names:
+                needs[name] = needs.get(name, 0) + 1
+        ranked = sorted(needs.items(), key=lambda item: (-item[1], item[0]))
+        listed = ", ".join(f"{name} ({count})" for name, count in ranked[:8])
+        listed += f" and {len(ranked) - 8} more" if len(ranked) > 8 else ""
+        note += (f"; warning: {len(optional)} need host libraries that no distribution of the venv ships, absent "
+                 f"here (optional plugins; objects needing each: {listed}; e.g. {shown(optional[0][0]['path'])})")
     if failed:
         head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in failed[:3])
         more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
         return "fail", f"{len(failed)} of {len(libraries)} shared objects do not load: {head}{more}{note}"
-    loaded = len(libraries) - len(driverless)
+    loaded = sum(1 for lib in libraries if lib.get("ok"))
+    if not loaded:
+        return "skip", f"none of {len(libraries)} shared objects could be checked here{note}"
     return "pass", f"{loaded} of {len(libraries)} shared objects load (RTLD_NOW){note}"
 
 
@@ -197,24 +349,45 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
     return any(r and (path == r or path.startswith(r.rstrip("/") + "/")) for r in roots)
 
 
+#: A Python extension module's file name: the module name, then an ABI-tagged suffix of
+#: ``importlib.machinery.EXTENSION_SUFFIXES`` (PEP 3149: ``.cpython-311-x86_64-linux-gnu.so``;
+#: PEP 384: ``.abi3.so``; PyPy's ``.pypy39-pp73-...so``). No library soname carries such a tag.
+_EXTENSION_MODULE = re.compile(r"\.(cpython-[^./]+|pypy[^./]+|abi3)\.so$")
+
+
+def extension_module(path: str) -> bool:
+    """Whether a file name is a Python extension module's (:data:`_EXTENSION_MODULE`)."""
+    return bool(_EXTENSION_MODULE.search(posixpath.basename(path)))
+
+
 def provenance_conflicts(report: Mapping[str, Any], shipped: Sequence[str]) -> list[dict[str, str]]:
     """Mapped libraries that came from outside the venv while the venv ships a library of the
     same name (:func:`library_key`), each with where it came from and why the loader took it.
+
+    Python extension modules are not libraries here, on either side: the interpreter imports
+    them by path from ``sys.path`` (the import system's ExtensionFileLoader), the dynamic loader
+    never looks them up by soname, so the standard library's ``_csv`` / ``_json`` do not shadow
+    pyarrow's ``pyarrow/_csv.cpython-311-x86_64-linux-gnu.so`` of the same file name. A mapped
+    file is one when the report's ``extension_modules`` (the files of the imported extension
+    modules) holds it or its name is ABI-tagged (:func:`extension_module`); a shipped one when
+    its name is.
 
     :param report: the library-provenance script's report.
     :param shipped: absolute paths of the venv's shared objects (from RECORD).
     :returns: ``[{"library", "mapped", "venv_copy", "why"}]`` sorted by library.
     """
     roots = [report.get("prefix", ""), report.get("prefix_real", "")]
+    modules = set(report.get("extension_modules") or ())
     ours: dict[str, str] = {}
     for path in shipped:
-        ours.setdefault(library_key(path), path)
+        if not extension_module(path):
+            ours.setdefault(library_key(path), path)
     preload = report.get("ld_preload", [])
     lib_path = report.get("ld_library_path", [])
     conf = report.get("ld_so_conf", [])
     out = []
     for mapped in report.get("mapped", []):
-        if _inside(mapped, roots):
+        if _inside(mapped, roots) or mapped in modules or extension_module(mapped):
             continue
         key = library_key(mapped)
         if key not in ours:

@@ -141,7 +141,14 @@ def inventory_table(inv: Inventory) -> Table:
 
 
 def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Table:
-    """Transactions of a target: id, state, source, steps, and the events recorded for each."""
+    """Transactions of a target: id, state, source, steps, and the events recorded for each.
+
+    :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
+        ``verified`` event carries ``ok`` (bool, written by :func:`transplant.recipes.record_verified`)
+        and is shown as ``verify passed`` or ``verify failed`` (``verify ?`` when ``ok`` is not a
+        bool): the word "verified" alone read as a success for verifies that failed.
+    :param where: the target, for the title.
+    """
     table = Table(title=f"transactions in {where}", title_justify="left")
     for column in ("id", "state", "source", "steps", "events"):
         table.add_column(column)
@@ -154,7 +161,11 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
             stamp = time.strftime("%H:%M:%S", time.gmtime(stamp_at)) if isinstance(stamp_at, (int, float)) else "?"
         except (OverflowError, OSError, ValueError):
             stamp = "?"
-        by_id.setdefault(str(event.get("id")), []).append(f"{event.get('event')} {stamp}")
+        name = str(event.get("event"))
+        if name == "verified":
+            ok = event.get("ok")
+            name = "verify passed" if ok is True else "verify failed" if ok is False else "verify ?"
+        by_id.setdefault(str(event.get("id")), []).append(f"{name} {stamp}")
     for t in transactions:
         table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),
                       str(t.get("steps", "")), Text(", ".join(by_id.get(str(t["id"]), []))))

@@ -49,17 +49,41 @@ class StageResult:
                 "seconds": round(self.seconds, 3), "details": dict(self.details)}
 
 
-def judge_imports(report: Mapping[str, Any]) -> tuple[str, str]:
-    """(status, reason) for the imports script's report: fail if any import failed."""
+def judge_imports(report: Mapping[str, Any], *, driver: bool = True) -> tuple[str, str]:
+    """(status, reason) for the imports script's report
+    (``{"imports": [{"name", "ok", "version", "error"}]}``): fail if any import failed.
+
+    An import whose error is that a driver library (:data:`transplant.ladder.DRIVER_SONAMES`,
+    e.g. ``libcuda.so.1``) cannot be opened is, on a host without a driver (``driver`` False),
+    not checkable here: neither a pass nor a fail; the reason names it. The same rule as
+    native-load's (:func:`transplant.ladder.judge_native`): the driver is installed with the
+    GPU, never by a wheel, so its absence says nothing about the venv. With ``driver`` True
+    (the default, also when the host's driver facts are unknown) it is a failure.
+    Status: fail on any failure; skip when nothing was checkable (or nothing to check);
+    else pass.
+    """
+    from .ladder import missing_driver_library
+
     items = report.get("imports", [])
     if not items:
         return "skip", "no import names to check (set verify.imports)"
-    failed = [i for i in items if not i.get("ok")]
+    uncheckable = [(i, missing_driver_library(i.get("error"))) for i in items if not i.get("ok") and not driver]
+    uncheckable = [(i, lib) for i, lib in uncheckable if lib]
+    skipped = {id(i) for i, _ in uncheckable}
+    failed = [i for i in items if not i.get("ok") and id(i) not in skipped]
+    note = ""
+    if uncheckable:
+        named = ", ".join(f"{i['name']} (needs {lib})" for i, lib in uncheckable)
+        note = f"; not checkable here: {named}, the NVIDIA driver's library, absent on this host"
     if failed:
         first = failed[0]
-        return "fail", f"{len(failed)} of {len(items)} imports failed; {first['name']}: {first.get('error')}"
-    parts = ", ".join(f"{i['name']} {i.get('version') or '?'}" for i in items)
-    return "pass", f"{len(items)} imports: {parts}"
+        return "fail", f"{len(failed)} of {len(items)} imports failed; {first['name']}: {first.get('error')}{note}"
+    passed = [i for i in items if i.get("ok")]
+    if not passed:
+        return "skip", f"no import could be checked{note}"
+    parts = ", ".join(f"{i['name']} {i.get('version') or '?'}" for i in passed)
+    head = f"{len(items)} imports" if len(passed) == len(items) else f"{len(passed)} of {len(items)} imports"
+    return "pass", f"{head}: {parts}{note}"
 
 
 def expect_matches(want: Any, got: Mapping[str, Any] | None) -> bool:

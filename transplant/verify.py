@@ -120,7 +120,7 @@ def run_stages(
             if not names:
                 return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
             report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
-            status, reason = judge_imports(report)
+            status, reason = judge_imports(report, driver=live.nvidia.available if live is not None else True)
             return status, reason + skipped, {**report, "derived_from": [d.display_name for d in dists],
                                               "skipped": dict(settings.skip_imports)}
 
@@ -136,7 +136,8 @@ def run_stages(
             preload = ["torch"] if "torch" in live.latest() else []
             report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
                                 env=env, timeout=timeout)
-            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv)
+            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv,
+                                                 shipped=ladder.record_library_keys(live.distributions))
             return status, reason, report
 
         run("native-load", native)

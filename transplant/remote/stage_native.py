@@ -9,14 +9,40 @@ built against torch name ``libc10.so`` without a path and rely on torch having l
 A child that dies on a file (a constructor that crashes) is replaced by a new one, which
 goes on after that file; the file is reported with the signal.
 
+Before loading, each file's ELF header (``e_ident`` class and data, ``e_machine``; read with
+:mod:`struct`, the System V gABI layout) is compared with the running interpreter's: an object
+built for another machine or ELF class (the AArch64 stubs an x86_64 wheel carries for
+cross-compiling) cannot be loaded here by construction, so it is not dlopened and gets
+``skipped`` (``"built for aarch64 (e_machine 183, 64-bit), this interpreter is x86_64 (e_machine 62,
+64-bit)"``).
+
+A load that fails on a missing soname is followed by the dynamic loader's own list of every
+dependency it cannot find (``LD_TRACE_LOADED_OBJECTS=1 <PT_INTERP of the interpreter> FILE``,
+as ldd(1) runs it with glibc's loader: the file is mapped with its dependencies, none of its
+code runs), less the sonames already loaded in the process (the preloads',
+asked with ``RTLD_NOLOAD``): ``missing``. dlopen's message names only the first one.
+Such a file is first loaded again after all the others, in rounds while a round loads one
+more: a library that names a sibling of the venv without a path (torchaudio's
+``_torchaudio.so`` and ``libtorchaudio.so``, auditwheel's grafted ``*.libs`` folders) finds it
+once the sibling is loaded, as the package's own code loads it by path first. One that loads
+then is ``ok`` with ``first_error``.
+
 Prints ``{"preload": [{"name", "ok", "error"}], "libraries": [{"path", "ok", "error",
-"seconds"}]}``; ``error`` is the loader's own message (``libfoo.so.1: cannot open shared
-object file...``, ``/x/libbar.so: undefined symbol: baz``). Stdlib only.
+"seconds", "skipped"?, "missing"?, "first_error"?}]}``; ``error`` is the loader's own message
+(``libfoo.so.1: cannot open shared object file...``, ``/x/libbar.so: undefined symbol: baz``);
+``skipped`` a reason (the file was not loaded); ``missing`` a sorted list of sonames, or None
+when the loader could not list them. Stdlib only.
 """
 
 import json
+import os
+import struct
 import subprocess
 import sys
+
+#: e_machine values of the System V gABI (elf.h), named as uname -m words.
+_MACHINES = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64", 22: "s390", 40: "arm", 43: "sparcv9", 62: "x86_64",
+             183: "aarch64", 190: "cuda", 243: "riscv", 258: "loongarch"}
 
 # The child: import the preloads, then load each path named on stdin (one per line), printing
 # "begin" before and the result after, so a crash is pinned on the file that caused it.
@@ -31,11 +57,33 @@ for name in preload:
     except BaseException as exc:
         out.write(json.dumps({"preload": name, "ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]}) + "\n")
     out.flush()
+interp = sys.argv[2] if len(sys.argv) > 2 else ""
 mode = os.RTLD_NOW | os.RTLD_LOCAL
-for line in sys.stdin:
-    path = line.rstrip("\n")
-    if not path:
-        continue
+
+
+def unresolved(path):
+    """Every soname the loader cannot find for path (traced as ldd does), less those loaded already."""
+    if not interp:
+        return None
+    import re, subprocess
+    try:
+        env = dict(os.environ, LD_TRACE_LOADED_OBJECTS="1")
+        proc = subprocess.run([interp, path], capture_output=True, text=True, timeout=60, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = sorted(set(re.findall(r"^\s*(\S+) => not found", proc.stdout, re.M)))
+    if not names and proc.returncode != 0:
+        return None
+    out = []
+    for name in names:
+        try:
+            ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL)
+        except OSError:
+            out.append(name)
+    return out
+
+
+def load(path):
     out.write(json.dumps({"begin": path}) + "\n")
     out.flush()
     started = time.monotonic()
@@ -44,16 +92,108 @@ for line in sys.stdin:
         error = None
     except OSError as exc:
         error = str(exc)
-    out.write(json.dumps({"path": path, "ok": error is None, "error": error,
-                          "seconds": round(time.monotonic() - started, 3)}) + "\n")
+    return error, time.monotonic() - started
+
+
+def report(item):
+    item["seconds"] = round(item["seconds"], 3)
+    out.write(json.dumps(item) + "\n")
     out.flush()
+
+
+pending = []
+for line in sys.stdin:
+    path = line.rstrip("\n")
+    if not path:
+        continue
+    error, seconds = load(path)
+    if error is not None and "cannot open shared object file" in error:
+        pending.append((path, error, seconds))
+        continue
+    report({"path": path, "ok": error is None, "error": error, "seconds": seconds})
+# A library that names another of the venv's without a path finds it once that one is loaded
+# (its package loads it by path first): retry those, while a round loads one more.
+progress = True
+while pending and progress:
+    progress, still = False, []
+    for path, first, seconds in pending:
+        error, more = load(path)
+        if error is None:
+            progress = True
+            report({"path": path, "ok": True, "error": None, "seconds": seconds + more, "first_error": first})
+        else:
+            still.append((path, error, seconds + more))
+    pending = still
+for path, error, seconds in pending:
+    report({"path": path, "ok": False, "error": error, "seconds": seconds, "missing": unresolved(path)})
 '''
 
 
-def _run_child(paths, preload):
+def elf_ident(path):
+    """(ELF class, data encoding, e_machine) from the header of path (e_ident[EI_CLASS] at 4,
+    e_ident[EI_DATA] at 5, e_machine a half-word at 18, in the file's own byte order); None
+    for a file that is not ELF or cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] not in (1, 2):
+        return None
+    machine = struct.unpack("<H" if head[5] == 1 else ">H", head[18:20])[0]
+    return head[4], head[5], machine
+
+
+def interpreter_path(path):
+    """The PT_INTERP (program interpreter, the dynamic loader) of the ELF executable path, or None."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF" or head[5] not in (1, 2):
+                return None
+            end = "<" if head[5] == 1 else ">"
+            if head[4] == 2:
+                phoff, = struct.unpack(end + "Q", head[32:40])
+                phentsize, phnum = struct.unpack(end + "HH", head[54:58])
+            else:
+                phoff, = struct.unpack(end + "I", head[28:32])
+                phentsize, phnum = struct.unpack(end + "HH", head[42:46])
+            for index in range(min(phnum, 256)):
+                handle.seek(phoff + index * phentsize)
+                entry = handle.read(phentsize)
+                if len(entry) < phentsize or struct.unpack(end + "I", entry[:4])[0] != 3:  # PT_INTERP
+                    continue
+                if head[4] == 2:
+                    offset, = struct.unpack(end + "Q", entry[8:16])
+                    size, = struct.unpack(end + "Q", entry[32:40])
+                else:
+                    offset, = struct.unpack(end + "I", entry[4:8])
+                    size, = struct.unpack(end + "I", entry[16:20])
+                handle.seek(offset)
+                found = handle.read(min(size, 4096)).split(b"\0", 1)[0].decode("utf-8", "replace")
+                return found if found.startswith("/") and os.path.exists(found) else None
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def _describe(ident):
+    width = {1: "32-bit", 2: "64-bit"}.get(ident[0], "class {}".format(ident[0]))
+    return "{} (e_machine {}, {})".format(_MACHINES.get(ident[2], "machine {}".format(ident[2])), ident[2], width)
+
+
+def foreign(path, host):
+    """Why path cannot load in this interpreter (another machine, class or byte order), or None."""
+    ident = elf_ident(path)
+    if ident is None or host is None or ident == host:
+        return None
+    return "built for {}, this interpreter is {}".format(_describe(ident), _describe(host))
+
+
+def _run_child(paths, preload, interp=""):
     """Load ``paths`` in one child; returns (results, preload results, crashed path or None, how)."""
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(preload)], input="\n".join(paths) + "\n",
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(preload), interp or ""],
+                          input="\n".join(paths) + "\n", capture_output=True, text=True)
     results, loaded, begun = [], [], None
     for line in proc.stdout.splitlines():
         try:
@@ -83,10 +223,19 @@ def main():
     request = json.loads(sys.stdin.read() or "{}")
     paths = [p for p in request.get("paths", []) if isinstance(p, str)]
     preload = [p for p in request.get("preload", []) if isinstance(p, str)]
+    executable = os.path.realpath(sys.executable)
+    host = elf_ident(executable)
+    interp = interpreter_path(executable)
     results, preloaded = [], None
-    remaining = list(paths)
+    remaining = []
+    for path in paths:
+        why = foreign(path, host)
+        if why is None:
+            remaining.append(path)
+        else:
+            results.append({"path": path, "ok": False, "error": None, "skipped": why, "seconds": 0.0})
     while remaining:
-        done, loaded, crashed, how = _run_child(remaining, preload)
+        done, loaded, crashed, how = _run_child(remaining, preload, interp)
         if preloaded is None:
             preloaded = loaded
         results.extend(done)
@@ -101,8 +250,11 @@ def main():
             remaining = missing
             continue
         results.append({"path": crashed, "ok": False, "error": how, "seconds": 0.0})
-        index = remaining.index(crashed)
-        remaining = remaining[index + 1:]
+        # the next child loads what this one did not report, the crashed file excepted (files
+        # held back for a retry come before it; each round drops one file, so this ends)
+        remaining = [p for p in remaining if p not in seen and p != crashed]
+    order = {path: index for index, path in enumerate(paths)}
+    results.sort(key=lambda item: order.get(item["path"], len(order)))  # the request's order
     sys.stdout.write(json.dumps({"preload": preloaded or [], "libraries": results}) + "\n")
     return 0
 

@@ -6,9 +6,14 @@ for every mapped file, and reports what decides where the dynamic loader looks:
 ``LD_LIBRARY_PATH`` and ``LD_PRELOAD`` as set, and the folders of ``/etc/ld.so.conf``
 (with its ``include`` files), each also as a real path.
 
+Also lists the files of the extension modules the interpreter imported (modules whose
+loader is :class:`importlib.machinery.ExtensionFileLoader`), as real paths: Python imports
+those by path from ``sys.path``, the dynamic loader never looks them up by soname.
+
 Prints ``{"prefix", "prefix_real", "imported": [{"name", "ok", "error"}], "mapped":
-[real paths], "ld_library_path": [[entry, real]], "ld_preload": [[entry, real]],
-"ld_so_conf": [[folder, real]]}``. Stdlib only, apart from the modules it imports.
+[real paths], "extension_modules": [real paths], "ld_library_path": [[entry, real]],
+"ld_preload": [[entry, real]], "ld_so_conf": [[folder, real]]}``. Stdlib only, apart from
+the modules it imports.
 """
 
 import glob
@@ -60,6 +65,18 @@ def _mapped():
     return paths
 
 
+def _extension_modules():
+    from importlib.machinery import ExtensionFileLoader
+
+    paths = set()
+    for module in list(sys.modules.values()):
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if isinstance(getattr(spec, "loader", None), ExtensionFileLoader) and isinstance(origin, str):
+            paths.add(os.path.realpath(origin))
+    return sorted(paths)
+
+
 def main():
     request = json.loads(sys.stdin.read() or "{}")
     imported = []
@@ -77,6 +94,7 @@ def main():
         "prefix_real": os.path.realpath(sys.prefix),
         "imported": imported,
         "mapped": _mapped(),
+        "extension_modules": _extension_modules(),
         "ld_library_path": [[e, _real(e)] for e in lib_path.split(":")] if lib_path is not None else [],
         "ld_preload": [[e, _real(e)] for e in preload.replace(" ", ":").split(":") if e] if preload else [],
         "ld_so_conf": [[f, os.path.realpath(f)] for f in _ld_so_conf()],
