@@ -1,0 +1,111 @@
+"""Trust (issue 14): no stale plan is committed, nothing recorded on a host lowers the controller's
+SSH checks, a target that is the donor under another name is refused, hostile files get one clear
+error, crashes leave exact records. Local venvs (real applier processes) unless a test needs sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import transplant.cli as cli
+from transplant.cli import main
+from transplant.lab.wheels import build_wheel, make_venv
+
+SITE = "lib/python3.11/site-packages"
+
+
+@pytest.fixture
+def pair(tmp_path, monkeypatch):
+    """A local donor (foo 2.0), a second donor (foo 3.0 and bar 1.0), a target (foo 1.0) and a
+    manifest for each donor; the state folder inside tmp_path."""
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    wheels = tmp_path / "wheels"
+    two = build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n", "foo/extra.py": "E = 1\n"})
+    three = build_wheel(wheels / "3", "foo", "3.0", {"foo/__init__.py": "V = 3\n", "foo/third.py": "T = 3\n"})
+    bar = build_wheel(wheels, "bar", "1.0", {"bar/__init__.py": "B = 1\n"})
+    one = build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n", "foo/gone.py": "G = 1\n"})
+    make_venv(tmp_path / "donor", [two])
+    make_venv(tmp_path / "donor3", [three, bar])
+    make_venv(tmp_path / "target", [one])
+    for name, donor in (("m.yaml", "donor"), ("m3.yaml", "donor3")):
+        (tmp_path / name).write_text(textwrap.dedent(f"""\
+            version: 1
+            donor: {{host: local, venv: {tmp_path / donor}}}
+            target: {{host: local, venv: {tmp_path / 'target'}}}
+            overlay: [foo]
+            """))
+    return tmp_path
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` except transplant's own state folder and bytecode."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".transplant" not in p.parts and "__pycache__" not in p.parts}
+
+
+def _site(root: Path) -> Path:
+    return root / SITE
+
+
+# -- 1. a plan made before another apply is never committed over it ------------------------------
+
+def _another_apply(tmp_path: Path) -> None:
+    assert main(["apply", str(tmp_path / "m3.yaml"), "--yes"]) == 0
+
+
+def _hand_edit(tmp_path: Path) -> None:
+    (_site(tmp_path / "target") / "foo" / "__init__.py").write_text("V = 'edited'\n")
+
+
+def _pip_install(tmp_path: Path) -> None:
+    wheel = next((tmp_path / "wheels").glob("bar-*.whl"))
+    subprocess.run([shutil.which("python3") or "python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(_site(tmp_path / "target")), str(wheel)],
+                   check=True)
+
+
+def _remove_a_file(tmp_path: Path) -> None:
+    (_site(tmp_path / "target") / "foo" / "gone.py").unlink()
+
+
+@pytest.mark.parametrize("change, saved", [(_another_apply, False), (_hand_edit, False), (_pip_install, False),
+                                            (_remove_a_file, False), (_another_apply, True)],
+                         ids=["another-apply-landed", "hand-edit", "pip-install", "file-removed", "saved-plan"])
+def test_a_plan_made_before_the_target_changed_is_refused_under_the_lock(pair, capsys, monkeypatch, change, saved):
+    """The change lands after the plan was made and before the lock is taken (as when an apply
+    waits at its [y/N] prompt): the apply is refused as stale and writes nothing."""
+    tmp_path = pair
+    real = cli.execute
+    pending = [change]
+
+    def racing(plan, **kwargs):
+        if pending:
+            pending.pop()(tmp_path)
+        return real(plan, **kwargs)
+
+    monkeypatch.setattr(cli, "execute", racing)
+    source = str(tmp_path / "m.yaml")
+    if saved:
+        assert main(["plan", source, "--out", str(tmp_path / "p.json")]) == 2
+        source = str(tmp_path / "p.json")
+    capsys.readouterr()
+    code = main(["apply", source, "--yes"])
+    out = " ".join(capsys.readouterr().out.split())
+    if change is _another_apply:
+        after = tree(tmp_path / "target")
+    assert code == 1, out
+    assert "refusing a stale plan: the target changed since the plan was made" in out
+    assert f"transplant plan {tmp_path / 'm.yaml'}" in out
+    infos = sorted(p.name for p in _site(tmp_path / "target").glob("foo-*.dist-info"))
+    assert len(infos) == 1, f"one dist-info per distribution, got {infos}"
+    if change is _another_apply:
+        assert infos == ["foo-3.0.dist-info"] and tree(tmp_path / "target") == after
+    monkeypatch.setattr(cli, "execute", real)
+    assert main(["apply", source if not saved else str(tmp_path / "m.yaml"), "--yes"]) == 0, "a fresh plan applies"
+    assert sorted(p.name for p in _site(tmp_path / "target").glob("foo-*.dist-info")) == ["foo-2.0.dist-info"]
