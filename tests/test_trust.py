@@ -109,3 +109,40 @@ def test_a_plan_made_before_the_target_changed_is_refused_under_the_lock(pair, c
     monkeypatch.setattr(cli, "execute", real)
     assert main(["apply", source if not saved else str(tmp_path / "m.yaml"), "--yes"]) == 0, "a fresh plan applies"
     assert sorted(p.name for p in _site(tmp_path / "target").glob("foo-*.dist-info")) == ["foo-2.0.dist-info"]
+
+
+# -- 2. nothing read from a host lowers the controller's SSH settings -------------------------------
+
+@pytest.mark.parametrize("recorded", [
+    {"verify_host_keys": False},
+    {"verify_host_keys": False, "known_hosts": "/dev/null"},
+    {"known_hosts": "/tmp/attacker_known_hosts", "identity_file": "/tmp/attacker_key"},
+    {"identity_file": "keys/id", "connect_timeout": 1},
+], ids=["checking-off", "checking-off-and-empty-known-hosts", "other-files", "relative-key"])
+def test_recover_takes_no_ssh_setting_from_the_recorded_recipe(pair, capsys, recorded):
+    """The recipe in the source's history.jsonl is data read from that host: its ``ssh`` block,
+    whatever it says, never reaches the recovery manifest; the controller's settings do."""
+    from transplant.files import load_manifest
+    from transplant.hosts import LocalHost
+    from transplant.manifest import Endpoint
+    from transplant.hostspec import HostSpec
+    from transplant.recover import from_history
+
+    tmp_path = pair
+    assert main(["apply", str(tmp_path / "m.yaml"), "--yes", "--verify"]) == 0, capsys.readouterr().out
+    history = tmp_path / "target" / ".transplant" / "history.jsonl"
+    lines = [json.loads(line) for line in history.read_text().splitlines()]
+    for entry in lines:
+        if entry.get("event") == "started":
+            entry["recipe"]["manifest"]["ssh"] = recorded  # what a hostile or stale host may hold
+    history.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    mine = {"identity_file": str(tmp_path / "controller_key"), "known_hosts": str(tmp_path / "controller_known")}
+    new = Endpoint(host=HostSpec.parse("root@127.0.0.9"), venv="/srv/new")
+    recovery = from_history(LocalHost(), str(tmp_path / "target"), new, tmp_path / "state", ssh=mine)
+    written = load_manifest(recovery.manifest)
+    assert written.ssh.verify_host_keys is True
+    assert (written.ssh.identity_file, written.ssh.known_hosts) == (mine["identity_file"], mine["known_hosts"])
+    assert written.ssh.connect_timeout == 10.0
+    recovery = from_history(LocalHost(), str(tmp_path / "target"), new, tmp_path / "state", ssh={})
+    written = load_manifest(recovery.manifest)
+    assert written.ssh.verify_host_keys is True and written.ssh.identity_file is None and written.ssh.known_hosts is None

@@ -128,8 +128,11 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
 
     def by_history(where: HostSpec, venv: str, options: SSHOptions) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else venv)
+        # the manifest's SSH settings are the controller's: the command line's, else those that reached the source
+        mine = ssh or {k: str(Path(v).absolute()) for k, v in (("identity_file", options.identity_file),
+                                                             ("known_hosts", options.known_hosts)) if v}
         with connect(where, options) as old, console.status(f"reading the history of {where}:{venv}"):
-            return from_history(old, venv, target, default_state_dir(), ssh=ssh, force=args.force), target
+            return from_history(old, venv, target, default_state_dir(), ssh=mine, force=args.force), target
 
     def by_snapshot(snap: Snapshot) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else snap.donor_venv)
