@@ -146,3 +146,73 @@ def test_recover_takes_no_ssh_setting_from_the_recorded_recipe(pair, capsys, rec
     recovery = from_history(LocalHost(), str(tmp_path / "target"), new, tmp_path / "state", ssh={})
     written = load_manifest(recovery.manifest)
     assert written.ssh.verify_host_keys is True and written.ssh.identity_file is None and written.ssh.known_hosts is None
+
+
+# -- 9. validation: whole-string matches, no control characters in paths ----------------------------
+
+@pytest.mark.parametrize("text", ["root\n@127.0.0.1", "root@127.0.0.1\n", "root@[::1\n]", "root@[::1]\n",
+                                  "ro\not@127.0.0.1", "root@127.0.0.1:22\n"])
+def test_a_host_with_a_trailing_or_inner_newline_is_refused(text):
+    from transplant.hostspec import HostSpec
+
+    with pytest.raises(ValueError):
+        HostSpec.parse(text)
+
+
+@pytest.mark.parametrize("venv", ["/srv/venv\n", "/srv/ve\nnv", "/srv/venv\t", "/srv/\rvenv", "/srv/venv\x7f"])
+def test_a_venv_path_with_a_control_character_is_refused(pair, capsys, venv):
+    tmp_path = pair
+    m = tmp_path / "bad.yaml"
+    m.write_text((tmp_path / "m.yaml").read_text().replace(f"venv: {tmp_path / 'target'}", f"venv: {json.dumps(venv)}"))
+    before = tree(tmp_path / "target")
+    assert main(["plan", str(m)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "target.venv: the path" in out and "holds a control character" in out
+    assert main(["inventory", f"local:{venv}"]) == 64
+    assert "holds a control character" in capsys.readouterr().out
+    assert main(["recover", "--target", f"root@127.0.0.1:{venv}", "--snapshot", "x"]) == 64
+    assert tree(tmp_path / "target") == before and not (tmp_path / "target" / ".transplant").exists()
+
+
+# -- 10. a saved plan is applied from any folder -----------------------------------------------------
+
+def test_a_saved_plan_made_with_a_relative_manifest_path_applies_from_another_folder(pair, capsys, monkeypatch):
+    tmp_path = pair
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "m.yaml", "--out", "p.json"]) == 2
+    assert json.loads((tmp_path / "p.json").read_text())["manifest"] == str(tmp_path / "m.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["apply", str(tmp_path / "p.json"), "--yes"]) == 0, capsys.readouterr().out
+    assert sorted(p.name for p in _site(tmp_path / "target").glob("foo-*.dist-info")) == ["foo-2.0.dist-info"]
+
+
+# -- 11. --break-lock never breaks the lock of a holder still running on this controller ------------
+
+@pytest.mark.parametrize("holder", ["other-process", "this-process"])
+def test_break_lock_refuses_a_live_holder_on_this_controller(pair, capsys, holder):
+    tmp_path = pair
+    target = tmp_path / "target"
+    before = tree(target)
+    live = subprocess.Popen(["sleep", "120"]) if holder == "other-process" else None
+    pid = live.pid if live else os.getpid()
+    try:
+        (target / ".transplant").mkdir(mode=0o700)
+        (target / ".transplant" / "lock").write_text(json.dumps({
+            "id": "20260101T000000Z-0000beef", "controller": os.uname().nodename, "pid": pid, "since": 1,
+            "command": "transplant apply other.yaml"}))
+        assert main(["apply", str(tmp_path / "m.yaml"), "--yes", "--break-lock"]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "is locked by an apply still running on this controller" in out and f"pid {pid}" in out
+        assert f"kill {pid}" in out and "breaks only the lock of a holder that is gone" in out
+        assert json.loads((target / ".transplant" / "lock").read_text())["pid"] == pid, "the lock is intact"
+        assert tree(target) == before
+    finally:
+        if live:
+            live.kill()
+            live.wait()
+    if live:  # its holder is gone now: broken, and said so
+        assert main(["apply", str(tmp_path / "m.yaml"), "--yes", "--break-lock"]) == 0
+        assert "breaking the lock" in capsys.readouterr().out

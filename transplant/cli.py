@@ -424,12 +424,14 @@ class UsageError(TransplantError):
 def parse_location(text: str) -> tuple[HostSpec, str]:
     """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
 
-    :raises UsageError: no ``:/`` in the text, or a bad host part.
+    :raises UsageError: no ``:/`` in the text, a control character in the venv path, or a bad host part.
     """
     host, sep, venv = text.partition(":/")
     fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
     if not sep:
         raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
+        raise UsageError(f"{text!r}: the venv path holds a control character (a newline, a tab...)", hint=fix)
     try:
         return HostSpec.parse(host), "/" + venv
     except ValueError as exc:

@@ -146,7 +146,8 @@ def check_plan_destination(path: str | os.PathLike, *, manifest: str) -> None:
 
 
 def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
-    """Write a plan as JSON atomically (temporary file in the same folder, fsync, rename).
+    """Write a plan as JSON atomically (temporary file in the same folder, fsync, rename), with
+    the manifest's path made absolute (``apply plan.json`` works from any folder).
 
     :raises TransplantError: as :func:`check_plan_destination`, or the write failed (the
         temporary file is removed).
@@ -156,7 +157,8 @@ def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent) or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(plan.to_dict(), handle, indent=2, sort_keys=True)
+            # the manifest's path absolute: the plan is applied from any folder
+            json.dump({**plan.to_dict(), "manifest": os.path.abspath(plan.manifest)}, handle, indent=2, sort_keys=True)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())

@@ -566,7 +566,9 @@ class SSHHost(Host):
             argv += ["-p", str(self.spec.port)]
         if opts.identity_file is not None:
             ident = Path(opts.identity_file).expanduser().absolute()
-            argv += ["-i", str(ident).replace("%", "%%"), "-o", "IdentitiesOnly=yes"]
+            # -o IdentityFile, not -i: ssh stats an -i path before expanding its % tokens, so a
+            # path holding % (escaped as %%) would not be found and the key silently not offered
+            argv += ["-o", f"IdentityFile={_ssh_config_path(ident)}", "-o", "IdentitiesOnly=yes"]
         if opts.verify_host_keys:
             argv += ["-o", "StrictHostKeyChecking=yes"]
             if opts.known_hosts is not None:

@@ -120,6 +120,9 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
     ssh = {k: str(Path(v).absolute()) for k, v in (("identity_file", args.identity_file),
                                                     ("known_hosts", args.known_hosts)) if v}
     spec_text, sep, venv_text = args.target.partition(":/")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv_text):
+        raise UsageError(f"--target {args.target!r}: the venv path holds a control character (a newline, a tab...)",
+                         hint="write HOST or HOST:/path/to/venv on one line")
     try:
         spec = HostSpec.parse(spec_text)
     except ValueError as exc:
