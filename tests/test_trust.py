@@ -216,3 +216,76 @@ def test_break_lock_refuses_a_live_holder_on_this_controller(pair, capsys, holde
     if live:  # its holder is gone now: broken, and said so
         assert main(["apply", str(tmp_path / "m.yaml"), "--yes", "--break-lock"]) == 0
         assert "breaking the lock" in capsys.readouterr().out
+
+
+# -- 5, 6. hostile files: one clear error, quickly, and nothing written ------------------------------
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _folder(path: Path) -> None:
+    path.mkdir()
+
+
+def _device(path: Path) -> None:
+    path.symlink_to("/dev/zero")  # endless bytes: read whole, it would never end
+
+
+def _huge(path: Path) -> None:
+    with open(path, "wb") as handle:  # sparse: no disk used
+        handle.truncate(300 << 20)
+
+
+def _text(content: str):
+    return lambda path: path.write_text(content)
+
+
+MANIFEST_INPUTS = {
+    "fifo": (_fifo, "is a FIFO (named pipe), not a regular file"),
+    "folder": (_folder, "is a folder, not a regular file"),
+    "device": (_device, "is a device, not a regular file"),
+    "huge": (_huge, "over the limit of 1048576 bytes"),
+    "complex-key-list": (_text("version: 1\n? [a, b]\n: 1\n"), "a key that is a list (line 2"),
+    "complex-key-map": (_text("? {a: 1}\n: 1\nversion: 1\n"), "a key that is a dict (line 1"),
+    "nested": (_text("a: " + "[" * 5000 + "]" * 5000 + "\n"), "nested too deeply"),
+}
+PLAN_INPUTS = {
+    "fifo": (_fifo, "is a FIFO (named pipe), not a regular file"),
+    "folder": (_folder, "is a folder, not a regular file"),
+    "device": (_device, "is a device, not a regular file"),
+    "huge": (_huge, "over the limit of 268435456 bytes"),
+    "nested-list": (_text("[" * 200000 + "]" * 200000), "nested too deeply"),
+    "nested-object": (_text('{"a": ' * 100000 + "1" + "}" * 100000), "nested too deeply"),
+}
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "transplant", *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "300"})
+
+
+@pytest.mark.parametrize("kind", sorted(MANIFEST_INPUTS))
+def test_a_hostile_manifest_file_is_one_clear_error(pair, kind):
+    tmp_path = pair
+    make, said = MANIFEST_INPUTS[kind]
+    path = tmp_path / "hostile.yaml"
+    make(path)
+    done = _run("apply", str(path), "--yes")  # apply and plan read a manifest alike
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert said in " ".join(done.stdout.split()) and "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "target" / ".transplant").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(PLAN_INPUTS))
+def test_a_hostile_saved_plan_is_one_clear_error(pair, kind):
+    tmp_path = pair
+    make, said = PLAN_INPUTS[kind]
+    path = tmp_path / "hostile.json"
+    make(path)
+    done = _run("apply", str(path), "--yes")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert said in " ".join(done.stdout.split()) and "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "target" / ".transplant").exists()
