@@ -289,3 +289,88 @@ def test_a_hostile_saved_plan_is_one_clear_error(pair, kind):
     assert done.returncode == 1, done.stdout + done.stderr
     assert said in " ".join(done.stdout.split()) and "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "target" / ".transplant").exists()
+
+
+# -- 3, 5. host keys: checking off still refuses a changed key; OpenSSH's markers are honoured ------
+
+lab_only = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="the lab needs root")
+
+
+def _key_of(lab, name: str) -> str:
+    kind, blob = (lab.hosts[name].folder / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    return f"{kind} {blob}"
+
+
+def _other_key(tmp_path: Path) -> str:
+    path = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
+
+
+def _rsh_hostname(host) -> subprocess.CompletedProcess:
+    import shlex
+
+    return subprocess.run([*shlex.split(host.rsync_rsh()), f"root@{host.spec.hostname}", "hostname"],
+                          capture_output=True, timeout=30)
+
+
+@lab_only
+@pytest.mark.parametrize("known", ["changed", "absent"])
+def test_checking_off_still_refuses_a_changed_key_and_says_it_is_off(lab, ssh_options, tmp_path, capfd, known):
+    from transplant.errors import HostError
+    from transplant.hosts import HostSpec, SSHHost, SSHOptions
+
+    donor = lab.hosts["donor"]
+    file = tmp_path / "known_hosts"
+    if known == "changed":
+        file.write_text(f"[{donor.address}]:{donor.port} {_key_of(lab, 'target')}\n")
+    options = SSHOptions(identity_file=ssh_options.identity_file, known_hosts=file, verify_host_keys=False)
+    if known == "changed":
+        with pytest.raises(HostError, match="HOST KEY CHANGED"):
+            SSHHost(HostSpec.parse(donor.spec), options)
+        assert "host key checking is off" in capfd.readouterr().err
+        # rsync's ssh, given the same settings, refuses it too
+        probe = SSHHost.__new__(SSHHost)
+        probe.spec, probe.options = HostSpec.parse(donor.spec), options
+        done = _rsh_hostname(probe)
+        assert done.returncode != 0 and done.stdout == b""
+        return
+    host = SSHHost(HostSpec.parse(donor.spec), options)
+    try:
+        assert host.run(["hostname"]).stdout == b"donor\n"
+        assert "host key checking is off (ssh.verify_host_keys: false)" in capfd.readouterr().err
+        assert _rsh_hostname(host).stdout == b"donor\n", "an unknown key is accepted by rsync's ssh too"
+        assert not file.exists(), "and recorded nowhere"
+    finally:
+        host.close()
+
+
+@lab_only
+@pytest.mark.parametrize("lines, refused", [
+    (["@revoked * {donor}", "{plain}"], "marks @revoked"),
+    (["@revoked * {other}", "{plain}"], None),
+    (["@cert-authority *.example.com {other}", "{plain}"], None),
+    (["# a comment", "@cert-authority [127.0.0.10]:* {other}"], "@cert-authority"),
+    (["@cert-authority * {other}", "@revoked 10.9.9.9 {other}", "garbage line", "{plain}"], None),
+], ids=["revoked-host-key", "revoked-other-key", "ca-for-other-hosts", "ca-only", "mixed"])
+def test_known_hosts_markers_are_honoured_not_a_traceback(lab, ssh_options, tmp_path, lines, refused):
+    from transplant.errors import HostError
+    from transplant.hosts import HostSpec, SSHHost, SSHOptions
+
+    donor = lab.hosts["donor"]
+    words = {"donor": _key_of(lab, "donor"), "other": _other_key(tmp_path),
+             "plain": f"[{donor.address}]:{donor.port} {_key_of(lab, 'donor')}"}
+    file = tmp_path / "known_hosts"
+    file.write_text("".join(line.format(**words) + "\n" for line in lines))
+    options = SSHOptions(identity_file=ssh_options.identity_file, known_hosts=file)
+    if refused:
+        with pytest.raises(HostError, match=refused) as caught:
+            SSHHost(HostSpec.parse(donor.spec), options)
+        assert "ssh-keyscan" in (caught.value.hint or "")
+        return
+    host = SSHHost(HostSpec.parse(donor.spec), options)
+    try:
+        assert host.run(["hostname"]).stdout == b"donor\n"
+        assert _rsh_hostname(host).stdout == b"donor\n", "OpenSSH under rsync reads the same file"
+    finally:
+        host.close()
