@@ -374,3 +374,42 @@ def test_known_hosts_markers_are_honoured_not_a_traceback(lab, ssh_options, tmp_
         assert _rsh_hostname(host).stdout == b"donor\n", "OpenSSH under rsync reads the same file"
     finally:
         host.close()
+
+
+# -- 4. a target that is the donor under another name -------------------------------------------------
+
+def _link_venv(tmp_path: Path) -> Path:
+    (tmp_path / "alias").symlink_to(tmp_path / "donor")
+    return tmp_path / "alias"
+
+
+def _link_parent(tmp_path: Path) -> Path:
+    (tmp_path / "parent").symlink_to(tmp_path)
+    return tmp_path / "parent" / "donor"
+
+
+def _bind_mount(tmp_path: Path) -> Path:
+    (tmp_path / "bound").mkdir()
+    subprocess.run(["mount", "--bind", str(tmp_path / "donor"), str(tmp_path / "bound")], check=True)
+    return tmp_path / "bound"
+
+
+@pytest.mark.parametrize("alias", [_link_venv, _link_parent, _bind_mount], ids=["symlink", "parent-symlink", "bind"])
+def test_a_target_that_is_the_donor_under_another_name_is_refused(pair, capsys, alias):
+    tmp_path = pair
+    if alias is _bind_mount and os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    target = alias(tmp_path)
+    try:
+        m = tmp_path / "self.yaml"
+        m.write_text((tmp_path / "m.yaml").read_text().replace(str(tmp_path / "target"), str(target)))
+        before = tree(tmp_path / "donor")
+        for argv in (["plan", str(m)], ["apply", str(m), "--yes"]):
+            assert main(argv) == 1
+            out = " ".join(capsys.readouterr().out.split())
+            assert "is the donor" in out and "under another name" in out and "nothing was changed" in out, out
+        assert tree(tmp_path / "donor") == before
+        assert not (tmp_path / "donor" / ".transplant").exists()
+    finally:
+        if alias is _bind_mount:
+            subprocess.run(["umount", str(tmp_path / "bound")], check=False)

@@ -293,6 +293,12 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             from .clonecmd import clone_base
             clone_base(args, console, manifest, session.base_host(), session.host("target"))
             session.cloned()
+        if not (args.resume or args.rollback):  # before the lock: nothing is written into a donor named twice
+            from .gather import refuse_self_target
+            early = session.donor()
+            if early.host is not None:
+                refuse_self_target(replace(session.manifest, target=manifest.target), early.host,
+                                   session.host("target"))
         if _finish_interrupted(args, console, session):
             return EXIT_OK
         opened = session.donor()
