@@ -197,8 +197,10 @@ def test_rsync_rsh_is_quoted_for_awkward_paths(lab, ssh_options, tmp_path):
     odd.mkdir()
     known = odd / "known_hosts"
     known.write_bytes(lab.known_hosts.read_bytes())
-    host = SSHHost(HostSpec.parse(lab.hosts["donor"].spec), SSHOptions(
-        identity_file=ssh_options.identity_file, known_hosts=known))
+    key = odd / "id %h%%"  # a key whose path holds % (and a blank): ssh must get it, not a token expansion
+    key.write_bytes(Path(ssh_options.identity_file).read_bytes())
+    key.chmod(0o600)
+    host = SSHHost(HostSpec.parse(lab.hosts["donor"].spec), SSHOptions(identity_file=key, known_hosts=known))
     try:
         rsh = host.rsync_rsh()
         assert "StrictHostKeyChecking=yes" in rsh and "BatchMode=yes" in rsh

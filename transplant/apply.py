@@ -25,6 +25,7 @@ from pathlib import Path
 from .errors import TransplantError
 from .hosts import Host, LocalHost
 from .inventory import inside_path, protected_path
+from .probing import take_inventory
 from .model import Plan
 from . import txn
 from .state import expected_state, transaction_steps
@@ -127,7 +128,8 @@ def execute(
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
-    Lock the target; refuse while an earlier transaction there is interrupted; check free
+    Lock the target; refuse while an earlier transaction there is interrupted, and refuse a
+    stale plan (the target, probed again as the plan read it, has another fingerprint); check free
     space and writability and record the state before (nothing is written before these
     pass); copy every new file into the transaction's staging folder inside the venv's
     state folder (rsync); rewrite console-script shebangs there, and set those scripts'
@@ -152,7 +154,8 @@ def execute(
         manifest as data, its patch files, the snapshot), for ``transplant status`` and
         ``transplant recover``; None records none.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
-        target lacks space or cannot be written (nothing changed), an earlier transaction
+        target is no longer the one the plan was made against (checked under the lock,
+        before any write: a stale plan), the target lacks space or cannot be written (nothing changed), an earlier transaction
         is interrupted, or the target differs from the plan afterwards (``mismatches``).
     :raises TransactionError: the target is locked, or a transaction step failed.
     :raises HostError: a host could not be reached or rsync failed (nothing changed).
@@ -182,6 +185,7 @@ def execute(
                 f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
                 f"finish it or undo it first",
                 hint=f"transplant apply {shlex.quote(plan.manifest)} --resume   (or --rollback)")
+        _refuse_stale(plan, target)
         expected = expected_state(plan)
         order = transaction_steps(plan)
         reply = txn.call(target, venv, "begin", {
@@ -247,6 +251,29 @@ def execute(
     return ApplyResult(transaction=txid, files_copied=copied, bytes_moved=moved,
                        files_removed=int(done.get("removed", 0)), seconds=time.monotonic() - started,
                        steps=tuple(steps))
+
+
+def _refuse_stale(plan: Plan, target: Host) -> None:
+    """Under the lock: the target must still be the one the plan was made against.
+
+    The target is probed again exactly as the plan read it (the overlaid distributions
+    hashed, the patch destinations, the texts the rules read; nothing else is hashed) and
+    its fingerprint compared with the plan's, so an apply that landed between plan and lock
+    (another manifest, a prompt left waiting) or a hand edit is never committed over.
+
+    :raises ApplyError: the target changed since the plan was made (nothing was written).
+    """
+    from .snapshot import TEXTS
+
+    now = take_inventory(target, plan.target.venv, hash_patterns=plan.hash_patterns, files=plan.patch_files,
+                         texts=TEXTS)
+    if now.fingerprint != plan.target.fingerprint:
+        manifest = shlex.quote(plan.manifest)
+        raise ApplyError(
+            f"{plan.target.label}: refusing a stale plan: the target changed since the plan was made (another apply "
+            f"landed, or its files were edited); nothing was changed",
+            hint=f"plan again against the target as it is now: transplant plan {manifest}   "
+                 f"(or apply the manifest again: transplant apply {manifest})")
 
 
 _FINISH = ("undo it: transplant apply {manifest} --rollback   (or finish it once the cause is fixed: "

@@ -293,6 +293,12 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             from .clonecmd import clone_base
             clone_base(args, console, manifest, session.base_host(), session.host("target"))
             session.cloned()
+        if not (args.resume or args.rollback):  # before the lock: nothing is written into a donor named twice
+            from .gather import refuse_self_target
+            early = session.donor()
+            if early.host is not None:
+                refuse_self_target(replace(session.manifest, target=manifest.target), early.host,
+                                   session.host("target"))
         if _finish_interrupted(args, console, session):
             return EXIT_OK
         opened = session.donor()
@@ -428,12 +434,14 @@ class UsageError(TransplantError):
 def parse_location(text: str) -> tuple[HostSpec, str]:
     """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
 
-    :raises UsageError: no ``:/`` in the text, or a bad host part.
+    :raises UsageError: no ``:/`` in the text, a control character in the venv path, or a bad host part.
     """
     host, sep, venv = text.partition(":/")
     fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
     if not sep:
         raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
+        raise UsageError(f"{text!r}: the venv path holds a control character (a newline, a tab...)", hint=fix)
     try:
         return HostSpec.parse(host), "/" + venv
     except ValueError as exc:

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -19,8 +20,52 @@ from .planner import PatchFile
 __all__ = ["load_manifest", "read_patch_files", "save_plan", "load_plan", "file_digest", "check_plan_destination"]
 
 
+#: the largest manifest read (bytes): a real one is a few KiB; YAML takes minutes over tens of MiB
+MAX_MANIFEST_BYTES = 1 << 20
+#: the largest saved plan read (bytes): about 200 bytes a file, so over a million files
+MAX_PLAN_BYTES = 256 << 20
+
+
 class _DuplicateKey(Exception):
     pass
+
+
+class _NotRegular(Exception):
+    pass
+
+
+def _read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes.
+
+    Opened without blocking (a FIFO given as the file never waits for a writer) and checked
+    with fstat on the open file before anything is read.
+
+    :raises FileNotFoundError: it does not exist.
+    :raises OSError: it cannot be opened or read.
+    :raises _NotRegular: it is not a regular file, or it is larger than ``limit`` (the message says which).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = ("a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(info.st_mode)
+                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                    else "a socket" if stat.S_ISSOCK(info.st_mode) else "not a regular file")
+            raise _NotRegular(f"is {kind}, not a regular file")
+        if info.st_size > limit:
+            raise _NotRegular(f"is {info.st_size} bytes, over the limit of {limit} bytes")
+        chunks, size = [], 0
+        while size <= limit:
+            block = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not block:
+                break
+            chunks.append(block)
+            size += len(block)
+        if size > limit:
+            raise _NotRegular(f"grew past the limit of {limit} bytes while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -30,7 +75,12 @@ class _StrictLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                mark = key_node.start_mark
+                raise _DuplicateKey(f"(yaml): a key that is a {type(key).__name__} (line {mark.line + 1}, "
+                                    f"column {mark.column + 1}); fix: write plain names as keys (a '? [a, b]' "
+                                    f"complex key is not part of a manifest)")
+            if key in seen:
                 mark = key_node.start_mark
                 raise _DuplicateKey(f"(yaml): the key {key!r} is given twice (line {mark.line + 1}); "
                                     f"fix: keep one of them")
@@ -41,15 +91,19 @@ class _StrictLoader(yaml.SafeLoader):
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read, safe-load and validate a manifest; check that every patch source exists.
 
-    :raises ManifestError: unreadable file, YAML syntax error (with line and column), or
-        any validation problem; nothing else has run when it is raised.
+    :raises ManifestError: unreadable file, not a regular file (a FIFO is not waited on),
+        over :data:`MAX_MANIFEST_BYTES`, YAML syntax error (with line and column), a key
+        that is not a scalar, or any validation problem; nothing else has run when it is raised.
     """
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = _read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ManifestError(name, ["(file): not found; fix: give the path of an existing manifest, "
                                    "e.g. manifests/seed-migration.yaml"]) from None
+    except _NotRegular as exc:
+        raise ManifestError(name, [f"(file): {exc}; fix: give the path of the manifest file itself "
+                                   f"(a YAML file of at most {MAX_MANIFEST_BYTES // 1024} KiB)"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(name, [f"(file): cannot be read ({exc}); fix: check the path and permissions"]) from None
     try:
@@ -146,7 +200,8 @@ def check_plan_destination(path: str | os.PathLike, *, manifest: str) -> None:
 
 
 def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
-    """Write a plan as JSON atomically (temporary file in the same folder, fsync, rename).
+    """Write a plan as JSON atomically (temporary file in the same folder, fsync, rename), with
+    the manifest's path made absolute (``apply plan.json`` works from any folder).
 
     :raises TransplantError: as :func:`check_plan_destination`, or the write failed (the
         temporary file is removed).
@@ -156,7 +211,8 @@ def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent) or ".")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(plan.to_dict(), handle, indent=2, sort_keys=True)
+            # the manifest's path absolute: the plan is applied from any folder
+            json.dump({**plan.to_dict(), "manifest": os.path.abspath(plan.manifest)}, handle, indent=2, sort_keys=True)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
@@ -169,11 +225,19 @@ def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
 def load_plan(path: str | os.PathLike) -> Plan:
     """Read a plan saved by :func:`save_plan`.
 
-    :raises PlanError: unreadable, not JSON, or not a plan document.
+    :raises PlanError: unreadable, not a regular file (a FIFO is not waited on), over
+        :data:`MAX_PLAN_BYTES`, not JSON, nested too deeply, or not a plan document.
     """
+    hint = "make one with: transplant plan MANIFEST --out plan.json"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(_read_regular(path, MAX_PLAN_BYTES).decode("utf-8"))
+    except _NotRegular as exc:
+        raise PlanError(f"{path}: refusing the plan: it {exc}", hint=hint) from None
+    except RecursionError:
+        raise PlanError(f"{path}: refusing the plan: it is nested too deeply to be a plan", hint=hint) from None
     except (OSError, ValueError) as exc:
-        raise PlanError(f"{path}: cannot read the plan ({exc})",
-                        hint="make one with: transplant plan MANIFEST --out plan.json") from None
-    return plan_from_dict(data, source=str(path))
+        raise PlanError(f"{path}: cannot read the plan ({exc})", hint=hint) from None
+    try:
+        return plan_from_dict(data, source=str(path))
+    except RecursionError:
+        raise PlanError(f"{path}: refusing the plan: it is nested too deeply to be a plan", hint=hint) from None

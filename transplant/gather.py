@@ -21,7 +21,7 @@ from .binaries import ElfReport, is_shared_object
 from .elfscan import read_elf_facts
 from .hosts import Host
 from .inventory import Distribution, Inventory
-from .manifest import Manifest
+from .manifest import Endpoint, Manifest
 from .planner import PatchFile, selected_names
 from .probing import take_inventory
 from .rules.libtorch import links_libtorch, torch_libraries
@@ -48,6 +48,43 @@ def _objects(dists: Sequence[Distribution]) -> list[str]:
                    if is_shared_object(p) and e.exists and e.symlink is None and not e.error})
 
 
+_IDENTITY = ("import os, sys\n"
+             "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
+             "except OSError:\n    boot = ''\n"
+             "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n")
+
+
+def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[str, int, int] | None:
+    """(boot id, device, inode) of the folder ``venv`` on ``host``, symlinks followed: two spellings
+    of one folder (a symlink, a bind mount, another host name for the same machine) give the same
+    triple. None when it cannot be told (no boot id, the venv's python does not run)."""
+    from .probing import venv_python
+
+    result = host.run([venv_python(venv), "-I", "-S", "-c", _IDENTITY, venv], timeout=timeout)
+    words = result.stdout.decode("ascii", "replace").split()
+    if not result.ok or len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
+        return None
+    return words[0], int(words[1]), int(words[2])
+
+
+def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
+    """Refuse a target venv that is the donor's venv under another name, compared by device and
+    inode on the same machine (not by path strings).
+
+    :raises TransplantError: it is (nothing was written).
+    """
+    from .errors import TransplantError
+
+    mine = venv_identity(donor_host, manifest.donor.venv)
+    theirs = venv_identity(target_host, manifest.target.venv)
+    if mine is not None and mine == theirs:
+        raise TransplantError(
+            f"{manifest.path}: the target {manifest.target} is the donor {manifest.donor} under another name (the "
+            f"same folder: a symlink, a bind mount or another host name); applying would remove files from the "
+            f"donor; nothing was changed",
+            hint="name another venv as the target in the manifest's target: (a copy: transplant clone)")
+
+
 def gather(
     manifest: Manifest,
     donor_host: Host | DonorSource,
@@ -63,12 +100,17 @@ def gather(
         :mod:`transplant.sources`).
     :param step: called with a line describing each step (for a spinner), or None.
     :param timeout: seconds for each host script.
+    :raises TransplantError: the target is the donor's venv under another name (device and inode).
     :raises HostError: a host could not be reached or a script failed there.
     :raises ProbeError: a host script reported something malformed.
     """
     say = step or (lambda _line: None)
     m = manifest
     source = as_source(donor_host, m.donor.venv)
+    live = getattr(source, "host", None)  # a host donor (a snapshot has none): it must not be the target
+    if isinstance(live, Host):
+        refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
+                           live, target_host)
     say(f"probing the donor {m.donor} and the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)

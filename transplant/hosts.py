@@ -24,6 +24,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,8 @@ __all__ = [
     "SSHHost",
     "connect",
     "kill_group",
+    "KnownHosts",
+    "read_known_hosts",
 ]
 
 # paramiko logs a traceback for every failed handshake on its transport thread; with no
@@ -68,8 +71,9 @@ class SSHOptions:
         ``~/.ssh/known_hosts`` (OpenSSH, under rsync, also reads its global file then).
     :ivar connect_timeout: seconds to wait for the TCP connection, the SSH banner and
         authentication, each. Fabric keeps whole seconds, so it is rounded up.
-    :ivar verify_host_keys: False accepts any host key without recording it (for throw-away
-        test hosts only).
+    :ivar verify_host_keys: False accepts an unknown host key without recording it (for
+        throw-away test hosts only), and says so on stderr at every connection; a key that
+        differs from the known_hosts file's, or that it marks ``@revoked``, is refused all the same.
     """
 
     identity_file: Path | None = None
@@ -299,6 +303,77 @@ class _UnknownHostKey(paramiko.SSHException):
         self.key = key
 
 
+class _AcceptUnknownHostKey(paramiko.MissingHostKeyPolicy):
+    """``verify_host_keys: false``: an unknown key is accepted (not recorded); a changed one is
+    still refused, since the known_hosts file is loaded all the same."""
+
+    def missing_host_key(self, client, hostname, key):
+        return None
+
+
+@dataclass(frozen=True)
+class KnownHosts:
+    """What a known_hosts file says, OpenSSH's markers included.
+
+    :ivar entries: plain host key lines (paramiko ``HostKeyEntry``), hashed names kept.
+    :ivar revoked: ``@revoked`` keys: never accepted, for any host.
+    :ivar authorities: ``@cert-authority`` lines (host patterns and CA key).
+    """
+
+    entries: tuple
+    revoked: tuple
+    authorities: tuple
+
+
+def read_known_hosts(path: Path) -> KnownHosts:
+    """Parse a known_hosts file as OpenSSH writes it: plain lines, ``@revoked`` and
+    ``@cert-authority`` markers (which paramiko's own reader cannot parse); comments, blank
+    lines and lines of key types paramiko does not know are skipped.
+
+    :raises OSError: the file cannot be read.
+    """
+    entries, revoked, authorities = [], [], []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, raw in enumerate(handle, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            marker = None
+            if line.startswith("@"):
+                marker, _, line = line.partition(" ")
+                line = line.strip()
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+            except (paramiko.SSHException, ValueError, TypeError, IndexError):
+                entry = None
+            if entry is None:
+                continue
+            if marker is None:
+                entries.append(entry)
+            elif marker == "@revoked":
+                revoked.append(entry)
+            elif marker == "@cert-authority":
+                authorities.append(entry)
+    return KnownHosts(entries=tuple(entries), revoked=tuple(revoked), authorities=tuple(authorities))
+
+
+def _host_matches(entry, name: str) -> bool:
+    """Whether a known_hosts entry's host patterns (plain, hashed ``|1|``, wildcards, ``!``) name ``name``."""
+    hit = False
+    for pattern in entry.hostnames:
+        negated = pattern.startswith("!")
+        pattern = pattern[1:] if negated else pattern
+        if pattern.startswith("|1|"):
+            matched = paramiko.HostKeys.hash_host(name, pattern) == pattern
+        else:  # OpenSSH patterns know only * and ? ("[host]:port" brackets are literal)
+            regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern.lower())
+            matched = re.fullmatch(regex, name.lower()) is not None
+        if matched and negated:
+            return False
+        hit = hit or matched
+    return hit
+
+
 def _ssh_config_path(path: Path) -> str:
     """A path as an ssh -i / -o value: ``%`` tokens escaped, quoted if it has blanks or quotes."""
     text = str(path).replace("%", "%%")
@@ -353,19 +428,46 @@ class SSHHost(Host):
             connect_kwargs=connect_kwargs,
         )
         client = conn.client
+        # the known_hosts file is read whether or not unknown keys are accepted: a changed key is
+        # always refused, a revoked one too
+        known = opts.known_hosts_path()
+        self._known = KnownHosts(entries=(), revoked=(), authorities=())
+        if known.exists():
+            try:
+                self._known = read_known_hosts(known)
+            except OSError as exc:
+                raise HostError(f"{self.label}: cannot read known_hosts file {known}: {exc.strerror or exc}",
+                                hint=f"check the file's permissions: ls -l {shlex.quote(str(known))}") from None
+            client.get_host_keys()._entries.extend(self._known.entries)
         if opts.verify_host_keys:
             client.set_missing_host_key_policy(_RejectUnknownHostKey())
-            known = opts.known_hosts_path()
-            if known.exists():
-                try:
-                    client.load_host_keys(str(known))
-                except (OSError, paramiko.SSHException, ValueError) as exc:
-                    raise HostError(
-                        f"{self.label}: cannot read known_hosts file {known}: {exc}"
-                    ) from exc
         else:
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            client.set_missing_host_key_policy(_AcceptUnknownHostKey())
+            print(f"warning: {self.label}: host key checking is off (ssh.verify_host_keys: false): an unknown "
+                  f"host key is accepted without being recorded; a changed or revoked one is still refused",
+                  file=sys.stderr)
         return conn
+
+    def _key_name(self) -> str:
+        """How known_hosts names this host: ``host`` on port 22, else ``[host]:port``."""
+        return self._conn.host if self._port == 22 else f"[{self._conn.host}]:{self._port}"
+
+    def _check_revoked(self) -> None:
+        """Refuse a host whose key the known_hosts file marks ``@revoked`` (after the handshake,
+        before any command runs)."""
+        transport = self._conn.client.get_transport()
+        offered = transport.get_remote_server_key() if transport is not None else None
+        if offered is None:
+            return
+        for entry in self._known.revoked:
+            if entry.key == offered:
+                self._conn.close()
+                known = self.options.known_hosts_path()
+                raise HostError(
+                    f"{self.label}: the host offered {offered.get_name()} {offered.fingerprint}, a key {known} marks "
+                    f"@revoked; refusing to connect",
+                    hint=f"if the host has a new key, record it and drop the revoked host key line: "
+                         f"ssh-keyscan -p {self._port} {self._conn.host} (check its fingerprint out of band first)")
 
     @property
     def _port(self) -> int:
@@ -386,12 +488,21 @@ class SSHHost(Host):
             if error is None:
                 raise
             raise error from exc
+        self._check_revoked()
 
     def _connect_error(self, exc: BaseException) -> HostError | None:
         """Translate what Fabric/paramiko/socket raised while connecting; None to re-raise."""
         where = f"{self.label}"
         host, port = self._conn.host, self._port
         known = self.options.known_hosts_path()
+        if isinstance(exc, _UnknownHostKey) and any(_host_matches(e, self._key_name())
+                                                    for e in self._known.authorities):
+            return HostError(
+                f"{where}: host key not in {known} (offered {exc.key.get_name()} {exc.key.fingerprint}); {known} "
+                f"trusts a certificate authority (@cert-authority) for this host, but transplant's SSH client "
+                f"(paramiko) cannot check host certificates; refusing to connect to an unverified host",
+                hint=f"record the host's own key as well: ssh-keyscan -p {port} {host} >> {shlex.quote(str(known))}",
+            )
         if isinstance(exc, _UnknownHostKey):
             return HostError(
                 f"{where}: host key not in {known} (offered {exc.key.get_name()} "
@@ -566,7 +677,9 @@ class SSHHost(Host):
             argv += ["-p", str(self.spec.port)]
         if opts.identity_file is not None:
             ident = Path(opts.identity_file).expanduser().absolute()
-            argv += ["-i", str(ident).replace("%", "%%"), "-o", "IdentitiesOnly=yes"]
+            # -o IdentityFile, not -i: ssh stats an -i path before expanding its % tokens, so a
+            # path holding % (escaped as %%) would not be found and the key silently not offered
+            argv += ["-o", f"IdentityFile={_ssh_config_path(ident)}", "-o", "IdentitiesOnly=yes"]
         if opts.verify_host_keys:
             argv += ["-o", "StrictHostKeyChecking=yes"]
             if opts.known_hosts is not None:
@@ -575,9 +688,12 @@ class SSHHost(Host):
                     "-o", "GlobalKnownHostsFile=/dev/null",
                 ]  # fmt: skip
         else:
+            # accept-new: an unknown key is accepted (and "recorded" in /dev/null, the first file), a
+            # changed or revoked one in the real file is refused, as with the paramiko connection
+            files = f"/dev/null {_ssh_config_path(opts.known_hosts_path())}"
             argv += [
-                "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "StrictHostKeyChecking=accept-new",
+                "-o", f"UserKnownHostsFile={files}",
                 "-o", "LogLevel=ERROR",
             ]  # fmt: skip
         return shlex.join(argv)

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 __all__ = ["HostSpec", "LOCAL"]
 
-_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
-_IPV6 = re.compile(r"^[0-9A-Fa-f:.]+$")
+# matched whole (fullmatch): ``$`` would also match before a final newline ("root\n")
+_USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]*")
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]+")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,12 +55,12 @@ class HostSpec:
         if text == "local":
             return cls(hostname="local")
         user, at, rest = text.rpartition("@")
-        if at and not _USER.match(user):
+        if at and not _USER.fullmatch(user):
             raise ValueError(f"bad user name {user!r} in {text!r}")
         port_text = None
         if rest.startswith("["):
             host, bracket, tail = rest[1:].partition("]")
-            if not bracket or not _IPV6.match(host):
+            if not bracket or not _IPV6.fullmatch(host):
                 raise ValueError(f"bad IPv6 address in {text!r}; write it as [addr] or [addr]:port")
             if tail:
                 if not tail.startswith(":"):
@@ -69,7 +70,7 @@ class HostSpec:
             host, colon, port_text = rest.partition(":")
             if not colon:
                 port_text = None
-            if not _NAME.match(host):
+            if not _NAME.fullmatch(host):
                 raise ValueError(f"bad host name {host!r} in {text!r}")
         port = None
         if port_text is not None:

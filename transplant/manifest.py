@@ -317,6 +317,10 @@ def _endpoint(c: _Checker, value: Any, key: str, *, base: bool = False) -> Endpo
         if venv is not None and not PurePosixPath(venv).is_absolute():
             c.add(f"{key}.venv", f"expected an absolute path, got {venv!r}", "start it with '/', e.g. /root/venv_sglang")
             venv = None
+        elif venv is not None and any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
+            c.add(f"{key}.venv", f"the path {venv!r} holds a control character (a newline, a tab...)",
+                  "give the venv's path on one line, without control characters")
+            venv = None
         elif venv is not None and any(len(part.encode()) > 255 for part in venv.split("/")):
             c.add(f"{key}.venv", "a path component is longer than 255 bytes", "give the venv's real path")
             venv = None

@@ -59,13 +59,18 @@ def _work(state_dir: Path) -> Path:
     return folder
 
 
-def _absolute_ssh(data: dict[str, Any], base: str, ssh: dict[str, str]) -> dict[str, Any]:
-    """The recipe's ssh settings with file paths made absolute (from its manifest's folder), then ``ssh`` over them."""
-    out = dict(data.get("ssh") or {})
+def _controller_ssh(data: dict[str, Any], base: str, ssh: dict[str, str]) -> dict[str, Any]:
+    """SSH settings for a recovery manifest from a snapshot in the controller's own store: its
+    manifest's key and known_hosts files (made absolute from its folder) and connect timeout,
+    then ``ssh`` over them. ``verify_host_keys`` is never carried over: host keys are checked."""
+    raw = data.get("ssh") if isinstance(data.get("ssh"), dict) else {}
+    out: dict[str, Any] = {}
     for key in ("identity_file", "known_hosts"):
-        if isinstance(out.get(key), str):
-            path = Path(out[key]).expanduser()
+        if isinstance(raw.get(key), str):
+            path = Path(raw[key]).expanduser()
             out[key] = str(path if path.is_absolute() else Path(base) / path)
+    if isinstance(raw.get("connect_timeout"), (int, float)) and not isinstance(raw.get("connect_timeout"), bool):
+        out["connect_timeout"] = raw["connect_timeout"]
     out.update(ssh)
     return out
 
@@ -126,7 +131,9 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
     """Write the recovery manifest for the newest verified state of ``host:venv`` (see the module docstring).
 
     :param target: the host and venv to rebuild it on.
-    :param ssh: ``identity_file`` / ``known_hosts`` given on the command line (they win over the recipe's).
+    :param ssh: the controller's ``identity_file`` / ``known_hosts`` (absolute path strings: the
+        command line's, else those that reached ``host``); the manifest's only SSH settings.
+        Nothing of the recipe's ``ssh`` block is used: it was read from the host.
     :raises RecoverError: no transaction there was applied and then verified, it has no
         recipe (applied by an older transplant), its files drifted (unless ``force``), or a
         patch file read back differs from what was applied.
@@ -166,8 +173,9 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
     donor: dict[str, Any] = {"host": str(host.spec), "venv": venv}
     if recipe.get("snapshot"):
         donor["fallback"] = [{"snapshot": recipe["snapshot"]}]
-    path = _write(folder, recipe["manifest"], donor, target,
-                  _absolute_ssh(recipe["manifest"], str(recipe.get("manifest_dir") or "."), ssh))
+    # the recipe is data read from the host: its ssh block never reaches the new manifest (a recorded
+    # verify_host_keys: false or another known_hosts would lower the controller's own checks)
+    path = _write(folder, recipe["manifest"], donor, target, dict(ssh))
     return Recovery(manifest=path, origin=f"transaction {applied['id']} of {where} (applied from "
                                           f"{started.get('source', '?')}, verified)")
 
@@ -186,5 +194,5 @@ def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dic
     for p in snap.patches:
         cas.read_into(snap.store, p["hash"], _place(folder, p["local"]))
     path = _write(folder, data, {"snapshot": str(snap.path.resolve())}, target,
-                  _absolute_ssh(data, str(snap.manifest.get("dir") or "."), ssh))
+                  _controller_ssh(data, str(snap.manifest.get("dir") or "."), ssh))
     return Recovery(manifest=path, origin=f"snapshot {snap.id} of {snap.donor_host}:{snap.donor_venv}")

@@ -120,6 +120,9 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
     ssh = {k: str(Path(v).absolute()) for k, v in (("identity_file", args.identity_file),
                                                     ("known_hosts", args.known_hosts)) if v}
     spec_text, sep, venv_text = args.target.partition(":/")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv_text):
+        raise UsageError(f"--target {args.target!r}: the venv path holds a control character (a newline, a tab...)",
+                         hint="write HOST or HOST:/path/to/venv on one line")
     try:
         spec = HostSpec.parse(spec_text)
     except ValueError as exc:
@@ -128,8 +131,11 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
 
     def by_history(where: HostSpec, venv: str, options: SSHOptions) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else venv)
+        # the manifest's SSH settings are the controller's: the command line's, else those that reached the source
+        mine = ssh or {k: str(Path(v).absolute()) for k, v in (("identity_file", options.identity_file),
+                                                             ("known_hosts", options.known_hosts)) if v}
         with connect(where, options) as old, console.status(f"reading the history of {where}:{venv}"):
-            return from_history(old, venv, target, default_state_dir(), ssh=ssh, force=args.force), target
+            return from_history(old, venv, target, default_state_dir(), ssh=mine, force=args.force), target
 
     def by_snapshot(snap: Snapshot) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else snap.donor_venv)

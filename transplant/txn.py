@@ -105,8 +105,9 @@ def _holder(raw: Any) -> Holder | None:
 def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_lock: bool = False) -> None:
     """Take the target's lock for transaction ``txid``.
 
-    A lock whose holder ran on this controller and is gone is broken, and said so; a live
-    one, or one from another controller, is refused unless ``break_lock``.
+    A lock whose holder ran on this controller and is gone is broken, and said so; one from
+    another controller (or unreadable) is refused unless ``break_lock``; one whose holder
+    still runs on this controller is refused even with ``break_lock``.
 
     :raises TransactionError: the lock is held (the message names the holder and since when).
     """
@@ -119,6 +120,11 @@ def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_l
         raise TransactionError(f"{label}: cannot take the lock: {reply.get('error')}",
                                hint="the venv's state folder must be writable (.transplant inside the venv)")
     holder = _holder(reply.get("held"))
+    if break_lock and holder is not None and holder.alive is True:
+        raise TransactionError(
+            f"{label} is locked by an apply still running on this controller: {holder.describe()}; --break-lock "
+            f"breaks only the lock of a holder that is gone",
+            hint=f"wait for it to finish, or stop it first (kill {holder.pid}), then run the command again")
     if (holder is not None and holder.alive is False) or break_lock:
         why = "its holder is gone" if holder is not None and holder.alive is False else "--break-lock was given"
         say(f"breaking the lock of {label} ({why}): {holder.describe() if holder else 'an unreadable lock file'}")
