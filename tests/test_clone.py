@@ -424,11 +424,12 @@ def test_target_base_on_another_host(lab_source, tmp_path, capsys):
     assert main(["apply", str(manifest), "--yes"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     # the clone's RECORD carries the hashes of its own console scripts (as pip writes them at that prefix), the
-    # donor's those of its prefix: the overlay of the same version refreshes exactly that one file
-    assert "with rsync -aH" in out and "same version, 1 files differ" in out, out
+    # donor's those of its prefix: RECORDs that differ only in relocated scripts' rows are the same, so the
+    # overlay of the same version has nothing left to write
+    assert "with rsync -aH" in out and "same version, all 11 files identical" in out, out
+    assert "nothing to change" in out
     assert target.run(["/srv/cl-based/bin/hello"]).stdout.decode().strip() == "hello from /srv/cl-based"
-    steps = [json.loads(p.read_text())["steps"] for p in target.path("/srv/cl-based/.transplant/txn").glob("*/plan.json")]
-    assert steps == [[{"op": "put", "path": f"{SITE}/hello_cli-1.0.dist-info/RECORD"}]]
+    assert not list(target.path("/srv/cl-based/.transplant/txn").glob("*/plan.json"))
     assert main(["apply", str(manifest), "--yes"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "cloning" not in out and "nothing to change" in out
