@@ -59,7 +59,10 @@ def test_no_error_of_the_false_kinds(scenario):
     module the donor itself carries."""
     name, result = scenario
     errors = [f for f in result.findings if f.severity == "error"]
-    assert not [f for f in errors if f.code in ("cuda-variant-mismatch", "platform-mismatch", "python-abi-mismatch")]
+    assert not [f for f in errors if f.code in ("platform-mismatch", "python-abi-mismatch")]
+    # torch 2.14.1 with torchaudio 2.11.0 is the pair sglang 0.5.23 pins and the donor runs; the reverse
+    # plan's torch 2.9.1 with torchaudio 2.11.0 stays an error (PyTorch's release matrix pairs 2.9 with 2.9)
+    assert not [f for f in errors if f.code == "cuda-variant-mismatch" and "torch 2.14.1" in f.message]
     assert not [f for f in errors if f.code == "libtorch-abi" and "torch-c-dlpack-ext" in f.dists]
     assert not [f for f in errors if f.code == "cuda-major-mismatch" and "nvidia-cutlass-dsl-libs-cu12" in f.dists]
     assert not [f for f in result.findings if "torchaudio==2.1" in f.hint]

@@ -375,3 +375,51 @@ def test_extension_modules_are_not_libraries_for_provenance():
     assert [c["library"] for c in ladder.provenance_conflicts(dict(base, mapped=[plain]), shipped)] == ["_speedups.so"]
     assert ladder.provenance_conflicts(dict(base, mapped=[plain], extension_modules=[plain]), shipped) == []
     assert ladder.extension_module("x/_json.abi3.so") and not ladder.extension_module("libfoo.so.1")
+
+
+# --- what the donor shares is not the transplant's fault ------------------------------------
+
+def test_an_import_failing_the_same_way_on_the_donor_is_a_warning():
+    from transplant.ladder import donor_shared_imports
+
+    target = {"imports": [{"name": "torch", "ok": True, "version": "2.14.1"},
+                          {"name": "deep_ep", "ok": False, "error": "ImportError: The NVIDIA driver does not expose "
+                                                                    "a usable CUDA device"},
+                          {"name": "broken", "ok": False, "error": "ModuleNotFoundError: No module named 'x'"}]}
+    donor = {"imports": [{"name": "deep_ep", "ok": False, "error": "ImportError: The NVIDIA driver does not expose"},
+                         {"name": "broken", "ok": True}]}
+    shared = donor_shared_imports(target, donor)
+    assert shared == {"deep_ep"} and donor_shared_imports(target, None) == set()
+    status, reason = judge_imports(target, donor_shared=shared)
+    assert status == "fail" and reason.startswith("1 of 3 imports failed; broken:")
+    assert "warning: 1 fail the same way on the donor" in reason
+    ok = {"imports": target["imports"][:2]}
+    status, reason = judge_imports(ok, donor_shared=shared)
+    assert status == "pass" and "deep_ep (ImportError: The NVIDIA driver" in reason
+    # another exception class on the donor is another failure: not excused
+    other = {"imports": [{"name": "deep_ep", "ok": False, "error": "RuntimeError: boom"}]}
+    assert donor_shared_imports(target, other) == set()
+
+
+def test_a_shared_object_failing_the_same_way_on_the_donor_is_a_warning():
+    from transplant.ladder import donor_shared_objects, judge_native
+
+    venv, donor_venv = "/t/venv", "/d/venv"
+    bridge = "lib/python3.11/site-packages/cuda/core/_tensor_bridge.so"
+    kern = "lib/python3.11/site-packages/k/kern.so"
+    report = {"preload": [], "libraries": [
+        {"path": f"{venv}/{bridge}", "ok": False, "error": f"{venv}/{bridge}: undefined symbol: aoti_torch_dtype_float32"},
+        {"path": f"{venv}/{kern}", "ok": False, "error": f"{venv}/{kern}: undefined symbol: _Z3foov"},
+        {"path": f"{venv}/lib/ok.so", "ok": True}]}
+    donor = {"prefix": donor_venv, "libraries": [
+        {"path": f"{donor_venv}/{bridge}", "ok": False,
+         "error": f"{donor_venv}/{bridge}: undefined symbol: aoti_torch_dtype_float32"},
+        {"path": f"{donor_venv}/{kern}", "ok": True}]}
+    shared = donor_shared_objects(report, donor, venv)
+    assert shared == {f"{venv}/{bridge}"}
+    status, reason = judge_native(report, driver=False, venv=venv, shipped=(), donor_shared=shared)
+    assert status == "fail" and reason.startswith("1 of 3 shared objects do not load: lib/python3.11/site-packages/k/kern.so")
+    assert "warning: 1 fail the same way on the donor" in reason and "aoti_torch_dtype_float32" in reason
+    report["libraries"].pop(1)
+    assert judge_native(report, driver=False, venv=venv, shipped=(), donor_shared=shared)[0] == "pass"
+    assert judge_native(report, driver=False, venv=venv, shipped=())[0] == "fail"

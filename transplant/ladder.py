@@ -216,7 +216,7 @@ def _load_error(error: str) -> str:
 
 
 def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
-                 shipped: Iterable[str] | None = None) -> tuple[str, str]:
+                 shipped: Iterable[str] | None = None, donor_shared: Iterable[str] = ()) -> tuple[str, str]:
     """(status, reason) for the native-load script's report
     (``{"preload": [...], "libraries": [{"path", "ok", "error", "skipped"?, "missing"?}]}``).
 
@@ -243,8 +243,14 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
       passed on. The script has already loaded such files again after all the others, so a
       sibling the package loads by path first is found.
 
+    - a failure in ``donor_shared`` (:func:`donor_shared_objects`: the donor's own copy fails
+      the same way, as cuda-core's ``_tensor_bridge`` with its undefined
+      ``aoti_torch_dtype_float32``, or torch_memory_saver's CUDA 12 variant in a CUDA 13 venv):
+      what the donor runs, a warning in a passing stage.
+
     :param shipped: the venv's library keys (:func:`record_library_keys` over every
         distribution), or None.
+    :param donor_shared: absolute paths (in this venv) whose failure the donor shares.
     :param venv: stripped from the paths shown.
     Status: fail on any failure; skip when there is no library, or none could be checked;
     else pass.
@@ -302,7 +308,13 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
                 names = sorted({n for _, ns in inherited for n in ns})
                 kinds[path] = ("driver" if any(k == "driver" for k, _ in inherited) else "optional", names)
                 changed = True
+    shared_with_donor = set(donor_shared)
+    for path, kind in list(kinds.items()):
+        if kind[0] == "fail" and path in shared_with_donor:
+            kinds[path] = ("donor", kind[1])
     failed = [(lib, kinds[str(lib["path"])][1]) for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "fail"]
+    donor_too = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
+                 if kinds.get(str(lib["path"]), ("",))[0] == "donor"]
     driverless = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "driver"]
     foreign = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "foreign"]
     optional = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
@@ -335,6 +347,11 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
         listed += f" and {len(ranked) - 8} more" if len(ranked) > 8 else ""
         note += (f"; warning: {len(optional)} need host libraries that no distribution of the venv ships, absent "
                  f"here (optional plugins; objects needing each: {listed}; e.g. {shown(optional[0][0]['path'])})")
+    if donor_too:
+        head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in donor_too[:3])
+        more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
+        note += (f"; warning: {len(donor_too)} fail the same way on the donor, which runs with them (not a fault of "
+                 f"the transplant): {head}{more}")
     if failed:
         head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in failed[:3])
         more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
@@ -343,6 +360,47 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
     if not loaded:
         return "skip", f"none of {len(libraries)} shared objects could be checked here{note}"
     return "pass", f"{loaded} of {len(libraries)} shared objects load (RTLD_NOW){note}"
+
+
+def donor_shared_objects(report: Mapping[str, Any], donor: Mapping[str, Any] | None, venv: str) -> set[str]:
+    """The target's failed shared objects (absolute paths under ``venv``) whose copy at the same
+    venv-relative path fails on the donor with the same loader error (:func:`_load_error`:
+    the same missing soname or undefined symbol); empty without a donor report."""
+    if not donor:
+        return set()
+    prefix = venv.rstrip("/") + "/"
+    theirs: dict[str, str] = {}
+    for lib in donor.get("libraries", []):
+        rel = _relative(str(lib.get("path")), str(donor.get("prefix") or ""))
+        if rel is not None and not lib.get("ok") and not lib.get("skipped"):
+            theirs[rel] = _load_error(str(lib.get("error")))
+    out = set()
+    for lib in report.get("libraries", []):
+        path = str(lib.get("path"))
+        if lib.get("ok") or lib.get("skipped") or not path.startswith(prefix):
+            continue
+        if theirs.get(path[len(prefix):]) == _load_error(str(lib.get("error"))):
+            out.add(path)
+    return out
+
+
+def _relative(path: str, prefix: str) -> str | None:
+    """``path`` relative to ``prefix`` (the donor runner adds ``prefix`` to its report); None
+    when it is not under it."""
+    if prefix and path.startswith(prefix.rstrip("/") + "/"):
+        return path[len(prefix.rstrip("/")) + 1:]
+    return None
+
+
+def donor_shared_imports(report: Mapping[str, Any], donor: Mapping[str, Any] | None) -> set[str]:
+    """The import names that failed on the target and fail on the donor too, with the same
+    exception class (``ImportError``...); empty without a donor report."""
+    if not donor:
+        return set()
+    def kind(item: Mapping[str, Any]) -> str:
+        return str(item.get("error") or "").split(":", 1)[0]
+    theirs = {i.get("name"): kind(i) for i in donor.get("imports", []) if not i.get("ok")}
+    return {i["name"] for i in report.get("imports", []) if not i.get("ok") and theirs.get(i.get("name")) == kind(i)}
 
 
 def _inside(path: str, roots: Sequence[str]) -> bool:

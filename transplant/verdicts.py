@@ -7,7 +7,7 @@ show skips as skips).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ class StageResult:
                 "seconds": round(self.seconds, 3), "details": dict(self.details)}
 
 
-def judge_imports(report: Mapping[str, Any], *, driver: bool = True) -> tuple[str, str]:
+def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_shared: Collection[str] = ()) -> tuple[str, str]:
     """(status, reason) for the imports script's report
     (``{"imports": [{"name", "ok", "version", "error"}]}``): fail if any import failed.
 
@@ -59,6 +59,9 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True) -> tuple[st
     native-load's (:func:`transplant.ladder.judge_native`): the driver is installed with the
     GPU, never by a wheel, so its absence says nothing about the venv. With ``driver`` True
     (the default, also when the host's driver facts are unknown) it is a failure.
+    An import in ``donor_shared`` fails the same way on the donor (same exception class:
+    :func:`transplant.ladder.donor_shared_imports`): what the donor runs, a warning in a
+    passing stage, not a fault of the transplant.
     Status: fail on any failure; skip when nothing was checkable (or nothing to check);
     else pass.
     """
@@ -70,11 +73,18 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True) -> tuple[st
     uncheckable = [(i, missing_driver_library(i.get("error"))) for i in items if not i.get("ok") and not driver]
     uncheckable = [(i, lib) for i, lib in uncheckable if lib]
     skipped = {id(i) for i, _ in uncheckable}
+    donor_too = [i for i in items if not i.get("ok") and id(i) not in skipped and i["name"] in set(donor_shared)]
+    skipped |= {id(i) for i in donor_too}
     failed = [i for i in items if not i.get("ok") and id(i) not in skipped]
     note = ""
     if uncheckable:
         named = ", ".join(f"{i['name']} (needs {lib})" for i, lib in uncheckable)
         note = f"; not checkable here: {named}, the NVIDIA driver's library, absent on this host"
+    if donor_too:
+        named = "; ".join(f"{i['name']} ({str(i.get('error'))[:160]})" for i in donor_too[:3])
+        more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
+        note += (f"; warning: {len(donor_too)} fail the same way on the donor, which runs with them (not a fault "
+                 f"of the transplant): {named}{more}")
     if failed:
         first = failed[0]
         return "fail", f"{len(failed)} of {len(items)} imports failed; {first['name']}: {first.get('error')}{note}"

@@ -65,6 +65,7 @@ def run_stages(
     donor_inventory: Callable[[], Inventory | None] | None = None,
     announce: Announce | None = None,
     clear_jit_caches: bool = False,
+    donor_run: DonorRun | None = None,
 ) -> list[StageResult]:
     """Run every verify stage and return their results in order (see :data:`STAGES`).
 
@@ -79,6 +80,12 @@ def run_stages(
     :param announce: called with each stage's name before it runs (for progress).
     :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
         (only those folders).
+    :param donor_run: runs a host script in the donor's venv (``(script, args, request) ->
+        report``, with ``{venv}`` in a request path standing for the donor's prefix), or None
+        when the donor cannot run code (a snapshot, unreachable). Imports and shared objects
+        that fail on the target are tried there too: one that fails the same way on the
+        donor is what the donor runs, a warning in a passing stage, not a fault of the
+        transplant (:func:`transplant.ladder.donor_shared_imports`, ``donor_shared_objects``).
     A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
     a missing interpreter) is a fail with that reason; the other stages still run.
     """
@@ -120,7 +127,12 @@ def run_stages(
             if not names:
                 return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
             report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
-            status, reason = judge_imports(report, driver=live.nvidia.available if live is not None else True)
+            driver = live.nvidia.available if live is not None else True
+            status, reason = judge_imports(report, driver=driver)
+            if status == "fail" and donor_run is not None:
+                failed = [i["name"] for i in report.get("imports", []) if not i.get("ok")]
+                shared = ladder.donor_shared_imports(report, _on_donor(donor_run, "stage_imports", failed, None))
+                status, reason = judge_imports(report, driver=driver, donor_shared=shared)
             return status, reason + skipped, {**report, "derived_from": [d.display_name for d in dists],
                                               "skipped": dict(settings.skip_imports)}
 
@@ -136,8 +148,16 @@ def run_stages(
             preload = ["torch"] if "torch" in live.latest() else []
             report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
                                 env=env, timeout=timeout)
-            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv,
-                                                 shipped=ladder.record_library_keys(live.distributions))
+            shipped = ladder.record_library_keys(live.distributions)
+            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
+            if status == "fail" and donor_run is not None:
+                failed = [lib["path"] for lib in report.get("libraries", []) if not lib.get("ok")
+                          and not lib.get("skipped") and str(lib["path"]).startswith(venv.rstrip("/") + "/")]
+                rel = [p[len(venv.rstrip("/")) + 1:] for p in failed]
+                theirs = _on_donor(donor_run, "stage_native", [], {"paths": rel, "preload": preload})
+                shared = ladder.donor_shared_objects(report, theirs, venv)
+                status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped,
+                                                     donor_shared=shared)
             return status, reason, report
 
         run("native-load", native)
@@ -229,6 +249,20 @@ def run_stages(
 
     run("jit-caches", jit)
     return results
+
+
+#: Runs a host script in the donor's venv: ``(script, args, request) -> report``; a request's
+#: ``paths`` are relative to the donor's prefix and made absolute by the runner.
+DonorRun = Callable[[str, list, "Mapping[str, Any] | None"], Mapping[str, Any]]
+
+
+def _on_donor(donor_run: DonorRun, script: str, args: list, request: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The donor's report for the same check, or None when it cannot be had (the donor
+    answers an error: then nothing is excused)."""
+    try:
+        return donor_run(script, args, request)
+    except TransplantError:
+        return None
 
 
 def donor_reader(read: Callable[[], Inventory]) -> Callable[[], Inventory | None]:

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -18,15 +18,34 @@ from .files import load_manifest
 from .hosts import Host, SSHOptions, connect
 from .manifest import Manifest, VerifySettings
 from .recipes import record_verified, verified_log
-from .sources import Opened
+from .sources import HostSource, Opened
 from .apply import default_state_dir
 from .render import stages_table, verify_json, verify_junit
 from .verdicts import overall_ok
-from .verify import donor_reader, run_stages
+from .probing import run_script
+from .verify import DonorRun, donor_reader, run_stages
 
 __all__ = ["verify_command", "parse_imports", "is_location"]
 
 EXIT_OK, EXIT_BLOCKED = 0, 3
+
+
+def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
+    """A :data:`transplant.verify.DonorRun` for a donor that can run code (a host, not a
+    snapshot): the host script runs in the donor's venv with the manifest's verify
+    environment; a request's ``paths`` are made absolute there and its ``prefix`` reported."""
+    if not isinstance(source, HostSource):
+        return None
+
+    def run(script: str, args: list, request: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        root = source.venv.rstrip("/")
+        if request is not None and "paths" in request:
+            request = {**request, "paths": [f"{root}/{p}" for p in request["paths"]]}
+        report = run_script(source.host, source.venv, script, args, request=request, env=dict(settings.env),
+                            timeout=settings.timeout)
+        return {**report, "prefix": root}
+
+    return run
 
 
 def parse_imports(text: str | None) -> tuple[str, ...]:
@@ -89,7 +108,7 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
             with console.status(f"connecting to {spec}"):
                 target: Host = stack.enter_context(connect(spec, options))
             settings = VerifySettings(imports=extra)
-            label, donor = f"{spec}:{venv}", None
+            label, donor, donor_run = f"{spec}:{venv}", None, None
         else:
             if manifest is None:
                 manifest = load_manifest(source)
@@ -111,10 +130,11 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
                 return opened.source.inventory(hash_patterns=(), record=False)
 
             donor = donor_reader(read_donor)
+            donor_run = donor_runner(opened.source, settings) if opened is not None else None
         with console.status("verifying") as status:
             results = run_stages(settings, target=target, venv=venv, donor_inventory=donor,
                                  announce=lambda name: status.update(f"verify: {name}"),
-                                 clear_jit_caches=clear)
+                                 clear_jit_caches=clear, donor_run=donor_run)
         if manifest is not None:
             record_verified(target, venv, overall_ok(results), time.time(), log=verified_log(default_state_dir()),
                             ssh=session.ssh)

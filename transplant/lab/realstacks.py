@@ -22,7 +22,7 @@ import gzip
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,17 @@ HASH_CHARS = 16
 _DROP = ("mtime", "mode")
 
 
+def _map_entries(document: Mapping[str, Any], entry: Callable[[Mapping[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """A copy of a probe document with ``entry`` applied to every file entry (RECORD rows and
+    the extra ``files``)."""
+    doc = json.loads(json.dumps(document))
+    for d in doc["distributions"]:
+        if d.get("record") is not None:
+            d["record"] = [entry(e) for e in d["record"]]
+    doc["files"] = {k: entry(v) for k, v in doc.get("files", {}).items()}
+    return doc
+
+
 def trim(document: Mapping[str, Any]) -> dict[str, Any]:
     """A probe document made compact for a fixture: file hashes shortened to
     :data:`HASH_CHARS`, a disk hash equal to RECORD's written once (``"hash": "="``),
@@ -155,12 +166,7 @@ def trim(document: Mapping[str, Any]) -> dict[str, Any]:
             del out["path"]
         return out
 
-    doc = json.loads(json.dumps(document))
-    for d in doc["distributions"]:
-        if d.get("record") is not None:
-            d["record"] = [entry(e) for e in d["record"]]
-    doc["files"] = {k: entry(v) for k, v in doc.get("files", {}).items()}
-    return doc
+    return _map_entries(document, entry)
 
 
 def untrim(document: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,12 +183,7 @@ def untrim(document: Mapping[str, Any]) -> dict[str, Any]:
             out["path"] = out["venv_path"][len(site):]
         return out
 
-    doc = json.loads(json.dumps(document))
-    for d in doc["distributions"]:
-        if d.get("record") is not None:
-            d["record"] = [entry(e) for e in d["record"]]
-    doc["files"] = {k: entry(v) for k, v in doc.get("files", {}).items()}
-    return doc
+    return _map_entries(document, entry)
 
 
 def _manifest_data(m: Manifest) -> dict[str, Any]:
