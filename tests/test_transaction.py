@@ -454,3 +454,95 @@ def test_relocated_console_scripts_get_their_record_rows_and_a_second_plan_is_a_
     assert main(["plan", str(m), "--json"]) == 2
     drifted = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["code"] == "record-drift"]
     assert [f["files"] for f in drifted] == [["bin/tool"]] and "on the target" in drifted[0]["message"]
+
+
+# -- issue 14, item 7: a commit the host script completed after its controller died ---------------
+
+def _orphaned_commit(world, name: str, at: int = 3) -> tuple[Path, str, str]:
+    """Start ``apply`` as a process, SIGKILL it while its commit runs (the host script waits at
+    step ``at`` until its controller is gone, then goes on alone), wait until that host script
+    has completed the commit; returns the venv, the manifest and the transaction id."""
+    venv, m = world["target"](name)
+    env = {**os.environ, "COLUMNS": "200", "TRANSPLANT_TEST_ORPHAN_AT": str(at)}
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", "apply", m, "--yes"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    states = venv / ".transplant" / "txn"
+    deadline = time.monotonic() + 120
+    while not [p for p in states.glob("*/state") if p.read_text() == "committing"]:
+        assert proc.poll() is None, "the apply ended before its commit began"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    [state] = states.glob("*/state")
+    while state.read_text() != "committed":  # the orphaned host script finishes alone
+        assert time.monotonic() < deadline, state.read_text()
+        time.sleep(0.05)
+    txn.interrupted(LocalHost(), str(venv))  # waits until it has exited
+    return venv, m, state.parent.name
+
+
+def _events(venv: Path, txid: str) -> list[dict]:
+    return [e for e in txn.history(LocalHost(), str(venv))["events"] if e.get("id") == txid]
+
+
+@pytest.mark.parametrize("how", ["resume", "rollback", "plain"])
+def test_a_commit_the_host_completed_after_the_controller_died_is_recorded_and_said(world, capsys, monkeypatch,
+                                                                                     how):
+    import json
+
+    monkeypatch.setenv("COLUMNS", "300")
+    venv, m, txid = _orphaned_commit(world, f"orphan-{how}")
+    assert snapshot(venv) == world["after"]
+    assert [e["event"] for e in _events(venv, txid)] == ["started"], "the controller died before recording"
+    capsys.readouterr()
+    code = main(["apply", m, "--yes", *([f"--{how}"] if how != "plain" else [])])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == {"resume": 0, "rollback": 1, "plain": 0}[how], out
+    assert f"transaction {txid} was completed on the target by its host script after the controller died" in out
+    assert "recorded as applied: the target matches its planned state hash for hash" in out
+    if how == "rollback":
+        assert "nothing was rolled back" in out and f"undo it: transplant rollback {m}" in out
+    if how == "plain":
+        assert "nothing to change" in out
+    assert snapshot(venv) == world["after"]
+    events = _events(venv, txid)
+    assert [e["event"] for e in events] == ["started", "applied"]
+    assert events[-1]["completed_by"] == "host" and events[-1]["time"] <= events[-1]["recorded"]
+    assert main(["status", f"local:{venv}", "--json"]) == 0
+    [applied] = json.loads(capsys.readouterr().out)["transactions"]
+    assert applied["id"] == txid and applied["applied"] == events[-1]["time"]
+    assert main(["history", m]) == 0
+    assert "applied by the host" in " ".join(capsys.readouterr().out.split())
+    assert main(["rollback", m, "--yes"]) == 0  # the command the message named undoes it
+    assert snapshot(venv) == world["before"]
+
+
+def test_status_records_a_commit_the_host_completed(world, capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("COLUMNS", "300")
+    venv, m, txid = _orphaned_commit(world, "orphan-status")
+    capsys.readouterr()
+    assert main(["status", f"local:{venv}", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    [applied] = doc["transactions"]
+    assert applied["applied"] is not None and doc["unrecorded"] == [] and doc["interrupted"] == []
+    assert [e["event"] for e in _events(venv, txid)] == ["started", "applied"]
+    assert main(["status", f"local:{venv}"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "?" not in out.split(txid)[1].split()[0:2], out  # a time, not "applied ?"
+
+
+@pytest.mark.parametrize("how", ["resume", "rollback"])
+def test_resume_or_rollback_with_nothing_interrupted_is_not_a_usage_error(world, capsys, how):
+    venv, m = world["target"](f"nothing-{how}")
+    code = main(["apply", m, "--yes", f"--{how}"])
+    out = " ".join(capsys.readouterr().out.split())
+    if how == "resume":
+        assert code == 0 and f"nothing to resume: {venv}" in out.replace("local:", "")
+    else:
+        assert code == 1 and "no interrupted transaction to roll back; nothing was changed" in out
+        assert f"transplant rollback {m}" in out
+    assert not (venv / ".transplant").exists(), "a venv transplant never touched gets no state folder"
+    assert snapshot(venv) == world["before"]

@@ -413,3 +413,55 @@ def test_a_target_that_is_the_donor_under_another_name_is_refused(pair, capsys, 
     finally:
         if alias is _bind_mount:
             subprocess.run(["umount", str(tmp_path / "bound")], check=False)
+
+
+# -- issue 14, item 8: a refused input writes nothing on the target ---------------------------------
+
+def _tampered_hash(plan: dict, tmp_path: Path) -> None:
+    plan["changes"][0]["copy"][-1]["hash"] = "sha256=" + "A" * 43  # hand-edited: no longer what the manifest gives
+
+
+def _escaping_path(plan: dict, tmp_path: Path) -> None:
+    plan["changes"][0]["remove"] = list(plan["changes"][0]["remove"]) + ["../../outside.txt"]
+
+
+def _other_target(plan: dict, tmp_path: Path) -> None:
+    plan["target"]["venv"] = str(tmp_path / "donor3")
+
+
+@pytest.mark.parametrize("edit, flag", [(_tampered_hash, None), (_escaping_path, None), (_other_target, None),
+                                        (_other_target, "--resume"), (_other_target, "--rollback")],
+                         ids=["changes-edited", "path-escapes", "target-not-the-manifests", "resume-other-target",
+                              "rollback-other-target"])
+def test_a_refused_saved_plan_writes_nothing_on_the_target(pair, capsys, edit, flag):
+    """--resume / --rollback read only the plan's target, so only that edit concerns them."""
+    tmp_path = pair
+    assert main(["plan", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "p.json")]) == 2
+    plan = json.loads((tmp_path / "p.json").read_text())
+    edit(plan, tmp_path)
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    before = tree(tmp_path / "target")
+    capsys.readouterr()
+    code = main(["apply", str(tmp_path / "p.json"), "--yes", *([flag] if flag else [])])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1, out
+    assert str(tmp_path / "p.json") in out or "refusing the plan" in out, out
+    assert not (tmp_path / "target" / ".transplant").exists(), "nothing is written before the input is accepted"
+    assert not (tmp_path / "donor3" / ".transplant").exists()
+    assert tree(tmp_path / "target") == before
+
+
+@pytest.mark.parametrize("flag", [None, "--rollback"])
+def test_a_manifest_apply_refuses_writes_nothing_on_the_target(pair, capsys, flag):
+    """A manifest whose plan is blocked (it overlays a distribution the donor lacks), and a
+    --rollback with nothing to undo: refused, and the target never gets a state folder."""
+    tmp_path = pair
+    manifest = tmp_path / "blocked.yaml"
+    manifest.write_text((tmp_path / "m.yaml").read_text().replace("overlay: [foo]", "overlay: [foo, nosuchdist]"))
+    before = tree(tmp_path / "target")
+    code = main(["apply", str(manifest), "--yes", *([flag] if flag else [])])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == (3 if flag is None else 1), out
+    assert ("nosuchdist" in out) if flag is None else ("no interrupted transaction to roll back" in out), out
+    assert not (tmp_path / "target" / ".transplant").exists()
+    assert tree(tmp_path / "target") == before

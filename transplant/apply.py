@@ -123,12 +123,15 @@ def execute(
     say: Callable[[str], None] = lambda _line: None,
     break_lock: bool = False,
     crash_after: int | None = None,
+    orphan_at: int | None = None,
     donor_root: str | None = None,
     recipe: dict | None = None,
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
-    Lock the target; refuse while an earlier transaction there is interrupted, and refuse a
+    Lock the target; record the outcome of a commit its host script completed after its
+    controller died (:func:`transplant.txn.record_completed`, said through ``say``); refuse
+    while an earlier transaction there is interrupted, and refuse a
     stale plan (the target, probed again as the plan read it, has another fingerprint); check free
     space and writability and record the state before (nothing is written before these
     pass); copy every new file into the transaction's staging folder inside the venv's
@@ -148,6 +151,8 @@ def execute(
     :param say: called with a line for each notice (a stale lock broken).
     :param break_lock: take the lock even when another controller holds it.
     :param crash_after: testing hook: the commit kills itself (SIGKILL) before that step.
+    :param orphan_at: testing hook: the commit waits before that step until this process is
+        gone (a test kills it), then goes on alone.
     :param donor_root: the folder on ``donor`` the files are read from; None: the plan's
         donor venv (a snapshot's view folder on the controller otherwise).
     :param recipe: what the target's history keeps of where this state came from (the
@@ -180,6 +185,8 @@ def execute(
     txn.acquire(target, venv, txid, f"transplant apply {plan.manifest}", say=say, break_lock=break_lock)
     try:
         pending = txn.interrupted(target, venv)
+        for completed in txn.record_completed(target, venv):
+            say(completed.describe())
         if pending:
             raise ApplyError(
                 f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
@@ -227,7 +234,8 @@ def execute(
                                  mismatches=getattr(exc, "mismatches", None)) from exc
             raise
         lap("transfer")
-        extra = {"crash_after": crash_after} if crash_after is not None else {}
+        extra = {key: value for key, value in (("crash_after", crash_after), ("orphan_at", orphan_at))
+                 if value is not None}
         try:
             done = txn.call(target, venv, "commit", {"id": txid, "lock": txid, **extra})
         except TransplantError as exc:

@@ -1,7 +1,8 @@
 """The command line (face): parse arguments, call the library, map errors to exit codes.
 
 Exit codes: ``plan`` 0 nothing to change, 2 changes and no blocking finding, 3 blocked
-by an error finding; ``apply`` 0 done (or nothing to do), 3 blocked; ``verify`` 0 no
+by an error finding; ``apply`` 0 done (or nothing to do, or ``--resume`` with nothing to
+resume), 3 blocked, 1 also for ``--rollback`` with nothing interrupted; ``verify`` 0 no
 stage failed, 3 a stage failed; ``clone`` 0 done, 3 done but a text file or symlink of the clone still
 names the old prefix; every command 1 when it could not do its job
 (unreachable host, bad manifest, failed apply) and 64 for a command-line mistake. With
@@ -225,35 +226,73 @@ def _progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=True)
 
 
-def _finish_interrupted(args: argparse.Namespace, console: Console, session: "_Session") -> bool:
-    """Handle --resume / --rollback, or refuse while a transaction is interrupted.
+def _finish_interrupted(args: argparse.Namespace, console: Console, session: "_Session", manifest_path: str,
+                        how: str | None) -> bool:
+    """Handle --resume / --rollback, or refuse while a transaction is interrupted; first record
+    the outcome of any commit the target's host script completed after its controller died
+    (:func:`transplant.txn.record_completed`) and say so.
 
-    :returns: True when the command is done (finished or undone), False to go on and apply.
+    A venv with no state folder (never applied to) is only read: no lock, no folder.
+
+    :param manifest_path: the manifest, for the commands the messages name.
+    :param how: ``"resume"``, ``"rollback"``, or None (a plain apply: only check).
+    :returns: True when the command is done (finished, undone, or nothing to resume), False to
+        go on and apply.
+    :raises TransplantError: an interrupted transaction without --resume / --rollback;
+        --rollback with nothing interrupted (nothing was changed; the hint names
+        ``transplant rollback``); a completed commit whose files differ, with --resume.
     """
     m = session.manifest
     target = session.host("target")
-    how = "resume" if args.resume else "rollback" if args.rollback else None
-    txid = new_transaction_id()
     say = (lambda line: console.print(line, markup=False))
-    # under the lock: a transaction another apply is running now is not "interrupted"
-    txn.acquire(target, m.target.venv, txid, f"transplant apply --{how or 'check'}", say=say,
-                break_lock=args.break_lock)
-    try:
-        pending = txn.interrupted(target, m.target.venv, say=say)
-        if not pending:
-            if how:
-                raise UsageError(f"{m.target}: no interrupted transaction to {how}")
-            return False
-        last = pending[-1]
-        if how is None:
-            raise TransplantError(
-                f"{m.target}: transaction {last['id']} was interrupted ({last['state']}, {last['steps']} steps, "
-                f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
-                hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
-                     f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
-        outcome = txn.finish(target, m.target.venv, last["id"], how, lock=txid, crash_after=_crash_after())
-    finally:
-        txn.release(target, m.target.venv, txid)
+    quoted = shlex.quote(manifest_path)
+    pending: list[dict] = []
+    completed: list[txn.Completed] = []
+    outcome = None
+    if txn.has_state(target, m.target.venv):
+        txid = new_transaction_id()
+        # under the lock: a transaction another apply is running now is not "interrupted"
+        txn.acquire(target, m.target.venv, txid, f"transplant apply --{how or 'check'}", say=say,
+                    break_lock=args.break_lock)
+        try:
+            pending = txn.interrupted(target, m.target.venv, say=say)  # waits for a host script still running
+            completed = txn.record_completed(target, m.target.venv)
+            for done in completed:
+                say(done.describe())
+            if pending and how:
+                outcome = txn.finish(target, m.target.venv, pending[-1]["id"], how, lock=txid,
+                                     crash_after=_crash_after())
+        finally:
+            txn.release(target, m.target.venv, txid)
+    differ = [c for c in completed if c.outcome == "differs"]
+    if not pending:
+        if how == "rollback":
+            if completed:
+                raise TransplantError(
+                    f"{m.target}: nothing was rolled back: no transaction is interrupted; transaction "
+                    f"{completed[-1].id}'s commit completed on the target after the controller died (recorded now)",
+                    hint=f"undo it: transplant rollback {quoted}")
+            raise TransplantError(f"{m.target}: no interrupted transaction to roll back; nothing was changed",
+                                  hint=f"to undo the newest applied transaction: transplant rollback {quoted}   "
+                                       f"(list them: transplant history {quoted})")
+        if how == "resume":
+            if differ:
+                raise txn.TransactionError(
+                    f"{m.target}: transaction {differ[-1].id} was committed by the host after the controller died, "
+                    f"but {len(differ[-1].mismatches)} files differ from its planned state",
+                    mismatches=list(differ[-1].mismatches),
+                    hint=f"look at the files listed; undo it with: transplant rollback {quoted} --force")
+            if not completed:
+                console.print(f"nothing to resume: {m.target} has no interrupted transaction", markup=False)
+            return True
+        return False
+    last = pending[-1]
+    if how is None:
+        raise TransplantError(
+            f"{m.target}: transaction {last['id']} was interrupted ({last['state']}, {last['steps']} steps, "
+            f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
+            hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
+                 f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
     if outcome == "aborted":
         console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded",
                       markup=False)
@@ -267,6 +306,13 @@ def _crash_after() -> int | None:
     """Testing hook: ``TRANSPLANT_TEST_CRASH_AFTER=N`` makes the target's commit or rollback
     kill itself (SIGKILL) before step N, for the fault-injection tests."""
     value = os.environ.get("TRANSPLANT_TEST_CRASH_AFTER")
+    return int(value) if value and value.isdigit() else None
+
+
+def _orphan_at() -> int | None:
+    """Testing hook: ``TRANSPLANT_TEST_ORPHAN_AT=N`` makes the target's commit wait before step N
+    until this controller is gone (the test kills it), then finish alone."""
+    value = os.environ.get("TRANSPLANT_TEST_ORPHAN_AT")
     return int(value) if value and value.isdigit() else None
 
 
@@ -293,14 +339,17 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             from .clonecmd import clone_base
             clone_base(args, console, manifest, session.base_host(), session.host("target"))
             session.cloned()
-        if not (args.resume or args.rollback):  # before the lock: nothing is written into a donor named twice
-            from .gather import refuse_self_target
-            early = session.donor()
-            if early.host is not None:
-                refuse_self_target(replace(session.manifest, target=manifest.target), early.host,
-                                   session.host("target"))
-        if _finish_interrupted(args, console, session):
-            return EXIT_OK
+        if args.resume or args.rollback:
+            if saved is not None:  # it only names the target: it must be its manifest's
+                _check_saved_plan(saved, manifest, source, sides=("target",))
+            if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback"):
+                return EXIT_OK
+            # --resume of a transaction that was still staging: it was discarded; apply afresh
+        from .gather import refuse_self_target
+        early = session.donor()  # before the lock: nothing is written into a donor named twice
+        if early.host is not None:
+            refuse_self_target(replace(session.manifest, target=manifest.target), early.host, session.host("target"))
+        # every input is checked (the saved plan against a fresh plan) before anything is locked or written
         opened = session.donor()
         given, manifest = manifest, session.manifest
         if saved is not None:
@@ -320,6 +369,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
                     f"{source}: refusing the plan: its hosts are unchanged, but its changes or findings are not "
                     f"what the manifest gives now (edited by hand, or made by another transplant version)",
                     hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
+        _finish_interrupted(args, console, session, given.path, None)  # raises while one is interrupted
         print_plan(console, plan)
         if not plan.has_changes:
             console.print("nothing to change: the target already holds the planned state")
@@ -352,7 +402,8 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             result = execute(plan, donor=donor_host, target=session.host("target"),
                              manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
                              progress=report, say=lambda line: console.print(line, markup=False),
-                             break_lock=args.break_lock, crash_after=_crash_after(), donor_root=donor_root,
+                             break_lock=args.break_lock, crash_after=_crash_after(), orphan_at=_orphan_at(),
+                             donor_root=donor_root,
                              recipe=make_recipe(manifest, plan, opened))
     relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
         manifest.donor.host.is_local or manifest.target.host.is_local) else ""
@@ -380,7 +431,10 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
         txid = new_transaction_id()
         txn.acquire(target, venv, txid, "transplant rollback", say=lambda line: console.print(line, markup=False))
         try:
-            if txn.interrupted(target, venv):
+            interrupted = txn.interrupted(target, venv)
+            for completed in txn.record_completed(target, venv):
+                console.print(completed.describe(), markup=False)
+            if interrupted:
                 raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
                                       hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
             done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid,
@@ -404,9 +458,13 @@ def _cmd_history(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path) -> None:
-    """A saved plan must name the manifest's own hosts and venvs; anything else is refused."""
-    for side in ("donor", "target"):
+def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path,
+                      sides: Sequence[str] = ("donor", "target")) -> None:
+    """A saved plan must name the manifest's own hosts and venvs (of ``sides``); anything else is refused.
+
+    :raises TransplantError: naming the plan file, the side, what each names, and the fix.
+    """
+    for side in sides:
         planned, named = getattr(saved, side), getattr(manifest, side)
         if (planned.host, planned.venv) != (str(named.host), named.venv):
             raise TransplantError(

@@ -153,7 +153,7 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
     if later:
         raise RecoverError(f"{where}: transaction {applied['id']} is the newest verified one, but {', '.join(later)} "
                            f"was applied after it and not verified", hint=f"verify {where} first")
-    status = read_status(host, venv)
+    status = read_status(host, venv, record=False)  # the source is only read
     if status.drift and not force:
         raise RecoverError(f"{where}: {len(status.drift)} applied file(s) changed since; it no longer holds the "
                            f"verified state: " + "; ".join(status.drift[:5]),

@@ -41,7 +41,9 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
 
     spec, venv = parse_location(args.location)
     with connect(spec, SSHOptions.from_files(args.identity_file, args.known_hosts)) as host, console.status(f"reading {args.location}"):
-        status = read_status(host, venv)
+        status = read_status(host, venv, say=lambda line: console.print(line, markup=False))
+    for done in status.completed:
+        console.print(done.describe(), markup=False)
     if args.json:
         print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
         return EXIT_BLOCKED if status.drift else EXIT_OK
@@ -49,6 +51,10 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
         console.print(f"{status.where}: transplant has applied nothing here (no committed transaction)", markup=False)
     else:
         console.print(status_table(status))
+    for txid in status.unrecorded:
+        console.print(f"[yellow]unrecorded[/] transaction {txid}: committed, but its outcome is not in the history yet "
+                      f"(its controller died after the commit, or an apply is recording it now); the next apply or "
+                      f"status records it")
     for txid in status.interrupted:
         console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
                       f"apply --rollback")

@@ -146,7 +146,9 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
     :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
         ``verified`` event carries ``ok`` (bool, written by :func:`transplant.recipes.record_verified`)
         and is shown as ``verify passed`` or ``verify failed`` (``verify ?`` when ``ok`` is not a
-        bool): the word "verified" alone read as a success for verifies that failed.
+        bool): the word "verified" alone read as a success for verifies that failed. An outcome with
+        ``completed_by: "host"`` (a commit its host script completed after the controller died,
+        recorded later by :func:`transplant.txn.record_completed`) is shown as ``applied by the host``.
     :param where: the target, for the title.
     """
     table = Table(title=f"transactions in {where}", title_justify="left")
@@ -165,6 +167,8 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
         if name == "verified":
             ok = event.get("ok")
             name = "verify passed" if ok is True else "verify failed" if ok is False else "verify ?"
+        elif event.get("completed_by") == "host":
+            name = f"{name} by the host"
         by_id.setdefault(str(event.get("id")), []).append(f"{name} {stamp}")
     for t in transactions:
         table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),

@@ -5,7 +5,10 @@ transaction's ``after.json`` (the state it left, path -> hash, None for a remova
 history events (``started`` with its source and recipe, ``applied``, ``verified``). The
 state the venv should be in is every committed transaction's ``after`` in order, a later
 one winning for a path; each path is hashed on the target now and compared, and every
-one that no longer matches is drift. Bytecode (``__pycache__/*.pyc``) is left out: the
+one that no longer matches is drift. A committed transaction whose history has no outcome (its
+host script completed the commit after the controller died) gets it recorded first, under the
+target's lock (see :func:`transplant.txn.record_completed`); while another apply holds the lock it
+is listed as ``unrecorded`` instead. Bytecode (``__pycache__/*.pyc``) is left out: the
 interpreter rewrites it whenever it finds it stale (PEP 3147), so a changed ``.pyc`` is a
 cache refreshed, not an edit; its source file is checked.
 """
@@ -42,19 +45,25 @@ class Applied:
 class Status:
     """A target's status: ``transactions`` oldest first, ``interrupted`` ids, ``drift`` lines
     (one per path that no longer matches its recorded state) out of ``checked`` paths (the
-    applied paths, bytecode left out)."""
+    applied paths, bytecode left out); ``completed``: commits a host script completed after its
+    controller died, whose outcome was recorded now; ``unrecorded``: ids of such commits that
+    could not be recorded now (another apply holds the lock)."""
 
     where: str
     transactions: tuple[Applied, ...]
     interrupted: tuple[str, ...]
     drift: tuple[str, ...]
     checked: int
+    unrecorded: tuple[str, ...] = ()
+    completed: tuple[txn.Completed, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (schema ``transplant.status/1``)."""
         return {"schema": "transplant.status/1", "where": self.where,
                 "transactions": [t.__dict__ for t in self.transactions], "interrupted": list(self.interrupted),
-                "drift": list(self.drift), "checked": self.checked}
+                "drift": list(self.drift), "checked": self.checked, "unrecorded": list(self.unrecorded),
+                "completed": [{"id": c.id, "outcome": c.outcome, "committed_at": c.committed_at}
+                              for c in self.completed]}
 
 
 def _event(events: list[dict[str, Any]], txid: str, name: str) -> dict[str, Any] | None:
@@ -67,12 +76,37 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def read_status(host: Host, venv: str) -> Status:
-    """Read the target's records and hash the paths its transactions left.
+def _record_completed(host: Host, venv: str, say: txn.Say) -> list[txn.Completed]:
+    """Under the target's lock, record the outcome of commits completed by the host; nothing
+    (and no lock taken) when none lacks one, or when another apply holds the lock or runs."""
+    from .apply import new_transaction_id
 
+    if not txn.unrecorded(txn.history(host, venv)):
+        return []
+    txid = new_transaction_id()
+    try:
+        txn.acquire(host, venv, txid, "transplant status", say=say)
+    except txn.TransactionError:
+        return []  # a live apply (or another controller's) holds it: that one records it
+    try:
+        txn.interrupted(host, venv, wait=0)
+        return txn.record_completed(host, venv)
+    except txn.TransactionError:
+        return []  # a commit or rollback still runs there
+    finally:
+        txn.release(host, venv, txid)
+
+
+def read_status(host: Host, venv: str, *, say: txn.Say = lambda _line: None, record: bool = True) -> Status:
+    """Read the target's records and hash the paths its transactions left; first record the
+    outcome of commits a host script completed after its controller died.
+
+    :param say: called with a line for each notice (a dead holder's lock broken).
+    :param record: False reads only: such commits are then listed in ``unrecorded``.
     :raises HostError: the host cannot be reached or the venv's python does not start.
     :raises TransactionError: a committed transaction's records are damaged.
     """
+    completed = _record_completed(host, venv, say) if record else []
     record = txn.history(host, venv)
     events = record["events"]
     done = []
@@ -95,4 +129,5 @@ def read_status(host: Host, venv: str) -> Status:
     checked = {p: h for p, h in expected.items() if pyc_source(p) is None}
     drift = txn.check_state(host, venv, checked) if checked else []
     return Status(where=f"{host.label}:{venv}", transactions=tuple(done), interrupted=interrupted,
-                  drift=tuple(drift), checked=len(checked))
+                  drift=tuple(drift), checked=len(checked), unrecorded=tuple(txn.unrecorded(record)),
+                  completed=tuple(completed))

@@ -10,14 +10,20 @@ files that differ entirely the delta pass costs about as much again as the copy.
 
 rsync cannot copy from one remote host to another, so SSH to SSH goes through a staging
 folder on the controller (two legs). Local to local, and local to or from SSH, is one leg.
+A relay folder is named ``relay-<pid>-<host tag>-<random>`` (the controller's process id and a
+tag of its host name), so one left by a controller that was killed is removed by the next
+transfer on that controller (:func:`clean_dead_relays`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import re
 import shutil
+import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -29,7 +35,7 @@ from pathlib import Path
 from .errors import HostError, TransplantError
 from .hosts import Host, LocalHost, kill_group
 
-__all__ = ["TransferResult", "copy_files", "copy_tree", "check_relpath"]
+__all__ = ["TransferResult", "copy_files", "copy_tree", "check_relpath", "clean_dead_relays", "relay_prefix"]
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -116,7 +122,8 @@ def copy_files(
     :param dst_root: absolute folder on ``dst``; created if missing.
     :param relpaths: POSIX paths relative to both roots; an empty list copies nothing.
     :param staging: folder on the controller for the SSH to SSH relay; created if missing,
-        a fresh subfolder is used and removed afterwards. Unused for other copies.
+        a fresh subfolder is used and removed afterwards (other copies do not use it). Relay
+        folders that dead controllers left there are removed first (:func:`clean_dead_relays`).
     :param progress: called with (bytes done, bytes in all) as rsync reports progress,
         then once with (total, total) at the end. Until rsync's final statistics the total
         is estimated from its percentage. A relay counts each leg as half.
@@ -137,6 +144,63 @@ def copy_files(
     return _one_or_two_legs(src, src_root, dst, dst_root, listing, _RSYNC_OPTIONS, staging, progress, timeout)
 
 
+_RELAY = re.compile(r"relay-([1-9][0-9]{0,9})-([0-9a-f]{8})-[A-Za-z0-9_]{1,32}")
+
+
+def _host_tag() -> str:
+    """8 hex digits naming this controller's host (a state folder may be shared between hosts)."""
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def relay_prefix() -> str:
+    """The name prefix of this process's relay folders: ``relay-<pid>-<host tag>-``."""
+    return f"relay-{os.getpid()}-{_host_tag()}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or a number no process has: keep the folder
+    return True
+
+
+def clean_dead_relays(staging: Path) -> list[str]:
+    """Remove the relay folders under ``staging`` whose controller process is gone.
+
+    Only entries named as :func:`relay_prefix` names them, made on this host (the tag), that
+    are real folders (``lstat``: a symlink is never followed nor removed) and whose pid is not
+    a running process are removed; nothing else under ``staging`` is touched (other names,
+    files, symlinks, another host's relays, a live process's). ``staging`` itself must be a
+    real folder, else nothing is done. A folder that cannot be removed is left.
+
+    :returns: the names removed.
+    """
+    staging = Path(staging)
+    try:
+        if not stat.S_ISDIR(os.lstat(staging).st_mode):
+            return []
+        names = os.listdir(staging)
+    except OSError:
+        return []
+    tag, removed = _host_tag(), []
+    for name in names:
+        match = _RELAY.fullmatch(name)
+        if match is None or match.group(2) != tag or _alive(int(match.group(1))):
+            continue
+        path = staging / name
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                continue
+            shutil.rmtree(path)  # refuses a symlink; never follows one inside (fd-based where supported)
+        except OSError:
+            continue
+        removed.append(name)
+    return removed
+
+
 def _one_or_two_legs(
     src: Host,
     src_root: str,
@@ -149,7 +213,9 @@ def _one_or_two_legs(
     timeout: float | None,
 ) -> TransferResult:
     """One rsync when a side is the controller; else two, relayed through a fresh folder
-    under ``staging`` on the controller (removed afterwards)."""
+    under ``staging`` on the controller (removed afterwards). Relay folders of dead
+    controllers under ``staging`` are removed first (:func:`clean_dead_relays`)."""
+    clean_dead_relays(staging)
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     if src.rsync_rsh() is None or dst.rsync_rsh() is None:
@@ -157,7 +223,7 @@ def _one_or_two_legs(
         return TransferResult(files=stats.files, bytes=stats.wire, seconds=time.monotonic() - started)
     staging = Path(staging)
     staging.mkdir(parents=True, exist_ok=True)
-    relay = tempfile.mkdtemp(prefix="relay-", dir=staging)
+    relay = tempfile.mkdtemp(prefix=relay_prefix(), dir=staging)
     try:
         controller = LocalHost()
         first = _rsync(src, src_root, controller, relay, listing, progress, (0, 2), deadline, timeout, options)

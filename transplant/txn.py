@@ -23,6 +23,11 @@ __all__ = [
     "release",
     "interrupted",
     "finish",
+    "Completed",
+    "has_state",
+    "record_completed",
+    "unrecorded",
+    "OUTCOMES",
     "check_state",
     "history",
     "undo",
@@ -167,6 +172,87 @@ def interrupted(host: Host, venv: str, *, say: Say | None = None, wait: float = 
             say(f"waiting for the commit or rollback still running on {host.label} (pid {reply['active']})")
             say = None
         time.sleep(0.5)
+
+
+def has_state(host: Host, venv: str) -> bool:
+    """Whether the venv has a transplant state folder (``<venv>/.transplant``); asking creates none.
+
+    :raises TransactionError: the state folder is a symlink or not a folder.
+    """
+    return bool(call(host, venv, "pending", {}).get("exists", True))
+
+
+#: History events that end a transaction; a committed one without any was completed by its host
+#: script after its controller died (or its controller is recording it now).
+OUTCOMES = ("applied", "differs", "rolled-back", "aborted")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completed:
+    """A committed transaction whose outcome was missing from the history, now recorded:
+    ``outcome`` ``applied`` (the target matches its ``after.json``) or ``differs``
+    (``mismatches`` names the files), ``committed_at`` when its commit finished (seconds since
+    the epoch; None when its journal does not say)."""
+
+    id: str
+    outcome: str
+    mismatches: tuple[str, ...]
+    committed_at: float | None
+
+    def describe(self) -> str:
+        """One line for messages: what happened and what was recorded."""
+        when = ""
+        if self.committed_at is not None:
+            when = time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(self.committed_at))
+        said = ("the target matches its planned state hash for hash" if self.outcome == "applied" else
+                f"{len(self.mismatches)} files differ from its planned state")
+        return (f"transaction {self.id} was completed on the target by its host script after the controller died"
+                f"{when}; recorded as {self.outcome}: {said}")
+
+
+def unrecorded(record: Mapping[str, Any]) -> list[str]:
+    """Ids of the committed transactions of a :func:`history` record that have no outcome event
+    (:data:`OUTCOMES`), oldest first: commits a host script completed after its controller died."""
+    ended = {e.get("id") for e in record["events"] if e.get("event") in OUTCOMES}
+    return [t["id"] for t in record["transactions"] if t.get("state") == "committed" and t["id"] not in ended]
+
+
+def record_completed(host: Host, venv: str) -> list[Completed]:
+    """Record the outcome of every committed transaction whose history has none (its host script
+    finished the commit after the controller that started it died), oldest first.
+
+    The target is checked hash for hash against the transaction's ``after.json`` (paths a later
+    committed transaction wrote again left out) and ``applied`` or ``differs`` is recorded, with
+    ``completed_by: "host"``, ``time`` when the commit finished (from its journal; else now) and
+    ``recorded`` (now). The transaction stays ``committed`` either way: ``transplant rollback``
+    undoes it. Call it holding the target's lock, after :func:`interrupted` (which waits for a
+    host script still running). A venv without a state folder is not touched.
+
+    :returns: the transactions recorded now; empty when none was missing its outcome.
+    :raises TransactionError: a transaction's records are damaged.
+    """
+    record = history(host, venv)
+    missing = set(unrecorded(record))
+    committed = [t["id"] for t in record["transactions"] if t.get("state") == "committed"]
+    done = []
+    for index, txid in enumerate(committed):
+        if txid not in missing:
+            continue
+        info = call(host, venv, "txn", {"id": txid})
+        later: set[str] = set()
+        for newer in committed[index + 1:]:
+            later.update(call(host, venv, "txn", {"id": newer})["after"])
+        expected = {p: h for p, h in info["after"].items() if p not in later}
+        mismatches = check_state(host, venv, expected) if expected else []
+        at = info.get("committed_at")
+        at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+        outcome = "differs" if mismatches else "applied"
+        now = time.time()
+        _record(host, venv, txid, outcome, completed_by="host", recorded=now, **({"time": at} if at else {}),
+                note="completed by the host script after its controller died; recorded later",
+                **({"mismatches": mismatches[:50]} if mismatches else {}))
+        done.append(Completed(id=txid, outcome=outcome, mismatches=tuple(mismatches), committed_at=at))
+    return done
 
 
 def check_state(host: Host, venv: str, expected: Mapping[str, str | None]) -> list[str]:

@@ -25,8 +25,9 @@ not exist before is removed. Operations:
 
 * ``lock`` ``{"id", "controller", "pid", "command"}`` -> ``{"ok"}`` or ``{"ok": false, "held": {...}}``
 * ``unlock`` ``{"id"}``; ``break-lock`` ``{}``
-* ``pending`` ``{}`` -> ``{"lock", "interrupted": [{"id", "state", "source", ...}], "active"}``
-  (``active``: the pid of a commit or rollback running now, which holds ``.transplant/active``)
+* ``pending`` ``{}`` -> ``{"lock", "interrupted": [{"id", "state", "source", ...}], "active", "exists"}``
+  (``active``: the pid of a commit or rollback running now, which holds ``.transplant/active``;
+  ``exists``: False when the venv has no state folder, which this operation does not create)
 * ``begin`` ``{"id", "steps", "after", "bytes", "source"}``: checks free space and that
   every folder it will write is writable, before anything is written; records the
   content of each touched path (``before.json``).
@@ -38,10 +39,13 @@ not exist before is removed. Operations:
   into the donor's prefix get the same path under this venv; never outside it).
 * ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
-* ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after.
+* ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after, and ``committed_at``
+  (when its commit finished, from the journal; None when it has not).
 
-Testing hook: a request with ``"crash_after": N`` makes ``commit`` or ``rollback`` kill its own
-process with SIGKILL before step N (a real crash at a chosen point, for the fault tests).
+Testing hooks: a request with ``"crash_after": N`` makes ``commit`` or ``rollback`` kill its own
+process with SIGKILL before step N (a real crash at a chosen point, for the fault tests); with
+``"orphan_at": N`` it waits before step N until the process that started it is gone (the test
+kills the controller there), then goes on alone, as a host script orphaned mid-commit does.
 """
 
 import base64
@@ -355,10 +359,12 @@ def _set_state(folder, state):
 
 
 def pending(prefix, request):
+    if not os.path.lexists(os.path.join(prefix, STATE)):  # never applied to: nothing to create here
+        return {"ok": True, "error": None, "lock": None, "interrupted": [], "active": None, "exists": False}
     interrupted = [t for t in _transactions(prefix) if t["state"] not in FINAL]
     held = _read_json(os.path.join(_state_dir(prefix), "lock"))
     return {"ok": True, "error": None, "lock": held if isinstance(held, dict) else None,
-            "interrupted": interrupted, "active": active(prefix)}
+            "interrupted": interrupted, "active": active(prefix), "exists": True}
 
 
 def _writable_problems(prefix, steps):
@@ -587,6 +593,17 @@ def _backup(full, backup):
 def _crash_point(request, index):
     if request.get("crash_after") == index:
         os.kill(os.getpid(), signal.SIGKILL)
+    if request.get("orphan_at") == index:
+        _wait_orphaned()
+
+
+def _wait_orphaned(limit=120.0):
+    """Testing hook: wait (at most ``limit`` seconds) until the process that started this one
+    is gone, so the rest of the commit runs as an orphan's."""
+    parent = os.getppid()
+    deadline = time.monotonic() + limit
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _prune_empty(prefix, folders):
@@ -752,8 +769,28 @@ def txn(prefix, request):
     state = _read_state(folder)
     if not os.path.isdir(folder):
         raise Refused("no transaction {}".format(request.get("id")))
-    return {"ok": True, "error": None, "plan": _plan(folder), "state": state,
-            "before": _required(folder, "before.json", dict), "after": _required(folder, "after.json", dict)}
+    plan = _plan(folder)
+    return {"ok": True, "error": None, "plan": plan, "state": state,
+            "before": _required(folder, "before.json", dict), "after": _required(folder, "after.json", dict),
+            "committed_at": _committed_at(folder, len(plan["steps"]))}
+
+
+def _committed_at(folder, steps):
+    """When the commit's last step was journaled (seconds since the epoch), or None."""
+    when = None
+    try:
+        fd = os.open(os.path.join(folder, "journal.jsonl"), os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "r", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    entry = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(entry, dict) and entry.get("done") == steps and isinstance(entry.get("time"), (int, float)):
+                    when = entry["time"]
+    except OSError:
+        return None
+    return when
 
 
 def mark(prefix, request):
