@@ -142,3 +142,11 @@ def test_closure_roots_are_what_verify_imports():
     m = manifest(["torch", {"closure": "sglang[http2]"}], exclude=["flash-attn-4"])
     assert m.overlay == ("torch",) and m.closures == ("sglang[http2]",) and m.exclude == ("flash-attn-4",)
     assert m.verify.overlay == ("torch", "sglang")
+
+
+def test_an_extra_on_a_target_build_that_stays_is_followed_too():
+    donor = [d("app", requires=["lib[fast]"]), d("lib", "2.0", requires=['speed; extra == "fast"']), d("speed")]
+    target = [d("lib", "1.0", requires=['speed; extra == "fast"', "own-dep"])]
+    found = run(donor, target)
+    assert set(names(found)) == {"speed"}
+    assert names(found)["speed"].needed_by == "app 1.0 -> lib[fast] -> speed"

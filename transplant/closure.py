@@ -6,7 +6,8 @@ requirement refuses. Nothing is resolved against an index: the donor's installed
 only source, as Nix copies a closure. Requirements are evaluated with the target
 interpreter's PEP 508 marker environment, for ``extra == ""`` and each extra the requirement
 names (``flashinfer-python[cu13]`` follows flashinfer-python's ``extra == "cu13"``
-requirements; ``{closure: "sglang[http2]"}`` names a root's extras). What the donor itself
+requirements, also of a target build that stays; ``{closure: "sglang[http2]"}`` names a
+root's extras). What the donor itself
 does not satisfy is returned in :attr:`Closure.unmet` (a plan finding, never a silent skip).
 
 :func:`closure` is a function of the donor's and the target's distributions, the target's
@@ -160,7 +161,9 @@ def closure(
     absent: list[NormalizedName] = []
     # name -> extras to follow; a member met again with new extras is followed again for them
     followed: dict[NormalizedName, set[str]] = {}
-    queue: list[tuple[NormalizedName, frozenset[str], tuple[str, ...]]] = []
+    # a target distribution that stays, followed only for the extras a requirement names on it
+    followed_there: dict[NormalizedName, set[str]] = {}
+    queue: list[tuple[NormalizedName, frozenset[str], tuple[str, ...], bool]] = []
     for text in roots:
         name, extras = parse_root(text)
         if name not in donor:
@@ -168,21 +171,21 @@ def closure(
             continue
         if name not in found_roots:
             found_roots.append(name)
-        queue.append((name, extras, (f"{name} {donor[name].raw_version}",)))
+        queue.append((name, extras, (f"{name} {donor[name].raw_version}",), False))
     pulled: dict[NormalizedName, Pulled] = {}
     kept_out: dict[NormalizedName, tuple[str, ...]] = {}
     unmet: dict[tuple[str, str], Missing] = {}
     while queue:
-        name, extras, chain = queue.pop(0)
-        seen = followed.setdefault(name, set())
-        todo = set(extras) | {""}
+        name, extras, chain, there = queue.pop(0)
+        seen = (followed_there if there else followed).setdefault(name, set())
+        todo = set(extras) | (set() if there else {""})
         if todo <= seen:
             continue
         new_extras = todo - seen
         seen |= todo
-        dist = donor[name]
+        dist = (target if there else donor)[name]
         for req in dist.requires_dist:
-            if not _applies(req, markers, new_extras - {""}):
+            if not _applies(req, markers, new_extras - {""}) or (there and _applies(req, markers, ())):
                 continue
             need = canonicalize_name(req.name)
             have = donor.get(need)
@@ -193,13 +196,15 @@ def closure(
                                      have.raw_version if have else None, chain=chain))
                 elif need not in found_roots and need not in pulled and not excluded(need):
                     # brought by a plain overlay pattern: follow what it needs
-                    queue.append((need, _extras(req), step))
+                    queue.append((need, _extras(req), step, False))
                 elif need in followed and not (_extras(req) <= followed[need]):
-                    queue.append((need, _extras(req), step))
+                    queue.append((need, _extras(req), step, False))
                 continue
             theirs = target.get(need)
             if _accepts(req, theirs) and theirs is not None:
-                continue  # the target's own build is acceptable; it stays
+                if _extras(req):  # it stays; what the named extras need must be there too
+                    queue.append((need, _extras(req), step, True))
+                continue
             if excluded(need):
                 kept_out.setdefault(need, step)
                 continue
@@ -210,7 +215,7 @@ def closure(
             assert have is not None
             reason = "not on the target" if theirs is None else f"the target has {theirs.raw_version}"
             pulled[need] = Pulled(name=need, version=have.raw_version, chain=step, reason=reason)
-            queue.append((need, _extras(req), step))
+            queue.append((need, _extras(req), step, False))
     return Closure(
         roots=tuple(found_roots),
         pulled=tuple(p for _, p in sorted(pulled.items()) if p.name not in found_roots),
