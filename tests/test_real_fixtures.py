@@ -129,3 +129,26 @@ def test_init_draft_on_the_real_pair_is_the_calibrated_manifest():
     assert [f for f in d.findings if f.severity == "error"] == []
     assert d.data["verify"]["server_args"]["args"][3] == "DFLASH"
     assert {"sglang", "torch", "flashinfer", "sgl_kernel", "transformers"} <= set(d.data["verify"]["imports"])
+
+
+def test_the_seed_manifest_with_closures_plans_clean_on_the_real_pair():
+    """manifests/seed-migration.yaml (a closure and torchvision) on the recorded forward facts:
+    the calibrated overlay (but nvidia-ml-py, which the target has at a version sglang accepts)
+    and no error finding, the requirement errors of the story's first plan included."""
+    import dataclasses
+
+    import yaml
+
+    from transplant.lab.realstacks import CALIBRATED_OVERLAY
+    from transplant.manifest import parse_manifest
+    from transplant.planner import selected_names
+
+    path = Path(__file__).parent.parent / "manifests" / "seed-migration.yaml"
+    recorded = load(DATA / "forward.json.gz")
+    manifest = dataclasses.replace(parse_manifest(yaml.safe_load(path.read_text()), path=str(path)), patches=())
+    assert manifest.closures == ("sglang",)
+    result = plan(manifest, recorded.donor, recorded.target, donor_elf=recorded.donor_elf,
+                  target_elf=recorded.target_elf)
+    moved = {c.name for c in result.changes if c.kind == "distribution" and c.action != "remove"}
+    assert moved == set(selected_names(CALIBRATED_OVERLAY, recorded.donor)) - {"nvidia-ml-py"}
+    assert [(f.code, f.dists) for f in result.findings if f.severity == "error"] == []
