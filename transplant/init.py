@@ -177,7 +177,7 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
         new_remove = [n for n in more_remove if n not in removed and n not in brought]
         for n in new_remove:
             why = next((f for f in errors if n in f.dists), None)
-            notes["remove"][n] = f"{why.code}: {why.hint.split('; ')[0][:150]}" if why else "the plan's hint"
+            notes["remove"][n] = _why(why) if why else "the plan's hint"
         if not new_roots and not new_remove:
             break
         roots.extend(new_roots)
@@ -215,6 +215,13 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
     data["verify"] = verify
     _manifest(data, path)
     return Draft(data=data, notes=notes, rounds=rounds, findings=tuple(errors))
+
+
+def _why(finding: Finding) -> str:
+    """``code: reason`` for a comment: the finding's code and the hint's first parenthesis
+    (``(a CUDA 13 environment does not load it, and the donor runs without it)``)."""
+    found = re.search(r"\(([^()]*)\)", finding.hint)
+    return f"{finding.code}: {found.group(1) if found else finding.message[:100]}"
 
 
 def _main_import(dist: Any) -> str | None:
