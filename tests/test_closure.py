@@ -150,3 +150,21 @@ def test_an_extra_on_a_target_build_that_stays_is_followed_too():
     found = run(donor, target)
     assert set(names(found)) == {"speed"}
     assert names(found)["speed"].needed_by == "app 1.0 -> lib[fast] -> speed"
+
+
+def test_the_closure_is_the_same_after_apply_when_remove_globs_a_pulled_name():
+    """A target distribution remove: matches counts as absent, and a staying build's own
+    requirements are followed: after apply, the remove: glob does not take back what the
+    closure brought (nvidia-cutlass-dsl -> nvidia-cutlass-dsl-libs-cu12 beside nvidia-*-cu12)."""
+    donor = [d("app", requires=["dsl==4.8"]), d("dsl", "4.8", requires=["dsl-libs-cu12==4.8"]),
+             d("dsl-libs-cu12", "4.8")]
+    before = [d("old-cu12", "1.0")]
+    after = [d("app"), d("dsl", "4.8", requires=["dsl-libs-cu12==4.8"]), d("dsl-libs-cu12", "4.8"), d("old-cu12")]
+    m = manifest([{"closure": "app"}], remove=["*-cu12"])
+    first = plan(m, inv("/d", donor), inv("/t", before))
+    assert {(c.name, c.action) for c in first.changes} == {("app", "add"), ("dsl", "add"), ("dsl-libs-cu12", "add"),
+                                                            ("old-cu12", "remove")}
+    again = plan(m, inv("/d", donor), inv("/t", after))
+    assert {(c.name, c.action) for c in again.changes} == {("app", "keep"), ("dsl-libs-cu12", "keep"),
+                                                            ("old-cu12", "remove")}
+    assert not [f for f in again.findings if f.severity == "error"]

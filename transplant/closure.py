@@ -6,8 +6,9 @@ requirement refuses. Nothing is resolved against an index: the donor's installed
 only source, as Nix copies a closure. Requirements are evaluated with the target
 interpreter's PEP 508 marker environment, for ``extra == ""`` and each extra the requirement
 names (``flashinfer-python[cu13]`` follows flashinfer-python's ``extra == "cu13"``
-requirements, also of a target build that stays; ``{closure: "sglang[http2]"}`` names a
-root's extras). What the donor itself
+requirements; ``{closure: "sglang[http2]"}`` names a root's extras). A target build a
+requirement accepts stays, and its own requirements are followed too (what it needs must be
+there after apply; a target distribution ``remove:`` matches counts as absent). What the donor itself
 does not satisfy is returned in :attr:`Closure.unmet` (a plan finding, never a silent skip).
 
 :func:`closure` is a function of the donor's and the target's distributions, the target's
@@ -135,6 +136,7 @@ def closure(
     *,
     overlay: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    remove: Sequence[str] = (),
 ) -> Closure:
     """The distributions the closures of ``roots`` bring from ``donor`` to ``target``.
 
@@ -147,10 +149,15 @@ def closure(
         distributions they select arrive anyway, so a requirement on one is judged against
         the donor's version, and its own requirements are followed too.
     :param exclude: normalised names or globs never pulled (and not followed).
+    :param remove: the manifest's ``remove:`` patterns: a target distribution they match counts
+        as absent (it goes), so a closure member that needs it brings the donor's build, and
+        the overlay then keeps it (the closure is the same before and after apply).
     :returns: a :class:`Closure`; breadth first, so each chain is a shortest one. A cycle
         ends where a member is met again. A requirement whose marker cannot be evaluated
         counts as applying (as in :mod:`transplant.requirements`).
     """
+    target = {n: d for n, d in target.items() if not any(fnmatchcase(n, p) for p in remove)}
+
     def excluded(name: str) -> bool:
         return any(fnmatchcase(name, p) for p in exclude)
 
@@ -178,20 +185,22 @@ def closure(
     while queue:
         name, extras, chain, there = queue.pop(0)
         seen = (followed_there if there else followed).setdefault(name, set())
-        todo = set(extras) | (set() if there else {""})
+        todo = set(extras) | {""}
         if todo <= seen:
             continue
         new_extras = todo - seen
         seen |= todo
         dist = (target if there else donor)[name]
         for req in dist.requires_dist:
-            if not _applies(req, markers, new_extras - {""}) or (there and _applies(req, markers, ())):
+            if not _applies(req, markers, new_extras - {""}):
                 continue
             need = canonicalize_name(req.name)
             have = donor.get(need)
             step = chain + (str(_bare(req)),)
             if need in found_roots or need in pulled or selected(need):
                 if not _accepts(req, have):
+                    if there:  # a staying target build's pin on what arrives: requirement-unmet's
+                        continue
                     unmet.setdefault((name, str(req)), Missing(requirer=name, requirement=req, donor_version=
                                      have.raw_version if have else None, chain=chain))
                 elif need not in found_roots and need not in pulled and not excluded(need):
@@ -202,13 +211,15 @@ def closure(
                 continue
             theirs = target.get(need)
             if _accepts(req, theirs) and theirs is not None:
-                if _extras(req):  # it stays; what the named extras need must be there too
-                    queue.append((need, _extras(req), step, True))
+                # it stays; what it needs (with the named extras) must be there too
+                queue.append((need, _extras(req), step, True))
                 continue
             if excluded(need):
                 kept_out.setdefault(need, step)
                 continue
             if not _accepts(req, have):
+                if there:  # the target's own build lacks it; the donor cannot help: requirement-unmet's
+                    continue
                 unmet.setdefault((name, str(req)), Missing(requirer=name, requirement=req, donor_version=
                                  have.raw_version if have else None, chain=chain))
                 continue
@@ -248,7 +259,7 @@ def expand(manifest: Manifest, donor: Inventory, target: Inventory) -> tuple[Man
     if not manifest.closures:
         return manifest, None
     found = closure(manifest.closures, donor.latest(), target.latest(), target.interpreter.markers,
-                    overlay=manifest.overlay, exclude=manifest.exclude)
+                    overlay=manifest.overlay, exclude=manifest.exclude, remove=manifest.remove)
     extra = tuple(n for n in found.names if n not in manifest.overlay)
     # an absent root stays in the overlay as an exact name, so the plan reports overlay-no-match
     extra += tuple(n for n in found.absent_roots if n not in manifest.overlay and n not in extra)

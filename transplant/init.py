@@ -187,7 +187,8 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
     # write a root as a plain name when its own closure pulls nothing in (shorter)
     overlay: list[Any] = list(patterns)
     for r in roots:
-        alone = closure([r], donor_latest, target_latest, target.interpreter.markers, overlay=manifest.overlay)
+        alone = closure([r], donor_latest, target_latest, target.interpreter.markers, overlay=manifest.overlay,
+                        remove=manifest.remove)
         if alone.pulled:
             overlay.append({"closure": r})
             chains = sorted(p.name for p in alone.pulled)
