@@ -88,3 +88,69 @@ def test_after_apply_no_error_and_no_drift(scenario):
     assert _codes(result, "error") == []
     assert not [f for f in result.findings if f.code == "record-drift"]
     assert not result.has_changes
+
+
+def test_closure_of_sglang_reproduces_the_calibrated_overlay():
+    """The overlay a person reached by following the forward plan's hints for five rounds is the
+    story's names plus sglang 0.5.23's closure: computed, it is exactly that set."""
+    from transplant.closure import closure
+    from transplant.lab.realstacks import CALIBRATED_OVERLAY, OVERLAY
+    from transplant.planner import selected_names
+
+    recorded = load(DATA / "forward.json.gz")
+    donor, target = recorded.donor, recorded.target
+    found = closure(["sglang"], donor.latest(), target.latest(), target.interpreter.markers,
+                    overlay=[n for n in OVERLAY if n != "sglang"])
+    got = set(found.names) | set(selected_names(OVERLAY, donor))
+    assert got == set(selected_names(CALIBRATED_OVERLAY, donor))
+    assert found.unmet == ()
+    pulled = {p.name: p for p in found.pulled}
+    assert pulled["transformers"].needed_by == "sglang 0.5.23 -> transformers==5.19.0"
+    # the closure alone (no story names) brings the same set, but nvidia-ml-py and torchvision, which
+    # the target has at versions sglang accepts: the story's nvidia-* glob brings the first, and
+    # init adds torchvision from the plan's cuda-variant-mismatch hint (its pair with the new torch)
+    alone = closure(["sglang"], donor.latest(), target.latest(), target.interpreter.markers)
+    assert set(selected_names(CALIBRATED_OVERLAY, donor)) - set(alone.names) == {"nvidia-ml-py", "torchvision"}
+
+
+def test_init_draft_on_the_real_pair_is_the_calibrated_manifest():
+    """init's draft from the recorded facts: sglang's closure, torchvision (its pair with the new
+    torch), and the calibrated remove: list, with no error left that the donor satisfies."""
+    from transplant.init import draft
+    from transplant.lab.realstacks import CALIBRATED_REMOVE
+    from transplant.manifest import parse_manifest
+    from transplant.planner import selected_names
+
+    recorded = load(DATA / "forward.json.gz")
+    d = draft(recorded.donor, recorded.target, ["sglang"], donor_at={"host": "local", "venv": "/d"},
+              target_at={"host": "local", "venv": "/t"}, path="init.yaml", donor_elf=recorded.donor_elf,
+              target_elf=recorded.target_elf)
+    assert d.data["overlay"] == [{"closure": "sglang"}, {"closure": "torchvision"}]
+    m = parse_manifest(d.data, path="init.yaml")
+    assert set(selected_names(m.remove, recorded.target)) == set(selected_names(CALIBRATED_REMOVE, recorded.target))
+    assert [f for f in d.findings if f.severity == "error"] == []
+    assert d.data["verify"]["server_args"]["args"][3] == "DFLASH"
+    assert {"sglang", "torch", "flashinfer", "sgl_kernel", "transformers"} <= set(d.data["verify"]["imports"])
+
+
+def test_the_seed_manifest_with_closures_plans_clean_on_the_real_pair():
+    """manifests/seed-migration.yaml (a closure and torchvision) on the recorded forward facts:
+    the calibrated overlay (but nvidia-ml-py, which the target has at a version sglang accepts)
+    and no error finding, the requirement errors of the story's first plan included."""
+    import dataclasses
+
+    import yaml
+
+    from transplant.lab.realstacks import CALIBRATED_OVERLAY
+    from transplant.manifest import parse_manifest
+    from transplant.planner import selected_names
+
+    path = Path(__file__).parent.parent / "manifests" / "seed-migration.yaml"
+    recorded = load(DATA / "forward.json.gz")
+    manifest = dataclasses.replace(parse_manifest(yaml.safe_load(path.read_text()), path=str(path)), patches=())
+    assert manifest.closures == ("sglang",)
+    result = plan(manifest, recorded.donor, recorded.target, donor_elf=recorded.donor_elf,
+                  target_elf=recorded.target_elf)
+    moved = {c.name for c in result.changes if c.kind == "distribution" and c.action != "remove"}
+    assert moved == set(selected_names(CALIBRATED_OVERLAY, recorded.donor)) - {"nvidia-ml-py"}
+    assert [(f.code, f.dists) for f in result.findings if f.severity == "error"] == []

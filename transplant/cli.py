@@ -518,6 +518,13 @@ def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+def _cmd_init(args: argparse.Namespace, console: Console) -> int:
+    from .initcmd import init_command
+
+    init_command(args, console, parse_location)
+    return EXIT_OK
+
+
 def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
     from .clonecmd import clone_command
 
@@ -602,6 +609,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--known-hosts", help="known_hosts file, for HOST:VENV (default ~/.ssh/known_hosts)")
     _fleet_options(v)
     v.set_defaults(func=_cmd_verify)
+    n = sub.add_parser("init", help="probe a donor and a target and write a starting manifest")
+    n.add_argument("--donor", required=True, metavar="HOST:VENV", help="the venv that works, e.g. root@ct129:/root/venv")
+    n.add_argument("--target", required=True, metavar="HOST:VENV", help="the venv to bring it to")
+    n.add_argument("--overlay", action="append", metavar="NAME",
+                   help="a distribution to bring with what it needs (a closure), or a glob (default: sglang)")
+    n.add_argument("--out", required=True, metavar="FILE", help="the manifest to write (never overwritten)")
+    n.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
+    n.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
+    n.set_defaults(func=_cmd_init)
     i = sub.add_parser("inventory", help="print what a venv holds")
     i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")
     i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")

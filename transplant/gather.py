@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from .binaries import ElfReport, is_shared_object
+from .closure import expand
 from .elfscan import read_elf_facts
 from .hosts import Host
 from .inventory import Distribution, Inventory
@@ -85,6 +86,30 @@ def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) 
             hint="name another venv as the target in the manifest's target: (a copy: transplant clone)")
 
 
+def expand_closures(manifest: Manifest, source: DonorSource, target_host: Host, *, timeout: float | None = 600.0,
+                    step: Callable[[str], None] | None = None) -> Manifest:
+    """The manifest with its closures computed from a metadata-only probe of both venvs
+    (versions and Requires-Dist, no RECORD read, nothing hashed: a few seconds even on a
+    200-distribution venv), so the hashing probe that follows hashes exactly the closure's
+    distributions. The planner computes the closure again from the hashed inventories; both
+    read the same METADATA, so they agree unless a venv changed in between (then the plan's
+    fingerprint check on apply refuses the plan as stale).
+
+    :returns: ``manifest`` itself when it has no closure, else
+        :func:`transplant.closure.expand`'s manifest (overlay = exact names, no closures).
+    :raises HostError: a host could not be reached; :raises ProbeError: as :func:`take_inventory`.
+    """
+    if not manifest.closures:
+        return manifest
+    if step is not None:
+        step(f"reading both venvs' metadata for the overlay closure(s) {', '.join(manifest.closures)}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        d = pool.submit(source.inventory, hash_patterns=(), timeout=timeout, record=False)
+        t = pool.submit(take_inventory, target_host, manifest.target.venv, record=False, timeout=timeout)
+        donor, target = d.result(), t.result()
+    return expand(manifest, donor, target)[0]
+
+
 def gather(
     manifest: Manifest,
     donor_host: Host | DonorSource,
@@ -111,6 +136,7 @@ def gather(
     if isinstance(live, Host):
         refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
                            live, target_host)
+    m = expand_closures(m, source, target_host, timeout=timeout, step=say)
     say(f"probing the donor {m.donor} and the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)

@@ -197,6 +197,11 @@ class VerifySettings:
 class Manifest:
     """A validated manifest. ``path`` is where it was read from (for messages and patch sources).
 
+    ``overlay`` holds the plain names and globs; ``closures`` the ``{closure: NAME}`` entries
+    (normalised, extras kept: ``sglang[http2]``), whose distributions
+    :func:`transplant.closure.expand` adds to ``overlay`` once both inventories are known;
+    ``exclude`` the names or globs a closure never pulls in.
+
     ``donor`` is a host and venv or a :class:`SnapshotRef`; ``fallback`` the other sources
     tried in order when it cannot be reached (``donor.fallback``). ``target`` is the first
     of ``targets`` (``target:`` gives one, ``targets:`` several, a fleet).
@@ -213,6 +218,14 @@ class Manifest:
     accept: tuple[Acceptance, ...] = ()
     fallback: tuple[Endpoint | SnapshotRef, ...] = ()
     targets: tuple[Endpoint, ...] = ()
+    closures: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def overlay_roots(self) -> tuple[str, ...]:
+        """The plain overlay patterns and the closures' root names (``sglang`` of
+        ``sglang[http2]``): what the manifest names itself, before any closure is computed."""
+        return self.overlay + tuple(_root_name(c) for c in self.closures if _root_name(c) not in self.overlay)
 
 
 def normalize_pattern(pattern: str) -> str:
@@ -454,20 +467,73 @@ def _names(c: _Checker, value: Any, key: str, *, example: str, empty_ok: bool = 
         return ()
     out = []
     for i, item in enumerate(value):
-        text = c.string(item, f"{key}[{i}]", 'write a distribution name or glob, e.g. "nvidia-*"')
-        if text is None:
-            continue
-        pattern = normalize_pattern(text.strip())
-        if not set(pattern) <= _NAME_CHARS or pattern.strip("*?") == "" and pattern != "*":
-            c.add(f"{key}[{i}]", f"{text!r} is not a distribution name or glob",
-                  "use letters, digits, '-', '_', '.' and the globs '*' and '?'")
-            continue
-        out.append(pattern)
+        pattern = _name(c, item, f"{key}[{i}]")
+        if pattern is not None:
+            out.append(pattern)
     return tuple(out)
 
 
-def _overlay(c: _Checker, value: Any) -> tuple[str, ...]:
-    return _names(c, value, "overlay", example='[torch, triton, "nvidia-*", sglang]')
+def _name(c: _Checker, item: Any, key: str) -> str | None:
+    """One distribution name or glob, PEP 503-normalised; None (and a problem) when it is not one."""
+    text = c.string(item, key, 'write a distribution name or glob, e.g. "nvidia-*"')
+    if text is None:
+        return None
+    pattern = normalize_pattern(text.strip())
+    if not set(pattern) <= _NAME_CHARS or pattern.strip("*?") == "" and pattern != "*":
+        c.add(key, f"{text!r} is not a distribution name or glob",
+              "use letters, digits, '-', '_', '.' and the globs '*' and '?'")
+        return None
+    return pattern
+
+
+def _root_name(text: str) -> str:
+    return text.split("[", 1)[0]
+
+
+def _overlay(c: _Checker, value: Any, path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``overlay``: names, globs and ``{closure: NAME}`` mappings -> (patterns, closure roots)."""
+    example = '[torch, "nvidia-*", {closure: sglang}]'
+    if not isinstance(value, list) or not value:
+        c.add("overlay", f"expected a non-empty list of distribution names, globs or {{closure: NAME}}, got "
+                         f"{_kind(value)}", f"write e.g. overlay: {example} in {path}")
+        return (), ()
+    plain: list[Any] = []
+    closures: list[str] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            plain.append((i, item))
+            continue
+        key = f"overlay[{i}]"
+        data = c.mapping(item, key, {"closure": "closure: sglang (a donor distribution and what it needs)"},
+                         required=("closure",))
+        if "closure" not in data:
+            continue
+        text = c.string(data["closure"], f"{key}.closure",
+                        f"name one donor distribution, e.g. {{closure: sglang}}, in overlay of {path}")
+        if text is None:
+            continue
+        from .closure import parse_root
+        try:
+            name, extras = parse_root(text.strip())
+        except ValueError as exc:
+            c.add(f"{key}.closure", str(exc), f"write a distribution name with optional extras, e.g. "
+                                              f"{{closure: sglang}} or {{closure: 'sglang[http2]'}}, in {path}")
+            continue
+        if any(ch in text for ch in "*?[]") and not extras:
+            c.add(f"{key}.closure", f"{text!r} is a glob", f"a closure starts from one name; list globs as plain "
+                                                            f"overlay entries in {path}")
+            continue
+        root = name + (f"[{','.join(sorted(extras))}]" if extras else "")
+        if root in closures:
+            c.add(f"{key}.closure", f"{text!r} is listed twice", f"keep one {{closure: {name}}} entry in {path}")
+            continue
+        closures.append(root)
+    patterns: list[str] = []
+    for i, item in plain:
+        pattern = _name(c, item, f"overlay[{i}]")
+        if pattern is not None:
+            patterns.append(pattern)
+    return tuple(patterns), tuple(closures)
 
 
 def _accept(c: _Checker, value: Any, codes: tuple[str, ...]) -> tuple[Acceptance, ...]:
@@ -730,6 +796,7 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
         "overlay": "overlay: [torch, sglang]",
         "patches": "patches: [{source: ..., dest: ...}]",
         "remove": "remove: [nvidia-cuda-runtime-cu12]",
+        "exclude": "exclude: [flash-attn-4] (names a closure never pulls in)",
         "accept": "accept: [{code: ..., dists: [...], reason: ...}]",
         "verify": "verify: {imports: [...]}",
     }
@@ -751,7 +818,12 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
                                    "(or targets: [...] for several)")
     target = targets[0] if targets else None
     ssh = _ssh(c, top.get("ssh"))
-    overlay = _overlay(c, top["overlay"]) if "overlay" in top else ()
+    overlay, closures = _overlay(c, top["overlay"], path) if "overlay" in top else ((), ())
+    exclude = _names(c, top["exclude"], "exclude", example="[flash-attn-4]", empty_ok=True) \
+        if "exclude" in top else ()
+    if exclude and not closures and "overlay" in top:
+        c.add("exclude", "exclude: keeps distributions out of a closure, and the overlay has no {closure: NAME} "
+                         "entry", f"drop exclude: from {path}, or write the overlay entry as {{closure: NAME}}")
     patches = _patches(c, top.get("patches"))
     remove = _names(c, top["remove"], "remove", example="[nvidia-cuda-runtime-cu12]", empty_ok=True) \
         if "remove" in top else ()
@@ -769,6 +841,8 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
             c.add(where, f"the target is {which} ({same})", "name another host or venv as the target")
     if c.problems or donor is None or target is None:
         raise ManifestError(path, c.problems or ["donor and target are required"])
-    verify = replace(verify, overlay=overlay)
+    roots = overlay + tuple(r for r in (_root_name(x) for x in closures) if r not in overlay)
+    verify = replace(verify, overlay=roots)
     return Manifest(path=path, donor=donor, target=target, ssh=ssh, overlay=overlay, patches=patches, verify=verify,
-                    remove=remove, accept=accept, fallback=fallback, targets=targets)
+                    remove=remove, accept=accept, fallback=fallback, targets=targets, closures=closures,
+                    exclude=exclude)

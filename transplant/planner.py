@@ -22,6 +22,7 @@ from packaging.utils import NormalizedName
 
 from .binaries import ElfReport
 from .checks import EnvironmentAfter, compatibility_findings
+from .closure import closure_findings, expand
 from .cuda import cuda_variant, describe_variant
 from .inventory import Distribution, FileEntry, Inventory, inside_path, link_escapes, newest, protected_path
 from .manifest import Manifest
@@ -493,7 +494,9 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
          donor_elf: ElfReport | None = None, target_elf: ElfReport | None = None) -> Plan:
     """Compute what apply must do to make ``target`` hold ``donor``'s overlay set and patches.
 
-    :param manifest: the validated manifest (overlay patterns, labels for messages).
+    :param manifest: the validated manifest (overlay patterns, labels for messages); its
+        closures are computed here (:func:`transplant.closure.expand`) and each pulled-in
+        distribution's change says which chain needs it.
     :param donor: the donor's inventory, with the overlaid distributions hashed.
     :param target: the target's inventory, with the overlaid distributions and the patch
         destinations hashed.
@@ -505,7 +508,11 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     :returns: a :class:`Plan` whose changes are sorted (distributions by name, then
         patches by path) and whose findings are sorted by (severity, code, dists).
     """
+    manifest, found = expand(manifest, donor, target)
     findings = _overlay_findings(manifest, donor, target)
+    if found is not None:
+        findings += closure_findings(found, manifest.path)
+    needed_by = {p.name: p.needed_by for p in (found.pulled if found is not None else ())}
     donor_by, target_by = donor.by_name(), target.by_name()
     names = selected_names(manifest.overlay, donor)
     removed = [n for n in selected_names(manifest.remove, target) if n not in names]
@@ -523,8 +530,11 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     prefixes = (donor.interpreter.prefix, target.interpreter.prefix)
     for name in names:
         new = newest(donor_by[name])
-        changes.append(_distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
-                                            findings, prefixes))
+        change = _distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
+                                      findings, prefixes)
+        if name in needed_by:
+            change = replace(change, reason=f"{change.reason}; needed by {needed_by[name]}")
+        changes.append(change)
         after[name] = new
     arriving = {p for n in names for p in newest(donor_by[n]).files}
     for name in removed:

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ import yaml
 
 from . import store as cas
 from .binaries import ElfReport
+from .closure import closure
 from .elfscan import read_elf_facts
 from .errors import ProbeError, TransplantError
 from .files import read_patch_files
@@ -148,6 +149,15 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[st
     say = step or (lambda _line: None)
     started = time.monotonic()
     venv = manifest.donor.venv
+    if manifest.closures:
+        # no target here: the closure against an empty target, every donor distribution the roots
+        # reach (a superset of what any target's plan selects)
+        say(f"reading the donor's metadata for the overlay closure(s) {', '.join(manifest.closures)}")
+        meta = take_inventory(donor, venv, record=False, timeout=timeout)
+        found = closure(manifest.closures, meta.latest(), {}, meta.interpreter.markers, overlay=manifest.overlay,
+                        exclude=manifest.exclude)
+        manifest = replace(manifest, overlay=manifest.overlay + tuple(n for n in found.names
+                                                                      if n not in manifest.overlay), closures=())
     say(f"probing the donor {manifest.donor} (hashing the overlaid distributions)")
     inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout)
     names = selected_names(manifest.overlay, inventory)

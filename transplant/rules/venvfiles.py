@@ -238,8 +238,9 @@ def _relocated_here(donor: Distribution, target: Distribution, donor_prefix: str
     local one, whatever their RECORD row says (an apply before RECORD rows were set kept
     the donor's row; a plan now copies RECORD again to set it)."""
     out = set()
+    theirs = target.files  # built on each access: once here, not once per file
     for path, entry in donor.files.items():
-        there = target.files.get(path)
+        there = theirs.get(path)
         if entry.head is None or there is None:
             continue
         head = rewritten_head(entry.head, donor_prefix, target_prefix)

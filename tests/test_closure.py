@@ -1,0 +1,170 @@
+"""Overlay closures (pure core): the donor's installed set is the only source; markers for the
+target's interpreter, extras, exclude:, cycles and what the donor itself lacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from docs import dist, document
+from transplant.closure import closure, expand
+from transplant.errors import ManifestError
+from transplant.inventory import parse_inventory
+from transplant.manifest import parse_manifest
+from transplant.planner import plan
+
+
+def inv(prefix, dists, python="3.11.7"):
+    return parse_inventory(document(prefix, dists, python=python), label=prefix)
+
+
+def d(name, version="1.0", requires=()):
+    return dist(name, version, {f"{name.replace('-', '_')}/__init__.py": f"# {name} {version}"},
+                requires=list(requires))
+
+
+def manifest(overlay, **extra):
+    return parse_manifest({"version": 1, "donor": {"host": "local", "venv": "/d"},
+                           "target": {"host": "local", "venv": "/t"}, "overlay": overlay, **extra}, path="m.yaml")
+
+
+def names(found):
+    return {p.name: p for p in found.pulled}
+
+
+def run(donor, target, roots=("app",), **kw):
+    return closure(list(roots), inv("/d", donor).latest(), inv("/t", target).latest(),
+                   inv("/t", target).interpreter.markers, **kw)
+
+
+def test_diamond_pulls_each_once_with_a_shortest_chain():
+    donor = [d("app", requires=["left", "right"]), d("left", requires=["base>=2"]), d("right", requires=["base"]),
+             d("base", "2.0")]
+    found = run(donor, [d("base", "1.0")])
+    assert set(names(found)) == {"left", "right", "base"}
+    assert names(found)["base"].needed_by == "app 1.0 -> left -> base>=2"
+    assert names(found)["base"].reason == "the target has 1.0"
+
+
+def test_target_build_the_requirement_accepts_stays():
+    donor = [d("app", requires=["lib>=1", "other==2.0"]), d("lib", "3.0"), d("other", "2.0")]
+    found = run(donor, [d("lib", "1.5"), d("other", "1.0")])
+    assert set(names(found)) == {"other"}
+
+
+def test_cycle_ends():
+    donor = [d("app", requires=["a"]), d("a", requires=["b"]), d("b", requires=["a", "app", "c"]), d("c")]
+    found = run(donor, [])
+    assert set(names(found)) == {"a", "b", "c"} and found.roots == ("app",)
+
+
+def test_markers_are_the_targets_interpreter():
+    donor = [d("app", requires=['old; python_version < "3.10"', 'new; python_version >= "3.11"',
+                                'arm; platform_machine == "aarch64"']), d("old"), d("new"), d("arm")]
+    assert set(names(run(donor, []))) == {"new"}
+    target310 = closure(["app"], inv("/d", donor).latest(), {}, inv("/t", [], python="3.9.18").interpreter.markers)
+    assert set(names(target310)) == {"old"}
+
+
+def test_an_extra_named_by_a_requirement_is_followed():
+    donor = [d("app", requires=["lib[fast]"]), d("lib", requires=['speed; extra == "fast"', 'slow; extra == "slow"']),
+             d("speed"), d("slow")]
+    assert set(names(run(donor, []))) == {"lib", "speed"}
+    # a root's own extras: {closure: "app[extra]"}
+    donor2 = [d("app", requires=['plug; extra == "plugins"']), d("plug")]
+    assert set(names(run(donor2, [], roots=("app[plugins]",)))) == {"plug"}
+    assert set(names(run(donor2, []))) == set()
+
+
+def test_exclude_keeps_a_name_and_what_only_it_needs_out():
+    donor = [d("app", requires=["big", "small"]), d("big", requires=["huge"]), d("huge"), d("small")]
+    found = run(donor, [], exclude=["big"])
+    assert set(names(found)) == {"small"}
+    assert found.excluded == (("big", ("app 1.0", "big")),)
+    result = plan(manifest([{"closure": "app"}], exclude=["big"]), inv("/d", donor), inv("/t", []))
+    assert [f.dists for f in result.findings if f.code == "closure-excluded"] == [("big",)]
+    assert {c.name for c in result.changes} == {"app", "small"}
+
+
+def test_a_requirement_the_donor_lacks_stays_a_finding():
+    donor = [d("app", requires=["gone", "lib>=2"]), d("lib", "1.0")]
+    found = run(donor, [])
+    assert {(m.requirer, str(m.requirement), m.donor_version) for m in found.unmet} == {
+        ("app", "gone", None), ("app", "lib>=2", "1.0")}
+    result = plan(manifest([{"closure": "app"}]), inv("/d", donor), inv("/t", []))
+    unmet = [f for f in result.findings if f.code == "closure-unmet"]
+    assert {f.dists for f in unmet} == {("app", "gone"), ("app", "lib")}
+    assert all(f.severity == "warning" for f in unmet)
+    # and the environment after apply still reports it (never a silent skip)
+    assert any(f.code == "requirement-unmet" and "gone" in f.dists for f in result.findings)
+
+
+def test_plan_shows_the_chain_and_hashes_what_it_brings():
+    donor = [d("app", "2.0", requires=["lib==5.19.0"]), d("lib", "5.19.0", requires=["leaf"]), d("leaf")]
+    target = [d("app", "1.0"), d("lib", "4.57.1")]
+    result = plan(manifest([{"closure": "app"}]), inv("/d", donor), inv("/t", target))
+    by = {c.name: c for c in result.changes}
+    assert set(by) == {"app", "lib", "leaf"}
+    assert by["lib"].reason.endswith("needed by app 2.0 -> lib==5.19.0")
+    assert by["leaf"].reason.endswith("needed by app 2.0 -> lib==5.19.0 -> leaf")
+    assert set(result.hash_patterns) == {"app", "lib", "leaf"}
+    assert not [f for f in result.findings if f.code == "requirement-unmet"]
+    # an expanded manifest is an ordinary one: expanding again changes nothing
+    once, _ = expand(manifest([{"closure": "app"}]), inv("/d", donor), inv("/t", target))
+    assert expand(once, inv("/d", donor), inv("/t", target)) == (once, None)
+
+
+def test_an_absent_root_is_overlay_no_match():
+    result = plan(manifest([{"closure": "nothere"}]), inv("/d", [d("app")]), inv("/t", []))
+    assert [(f.code, f.severity) for f in result.findings if f.code == "overlay-no-match"] == [
+        ("overlay-no-match", "error")]
+
+
+@pytest.mark.parametrize("overlay, extra, where, words", [
+    ([{"closure": 5}], {}, "overlay[0].closure", "expected a non-empty string"),
+    ([{"closure": "app", "with": "x"}], {}, "overlay[0].with", "unknown key"),
+    ([{"closure": "app>=2"}], {}, "overlay[0].closure", "has a version"),
+    ([{"closure": "sgl*"}], {}, "overlay[0].closure", "not a distribution name"),
+    ([{"closure": "app"}, {"closure": "App"}], {}, "overlay[1].closure", "listed twice"),
+    (["torch"], {"exclude": ["big"]}, "exclude", "has no {closure: NAME} entry"),
+    ([{"closure": "app"}], {"exclude": "big"}, "exclude", "expected a list"),
+    ([{"closure": "app"}], {"exclude": ["b@d"]}, "exclude[0]", "not a distribution name"),
+])
+def test_bad_closure_and_exclude_entries_name_file_key_and_fix(overlay, extra, where, words):
+    with pytest.raises(ManifestError) as err:
+        manifest(overlay, **extra)
+    text = str(err.value)
+    assert text.startswith("m.yaml:")
+    [line] = [p for p in err.value.problems if p.startswith(where + ":")]
+    assert words in line and "; fix: " in line
+
+
+def test_closure_roots_are_what_verify_imports():
+    m = manifest(["torch", {"closure": "sglang[http2]"}], exclude=["flash-attn-4"])
+    assert m.overlay == ("torch",) and m.closures == ("sglang[http2]",) and m.exclude == ("flash-attn-4",)
+    assert m.verify.overlay == ("torch", "sglang")
+
+
+def test_an_extra_on_a_target_build_that_stays_is_followed_too():
+    donor = [d("app", requires=["lib[fast]"]), d("lib", "2.0", requires=['speed; extra == "fast"']), d("speed")]
+    target = [d("lib", "1.0", requires=['speed; extra == "fast"', "own-dep"])]
+    found = run(donor, target)
+    assert set(names(found)) == {"speed"}
+    assert names(found)["speed"].needed_by == "app 1.0 -> lib[fast] -> speed"
+
+
+def test_the_closure_is_the_same_after_apply_when_remove_globs_a_pulled_name():
+    """A target distribution remove: matches counts as absent, and a staying build's own
+    requirements are followed: after apply, the remove: glob does not take back what the
+    closure brought (nvidia-cutlass-dsl -> nvidia-cutlass-dsl-libs-cu12 beside nvidia-*-cu12)."""
+    donor = [d("app", requires=["dsl==4.8"]), d("dsl", "4.8", requires=["dsl-libs-cu12==4.8"]),
+             d("dsl-libs-cu12", "4.8")]
+    before = [d("old-cu12", "1.0")]
+    after = [d("app"), d("dsl", "4.8", requires=["dsl-libs-cu12==4.8"]), d("dsl-libs-cu12", "4.8"), d("old-cu12")]
+    m = manifest([{"closure": "app"}], remove=["*-cu12"])
+    first = plan(m, inv("/d", donor), inv("/t", before))
+    assert {(c.name, c.action) for c in first.changes} == {("app", "add"), ("dsl", "add"), ("dsl-libs-cu12", "add"),
+                                                            ("old-cu12", "remove")}
+    again = plan(m, inv("/d", donor), inv("/t", after))
+    assert {(c.name, c.action) for c in again.changes} == {("app", "keep"), ("dsl-libs-cu12", "keep"),
+                                                            ("old-cu12", "remove")}
+    assert not [f for f in again.findings if f.severity == "error"]
