@@ -207,6 +207,34 @@ def test_case6_cp311_extension_into_a_312_venv():
     assert not found(run(["torch"], [torch], []), "python-abi-mismatch")
 
 
+def test_cuda_major_of_a_staying_library_identical_to_the_donors_is_info():
+    """torch_memory_saver 0.0.10 left on the target by an earlier apply, byte-identical to the donor's,
+    needs libcudart.so.12 beside the CUDA 13 torch: the donor (built around CUDA 13) runs it so, even
+    though only the target's side of its ELF facts was read."""
+    tms = dist("torch-memory-saver", "0.0.10", {"tms/hook.so": "h"})
+    donor = [dist("torch", "2.14.1+cu130", {"t.py": "t2"}), tms]
+    target_elf = elf("t", so("tms/hook.so", needed=("libcudart.so.12",)))
+    [f] = found(run(["torch"], donor, [dist("torch", "2.9.1+cu128", {"t.py": "t1"}), tms], target_elf=target_elf),
+                "cuda-major-mismatch")
+    assert f.severity == "info" and f.dists == ("torch-memory-saver",)
+    other = dist("torch-memory-saver", "0.0.10", {"tms/hook.so": "rebuilt"})
+    [f] = found(run(["torch"], donor, [dist("torch", "2.9.1+cu128", {"t.py": "t1"}), other], target_elf=target_elf),
+                "cuda-major-mismatch")
+    assert f.severity == "error"
+
+
+def test_relocated_console_scripts_do_not_make_a_distribution_differ_from_the_donors():
+    from transplant.rules.env import EnvironmentAfter
+
+    donor = inv([dist("torch", "2.14.1", {"t.py": "t"}, scripts={"torchrun": f"#!{DONOR}/bin/python\nrun()\n"})], DONOR)
+    target = inv([dist("torch", "2.14.1", {"t.py": "t"}, scripts={"torchrun": f"#!{TARGET}/bin/python\nrun()\n"})],
+                 TARGET)
+    env = EnvironmentAfter(donor=donor, target=target, overlaid=(), after=target.latest())
+    assert env.donor_identical("torch")
+    edited = inv([dist("torch", "2.14.1", {"t.py": "edited"})], TARGET)
+    assert not EnvironmentAfter(donor=donor, target=edited, overlaid=(), after=edited.latest()).donor_identical("torch")
+
+
 def test_python_abi_of_the_donors_own_bytes_on_the_donors_python_is_info():
     """sglang-kernel 0.4.10 ships sgl_kernel/infllm_ops.cpython-310-...so (its only build, loaded by
     path) and runs on the 3.11 donor: on a 3.11 target of the same machine and glibc it is no fault."""

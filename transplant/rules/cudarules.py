@@ -36,21 +36,18 @@ def _anchor(env: EnvironmentAfter, by_major: dict[int, list[Evidence]]) -> int:
 _SUFFIXED = re.compile(r"^(nvidia-.+)-cu(\d+)$")
 
 
-def _donor_tolerates(env: EnvironmentAfter, anchor: int) -> set[tuple[str, int]]:
-    """(name, CUDA major) pairs the donor itself holds beside its own anchor major, when that
-    anchor is ``anchor``: the donor runs with them (e.g. its ``nvidia-cutlass-dsl-libs-cu12``
-    beside a CUDA 13 torch). Empty when the donor's anchor differs or its context does."""
+def _donor_anchor(env: EnvironmentAfter) -> int | None:
+    """The CUDA major the donor's own environment is built around (:func:`_anchor` on it), or
+    None without CUDA evidence there or when the donor's context is not the target's."""
     if not env.same_context:
-        return set()
+        return None
     latest = env.donor.latest()
     own = EnvironmentAfter(donor=env.donor, target=env.donor, overlaid=tuple(latest), after=latest,
                            donor_elf=env.donor_elf, target_elf=env.donor_elf)
     by_major: dict[int, list[Evidence]] = defaultdict(list)
     for e in cuda_evidence(own):
         by_major[e.major].append(e)
-    if not by_major or _anchor(own, by_major) != anchor:
-        return set()
-    return {(e.name, e.major) for m, items in by_major.items() if m != anchor for e in items}
+    return _anchor(own, by_major) if by_major else None
 
 
 def _compact(names: list[str], present: set[str]) -> list[str]:
@@ -100,9 +97,9 @@ def _fixes(env: EnvironmentAfter, names: list[str], anchor: int) -> str:
 def cuda_major_findings(env: EnvironmentAfter) -> list[Finding]:
     """``cuda-major-mismatch``: the environment after apply holds builds for two CUDA majors.
 
-    A distribution that the donor runs beside the same anchor major (identical, in the same
-    context: :func:`_donor_tolerates`) is not counted as the fault; when it is all there is,
-    the finding is ``info``."""
+    A distribution that the donor runs beside the same anchor major (identical to the donor's,
+    in the same context, the donor's own anchor being this one: :func:`_donor_anchor`) is not
+    counted as the fault; when it is all there is, the finding is ``info``."""
     evidence = cuda_evidence(env)
     by_major: dict[int, list[Evidence]] = defaultdict(list)
     for e in evidence:
@@ -110,9 +107,11 @@ def cuda_major_findings(env: EnvironmentAfter) -> list[Finding]:
     if len(by_major) < 2:
         return []
     anchor = _anchor(env, by_major)
-    tolerated = _donor_tolerates(env, anchor)
     odd_items = [e for m, items in by_major.items() if m != anchor for e in items]
-    donor_run = sorted({e.name for e in odd_items if (e.name, e.major) in tolerated and env.donor_identical(e.name)})
+    # a distribution identical to the donor's, in a donor built around the same major: the donor runs it
+    # beside that major (the donor's own evidence for it may be unread: its bytes are these)
+    same_anchor = _donor_anchor(env) == anchor
+    donor_run = sorted({e.name for e in odd_items if same_anchor and env.donor_identical(e.name)})
     odd = sorted({e.name for e in odd_items} - set(donor_run))
     parts = []
     for major in sorted(by_major):

@@ -123,14 +123,18 @@ class EnvironmentAfter:
 
     def donor_identical(self, name: str) -> bool:
         """Whether the distribution ``name`` after apply is the donor's own: overlaid, or
-        staying at the donor's version with every RECORD hash equal to the donor's."""
+        staying at the donor's version with every RECORD hash equal to the donor's (console
+        scripts aside: each venv's carry its own interpreter line)."""
         if name in self.overlaid:
             return True
         dist, theirs = self.after.get(name), self.donor.latest().get(name)  # type: ignore[call-overload]
         if dist is None or theirs is None or dist.raw_version != theirs.raw_version:
             return False
-        mine = {p: e.record_hash for p, e in dist.files.items()}
-        return mine == {p: e.record_hash for p, e in theirs.files.items()}
+        scripts = self.target.scripts.rstrip("/") + "/"
+        # console scripts are relocated per venv (apply rewrites their head and RECORD row), so their
+        # rows say nothing about the distribution's bytes
+        mine = {p: e.record_hash for p, e in dist.files.items() if not p.startswith(scripts)}
+        return mine == {p: e.record_hash for p, e in theirs.files.items() if not p.startswith(scripts)}
 
     def donor_runs(self, names: Sequence[str], paths: Sequence[str] = ()) -> bool:
         """Whether a fact about ``names`` (and the files ``paths``) holds identically in the
