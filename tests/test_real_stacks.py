@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from transplant.lab.realstacks import CALIBRATED_OVERLAY, CALIBRATED_REMOVE, SERVER_ARGS
+from transplant.lab.realstacks import CALIBRATED_OVERLAY, CALIBRATED_REMOVE, manifest_data
 
 pytestmark = pytest.mark.real
 
@@ -71,9 +71,7 @@ def installed(venv: Path) -> list[tuple[str, str, str]]:
 
 
 def manifest(tmp_path: Path, target: Path) -> Path:
-    data = {"version": 1, "donor": {"host": "local", "venv": str(DONOR)}, "target": {"host": "local", "venv": str(target)},
-            "overlay": CALIBRATED_OVERLAY, "remove": CALIBRATED_REMOVE,
-            "verify": {"imports": ["torch", "sglang", "flashinfer", "sgl_kernel"], "server_args": SERVER_ARGS}}
+    data = manifest_data(str(DONOR), str(target), overlay=CALIBRATED_OVERLAY, remove=CALIBRATED_REMOVE)
     path = tmp_path / "real.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

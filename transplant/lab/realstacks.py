@@ -69,13 +69,20 @@ SERVER_ARGS = {
 }
 
 
+def manifest_data(donor: str, target: str, *, overlay: list[str] | None = None,
+                  remove: list[str] | None = None) -> dict[str, Any]:
+    """The calibration manifest between two local venvs (absolute paths) as YAML-ready data:
+    the story's :data:`OVERLAY` and :data:`REMOVE` unless given (:data:`CALIBRATED_OVERLAY`
+    and :data:`CALIBRATED_REMOVE` follow the plan's own hints), and the story's verify."""
+    return {"version": 1, "donor": {"host": "local", "venv": donor}, "target": {"host": "local", "venv": target},
+            "overlay": list(OVERLAY if overlay is None else overlay), "remove": list(REMOVE if remove is None else remove),
+            "verify": {"imports": ["torch", "sglang", "flashinfer", "sgl_kernel"], "server_args": SERVER_ARGS}}
+
+
 def scenario_manifest(donor: str, target: str, *, overlay: list[str] | None = None,
                       remove: list[str] | None = None, path: str = "real.yaml") -> Manifest:
-    """The calibration manifest between two local venvs (absolute paths)."""
-    data = {"version": 1, "donor": {"host": "local", "venv": donor}, "target": {"host": "local", "venv": target},
-            "overlay": list(overlay or OVERLAY), "remove": list(REMOVE if remove is None else remove),
-            "verify": {"imports": ["torch", "sglang", "flashinfer", "sgl_kernel"], "server_args": SERVER_ARGS}}
-    return parse_manifest(data, path=path)
+    """:func:`manifest_data`, parsed."""
+    return parse_manifest(manifest_data(donor, target, overlay=overlay, remove=remove), path=path)
 
 
 def elf_document(report: ElfReport) -> dict[str, Any]:
@@ -186,12 +193,6 @@ def untrim(document: Mapping[str, Any]) -> dict[str, Any]:
     return _map_entries(document, entry)
 
 
-def _manifest_data(m: Manifest) -> dict[str, Any]:
-    return {"version": 1, "donor": {"host": "local", "venv": m.donor.venv},
-            "target": {"host": "local", "venv": m.target.venv}, "overlay": list(m.overlay),
-            "remove": list(m.remove)}
-
-
 def record(manifest: Manifest, scenario: str, out: Path) -> Path:
     """Gather the facts of ``manifest`` (two local venvs) as ``plan`` does and write them,
     compressed, to ``out/<scenario>.json.gz``; returns the file written.
@@ -203,7 +204,8 @@ def record(manifest: Manifest, scenario: str, out: Path) -> Path:
 
     facts = gather(manifest, LocalHost(), LocalHost())
     doc = {"schema": SCHEMA, "scenario": scenario, "recorded": time.strftime("%Y-%m-%d"),
-           "manifest": {"path": manifest.path, "data": _manifest_data(manifest)},
+           "manifest": {"path": manifest.path, "data": manifest_data(
+               manifest.donor.venv, manifest.target.venv, overlay=list(manifest.overlay), remove=list(manifest.remove))},
            "labels": {"donor": facts.donor.label, "target": facts.target.label},
            "donor": trim(facts.donor.document), "target": trim(facts.target.document),
            "donor_elf": elf_document(facts.donor_elf), "target_elf": elf_document(facts.target_elf)}
@@ -214,15 +216,6 @@ def record(manifest: Manifest, scenario: str, out: Path) -> Path:
     return path
 
 
-def manifest_data(donor: str, target: str, *, calibrated: bool) -> dict[str, Any]:
-    """The calibration manifest as YAML-ready data: the story's overlay, or with
-    ``calibrated`` the one that follows the plan's own hints (:data:`CALIBRATED_OVERLAY`)."""
-    return {"version": 1, "donor": {"host": "local", "venv": donor}, "target": {"host": "local", "venv": target},
-            "overlay": list(CALIBRATED_OVERLAY if calibrated else OVERLAY),
-            "remove": list(CALIBRATED_REMOVE if calibrated else REMOVE),
-            "verify": {"imports": ["torch", "sglang", "flashinfer", "sgl_kernel"], "server_args": SERVER_ARGS}}
-
-
 _USAGE = ("usage: python -m transplant.lab.realstacks record ROOT OUT_DIR [--after VENV]\n"
           "       python -m transplant.lab.realstacks manifest DONOR TARGET OUT.yaml [--calibrated]")
 
@@ -231,7 +224,9 @@ def _main(argv: list[str]) -> int:
     if len(argv) >= 4 and argv[0] == "manifest":
         import yaml
 
-        data = manifest_data(argv[1], argv[2], calibrated="--calibrated" in argv[4:])
+        calibrated = "--calibrated" in argv[4:]
+        data = manifest_data(argv[1], argv[2], overlay=CALIBRATED_OVERLAY if calibrated else None,
+                             remove=CALIBRATED_REMOVE if calibrated else None)
         Path(argv[3]).write_text(yaml.safe_dump(data, sort_keys=False))
         return 0
     if len(argv) < 3 or argv[0] != "record":

@@ -11,7 +11,7 @@ from packaging.utils import NormalizedName
 from packaging.version import InvalidVersion, Version
 
 from ..binaries import ElfFacts, ElfReport, is_shared_object
-from ..inventory import Distribution, Inventory
+from ..inventory import Distribution, FileEntry, Inventory
 
 __all__ = ["EnvironmentAfter", "pip", "describe", "severity", "DONOR_RUNS"]
 
@@ -113,13 +113,18 @@ class EnvironmentAfter:
         (RECORD hashes are the wheel's; ``record-drift`` reports files that differ from them)."""
         if path in self.arriving:
             return True
+        entry = self._staying_files.get(path)
+        return entry is not None and entry.record_hash is not None and self._donor_record.get(path) == entry.record_hash
+
+    @cached_property
+    def _staying_files(self) -> dict[str, FileEntry]:
+        """Venv-relative path -> RECORD entry, over the distributions that stay (first one wins)."""
+        out: dict[str, FileEntry] = {}
         for name, dist in self.after.items():
-            if name in self.overlaid:
-                continue
-            entry = dist.files.get(path)
-            if entry is not None:
-                return entry.record_hash is not None and self._donor_record.get(path) == entry.record_hash
-        return False
+            if name not in self.overlaid:
+                for path, entry in dist.files.items():
+                    out.setdefault(path, entry)
+        return out
 
     def donor_identical(self, name: str) -> bool:
         """Whether the distribution ``name`` after apply is the donor's own: overlaid, or
