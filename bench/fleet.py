@@ -33,13 +33,13 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from transplant.files import load_manifest
-from transplant.fleet import run_fleet, serve_from_snapshot
-from transplant.hosts import HostSpec, SSHOptions
+from transplant.controller.documents import load_manifest
+from transplant.fleet.run import run_fleet, serve_from_snapshot
+from transplant.hosts.host import HostSpec, SSHOptions
 from transplant.lab import Lab
-from transplant.manifest import Endpoint
-from transplant.render import human_bytes
-from transplant.sources import open_donor
+from transplant.core.manifest import Endpoint
+from transplant.cli.render import human_bytes
+from transplant.donor.sources import open_donor
 
 from .run import OVERLAY
 from .workload import build_venv, differing_files

@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
-from transplant.hosts import HostSpec, connect  # noqa: E402
-from transplant.manifest import ServeCheck, ServerArgsCheck, VerifySettings  # noqa: E402
-from transplant.probing import take_inventory  # noqa: E402
-from transplant.render import stages_table, verify_json, verify_junit  # noqa: E402
-from transplant.verdicts import overall_ok  # noqa: E402
-from transplant.verify import run_stages  # noqa: E402
+from transplant.hosts.host import HostSpec, connect  # noqa: E402
+from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings  # noqa: E402
+from transplant.hosts.probing import take_inventory  # noqa: E402
+from transplant.cli.render import stages_table, verify_json, verify_junit  # noqa: E402
+from transplant.verify.judges import overall_ok  # noqa: E402
+from transplant.verify.runner import run_stages  # noqa: E402
 
 OVERLAY = ("torch", "triton", "nvidia-*", "sgl-kernel", "sglang-kernel", "sglang", "flashinfer-python",
            "flashinfer-cubin", "flashinfer-jit-cache")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from transplant.hosts import HostSpec, SSHHost, SSHOptions, connect
+from transplant.hosts.host import HostSpec, SSHHost, SSHOptions, connect
 from transplant.lab import Lab
 
 

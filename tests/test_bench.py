@@ -7,7 +7,7 @@ import json
 import textwrap
 
 from bench.workload import SITE, build_venv, differing_files, distributions
-from transplant.cli import main
+from transplant.cli.app import main
 
 
 def test_workload_plan_moves_exactly_the_differing_files(tmp_path, monkeypatch, capsys):

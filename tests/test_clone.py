@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from transplant.cli import main
+from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel
 
 SITE = "lib/python3.11/site-packages"
@@ -533,7 +533,7 @@ def test_manifest_target_base_clones_then_overlays(tmp_path, capsys):
 def test_verify_passes_on_a_clone_of_the_demo_target(lab, tmp_path, capsys):
     """The demo's real target venv (torch 2.13.0 CPU, sglang 0.5.9, flashinfer; 1.9 GB) cloned on one
     loopback host; ``transplant verify`` with the clone as target and its source as the reference."""
-    from transplant import demo
+    from transplant.cli.commands import demo
     from transplant.lab import Lab
 
     srv = demo.build_demo_venv("target", demo._cache_root())

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from docs import dist, document
-from transplant.closure import closure, expand
+from inventory_docs import dist, document
+from transplant.core.closure import closure, expand
 from transplant.errors import ManifestError
-from transplant.inventory import parse_inventory
-from transplant.manifest import parse_manifest
-from transplant.planner import plan
+from transplant.core.inventory import parse_inventory
+from transplant.core.manifest import parse_manifest
+from transplant.core.planner import plan
 
 
 def inv(prefix, dists, python="3.11.7"):

@@ -58,7 +58,8 @@ def test_demo_replays_the_story(lab):
 
 def test_smoke_with_device_cuda_fails_without_a_gpu(lab):
     """The smoke script itself, in the demo's real torch venv: cuda asked for, no GPU here -> fail, with why."""
-    from transplant import demo, remote
+    from transplant import remote
+    from transplant.cli.commands import demo
 
     srv = demo.build_demo_venv("target", demo._cache_root())
     script = 'mount --bind "$1" /srv && shift && exec "$@"'

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from transplant.cli import main
+from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel
 
 VENV = "/srv/e2e-venv"

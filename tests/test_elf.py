@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from transplant.binaries import DeviceCode
-from transplant.elfscan import elftools_sources, read_elf_facts
+from transplant.core.elf_facts import DeviceCode
+from transplant.hosts.elf_facts import elftools_sources, read_elf_facts
 from transplant.errors import HostError
-from transplant.hosts import LocalHost
+from transplant.hosts.host import LocalHost
 from transplant.lab.wheels import make_venv
-from transplant.probing import run_script
+from transplant.hosts.probing import run_script
 
 FATBIN = Path(__file__).parent / "data" / "fatbin"
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"

@@ -1,4 +1,4 @@
-"""transplant/data/families.json against the registry: every release the table names exists.
+"""transplant/core/data/families.json against the registry: every release the table names exists.
 
 The listing is tests/data/registry-listing.json, written by scripts/registry-listing from
 ``pip --isolated index versions`` (date and command in the file). An entry the registry
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from transplant.tables import family_table
+from transplant.core.data import family_table
 
 LISTING = json.loads((Path(__file__).parent / "data" / "registry-listing.json").read_text(encoding="utf-8"))
 COMPANIONS = ("torchvision", "torchaudio", "triton")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from transplant.errors import HostError
-from transplant.hosts import LOCAL, HostSpec, LocalHost, SSHHost, SSHOptions, connect
-from transplant.transfer import TransferResult, check_relpath, copy_files
+from transplant.hosts.host import LOCAL, HostSpec, LocalHost, SSHHost, SSHOptions, connect
+from transplant.hosts.transfer import TransferResult, check_relpath, copy_files
 
 # -- HostSpec (pure) -------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from transplant.cli import main
+from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel, make_venv
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from transplant.errors import HostError, TransplantError
-from transplant.hosts import HostSpec, SSHOptions, connect
+from transplant.hosts.host import HostSpec, SSHOptions, connect
 
 pytestmark = pytest.mark.hosts
 

@@ -18,12 +18,12 @@ from xml.etree import ElementTree
 import pytest
 from packaging.version import Version
 
-from transplant.cli import main
-from transplant.hosts import HostSpec, connect
+from transplant.cli.app import main
+from transplant.hosts.host import HostSpec, connect
 from transplant.lab.wheels import build_wheel, make_venv
-from transplant.manifest import ServeCheck, VerifySettings
-from transplant.probing import take_inventory
-from transplant.verify import run_stages
+from transplant.core.manifest import ServeCheck, VerifySettings
+from transplant.hosts.probing import take_inventory
+from transplant.verify.runner import run_stages
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 

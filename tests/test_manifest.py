@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from transplant.errors import ManifestError
-from transplant.files import load_manifest
-from transplant.manifest import normalize_pattern
+from transplant.controller.documents import load_manifest
+from transplant.core.manifest import normalize_pattern
 
 GOOD = """\
 version: 1

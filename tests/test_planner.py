@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from docs import SITE, digest, dist, document
-from transplant.inventory import parse_inventory
-from transplant.manifest import parse_manifest
-from transplant.model import plan_from_dict
-from transplant.planner import PatchFile, plan
+from inventory_docs import SITE, digest, dist, document
+from transplant.core.inventory import parse_inventory
+from transplant.core.manifest import parse_manifest
+from transplant.core.plan import plan_from_dict
+from transplant.core.planner import PatchFile, plan
 
 GOLDEN = Path(__file__).parent / "golden"
 DONOR, TARGET = "/root/venv_sglang", "/root/venv_sglang"
@@ -208,7 +208,7 @@ def test_overlay_that_breaks_a_target_distribution_is_an_error():
 
 
 def test_without_a_reference_every_unmet_requirement_is_an_error():
-    from transplant.checks import requirement_findings
+    from transplant.core.findings import requirement_findings
 
     env = inv([dist("a", "1", {"a.py": "a"}, requires=["b>=2", "c"])], "t", prefix=TARGET).by_name()
     after = {n: ds[0] for n, ds in env.items()}

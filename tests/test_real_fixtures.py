@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from transplant.lab.realstacks import load
-from transplant.planner import plan
+from transplant.core.planner import plan
 
 DATA = Path(__file__).parent / "data" / "real"
 GOLDEN = Path(__file__).parent / "golden"
@@ -94,9 +94,9 @@ def test_after_apply_no_error_and_no_drift():
 def test_closure_of_sglang_reproduces_the_calibrated_overlay():
     """The overlay a person reached by following the forward plan's hints for five rounds is the
     story's names plus sglang 0.5.23's closure: computed, it is exactly that set."""
-    from transplant.closure import closure
+    from transplant.core.closure import closure
     from transplant.lab.realstacks import CALIBRATED_OVERLAY, OVERLAY
-    from transplant.planner import selected_names
+    from transplant.core.planner import selected_names
 
     recorded = load(DATA / "forward.json.gz")
     donor, target = recorded.donor, recorded.target
@@ -117,10 +117,10 @@ def test_closure_of_sglang_reproduces_the_calibrated_overlay():
 def test_init_draft_on_the_real_pair_is_the_calibrated_manifest():
     """init's draft from the recorded facts: sglang's closure, torchvision (its pair with the new
     torch), and the calibrated remove: list, with no error left that the donor satisfies."""
-    from transplant.init import draft
+    from transplant.core.starting_manifest import draft
     from transplant.lab.realstacks import CALIBRATED_REMOVE
-    from transplant.manifest import parse_manifest
-    from transplant.planner import selected_names
+    from transplant.core.manifest import parse_manifest
+    from transplant.core.planner import selected_names
 
     recorded = load(DATA / "forward.json.gz")
     d = draft(recorded.donor, recorded.target, ["sglang"], donor_at={"host": "local", "venv": "/d"},
@@ -143,8 +143,8 @@ def test_the_seed_manifest_with_closures_plans_clean_on_the_real_pair():
     import yaml
 
     from transplant.lab.realstacks import CALIBRATED_OVERLAY
-    from transplant.manifest import parse_manifest
-    from transplant.planner import selected_names
+    from transplant.core.manifest import parse_manifest
+    from transplant.core.planner import selected_names
 
     path = Path(__file__).parent.parent / "manifests" / "seed-migration.yaml"
     recorded = load(DATA / "forward.json.gz")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from docs import digest
+from inventory_docs import digest
 from transplant.remote import applier, probe
 
 SITE = "lib/python3.11/site-packages"

@@ -10,8 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from transplant.hosts import LocalHost
-from transplant.transfer import clean_dead_relays, copy_files, relay_prefix
+from transplant.hosts.host import LocalHost
+from transplant.hosts.transfer import clean_dead_relays, copy_files, relay_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ def _relay_of_a_killed_controller(staging: Path) -> Path:
     """A process makes its relay folder (with a file) as a transfer does, then is SIGKILLed."""
     code = textwrap.dedent(f"""\
         import os, sys, tempfile
-        from transplant.transfer import relay_prefix
+        from transplant.hosts.transfer import relay_prefix
         relay = tempfile.mkdtemp(prefix=relay_prefix(), dir={str(staging)!r})
         open(os.path.join(relay, "half-copied.bin"), "wb").write(b"x" * 4096)
         print(relay, flush=True)

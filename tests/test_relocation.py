@@ -11,8 +11,8 @@ import pytest
 
 from transplant import remote
 from transplant.errors import ManifestError
-from transplant.manifest import parse_manifest
-from transplant.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, outside_venv, judge,
+from transplant.core.manifest import parse_manifest
+from transplant.core.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, outside_venv, judge,
                                    preflight, relocatable_kind)
 
 OLD, NEW = "/srv/venv", "/opt/clones/venv-b"

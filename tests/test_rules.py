@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from docs import SITE, digest, dist, document
-from transplant.binaries import DeviceCode, ElfFacts, ElfReport, LibraryVersions
-from transplant.inventory import parse_inventory
-from transplant.manifest import parse_manifest
-from transplant.planner import PatchFile, plan
-from transplant.rules.cudarules import covers
+from inventory_docs import SITE, digest, dist, document
+from transplant.core.elf_facts import DeviceCode, ElfFacts, ElfReport, LibraryVersions
+from transplant.core.inventory import parse_inventory
+from transplant.core.manifest import parse_manifest
+from transplant.core.planner import PatchFile, plan
+from transplant.core.rules.cudarules import covers
 
 DONOR, TARGET = "/donor/venv", "/target/venv"
 NV_H100 = {"available": True, "driver_version": "580.95.05", "cuda_version": "13.0",
@@ -224,7 +224,7 @@ def test_cuda_major_of_a_staying_library_identical_to_the_donors_is_info():
 
 
 def test_relocated_console_scripts_do_not_make_a_distribution_differ_from_the_donors():
-    from transplant.rules.env import EnvironmentAfter
+    from transplant.core.rules.env import EnvironmentAfter
 
     donor = inv([dist("torch", "2.14.1", {"t.py": "t"}, scripts={"torchrun": f"#!{DONOR}/bin/python\nrun()\n"})], DONOR)
     target = inv([dist("torch", "2.14.1", {"t.py": "t"}, scripts={"torchrun": f"#!{TARGET}/bin/python\nrun()\n"})],
@@ -729,6 +729,6 @@ SH_CLOSE = "' " + "'" * 3  # pip's form has three lines; the third closes line 2
      f"#!/bin/sh\n{SH_EXEC} /t/bin/python \"$0\" \"$@\"\n{SH_CLOSE}\n"),
 ])
 def test_shebang_rewrites(head, target, want):
-    from transplant.rules.venvfiles import rewritten_head
+    from transplant.core.rules.venvfiles import rewritten_head
 
     assert rewritten_head(head, DONOR, target) == want

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from docs import SITE as DOC_SITE, dist, document
-from transplant.cli import main
+from inventory_docs import SITE as DOC_SITE, dist, document
+from transplant.cli.app import main
 from transplant.errors import ManifestError
-from transplant.files import load_manifest
-from transplant.inventory import parse_inventory
+from transplant.controller.documents import load_manifest
+from transplant.core.inventory import parse_inventory
 from transplant.lab.wheels import build_wheel, make_venv
-from transplant.manifest import parse_manifest
-from transplant.planner import plan, pyc_source
+from transplant.core.manifest import parse_manifest
+from transplant.core.planner import plan, pyc_source
 
 SITE = "lib/python3.11/site-packages"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from transplant.cli import main
+from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel, make_venv
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from transplant.cli import main
+from transplant.cli.app import main
 from transplant.lab import Lab
 from transplant.lab.wheels import build_wheel
 
@@ -169,7 +169,7 @@ def test_tampered_store_file_is_a_hash_mismatch_and_nothing_changes(snaplab, tmp
     snap = snapshot(capsys, write_manifest(tmp_path, lab), store)
     index = json.loads(Path(snap["path"]).read_text())
     digest = index["files"][f"{SITE}/alpha/libdevice.so"]["hash"]
-    from transplant.store import object_path
+    from transplant.donor.store import object_path
 
     victim = object_path(store, digest)
     os.chmod(victim, 0o644)
@@ -231,7 +231,7 @@ def test_prune_keeps_what_a_snapshot_still_uses(snaplab, tmp_path, capsys):
     left = {p.name for p in (store / "objects").glob("*/*")}
     assert left < every, "beta's files went with the snapshot that alone used them"
     kept = json.loads(Path(one["path"]).read_text())
-    from transplant.store import object_key
+    from transplant.donor.store import object_key
 
     assert {object_key(f["hash"]) for f in kept["files"].values() if "hash" in f} <= left
     assert main(["snapshot", "--prune", one["id"], "--out", str(store)]) == 0

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from transplant import store as cas
-from transplant.hostspec import HostSpec
-from transplant.manifest import Endpoint
+from transplant.donor import store as cas
+from transplant.core.hostspec import HostSpec
+from transplant.core.manifest import Endpoint
 
 
 def record_hash(data: bytes) -> str:
@@ -25,8 +25,8 @@ OK = {"hash": record_hash(b"ok\n"), "size": 3, "mode": 0o644}
 
 def _index(store, sid: str, files: dict, patches: list | None = None):
     """Write a snapshot index the way capture does (with its own digest), objects for ``ok\\n``."""
-    from docs import dist, document
-    from transplant.snapshot import SNAPSHOT_SCHEMA, _index_digest
+    from inventory_docs import dist, document
+    from transplant.donor.snapshot import SNAPSHOT_SCHEMA, _index_digest
 
     src = store.parent / "src"
     src.write_bytes(b"ok\n")
@@ -52,7 +52,7 @@ def _index(store, sid: str, files: dict, patches: list | None = None):
     ({}, [{"local": "../../.bashrc", "dest": "x.py", "hash": OK["hash"], "size": 3}], "patches[0]"),
 ])
 def test_an_edited_index_with_a_valid_digest_is_refused_when_read(tmp_path, files, patches, problem):
-    from transplant.snapshot import SnapshotError, load_snapshot
+    from transplant.donor.snapshot import SnapshotError, load_snapshot
 
     path = _index(tmp_path / "store", "bad", files, patches)
     with pytest.raises(SnapshotError, match="damaged index") as info:
@@ -61,7 +61,7 @@ def test_an_edited_index_with_a_valid_digest_is_refused_when_read(tmp_path, file
 
 
 def test_view_drops_setuid_bits(tmp_path):
-    from transplant.snapshot import SnapshotSource, load_snapshot
+    from transplant.donor.snapshot import SnapshotSource, load_snapshot
 
     path = _index(tmp_path / "store", "s", {"alpha/x.py": {**OK, "mode": 0o4755}})
     with SnapshotSource(load_snapshot(str(path))) as source:
@@ -70,7 +70,7 @@ def test_view_drops_setuid_bits(tmp_path):
 
 
 def test_prune_keeps_everything_when_an_index_is_damaged(tmp_path):
-    from transplant.snapshot import SnapshotError, prune
+    from transplant.donor.snapshot import SnapshotError, prune
 
     store = tmp_path / "store"
     _index(store, "good", {"alpha/x.py": OK})
@@ -89,7 +89,7 @@ def test_prune_keeps_everything_when_an_index_is_damaged(tmp_path):
 
 
 def test_prune_waits_for_a_capture_under_way(tmp_path):
-    from transplant.snapshot import prune
+    from transplant.donor.snapshot import prune
 
     store = tmp_path / "store"
     _index(store, "good", {"alpha/x.py": OK})
@@ -119,7 +119,7 @@ def _end(host: str, venv: str, port: int | None = None, user: str | None = "root
      "is the donor venv"),
 ])
 def test_fleet_refuses_duplicates_donors_and_bad_jobs(targets, donors, jobs, problem):
-    from transplant.fleet import FleetError, check_fleet
+    from transplant.fleet.run import FleetError, check_fleet
 
     with pytest.raises(FleetError) as info:
         check_fleet(targets, donors, jobs)
@@ -127,7 +127,7 @@ def test_fleet_refuses_duplicates_donors_and_bad_jobs(targets, donors, jobs, pro
 
 
 def test_fleet_workers_are_capped_by_the_targets():
-    from transplant.fleet import check_fleet
+    from transplant.fleet.run import check_fleet
 
     targets = [_end("127.0.0.2", "/v"), _end("127.0.0.2", "/w"), _end("127.0.0.3", "/v")]
     assert check_fleet(targets, [], 10**9) == 3
@@ -135,14 +135,14 @@ def test_fleet_workers_are_capped_by_the_targets():
 
 
 def test_one_target_raising_unexpectedly_does_not_hide_the_others(monkeypatch):
-    from transplant import fleet
+    from transplant.fleet import run as fleet
 
     def boom(host, ssh):
         if host.hostname == "127.0.0.3":
             raise RuntimeError("wires crossed")
         raise fleet.TransplantError("cannot reach it", hint="start sshd")
 
-    from transplant.manifest import parse_manifest
+    from transplant.core.manifest import parse_manifest
 
     monkeypatch.setattr(fleet, "connect", boom)
     manifest = parse_manifest({"version": 1, "overlay": ["alpha"], "donor": {"host": "root@127.0.0.9", "venv": "/v"},
@@ -167,7 +167,7 @@ GOOD_PATCH = {"venv_path": "lib/python3.11/site-packages/alpha/x.py", "local": "
     ("patches/x.py", "is not a file inside the venv"),
 ])
 def test_recover_refuses_a_hostile_recipe_before_reading_anything(patch, problem):
-    from transplant.recover import RecoverError, recorded_patches
+    from transplant.recover.rebuild import RecoverError, recorded_patches
 
     assert recorded_patches({"patches": [GOOD_PATCH]}, "h:/v") == [GOOD_PATCH]
     with pytest.raises(RecoverError, match=r"h:/v: the recorded recipe's patches\[1\] is refused") as info:
@@ -176,8 +176,8 @@ def test_recover_refuses_a_hostile_recipe_before_reading_anything(patch, problem
 
 
 def test_recover_from_a_snapshot_without_a_manifest_is_refused(tmp_path):
-    from transplant.recover import RecoverError, from_snapshot
-    from transplant.snapshot import load_snapshot
+    from transplant.recover.rebuild import RecoverError, from_snapshot
+    from transplant.donor.snapshot import load_snapshot
 
     snap = load_snapshot(str(_index(tmp_path / "store", "s", {"alpha/x.py": OK})))
     object.__setattr__(snap, "manifest", {"data": ["not", "a", "manifest"]})
@@ -191,7 +191,7 @@ def test_recover_from_a_snapshot_without_a_manifest_is_refused(tmp_path):
     ({"host": "h", "venv": "relative/v"}, "is not an absolute path"),
 ])
 def test_an_index_naming_a_bad_donor_is_refused(tmp_path, donor, problem):
-    from transplant.snapshot import SnapshotError, _index_digest, load_snapshot
+    from transplant.donor.snapshot import SnapshotError, _index_digest, load_snapshot
 
     path = _index(tmp_path / "store", "s", {"alpha/x.py": OK})
     doc = json.loads(path.read_text())
@@ -203,7 +203,7 @@ def test_an_index_naming_a_bad_donor_is_refused(tmp_path, donor, problem):
 
 
 def test_prune_leaves_stray_files_in_the_objects_folder_alone(tmp_path):
-    from transplant.snapshot import prune
+    from transplant.donor.snapshot import prune
 
     store = tmp_path / "store"
     _index(store, "good", {"alpha/x.py": OK})
@@ -221,7 +221,7 @@ def test_prune_leaves_stray_files_in_the_objects_folder_alone(tmp_path):
 
 
 def test_an_index_copied_out_of_its_store_is_refused_before_anything_is_written(tmp_path):
-    from transplant.snapshot import SnapshotError, load_snapshot
+    from transplant.donor.snapshot import SnapshotError, load_snapshot
 
     path = _index(tmp_path / "store", "s", {"alpha/x.py": OK})
     elsewhere = tmp_path / "home" / "copy.json"
@@ -235,7 +235,7 @@ def test_an_index_copied_out_of_its_store_is_refused_before_anything_is_written(
 
 
 def test_view_refuses_a_path_that_is_both_file_and_folder(tmp_path):
-    from transplant.snapshot import SnapshotError, SnapshotSource, load_snapshot
+    from transplant.donor.snapshot import SnapshotError, SnapshotSource, load_snapshot
 
     path = _index(tmp_path / "store", "s", {"alpha/x.py": OK, "alpha/x.py/y.py": OK})
     with SnapshotSource(load_snapshot(str(path))) as source:

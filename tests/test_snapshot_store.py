@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from transplant.errors import ManifestError
-from transplant.hostspec import HostSpec
-from transplant.manifest import Endpoint, SnapshotRef, parse_manifest
-from transplant import store as cas
+from transplant.core.hostspec import HostSpec
+from transplant.core.manifest import Endpoint, SnapshotRef, parse_manifest
+from transplant.donor import store as cas
 
 BASE = {"version": 1, "overlay": ["alpha"]}
 DONOR = {"host": "root@gpu-1", "venv": "/v"}
@@ -105,9 +105,9 @@ def test_bad_source_and_target_keys(data, problem):
 
 
 def _source(tmp_path, files: dict):
-    from docs import dist, document
-    from transplant.inventory import parse_inventory
-    from transplant.snapshot import Snapshot, SnapshotSource
+    from inventory_docs import dist, document
+    from transplant.core.inventory import parse_inventory
+    from transplant.donor.snapshot import Snapshot, SnapshotSource
 
     store = tmp_path / "store"
     src = tmp_path / "src"
@@ -120,7 +120,7 @@ def _source(tmp_path, files: dict):
 
 
 def test_view_refuses_paths_an_edited_index_would_write_outside_it(tmp_path):
-    from transplant.snapshot import SnapshotError
+    from transplant.donor.snapshot import SnapshotError
 
     ok = {"hash": record_hash(b"ok\n"), "size": 3, "mode": 0o644}
     outside = tmp_path / "outside"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from transplant import txn
-from transplant.cli import main
-from transplant.hosts import LocalHost
+from transplant.apply import txn
+from transplant.cli.app import main
+from transplant.hosts.host import LocalHost
 from transplant.lab.wheels import build_wheel, make_venv
 
 SITE = "lib/python3.11/site-packages"
@@ -356,7 +356,7 @@ def test_a_garbled_lock_is_reported_not_a_traceback(world, capsys, content):
 
 
 def test_a_donor_file_that_changes_between_plan_and_copy_is_caught_before_the_commit(world, monkeypatch, capsys):
-    import transplant.apply as apply_module
+    import transplant.apply.execute as apply_module
 
     venv, m = world["target"]("raced")
     donor_file = Path(m).parent / "donor" / SITE / "alpha" / "new.py"
@@ -394,7 +394,7 @@ def _rows(record: Path) -> list[tuple[bytes, list[str]]]:
 
 
 def _file_row(path: Path) -> list[str]:
-    from docs import digest
+    from inventory_docs import digest
 
     data = path.read_bytes()
     return [digest(data.decode()), str(len(data))]

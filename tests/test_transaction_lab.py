@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from transplant import txn
-from transplant.cli import main
-from transplant.hosts import HostSpec, connect
+from transplant.apply import txn
+from transplant.cli.app import main
+from transplant.hosts.host import HostSpec, connect
 from transplant.lab.wheels import build_wheel
 
 SITE = "lib/python3.11/site-packages"
@@ -96,7 +96,7 @@ def test_donor_sshd_killed_during_the_transfer(hosts, tmp_path, capsys):
 
 
 def _target(lab):
-    from transplant.hosts import SSHOptions
+    from transplant.hosts.host import SSHOptions
 
     options = SSHOptions(identity_file=lab.identity_file, known_hosts=lab.known_hosts, connect_timeout=5.0)
     return connect(HostSpec.parse(lab.hosts["target"].spec), options)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import transplant.cli as cli
-from transplant.cli import main
+import transplant.cli.app as cli
+from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel, make_venv
 
 SITE = "lib/python3.11/site-packages"
@@ -122,11 +122,11 @@ def test_a_plan_made_before_the_target_changed_is_refused_under_the_lock(pair, c
 def test_recover_takes_no_ssh_setting_from_the_recorded_recipe(pair, capsys, recorded):
     """The recipe in the source's history.jsonl is data read from that host: its ``ssh`` block,
     whatever it says, never reaches the recovery manifest; the controller's settings do."""
-    from transplant.files import load_manifest
-    from transplant.hosts import LocalHost
-    from transplant.manifest import Endpoint
-    from transplant.hostspec import HostSpec
-    from transplant.recover import from_history
+    from transplant.controller.documents import load_manifest
+    from transplant.hosts.host import LocalHost
+    from transplant.core.manifest import Endpoint
+    from transplant.core.hostspec import HostSpec
+    from transplant.recover.rebuild import from_history
 
     tmp_path = pair
     assert main(["apply", str(tmp_path / "m.yaml"), "--yes", "--verify"]) == 0, capsys.readouterr().out
@@ -153,7 +153,7 @@ def test_recover_takes_no_ssh_setting_from_the_recorded_recipe(pair, capsys, rec
 @pytest.mark.parametrize("text", ["root\n@127.0.0.1", "root@127.0.0.1\n", "root@[::1\n]", "root@[::1]\n",
                                   "ro\not@127.0.0.1", "root@127.0.0.1:22\n"])
 def test_a_host_with_a_trailing_or_inner_newline_is_refused(text):
-    from transplant.hostspec import HostSpec
+    from transplant.core.hostspec import HostSpec
 
     with pytest.raises(ValueError):
         HostSpec.parse(text)
@@ -318,7 +318,7 @@ def _rsh_hostname(host) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("known", ["changed", "absent"])
 def test_checking_off_still_refuses_a_changed_key_and_says_it_is_off(lab, ssh_options, tmp_path, capfd, known):
     from transplant.errors import HostError
-    from transplant.hosts import HostSpec, SSHHost, SSHOptions
+    from transplant.hosts.host import HostSpec, SSHHost, SSHOptions
 
     donor = lab.hosts["donor"]
     file = tmp_path / "known_hosts"
@@ -355,7 +355,7 @@ def test_checking_off_still_refuses_a_changed_key_and_says_it_is_off(lab, ssh_op
 ], ids=["revoked-host-key", "revoked-other-key", "ca-for-other-hosts", "ca-only", "mixed"])
 def test_known_hosts_markers_are_honoured_not_a_traceback(lab, ssh_options, tmp_path, lines, refused):
     from transplant.errors import HostError
-    from transplant.hosts import HostSpec, SSHHost, SSHOptions
+    from transplant.hosts.host import HostSpec, SSHHost, SSHOptions
 
     donor = lab.hosts["donor"]
     words = {"donor": _key_of(lab, "donor"), "other": _other_key(tmp_path),

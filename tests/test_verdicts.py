@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from transplant.model import Finding
-from transplant.verdicts import (StageResult, expect_matches, judge_imports, judge_requirements, judge_server_args,
+from transplant.core.plan import Finding
+from transplant.verify.judges import (StageResult, expect_matches, judge_imports, judge_requirements, judge_server_args,
                                  judge_smoke, overall_ok)
 
 
@@ -72,9 +72,9 @@ def test_requirements_and_overall():
 
 # --- the ladder's later stages (plain data) ---
 
-from transplant import judges, ladder  # noqa: E402
-from transplant.inventory import Distribution, FileEntry  # noqa: E402
-from transplant.render import verify_junit  # noqa: E402
+from transplant.verify import judges_later as judges, ladder  # noqa: E402
+from transplant.core.inventory import Distribution, FileEntry  # noqa: E402
+from transplant.cli.render import verify_junit  # noqa: E402
 
 
 def _dist(name, top_level=(), paths=()):
@@ -262,7 +262,7 @@ def test_junit_counts_skips_apart_from_passes():
 def test_history_table_says_whether_each_verify_passed():
     from rich.console import Console
 
-    from transplant.render import history_table
+    from transplant.cli.render import history_table
 
     events = [{"id": "t1", "event": "applied", "time": 0},
               {"id": "t1", "event": "verified", "ok": False, "time": 60},
@@ -380,7 +380,7 @@ def test_extension_modules_are_not_libraries_for_provenance():
 # --- what the donor shares is not the transplant's fault ------------------------------------
 
 def test_an_import_failing_the_same_way_on_the_donor_is_a_warning():
-    from transplant.ladder import donor_shared_imports
+    from transplant.verify.ladder import donor_shared_imports
 
     target = {"imports": [{"name": "torch", "ok": True, "version": "2.14.1"},
                           {"name": "deep_ep", "ok": False, "error": "ImportError: The NVIDIA driver does not expose "
@@ -402,7 +402,7 @@ def test_an_import_failing_the_same_way_on_the_donor_is_a_warning():
 
 
 def test_a_shared_object_failing_the_same_way_on_the_donor_is_a_warning():
-    from transplant.ladder import donor_shared_objects, judge_native
+    from transplant.verify.ladder import donor_shared_objects, judge_native
 
     venv, donor_venv = "/t/venv", "/d/venv"
     bridge = "lib/python3.11/site-packages/cuda/core/_tensor_bridge.so"

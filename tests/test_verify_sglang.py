@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from transplant import demo
-from transplant.hosts import HostSpec, connect
+from transplant.cli.commands import demo
+from transplant.hosts.host import HostSpec, connect
 from transplant.lab.wheels import make_venv
-from transplant.manifest import ServerArgsCheck, VerifySettings
-from transplant.verify import run_stages
+from transplant.core.manifest import ServerArgsCheck, VerifySettings
+from transplant.verify.runner import run_stages
 
 EXTRAS = Path(__file__).resolve().parent / "data" / "resolve-extras.txt"
 
@@ -102,7 +102,7 @@ def resolving_venv(venvs, tmp_path_factory):
 
 
 def _tiny_model(folder: Path) -> Path:
-    spec = importlib.util.spec_from_file_location("stage_serve", Path(demo.__file__).parent / "remote" / "stage_serve.py")
+    spec = importlib.util.spec_from_file_location("stage_serve", Path(demo.__file__).parents[2] / "remote" / "stage_serve.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.write_model(str(folder), module.TINY)

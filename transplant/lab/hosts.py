@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..errors import TransplantError
+from transplant.errors import TransplantError
 
 __all__ = ["Lab", "LabHost", "check_requirements", "INSTALL_HINT"]
 
@@ -183,7 +183,7 @@ class LabHost:
 
     @property
     def spec(self) -> str:
-        """``root@ADDRESS:PORT``, for :meth:`transplant.hosts.HostSpec.parse`."""
+        """``root@ADDRESS:PORT``, for :meth:`transplant.hosts.host.HostSpec.parse`."""
         return f"root@{self.address}:{self.port}"
 
     def __repr__(self) -> str:

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..binaries import ELF_SCHEMA, ElfReport, parse_elf_report
-from ..inventory import Inventory, parse_inventory
-from ..manifest import Manifest, parse_manifest
+from transplant.core.elf_facts import ELF_SCHEMA, ElfReport, parse_elf_report
+from transplant.core.inventory import Inventory, parse_inventory
+from transplant.core.manifest import Manifest, parse_manifest
 
 __all__ = ["SCHEMA", "OVERLAY", "REVERSE_OVERLAY", "REMOVE", "CALIBRATED_OVERLAY", "CALIBRATED_REMOVE", "SERVER_ARGS", "scenario_manifest", "elf_document", "record",
            "load", "Recorded", "trim", "untrim", "manifest_data"]
@@ -86,7 +86,7 @@ def scenario_manifest(donor: str, target: str, *, overlay: list[str] | None = No
 
 
 def elf_document(report: ElfReport) -> dict[str, Any]:
-    """The ``transplant.elf/1`` document :func:`transplant.binaries.parse_elf_report` reads back
+    """The ``transplant.elf/1`` document :func:`transplant.core.elf_facts.parse_elf_report` reads back
     into ``report`` (its inverse)."""
     files = {}
     for rel, f in report.files.items():
@@ -101,7 +101,7 @@ def elf_document(report: ElfReport) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Recorded:
-    """One recorded scenario, parsed: what :func:`transplant.planner.plan` takes."""
+    """One recorded scenario, parsed: what :func:`transplant.core.planner.plan` takes."""
 
     scenario: str
     manifest: Manifest
@@ -199,8 +199,8 @@ def record(manifest: Manifest, scenario: str, out: Path) -> Path:
 
     :raises HostError: a venv's python does not run.
     """
-    from ..gather import gather
-    from ..hosts import LocalHost
+    from transplant.hosts.gather import gather
+    from transplant.hosts.host import LocalHost
 
     facts = gather(manifest, LocalHost(), LocalHost())
     doc = {"schema": SCHEMA, "scenario": scenario, "recorded": time.strftime("%Y-%m-%d"),

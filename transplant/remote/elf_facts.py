@@ -39,7 +39,7 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
 
 Design rules: Python 3.9+, standard library plus the pyelftools source it is sent,
 never writes anything. The controller parses the reply with
-:func:`transplant.binaries.parse_elf_report`; it never imports this module.
+:func:`transplant.core.elf_facts.parse_elf_report`; it never imports this module.
 """
 
 import ctypes
@@ -58,7 +58,7 @@ __all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_ent
 
 SCHEMA = "transplant.elf/1"
 ORIGIN = "<transplant>/"
-#: Same pattern as ``transplant.binaries._TORCH`` (c10, at, torch, caffe2 namespaces).
+#: Same pattern as ``transplant.core.elf_facts._TORCH`` (c10, at, torch, caffe2 namespaces).
 TORCH_SYMBOL = re.compile(r"^_Z(?:T[VIS])?N[rVKRO]*(?:3c10|2at|5torch|6caffe2)")
 TORCH_LIBS = ("libtorch", "libc10")
 

@@ -27,7 +27,7 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), never writes anything. The
-controller parses the output with :func:`transplant.inventory.parse_inventory`; it never
+controller parses the output with :func:`transplant.core.inventory.parse_inventory`; it never
 imports this module's functions at run time on the controller.
 """
 

@@ -1,0 +1,1 @@
+"""Apply a plan as a transaction on the target (edge)."""

@@ -1,0 +1,344 @@
+"""Apply a plan to the target as a transaction (edge).
+
+The target is locked; new files are staged inside the venv's state folder
+(``<venv>/.transplant/txn/<id>/staged``) and only then renamed into place, in the order
+of :func:`transplant.core.promised_state.transaction_steps` (per distribution the dist-info last), each
+replaced or removed file kept as a hardlink backup; last, every path the plan touched is
+hashed again and must equal the planned state hash for hash. An interrupted transaction
+is finished (``--resume``) or undone (``--rollback``) by :mod:`transplant.apply.txn`; every
+transaction stays recorded in ``<venv>/.transplant/`` for ``transplant history`` and
+``transplant rollback``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from transplant.errors import TransplantError
+from transplant.hosts.host import Host, LocalHost
+from transplant.core.inventory import inside_path, protected_path
+from transplant.hosts.probing import take_inventory
+from transplant.core.plan import Plan
+from transplant.apply import txn
+from transplant.core.promised_state import expected_state, transaction_steps
+from transplant.hosts.transfer import copy_files
+
+__all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "default_state_dir", "new_transaction_id"]
+
+Progress = Callable[[str, int, int], None]
+
+
+class ApplyError(TransplantError):
+    """Apply failed; ``mismatches`` lists the files that differ from the plan, if any."""
+
+    def __init__(self, message: str, *, hint: str | None = None, mismatches: list[str] | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.mismatches = mismatches or []
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyResult:
+    """What apply did: files and bytes copied (bytes as rsync moved them), files removed, seconds,
+    and ``steps``: (step name, seconds) for the transfer, the removals and the final check."""
+
+    transaction: str
+    files_copied: int
+    bytes_moved: int
+    files_removed: int
+    seconds: float
+    steps: tuple[tuple[str, float], ...] = ()
+
+
+def check_plan_paths(plan: Plan, manifest_dir: Path) -> None:
+    """Refuse a plan with any path that leaves its root, before anything is written.
+
+    Every copied and removed path must be relative to the venv and stay inside it once
+    normalised; every patch source must be a regular file inside the manifest's folder
+    (symlinks resolved).
+
+    :raises ApplyError: naming the first bad path and the change it belongs to.
+    """
+    base = manifest_dir.resolve()
+    for change in plan.changes:
+        paths = [c.path for c in change.copy] + list(change.remove)
+        if change.dist_info is not None:
+            paths.append(change.dist_info)
+        for path in paths:
+            if inside_path(path) != path:
+                raise ApplyError(f"refusing the plan: {change.name}: path {path!r} is not a normalised path "
+                                 f"inside the venv", hint=_REPLAN)
+            if protected_path(path):
+                raise ApplyError(f"refusing the plan: {change.name}: path {path!r} is part of the venv itself",
+                                 hint=_REPLAN)
+        for copy in change.copy:
+            if copy.source == "donor":
+                continue
+            if copy.source != "patch" or copy.local is None or inside_path(copy.local) != copy.local:
+                raise ApplyError(f"refusing the plan: {change.name}: bad patch source {copy.local!r}", hint=_REPLAN)
+            source = (base / copy.local).resolve()
+            if base not in source.parents or not source.is_file():
+                raise ApplyError(f"refusing the plan: patch source {copy.local!r} is not a file inside {base}",
+                                 hint=_REPLAN)
+
+
+_REPLAN = "make a fresh plan from the manifest: transplant plan MANIFEST --out plan.json"
+
+
+def _stage_patches(plan: Plan, manifest_dir: Path, staging: Path) -> list[str]:
+    paths = []
+    for change in plan.changes:
+        for copy in change.copy:
+            if copy.source != "patch" or copy.local is None:
+                continue
+            source = (manifest_dir / copy.local).resolve()
+            dest = staging / copy.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest)
+            paths.append(copy.path)
+    return paths
+
+
+def new_transaction_id() -> str:
+    """``20261130T143000Z-1a2b3c4d``: sorts by time, unique per apply."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+def execute(
+    plan: Plan,
+    *,
+    donor: Host,
+    target: Host,
+    manifest_dir: Path,
+    state_dir: Path,
+    progress: Progress | None = None,
+    timeout: float | None = None,
+    say: Callable[[str], None] = lambda _line: None,
+    break_lock: bool = False,
+    crash_after: int | None = None,
+    orphan_at: int | None = None,
+    donor_root: str | None = None,
+    recipe: dict | None = None,
+) -> ApplyResult:
+    """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
+
+    Lock the target; record the outcome of a commit its host script completed after its
+    controller died (:func:`transplant.apply.txn.record_completed`, said through ``say``); refuse
+    while an earlier transaction there is interrupted, and refuse a
+    stale plan (the target, probed again as the plan read it, has another fingerprint); check free
+    space and writability and record the state before (nothing is written before these
+    pass); copy every new file into the transaction's staging folder inside the venv's
+    state folder (rsync); rewrite console-script shebangs there, and set those scripts'
+    rows in their staged RECORD to the files as written (sha256 and size); then commit: the
+    ordered renames and removals of :func:`transplant.core.promised_state.transaction_steps`, each
+    replaced or removed file kept as a hardlink backup. Last, every touched path is
+    hashed again and must equal the plan. A failure before the commit discards the
+    staging (the live venv never changed); a failure during it leaves a transaction that
+    ``apply --resume`` finishes or ``apply --rollback`` undoes.
+
+    :param donor: connected donor host; :param target: connected target host.
+    :param manifest_dir: folder the patch sources are relative to.
+    :param state_dir: the controller's state folder (staging for relayed copies).
+    :param progress: called with (step name, bytes done, bytes in all).
+    :param timeout: seconds for each transfer; None waits without limit.
+    :param say: called with a line for each notice (a stale lock broken).
+    :param break_lock: take the lock even when another controller holds it.
+    :param crash_after: testing hook: the commit kills itself (SIGKILL) before that step.
+    :param orphan_at: testing hook: the commit waits before that step until this process is
+        gone (a test kills it), then goes on alone.
+    :param donor_root: the folder on ``donor`` the files are read from; None: the plan's
+        donor venv (a snapshot's view folder on the controller otherwise).
+    :param recipe: what the target's history keeps of where this state came from (the
+        manifest as data, its patch files, the snapshot), for ``transplant status`` and
+        ``transplant recover``; None records none.
+    :raises ApplyError: a path in the plan leaves its root (checked before any write), the
+        target is no longer the one the plan was made against (checked under the lock,
+        before any write: a stale plan), the target lacks space or cannot be written (nothing changed), an earlier transaction
+        is interrupted, or the target differs from the plan afterwards (``mismatches``).
+    :raises TransactionError: the target is locked, or a transaction step failed.
+    :raises HostError: a host could not be reached or rsync failed (nothing changed).
+    """
+    check_plan_paths(plan, manifest_dir)
+    if plan.refused:
+        first = plan.refused[0]
+        raise ApplyError(f"{plan.target.label}: apply refused, whatever --force or accept: say: {first.message}",
+                         hint=first.hint)
+    started = time.monotonic()
+    txid = new_transaction_id()
+    venv = plan.target.venv
+    steps: list[tuple[str, float]] = []
+    mark = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        steps.append((name, now - mark))
+        mark = now
+
+    txn.acquire(target, venv, txid, f"transplant apply {plan.manifest}", say=say, break_lock=break_lock)
+    try:
+        pending = txn.interrupted(target, venv)
+        for completed in txn.record_completed(target, venv):
+            say(completed.describe())
+        if pending:
+            raise ApplyError(
+                f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
+                f"finish it or undo it first",
+                hint=f"transplant apply {shlex.quote(plan.manifest)} --resume   (or --rollback)")
+        _refuse_stale(plan, target)
+        expected = expected_state(plan)
+        order = transaction_steps(plan)
+        reply = txn.call(target, venv, "begin", {
+            "id": txid, "steps": order, "after": expected, "bytes": plan.copy_bytes,
+            "source": f"donor {plan.donor.label}"}, check=False)
+        if not reply.get("ok"):
+            raise _begin_error(plan, reply)
+        txn.call(target, venv, "record", {"entry": {
+            "id": txid, "event": "started", "time": time.time(), "source": f"donor {plan.donor.label}",
+            "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint,
+            **({"recipe": recipe} if recipe is not None else {})}})
+        try:
+            moved, copied = _stage(plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir,
+                                   state_dir, progress, timeout)
+            scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
+                       for c in plan.changes for cp in c.copy if cp.head is not None]
+            if scripts:
+                txn.call(target, venv, "heads", {"id": txid, "scripts": scripts})
+            records = [{"path": cp.path, "scripts": list(cp.record_scripts)}
+                       for c in plan.changes for cp in c.copy if cp.record_identity is not None]
+            if records:
+                txn.call(target, venv, "records", {"id": txid, "records": records})
+            links = [{"path": cp.path, "target": cp.link} for c in plan.changes for cp in c.copy if cp.link]
+            if links:
+                txn.call(target, venv, "links", {"id": txid, "links": links})
+            puts = {p: want for p, want in expected.items() if want is not None}
+            checked = txn.call(target, venv, "check", {"id": txid, "expect": puts}, check=False)
+            if not checked.get("ok"):
+                raise ApplyError(f"{plan.target.label}: {checked.get('error')}: the donor (or a patch) changed "
+                                 f"between plan and copy", hint="plan again, then apply",
+                                 mismatches=list(checked.get("differ") or []))
+        except BaseException as exc:
+            txn.call(target, venv, "discard", {"id": txid, "lock": txid}, check=False)
+            txn.call(target, venv, "record", {"entry": {"id": txid, "event": "aborted", "time": time.time()}},
+                     check=False)
+            if isinstance(exc, TransplantError):
+                raise ApplyError(f"{exc.message}\n(transaction {txid} was aborted before its commit: its staged "
+                                f"files were discarded and the live venv did not change)", hint=exc.hint,
+                                 mismatches=getattr(exc, "mismatches", None)) from exc
+            raise
+        lap("transfer")
+        extra = {key: value for key, value in (("crash_after", crash_after), ("orphan_at", orphan_at))
+                 if value is not None}
+        try:
+            done = txn.call(target, venv, "commit", {"id": txid, "lock": txid, **extra})
+        except TransplantError as exc:
+            raise TransplantError(f"{exc.message}\n(transaction {txid} is interrupted part-way through its commit)",
+                                  hint=_FINISH.format(manifest=shlex.quote(plan.manifest))) from exc
+        lap("commit")
+        mismatches = txn.check_state(target, venv, expected)
+        lap("check")
+        outcome = "applied" if not mismatches else "differs"
+        if mismatches:  # keep it interrupted: --rollback undoes it, --resume retries
+            txn.call(target, venv, "mark", {"id": txid, "state": "committing"})
+        txn.call(target, venv, "record", {"entry": {
+            "id": txid, "event": outcome, "time": time.time(), "files_copied": copied,
+            "files_removed": done.get("removed", 0)}})
+    finally:
+        txn.release(target, venv, txid)
+    if mismatches:
+        raise ApplyError(
+            f"{plan.target.label}: after apply, {len(mismatches)} files differ from the plan; transaction {txid} "
+            f"stays open", hint=_FINISH.format(manifest=shlex.quote(plan.manifest)), mismatches=mismatches)
+    return ApplyResult(transaction=txid, files_copied=copied, bytes_moved=moved,
+                       files_removed=int(done.get("removed", 0)), seconds=time.monotonic() - started,
+                       steps=tuple(steps))
+
+
+def _refuse_stale(plan: Plan, target: Host) -> None:
+    """Under the lock: the target must still be the one the plan was made against.
+
+    The target is probed again exactly as the plan read it (the overlaid distributions
+    hashed, the patch destinations, the texts the rules read; nothing else is hashed) and
+    its fingerprint compared with the plan's, so an apply that landed between plan and lock
+    (another manifest, a prompt left waiting) or a hand edit is never committed over.
+
+    :raises ApplyError: the target changed since the plan was made (nothing was written).
+    """
+    from transplant.donor.snapshot import TEXTS
+
+    now = take_inventory(target, plan.target.venv, hash_patterns=plan.hash_patterns, files=plan.patch_files,
+                         texts=TEXTS)
+    if now.fingerprint != plan.target.fingerprint:
+        manifest = shlex.quote(plan.manifest)
+        raise ApplyError(
+            f"{plan.target.label}: refusing a stale plan: the target changed since the plan was made (another apply "
+            f"landed, or its files were edited); nothing was changed",
+            hint=f"plan again against the target as it is now: transplant plan {manifest}   "
+                 f"(or apply the manifest again: transplant apply {manifest})")
+
+
+_FINISH = ("undo it: transplant apply {manifest} --rollback   (or finish it once the cause is fixed: "
+           "transplant apply {manifest} --resume)")
+
+
+def _begin_error(plan: Plan, reply: dict) -> ApplyError:
+    """The error for a transaction the target refused to begin (nothing was written)."""
+    if reply.get("error") == "not enough space":
+        from transplant.cli.render import human_bytes
+
+        return ApplyError(
+            f"{plan.target.label}: not enough space for the transaction: it needs {human_bytes(reply['needed'])} "
+            f"(the new files, staged beside the venv before any is renamed into place, plus a margin) and "
+            f"{human_bytes(reply['free'])} is free; nothing was changed",
+            hint="free space on the target's filesystem, then apply again")
+    if reply.get("unwritable"):
+        return ApplyError(f"{plan.target.label}: {reply['error']}; nothing was changed",
+                          hint="make those folders writable (or remount them read-write), then apply again")
+    return ApplyError(f"{plan.target.label}: the transaction could not begin: {reply.get('error')}; nothing was "
+                      f"changed")
+
+
+def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
+           progress: Progress | None, timeout: float | None) -> tuple[int, int]:
+    """Copy the plan's new files into the transaction's staging folder on the target;
+    returns (bytes on the wire, files)."""
+    staging = state_dir / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    donor_files = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
+    moved = copied = 0
+
+    def report(step: str) -> Callable[[int, int], None] | None:
+        return None if progress is None else (lambda done, total: progress(step, done, total))
+
+    if donor_files:
+        result = copy_files(donor, donor_root, target, staged, donor_files, staging=staging,
+                            progress=report("files"), timeout=timeout)
+        moved, copied = result.bytes, len(donor_files)
+    patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))
+    try:
+        patch_paths = _stage_patches(plan, manifest_dir, patch_dir)
+        if patch_paths:
+            result = copy_files(LocalHost(), str(patch_dir), target, staged, patch_paths, staging=staging,
+                                progress=report("patches"), timeout=timeout)
+            moved += result.bytes
+            copied += len(patch_paths)
+    finally:
+        shutil.rmtree(patch_dir, ignore_errors=True)
+    return moved, copied
+
+
+def default_state_dir() -> Path:
+    """The controller's state folder: ``$TRANSPLANT_STATE_DIR``, else ``$XDG_STATE_HOME/transplant``
+    (``~/.local/state/transplant``)."""
+    explicit = os.environ.get("TRANSPLANT_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "transplant"

@@ -1,0 +1,344 @@
+"""Transactions on the target (edge): the lock, interrupted transactions, resume, rollback
+and history, driving the ``applier`` host script (see :mod:`transplant.remote.applier`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from transplant.errors import TransplantError
+from transplant.hosts.host import Host
+from transplant.hosts.probing import run_script, take_inventory
+from transplant.core.promised_state import state_mismatches
+
+__all__ = [
+    "TransactionError",
+    "Holder",
+    "call",
+    "acquire",
+    "release",
+    "interrupted",
+    "finish",
+    "Completed",
+    "has_state",
+    "record_completed",
+    "unrecorded",
+    "OUTCOMES",
+    "check_state",
+    "history",
+    "undo",
+]
+
+Say = Callable[[str], None]
+
+
+class TransactionError(TransplantError):
+    """A transaction step failed or was refused; ``mismatches`` lists files that differ, if any."""
+
+    def __init__(self, message: str, *, hint: str | None = None, mismatches: list[str] | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.mismatches = mismatches or []
+
+
+def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: bool = True,
+         timeout: float | None = 3600.0) -> dict[str, Any]:
+    """Run one applier operation on the target and return its reply.
+
+    :param check: raise when the reply says ``ok: false``; False returns it for the caller.
+    :raises TransactionError: the operation failed (with ``check``).
+    :raises HostError: as :func:`transplant.hosts.probing.run_script`.
+    """
+    reply = run_script(host, venv, "applier", [op], request=dict(request), timeout=timeout)
+    if check and not reply.get("ok"):
+        raise TransactionError(f"{host.label}:{venv}: {op} failed: {reply.get('error')}")
+    return reply
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holder:
+    """Who holds a target's lock: transaction id, controller host name, its process id,
+    since when (seconds since the epoch) and the command; ``alive`` is False when the
+    holder ran on this controller and its process is gone, None when that cannot be told."""
+
+    id: str | None
+    controller: str | None
+    pid: int | None
+    since: float | None
+    command: str | None
+    alive: bool | None
+
+    def describe(self) -> str:
+        """One line for messages (control characters from the lock file shown escaped)."""
+        try:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since)) if self.since else "an unknown time"
+        except (OverflowError, OSError, ValueError):
+            when = "an unknown time"
+        who = _printable(f"transaction {self.id} ({self.command or 'transplant'}) from {self.controller} pid {self.pid}")
+        state = {True: "still running", False: "its process is gone", None: "on another controller"}[self.alive]
+        return f"{who}, since {when}; {state}"
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _holder(raw: Any) -> Holder | None:
+    """The lock's holder from the lock file's JSON; None when it is unreadable."""
+    if not isinstance(raw, Mapping) or raw.get("unreadable"):
+        return None
+    controller, pid, since = raw.get("controller"), raw.get("pid"), raw.get("since")
+    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**22 else None
+    since = since if isinstance(since, (int, float)) and not isinstance(since, bool) and 0 < since < 2**40 else None
+    alive = None
+    if controller == socket.gethostname() and pid is not None:
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+    text = (lambda v: str(v)[:200] if v is not None else None)
+    return Holder(id=text(raw.get("id")), controller=text(controller), pid=pid, since=since,
+                  command=text(raw.get("command")), alive=alive)
+
+
+def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_lock: bool = False) -> None:
+    """Take the target's lock for transaction ``txid``.
+
+    A lock whose holder ran on this controller and is gone is broken, and said so; one from
+    another controller (or unreadable) is refused unless ``break_lock``; one whose holder
+    still runs on this controller is refused even with ``break_lock``.
+
+    :raises TransactionError: the lock is held (the message names the holder and since when).
+    """
+    request = {"id": txid, "controller": socket.gethostname(), "pid": os.getpid(), "command": command}
+    label = f"{host.label}:{venv}"
+    reply = call(host, venv, "lock", request, check=False)
+    if reply.get("ok"):
+        return
+    if "held" not in reply:
+        raise TransactionError(f"{label}: cannot take the lock: {reply.get('error')}",
+                               hint="the venv's state folder must be writable (.transplant inside the venv)")
+    holder = _holder(reply.get("held"))
+    if break_lock and holder is not None and holder.alive is True:
+        raise TransactionError(
+            f"{label} is locked by an apply still running on this controller: {holder.describe()}; --break-lock "
+            f"breaks only the lock of a holder that is gone",
+            hint=f"wait for it to finish, or stop it first (kill {holder.pid}), then run the command again")
+    if (holder is not None and holder.alive is False) or break_lock:
+        why = "its holder is gone" if holder is not None and holder.alive is False else "--break-lock was given"
+        say(f"breaking the lock of {label} ({why}): {holder.describe() if holder else 'an unreadable lock file'}")
+        broke = call(host, venv, "break-lock", {"expect": holder.id if holder else None}, check=False)
+        if broke.get("ok") and call(host, venv, "lock", request, check=False).get("ok"):
+            return
+        reply = call(host, venv, "lock", request, check=False)
+        if reply.get("ok"):
+            return
+        holder = _holder(reply.get("held"))
+    raise TransactionError(
+        f"{label} is locked by another apply: {holder.describe() if holder else 'an unreadable lock file'}",
+        hint="wait for it to finish; if its controller is gone for good, add --break-lock",
+    )
+
+
+def release(host: Host, venv: str, txid: str) -> None:
+    """Give the lock back (only if ``txid`` holds it)."""
+    call(host, venv, "unlock", {"id": txid}, check=False)
+
+
+def interrupted(host: Host, venv: str, *, say: Say | None = None, wait: float = 600.0) -> list[dict[str, Any]]:
+    """Transactions on the target that started and did not end (``staging``, ``committing``,
+    ``rolling-back``), oldest first.
+
+    A commit or rollback still running there (its controller died, the host script lives
+    on) is waited for first, up to ``wait`` seconds, so nothing races it.
+
+    :raises TransactionError: it still runs after ``wait`` seconds.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        reply = call(host, venv, "pending", {})
+        if reply.get("active") is None:
+            return list(reply.get("interrupted", []))
+        if time.monotonic() > deadline:
+            raise TransactionError(f"{host.label}:{venv}: a commit or rollback (pid {reply['active']}) is still "
+                                   f"running there after {wait:g} s", hint="wait for it, then run the command again")
+        if say is not None:
+            say(f"waiting for the commit or rollback still running on {host.label} (pid {reply['active']})")
+            say = None
+        time.sleep(0.5)
+
+
+def has_state(host: Host, venv: str) -> bool:
+    """Whether the venv has a transplant state folder (``<venv>/.transplant``); asking creates none.
+
+    :raises TransactionError: the state folder is a symlink or not a folder.
+    """
+    return bool(call(host, venv, "pending", {}).get("exists", True))
+
+
+#: History events that end a transaction; a committed one without any was completed by its host
+#: script after its controller died (or its controller is recording it now).
+OUTCOMES = ("applied", "differs", "rolled-back", "aborted")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completed:
+    """A committed transaction whose outcome was missing from the history, now recorded:
+    ``outcome`` ``applied`` (the target matches its ``after.json``) or ``differs``
+    (``mismatches`` names the files), ``committed_at`` when its commit finished (seconds since
+    the epoch; None when its journal does not say)."""
+
+    id: str
+    outcome: str
+    mismatches: tuple[str, ...]
+    committed_at: float | None
+
+    def describe(self) -> str:
+        """One line for messages: what happened and what was recorded."""
+        when = ""
+        if self.committed_at is not None:
+            when = time.strftime(" at %Y-%m-%d %H:%M:%S UTC", time.gmtime(self.committed_at))
+        said = ("the target matches its planned state hash for hash" if self.outcome == "applied" else
+                f"{len(self.mismatches)} files differ from its planned state")
+        return (f"transaction {self.id} was completed on the target by its host script after the controller died"
+                f"{when}; recorded as {self.outcome}: {said}")
+
+
+def unrecorded(record: Mapping[str, Any]) -> list[str]:
+    """Ids of the committed transactions of a :func:`history` record that have no outcome event
+    (:data:`OUTCOMES`), oldest first: commits a host script completed after its controller died."""
+    ended = {e.get("id") for e in record["events"] if e.get("event") in OUTCOMES}
+    return [t["id"] for t in record["transactions"] if t.get("state") == "committed" and t["id"] not in ended]
+
+
+def record_completed(host: Host, venv: str) -> list[Completed]:
+    """Record the outcome of every committed transaction whose history has none (its host script
+    finished the commit after the controller that started it died), oldest first.
+
+    The target is checked hash for hash against the transaction's ``after.json`` (paths a later
+    committed transaction wrote again left out) and ``applied`` or ``differs`` is recorded, with
+    ``completed_by: "host"``, ``time`` when the commit finished (from its journal; else now) and
+    ``recorded`` (now). The transaction stays ``committed`` either way: ``transplant rollback``
+    undoes it. Call it holding the target's lock, after :func:`interrupted` (which waits for a
+    host script still running). A venv without a state folder is not touched.
+
+    :returns: the transactions recorded now; empty when none was missing its outcome.
+    :raises TransactionError: a transaction's records are damaged.
+    """
+    record = history(host, venv)
+    missing = set(unrecorded(record))
+    committed = [t["id"] for t in record["transactions"] if t.get("state") == "committed"]
+    done = []
+    for index, txid in enumerate(committed):
+        if txid not in missing:
+            continue
+        info = call(host, venv, "txn", {"id": txid})
+        later: set[str] = set()
+        for newer in committed[index + 1:]:
+            later.update(call(host, venv, "txn", {"id": newer})["after"])
+        expected = {p: h for p, h in info["after"].items() if p not in later}
+        mismatches = check_state(host, venv, expected) if expected else []
+        at = info.get("committed_at")
+        at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+        outcome = "differs" if mismatches else "applied"
+        now = time.time()
+        _record(host, venv, txid, outcome, completed_by="host", recorded=now, **({"time": at} if at else {}),
+                note="completed by the host script after its controller died; recorded later",
+                **({"mismatches": mismatches[:50]} if mismatches else {}))
+        done.append(Completed(id=txid, outcome=outcome, mismatches=tuple(mismatches), committed_at=at))
+    return done
+
+
+def check_state(host: Host, venv: str, expected: Mapping[str, str | None]) -> list[str]:
+    """Probe the paths of ``expected`` on the target; lines naming each one that differs."""
+    after = take_inventory(host, venv, files=sorted(expected), record=False)
+    return state_mismatches(expected, after)
+
+
+def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after: int | None = None) -> str:
+    """Resume (``how="resume"``) or roll back (``"rollback"``) an interrupted transaction,
+    then check the target hash for hash against the state it must reach.
+
+    A transaction still ``staging`` never changed a live file: either way it is discarded
+    (resuming means applying afresh). Returns the transaction's new state.
+
+    :param lock: the id of the lock the caller holds (see :func:`acquire`).
+
+    :raises TransactionError: the target differs afterwards (``mismatches`` names the files).
+    """
+    info = call(host, venv, "txn", {"id": txid})
+    extra = {"lock": lock, **({"crash_after": crash_after} if crash_after is not None else {})}
+    if info["state"] == "staging":
+        call(host, venv, "discard", {"id": txid, "lock": lock})
+        _record(host, venv, txid, "aborted", how=how)
+        return "aborted"
+    if how == "resume" and info["state"] in ("committing", "committed"):
+        call(host, venv, "commit", {"id": txid, **extra})
+        expected, outcome, ok_state, open_state = info["after"], "applied", "committed", "committing"
+    else:
+        call(host, venv, "rollback", {"id": txid, **extra})
+        expected, outcome, ok_state, open_state = info["before"], "rolled-back", "rolled-back", "rolling-back"
+    mismatches = check_state(host, venv, expected)
+    call(host, venv, "mark", {"id": txid, "state": open_state if mismatches else ok_state})
+    _record(host, venv, txid, outcome if not mismatches else "differs", how=how)
+    if mismatches:
+        raise TransactionError(
+            f"{host.label}:{venv}: after {how}, {len(mismatches)} files differ from the recorded state of transaction "
+            f"{txid}; it stays open", mismatches=mismatches,
+            hint="look at the files listed (their backups are in the venv's .transplant/txn/<id>/backup), then run "
+                 "the same command again")
+    return outcome
+
+
+def _record(host: Host, venv: str, txid: str, event: str, **fields: Any) -> None:
+    call(host, venv, "record", {"entry": {"id": txid, "event": event, "time": time.time(), **fields}})
+
+
+def history(host: Host, venv: str) -> dict[str, Any]:
+    """The target's transactions (id, state, source, created, steps) and its event log."""
+    reply = call(host, venv, "history", {})
+    return {"transactions": reply.get("transactions", []), "events": reply.get("events", [])}
+
+
+def undo(host: Host, venv: str, *, to: str | None, say: Say, lock: str, force: bool = False,
+         listing: str = "transplant history MANIFEST") -> list[str]:
+    """Roll back committed transactions, newest first: the newest one (``to`` None), or every
+    one after ``to``, so the target returns to the state recorded before them, hash for hash.
+
+    Before undoing one, its files must still be as it left them (else another change
+    happened since: refused unless ``force``).
+
+    :param listing: the command that lists the transactions, for the hint.
+    :returns: the ids rolled back.
+    :raises TransactionError: ``to`` is unknown, nothing to roll back, the target drifted,
+        or a rolled-back state differs from its record.
+    """
+    label = f"{host.label}:{venv}"
+    every = history(host, venv)["transactions"]
+    txns = [t for t in every if t["state"] == "committed"]
+    known = [t["id"] for t in every]
+    if to is not None and to not in known:
+        raise TransactionError(f"{label}: no transaction {to!r}", hint=f"list them: {listing}")
+    ids = [t["id"] for t in txns]
+    chosen = ids[-1:] if to is None else [i for i in ids if i > to]
+    if not chosen:
+        raise TransactionError(f"{label}: no committed transaction to roll back"
+                               + (f" after {to}" if to else ""))
+    done = []
+    for txid in reversed(chosen):
+        info = call(host, venv, "txn", {"id": txid})
+        drifted = check_state(host, venv, info["after"])
+        if drifted and not force:
+            raise TransactionError(
+                f"{label}: transaction {txid}'s files changed since it was applied; rolling it back would lose that",
+                hint="look at the files listed; add --force to roll back anyway", mismatches=drifted)
+        say(f"rolling back {txid}")
+        finish(host, venv, txid, "rollback", lock=lock)
+        done.append(txid)
+    return done

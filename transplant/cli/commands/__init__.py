@@ -1,0 +1,1 @@
+"""The commands of the command line (face), one module per command."""

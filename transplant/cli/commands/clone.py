@@ -1,0 +1,134 @@
+"""``transplant clone`` and apply's ``target.base`` step (face): run the clone, report what was
+rewritten and what still names the old prefix. The CLI's own module keeps only the wiring."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections import Counter
+from contextlib import ExitStack
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.text import Text
+
+from transplant.apply.execute import default_state_dir
+from transplant.clone.cloning import CloneResult, clone
+from transplant.errors import TransplantError
+from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.core.hostspec import HostSpec
+from transplant.core.manifest import Manifest
+from transplant.cli.render import human_bytes
+
+__all__ = ["clone_report", "clone_command", "clone_base", "pending_note", "saved_plan_refusal"]
+
+_SHOWN = 20
+
+
+def _names(paths: tuple[str, ...], limit: int = _SHOWN) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more (--json lists all)" if len(paths) > limit else "")
+
+
+def clone_report(console: Console, result: CloneResult) -> None:
+    """Print a clone's result: the copy, the edits by kind, warnings, and leftovers.
+
+    Text files and symlinks that still name the old prefix are printed as an error (the
+    command exits 3); binary files as a warning with their names, bytecode counted apart.
+    """
+    r, left = result.relocation, result.leftovers
+    kinds = Counter(e.kind for e in r.edits)
+    edited = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "no file"
+    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
+    say(f"copied {result.files} files ({human_bytes(result.bytes)}) from {result.source} to {result.dest} "
+        f"with {result.method}")
+    say(f"rewrote what named {r.old} ({edited}); repointed {len(r.links)} symlink(s); updated {len(result.records)} "
+        f"RECORD file(s) for the rewritten files")
+    for line in result.warnings:
+        console.print(Text.assemble(("warning: ", "yellow"), line))
+    other = tuple(p for p in left.binary if p not in left.bytecode)
+    if other:
+        console.print(Text.assemble(("warning: ", "yellow"), f"{len(other)} binary file(s) still contain {r.old}: "
+                                    f"{_names(other)}"))
+    if left.bytecode:
+        console.print(Text.assemble(("warning: ", "yellow"), f"{len(left.bytecode)} bytecode file(s) record "
+                                    f"{r.old} as their source path (Python corrects it at import): "
+                                    f"{_names(left.bytecode, 3)}"))
+    if left.errors:
+        if left.text:
+            console.print(Text.assemble(("error: ", "bold red"), f"{len(left.text)} text file(s) of the clone still "
+                                        f"name {r.old}: {_names(left.text)}"))
+        if left.links:
+            console.print(Text.assemble(("error: ", "bold red"), f"{len(left.links)} symlink(s) of the clone still "
+                                        f"point into {r.old}: {_names(left.links)}"))
+        console.print(Text.assemble(("hint: ", "bold"), f"edit those files in {r.new} so they name {r.new}, or "
+                                    f"delete the clone (rm -rf {shlex.quote(r.new)}) and fix them in the source first"))
+        return
+    console.print(Text.assemble(("cloned", "bold green"), f" in {result.seconds:.1f} s: no text file or symlink of "
+                                f"{result.dest} names {r.old}"))
+
+
+def clone_command(args: argparse.Namespace, console: Console,
+                  parse_location: Callable[[str], tuple[HostSpec, str]]) -> bool:
+    """``transplant clone SRC DEST [--replace] [--json]``.
+
+    :param parse_location: the CLI's ``HOST:VENV`` parser (raises its usage error).
+    :returns: True when no text file or symlink of the clone names the old prefix.
+    :raises TransplantError: as :func:`transplant.clone.cloning.clone`.
+    """
+    (src_spec, src_venv), (dst_spec, dst_venv) = parse_location(args.source), parse_location(args.dest)
+    options = SSHOptions.from_files(args.identity_file, args.known_hosts)
+    with ExitStack() as stack:
+        src = stack.enter_context(connect(src_spec, options))
+        dst = src if dst_spec == src_spec else stack.enter_context(connect(dst_spec, options))
+        with console.status("cloning") as status:
+            result = clone(src, src_venv, dst, dst_venv, state_dir=default_state_dir(), replace=args.replace,
+                           say=lambda line: status.update(line))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        clone_report(console, result)
+    return not result.leftovers.errors
+
+
+def clone_base(args: argparse.Namespace, console: Console, manifest: Manifest, base_host: Host,
+               target_host: Host) -> None:
+    """apply's ``target.base`` step: clone the base venv to the (absent) target venv, asking
+    first unless ``--yes``.
+
+    :raises TransplantError: the clone was declined or could not be asked for, failed, or left
+        text files or symlinks naming the base's prefix (the overlay must not run then).
+    """
+    base, target = manifest.target.base, manifest.target
+    assert base is not None
+    console.print(f"target.base: {target} does not exist; cloning {base} to it first", markup=False)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise TransplantError("apply needs confirmation and standard input is not a terminal",
+                                  hint=f"add --yes: transplant apply {shlex.quote(args.source)} --yes")
+        if console.input("clone it now (the overlay's plan is shown after)? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise TransplantError("nothing was changed: the clone was declined")
+    with console.status("cloning target.base") as status:
+        result = clone(base_host, base.venv, target_host, target.venv, state_dir=default_state_dir(),
+                       say=lambda line: status.update(line))
+    clone_report(console, result)
+    if result.leftovers.errors:
+        raise TransplantError(f"the clone {target} still names {base.venv} in files transplant cannot rewrite "
+                              f"(listed above); the overlay was not applied",
+                              hint=f"edit those files in {target.venv}, then run the same apply again")
+
+
+def pending_note(manifest: Manifest) -> str:
+    """What ``plan`` says while ``target.base`` will be cloned first."""
+    return (f"target.base: {manifest.target} does not exist; apply first clones {manifest.target.base} to it (as "
+            f"transplant clone does), then applies the overlay below, planned here against {manifest.target.base}")
+
+
+def saved_plan_refusal(manifest: Manifest) -> TransplantError:
+    """Why ``plan --out`` is refused while ``target.base`` will be cloned first."""
+    return TransplantError(f"target.base: {manifest.target} does not exist yet, so a saved plan would not match it "
+                           f"after the clone", hint=f"apply the manifest itself (transplant apply "
+                           f"{shlex.quote(manifest.path)}), or clone first: transplant clone {manifest.target.base} "
+                           f"{manifest.target}")

@@ -1,0 +1,110 @@
+"""``transplant init --donor HOST:VENV --target HOST:VENV [--overlay NAME...] --out FILE`` (edge).
+
+Probes both venvs (metadata and RECORDs, nothing hashed), drafts a manifest with
+:func:`transplant.core.starting_manifest.draft`, then gathers what ``plan`` reads for that draft (the closure's
+distributions hashed, the shared objects read with pyelftools) and drafts again with those ELF
+facts, so the binary rules' hints (a CUDA 12 ``.so`` left beside a CUDA 13 torch, libtorch
+symbols) are followed too. The manifest is written, commented, to ``--out``, which must not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+
+from transplant.errors import TransplantError
+from transplant.hosts.gather import gather
+from transplant.hosts.host import SSHOptions, connect
+from transplant.core.hostspec import HostSpec
+from transplant.core.starting_manifest import Draft, draft, render
+from transplant.core.manifest import parse_manifest
+from transplant.hosts.probing import take_inventory
+
+__all__ = ["init_command"]
+
+
+def init_command(args: argparse.Namespace, console: Console,
+                 parse_location: Callable[[str], tuple[HostSpec, str]]) -> Draft:
+    """Run ``transplant init`` as the module docstring says.
+
+    :param args: ``donor``, ``target`` (``HOST:VENV``), ``overlay`` (names or globs, or None:
+        ``sglang`` when the donor has it), ``out``, ``identity_file``, ``known_hosts``.
+    :param parse_location: the CLI's ``HOST:VENV`` parser (raises its usage error).
+    :returns: the draft written.
+    :raises TransplantError: ``--out`` exists (nothing is probed), a name is not on the donor,
+        a host cannot be reached (:class:`HostError`), or the file cannot be written.
+    """
+    out = Path(args.out)
+    if out.exists() or out.is_symlink():
+        raise TransplantError(f"{out}: already exists; init never overwrites a file",
+                              hint="give another --out, or move the file away first")
+    if not out.parent.is_dir():
+        raise TransplantError(f"{out}: its folder {out.parent} does not exist", hint="create the folder first")
+    donor_spec, donor_venv = parse_location(args.donor)
+    target_spec, target_venv = parse_location(args.target)
+    options = SSHOptions.from_files(args.identity_file, args.known_hosts)
+    donor_at = {"host": str(donor_spec), "venv": donor_venv}
+    target_at = {"host": str(target_spec), "venv": target_venv}
+    path = str(out)
+    started = time.monotonic()
+    with ExitStack() as stack:
+        with console.status("connecting"):
+            dhost = stack.enter_context(connect(donor_spec, options))
+            thost = stack.enter_context(connect(target_spec, options))
+        with console.status(f"reading {args.donor} and {args.target} (metadata and RECORDs)"):
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                d = pool.submit(take_inventory, dhost, donor_venv)
+                t = pool.submit(take_inventory, thost, target_venv)
+                donor, target = d.result(), t.result()
+        names = list(args.overlay or [])
+        if not names:
+            if "sglang" not in donor.latest():
+                raise TransplantError(f"{args.donor} has no sglang; name what to bring",
+                                      hint="give --overlay NAME (repeatable), e.g. --overlay vllm")
+            names = ["sglang"]
+        try:
+            first = draft(donor, target, names, donor_at=donor_at, target_at=target_at, path=path)
+        except ValueError as exc:
+            raise TransplantError(str(exc), hint=f"see what the donor holds: transplant inventory {args.donor}") \
+                from None
+        manifest = parse_manifest(_with_ssh(first.data, args), path=path)
+        status = console.status("gathering what plan reads for the draft")
+        with status:
+            facts = gather(manifest, dhost, thost, step=lambda line: status.update(line))
+        final = draft(facts.donor, facts.target, names, donor_at=donor_at, target_at=target_at, path=path,
+                      donor_elf=facts.donor_elf, target_elf=facts.target_elf)
+    data = _with_ssh(final.data, args)
+    final = Draft(data=data, notes=final.notes, rounds=final.rounds, findings=final.findings)
+    header = [f"written by transplant init on {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from "
+              f"{args.donor} (donor) and {args.target} (target)",
+              f"asked for: {', '.join(names)}; the plan's hints were followed for {first.rounds} + {final.rounds} round(s)",
+              "check it with: transplant plan " + path]
+    text = render(final, header=header)
+    parse_manifest(__import__("yaml").safe_load(text), path=path)  # what is written always parses
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise TransplantError(f"{out}: already exists; init never overwrites a file",
+                              hint="give another --out, or move the file away first") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    left = [f for f in final.findings if f.severity == "error"]
+    console.print(f"wrote {out} in {time.monotonic() - started:.0f} s: overlay {len(data['overlay'])} entr(ies), "
+                  f"remove {len(data.get('remove', []))}, verify imports {len(data['verify']['imports'])}",
+                  highlight=False)
+    for f in left:
+        console.print(f"  still an error: [{f.code}] {f.message[:200]}", highlight=False, markup=False)
+    console.print(f"next: transplant plan {path}", highlight=False, markup=False)
+    return final
+
+
+def _with_ssh(data: dict, args: argparse.Namespace) -> dict:
+    ssh = {k: v for k, v in (("identity_file", args.identity_file), ("known_hosts", args.known_hosts)) if v}
+    return {**data, **({"ssh": ssh} if ssh else {})}

@@ -1,0 +1,166 @@
+"""The ``verify`` command (face): with a manifest or a bare ``HOST:VENV``, the ladder, and its reports."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from transplant.errors import TransplantError
+from transplant.controller.documents import load_manifest
+from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.core.manifest import Manifest, VerifySettings
+from transplant.donor.provenance import record_verified, verified_log
+from transplant.donor.sources import HostSource, Opened
+from transplant.apply.execute import default_state_dir
+from transplant.cli.render import stages_table, verify_json, verify_junit
+from transplant.verify.judges import overall_ok
+from transplant.hosts.probing import run_script
+from transplant.verify.runner import DonorRun, donor_reader, run_stages
+
+__all__ = ["verify_command", "parse_imports", "is_location"]
+
+EXIT_OK, EXIT_BLOCKED = 0, 3
+
+
+def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
+    """A :data:`transplant.verify.runner.DonorRun` for a donor that can run code (a host, not a
+    snapshot): the host script runs in the donor's venv with the manifest's verify
+    environment; a request's ``paths`` are made absolute there and its ``prefix`` reported."""
+    if not isinstance(source, HostSource):
+        return None
+
+    def run(script: str, args: list, request: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        root = source.venv.rstrip("/")
+        if request is not None and "paths" in request:
+            request = {**request, "paths": [f"{root}/{p}" for p in request["paths"]]}
+        report = run_script(source.host, source.venv, script, args, request=request, env=dict(settings.env),
+                            timeout=settings.timeout)
+        return {**report, "prefix": root}
+
+    return run
+
+
+def parse_imports(text: str | None) -> tuple[str, ...]:
+    """``"torch, sglang.srt"`` -> ``("torch", "sglang.srt")``.
+
+    :raises TransplantError: a name that is not a dotted identifier.
+    """
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    for name in names:
+        if not all(p.isidentifier() for p in name.split(".")):
+            raise TransplantError(f"--imports: {name!r} is not an import name",
+                                  hint="write e.g. --imports torch,sglang,sglang.srt.server_args")
+    return names
+
+
+def _check_junit(path: str) -> None:
+    target = Path(path)
+    if target.is_dir() or (target.exists() and not target.is_file()):
+        raise TransplantError(f"--junit {path}: not a regular file", hint="name a file, e.g. --junit verify.xml")
+    if not target.resolve().parent.is_dir():
+        raise TransplantError(f"--junit {path}: its folder does not exist", hint="create the folder first")
+
+
+def is_location(text: str) -> bool:
+    """Whether a ``verify`` argument is ``HOST:VENV`` (it holds ``:/`` and names no file) rather than a manifest."""
+    return ":/" in text and not os.path.exists(text)
+
+
+def verify_command(args: argparse.Namespace, console: Console, *, session_class: Callable[..., Any],
+                   parse_location: Callable[[str], tuple[Any, str]], manifest: Manifest | None = None) -> int:
+    """Run ``transplant verify``; returns 0 when no stage failed, 3 when one did.
+
+    ``args.manifest`` is a manifest file, or ``HOST:VENV`` (recognised by ``:/``, with no such
+    file) to verify a venv without one: then ``--imports`` names what to check, the
+    distributions providing those names are the ones whose shared objects are loaded, and
+    there is no donor (every unmet requirement counts). With a manifest the donor source is the
+    manifest's (a host, a snapshot, or the first fallback that works), and the result is recorded
+    in the target's history and, when it passes, in the controller's verified log (see
+    :func:`transplant.donor.provenance.record_verified`).
+
+    :param manifest: an already loaded manifest (``apply --verify``, ``recover``); None reads
+        ``args.manifest``. Options missing from ``args`` (``--junit``, ``--imports``...) count as
+        not given.
+
+    :raises TransplantError: bad manifest or option, unreachable target.
+    """
+    junit = getattr(args, "junit", None)
+    clear = bool(getattr(args, "clear_jit_caches", False))
+    extra = parse_imports(getattr(args, "imports", None))
+    if junit:
+        _check_junit(junit)
+    source = getattr(args, "manifest", None) or ""
+    with ExitStack() as stack:
+        if manifest is None and is_location(source):
+            if not extra:
+                raise TransplantError(f"verify {source}: without a manifest, --imports must name what to check",
+                                      hint=f"write e.g. transplant verify {source} --imports torch,sglang")
+            spec, venv = parse_location(source)
+            options = SSHOptions.from_files(args.identity_file, args.known_hosts)
+            with console.status(f"connecting to {spec}"):
+                target: Host = stack.enter_context(connect(spec, options))
+            settings = VerifySettings(imports=extra)
+            label, donor, donor_run = f"{spec}:{venv}", None, None
+        else:
+            if manifest is None:
+                manifest = load_manifest(source)
+            session = session_class(manifest, console, stack)
+            target, venv, label = session.host("target"), manifest.target.venv, str(manifest.target)
+            settings = manifest.verify
+            if extra:
+                settings = dataclasses.replace(settings, imports=tuple(dict.fromkeys(settings.imports + extra)))
+            try:
+                opened: Opened | None = session.donor()
+            except TransplantError as exc:
+                console.print(f"the donor cannot be reached ({exc.message}); requirements are checked without it",
+                              style="yellow", highlight=False, markup=False)
+                opened = None
+
+            def read_donor():
+                if opened is None:
+                    raise TransplantError("the donor cannot be reached")
+                return opened.source.inventory(hash_patterns=(), record=False)
+
+            donor = donor_reader(read_donor)
+            donor_run = donor_runner(opened.source, settings) if opened is not None else None
+        with console.status("verifying") as status:
+            results = run_stages(settings, target=target, venv=venv, donor_inventory=donor,
+                                 announce=lambda name: status.update(f"verify: {name}"),
+                                 clear_jit_caches=clear, donor_run=donor_run)
+        if manifest is not None:
+            record_verified(target, venv, overall_ok(results), time.time(), log=verified_log(default_state_dir()),
+                            ssh=session.ssh)
+    if junit:
+        try:
+            Path(junit).write_text(verify_junit(results, label))
+        except OSError as exc:
+            raise TransplantError(f"--junit {junit}: could not write it: {exc.strerror or exc}",
+                                  hint="name a file in a folder you can write to") from None
+    if getattr(args, "json", False):
+        print(verify_json(results, label))
+    else:
+        console.print(stages_table(results, f"verify {label}"))
+        bad = [r for r in results if r.status == "fail"]
+        skipped = sum(r.status == "skip" for r in results)
+        passed = sum(r.status == "pass" for r in results)
+        summary = f"{passed} passed, {len(bad)} failed, {skipped} skipped"
+        console.print(f"[bold green]verify passed[/] ({summary})" if not bad else f"[bold red]verify failed[/] ({summary})")
+    if clear:
+        jit = next((r for r in results if r.name == "jit-caches"), None)
+        caches = jit.details.get("caches", []) if jit else []
+        removed = [c["path"] for c in caches if c.get("removed")]
+        refused = [f"{c['path']} ({c['error']})" for c in caches if c.get("exists") and not c.get("removed")]
+        console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing")
+                      + ("; left in place: " + ", ".join(refused) if refused else "")
+                      + "; nothing else was touched", markup=False, highlight=False)
+    if junit:
+        console.print(f"JUnit XML written to {junit}", markup=False, highlight=False)
+    return EXIT_OK if overall_ok(results) else EXIT_BLOCKED

@@ -1,0 +1,176 @@
+"""Renderers (face): rich tables for people, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from transplant.core.inventory import Inventory
+from transplant.core.plan import Finding, Plan
+from transplant.verify.judges import VERIFY_SCHEMA, StageResult
+
+__all__ = ["human_bytes", "history_table", "plan_table", "findings_table", "stages_table", "inventory_table",
+           "verify_json", "verify_junit", "print_plan"]
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+_STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "skip": "yellow"}
+_ACTION_STYLE = {"keep": "dim", "add": "green", "upgrade": "cyan", "downgrade": "magenta", "rebuild": "bold cyan",
+                 "refresh": "cyan", "replace": "cyan", "remove": "red"}
+
+
+def human_bytes(count: int | None) -> str:
+    """``1.5 MiB`` style text for a byte count (binary units); ``-`` for None."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+def plan_table(plan: Plan) -> Table:
+    """One row per change: distribution or patch, action, from, to, files (copy / remove), bytes, why."""
+    table = Table(title=Text(f"plan: {plan.donor.label} -> {plan.target.label}"), title_justify="left")
+    for column in ("distribution / patch", "action", "from", "to", "files", "bytes", "why"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("files", "bytes") else "left",
+                         no_wrap=column in ("action", "files", "bytes"))
+    for change in plan.changes:
+        files = f"{len(change.copy)}" + (f" / -{len(change.remove)}" if change.remove else "")
+        name = change.name if change.kind == "distribution" else f"patch {change.name.rsplit('site-packages/', 1)[-1]}"
+        table.add_row(Text(name), Text(change.action, style=_ACTION_STYLE.get(change.action, "")),
+                      Text(change.from_version or "-"), Text(change.to_version or "-"), files,
+                      human_bytes(change.bytes), Text(change.reason))
+    return table
+
+
+def findings_table(findings: Sequence[Finding], title: str = "findings") -> Table:
+    """Severity, code, what was found, and the fix."""
+    table = Table(title=title, title_justify="left", show_lines=True)
+    for column in ("severity", "code", "found", "fix"):
+        table.add_column(column, overflow="fold")
+    for f in findings:
+        severity = Text(f.severity, style=_SEVERITY_STYLE[f.severity])
+        found = Text(f.message)
+        if f.accepted is not None:
+            severity = Text(f"{f.severity} (accepted)", style="dim")
+            found.append(f"\naccepted in the manifest: {f.accepted}", style="italic")
+        table.add_row(severity, f.code, found, Text(f.hint))
+    return table
+
+
+def print_plan(console: Console, plan: Plan) -> None:
+    """The plan table, its totals and its findings."""
+    console.print(plan_table(plan))
+    moving = [c for c in plan.changes if not c.is_noop]
+    files = sum(len(c.copy) for c in plan.changes)
+    removed = sum(len(c.remove) for c in plan.changes)
+    console.print(f"{len(moving)} changes: {files} files ({human_bytes(plan.copy_bytes)}) to copy, "
+                  f"{removed} to remove; {len(plan.changes) - len(moving)} unchanged")
+    if plan.findings:
+        console.print(findings_table(plan.findings))
+    blocking = plan.blocking
+    if blocking:
+        console.print(Text(f"{len(blocking)} error finding(s) block apply (use --force to apply anyway)",
+                           style="bold red"))
+
+
+def stages_table(results: Sequence[StageResult], title: str) -> Table:
+    """Stage, status, seconds, reason."""
+    table = Table(title=title, title_justify="left")
+    for column in ("stage", "status", "seconds", "reason"):
+        table.add_column(column, overflow="fold", justify="right" if column == "seconds" else "left")
+    for r in results:
+        table.add_row(r.name, Text(r.status.upper(), style=_STATUS_STYLE[r.status]), f"{r.seconds:.1f}", Text(r.reason))
+    return table
+
+
+def verify_json(results: Sequence[StageResult], target: str) -> str:
+    """``{"schema", "target", "ok", "counts": {"pass", "fail", "skip"}, "stages": [{"name", "status",
+    "reason", "seconds", "details"}]}``; ``ok`` is false when a stage failed (skips are counted apart)."""
+    doc: dict[str, Any] = {"schema": VERIFY_SCHEMA, "target": target,
+                           "ok": not any(r.status == "fail" for r in results),
+                           "counts": {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")},
+                           "stages": [r.to_dict() for r in results]}
+    return json.dumps(doc, indent=2, sort_keys=True, default=str)
+
+
+def verify_junit(results: Sequence[StageResult], target: str) -> str:
+    """The results as JUnit XML (the format CI systems read): one ``<testsuite name="transplant
+    verify TARGET">`` with one ``<testcase>`` per stage; a fail carries ``<failure message>``,
+    a skip ``<skipped message>`` (never counted as passed); the reason is also in
+    ``<system-out>``."""
+    from xml.etree import ElementTree as ET
+
+    suite = ET.Element("testsuite", name=f"transplant verify {target}", tests=str(len(results)),
+                       failures=str(sum(r.status == "fail" for r in results)), errors="0",
+                       skipped=str(sum(r.status == "skip" for r in results)),
+                       time=f"{sum(r.seconds for r in results):.3f}")
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname="transplant.verify", name=r.name, time=f"{r.seconds:.3f}")
+        if r.status == "fail":
+            ET.SubElement(case, "failure", message=r.reason, type="fail").text = r.reason
+        elif r.status == "skip":
+            ET.SubElement(case, "skipped", message=r.reason)
+        ET.SubElement(case, "system-out").text = r.reason
+    suites = ET.Element("testsuites")
+    suites.append(suite)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def inventory_table(inv: Inventory) -> Table:
+    """One row per distribution: name, version, files in RECORD, bytes on disk (if known), installer."""
+    table = Table(title=f"{inv.label} (Python {inv.interpreter.version}, {inv.interpreter.machine}, "
+                        f"glibc {inv.interpreter.glibc}; {inv.nvidia.reason or inv.nvidia.driver_version})",
+                  title_justify="left")
+    for column in ("distribution", "version", "files", "bytes", "installer"):
+        table.add_column(column, justify="right" if column in ("files", "bytes") else "left")
+    for d in inv.distributions:
+        files = d.files
+        size = sum(e.size or 0 for e in files.values())
+        table.add_row(Text(d.display_name), Text(d.raw_version or "?"), str(len(files)), human_bytes(size),
+                      Text(d.installer or "-"))
+    return table
+
+
+def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Table:
+    """Transactions of a target: id, state, source, steps, and the events recorded for each.
+
+    :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
+        ``verified`` event carries ``ok`` (bool, written by :func:`transplant.donor.provenance.record_verified`)
+        and is shown as ``verify passed`` or ``verify failed`` (``verify ?`` when ``ok`` is not a
+        bool): the word "verified" alone read as a success for verifies that failed. An outcome with
+        ``completed_by: "host"`` (a commit its host script completed after the controller died,
+        recorded later by :func:`transplant.apply.txn.record_completed`) is shown as ``applied by the host``.
+    :param where: the target, for the title.
+    """
+    table = Table(title=f"transactions in {where}", title_justify="left")
+    for column in ("id", "state", "source", "steps", "events"):
+        table.add_column(column)
+    by_id: dict[str, list[str]] = {}
+    for event in events:
+        if not isinstance(event, Mapping):
+            continue
+        stamp_at = event.get("time")
+        try:
+            stamp = time.strftime("%H:%M:%S", time.gmtime(stamp_at)) if isinstance(stamp_at, (int, float)) else "?"
+        except (OverflowError, OSError, ValueError):
+            stamp = "?"
+        name = str(event.get("event"))
+        if name == "verified":
+            ok = event.get("ok")
+            name = "verify passed" if ok is True else "verify failed" if ok is False else "verify ?"
+        elif event.get("completed_by") == "host":
+            name = f"{name} by the host"
+        by_id.setdefault(str(event.get("id")), []).append(f"{name} {stamp}")
+    for t in transactions:
+        table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),
+                      str(t.get("steps", "")), Text(", ".join(by_id.get(str(t["id"]), []))))
+    return table

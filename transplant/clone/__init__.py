@@ -1,0 +1,1 @@
+"""Clone a venv to another path or host (edge)."""

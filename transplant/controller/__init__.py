@@ -1,0 +1,1 @@
+"""The controller's own files and state folder (edge)."""

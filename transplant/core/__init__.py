@@ -1,0 +1,1 @@
+"""The pure core: documents, plan, planner, rules and data tables; no I/O."""

@@ -1,0 +1,65 @@
+"""Compatibility tables shipped with transplant (``transplant/core/data/*.json``), each with its source.
+
+Read-only package data, loaded once. Each table names where its facts come from in a
+``sources`` key; :mod:`transplant.core.rules` cites them in findings.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from packaging.version import Version
+
+__all__ = ["cuda_table", "family_table", "driver_minimum", "driver_cuda", "arch_minimum_cuda"]
+
+
+@cache
+def _load(name: str) -> dict[str, Any]:
+    return json.loads(resources.files(__name__).joinpath(name).read_text(encoding="utf-8"))
+
+
+def cuda_table() -> dict[str, Any]:
+    """``data/cuda.json``: minimum drivers, architecture minimums, CUDA sonames, versioned nvidia-* names."""
+    return _load("cuda.json")
+
+
+def family_table() -> dict[str, Any]:
+    """``data/families.json``: torch release pairs and default builds, lockstep families."""
+    return _load("families.json")
+
+
+def driver_minimum(cuda: tuple[int, int]) -> str | None:
+    """The minimum Linux driver for CUDA ``(major, minor)`` (``(13, 0)`` -> ``580.65.06``), or
+    the next listed release's when that minor is not listed; None above the table."""
+    rows = sorted((tuple(int(p) for p in r["cuda"].split(".")), r["driver"]) for r in cuda_table()["driver_minimum"])
+    for version, driver in rows:
+        if version >= cuda:
+            return driver
+    return None
+
+
+def driver_cuda(driver: str) -> tuple[int, int] | None:
+    """The newest CUDA ``(major, minor)`` a driver version supports by the table, or None
+    when it is older than every row or not a version."""
+    try:
+        have = Version(driver)
+    except ValueError:
+        return None
+    best = None
+    for row in cuda_table()["driver_minimum"]:
+        if Version(row["driver"]) <= have:
+            version = tuple(int(p) for p in row["cuda"].split("."))
+            best = version if best is None or version > best else best
+    return best  # type: ignore[return-value]
+
+
+def arch_minimum_cuda(arch: int) -> tuple[int, int] | None:
+    """The first CUDA release that supports compute capability ``arch`` (120 -> (12, 8)), or None if unknown."""
+    text = cuda_table()["arch_minimum_cuda"].get(str(arch))
+    if text is None:
+        return None
+    major, minor = text.split(".")
+    return int(major), int(minor)

@@ -1,0 +1,486 @@
+"""Inventory: what a venv holds, as frozen data parsed from the probe's JSON (pure core).
+
+The model follows pip's ``pip inspect`` v1 report and extends it with RECORD entries
+checked against the disk, WHEEL tags, the interpreter's marker environment and the
+host's NVIDIA facts. :func:`parse_inventory` is the only way in; it reports the key path
+of any bad value (``distributions[3].record[0].size``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag, parse_tag
+from packaging.utils import NormalizedName, canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from transplant.errors import ProbeError
+
+__all__ = [
+    "SCHEMA",
+    "FileEntry",
+    "Distribution",
+    "Interpreter",
+    "Gpu",
+    "NvidiaFacts",
+    "Inventory",
+    "parse_inventory",
+    "inside_path",
+    "link_escapes",
+    "newest",
+    "protected_path",
+]
+
+SCHEMA = "transplant.inventory/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileEntry:
+    """One file of a distribution: what RECORD says and what the disk holds.
+
+    :ivar record_path: the path as RECORD writes it, relative to site-packages.
+    :ivar path: POSIX path relative to the venv prefix; None when the RECORD path
+        escapes the prefix (such an entry is never copied or removed).
+    :ivar record_hash: RECORD's ``sha256=<urlsafe b64>``; None for RECORD itself and
+        other unhashed entries.
+    :ivar record_size: RECORD's size in bytes, or None.
+    :ivar exists: whether the file is on disk (False also when ``path`` is None).
+    :ivar hash: sha256 of the bytes on disk in RECORD's form; None when not hashed by
+        the probe (metadata-only) or when the entry is a symlink or absent.
+    :ivar size: size on disk in bytes; None when absent or a symlink.
+    :ivar mode: permission bits on disk, or None when absent.
+    :ivar symlink: the link target when the entry is a symlink, else None.
+    :ivar error: why the entry could not be read (not a regular file, RECORD not CSV), else None.
+    :ivar head: for a console script in the scripts folder, its shebang line (two lines
+        in pip's ``#!/bin/sh`` form), else None.
+    :ivar body_hash: the sha256 (RECORD's form) of the script's bytes after ``head``.
+    :ivar record_identity: for a distribution's own RECORD (hashed), its normalised
+        identity ``record:sha256=<urlsafe b64>``: the rows with the hash and size of those
+        under the scripts folder blanked (the probe's ``record_identity``); None otherwise
+        or when it does not parse.
+    """
+
+    record_path: str
+    path: str | None
+    record_hash: str | None = None
+    record_size: int | None = None
+    exists: bool = False
+    hash: str | None = None
+    size: int | None = None
+    mode: int | None = None
+    symlink: str | None = None
+    error: str | None = None
+    head: str | None = None
+    body_hash: str | None = None
+    record_identity: str | None = None
+
+    @property
+    def content(self) -> str | None:
+        """The identity of the content on disk: hash, ``symlink:<target>``, or None if unknown."""
+        if self.symlink is not None:
+            return f"symlink:{self.symlink}"
+        return self.hash
+
+    @property
+    def script_identity(self) -> str | None:
+        """``script:<body hash>:<head>`` for a console script with a shebang, else None
+        (compared with :attr:`transplant.core.plan.FileCopy.identity`)."""
+        if self.head is None or self.body_hash is None:
+            return None
+        return f"script:{self.body_hash}:{self.head}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Distribution:
+    """One installed distribution (a ``*.dist-info`` folder) in site-packages.
+
+    :ivar name: PEP 503 normalised name; ``display_name`` keeps METADATA's spelling.
+    :ivar version: the version, local label included (``2.11.0+cu130``); None when
+        METADATA is missing or its version is not PEP 440.
+    :ivar dist_info: path of the dist-info folder relative to the venv prefix.
+    :ivar record: the RECORD entries, or None when there is no RECORD.
+    :ivar hashed: whether the probe hashed the files on disk (``FileEntry.hash`` set).
+    :ivar listing: names of the regular files in the dist-info folder as found on disk
+        (RECORD may not list them all, or be missing).
+    """
+
+    name: NormalizedName
+    display_name: str
+    version: Version | None
+    raw_version: str | None
+    dist_info: str
+    metadata_present: bool
+    summary: str | None = None
+    requires_python: str | None = None
+    requires_dist: tuple[Requirement, ...] = ()
+    bad_requirements: tuple[str, ...] = ()
+    installer: str | None = None
+    requested: bool = False
+    direct_url: Mapping[str, Any] | None = None
+    wheel_tags: tuple[Tag, ...] = ()
+    root_is_purelib: bool | None = None
+    top_level: tuple[str, ...] = ()
+    entry_points: str | None = None
+    hashed: bool = False
+    record: tuple[FileEntry, ...] | None = None
+    listing: tuple[str, ...] = ()
+
+    @property
+    def files(self) -> dict[str, FileEntry]:
+        """RECORD entries inside the venv, keyed by prefix-relative path."""
+        return {e.path: e for e in self.record or () if e.path is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interpreter:
+    """The venv's interpreter: version ``3.11.7``, ``cp311`` ABI tag, ``EXT_SUFFIX`` and friends.
+
+    ``glibc`` is the C library version (``2.36``) or None on a non-glibc system;
+    ``home_exists`` is None when pyvenv.cfg has no ``home``; ``markers`` is the PEP 508
+    marker environment used to evaluate Requires-Dist markers for this venv.
+    """
+
+    executable: str
+    prefix: str
+    version: Version
+    implementation: str
+    abi_tag: str | None
+    soabi: str | None
+    ext_suffix: str | None
+    machine: str
+    glibc: str | None
+    pyvenv_cfg: Mapping[str, str] | None
+    home_exists: bool | None
+    markers: Mapping[str, str]
+
+    @property
+    def minor(self) -> str:
+        """``major.minor`` (``3.11``)."""
+        return f"{self.version.major}.{self.version.minor}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gpu:
+    """One GPU as nvidia-smi reports it; ``compute_capability`` like ``9.0``, memory in MiB."""
+
+    name: str
+    compute_capability: str | None
+    memory_mib: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvidiaFacts:
+    """The host's NVIDIA driver facts; ``available`` False with ``reason`` when there are none."""
+
+    available: bool
+    reason: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpus: tuple[Gpu, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inventory:
+    """Everything the probe saw in one venv on one host.
+
+    :ivar label: where it came from, e.g. ``root@127.0.0.10:2222:/srv/venv`` (set by the
+        caller; the probe does not know how it was reached).
+    :ivar site_packages: purelib relative to the prefix (``lib/python3.11/site-packages``).
+    :ivar distributions: sorted by (name, dist_info); a name may appear twice when the
+        venv holds duplicate dist-info folders.
+    :ivar files: extra files the probe was asked to hash, by prefix-relative path.
+    :ivar texts: prefix-relative path -> text of the small files the probe read (asked
+        for, plus site-packages' ``*.pth``, ``*.egg-link``, ``__editable__*.py``); None
+        when a file was too large or unreadable.
+    :ivar elsewhere: absolute path -> whether it exists on the host (asked for).
+    :ivar fingerprint: sha256 hex of the canonical document, to detect drift.
+    """
+
+    label: str
+    hostname: str
+    interpreter: Interpreter
+    site_packages: str
+    scripts: str
+    distributions: tuple[Distribution, ...]
+    files: Mapping[str, FileEntry]
+    nvidia: NvidiaFacts
+    fingerprint: str
+    texts: Mapping[str, str | None] = field(default_factory=dict)
+    elsewhere: Mapping[str, bool] = field(default_factory=dict)
+    document: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    def latest(self) -> dict[NormalizedName, Distribution]:
+        """One distribution per normalised name: the newest where dist-info folders are duplicated."""
+        return {name: newest(dists) for name, dists in self.by_name().items()}
+
+    def by_name(self) -> dict[NormalizedName, list[Distribution]]:
+        """Distributions grouped by normalised name (a list: duplicates are possible)."""
+        out: dict[NormalizedName, list[Distribution]] = {}
+        for dist in self.distributions:
+            out.setdefault(dist.name, []).append(dist)
+        return out
+
+
+def newest(dists: list[Distribution]) -> Distribution:
+    """The distribution with the highest version; one without a PEP 440 version ranks lowest.
+
+    :raises ValueError: ``dists`` is empty.
+    """
+    return max(dists, key=lambda d: (d.version is not None, d.version or Version("0")))
+
+
+class _Reader:
+    """Typed access to a JSON tree that reports the key path of a bad value."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, expected: str, value: Any) -> ProbeError:
+        return ProbeError(
+            f"{self.source}: inventory key {path!r}: expected {expected}, got {value!r}",
+            hint="the probe and controller versions may differ; reinstall transplant on the controller",
+        )
+
+    def get(self, obj: Any, key: str, path: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+        if not isinstance(obj, dict):
+            raise self.fail(path, "an object", obj)
+        value = obj.get(key)
+        if value is None and optional:
+            return None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise self.fail(f"{path}.{key}" if path else key, names, value)
+        return value
+
+
+def _fingerprint(document: Mapping[str, Any]) -> str:
+    """sha256 hex over the parts of a probe document that describe content (not timings)."""
+    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere")}
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items() if k != "mtime"}
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        return value
+
+    text = json.dumps(scrub(stable), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
+    venv_path = r.get(obj, "venv_path", path, str, optional=True)
+    if venv_path is not None:
+        venv_path = inside_path(venv_path)
+    error = r.get(obj, "error", path, str, optional=True)
+    if obj.get("not_a_file"):
+        error = "not a regular file"
+    return FileEntry(
+        record_path=record_path,
+        path=venv_path,
+        record_hash=r.get(obj, "record_hash", path, str, optional=True),
+        record_size=r.get(obj, "record_size", path, int, optional=True),
+        exists=bool(r.get(obj, "exists", path, bool, optional=True)),
+        hash=r.get(obj, "hash", path, str, optional=True),
+        size=r.get(obj, "size", path, int, optional=True),
+        mode=r.get(obj, "mode", path, int, optional=True),
+        symlink=r.get(obj, "symlink", path, str, optional=True),
+        error=error,
+        head=r.get(obj, "head", path, str, optional=True),
+        body_hash=r.get(obj, "body_hash", path, str, optional=True),
+        record_identity=r.get(obj, "record_identity", path, str, optional=True),
+    )
+
+
+def inside_path(path: str) -> str | None:
+    """Normalise a POSIX path relative to a root; None when it is absolute, empty or leaves the root.
+
+    ``a/./b`` -> ``a/b``; ``a/../../x``, ``/etc/x``, ``..`` and ``.`` -> None.
+    """
+    if not path or path.startswith("/") or "\0" in path:
+        return None
+    norm = posixpath.normpath(path)
+    if norm in (".", "..") or norm.startswith("../"):
+        return None
+    return norm
+
+
+_INTERPRETERS = re.compile(r"^(python(\d+(\.\d+)?)?|pythonw|activate(\.\w+)?|Activate\.ps1)$")
+
+
+def protected_path(path: str, scripts: str = "bin") -> bool:
+    """Whether a venv-relative path is part of the venv itself, which no distribution may
+    write or remove: ``pyvenv.cfg``, the interpreter links and activate scripts in the
+    scripts folder (``bin/python3.11``, ``bin/activate.fish``), and transplant's own
+    ``.transplant/`` state folder. A RECORD row naming one (``../../../pyvenv.cfg``) is
+    refused (``unsafe-path``)."""
+    if path == "pyvenv.cfg" or path == ".transplant" or path.startswith(".transplant/"):
+        return True
+    folder, _, name = path.rpartition("/")
+    return folder == scripts and bool(_INTERPRETERS.match(name))
+
+
+def link_escapes(path: str, target: str) -> bool:
+    """Whether a symlink at ``path`` (root-relative) pointing to ``target`` leaves the root.
+
+    Absolute targets always count as leaving (they name the donor's filesystem).
+    """
+    if target.startswith("/"):
+        return True
+    return inside_path(posixpath.join(posixpath.dirname(path), target)) is None
+
+
+def _requirements(r: _Reader, texts: list[Any], path: str) -> tuple[tuple[Requirement, ...], tuple[str, ...]]:
+    good, bad = [], []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise r.fail(f"{path}[{i}]", "a string", text)
+        try:
+            good.append(Requirement(text))
+        except InvalidRequirement:
+            bad.append(text)
+    return tuple(good), tuple(bad)
+
+
+def _distribution(r: _Reader, obj: Any, path: str, site_default: str) -> Distribution:
+    name = r.get(obj, "name", path, str)
+    raw_version = r.get(obj, "version", path, str, optional=True)
+    try:
+        version = Version(raw_version) if raw_version is not None else None
+    except InvalidVersion:
+        version = None
+    site = r.get(obj, "site_packages", path, str, optional=True) or site_default
+    dist_info = f"{site}/{r.get(obj, 'dist_info', path, str)}"
+    requires, bad = _requirements(r, r.get(obj, "requires_dist", path, list, optional=True) or [], f"{path}.requires_dist")
+    wheel = r.get(obj, "wheel", path, dict, optional=True) or {}
+    tags: list[Tag] = []
+    for i, text in enumerate(r.get(wheel, "tags", f"{path}.wheel", list, optional=True) or []):
+        if not isinstance(text, str):
+            raise r.fail(f"{path}.wheel.tags[{i}]", "a string", text)
+        tags.extend(sorted(parse_tag(text), key=str))
+    record_raw = r.get(obj, "record", path, list, optional=True)
+    record = None
+    if record_raw is not None:
+        record = tuple(
+            _file_entry(r, e, f"{path}.record[{i}]", r.get(e, "path", f"{path}.record[{i}]", str))
+            for i, e in enumerate(record_raw)
+        )
+    return Distribution(
+        name=canonicalize_name(name),
+        display_name=name,
+        version=version,
+        raw_version=raw_version,
+        dist_info=dist_info,
+        metadata_present=bool(r.get(obj, "metadata_present", path, bool, optional=True)),
+        summary=r.get(obj, "summary", path, str, optional=True),
+        requires_python=r.get(obj, "requires_python", path, str, optional=True),
+        requires_dist=requires,
+        bad_requirements=bad,
+        installer=r.get(obj, "installer", path, str, optional=True),
+        requested=bool(r.get(obj, "requested", path, bool, optional=True)),
+        direct_url=r.get(obj, "direct_url", path, dict, optional=True),
+        wheel_tags=tuple(tags),
+        root_is_purelib=r.get(wheel, "root_is_purelib", f"{path}.wheel", bool, optional=True),
+        top_level=tuple(r.get(obj, "top_level", path, list, optional=True) or ()),
+        entry_points=r.get(obj, "entry_points", path, str, optional=True),
+        hashed=bool(r.get(obj, "hashed", path, bool, optional=True)),
+        record=record,
+        listing=tuple(n for n in r.get(obj, "listing", path, list, optional=True) or ()
+                      if isinstance(n, str) and "/" not in n and n not in (".", "..")),
+    )
+
+
+def _nvidia(r: _Reader, obj: Any) -> NvidiaFacts:
+    gpus = tuple(
+        Gpu(
+            name=r.get(g, "name", f"host.nvidia.gpus[{i}]", str),
+            compute_capability=r.get(g, "compute_capability", f"host.nvidia.gpus[{i}]", str, optional=True),
+            memory_mib=r.get(g, "memory_mib", f"host.nvidia.gpus[{i}]", int, optional=True),
+        )
+        for i, g in enumerate(r.get(obj, "gpus", "host.nvidia", list, optional=True) or [])
+    )
+    return NvidiaFacts(
+        available=r.get(obj, "available", "host.nvidia", bool),
+        reason=r.get(obj, "reason", "host.nvidia", str, optional=True),
+        driver_version=r.get(obj, "driver_version", "host.nvidia", str, optional=True),
+        cuda_version=r.get(obj, "cuda_version", "host.nvidia", str, optional=True),
+        gpus=gpus,
+    )
+
+
+def parse_inventory(document: Any, *, label: str) -> Inventory:
+    """Build an :class:`Inventory` from the probe's JSON document (already decoded).
+
+    :param document: the decoded JSON object the probe printed.
+    :param label: where it came from, for messages (``host:venv``).
+    :raises ProbeError: the schema is not ``transplant.inventory/1``, or a value has the
+        wrong type; the message names the key path (``distributions[3].record[0].size``).
+    """
+    r = _Reader(label)
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        got = document.get("schema") if isinstance(document, dict) else type(document).__name__
+        raise ProbeError(
+            f"{label}: the probe reported schema {got!r}, expected {SCHEMA!r}",
+            hint="run the same transplant version on the controller and the hosts",
+        )
+    interp = r.get(document, "interpreter", "", dict)
+    paths = r.get(document, "paths", "", dict)
+    site = r.get(paths, "purelib", "paths", str)
+    raw_version = r.get(interp, "version", "interpreter", str)
+    try:
+        version = Version(raw_version)
+    except InvalidVersion as exc:
+        raise r.fail("interpreter.version", "a Python version", raw_version) from exc
+    interpreter = Interpreter(
+        executable=r.get(interp, "executable", "interpreter", str),
+        prefix=r.get(interp, "prefix", "interpreter", str),
+        version=version,
+        implementation=r.get(interp, "implementation", "interpreter", str),
+        abi_tag=r.get(interp, "abi_tag", "interpreter", str, optional=True),
+        soabi=r.get(interp, "soabi", "interpreter", str, optional=True),
+        ext_suffix=r.get(interp, "ext_suffix", "interpreter", str, optional=True),
+        machine=r.get(interp, "machine", "interpreter", str),
+        glibc=r.get(interp, "glibc", "interpreter", str, optional=True),
+        pyvenv_cfg=r.get(interp, "pyvenv_cfg", "interpreter", dict, optional=True),
+        home_exists=r.get(interp, "home_exists", "interpreter", bool, optional=True),
+        markers=r.get(interp, "markers", "interpreter", dict),
+    )
+    dists = [
+        _distribution(r, d, f"distributions[{i}]", site)
+        for i, d in enumerate(r.get(document, "distributions", "", list))
+    ]
+    dists.sort(key=lambda d: (d.name, d.dist_info))
+    files = {
+        rel: _file_entry(r, facts, f"files[{rel!r}]", rel)
+        for rel, facts in (r.get(document, "files", "", dict, optional=True) or {}).items()
+    }
+    host = r.get(document, "host", "", dict)
+    texts = r.get(document, "texts", "", dict, optional=True) or {}
+    for rel, text in texts.items():
+        if text is not None and not isinstance(text, str):
+            raise r.fail(f"texts[{rel!r}]", "a string or null", text)
+    elsewhere = r.get(document, "elsewhere", "", dict, optional=True) or {}
+    for where, exists in elsewhere.items():
+        if not isinstance(exists, bool):
+            raise r.fail(f"elsewhere[{where!r}]", "a boolean", exists)
+    return Inventory(
+        label=label,
+        hostname=r.get(host, "hostname", "host", str),
+        interpreter=interpreter,
+        site_packages=site,
+        scripts=r.get(paths, "scripts", "paths", str, optional=True) or "bin",
+        distributions=tuple(dists),
+        files=files,
+        nvidia=_nvidia(r, r.get(host, "nvidia", "host", dict)),
+        fingerprint=_fingerprint(document),
+        texts={k: v for k, v in texts.items() if inside_path(k) == k},
+        elsewhere=dict(elsewhere),
+        document=document,
+    )

@@ -1,0 +1,276 @@
+"""The plan document: changes, findings and fingerprints (pure core).
+
+A :class:`Plan` is what ``transplant plan`` shows and ``--out`` saves as JSON
+(schema ``transplant.plan/1``) and what ``apply`` executes. It is data: building it is
+:func:`transplant.core.planner.plan`; reading a saved one is :func:`plan_from_dict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from transplant.errors import PlanError
+
+__all__ = [
+    "PLAN_SCHEMA",
+    "SEVERITIES",
+    "DIST_ACTIONS",
+    "PATCH_ACTIONS",
+    "FINDING_CODES",
+    "UNFORCEABLE",
+    "Finding",
+    "FileCopy",
+    "Change",
+    "Side",
+    "Plan",
+    "plan_from_dict",
+]
+
+PLAN_SCHEMA = "transplant.plan/1"
+SEVERITIES = ("error", "warning", "info")
+#: add: absent on the target; upgrade / downgrade: other public version; rebuild: same
+#: public version, other local label (``+cu128`` -> ``+cu130``); refresh: same version,
+#: files differ; keep: nothing to do; remove: the manifest's ``remove`` list uninstalls it.
+DIST_ACTIONS = ("add", "upgrade", "downgrade", "rebuild", "refresh", "keep", "remove")
+PATCH_ACTIONS = ("add", "replace", "keep")
+#: Every finding code plan and verify can report (manifests/REFERENCE.md describes each).
+FINDING_CODES = (
+    "requirement-unmet", "duplicate-dist-info", "python-abi-mismatch", "platform-mismatch",
+    "cuda-major-mismatch", "cuda-variant-mismatch", "lockstep-mismatch", "libtorch-abi",
+    "driver-too-old", "gpu-arch-unsupported", "editable-install", "record-drift", "script-prefix",
+    "interpreter-missing", "record-missing", "unsafe-path", "overlay-no-match", "overlay-target-only",
+    "metadata-invalid", "remove-no-match", "accept-unused", "binary-unreadable", "file-owner-conflict",
+    "closure-unmet", "closure-excluded",
+)
+#: Codes that neither ``accept:`` nor ``--force`` lets through: applying past them would leave
+#: the target in a state no installer can describe (a RECORD claiming another distribution's files).
+UNFORCEABLE = ("file-owner-conflict",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """Something plan or verify found: a stable kebab-case ``code``, a severity, the
+    distributions and files involved, what was found (``message``) and the fix (``hint``).
+
+    ``error`` blocks apply unless forced or ``accepted``; ``warning`` and ``info`` do not.
+
+    :ivar accepted: the reason the manifest's ``accept`` list gives for this finding, or
+        None when it is not accepted.
+    """
+
+    code: str
+    severity: str
+    dists: tuple[str, ...]
+    message: str
+    hint: str
+    files: tuple[str, ...] = ()
+    accepted: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} is not one of {SEVERITIES}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileCopy:
+    """One file to write on the target.
+
+    :ivar path: POSIX path relative to the venv prefix, the same on donor and target.
+    :ivar size: bytes (None for a symlink).
+    :ivar hash: ``sha256=<urlsafe b64>`` of the content, or ``symlink:<target>``.
+    :ivar source: ``donor``, or ``patch`` for a file from the controller.
+    :ivar local: for a patch, the source path relative to the manifest's folder; else None.
+    :ivar head: for a console script whose shebang names the donor's prefix, the head
+        apply writes instead (naming the target's interpreter); None copies verbatim.
+    :ivar body_hash: with ``head``, the hash of the script's bytes after its head (the
+        part that must arrive unchanged).
+    :ivar link: for an absolute symlink into the donor's prefix, the target it gets on
+        the target host (the same path under the target's prefix); ``hash`` is then
+        ``symlink:<link>``. None copies a symlink as it is.
+    :ivar record_identity: for a distribution's RECORD that lists console scripts apply
+        rewrites, the normalised identity it must keep (``record:sha256=...``: its rows with
+        the hash and size of rows under the scripts folder blanked; see
+        ``record_identity`` in :mod:`transplant.remote.probe`); None copies it verbatim.
+    :ivar record_scripts: with ``record_identity``, the venv-relative scripts whose RECORD
+        rows apply sets to the sha256 and size of the file as written on the target (as
+        pip writes rows for the scripts it generates); every other row stays the donor's.
+    """
+
+    path: str
+    size: int | None
+    hash: str
+    source: str = "donor"
+    local: str | None = None
+    head: str | None = None
+    body_hash: str | None = None
+    link: str | None = None
+    record_identity: str | None = None
+    record_scripts: tuple[str, ...] = ()
+
+    @property
+    def identity(self) -> str:
+        """What the target file must be after apply: its hash, for a rewritten script
+        ``script:<body hash>:<head>``, for a RECORD whose script rows apply sets
+        ``record:sha256=<...>`` (its normalised identity)."""
+        if self.record_identity is not None:
+            return self.record_identity
+        if self.head is not None:
+            return f"script:{self.body_hash}:{self.head}"
+        return self.hash
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    """What happens to one distribution or one patch file.
+
+    :ivar kind: ``distribution`` or ``patch``.
+    :ivar name: normalised distribution name, or the patch's venv-relative path.
+    :ivar action: one of :data:`DIST_ACTIONS` or :data:`PATCH_ACTIONS`.
+    :ivar from_version / to_version: versions with local labels (None for absent / patches).
+    :ivar reason: one line saying why (``same version, all 1,204 files identical``).
+    :ivar copy: files to write; :ivar remove: venv-relative paths to delete.
+    :ivar dist_info: the donor's dist-info folder (venv-relative) for a distribution.
+    :ivar unchanged: files already identical on the target (counted, not listed).
+    """
+
+    kind: str
+    name: str
+    action: str
+    reason: str
+    from_version: str | None = None
+    to_version: str | None = None
+    copy: tuple[FileCopy, ...] = ()
+    remove: tuple[str, ...] = ()
+    dist_info: str | None = None
+    unchanged: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Total bytes of the files to copy."""
+        return sum(c.size or 0 for c in self.copy)
+
+    @property
+    def is_noop(self) -> bool:
+        """True when nothing is copied or removed."""
+        return not self.copy and not self.remove
+
+
+@dataclass(frozen=True, kw_only=True)
+class Side:
+    """One end of the plan: where (``host:venv``), the venv prefix and the inventory fingerprint."""
+
+    label: str
+    host: str
+    venv: str
+    fingerprint: str
+    hostname: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A plan: sorted changes plus findings, with fingerprints of both inventories.
+
+    :ivar manifest: the manifest's path as given.
+    :ivar hash_patterns: the overlay patterns the probes hashed, so apply can re-probe alike.
+    :ivar patch_files: venv-relative patch destinations the target probe was asked about.
+    """
+
+    manifest: str
+    donor: Side
+    target: Side
+    changes: tuple[Change, ...]
+    findings: tuple[Finding, ...]
+    hash_patterns: tuple[str, ...] = ()
+    patch_files: tuple[str, ...] = ()
+    schema: str = field(default=PLAN_SCHEMA)
+
+    @property
+    def blocking(self) -> tuple[Finding, ...]:
+        """The error findings the manifest does not accept (they block apply unless forced)."""
+        return tuple(f for f in self.findings if f.severity == "error" and f.accepted is None)
+
+    @property
+    def refused(self) -> tuple[Finding, ...]:
+        """The error findings of :data:`UNFORCEABLE` codes: apply refuses them even with
+        ``--force`` or an ``accept:`` entry."""
+        return tuple(f for f in self.findings if f.severity == "error" and f.code in UNFORCEABLE)
+
+    @property
+    def has_changes(self) -> bool:
+        """True when any change copies or removes a file."""
+        return any(not c.is_noop for c in self.changes)
+
+    @property
+    def copy_bytes(self) -> int:
+        """Bytes to copy over all changes."""
+        return sum(c.bytes for c in self.changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (schema ``transplant.plan/1``), stable key order."""
+        return asdict(self)
+
+
+_SCALARS = {"str": (str,), "int": (int,), "str | None": (str, type(None)), "int | None": (int, type(None))}
+
+
+def _build(cls: type, data: Any, path: str, source: str) -> Any:
+    """Instantiate a plan dataclass from JSON, checking every field's type; errors name the key path."""
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{source}: plan key {path!r}: expected an object, got {type(data).__name__}",
+                        hint=_REMAKE)
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise PlanError(f"{source}: plan key '{path}.{unknown[0]}': unknown key", hint=_REMAKE)
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        key = f"{path}.{name}"
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:  # type: ignore[misc]
+                raise PlanError(f"{source}: plan key {key!r}: missing", hint=_REMAKE)
+            continue
+        value, kind = data[name], str(f.type)
+        if kind in _SCALARS:
+            if not isinstance(value, _SCALARS[kind]) or isinstance(value, bool):
+                raise PlanError(f"{source}: plan key {key!r}: expected {kind}, got {type(value).__name__}",
+                                hint=_REMAKE)
+        elif kind.startswith("tuple["):
+            if not isinstance(value, list):
+                raise PlanError(f"{source}: plan key {key!r}: expected a list, got {type(value).__name__}",
+                                hint=_REMAKE)
+            inner = kind[len("tuple["):-len(", ...]")]
+            if inner == "str":
+                bad = [i for i, v in enumerate(value) if not isinstance(v, str)]
+                if bad:
+                    raise PlanError(f"{source}: plan key '{key}[{bad[0]}]': expected a string", hint=_REMAKE)
+                value = tuple(value)
+            else:
+                value = tuple(_build(_CLASSES[inner], v, f"{key}[{i}]", source) for i, v in enumerate(value))
+        elif kind in _CLASSES:
+            value = _build(_CLASSES[kind], value, key, source)
+        values[name] = value
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise PlanError(f"{source}: plan key {path!r}: {exc}", hint=_REMAKE) from None
+
+
+_REMAKE = "make a new one with: transplant plan MANIFEST --out plan.json"
+_CLASSES = {"Finding": Finding, "FileCopy": FileCopy, "Change": Change, "Side": Side}
+
+
+def plan_from_dict(data: Mapping[str, Any], *, source: str) -> Plan:
+    """Rebuild a :class:`Plan` from its JSON form, checking the type of every value.
+
+    Paths inside the plan are checked again by apply before anything is written.
+
+    :param source: the file it came from, for messages.
+    :raises PlanError: another schema, or a missing, unknown or mistyped key (named by path).
+    """
+    if not isinstance(data, Mapping) or data.get("schema") != PLAN_SCHEMA:
+        got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
+        raise PlanError(f"{source}: not a transplant plan (schema {got!r}, expected {PLAN_SCHEMA!r})",
+                        hint="make one with: transplant plan MANIFEST --out plan.json")
+    return _build(Plan, data, "plan", source)

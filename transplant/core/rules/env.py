@@ -1,0 +1,175 @@
+"""The environment after apply, as the rules see it (pure core)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from packaging.utils import NormalizedName
+from packaging.version import InvalidVersion, Version
+
+from transplant.core.elf_facts import ElfFacts, ElfReport, is_shared_object
+from transplant.core.inventory import Distribution, FileEntry, Inventory
+
+__all__ = ["EnvironmentAfter", "pip", "describe", "severity", "DONOR_RUNS"]
+
+#: What a finding's message says when the fact holds identically in the donor.
+DONOR_RUNS = ("the donor runs with exactly this (same files, same versions, on the same Python, machine and an "
+              "equal or older glibc), so the transplant does not make it a fault")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentAfter:
+    """The inputs of the rules.
+
+    :ivar after: normalised name -> the distribution the target will hold after apply
+        (the donor's for overlaid names, the target's otherwise; removed names absent).
+    :ivar overlaid: the names the overlay moves.
+    :ivar removed: the target's names the manifest's ``remove`` list uninstalls.
+    :ivar patch_dests: site-packages-relative paths the manifest's patches write.
+    :ivar donor_elf / target_elf: ELF facts read on each side (None when not read: the
+        binary rules then find nothing).
+    :ivar manifest: the manifest's path, for hints.
+    :ivar changed: the names whose files apply copies or removes (from the plan's changes);
+        None (rules tested on plain data) derives it from versions: added, removed, another
+        version, or another dist-info folder.
+    """
+
+    donor: Inventory
+    target: Inventory
+    overlaid: tuple[NormalizedName, ...]
+    after: Mapping[NormalizedName, Distribution]
+    removed: tuple[NormalizedName, ...] = ()
+    patch_dests: frozenset[str] = frozenset()
+    donor_elf: ElfReport | None = None
+    target_elf: ElfReport | None = None
+    manifest: str = "the manifest"
+    before: Mapping[NormalizedName, Distribution] = field(default_factory=dict)
+    changed: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.before:
+            object.__setattr__(self, "before", self.target.latest())
+
+    def side(self, name: str) -> Inventory:
+        """The inventory the distribution ``name`` comes from after apply."""
+        return self.donor if name in self.overlaid else self.target
+
+    def elf(self, name: str) -> ElfReport | None:
+        """The ELF report of the side ``name`` comes from."""
+        return self.donor_elf if name in self.overlaid else self.target_elf
+
+    def changes(self, name: str) -> bool:
+        """Whether apply changes the distribution ``name`` (added, other version, removed)."""
+        if self.changed is not None:
+            return name in self.changed
+        old, new = self.before.get(name), self.after.get(name)  # type: ignore[call-overload]
+        if old is None or new is None:
+            return old is not new
+        return old.raw_version != new.raw_version or (name in self.overlaid and old.dist_info != new.dist_info)
+
+    def objects(self, name: str) -> list[ElfFacts]:
+        """ELF facts of the distribution's shared objects after apply (those that were read).
+
+        A staying distribution's file that an overlaid distribution writes too is left out:
+        after apply it holds the incoming bytes, reported under the incoming distribution
+        (the overlap itself is ``file-owner-conflict``).
+        """
+        dist, report = self.after.get(name), self.elf(name)  # type: ignore[call-overload]
+        if dist is None or report is None:
+            return []
+        arriving = self.arriving if name not in self.overlaid else frozenset()
+        return [report.files[p] for p in sorted(dist.files)
+                if is_shared_object(p) and p in report.files and p not in arriving]
+
+    @cached_property
+    def arriving(self) -> frozenset[str]:
+        """Venv-relative paths the overlaid distributions write."""
+        return frozenset(p for n in self.overlaid for p in self.after[n].files)
+
+    @cached_property
+    def same_context(self) -> bool:
+        """Whether the target runs what the donor runs in the same context: the same Python
+        implementation and ``major.minor``, the same machine type, and a glibc at least as
+        new as the donor's (glibc keeps old symbol versions: a newer one runs what an older
+        one ran). False when either glibc is unknown."""
+        d, t = self.donor.interpreter, self.target.interpreter
+        if (d.implementation, d.minor, d.machine) != (t.implementation, t.minor, t.machine):
+            return False
+        try:
+            return d.glibc is not None and t.glibc is not None and Version(t.glibc) >= Version(d.glibc)
+        except InvalidVersion:
+            return False
+
+    @cached_property
+    def _donor_record(self) -> dict[str, str | None]:
+        return {p: e.record_hash for dist in self.donor.latest().values() for p, e in dist.files.items()}
+
+    def donor_has_file(self, path: str) -> bool:
+        """Whether the file at ``path`` after apply holds the donor's bytes at the same path:
+        it arrives from the donor, or it stays and its RECORD hash equals the donor's
+        (RECORD hashes are the wheel's; ``record-drift`` reports files that differ from them)."""
+        if path in self.arriving:
+            return True
+        entry = self._staying_files.get(path)
+        return entry is not None and entry.record_hash is not None and self._donor_record.get(path) == entry.record_hash
+
+    @cached_property
+    def _staying_files(self) -> dict[str, FileEntry]:
+        """Venv-relative path -> RECORD entry, over the distributions that stay (first one wins)."""
+        out: dict[str, FileEntry] = {}
+        for name, dist in self.after.items():
+            if name not in self.overlaid:
+                for path, entry in dist.files.items():
+                    out.setdefault(path, entry)
+        return out
+
+    def donor_identical(self, name: str) -> bool:
+        """Whether the distribution ``name`` after apply is the donor's own: overlaid, or
+        staying at the donor's version with every RECORD hash equal to the donor's (console
+        scripts aside: each venv's carry its own interpreter line)."""
+        if name in self.overlaid:
+            return True
+        dist, theirs = self.after.get(name), self.donor.latest().get(name)  # type: ignore[call-overload]
+        if dist is None or theirs is None or dist.raw_version != theirs.raw_version:
+            return False
+        scripts = self.target.scripts.rstrip("/") + "/"
+        # console scripts are relocated per venv (apply rewrites their head and RECORD row), so their
+        # rows say nothing about the distribution's bytes
+        mine = {p: e.record_hash for p, e in dist.files.items() if not p.startswith(scripts)}
+        return mine == {p: e.record_hash for p, e in theirs.files.items() if not p.startswith(scripts)}
+
+    def donor_runs(self, names: Sequence[str], paths: Sequence[str] = ()) -> bool:
+        """Whether a fact about ``names`` (and the files ``paths``) holds identically in the
+        donor: :attr:`same_context`, every distribution :meth:`donor_identical` and every file
+        :meth:`donor_has_file`. Such a fact is at most ``info`` (principle: what the donor runs
+        is not, by itself, an error)."""
+        if not names and not paths:
+            return False
+        return (self.same_context and all(self.donor_identical(n) for n in names)
+                and all(self.donor_has_file(p) for p in paths))
+
+
+def pip(venv: str) -> str:
+    """``<venv>/bin/python -m pip``, shell-quoted."""
+    return shlex.join([f"{venv}/bin/python", "-m", "pip"])
+
+
+def describe(dist: Distribution) -> str:
+    """``torch 2.9.0+cu128``."""
+    return f"{dist.display_name} {dist.raw_version}"
+
+
+def severity(env: EnvironmentAfter, names: Sequence[str], paths: Sequence[str] = (), *, donor: bool = True) -> str:
+    """The severity of a fault about ``names`` (and the files ``paths``): ``info`` when it
+    holds identically in the donor (:meth:`EnvironmentAfter.donor_runs`), else ``error`` when
+    apply changes any of ``names``, else ``warning`` (the target has it already and apply
+    changes nothing about it). Source: manifests/REFERENCE.md, "Findings".
+
+    :param donor: False for a fault that depends on the target's GPUs or driver, which the
+        donor's context says nothing about (the donor principle does not apply)."""
+    if donor and env.donor_runs(names, paths):
+        return "info"
+    return "error" if any(env.changes(n) for n in names) else "warning"

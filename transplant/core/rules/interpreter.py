@@ -1,0 +1,232 @@
+"""Interpreter and platform rules: ``interpreter-missing``, ``python-abi-mismatch``,
+``platform-mismatch`` (pure core).
+
+Sources: wheel tags and their compatibility are PEP 425 / PEP 3149 (``EXT_SUFFIX``)
+as computed by ``packaging.tags``; ``abi3`` is PEP 384; manylinux tags are PEP 513
+(manylinux1 = glibc 2.5), PEP 571 (manylinux2010 = 2.12), PEP 599 (manylinux2014 = 2.17)
+and PEP 600 (``manylinux_X_Y``); glibc symbol versions are the GNU ELF symbol
+versioning of ``.gnu.version_r``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.version import InvalidVersion, Version
+
+from transplant.core.plan import Finding
+from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, severity
+
+__all__ = ["interpreter_findings", "python_abi_findings", "platform_findings", "unread_findings"]
+
+_EXT = re.compile(r"\.(cpython-\d+[a-z]*)-[^/]*\.so$")
+_MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(.+)$")
+_LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+_MACHINES = {"x86_64": "EM_X86_64", "amd64": "EM_X86_64", "aarch64": "EM_AARCH64", "arm64": "EM_AARCH64",
+             "ppc64le": "EM_PPC64", "s390x": "EM_S390", "i686": "EM_386"}
+_SHOWN = 8
+
+
+def interpreter_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``interpreter-missing``: the target's pyvenv.cfg ``home`` does not exist, or the
+    target runs another Python (implementation or ``major.minor``) than the donor."""
+    out = []
+    t, d = env.target.interpreter, env.donor.interpreter
+    if t.home_exists is False:
+        home = (t.pyvenv_cfg or {}).get("home", "?")
+        out.append(Finding(
+            code="interpreter-missing", severity="error", dists=(),
+            message=f"the target venv's pyvenv.cfg names home = {home}, which does not exist on "
+                    f"{env.target.hostname}; the venv's python only starts by accident of its symlink",
+            hint=f"repoint the venv at a Python {d.minor} that exists there: "
+                 f"{shlex.join([f'python{d.minor}', '-m', 'venv', '--upgrade', t.prefix])}",
+            files=("pyvenv.cfg",),
+        ))
+    if (d.implementation, d.minor) != (t.implementation, t.minor):
+        out.append(Finding(
+            code="interpreter-missing", severity="error", dists=env.overlaid,
+            message=f"the target venv runs {t.implementation} {t.version} and the donor {d.implementation} "
+                    f"{d.version}; extension modules built for {d.abi_tag} will not load on {t.abi_tag}",
+            hint=f"recreate the target venv with Python {d.minor}: "
+                 f"{shlex.join([f'python{d.minor}', '-m', 'venv', t.prefix])}",
+        ))
+    return out
+
+
+def _loadable(env: EnvironmentAfter) -> set[tuple[str, str]]:
+    """(interpreter, abi) pairs the target interpreter loads (packaging.tags, platform ignored)."""
+    t = env.target.interpreter
+    version = (t.version.major, t.version.minor)
+    pairs = {(tag.interpreter, tag.abi) for tag in cpython_tags(version, platforms=["any"])}
+    pairs |= {(tag.interpreter, tag.abi) for tag in compatible_tags(version, platforms=["any"])}
+    return pairs
+
+
+def python_abi_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``python-abi-mismatch``: an overlaid distribution whose WHEEL tags or extension-module
+    suffixes (``.cpython-311-x86_64-linux-gnu.so``) the target interpreter cannot load;
+    ``abi3`` and ``none`` tags load on any newer CPython 3."""
+    t = env.target.interpreter
+    if t.implementation != "cpython":
+        return []
+    loadable, out = _loadable(env), []
+    own = _EXT.search(f"x{t.ext_suffix or ''}")
+    for name in env.overlaid:
+        dist = env.after[name]
+        bad_tags = [] if any((tag.interpreter, tag.abi) in loadable for tag in dist.wheel_tags) else \
+            sorted({str(tag) for tag in dist.wheel_tags})
+        bad_files = [p for p in sorted(dist.files) if (m := _EXT.search(p)) and own and m.group(1) != own.group(1)]
+        if not bad_tags and not bad_files:
+            continue
+        what = []
+        if bad_tags:
+            what.append(f"its WHEEL tags ({', '.join(bad_tags[:4])}) are not loadable by {t.abi_tag}")
+        if bad_files:
+            what.append(f"{len(bad_files)} extension module(s) end in another ABI suffix than {t.ext_suffix}")
+        if env.same_context:  # the donor's own bytes on the donor's Python: whatever loads them there loads them here
+            out.append(Finding(
+                code="python-abi-mismatch", severity="info", dists=(name,),
+                message=f"{describe(dist)}: " + "; ".join(what) + f"; {DONOR_RUNS} (the donor runs Python "
+                        f"{env.donor.interpreter.version}, the target {t.version})",
+                hint="nothing to do", files=tuple(bad_files[:_SHOWN]),
+            ))
+            continue
+        out.append(Finding(
+            code="python-abi-mismatch", severity=severity(env, [name], donor=False), dists=(name,),
+            message=f"{describe(dist)} from the donor: " + "; ".join(what) + f" (target Python {t.version})",
+            hint=f"remove {name!r} from overlay in {env.manifest} and install a {t.abi_tag} build on the target: "
+                 f"{shlex.join([f'{t.prefix}/bin/python', '-m', 'pip', 'install', f'{dist.display_name}=={dist.raw_version}'])}",
+            files=tuple(bad_files[:_SHOWN]),
+        ))
+    return out
+
+
+def _glibc(text: str | None) -> Version | None:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+def _tag_platform_problem(tag: Tag, machine: str, glibc: Version | None) -> str | None:
+    """Why the target cannot run a wheel built for ``tag``'s platform, or None if it can."""
+    plat = tag.platform
+    if plat == "any":
+        return None
+    match = _MANYLINUX.match(plat)
+    legacy = next((v for k, v in _LEGACY.items() if plat.startswith(k + "_")), None)
+    if match or legacy:
+        need = (int(match.group(1)), int(match.group(2))) if match else legacy
+        arch = match.group(3) if match else plat.split("_", 1)[1]
+        if arch != machine:
+            return f"{plat} is for {arch}, the target is {machine}"
+        if glibc is not None and Version(f"{need[0]}.{need[1]}") > glibc:
+            return f"{plat} needs glibc {need[0]}.{need[1]}, the target has {glibc}"
+        return None
+    if plat.startswith("musllinux_"):
+        return f"{plat} needs musl libc, the target has glibc {glibc}" if glibc is not None else None
+    if plat.startswith("linux_"):
+        arch = plat[len("linux_"):]
+        return None if arch == machine else f"{plat} is for {arch}, the target is {machine}"
+    return f"{plat} is not a Linux platform"
+
+
+def _elf_problems(env: EnvironmentAfter, name: str, machine: str, glibc: Version | None) -> list[tuple[str, bool]]:
+    """(problem, whether the donor has it identically) for each overlaid shared object the
+    target cannot run: another machine type (the donor, of the same machine type, carries
+    the same bytes, so it cannot run them either), or symbol versions the target's glibc or
+    libstdc++ lacks (the donor's glibc lacking them too counts as the donor's)."""
+    report = env.target_elf
+    donor_glibc = _glibc(env.donor.interpreter.glibc)
+    same_machine = env.donor.interpreter.machine == machine
+    cxx = set(report.libstdcxx.versions) if report is not None and report.libstdcxx is not None else None
+    want = _MACHINES.get(machine)
+    problems = []
+    for facts in env.objects(name):
+        if facts.error:
+            continue
+        if want and facts.machine and facts.machine != want:
+            problems.append((f"{facts.path} is {facts.machine}, the target is {want}", same_machine))
+            continue
+        needs = sorted({v for names in facts.version_needs.values() for v in names})
+        too_new = [v for v in needs if v.startswith("GLIBC_") and glibc is not None
+                   and (ver := _glibc(v[len("GLIBC_"):])) is not None and ver > glibc]
+        donor_lacks = bool(too_new) and donor_glibc is not None and all(
+            (ver := _glibc(v[len("GLIBC_"):])) is not None and ver > donor_glibc for v in too_new)
+        if cxx is not None:
+            cxx_new = [v for v in needs if v.startswith(("GLIBCXX_", "CXXABI_")) and v not in cxx]
+            too_new += cxx_new
+            donor_lacks = donor_lacks and not cxx_new  # the donor's libstdc++ is not read: no claim for it
+        if too_new:
+            problems.append((f"{facts.path} needs {', '.join(too_new[:4])}", donor_lacks))
+    return problems
+
+
+def platform_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``platform-mismatch``: overlaid distributions whose shared objects the target cannot
+    run: another machine type, glibc / libstdc++ symbol versions the target's libraries do
+    not define, or a manylinux tag above the target's glibc."""
+    t = env.target.interpreter
+    glibc = _glibc(t.glibc)
+    cxx_lib = env.target_elf.libstdcxx.path if env.target_elf and env.target_elf.libstdcxx else "libstdc++.so.6"
+    out = []
+    for name in env.overlaid:
+        dist = env.after[name]
+        problems = []
+        if dist.wheel_tags:
+            tag_problems = [_tag_platform_problem(tag, t.machine, glibc) for tag in dist.wheel_tags]
+            if all(tag_problems):
+                problems.append(sorted(set(tag_problems))[0])  # type: ignore[type-var]
+        elf = _elf_problems(env, name, t.machine, glibc)
+        carried = [p for p, donor_has in elf if donor_has] if env.same_context or \
+            env.donor.interpreter.machine == t.machine else []
+        problems += [p for p, donor_has in elf if p not in carried]
+        if carried:
+            out.append(Finding(
+                code="platform-mismatch", severity="info", dists=(name,),
+                message=f"{describe(dist)}: {len(carried)} shared object(s) the {t.machine} target cannot load, "
+                        f"carried identically by the {env.donor.interpreter.machine} donor, which cannot load them "
+                        f"either (cross-compile stubs, optional variants): " + "; ".join(carried[:3])
+                        + (f"; and {len(carried) - 3} more" if len(carried) > 3 else "") + "; nothing in the donor "
+                        f"loads them, so nothing here will",
+                hint="nothing to do",
+                files=tuple(p.split(" ", 1)[0] for p in carried[:_SHOWN]),
+            ))
+        if not problems:
+            continue
+        out.append(Finding(
+            code="platform-mismatch", severity=severity(env, [name], donor=False), dists=(name,),
+            message=f"{describe(dist)} from the donor cannot run on the target ({t.machine}, glibc {t.glibc}, "
+                    f"{cxx_lib}): " + "; ".join(problems[:_SHOWN])
+                    + (f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""),
+            hint=f"remove {name!r} from overlay in {env.manifest} and install a build for the target's platform "
+                 f"there: {shlex.join([f'{t.prefix}/bin/python', '-m', 'pip', 'install', f'{dist.display_name}=={dist.version.public if dist.version else dist.raw_version}'])}"
+                 f" (or upgrade the target's OS to glibc/libstdc++ at least as new as the donor's)",
+            files=tuple(p.split(" ", 1)[0] for p in problems if "/" in p.split(" ", 1)[0])[:_SHOWN],
+        ))
+    return out
+
+
+def unread_findings(env: EnvironmentAfter) -> list[Finding]:
+    """``binary-unreadable``: overlaid shared objects the ELF reader could not read (not ELF,
+    truncated, refused) or read only in part; the binary checks did not cover them, and
+    the plan says so rather than passing them silently."""
+    out = []
+    for name in env.overlaid:
+        dist = env.after[name]
+        problems = [f"{f.path}: {f.error}" for f in env.objects(name) if f.error]
+        problems += [f"{f.path}: {note}" for f in env.objects(name) for note in f.notes]
+        if not problems:
+            continue
+        out.append(Finding(
+            code="binary-unreadable", severity="warning", dists=(name,),
+            message=f"{describe(dist)}: {len(problems)} shared object(s) could not be read (fully) as ELF, so the "
+                    f"platform, CUDA and libtorch checks did not cover them: " + "; ".join(problems[:3])
+                    + (f"; and {len(problems) - 3} more" if len(problems) > 3 else ""),
+            hint=f"reinstall {dist.display_name} on the donor from its wheel, or check those files by hand "
+                 f"(readelf -d FILE)",
+            files=tuple(p.split(": ", 1)[0] for p in problems[:_SHOWN]),
+        ))
+    return out

@@ -1,0 +1,159 @@
+"""Where the donor's facts and bytes come from (edge): a live host, or a snapshot; fallbacks.
+
+A donor source answers three questions: the donor's inventory, the ELF facts of some of
+its files, and where rsync reads its files (a host and a folder). :class:`HostSource` asks
+the donor host; :class:`transplant.donor.snapshot.SnapshotSource` answers from a snapshot on the
+controller. :func:`open_donor` tries the manifest's ``donor`` and then each
+``donor.fallback`` in order, and says which one it used and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from transplant.core.elf_facts import ElfReport
+from transplant.hosts.elf_facts import read_elf_facts
+from transplant.errors import TransplantError
+from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.core.hostspec import HostSpec
+from transplant.core.inventory import Inventory
+from transplant.core.manifest import Endpoint, Manifest, SnapshotRef
+from transplant.hosts.probing import take_inventory
+from transplant.donor.snapshot import SnapshotSource, load_snapshot
+
+__all__ = ["DonorSource", "HostSource", "Opened", "open_donor", "as_source", "NoDonorError"]
+
+
+class DonorSource(Protocol):
+    """What plan and apply need of a donor (see the module docstring)."""
+
+    label: str
+
+    def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
+                  timeout: float | None = None, record: bool = True) -> Inventory:
+        """The donor venv's inventory, the distributions ``hash_patterns`` selects hashed;
+        ``texts`` are venv-relative files whose text it carries; ``timeout`` in seconds (None:
+        the probe's default); ``record`` False reads metadata only.
+
+        :raises TransplantError: the donor cannot be read (a host error, a damaged snapshot).
+        """
+        ...
+
+    def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
+        """ELF facts of ``files`` (venv-relative), as :func:`transplant.hosts.elf_facts.read_elf_facts`."""
+        ...
+
+    def files(self, paths: Sequence[str]) -> tuple[Host, str]:
+        """(host, folder) from which rsync reads ``paths`` (venv-relative): the donor host and its
+        venv, or the controller and a snapshot's view.
+
+        :raises TransplantError: a path cannot be served (a snapshot lacks it or fails its hash).
+        """
+        ...
+
+
+class HostSource:
+    """A live donor: a connected host and its venv."""
+
+    def __init__(self, host: Host, venv: str) -> None:
+        self.host = host
+        self.venv = venv
+        self.label = f"{host.label}:{venv}"
+
+    def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
+                  timeout: float | None = None, record: bool = True) -> Inventory:
+        """The probe's inventory, the ``hash_patterns`` distributions hashed (``record`` False: metadata only)."""
+        return take_inventory(self.host, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout,
+                              record=record)
+
+    def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
+        """:func:`transplant.hosts.elf_facts.read_elf_facts` on the donor."""
+        return read_elf_facts(self.host, self.venv, files, **kwargs)
+
+    def files(self, paths: Sequence[str]) -> tuple[Host, str]:
+        """The donor host and its venv: rsync reads the files there."""
+        return self.host, self.venv
+
+
+def as_source(donor: Host | DonorSource, venv: str) -> DonorSource:
+    """A source for ``donor``: a :class:`Host` is wrapped in a :class:`HostSource` for ``venv``."""
+    return HostSource(donor, venv) if isinstance(donor, Host) else donor
+
+
+class NoDonorError(TransplantError):
+    """No donor source could be used; the message lists why for each."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Opened:
+    """The donor source in use.
+
+    :ivar manifest: the manifest with ``donor`` the host and venv the facts are of (for a
+        snapshot, the donor it was taken from), for the planner and the saved-plan checks.
+    :ivar source: the source; :ivar which: ``donor`` or ``donor.fallback[i]``.
+    :ivar why: one line: why this source (the ones tried before and why they failed).
+    :ivar host: the connected donor host, or None for a snapshot.
+    """
+
+    manifest: Manifest
+    source: DonorSource
+    which: str
+    why: str
+    host: Host | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"which", "source", "why"}`` for JSON output."""
+        return {"which": self.which, "source": self.source.label, "why": self.why}
+
+
+def _open_one(entry: Endpoint | SnapshotRef, manifest: Manifest, ssh: SSHOptions, stack: ExitStack,
+              store: Path | None) -> tuple[Manifest, DonorSource, Host | None]:
+    if isinstance(entry, SnapshotRef):
+        snap = load_snapshot(entry.path, base=Path(manifest.path).resolve().parent, store=store)
+        source = stack.enter_context(SnapshotSource(snap))
+        donor = Endpoint(host=HostSpec.parse(snap.donor_host), venv=snap.donor_venv)
+        return dataclasses.replace(manifest, donor=donor), source, None
+    host = stack.enter_context(connect(entry.host, ssh))
+    return dataclasses.replace(manifest, donor=entry), HostSource(host, entry.venv), host
+
+
+def open_donor(manifest: Manifest, ssh: SSHOptions, stack: ExitStack, *, store: Path | None = None,
+               say: Callable[[str], None] | None = None) -> Opened:
+    """Open the manifest's donor, or the first ``donor.fallback`` that works.
+
+    A host is used when it can be reached (the SSH connection opens; a venv that is not
+    there is found by the probe later and is an error, not a reason to fall back); a
+    snapshot when its index can be read.
+
+    :param stack: connections and snapshot views are closed with it.
+    :param store: the default snapshot store (None: the state folder's).
+    :param say: called with a line for each source that failed.
+    :raises NoDonorError: none could be used; each reason is listed. Without fallbacks, the
+        donor's own error (HostError, SnapshotError) is raised as it is.
+    """
+    entries = [("donor", manifest.donor)] + [(f"donor.fallback[{i}]", e) for i, e in enumerate(manifest.fallback)]
+    failed: list[str] = []
+    for which, entry in entries:
+        try:
+            effective, source, host = _open_one(entry, manifest, ssh, stack, store)
+        except TransplantError as exc:
+            if len(entries) == 1:
+                raise
+            line = f"{which} ({entry}) cannot be used: {exc.message.splitlines()[0]}"
+            failed.append(line)
+            if say is not None:
+                say(line)
+            continue
+        if not failed:
+            why = "the manifest's donor" + (" (a snapshot)" if isinstance(entry, SnapshotRef) else "")
+        else:
+            why = f"{which}, because " + "; ".join(failed)
+        return Opened(manifest=effective, source=source, which=which, why=why, host=host)
+    raise NoDonorError(f"{manifest.path}: no donor source can be used:\n  " + "\n  ".join(failed),
+                       hint="bring the donor back, or add a snapshot or another host under donor.fallback "
+                            "(take a snapshot while the donor is up: transplant snapshot MANIFEST)")

@@ -1,0 +1,1 @@
+"""Fleets: one manifest on many targets (edge)."""

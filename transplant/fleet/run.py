@@ -1,0 +1,214 @@
+"""Fleets: plan, apply and verify one manifest on many targets in parallel (edge).
+
+The donor is read once, whatever the number of targets: for plan and apply, a live donor
+is first captured into a snapshot on the controller (:func:`transplant.donor.snapshot.capture`:
+one probe and one rsync of the files the store lacks), and every target is then served
+from that snapshot's view folder; verify reads the donor's inventory once for every
+target's requirements stage. Each target runs in its own worker (at most ``jobs`` at a
+time) with its own SSH connection; one target's failure is its own result and never
+stops or hides another's (the habit of Fabric's ``Group`` results).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from transplant.apply.execute import ApplyResult, default_state_dir, execute
+from transplant.errors import TransplantError
+from transplant.controller.documents import read_patch_files
+from transplant.hosts.gather import gather
+from transplant.hosts.host import SSHOptions, connect
+from transplant.core.inventory import Inventory
+from transplant.core.manifest import Endpoint, Manifest
+from transplant.core.plan import Plan
+from transplant.core.planner import plan as make_plan
+from transplant.donor.provenance import make_recipe, record_verified, verified_log
+from transplant.donor.snapshot import SnapshotSource, capture
+from transplant.donor.sources import HostSource, Opened
+from transplant.verify.judges import StageResult, overall_ok
+from transplant.verify.runner import run_stages
+
+__all__ = ["TargetResult", "DonorRead", "FleetError", "check_fleet", "serve_from_snapshot", "run_target", "run_fleet",
+           "fleet_exit"]
+
+EXIT_OK, EXIT_FAIL, EXIT_CHANGES, EXIT_BLOCKED = 0, 1, 2, 3
+
+
+class FleetError(TransplantError):
+    """The fleet cannot run as asked (a target named twice or that is a donor, a bad ``--jobs``); nothing ran."""
+
+
+def _place_key(end: Endpoint) -> tuple[str, int, str]:
+    """Where a venv really is: host name (case folded), port (None is SSH's 22), venv path
+    normalised; the login name is left out (two users on one host share its files)."""
+    host = end.host
+    return host.hostname.lower(), 22 if host.port is None else host.port, posixpath.normpath(end.venv)
+
+
+def check_fleet(targets: Sequence[Endpoint], donors: Sequence[Endpoint], jobs: int) -> int:
+    """Refuse a fleet that would run two applies on one venv, or write into a donor.
+
+    :param donors: the donor and its fallback hosts (snapshots are not endpoints).
+    :param jobs: the concurrency limit asked for (``--jobs``).
+    :returns: the number of workers to start: ``jobs``, at most one per target.
+    :raises FleetError: ``jobs`` below 1; a venv named twice (``root@h:/v`` and ``h:22:/v/``
+        are one venv); a target that is a donor's venv.
+    """
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise FleetError(f"--jobs {jobs}: the number of targets worked on at a time must be 1 or more",
+                         hint="write e.g. --jobs 4")
+    seen: dict[tuple[str, int, str], Endpoint] = {}
+    for t in targets:
+        key = _place_key(t)
+        if key in seen:
+            raise FleetError(f"targets {seen[key]} and {t} are one venv on one host; two applies at once would "
+                             f"race on it", hint="name each host and venv once (targets: or --target)")
+        seen[key] = t
+    for d in donors:
+        if _place_key(d) in seen:
+            raise FleetError(f"target {seen[_place_key(d)]} is the donor venv {d}", hint="name another host or venv")
+    return max(1, min(jobs, len(targets)))
+
+
+@dataclass(kw_only=True)
+class TargetResult:
+    """One target's outcome.
+
+    :ivar code: the exit code the single-target command would give (plan 0/2/3, apply
+        0/3, verify 0/3, 1 when it could not do its job).
+    :ivar error: the error message (and ``hint``) when ``code`` is 1 for a failure.
+    :ivar plan: the plan made (plan, apply), or None; :ivar applied: the apply result, or
+        None; :ivar stages: the verify results, or None when verify did not run.
+    :ivar seconds: wall-clock time of this target's work.
+    """
+
+    target: Endpoint
+    code: int = EXIT_OK
+    error: str | None = None
+    hint: str | None = None
+    plan: Plan | None = None
+    applied: ApplyResult | None = None
+    stages: list[StageResult] | None = None
+    seconds: float = 0.0
+    note: str = ""
+
+
+@dataclass(kw_only=True)
+class DonorRead:
+    """What was read from the donor for the whole fleet: ``bytes`` of file content on the
+    wire (rsync's count; 0 when every file was already in the store), ``files`` distinct
+    contents fetched, ``snapshot`` the index file that served the targets (None for verify)."""
+
+    bytes: int = 0
+    files: int = 0
+    snapshot: str | None = None
+
+
+def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
+                        step: Callable[[str], None] | None = None) -> tuple[Opened, DonorRead]:
+    """A live donor is captured once into ``store`` and replaced by that snapshot; a snapshot
+    source is kept as it is.
+
+    :raises HostError: the donor could not be read; :raises SnapshotError: as :func:`capture`.
+    """
+    if not isinstance(opened.source, HostSource):
+        return opened, DonorRead(snapshot=str(getattr(opened.source, "snapshot").path))
+    result = capture(opened.manifest, opened.source.host, store, step=step)
+    source = stack.enter_context(SnapshotSource(result.snapshot))
+    read = DonorRead(bytes=result.bytes_read, files=result.fetched, snapshot=str(result.snapshot.path))
+    why = f"{opened.why}; captured once as snapshot {result.snapshot.id}, which serves every target"
+    return dataclasses.replace(opened, source=source, why=why), read
+
+
+def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened, ssh: SSHOptions, *,
+               force: bool = False, verify_after: bool = False,
+               donor_inventory: Callable[[], Inventory | None] | None = None) -> TargetResult:
+    """Plan, apply or verify one target (``action``: ``plan``, ``apply`` or ``verify``).
+
+    :param force: apply despite error findings; :param verify_after: verify after apply.
+    :param donor_inventory: for verify, the donor's inventory (read once for the fleet).
+    :returns: the result; errors are caught into it, never raised.
+    """
+    started = time.monotonic()
+    result = TargetResult(target=target)
+    m = dataclasses.replace(manifest, target=target, targets=(target,))
+    try:
+        with connect(target.host, ssh) as host:
+            if action in ("plan", "apply"):
+                patches = read_patch_files(m)
+                facts = gather(m, opened.source, host, patches)
+                plan = make_plan(m, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
+                                 target_elf=facts.target_elf)
+                result.plan = plan
+                result.code = EXIT_BLOCKED if plan.blocking else EXIT_CHANGES if plan.has_changes else EXIT_OK
+                if action == "apply":
+                    if plan.refused:
+                        result.note = "refused: " + ", ".join(sorted({f.code for f in plan.refused})) + \
+                            " cannot be forced"
+                    elif plan.blocking and not force:
+                        result.note = "blocked by error findings (--force overrides)"
+                    else:
+                        result.code = EXIT_OK
+                        if plan.has_changes:
+                            paths = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
+                            donor_host, root = opened.source.files(paths)
+                            result.applied = execute(plan, donor=donor_host, target=host,
+                                                     manifest_dir=Path(m.path).resolve().parent,
+                                                     state_dir=default_state_dir(), donor_root=root,
+                                                     recipe=make_recipe(m, plan, opened))
+                        else:
+                            result.note = "nothing to change"
+            if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):
+                result.stages = run_stages(m.verify, target=host, venv=target.venv, donor_inventory=donor_inventory)
+                ok = overall_ok(result.stages)
+                record_verified(host, target.venv, ok, time.time(), log=verified_log(default_state_dir()), ssh=ssh)
+                result.code = EXIT_OK if ok else EXIT_BLOCKED
+    except TransplantError as exc:
+        result.code, result.error, result.hint = EXIT_FAIL, exc.message, exc.hint
+    except Exception as exc:  # noqa: BLE001 - one target's fault must not hide the others' results
+        result.code, result.error = EXIT_FAIL, f"{type(exc).__name__}: {exc}"
+        result.hint = "an unexpected error on this target only; run it alone to see the traceback"
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], opened: Opened, ssh: SSHOptions, *,
+              jobs: int = 4, force: bool = False, verify_after: bool = False,
+              donor_inventory: Callable[[], Inventory | None] | None = None,
+              done: Callable[[TargetResult], None] | None = None) -> list[TargetResult]:
+    """:func:`run_target` for every target, at most ``jobs`` at a time; results in ``targets`` order.
+
+    :param done: called (from a worker thread, one call at a time) as each target finishes.
+    :raises FleetError: as :func:`check_fleet` (nothing ran).
+    """
+    workers = check_fleet(targets, [], jobs)
+    lock = threading.Lock()
+
+    def one(target: Endpoint) -> TargetResult:
+        res = run_target(action, manifest, target, opened, ssh, force=force, verify_after=verify_after,
+                         donor_inventory=donor_inventory)
+        if done is not None:
+            with lock:
+                done(res)
+        return res
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, targets))
+
+
+def fleet_exit(results: Sequence[TargetResult]) -> int:
+    """The fleet's exit code: 0 when every target gave 0; else the worst code, 1 (a target
+    failed) before 3 (blocked, or a verify stage failed) before 2 (plan: changes to make)."""
+    codes = {r.code for r in results}
+    for code in (EXIT_FAIL, EXIT_BLOCKED, EXIT_CHANGES):
+        if code in codes:
+            return code
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""The host edge: commands on hosts, host scripts run and read, rsync."""

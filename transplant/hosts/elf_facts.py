@@ -1,0 +1,83 @@
+"""Read ELF facts of a venv's shared objects on its host (edge): the ``elf_facts`` script.
+
+The host needs no pyelftools: the controller sends the source of its own installed
+``elftools`` package with the request, and the script imports it from memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+import elftools
+
+from transplant.core.elf_facts import ElfReport, parse_elf_report
+from transplant.hosts.host import Host
+from transplant.hosts.probing import run_script
+
+__all__ = ["read_elf_facts", "elftools_sources"]
+
+
+@functools.cache
+def _sources() -> tuple[tuple[str, str], ...]:
+    root = Path(elftools.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] not in ("tests", "test"):
+            found.append((f"elftools/{rel.as_posix()}", path.read_text(encoding="utf-8")))
+    return tuple(found)
+
+
+def elftools_sources() -> dict[str, str]:
+    """The controller's pyelftools as ``{"elftools/elf/elffile.py": source, ...}``.
+
+    Keys are POSIX paths relative to site-packages (every ``*.py`` of the package, tests
+    left out); the files are read once per process.
+    """
+    return dict(_sources())
+
+
+def read_elf_facts(
+    host: Host,
+    venv: str,
+    files: Sequence[str],
+    *,
+    torch_symbols: bool = True,
+    torch_symbols_skip: Sequence[str] = (),
+    device_code: bool = False,
+    defined: tuple[Sequence[str], Sequence[str]] | None = None,
+    libstdcxx: bool = False,
+    timeout: float | None = 600.0,
+) -> ElfReport:
+    """Describe shared objects of a venv, reading them on its host with the venv's python.
+
+    :param files: venv-relative POSIX paths; each gets an :class:`~transplant.core.elf_facts.ElfFacts`,
+        with ``error`` set for a missing, non-ELF or out-of-venv file.
+    :param torch_symbols: gather undefined libtorch symbols of files that link libtorch/libc10.
+    :param torch_symbols_skip: files among ``files`` not to scan for them (torch's own
+        libraries, whose symbol tables take seconds to read and are not needed).
+    :param device_code: list the ``.nv_fatbin`` entries (SASS and PTX) of each file.
+    :param defined: ``(libraries, symbols)``: venv-relative libraries and symbol names to
+        answer "does any of these define it" (``ElfReport.defined``); None asks nothing.
+    :param libstdcxx: report the ``libstdc++.so.6`` the venv's interpreter loads
+        (``ElfReport.libstdcxx``, None when it cannot be loaded).
+    :param timeout: seconds for the whole script; None waits without limit.
+    :raises HostError: as :func:`transplant.hosts.probing.run_script` (host unreachable, python
+        missing, script failed).
+    :raises ProbeError: the reply is of another schema or malformed.
+    """
+    request: dict[str, object] = {
+        "modules": elftools_sources(),
+        "files": list(files),
+        "torch_symbols": torch_symbols,
+        "torch_symbols_skip": list(torch_symbols_skip),
+        "device_code": device_code,
+        "libstdcxx": libstdcxx,
+    }
+    if defined is not None:
+        libraries, symbols = defined
+        request["defined"] = {"files": list(libraries), "symbols": list(symbols)}
+    document = run_script(host, venv, "elf_facts", request=request, timeout=timeout)
+    return parse_elf_report(document, label=f"{host.label}:{venv}")

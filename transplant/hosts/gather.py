@@ -1,0 +1,181 @@
+"""Gather what a plan needs from both hosts (edge): inventories, then ELF facts.
+
+1. The donor and the target are probed side by side (the overlaid distributions
+   hashed; the target's patch destinations; ``torch/version.py`` on both).
+2. When an overlaid distribution is an editable install on the donor, the target is
+   asked whether its source folders exist there.
+3. The shared objects are read with pyelftools on each host, side by side: on the
+   donor those of the overlaid distributions (with their device code when the target
+   has GPUs), on the target those of the distributions that stay (and its libstdc++).
+4. The undefined libtorch symbols of every shared object linked to libtorch are
+   looked up in the libraries of the torch the target holds after apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from transplant.core.elf_facts import ElfReport, is_shared_object
+from transplant.core.closure import expand
+from transplant.hosts.elf_facts import read_elf_facts
+from transplant.hosts.host import Host
+from transplant.core.inventory import Distribution, Inventory
+from transplant.core.manifest import Endpoint, Manifest
+from transplant.core.planner import PatchFile, selected_names
+from transplant.hosts.probing import take_inventory
+from transplant.core.rules.libtorch import links_libtorch, torch_libraries
+from transplant.core.rules.venvfiles import editable_sources
+from transplant.donor.snapshot import TEXTS
+from transplant.donor.sources import DonorSource, as_source
+
+__all__ = ["Facts", "gather"]
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """Both inventories and both ELF reports, ready for :func:`transplant.core.planner.plan`."""
+
+    donor: Inventory
+    target: Inventory
+    donor_elf: ElfReport
+    target_elf: ElfReport
+
+
+def _objects(dists: Sequence[Distribution]) -> list[str]:
+    return sorted({p for d in dists for p, e in d.files.items()
+                   if is_shared_object(p) and e.exists and e.symlink is None and not e.error})
+
+
+_IDENTITY = ("import os, sys\n"
+             "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
+             "except OSError:\n    boot = ''\n"
+             "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n")
+
+
+def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[str, int, int] | None:
+    """(boot id, device, inode) of the folder ``venv`` on ``host``, symlinks followed: two spellings
+    of one folder (a symlink, a bind mount, another host name for the same machine) give the same
+    triple. None when it cannot be told (no boot id, the venv's python does not run)."""
+    from transplant.hosts.probing import venv_python
+
+    result = host.run([venv_python(venv), "-I", "-S", "-c", _IDENTITY, venv], timeout=timeout)
+    words = result.stdout.decode("ascii", "replace").split()
+    if not result.ok or len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
+        return None
+    return words[0], int(words[1]), int(words[2])
+
+
+def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
+    """Refuse a target venv that is the donor's venv under another name, compared by device and
+    inode on the same machine (not by path strings).
+
+    :raises TransplantError: it is (nothing was written).
+    """
+    from transplant.errors import TransplantError
+
+    mine = venv_identity(donor_host, manifest.donor.venv)
+    theirs = venv_identity(target_host, manifest.target.venv)
+    if mine is not None and mine == theirs:
+        raise TransplantError(
+            f"{manifest.path}: the target {manifest.target} is the donor {manifest.donor} under another name (the "
+            f"same folder: a symlink, a bind mount or another host name); applying would remove files from the "
+            f"donor; nothing was changed",
+            hint="name another venv as the target in the manifest's target: (a copy: transplant clone)")
+
+
+def expand_closures(manifest: Manifest, source: DonorSource, target_host: Host, *, timeout: float | None = 600.0,
+                    step: Callable[[str], None] | None = None) -> Manifest:
+    """The manifest with its closures computed from a metadata-only probe of both venvs
+    (versions and Requires-Dist, no RECORD read, nothing hashed: a few seconds even on a
+    200-distribution venv), so the hashing probe that follows hashes exactly the closure's
+    distributions. The planner computes the closure again from the hashed inventories; both
+    read the same METADATA, so they agree unless a venv changed in between (then the plan's
+    fingerprint check on apply refuses the plan as stale).
+
+    :returns: ``manifest`` itself when it has no closure, else
+        :func:`transplant.core.closure.expand`'s manifest (overlay = exact names, no closures).
+    :raises HostError: a host could not be reached; :raises ProbeError: as :func:`take_inventory`.
+    """
+    if not manifest.closures:
+        return manifest
+    if step is not None:
+        step(f"reading both venvs' metadata for the overlay closure(s) {', '.join(manifest.closures)}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        d = pool.submit(source.inventory, hash_patterns=(), timeout=timeout, record=False)
+        t = pool.submit(take_inventory, target_host, manifest.target.venv, record=False, timeout=timeout)
+        donor, target = d.result(), t.result()
+    return expand(manifest, donor, target)[0]
+
+
+def gather(
+    manifest: Manifest,
+    donor_host: Host | DonorSource,
+    target_host: Host,
+    patches: Sequence[PatchFile] = (),
+    *,
+    step: Callable[[str], None] | None = None,
+    timeout: float | None = 600.0,
+) -> Facts:
+    """Probe both venvs and read their shared objects, as the module docstring says.
+
+    :param donor_host: the connected donor host, or a donor source (a snapshot: see
+        :mod:`transplant.donor.sources`).
+    :param step: called with a line describing each step (for a spinner), or None.
+    :param timeout: seconds for each host script.
+    :raises TransplantError: the target is the donor's venv under another name (device and inode).
+    :raises HostError: a host could not be reached or a script failed there.
+    :raises ProbeError: a host script reported something malformed.
+    """
+    say = step or (lambda _line: None)
+    m = manifest
+    source = as_source(donor_host, m.donor.venv)
+    live = getattr(source, "host", None)  # a host donor (a snapshot has none): it must not be the target
+    if isinstance(live, Host):
+        refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
+                           live, target_host)
+    m = expand_closures(m, source, target_host, timeout=timeout, step=say)
+    say(f"probing the donor {m.donor} and the target {m.target} (hashing the overlaid distributions)")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)
+        t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
+                        site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout)
+        donor, target = d.result(), t.result()
+    names = selected_names(m.overlay, donor)
+    removed = set(selected_names(m.remove, target)) - set(names)
+    donor_latest = donor.latest()
+    sources = sorted({p for n in names for p in editable_sources(donor_latest[n], donor)})
+    if sources:
+        say(f"checking {len(sources)} editable source folder(s) on the target")
+        seen = take_inventory(target_host, m.target.venv, record=False, paths_exist=sources, timeout=timeout)
+        target = replace(target, elsewhere=seen.elsewhere)
+    moving = [donor_latest[n] for n in names]
+    staying = [d for d in target.distributions if d.name not in names and d.name not in removed]
+    say("reading the shared objects on both hosts (pyelftools)")
+    own_torch = [p for inv in (donor, target) for d in inv.distributions if d.name == "torch" for p in d.files
+                 if is_shared_object(p)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        de = pool.submit(source.elf, _objects(moving), torch_symbols_skip=own_torch,
+                         device_code=bool(target.nvidia.gpus), timeout=timeout)
+        te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), torch_symbols_skip=own_torch,
+                         libstdcxx=True, timeout=timeout)
+        donor_elf, target_elf = de.result(), te.result()
+    torch_side = "donor" if "torch" in names else "target"
+    torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")  # type: ignore[call-overload]
+    own = set(torch.files) if torch is not None else set()
+    wanted = sorted({s for report in (donor_elf, target_elf) for f in report.files.values()
+                     if f.path not in own and links_libtorch(f)
+                     for s in f.torch_undefined})
+    libraries = torch_libraries(torch)
+    if wanted and libraries:
+        say(f"looking up {len(wanted)} libtorch symbol(s) in the {torch_side}'s torch")
+        lookup = source if torch_side == "donor" else as_source(target_host, m.target.venv)
+        answer = lookup.elf([], torch_symbols=False, defined=(libraries, wanted), timeout=timeout)
+        found = {"defined": answer.defined, "defined_in": answer.defined_in}
+        if torch_side == "donor":
+            donor_elf = replace(donor_elf, **found)
+        else:
+            target_elf = replace(target_elf, **found)
+    return Facts(donor=donor, target=target, donor_elf=donor_elf, target_elf=target_elf)

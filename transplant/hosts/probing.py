@@ -1,0 +1,121 @@
+"""Run a host script in a venv and read its JSON (edge): the inventory probe and friends."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from transplant import remote
+from transplant.errors import HostError, ProbeError
+from transplant.hosts.host import Host
+from transplant.core.inventory import Inventory, parse_inventory
+
+__all__ = ["venv_python", "run_script", "take_inventory"]
+
+
+def venv_python(venv: str) -> str:
+    """The interpreter of a venv: ``<venv>/bin/python``."""
+    return posixpath.join(venv, "bin", "python")
+
+
+def run_script(
+    host: Host,
+    venv: str,
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    request: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 600.0,
+    python: str | None = None,
+) -> dict[str, Any]:
+    """Run the host script ``script`` (see :mod:`transplant.remote`) with the venv's python.
+
+    Without ``request`` the script goes on standard input (``python - ARGS``); with one,
+    the script is passed with ``-c`` and the request as JSON on standard input.
+
+    :param timeout: seconds; None waits without limit.
+    :param python: the interpreter to run instead of the venv's ``bin/python`` (a base
+        interpreter, before the venv exists); None runs the venv's own.
+    :returns: the JSON object the script printed (its last line of output).
+    :raises HostError: the host cannot be reached, the venv's python is missing or does
+        not start, or the script printed no JSON (its stderr tail is in the message).
+    """
+    python = python or venv_python(venv)
+    label = f"{host.label}:{venv}"
+    code = remote.source(script)
+    # the probe, the ELF reader and the applier run isolated: no site (a .pth file is code the
+    # venv would run), no PYTHON* variables, no user site-packages
+    flags = ["-I", "-S"] if script in remote.ISOLATED else []
+    if request is None:
+        argv, stdin = [python, *flags, "-", *args], code
+    else:
+        argv, stdin = [python, *flags, "-c", code.decode(), *args], json.dumps(request).encode()
+    result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
+    lines = [line for line in result.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
+    missing = b"No such file" in result.stderr or b"not found" in result.stderr
+    if not lines and result.returncode in (126, 127) and missing and b"shared librar" not in result.stderr:
+        raise HostError(
+            f"{label}: {python} does not exist or points to nothing; is {venv} a venv on {host.label}?",
+            hint=f"create it there ({shlex.join(['python3', '-m', 'venv', venv])}), repair it "
+                 f"({shlex.join(['python3', '-m', 'venv', '--upgrade', venv])}), or correct the venv path",
+            code="interpreter-missing",
+        )
+    if not lines:
+        tail = result.stderr.decode("utf-8", "replace").strip()[-800:]
+        by_hand = shlex.join([python, "-c", "print(1)"])
+        if host.label != "local":
+            by_hand = f"ssh {shlex.quote(host.label)} {shlex.quote(by_hand)}"
+        raise HostError(
+            f"{label}: the {script} script failed in the venv's python (exit {result.returncode}): {tail}",
+            hint=f"check that the venv's python starts: {by_hand}",
+        )
+    try:
+        document = json.loads(lines[-1])
+    except ValueError as exc:
+        raise HostError(f"{label}: the {script} script printed something that is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise HostError(f"{label}: the {script} script printed {type(document).__name__}, expected an object")
+    return document
+
+
+def take_inventory(
+    host: Host,
+    venv: str,
+    *,
+    hash_patterns: Sequence[str] = (),
+    files: Sequence[str] = (),
+    site_files: Sequence[str] = (),
+    record: bool = True,
+    texts: Sequence[str] = (),
+    paths_exist: Sequence[str] = (),
+    timeout: float | None = 600.0,
+) -> Inventory:
+    """Probe a venv and parse its inventory.
+
+    :param hash_patterns: normalised distribution names or globs whose files are hashed
+        (``*`` for all); others report RECORD facts only.
+    :param files: venv-relative paths to hash as well.
+    :param site_files: site-packages-relative paths to hash as well (patch destinations);
+        they are reported by their venv-relative path.
+    :param record: False skips RECORD files (``Distribution.record`` is None): metadata
+        only, for dependency checks.
+    :param texts: site-packages-relative small text files to read (``torch/version.py``).
+    :param paths_exist: absolute paths on the host whose existence to report.
+    :raises HostError: as :func:`run_script`.
+    :raises ProbeError: the report is of another schema or malformed.
+    """
+    request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
+               "record": record, "texts": list(texts), "paths_exist": list(paths_exist)}
+    document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
+    label = f"{host.label}:{venv}"
+    inventory = parse_inventory(document, label=label)
+    if posixpath.normpath(inventory.interpreter.prefix) != posixpath.normpath(venv):
+        raise ProbeError(
+            f"{label}: {venv_python(venv)} runs in {inventory.interpreter.prefix}, not in {venv}",
+            hint="name the venv's own folder (the one with pyvenv.cfg), not a symlink to it",
+        )
+    return inventory

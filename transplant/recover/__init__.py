@@ -1,0 +1,1 @@
+"""Recover a known-good state and read a target's status (edge)."""

@@ -1,0 +1,133 @@
+"""What a target holds and whether it still does (edge): ``transplant status HOST:VENV``.
+
+The target's own records are the source (``<venv>/.transplant/``): each committed
+transaction's ``after.json`` (the state it left, path -> hash, None for a removal) and the
+history events (``started`` with its source and recipe, ``applied``, ``verified``). The
+state the venv should be in is every committed transaction's ``after`` in order, a later
+one winning for a path; each path is hashed on the target now and compared, and every
+one that no longer matches is drift. A committed transaction whose history has no outcome (its
+host script completed the commit after the controller died) gets it recorded first, under the
+target's lock (see :func:`transplant.apply.txn.record_completed`); while another apply holds the lock it
+is listed as ``unrecorded`` instead. Bytecode (``__pycache__/*.pyc``) is left out: the
+interpreter rewrites it whenever it finds it stale (PEP 3147), so a changed ``.pyc`` is a
+cache refreshed, not an edit; its source file is checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from transplant.apply import txn
+from transplant.hosts.host import Host
+from transplant.core.planner import pyc_source
+from transplant.donor.provenance import committed
+
+__all__ = ["Applied", "Status", "read_status"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Applied:
+    """One committed transaction: ``id``, ``source`` (the donor or snapshot label), ``applied``
+    (seconds since the epoch, None when unrecorded), ``verified`` (True / False for the newest
+    verify after it, None when none ran), ``manifest`` (the path apply was given, or None)."""
+
+    id: str
+    source: str
+    applied: float | None
+    verified: bool | None
+    manifest: str | None
+    snapshot: str | None
+    files: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Status:
+    """A target's status: ``transactions`` oldest first, ``interrupted`` ids, ``drift`` lines
+    (one per path that no longer matches its recorded state) out of ``checked`` paths (the
+    applied paths, bytecode left out); ``completed``: commits a host script completed after its
+    controller died, whose outcome was recorded now; ``unrecorded``: ids of such commits that
+    could not be recorded now (another apply holds the lock)."""
+
+    where: str
+    transactions: tuple[Applied, ...]
+    interrupted: tuple[str, ...]
+    drift: tuple[str, ...]
+    checked: int
+    unrecorded: tuple[str, ...] = ()
+    completed: tuple[txn.Completed, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (schema ``transplant.status/1``)."""
+        return {"schema": "transplant.status/1", "where": self.where,
+                "transactions": [t.__dict__ for t in self.transactions], "interrupted": list(self.interrupted),
+                "drift": list(self.drift), "checked": self.checked, "unrecorded": list(self.unrecorded),
+                "completed": [{"id": c.id, "outcome": c.outcome, "committed_at": c.committed_at}
+                              for c in self.completed]}
+
+
+def _event(events: list[dict[str, Any]], txid: str, name: str) -> dict[str, Any] | None:
+    found = [e for e in events if e.get("id") == txid and e.get("event") == name]
+    return found[-1] if found else None
+
+
+def _text(value: Any) -> str | None:
+    """A recorded text field, or None when the history holds something else there (it is the host's input)."""
+    return value if isinstance(value, str) else None
+
+
+def _record_completed(host: Host, venv: str, say: txn.Say) -> list[txn.Completed]:
+    """Under the target's lock, record the outcome of commits completed by the host; nothing
+    (and no lock taken) when none lacks one, or when another apply holds the lock or runs."""
+    from transplant.apply.execute import new_transaction_id
+
+    if not txn.unrecorded(txn.history(host, venv)):
+        return []
+    txid = new_transaction_id()
+    try:
+        txn.acquire(host, venv, txid, "transplant status", say=say)
+    except txn.TransactionError:
+        return []  # a live apply (or another controller's) holds it: that one records it
+    try:
+        txn.interrupted(host, venv, wait=0)
+        return txn.record_completed(host, venv)
+    except txn.TransactionError:
+        return []  # a commit or rollback still runs there
+    finally:
+        txn.release(host, venv, txid)
+
+
+def read_status(host: Host, venv: str, *, say: txn.Say = lambda _line: None, record: bool = True) -> Status:
+    """Read the target's records and hash the paths its transactions left; first record the
+    outcome of commits a host script completed after its controller died.
+
+    :param say: called with a line for each notice (a dead holder's lock broken).
+    :param record: False reads only: such commits are then listed in ``unrecorded``.
+    :raises HostError: the host cannot be reached or the venv's python does not start.
+    :raises TransactionError: a committed transaction's records are damaged.
+    """
+    completed = _record_completed(host, venv, say) if record else []
+    record = txn.history(host, venv)
+    events = record["events"]
+    done = []
+    expected: dict[str, str | None] = {}
+    for t in committed(record):
+        info = txn.call(host, venv, "txn", {"id": t["id"]})
+        expected.update(info["after"])
+        started = _event(events, t["id"], "started") or {}
+        applied = _event(events, t["id"], "applied") or {}
+        verified = _event(events, t["id"], "verified")
+        recipe = started.get("recipe") if isinstance(started.get("recipe"), dict) else {}
+        done.append(Applied(
+            id=t["id"], source=str(started.get("source") or t.get("source") or "?"),
+            applied=applied.get("time") if isinstance(applied.get("time"), (int, float)) else None,
+            verified=None if verified is None else verified.get("ok") is True,
+            manifest=_text(recipe.get("manifest_path")), snapshot=_text(recipe.get("snapshot")),
+            files=len(info["after"])))
+    interrupted = tuple(t["id"] for t in record["transactions"] if t.get("state") not in
+                        ("committed", "rolled-back", "aborted"))
+    checked = {p: h for p, h in expected.items() if pyc_source(p) is None}
+    drift = txn.check_state(host, venv, checked) if checked else []
+    return Status(where=f"{host.label}:{venv}", transactions=tuple(done), interrupted=interrupted,
+                  drift=tuple(drift), checked=len(checked), unrecorded=tuple(txn.unrecorded(record)),
+                  completed=tuple(completed))

@@ -1,0 +1,1 @@
+"""Verify: the ladder, how each stage is judged, and the runner (edge)."""

@@ -1,0 +1,283 @@
+"""Run the verify ladder in the target venv (edge).
+
+Each stage runs in a fresh interpreter of the target venv with the manifest's
+``verify.env`` and a timeout; its report is judged by :mod:`transplant.verify.judges`,
+:mod:`transplant.verify.ladder` and :mod:`transplant.verify.judges_later`. Stages, cheapest first:
+``interpreter``, ``imports``, ``native-load``, ``library-provenance``, ``requirements``,
+``server-args`` (and ``server-args-resolve`` when asked for), ``smoke``, ``serve``,
+``jit-caches``. A stage that has nothing to check is a skip with its reason, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any
+
+from transplant.verify import judges_later as judges, ladder
+from transplant.core.findings import requirement_findings
+from transplant.errors import HostError, ProbeError, TransplantError
+from transplant.hosts.host import Host
+from transplant.core.inventory import Inventory
+from transplant.core.manifest import VerifySettings
+from transplant.hosts.probing import run_script, take_inventory
+from transplant.verify.judges import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
+
+__all__ = ["run_stages", "donor_reader", "STAGES"]
+
+Announce = Callable[[str], None]
+#: The ladder's stages, in the order they run.
+STAGES = ("interpreter", "imports", "native-load", "library-provenance", "requirements", "server-args",
+          "server-args-resolve", "smoke", "serve", "jit-caches")
+
+
+def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
+    started = time.monotonic()
+    try:
+        status, reason, details = body()
+    except (HostError, ProbeError) as exc:
+        timed_out = re.search(r"timed out after ([0-9.]+) s", str(exc))
+        if timed_out:  # the message would quote the whole script (python -c SOURCE)
+            reason = (f"ran past its timeout of {timed_out.group(1)} s and was stopped; give it longer with "
+                      f"verify.timeout (verify.serve.timeout for serve)")
+        else:
+            reason = str(exc) if len(str(exc)) <= 2000 else str(exc)[:1000] + " ... " + str(exc)[-900:]
+        status, details = "fail", {}
+    return StageResult(name=name, status=status, reason=reason, seconds=time.monotonic() - started, details=details)
+
+
+def _interpreter_facts(inv: Inventory) -> dict[str, Any]:
+    cfg = inv.interpreter.pyvenv_cfg or {}
+    return {"version": str(inv.interpreter.version), "implementation": inv.interpreter.implementation,
+            "home": cfg.get("home"), "home_exists": inv.interpreter.home_exists,
+            "executable": inv.interpreter.executable}
+
+
+def run_stages(
+    settings: VerifySettings,
+    *,
+    target: Host,
+    venv: str,
+    donor_inventory: Callable[[], Inventory | None] | None = None,
+    announce: Announce | None = None,
+    clear_jit_caches: bool = False,
+    donor_run: DonorRun | None = None,
+) -> list[StageResult]:
+    """Run every verify stage and return their results in order (see :data:`STAGES`).
+
+    :param settings: the manifest's verify settings (or ones built from the command line);
+        ``settings.overlay`` names the distributions whose import names and shared objects
+        are checked besides ``settings.imports``.
+    :param donor_inventory: returns the donor's inventory, or None when there is no donor to
+        compare with. It is the reference of the ``interpreter`` stage (same implementation
+        and ``major.minor``) and of ``requirements``: an unmet requirement fails only when
+        the donor's environment satisfies it; one the donor cannot meet either is a warning.
+        Without a donor nothing can be compared, so every unmet requirement fails.
+    :param announce: called with each stage's name before it runs (for progress).
+    :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
+        (only those folders).
+    :param donor_run: runs a host script in the donor's venv (``(script, args, request) ->
+        report``, with ``{venv}`` in a request path standing for the donor's prefix), or None
+        when the donor cannot run code (a snapshot, unreachable). Import names derived from
+        the overlaid distributions and shared objects that fail on the target are tried
+        there too: one that fails the same way on the donor is what the donor runs, a
+        warning in a passing stage, not a fault of the transplant
+        (:func:`transplant.verify.ladder.donor_shared_imports`, ``donor_shared_objects``). A name
+        ``verify.imports`` lists is the operator's assertion and fails regardless.
+    A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
+    a missing interpreter) is a fail with that reason; the other stages still run.
+    """
+    env = dict(settings.env)
+    timeout = settings.timeout
+    results: list[StageResult] = []
+    state: dict[str, Any] = {"live": None, "donor": None, "names": list(settings.imports)}
+
+    def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> None:
+        if announce:
+            announce(name)
+        results.append(_timed(name, body))
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        donor_future = pool.submit(donor_inventory) if donor_inventory else None
+
+        def donor() -> Inventory | None:
+            return donor_future.result() if donor_future else None
+
+        def interpreter() -> tuple[str, str, Mapping]:
+            live = take_inventory(target, venv, timeout=timeout)
+            state["live"] = live
+            theirs = donor()
+            facts = _interpreter_facts(live)
+            expected = _interpreter_facts(theirs) if theirs is not None else None
+            status, reason = ladder.judge_interpreter(facts, expected, python=settings.python)
+            return status, reason, {"target": facts, "donor": expected}
+
+        run("interpreter", interpreter)
+        live: Inventory | None = state["live"]
+        dists = ladder.overlaid(live, settings.overlay) if live is not None else []
+        if live is not None and not settings.overlay and settings.imports:
+            dists = ladder.dists_for_imports(live, settings.imports)
+        names = [n for n in ladder.import_names(dists if settings.overlay else [], settings.imports)
+                 if n not in settings.skip_imports]
+        skipped = "".join(f"; skipped {name} (verify.skip_imports: {why})" for name, why in settings.skip_imports.items())
+
+        def imports() -> tuple[str, str, Mapping]:
+            if not names:
+                return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
+            report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
+            driver = live.nvidia.available if live is not None else True
+            status, reason = judge_imports(report, driver=driver)
+            if status == "fail" and donor_run is not None:
+                # a name the manifest asks for (verify.imports) is an assertion: it fails even when the donor
+                # fails it too; a name derived from the overlaid distributions is excused then
+                failed = [i["name"] for i in report.get("imports", []) if not i.get("ok")
+                          and i["name"] not in settings.imports]
+                shared = ladder.donor_shared_imports(report, _on_donor(donor_run, "stage_imports", failed, None)) \
+                    if failed else set()
+                status, reason = judge_imports(report, driver=driver, donor_shared=shared)
+            return status, reason + skipped, {**report, "derived_from": [d.display_name for d in dists],
+                                              "skipped": dict(settings.skip_imports)}
+
+        run("imports", imports)
+
+        def native() -> tuple[str, str, Mapping]:
+            if live is None:
+                return "skip", "the target's inventory could not be read (see interpreter)", {}
+            paths = ladder.shared_objects(dists, venv)
+            if not paths:
+                return "skip", "the distributions checked ship no shared objects (" + (
+                    ", ".join(d.display_name for d in dists) or "none") + ")", {}
+            preload = ["torch"] if "torch" in live.latest() else []
+            report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
+                                env=env, timeout=timeout)
+            shipped = ladder.record_library_keys(live.distributions)
+            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
+            if status == "fail" and donor_run is not None:
+                failed = [lib["path"] for lib in report.get("libraries", []) if not lib.get("ok")
+                          and not lib.get("skipped") and str(lib["path"]).startswith(venv.rstrip("/") + "/")]
+                rel = [p[len(venv.rstrip("/")) + 1:] for p in failed]
+                theirs = _on_donor(donor_run, "stage_native", [], {"paths": rel, "preload": preload})
+                shared = ladder.donor_shared_objects(report, theirs, venv)
+                status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped,
+                                                     donor_shared=shared)
+            return status, reason, report
+
+        run("native-load", native)
+
+        def provenance() -> tuple[str, str, Mapping]:
+            if live is None:
+                return "skip", "the target's inventory could not be read (see interpreter)", {}
+            shipped = ladder.shared_objects(live.latest().values(), venv)
+            if not shipped:
+                return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
+            modules = (["torch"] if "torch" in live.latest() else []) + [n for n in names if n != "torch"]
+            if not modules:
+                return "skip", "nothing to import (no torch, no import names)", {}
+            report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
+                                timeout=timeout)
+            status, reason = ladder.judge_provenance(report, shipped)
+            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped),
+                                    "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
+
+        run("library-provenance", provenance)
+
+        def requirements() -> tuple[str, str, Mapping]:
+            if live is None:
+                return "skip", "the target's inventory could not be read (see interpreter)", {}
+            theirs = donor()
+            donor_env = theirs.latest() if theirs is not None else None
+            findings = requirement_findings(live.latest(), live.interpreter.markers,
+                                            reference=[donor_env] if donor_env else [], venv=venv, donor=donor_env)
+            status, reason = judge_requirements(findings)
+            if theirs is None and donor_inventory is not None:
+                reason += " (the donor could not be read, so every unmet requirement counts)"
+            elif donor_inventory is None:
+                reason += " (no donor to compare with, so every unmet requirement counts)"
+            return status, reason, {"findings": [asdict(f) for f in findings]}
+
+        run("requirements", requirements)
+
+    resolved: dict[str, Any] = {}
+
+    def server_args() -> tuple[str, str, Mapping]:
+        check = settings.server_args
+        if check is None:
+            return "skip", "no verify.server_args in the manifest", {}
+        wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
+        report = run_script(target, venv, "stage_server_args", [check.entry, json.dumps(wanted), *check.args],
+                            env=env, timeout=timeout)
+        resolved.update(report.get("resolve") or {})
+        status, reason = judge_server_args(check.expect, report)
+        return status, reason, report
+
+    run("server-args", server_args)
+    if settings.server_args is not None and settings.server_args.resolve:
+        started = results[-1]
+        if resolved:
+            status, reason = judges.judge_resolve(resolved)
+        else:
+            status, reason = "skip", f"not run: the arguments did not parse ({started.status})"
+        results.append(StageResult(name="server-args-resolve", status=status, reason=reason,
+                                   seconds=float(resolved.get("seconds") or 0.0), details=resolved))
+
+    def smoke() -> tuple[str, str, Mapping]:
+        if settings.smoke_device is None:
+            return "skip", "no verify.smoke in the manifest", {}
+        report = run_script(target, venv, "stage_smoke", [settings.smoke_device], env=env, timeout=timeout)
+        status, reason = judge_smoke(report)
+        return status, reason, report
+
+    run("smoke", smoke)
+
+    def serve() -> tuple[str, str, Mapping]:
+        check = settings.serve
+        if check is None:
+            return "skip", "no verify.serve in the manifest", {}
+        request = {"command": list(check.command), "health": check.health, "path": check.path,
+                   "body": dict(check.body), "config": dict(check.config) if check.config else None,
+                   "deadline": check.timeout}
+        # the script keeps its own deadline and always stops the server; this is the backstop
+        report = run_script(target, venv, "stage_serve", request=request, env=env, timeout=check.timeout + 60)
+        status, reason = judges.judge_serve(report, check.answer, max_tokens=check.max_tokens)
+        return status, reason, report
+
+    run("serve", serve)
+
+    def jit() -> tuple[str, str, Mapping]:
+        report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env, timeout=timeout)
+        caches = report.get("caches", [])
+        status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
+        return status, reason, report
+
+    run("jit-caches", jit)
+    return results
+
+
+#: Runs a host script in the donor's venv: ``(script, args, request) -> report``; a request's
+#: ``paths`` are relative to the donor's prefix and made absolute by the runner.
+DonorRun = Callable[[str, list, "Mapping[str, Any] | None"], Mapping[str, Any]]
+
+
+def _on_donor(donor_run: DonorRun, script: str, args: list, request: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The donor's report for the same check, or None when it cannot be had (the donor
+    answers an error: then nothing is excused)."""
+    try:
+        return donor_run(script, args, request)
+    except TransplantError:
+        return None
+
+
+def donor_reader(read: Callable[[], Inventory]) -> Callable[[], Inventory | None]:
+    """Wrap a donor probe so that an unreachable donor gives None instead of an error."""
+
+    def attempt() -> Inventory | None:
+        try:
+            return read()
+        except TransplantError:
+            return None
+
+    return attempt
