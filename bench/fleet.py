@@ -38,7 +38,7 @@ from transplant.fleet.run import run_fleet, serve_from_snapshot
 from transplant.hosts.host import HostSpec, SSHOptions
 from transplant.lab import Lab
 from transplant.core.manifest import Endpoint
-from transplant.cli.render import human_bytes
+from transplant.core.units import human_bytes
 from transplant.donor.sources import open_donor
 
 from .run import OVERLAY

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import transplant.cli.app as cli
+import transplant.pipeline as cli  # the module that calls execute for every apply
 from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel, make_venv
 

@@ -1,13 +1,21 @@
-"""Errors that reach a user: each carries a message and, where one exists, a hint.
+"""Errors that reach a user, all in this module: each has a stable reference, a message and, where one
+exists, a hint, and renders itself.
 
-The hint is the exact command or manifest change that fixes the problem (the habit of
-pip's diagnostic errors). The CLI prints ``error: <message>`` and ``hint: <hint>`` and
-maps each class to an exit code; no traceback reaches a user for these.
+The hint is the exact command or manifest change that fixes the problem, and each class
+carries a stable ``reference`` (a kebab-case name scripts and documentation may rely on),
+the habit of pip's diagnostic errors (``pip/_internal/exceptions.py``). The command line
+prints :meth:`TransplantError.render` (``error: <message>`` and ``hint: <hint>``) and maps
+each class to an exit code (:mod:`transplant.cli.exitcodes`); no traceback reaches a user
+for these.
 """
 
 from __future__ import annotations
 
-__all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError"]
+from rich.text import Text
+
+__all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",
+           "TransactionError", "NoDonorError", "StoreError", "SnapshotError", "RecoverError", "FleetError",
+           "UsageError"]
 
 
 class TransplantError(Exception):
@@ -17,20 +25,42 @@ class TransplantError(Exception):
     :param hint: the command or change that fixes it; None when there is none to give.
     :param code: the finding code this error stands for, when a plan could not be made
         because of it (``interpreter-missing`` for a venv whose python does not start); else None.
+    :param mismatches: files that differ from a planned state (apply, transactions), one line
+        each; empty for the others.
+    :cvar reference: the class's stable name (kebab-case), the same for every instance.
     """
 
-    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None) -> None:
+    reference = "transplant-error"
+
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None,
+                 mismatches: list[str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.code = code
+        self.mismatches = list(mismatches or [])
 
     def __str__(self) -> str:
         return self.message
 
+    def render(self, *, max_mismatches: int = 50) -> Text:
+        """``error [<code>]: <message>``, the first ``max_mismatches`` files that differ, and
+        ``hint: <fix>``, as rich text; nothing of the message is read as markup."""
+        text = Text()
+        text.append(f"error [{self.code}]: " if self.code else "error: ", style="bold red")
+        text.append(self.message)
+        for line in self.mismatches[:max_mismatches]:
+            text.append(f"\n  {line}")
+        if self.hint:
+            text.append("\nhint: ", style="bold")
+            text.append(self.hint)
+        return text
+
 
 class ManifestError(TransplantError):
     """A manifest is unreadable or invalid; ``problems`` lists every problem, one line each."""
+
+    reference = "manifest-invalid"
 
     def __init__(self, path: str, problems: list[str]) -> None:
         self.path = path
@@ -44,10 +74,64 @@ class ManifestError(TransplantError):
 class HostError(TransplantError):
     """A host could not be reached, or a command could not be run there; names the host."""
 
+    reference = "host-unreachable"
+
 
 class ProbeError(TransplantError):
     """The probe ran but its report is missing, unreadable or of another schema version."""
 
+    reference = "probe-unreadable"
+
 
 class PlanError(TransplantError):
     """A saved plan is unreadable, of another schema, or no longer matches its hosts."""
+
+    reference = "plan-unusable"
+
+
+class ApplyError(TransplantError):
+    """Apply failed; ``mismatches`` lists the files that differ from the plan, if any."""
+
+    reference = "apply-failed"
+
+
+class TransactionError(TransplantError):
+    """A transaction step failed or was refused; ``mismatches`` lists files that differ, if any."""
+
+    reference = "transaction-failed"
+
+
+class NoDonorError(TransplantError):
+    """No donor source could be used; the message lists why for each."""
+
+    reference = "no-donor"
+
+
+class StoreError(TransplantError):
+    """A stored file is missing or does not have the content it is stored under."""
+
+    reference = "store-damaged"
+
+
+class SnapshotError(TransplantError):
+    """A snapshot is missing, unreadable, damaged, or does not hold what is asked of it."""
+
+    reference = "snapshot-unusable"
+
+
+class RecoverError(TransplantError):
+    """Nothing to recover from: no verified state, no recipe, drift, or a patch file that changed."""
+
+    reference = "nothing-to-recover"
+
+
+class FleetError(TransplantError):
+    """The fleet cannot run as asked (a target named twice or that is a donor, a bad ``--jobs``); nothing ran."""
+
+    reference = "fleet-invalid"
+
+
+class UsageError(TransplantError):
+    """A command-line mistake (exit code 64)."""
+
+    reference = "usage"

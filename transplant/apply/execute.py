@@ -12,7 +12,6 @@ transaction stays recorded in ``<venv>/.transplant/`` for ``transplant history``
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from transplant.errors import TransplantError
+from transplant.errors import ApplyError, TransplantError
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.inventory import inside_path, protected_path
 from transplant.hosts.probing import take_inventory
@@ -31,17 +30,9 @@ from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
 from transplant.hosts.transfer import copy_files
 
-__all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "default_state_dir", "new_transaction_id"]
+__all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "new_transaction_id"]
 
 Progress = Callable[[str, int, int], None]
-
-
-class ApplyError(TransplantError):
-    """Apply failed; ``mismatches`` lists the files that differ from the plan, if any."""
-
-    def __init__(self, message: str, *, hint: str | None = None, mismatches: list[str] | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.mismatches = mismatches or []
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,7 +282,7 @@ _FINISH = ("undo it: transplant apply {manifest} --rollback   (or finish it once
 def _begin_error(plan: Plan, reply: dict) -> ApplyError:
     """The error for a transaction the target refused to begin (nothing was written)."""
     if reply.get("error") == "not enough space":
-        from transplant.cli.render import human_bytes
+        from transplant.core.units import human_bytes
 
         return ApplyError(
             f"{plan.target.label}: not enough space for the transaction: it needs {human_bytes(reply['needed'])} "
@@ -333,12 +324,3 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         shutil.rmtree(patch_dir, ignore_errors=True)
     return moved, copied
 
-
-def default_state_dir() -> Path:
-    """The controller's state folder: ``$TRANSPLANT_STATE_DIR``, else ``$XDG_STATE_HOME/transplant``
-    (``~/.local/state/transplant``)."""
-    explicit = os.environ.get("TRANSPLANT_STATE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "transplant"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from transplant.errors import TransplantError
+from transplant.errors import TransactionError
 from transplant.hosts.host import Host
 from transplant.hosts.probing import run_script, take_inventory
 from transplant.core.promised_state import state_mismatches
@@ -34,14 +34,6 @@ __all__ = [
 ]
 
 Say = Callable[[str], None]
-
-
-class TransactionError(TransplantError):
-    """A transaction step failed or was refused; ``mismatches`` lists files that differ, if any."""
-
-    def __init__(self, message: str, *, hint: str | None = None, mismatches: list[str] | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.mismatches = mismatches or []
 
 
 def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: bool = True,

@@ -29,25 +29,25 @@ from rich.text import Text
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from transplant import __version__
-from transplant.apply.execute import check_plan_paths, default_state_dir, execute, new_transaction_id
-from transplant.errors import TransplantError
+from transplant.apply.execute import check_plan_paths, new_transaction_id
+from transplant.pipeline import apply_plan, plan_target
+from transplant.errors import TransplantError, UsageError
+from transplant.exitcodes import (EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
+                                  exit_code_for)
 from transplant.controller.documents import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.plan import Plan
 from transplant.apply import txn
-from transplant.hosts.gather import gather
-from transplant.core.planner import plan as make_plan
 from transplant.hosts.probing import take_inventory
-from transplant.cli.render import history_table, human_bytes, inventory_table, print_plan
+from transplant.cli.render import history_table, inventory_table, print_plan
+from transplant.core.units import human_bytes
 from transplant.core.promised_state import drift, plan_differences
-from transplant.donor.provenance import make_recipe
 from transplant.donor.sources import Opened, open_donor
 
 __all__ = ["main", "EXIT_USAGE"]
 
-EXIT_OK, EXIT_FAIL, EXIT_CHANGES, EXIT_BLOCKED, EXIT_USAGE = 0, 1, 2, 3, 64
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,9 +143,7 @@ class _Session:
             assert m.target.base is not None
             m, target_host = replace(m, target=m.target.base), self.base_host()
         with self.console.status("probing") as status:
-            facts = gather(m, source, target_host, patches, step=lambda line: status.update(line))
-        return make_plan(m, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
-                         target_elf=facts.target_elf)
+            return plan_target(m, source, target_host, patches=patches, step=lambda line: status.update(line))
 
 
 def _targets(args: argparse.Namespace, manifest: Manifest) -> tuple[Manifest, list[Endpoint]]:
@@ -397,14 +395,9 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
                     tasks[step] = progress.add_task(f"copying {step}", total=total or None)
                 progress.update(tasks[step], completed=done, total=total or None)
 
-            donor_host, donor_root = opened.source.files(
-                [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
-            result = execute(plan, donor=donor_host, target=session.host("target"),
-                             manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
-                             progress=report, say=lambda line: console.print(line, markup=False),
-                             break_lock=args.break_lock, crash_after=_crash_after(), orphan_at=_orphan_at(),
-                             donor_root=donor_root,
-                             recipe=make_recipe(manifest, plan, opened))
+            result = apply_plan(plan, manifest, opened, session.host("target"), progress=report,
+                                say=lambda line: console.print(line, markup=False), break_lock=args.break_lock,
+                                crash_after=_crash_after(), orphan_at=_orphan_at())
     relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
         manifest.donor.host.is_local or manifest.target.host.is_local) else ""
     console.print(Text.assemble(("applied", "bold green"), (
@@ -483,10 +476,6 @@ def _cmd_verify(args: argparse.Namespace, console: Console, manifest: Manifest |
                 raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
             return _fleet("verify", args, console, manifest, targets)
     return verify_command(args, console, session_class=_Session, parse_location=parse_location, manifest=manifest)
-
-
-class UsageError(TransplantError):
-    """A command-line mistake (exit code 64)."""
 
 
 def parse_location(text: str) -> tuple[HostSpec, str]:
@@ -680,24 +669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args, console)
     except TransplantError as exc:
-        _print_error(console, exc)
+        console.print(exc.render(), highlight=False)
         if getattr(args, "json", False):
             print(json.dumps({"schema": "transplant.error/1", "error": exc.message, "hint": exc.hint,
                               "code": exc.code}))
-        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAIL
+        return exit_code_for(exc)
     except KeyboardInterrupt:
         console.print("interrupted")
-        return 130
-
-
-def _print_error(console: Console, exc: TransplantError) -> None:
-    """``error: <message>``, the files that differ (apply), and ``hint: <fix>``; no markup from the text."""
-    text = Text()
-    text.append(f"error [{exc.code}]: " if exc.code else "error: ", style="bold red")
-    text.append(exc.message)
-    for line in getattr(exc, "mismatches", [])[:50]:
-        text.append(f"\n  {line}")
-    if exc.hint:
-        text.append("\nhint: ", style="bold")
-        text.append(exc.hint)
-    console.print(text, highlight=False)
+        return EXIT_INTERRUPTED

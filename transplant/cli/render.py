@@ -12,28 +12,17 @@ from rich.table import Table
 from rich.text import Text
 
 from transplant.core.inventory import Inventory
+from transplant.core.units import human_bytes
 from transplant.core.plan import Finding, Plan
 from transplant.verify.judges import VERIFY_SCHEMA, StageResult
 
-__all__ = ["human_bytes", "history_table", "plan_table", "findings_table", "stages_table", "inventory_table",
+__all__ = ["history_table", "plan_table", "findings_table", "stages_table", "inventory_table",
            "verify_json", "verify_junit", "print_plan"]
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "skip": "yellow"}
 _ACTION_STYLE = {"keep": "dim", "add": "green", "upgrade": "cyan", "downgrade": "magenta", "rebuild": "bold cyan",
                  "refresh": "cyan", "replace": "cyan", "remove": "red"}
-
-
-def human_bytes(count: int | None) -> str:
-    """``1.5 MiB`` style text for a byte count (binary units); ``-`` for None."""
-    if count is None:
-        return "-"
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"
 
 
 def plan_table(plan: Plan) -> Table:

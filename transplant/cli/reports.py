@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from transplant.cli.render import human_bytes
+from transplant.core.units import human_bytes
 
 __all__ = ["snapshots_table", "stamp", "status_table"]
 

@@ -41,7 +41,7 @@ from transplant.donor import store as cas
 from transplant.core.elf_facts import ElfReport
 from transplant.core.closure import closure
 from transplant.hosts.elf_facts import read_elf_facts
-from transplant.errors import ProbeError, TransplantError
+from transplant.errors import ProbeError, SnapshotError
 from transplant.controller.documents import read_patch_files
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.hostspec import HostSpec
@@ -56,10 +56,6 @@ __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "cap
 
 SNAPSHOT_SCHEMA = "transplant.snapshot/1"
 TEXTS = ("torch/version.py",)
-
-
-class SnapshotError(TransplantError):
-    """A snapshot is missing, unreadable, damaged, or does not hold what is asked of it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,8 +218,8 @@ def _index_digest(document: dict[str, Any]) -> str:
 
 def default_store() -> Path:
     """The controller's snapshot store: ``<state folder>/snapshots`` (see
-    :func:`transplant.apply.execute.default_state_dir`)."""
-    from transplant.apply.execute import default_state_dir
+    :func:`transplant.controller.state.default_state_dir`)."""
+    from transplant.controller.state import default_state_dir
 
     return default_state_dir() / "snapshots"
 

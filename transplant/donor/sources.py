@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from transplant.core.elf_facts import ElfReport
 from transplant.hosts.elf_facts import read_elf_facts
-from transplant.errors import TransplantError
+from transplant.errors import NoDonorError, TransplantError
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory
@@ -83,10 +83,6 @@ class HostSource:
 def as_source(donor: Host | DonorSource, venv: str) -> DonorSource:
     """A source for ``donor``: a :class:`Host` is wrapped in a :class:`HostSource` for ``venv``."""
     return HostSource(donor, venv) if isinstance(donor, Host) else donor
-
-
-class NoDonorError(TransplantError):
-    """No donor source could be used; the message lists why for each."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,17 +26,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from transplant.errors import TransplantError
+from transplant.errors import StoreError
 
 __all__ = ["StoreError", "object_key", "object_path", "has", "put", "read_into", "new_tmp", "object_sizes",
            "locked"]
 
 _BLOCK = 1 << 20
 _HEX = re.compile(r"[0-9a-f]{64}")
-
-
-class StoreError(TransplantError):
-    """A stored file is missing or does not have the content it is stored under."""
 
 
 def object_key(digest: str) -> str:

@@ -15,35 +15,27 @@ import dataclasses
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from transplant.apply.execute import ApplyResult, default_state_dir, execute
-from transplant.errors import TransplantError
-from transplant.controller.documents import read_patch_files
-from transplant.hosts.gather import gather
-from transplant.hosts.host import SSHOptions, connect
+from transplant.apply.execute import ApplyResult
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.plan import Plan
-from transplant.core.planner import plan as make_plan
-from transplant.donor.provenance import make_recipe, record_verified, verified_log
 from transplant.donor.snapshot import SnapshotSource, capture
 from transplant.donor.sources import HostSource, Opened
-from transplant.verify.judges import StageResult, overall_ok
-from transplant.verify.runner import run_stages
+from transplant.errors import FleetError, TransplantError
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
+from transplant.hosts.host import SSHOptions, connect
+from transplant.pipeline import apply_plan, plan_target, verify_target
+from transplant.verify.judges import StageResult
 
 __all__ = ["TargetResult", "DonorRead", "FleetError", "check_fleet", "serve_from_snapshot", "run_target", "run_fleet",
            "fleet_exit"]
 
-EXIT_OK, EXIT_FAIL, EXIT_CHANGES, EXIT_BLOCKED = 0, 1, 2, 3
-
-
-class FleetError(TransplantError):
-    """The fleet cannot run as asked (a target named twice or that is a donor, a bad ``--jobs``); nothing ran."""
 
 
 def _place_key(end: Endpoint) -> tuple[str, int, str]:
@@ -130,11 +122,14 @@ def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
 
 def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened, ssh: SSHOptions, *,
                force: bool = False, verify_after: bool = False,
-               donor_inventory: Callable[[], Inventory | None] | None = None) -> TargetResult:
-    """Plan, apply or verify one target (``action``: ``plan``, ``apply`` or ``verify``).
+               donor_inventory: Callable[[], Inventory | None] | None = None, plan: Plan | None = None) -> TargetResult:
+    """Plan, apply or verify one target (``action``: ``plan``, ``apply`` or ``verify``) with the
+    steps of :mod:`transplant.pipeline`.
 
     :param force: apply despite error findings; :param verify_after: verify after apply.
     :param donor_inventory: for verify, the donor's inventory (read once for the fleet).
+    :param plan: for apply, the plan shown to (and confirmed by) the user; None plans afresh.
+        Apply refuses it as stale when the target changed since (``transplant.apply.execute``).
     :returns: the result; errors are caught into it, never raised.
     """
     started = time.monotonic()
@@ -143,10 +138,8 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
     try:
         with connect(target.host, ssh) as host:
             if action in ("plan", "apply"):
-                patches = read_patch_files(m)
-                facts = gather(m, opened.source, host, patches)
-                plan = make_plan(m, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
-                                 target_elf=facts.target_elf)
+                if plan is None:
+                    plan = plan_target(m, opened.source, host)
                 result.plan = plan
                 result.code = EXIT_BLOCKED if plan.blocking else EXIT_CHANGES if plan.has_changes else EXIT_OK
                 if action == "apply":
@@ -158,18 +151,11 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                     else:
                         result.code = EXIT_OK
                         if plan.has_changes:
-                            paths = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
-                            donor_host, root = opened.source.files(paths)
-                            result.applied = execute(plan, donor=donor_host, target=host,
-                                                     manifest_dir=Path(m.path).resolve().parent,
-                                                     state_dir=default_state_dir(), donor_root=root,
-                                                     recipe=make_recipe(m, plan, opened))
+                            result.applied = apply_plan(plan, m, opened, host)
                         else:
                             result.note = "nothing to change"
             if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):
-                result.stages = run_stages(m.verify, target=host, venv=target.venv, donor_inventory=donor_inventory)
-                ok = overall_ok(result.stages)
-                record_verified(host, target.venv, ok, time.time(), log=verified_log(default_state_dir()), ssh=ssh)
+                result.stages, ok = verify_target(m.verify, host, target.venv, ssh=ssh, donor_inventory=donor_inventory)
                 result.code = EXIT_OK if ok else EXIT_BLOCKED
     except TransplantError as exc:
         result.code, result.error, result.hint = EXIT_FAIL, exc.message, exc.hint
@@ -183,10 +169,12 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
 def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], opened: Opened, ssh: SSHOptions, *,
               jobs: int = 4, force: bool = False, verify_after: bool = False,
               donor_inventory: Callable[[], Inventory | None] | None = None,
-              done: Callable[[TargetResult], None] | None = None) -> list[TargetResult]:
+              done: Callable[[TargetResult], None] | None = None,
+              plans: Mapping[Endpoint, Plan] | None = None) -> list[TargetResult]:
     """:func:`run_target` for every target, at most ``jobs`` at a time; results in ``targets`` order.
 
     :param done: called (from a worker thread, one call at a time) as each target finishes.
+    :param plans: for apply, the plan of each target as it was shown (see ``run_target``'s ``plan``).
     :raises FleetError: as :func:`check_fleet` (nothing ran).
     """
     workers = check_fleet(targets, [], jobs)
@@ -194,7 +182,7 @@ def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], open
 
     def one(target: Endpoint) -> TargetResult:
         res = run_target(action, manifest, target, opened, ssh, force=force, verify_after=verify_after,
-                         donor_inventory=donor_inventory)
+                         donor_inventory=donor_inventory, plan=(plans or {}).get(target))
         if done is not None:
             with lock:
                 done(res)

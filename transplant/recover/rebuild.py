@@ -27,7 +27,7 @@ import yaml
 
 from transplant.donor import store as cas
 from transplant.apply import txn
-from transplant.errors import TransplantError
+from transplant.errors import RecoverError
 from transplant.controller.documents import file_digest
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.inventory import inside_path, protected_path
@@ -38,10 +38,6 @@ from transplant.recover.status import read_status
 from transplant.hosts.transfer import copy_files
 
 __all__ = ["RecoverError", "Recovery", "recorded_patches", "from_history", "from_snapshot"]
-
-
-class RecoverError(TransplantError):
-    """Nothing to recover from: no verified state, no recipe, drift, or a patch file that changed."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.text import Text
 
-from transplant.apply.execute import default_state_dir
+from transplant.controller.state import default_state_dir
 from transplant.clone.cloning import CloneResult, clone
 from transplant.errors import TransplantError
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Manifest
-from transplant.cli.render import human_bytes
+from transplant.core.units import human_bytes
 
 __all__ = ["clone_report", "clone_command", "clone_base", "pending_note", "saved_plan_refusal"]
 

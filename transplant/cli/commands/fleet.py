@@ -15,11 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from transplant.errors import TransplantError
+from transplant.exitcodes import EXIT_FAIL
 from transplant.fleet.run import DonorRead, TargetResult, check_fleet, fleet_exit, run_fleet, serve_from_snapshot
 from transplant.donor.snapshot import default_store
 from transplant.hosts.host import SSHOptions
 from transplant.core.manifest import Endpoint, Manifest
-from transplant.cli.render import human_bytes, print_plan, stages_table
+from transplant.cli.render import print_plan, stages_table
+from transplant.core.units import human_bytes
 from transplant.donor.sources import Opened
 
 __all__ = ["run_fleet_command", "fleet_table", "fleet_json"]
@@ -97,6 +99,7 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
     jobs = check_fleet(targets, donors, getattr(args, "jobs", 4))
     read = DonorRead()
     donor_inventory = None
+    shown = None
     if action == "verify":
         donor_inventory = _once(lambda: _donor_inventory(opened))
     else:
@@ -114,11 +117,14 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
         console.print(fleet_table("plan", planned))
         if console.input(f"apply to these {len(targets)} targets? [y/N] ").strip().lower() not in ("y", "yes"):
             console.print("nothing was changed")
-            return 1
+            return EXIT_FAIL
+        # apply the plans that were shown (a target changed since is refused as stale), not later ones
+        shown = {r.target: r.plan for r in planned if r.plan is not None}
     with console.status(f"{action} on {len(targets)} targets, {jobs} at a time"):
         results = run_fleet(action, manifest, targets, opened, ssh, jobs=jobs, force=getattr(args, "force", False),
                             verify_after=getattr(args, "verify", False), donor_inventory=donor_inventory,
-                            done=lambda r: console.print(_line(action, r), markup=False, highlight=False))
+                            done=lambda r: console.print(_line(action, r), markup=False, highlight=False),
+                            plans=shown)
     if action == "plan" or (action == "apply" and args.yes):
         _print_plans(console, results)
     for r in results:

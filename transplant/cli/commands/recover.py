@@ -15,8 +15,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from transplant.apply.execute import default_state_dir
-from transplant.cli.app import (EXIT_BLOCKED, EXIT_OK, UsageError, _cmd_apply, _cmd_plan, _cmd_verify, _ssh_options,
+from transplant.controller.state import default_state_dir
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
+from transplant.errors import UsageError
+from transplant.cli.app import (_cmd_apply, _cmd_plan, _cmd_verify, _ssh_options,
                   parse_location)
 from transplant.errors import HostError, TransplantError
 from transplant.hosts.host import SSHOptions, connect
@@ -24,7 +26,7 @@ from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint
 from transplant.donor.provenance import verified_log
 from transplant.controller.documents import load_manifest
-from transplant.cli.render import human_bytes
+from transplant.core.units import human_bytes
 from transplant.cli.reports import snapshots_table, status_table
 from transplant.donor.snapshot import default_store
 

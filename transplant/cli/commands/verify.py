@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -14,20 +13,19 @@ from typing import Any
 from rich.console import Console
 
 from transplant.errors import TransplantError
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
 from transplant.controller.documents import load_manifest
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.manifest import Manifest, VerifySettings
-from transplant.donor.provenance import record_verified, verified_log
 from transplant.donor.sources import HostSource, Opened
-from transplant.apply.execute import default_state_dir
 from transplant.cli.render import stages_table, verify_json, verify_junit
 from transplant.verify.judges import overall_ok
 from transplant.hosts.probing import run_script
-from transplant.verify.runner import DonorRun, donor_reader, run_stages
+from transplant.pipeline import verify_target
+from transplant.verify.runner import DonorRun, donor_reader
 
 __all__ = ["verify_command", "parse_imports", "is_location"]
 
-EXIT_OK, EXIT_BLOCKED = 0, 3
 
 
 def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
@@ -131,13 +129,11 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
 
             donor = donor_reader(read_donor)
             donor_run = donor_runner(opened.source, settings) if opened is not None else None
-        with console.status("verifying") as status:
-            results = run_stages(settings, target=target, venv=venv, donor_inventory=donor,
-                                 announce=lambda name: status.update(f"verify: {name}"),
-                                 clear_jit_caches=clear, donor_run=donor_run)
-        if manifest is not None:
-            record_verified(target, venv, overall_ok(results), time.time(), log=verified_log(default_state_dir()),
-                            ssh=session.ssh)
+        with console.status("verifying") as status:  # a manifest's target records the verdict
+            results, _ = verify_target(settings, target, venv, ssh=session.ssh if manifest is not None else None,
+                                       record=manifest is not None, donor_inventory=donor,
+                                       announce=lambda name: status.update(f"verify: {name}"),
+                                       clear_jit_caches=clear, donor_run=donor_run)
     if junit:
         try:
             Path(junit).write_text(verify_junit(results, label))

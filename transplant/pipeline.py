@@ -1,0 +1,75 @@
+"""The one pipeline (edge): plan, apply and verify one target, each step returning its outcome.
+
+The single-target commands, fleets (:mod:`transplant.fleet.run`), ``recover`` and
+``apply --verify`` all run these steps; what is printed and asked around them is the face's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from transplant.apply.execute import ApplyResult, Progress, execute
+from transplant.controller.documents import read_patch_files
+from transplant.controller.state import default_state_dir
+from transplant.core.inventory import Inventory
+from transplant.core.manifest import Manifest, VerifySettings
+from transplant.core.plan import Plan
+from transplant.core.planner import PatchFile, plan as make_plan
+from transplant.donor.provenance import make_recipe, record_verified, verified_log
+from transplant.donor.sources import DonorSource, Opened
+from transplant.hosts.gather import gather
+from transplant.hosts.host import Host, SSHOptions
+from transplant.verify.judges import StageResult, overall_ok
+from transplant.verify.runner import run_stages
+
+__all__ = ["plan_target", "apply_plan", "verify_target"]
+
+
+def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
+                step: Callable[[str], None] | None = None) -> Plan:
+    """Gather the facts of the donor ``source`` and the ``target`` host (:func:`transplant.hosts.gather.gather`)
+    and plan (:func:`transplant.core.planner.plan`).
+
+    :param patches: the manifest's patch files, when already read; None reads them.
+    :param step: called with a short line as each read starts, or None.
+    :raises TransplantError: as ``gather`` and the planner raise (an unreachable host, a bad probe).
+    """
+    patches = read_patch_files(manifest) if patches is None else patches
+    facts = gather(manifest, source, target, patches, step=step)
+    return make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
+                     target_elf=facts.target_elf)
+
+
+def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, progress: Progress | None = None,
+               say: Callable[[str], None] | None = None, break_lock: bool = False, crash_after: int | None = None,
+               orphan_at: int | None = None) -> ApplyResult:
+    """Carry out ``plan`` on ``target`` as one transaction (:func:`transplant.apply.execute.execute`), the
+    donor's files read from ``opened``'s source, the recipe of where the state came from recorded.
+
+    :raises ApplyError: / :raises TransactionError: as ``execute`` (a stale plan, a lock held, a failed step).
+    """
+    donor_host, donor_root = opened.source.files([cp.path for c in plan.changes for cp in c.copy
+                                                  if cp.source == "donor"])
+    extra = {k: v for k, v in (("progress", progress), ("say", say)) if v is not None}
+    return execute(plan, donor=donor_host, target=target, manifest_dir=Path(manifest.path).resolve().parent,
+                   state_dir=default_state_dir(), donor_root=donor_root, recipe=make_recipe(manifest, plan, opened),
+                   break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, **extra)
+
+
+def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSHOptions | None,
+                  record: bool = True, donor_inventory: Callable[[], Inventory | None] | None = None,
+                  **stages: object) -> tuple[list[StageResult], bool]:
+    """Run the verify ladder (:func:`transplant.verify.runner.run_stages`) in ``venv`` on ``target`` and,
+    when ``record`` is true, record the verdict in the target's history and the controller's
+    verified log.
+
+    :param stages: passed on to ``run_stages`` (``announce``, ``clear_jit_caches``, ``donor_run``).
+    :returns: the stage results and whether no stage failed.
+    """
+    results = run_stages(settings, target=target, venv=venv, donor_inventory=donor_inventory, **stages)
+    ok = overall_ok(results)
+    if record:
+        record_verified(target, venv, ok, time.time(), log=verified_log(default_state_dir()), ssh=ssh)
+    return results, ok
