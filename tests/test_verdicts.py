@@ -72,7 +72,7 @@ def test_requirements_and_overall():
 
 # --- the ladder's later stages (plain data) ---
 
-from transplant.verify import judges_later as judges, ladder  # noqa: E402
+from transplant.verify import judges, ladder  # noqa: E402
 from transplant.core.inventory import Distribution, FileEntry  # noqa: E402
 from transplant.cli.render import verify_junit  # noqa: E402
 
@@ -108,19 +108,19 @@ def test_library_key(name, key):
 def test_judge_interpreter():
     target = {"version": "3.11.2", "implementation": "cpython", "home": "/usr/bin", "home_exists": True,
               "executable": "/v/bin/python"}
-    assert ladder.judge_interpreter(target, None) == (
+    assert judges.judge_interpreter(target, None) == (
         "pass", "cpython 3.11.2 (/v/bin/python, home /usr/bin); no donor interpreter to compare with")
-    assert ladder.judge_interpreter(target, dict(target, version="3.11.9"))[0] == "pass"
-    assert ladder.judge_interpreter(target, dict(target, version="3.10.12")) == (
+    assert judges.judge_interpreter(target, dict(target, version="3.11.9"))[0] == "pass"
+    assert judges.judge_interpreter(target, dict(target, version="3.10.12")) == (
         "fail", "cpython 3.11.2 (/v/bin/python, home /usr/bin), but the donor runs cpython 3.10.12: extension "
                 "modules built for 3.10 do not load in 3.11")
-    assert ladder.judge_interpreter(target, None, python="3.11") == (
+    assert judges.judge_interpreter(target, None, python="3.11") == (
         "pass", "cpython 3.11.2 (/v/bin/python, home /usr/bin); Python 3.11 as the manifest expects; no donor "
                 "interpreter to compare with")
-    assert ladder.judge_interpreter(target, None, python="3.11.9") == (
+    assert judges.judge_interpreter(target, None, python="3.11.9") == (
         "fail", "cpython 3.11.2 (/v/bin/python, home /usr/bin), but the manifest expects Python 3.11.9 (verify.python)")
-    assert ladder.judge_interpreter(dict(target, version="3.1.0"), None, python="3.11")[0] == "fail"
-    assert ladder.judge_interpreter(dict(target, home_exists=False), None) == (
+    assert judges.judge_interpreter(dict(target, version="3.1.0"), None, python="3.11")[0] == "fail"
+    assert judges.judge_interpreter(dict(target, home_exists=False), None) == (
         "fail", "pyvenv.cfg home /usr/bin does not exist: the venv's python points to nothing")
 
 
@@ -129,13 +129,13 @@ def test_judge_native_names_soname_symbol_and_driver_libraries():
             {"path": "/v/b.so", "ok": False, "error": "libcudart.so.12: cannot open shared object file: No such file"},
             {"path": "/v/c.so", "ok": False, "error": "/v/c.so: undefined symbol: _ZN3c104cuda9SetDeviceEa"},
             {"path": "/v/d.so", "ok": False, "error": "libcuda.so.1: cannot open shared object file: No such file"}]
-    status, reason = ladder.judge_native({"libraries": libs}, driver=False, venv="/v")
+    status, reason = judges.judge_native({"libraries": libs}, driver=False, venv="/v")
     assert (status, reason) == ("fail", "2 of 4 shared objects do not load: b.so: missing libcudart.so.12; c.so: "
                                         "undefined symbol _ZN3c104cuda9SetDeviceEa; 1 need the NVIDIA driver's "
                                         "libraries, absent on this host (e.g. d.so): not checkable here")
-    assert ladder.judge_native({"libraries": libs}, driver=True, venv="/v")[1].startswith("3 of 4 shared objects")
-    assert ladder.judge_native({"libraries": [libs[0], libs[3]]}, driver=False)[0] == "pass"
-    assert ladder.judge_native({"libraries": []}, driver=True)[0] == "skip"
+    assert judges.judge_native({"libraries": libs}, driver=True, venv="/v")[1].startswith("3 of 4 shared objects")
+    assert judges.judge_native({"libraries": [libs[0], libs[3]]}, driver=False)[0] == "pass"
+    assert judges.judge_native({"libraries": []}, driver=True)[0] == "skip"
 
 
 def test_provenance_says_why_each_outside_library_was_taken():
@@ -162,12 +162,12 @@ def test_provenance_says_why_each_outside_library_was_taken():
         {"library": "libcublas.so.13", "path": "/opt/pre/libcublas.so.13", "from": "outside"},
         {"library": "libnvrtc.so.13", "path": "/usr/lib/x86_64-linux-gnu/libnvrtc.so.13.0.1", "from": "outside"},
         {"library": "libcublasLt.so.13", "path": "/lib64/libcublasLt.so.13", "from": "outside"}]
-    status, reason = ladder.judge_provenance(report, shipped)
+    status, reason = judges.judge_provenance(report, shipped)
     assert status == "fail" and reason.startswith("4 libraries from outside the venv: libcublas.so.13 mapped from "
                                                   "/opt/pre/libcublas.so.13 instead of the venv's")
     assert reason.endswith("; and 1 more")
     clean = dict(report, mapped=["/real/v/torch/lib/libtorch_cuda.so", "/usr/lib/x86_64-linux-gnu/libc.so.6"])
-    assert ladder.judge_provenance(clean, shipped) == (
+    assert judges.judge_provenance(clean, shipped) == (
         "pass", "after importing torch: 1 libraries mapped from the venv, 1 from the system, none shadowing a library "
                 "the venv ships")
     empty_entry = dict(report, mapped=["/cwd/libcudart.so.13"], ld_library_path=[["", "/cwd"]], ld_preload=[])
@@ -176,7 +176,7 @@ def test_provenance_says_why_each_outside_library_was_taken():
     assert ladder.provenance_conflicts(rpath, shipped)[0]["why"] == \
         "loaded by absolute path or through another library's RPATH/RUNPATH"
     nothing = dict(clean, imported=[{"name": "torch", "ok": False, "error": "ImportError: x"}])
-    assert ladder.judge_provenance(nothing, shipped)[0] == "skip"
+    assert judges.judge_provenance(nothing, shipped)[0] == "skip"
 
 
 @pytest.mark.parametrize("report,expected", [
@@ -309,7 +309,7 @@ def test_judge_native_kinds_host_library_foreign_machine_and_venv_library():
     arm = {"path": "/v/stubs/aarch64-unknown-linux-gnu/libcute_dsl_runtime.so", "ok": False, "error": None,
            "skipped": "built for aarch64 (e_machine 183, 64-bit), this interpreter is x86_64 (e_machine 62, 64-bit)"}
     ok = {"path": "/v/a.so", "ok": True, "error": None}
-    status, reason = ladder.judge_native({"libraries": [ok, rdma, ucx, arm]}, driver=False, venv="/v", shipped=shipped)
+    status, reason = judges.judge_native({"libraries": [ok, rdma, ucx, arm]}, driver=False, venv="/v", shipped=shipped)
     assert status == "pass"
     assert reason == ("1 of 4 shared objects load (RTLD_NOW); skipped 1 built for another machine than this "
                       "interpreter's (1 for aarch64; e.g. stubs/aarch64-unknown-linux-gnu/libcute_dsl_runtime.so): "
@@ -318,19 +318,19 @@ def test_judge_native_kinds_host_library_foreign_machine_and_venv_library():
                       "libmlx5.so.1 (1), librdmacm.so.1 (1), libucp.so.0 (1), libucs.so.0 (1); e.g. "
                       "nvidia/cufile/lib/libcufile_rdma.so.1)")
     # without knowing what the venv ships, a missing library is a failure
-    assert ladder.judge_native({"libraries": [ok, rdma]}, driver=False, shipped=None)[0] == "fail"
+    assert judges.judge_native({"libraries": [ok, rdma]}, driver=False, shipped=None)[0] == "fail"
     # a library the venv ships (RECORD), or of a CUDA family pip ships, or auditwheel-grafted, is a failure,
     # also when the loader's message named a host library first
     for name in ("libcufile.so.0", "libcudart.so.12", "libgomp-a34b3233.so.1"):
         both = dict(rdma, missing=["libmlx5.so.1", name])
-        status, reason = ladder.judge_native({"libraries": [ok, both]}, driver=False, venv="/v", shipped=shipped)
+        status, reason = judges.judge_native({"libraries": [ok, both]}, driver=False, venv="/v", shipped=shipped)
         assert (status, reason) == ("fail", f"1 of 2 shared objects do not load: nvidia/cufile/lib/libcufile_rdma.so.1: "
                                             f"missing {name}"), name
     # an undefined symbol stays a failure
     undefined = {"path": "/v/t.so", "ok": False, "error": "/v/t.so: undefined symbol: _ZN3c10"}
-    assert ladder.judge_native({"libraries": [ok, undefined]}, driver=False, shipped=shipped)[0] == "fail"
+    assert judges.judge_native({"libraries": [ok, undefined]}, driver=False, shipped=shipped)[0] == "fail"
     # only foreign objects: nothing checkable
-    assert ladder.judge_native({"libraries": [arm]}, driver=False, shipped=shipped)[0] == "skip"
+    assert judges.judge_native({"libraries": [arm]}, driver=False, shipped=shipped)[0] == "skip"
 
 
 def test_judge_native_passes_a_host_reason_on_through_the_venvs_own_library():
@@ -340,20 +340,20 @@ def test_judge_native_passes_a_host_reason_on_through_the_venvs_own_library():
     ops = {"path": "/v/torchcodec/libtorchcodec_custom_ops4.so", "ok": False, "error": err("libtorchcodec_core4.so"),
            "missing": ["libavutil.so.56", "libtorchcodec_core4.so"]}
     shipped = {"libtorchcodec_core4.so", "libtorchcodec_custom_ops4.so"}
-    status, reason = ladder.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, core, ops]}, driver=False,
+    status, reason = judges.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, core, ops]}, driver=False,
                                          venv="/v", shipped=shipped)
     assert status == "pass" and "warning: 2 need host libraries" in reason and "libavutil.so.56 (2)" in reason
     # the venv's copy loading, or not being in the report, leaves the dependant a failure
     loaded = dict(core, ok=True, error=None)
-    assert ladder.judge_native({"libraries": [loaded, ops]}, driver=False, shipped=shipped)[0] == "fail"
-    assert ladder.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, ops]}, driver=False,
+    assert judges.judge_native({"libraries": [loaded, ops]}, driver=False, shipped=shipped)[0] == "fail"
+    assert judges.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, ops]}, driver=False,
                                shipped=shipped)[0] == "fail"
     # a copy that needs the driver passes "not checkable" on; with a driver it is a failure
     drv = dict(core, error=err("libcuda.so.1"), missing=["libcuda.so.1"])
-    status, reason = ladder.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, drv, ops]}, driver=False,
+    status, reason = judges.judge_native({"libraries": [{"path": "/v/a.so", "ok": True}, drv, ops]}, driver=False,
                                          venv="/v", shipped=shipped)
     assert status == "pass" and "2 need the NVIDIA driver's libraries" in reason
-    assert ladder.judge_native({"libraries": [drv, ops]}, driver=True, shipped=shipped)[0] == "fail"
+    assert judges.judge_native({"libraries": [drv, ops]}, driver=True, shipped=shipped)[0] == "fail"
 
 
 def test_record_library_keys_count_listed_files_even_when_gone():
@@ -402,7 +402,8 @@ def test_an_import_failing_the_same_way_on_the_donor_is_a_warning():
 
 
 def test_a_shared_object_failing_the_same_way_on_the_donor_is_a_warning():
-    from transplant.verify.ladder import donor_shared_objects, judge_native
+    from transplant.verify.judges import judge_native
+    from transplant.verify.ladder import donor_shared_objects
 
     venv, donor_venv = "/t/venv", "/d/venv"
     bridge = "lib/python3.11/site-packages/cuda/core/_tensor_bridge.so"

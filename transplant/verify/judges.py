@@ -1,4 +1,4 @@
-"""Verify stage results and how each stage's report is judged (pure core).
+"""Verify stage results and how each stage's report is judged, every ``judge_*`` of the ladder (pure core).
 
 A stage is ``pass``, ``fail`` or ``skip``, always with a reason and seconds; a skip is
 never counted as a pass (:func:`overall_ok` is False only for failures, and reports
@@ -7,11 +7,14 @@ show skips as skips).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from transplant.core.plan import Finding
+from transplant.verify.ladder import (DRIVER_SONAMES, MISSING_LIBRARY, SHARED_OBJECT, inside_roots,
+                                      library_key, load_error, missing_driver_library, pip_shipped_library,
+                                      provenance_conflicts)
 
 __all__ = [
     "VERIFY_SCHEMA",
@@ -22,6 +25,14 @@ __all__ = [
     "judge_requirements",
     "expect_matches",
     "overall_ok",
+    "judge_interpreter",
+    "judge_native",
+    "judge_provenance",
+    "judge_resolve",
+    "judge_serve",
+    "answer_at",
+    "judge_jit_caches",
+    "stale_versions",
 ]
 
 VERIFY_SCHEMA = "transplant.verify/2"  # 2: the ladder's stages, "counts"
@@ -56,7 +67,7 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
     An import whose error is that a driver library (:data:`transplant.verify.ladder.DRIVER_SONAMES`,
     e.g. ``libcuda.so.1``) cannot be opened is, on a host without a driver (``driver`` False),
     not checkable here: neither a pass nor a fail; the reason names it. The same rule as
-    native-load's (:func:`transplant.verify.ladder.judge_native`): the driver is installed with the
+    native-load's (:func:`judge_native`): the driver is installed with the
     GPU, never by a wheel, so its absence says nothing about the venv. With ``driver`` True
     (the default, also when the host's driver facts are unknown) it is a failure.
     An import in ``donor_shared`` fails the same way on the donor (same exception class:
@@ -65,8 +76,6 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
     Status: fail on any failure; skip when nothing was checkable (or nothing to check);
     else pass.
     """
-    from transplant.verify.ladder import missing_driver_library
-
     items = report.get("imports", [])
     if not items:
         return "skip", "no import names to check (set verify.imports)"
@@ -179,3 +188,309 @@ def judge_requirements(findings: Sequence[Finding]) -> tuple[str, str]:
 def overall_ok(results: Sequence[StageResult]) -> bool:
     """True when no stage failed (skips do not fail the run, and are never shown as passes)."""
     return not any(r.status == "fail" for r in results)
+
+
+def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | None, *,
+                      python: str | None = None) -> tuple[str, str]:
+    """(status, reason) for the target's interpreter.
+
+    :param target: ``{"version": "3.11.2", "implementation": "cpython", "home": str | None,
+        "home_exists": bool | None, "executable": str}`` from the target's probe.
+    :param expected: the same keys for the donor's interpreter, or None when there is no donor
+        to compare with (then only ``home`` and ``python`` are checked, and the reason says so).
+    :param python: the manifest's ``verify.python`` (``3.11`` or ``3.11.9``): the target's version
+        must start with it; None: not checked.
+    """
+    home, version = target.get("home"), str(target.get("version"))
+    if target.get("home_exists") is False:
+        return "fail", f"pyvenv.cfg home {home} does not exist: the venv's python points to nothing"
+    minor = ".".join(version.split(".")[:2])
+    impl = target.get("implementation")
+    where = f"{impl} {version} ({target.get('executable')}, home {home})"
+    if python is not None and version.split(".")[:len(python.split("."))] != python.split("."):
+        return "fail", f"{where}, but the manifest expects Python {python} (verify.python)"
+    if python is not None:
+        where += f"; Python {python} as the manifest expects"
+    if expected is None:
+        return "pass", f"{where}; no donor interpreter to compare with"
+    want_minor = ".".join(str(expected.get("version")).split(".")[:2])
+    if (impl, minor) != (expected.get("implementation"), want_minor):
+        return "fail", (f"{where}, but the donor runs {expected.get('implementation')} {expected.get('version')}: "
+                        f"extension modules built for {want_minor} do not load in {minor}")
+    return "pass", f"{where}; matches the donor's {expected.get('version')}"
+
+
+def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
+                 shipped: Iterable[str] | None = None, donor_shared: Iterable[str] = ()) -> tuple[str, str]:
+    """(status, reason) for the native-load script's report
+    (``{"preload": [...], "libraries": [{"path", "ok", "error", "skipped"?, "missing"?}]}``).
+
+    Each library that did not load is, by kind:
+
+    - ``skipped`` by the script (its ELF header names another machine or class than the
+      interpreter's, like the ``stubs/aarch64-*`` objects of the x86_64 nvidia-cutlass-dsl
+      wheels): not loadable here by construction; counted as skipped, by machine.
+    - an undefined symbol, or any error other than a missing soname: a failure.
+    - missing sonames (``missing``, the loader's full list, with the one dlopen named): a
+      failure if any is a library a pip distribution ships (:func:`pip_shipped_library`
+      against ``shipped``: the venv ships it, or it is of the CUDA/torch families). Else, one
+      missing a driver library (:data:`DRIVER_SONAMES`) fails where the host has a driver
+      (``driver`` True) and is not checkable otherwise. Else every missing soname is a host
+      library no distribution of the venv ships: an optional plugin's dependency (cufile's
+      RDMA transport needs ``libmlx5.so.1``, nvshmem's bootstraps and transports ``libmpi``,
+      ``libpmix``, ``libfabric``, UCX; numba's TBB pool ``libtbb.so.12``), which loads where
+      the host installs that library; a warning in a passing stage, naming each library and
+      how many objects need it. Without ``shipped`` (None) the venv's libraries are unknown
+      and every missing soname other than a driver's is a failure.
+    - missing only libraries the venv ships whose own copies in the report are not loadable here
+      for one of the two host reasons above (torchcodec's ``libtorchcodec_custom_ops4.so``
+      needs ``libtorchcodec_core4.so``, which needs FFmpeg 4's ``libavutil.so.56``): that reason,
+      passed on. The script has already loaded such files again after all the others, so a
+      sibling the package loads by path first is found.
+
+    - a failure in ``donor_shared`` (:func:`donor_shared_objects`: the donor's own copy fails
+      the same way, as cuda-core's ``_tensor_bridge`` with its undefined
+      ``aoti_torch_dtype_float32``, or torch_memory_saver's CUDA 12 variant in a CUDA 13 venv):
+      what the donor runs, a warning in a passing stage.
+
+    :param shipped: the venv's library keys (:func:`record_library_keys` over every
+        distribution), or None.
+    :param donor_shared: absolute paths (in this venv) whose failure the donor shares.
+    :param venv: stripped from the paths shown.
+    Status: fail on any failure; skip when there is no library, or none could be checked;
+    else pass.
+    """
+    libraries = report.get("libraries", [])
+    if not libraries:
+        return "skip", "the overlaid distributions ship no shared objects"
+    keys = set(shipped) if shipped is not None else None
+    # kind per path: ("fail", what) | ("driver", names) | ("optional", names) | ("foreign", why)
+    kinds: dict[str, tuple[str, Any]] = {}
+    venv_missing: dict[str, list[str]] = {}
+    for lib in libraries:
+        if lib.get("ok"):
+            continue
+        path = str(lib["path"])
+        if lib.get("skipped"):
+            kinds[path] = ("foreign", lib["skipped"])
+            continue
+        error = str(lib.get("error"))
+        first = MISSING_LIBRARY.search(error)
+        if first is None:
+            kinds[path] = ("fail", load_error(error))
+            continue
+        names = sorted(set(lib.get("missing") or ()) | {first.group(1)})
+        ours = [n for n in names if n not in DRIVER_SONAMES and (keys is None or pip_shipped_library(n, keys))]
+        drivers = [n for n in names if n in DRIVER_SONAMES]
+        if ours:
+            kinds[path] = ("fail", "missing " + ", ".join(ours))
+            venv_missing[path] = ours
+        elif drivers and driver:
+            kinds[path] = ("fail", "missing " + ", ".join(drivers))
+        elif drivers:
+            kinds[path] = ("driver", names)
+        else:
+            kinds[path] = ("optional", names)
+    # a library of the venv that is not loadable here only for a host reason (a driver, an
+    # optional host library) passes that reason on to the venv's objects that need it
+    copies: dict[str, list[str]] = {}
+    for lib in libraries:
+        copies.setdefault(library_key(str(lib["path"])), []).append(str(lib["path"]))
+    changed = True
+    while changed:
+        changed = False
+        for path, ours in venv_missing.items():
+            if kinds[path][0] != "fail":
+                continue
+            inherited: list[tuple[str, Any]] = []
+            for name in ours:
+                found = [kinds.get(c, ("ok", None)) for c in copies.get(library_key(name), [])]
+                host = [k for k in found if k[0] in ("driver", "optional")]
+                if not host or len(host) != len(found):
+                    break
+                inherited.extend(host)
+            else:
+                names = sorted({n for _, ns in inherited for n in ns})
+                kinds[path] = ("driver" if any(k == "driver" for k, _ in inherited) else "optional", names)
+                changed = True
+    shared_with_donor = set(donor_shared)
+    for path, kind in list(kinds.items()):
+        if kind[0] == "fail" and path in shared_with_donor:
+            kinds[path] = ("donor", kind[1])
+    failed = [(lib, kinds[str(lib["path"])][1]) for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "fail"]
+    donor_too = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
+                 if kinds.get(str(lib["path"]), ("",))[0] == "donor"]
+    driverless = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "driver"]
+    foreign = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "foreign"]
+    optional = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
+                if kinds.get(str(lib["path"]), ("",))[0] == "optional"]
+    prefix = venv.rstrip("/") + "/" if venv else ""
+
+    def shown(path: str) -> str:
+        return path[len(prefix):] if prefix and path.startswith(prefix) else path
+
+    not_loaded = [p for p in report.get("preload", []) if not p.get("ok")]
+    note = "".join(f"; note: preloading {p['name']} failed ({p['error']})" for p in not_loaded)
+    if foreign:
+        machines: dict[str, int] = {}
+        for lib in foreign:
+            word = str(lib["skipped"]).removeprefix("built for ").split(" ")[0]
+            machines[word] = machines.get(word, 0) + 1
+        kinds = ", ".join(f"{n} for {m}" for m, n in sorted(machines.items()))
+        note += (f"; skipped {len(foreign)} built for another machine than this interpreter's ({kinds}; e.g. "
+                 f"{shown(foreign[0]['path'])}): not loadable here by construction")
+    if driverless:
+        note += (f"; {len(driverless)} need the NVIDIA driver's libraries, absent on this host "
+                 f"(e.g. {shown(driverless[0]['path'])}): not checkable here")
+    if optional:
+        needs: dict[str, int] = {}
+        for _, names in optional:
+            for name in names:
+                needs[name] = needs.get(name, 0) + 1
+        ranked = sorted(needs.items(), key=lambda item: (-item[1], item[0]))
+        listed = ", ".join(f"{name} ({count})" for name, count in ranked[:8])
+        listed += f" and {len(ranked) - 8} more" if len(ranked) > 8 else ""
+        note += (f"; warning: {len(optional)} need host libraries that no distribution of the venv ships, absent "
+                 f"here (optional plugins; objects needing each: {listed}; e.g. {shown(optional[0][0]['path'])})")
+    if donor_too:
+        head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in donor_too[:3])
+        more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
+        note += (f"; warning: {len(donor_too)} fail the same way on the donor, which runs with them (not a fault of "
+                 f"the transplant): {head}{more}")
+    if failed:
+        head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in failed[:3])
+        more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+        return "fail", f"{len(failed)} of {len(libraries)} shared objects do not load: {head}{more}{note}"
+    loaded = sum(1 for lib in libraries if lib.get("ok"))
+    if not loaded:
+        return "skip", f"none of {len(libraries)} shared objects could be checked here{note}"
+    return "pass", f"{loaded} of {len(libraries)} shared objects load (RTLD_NOW){note}"
+
+
+def judge_provenance(report: Mapping[str, Any], shipped: Sequence[str]) -> tuple[str, str]:
+    """(status, reason): fail on any :func:`provenance_conflicts`; else pass, counting the mapped
+    libraries from the venv and from the system."""
+    conflicts = provenance_conflicts(report, shipped)
+    roots = [report.get("prefix", ""), report.get("prefix_real", "")]
+    mapped = [m for m in report.get("mapped", []) if SHARED_OBJECT.search(m)]
+    inside = [m for m in mapped if inside_roots(m, roots)]
+    failed_imports = [i["name"] for i in report.get("imported", []) if not i.get("ok")]
+    note = f"; could not import {', '.join(failed_imports)} (see imports)" if failed_imports else ""
+    if conflicts:
+        head = "; ".join(f"{c['library']} mapped from {c['mapped']} instead of the venv's {c['venv_copy']}: {c['why']}"
+                         for c in conflicts[:3])
+        more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
+        return "fail", f"{len(conflicts)} librar{'y' if len(conflicts) == 1 else 'ies'} from outside the venv: {head}{more}{note}"
+    imported = [i["name"] for i in report.get("imported", []) if i.get("ok")]
+    if not imported:
+        return "skip", "nothing could be imported, so no library was mapped to check" + note
+    return "pass", (f"after importing {', '.join(imported[:6])}{' ...' if len(imported) > 6 else ''}: "
+                    f"{len(inside)} libraries mapped from the venv, {len(mapped) - len(inside)} from the system, "
+                    f"none shadowing a library the venv ships{note}")
+
+#: Exception classes whose message means "the platform has no GPU" in sglang's and torch's words.
+_GPU_WORDS = ("cuda", "gpu", "nvidia", "no accelerator", "device")
+
+
+def judge_resolve(report: Mapping[str, Any]) -> tuple[str, str]:
+    """(status, reason) for ``server_args.resolve``'s outcome (the ``resolve`` part of the
+    server-args script's report).
+
+    - the framework has no separate resolution step: skip, saying so;
+    - it ran: pass;
+    - it failed importing a module (``ImportError``): fail; the server could not start either;
+    - it failed and ``<model_path>/config.json`` is absent on the target: skip, naming the file
+      the step needs (with the error);
+    - it failed, no GPU is visible and the error speaks of CUDA/GPU/device: skip, it needs a GPU;
+    - any other failure: fail, with the error.
+    """
+    if not report.get("ran"):
+        return "skip", str(report.get("error") or "no resolution step was run")
+    method = report.get("method") or "the resolution step"
+    if report.get("ok"):
+        return "pass", f"{method}() ran: the arguments resolve against the model and platform"
+    error = str(report.get("error"))
+    kinds = set(report.get("kind") or ())
+    if "ImportError" in kinds:
+        return "fail", f"{method}() needs a module the venv lacks: {error}"
+    model = report.get("model_path")
+    if report.get("config_json") is False:
+        return "skip", (f"{method}() needs the model's config.json, and {model}/config.json is absent on the "
+                        f"target; put the model there to run it ({error})")
+    if report.get("gpu") is not True and any(word in error.lower() for word in _GPU_WORDS):
+        return "skip", f"{method}() needs a GPU, and none is visible here ({error})"
+    return "fail", f"{method}() failed: {error}"
+
+
+def answer_at(answer: Any, path: str) -> Any:
+    """The value at a dotted path in a decoded JSON answer (``choices.0.text``); None when absent."""
+    value = answer
+    for part in path.split(".") if path else ():
+        if isinstance(value, Mapping) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def judge_serve(report: Mapping[str, Any], answer_path: str, *, max_tokens: int | None = None) -> tuple[str, str]:
+    """(status, reason) for the serve script's report.
+
+    The answer's shape: the value at ``answer_path`` must be a non-empty string, or a non-empty
+    list (of at most ``max_tokens`` items when given: the tokens asked for).
+    """
+    stopped = f"; server {report.get('stopped')}" if report.get("stopped") else ""
+    if not report.get("started"):
+        tail = (report.get("log_tail") or "").strip().splitlines()[-1:] or [""]
+        return "fail", f"{report.get('error')}; its log ends: {tail[0][:300]}{stopped}"
+    if report.get("error"):
+        return "fail", f"started in {report['startup_seconds']:.1f} s, then {report['error']}{stopped}"
+    value = answer_at(report.get("answer"), answer_path)
+    if value is None:
+        return "fail", f"the answer has no {answer_path!r}: {str(report.get('answer'))[:300]}{stopped}"
+    if not isinstance(value, (str, list)) or not value:
+        return "fail", f"the answer's {answer_path} is {value!r}, expected a non-empty string or list{stopped}"
+    if isinstance(value, list) and max_tokens is not None and len(value) > max_tokens:
+        return "fail", f"the answer's {answer_path} has {len(value)} items, more than the {max_tokens} asked for{stopped}"
+    shape = f"{len(value)} {'characters' if isinstance(value, str) else 'items'}"
+    first = "streamed first token" if report.get("streamed") else "answer"
+    return "pass", (f"started in {report['startup_seconds']:.1f} s; {first} after {report['first_token_seconds']:.2f} s; "
+                    f"{answer_path}: {shape}{stopped}")
+
+
+def stale_versions(cache: Mapping[str, Any]) -> list[str]:
+    """The versions a cache's contents were built for that differ from the one installed
+    (all of them when the library is not installed)."""
+    installed = cache.get("installed")
+    return [v for v in cache.get("versions", []) if v != installed]
+
+
+def judge_jit_caches(caches: Sequence[Mapping[str, Any]], *, cleared: bool) -> tuple[str, str]:
+    """(status, reason) for the JIT cache report.
+
+    Pass, naming each existing folder and, as a warning, contents built for other versions
+    than installed (a cache keyed by version is not reused, so it is stale weight rather than
+    a fault; ``--clear-jit-caches`` removes it). With ``cleared``, fail when a folder could
+    not be removed.
+    """
+    parts, warnings, errors = [], [], []
+    for c in caches:
+        if not c.get("exists"):
+            continue
+        stale = stale_versions(c)
+        built = f", built for {c.get('library', c['name'])} {', '.join(c['versions'])}" if c.get("versions") else ""
+        parts.append(f"{c['name']} {c['path']} ({c['files']} files{built})"
+                     + (" removed" if c.get("removed") else ""))
+        if stale and not c.get("removed"):
+            warnings.append(f"{c['name']} cache holds builds for {c.get('library', c['name'])} {', '.join(stale)} but "
+                            f"{c.get('installed') or 'none'} is installed")
+        if c.get("error"):
+            errors.append(f"{c['path']}: {c['error']}")
+    if errors and cleared:
+        return "fail", "; ".join(errors)
+    if not parts:
+        return "pass", "no JIT cache folders exist (" + ", ".join(c["path"] for c in caches) + ")"
+    tail = "".join(f"; warning: {w} (--clear-jit-caches removes it)" for w in warnings)
+    return "pass", "; ".join(parts) + tail

@@ -1,5 +1,6 @@
-"""What the verify ladder checks, derived from an inventory, and how its new stages are judged
-(pure core: plain data in, ``(status, reason)`` out; no I/O).
+"""What the verify ladder checks, derived from an inventory (pure core: plain data in and out; no I/O).
+
+How each stage's report is judged is in :mod:`transplant.verify.judges`.
 
 The derivations read the target's inventory: the overlaid distributions (manifest
 ``overlay`` patterns), their import names (``top_level.txt``, else RECORD's top-level
@@ -24,22 +25,24 @@ __all__ = [
     "record_library_keys",
     "pip_shipped_library",
     "library_key",
-    "judge_interpreter",
-    "judge_native",
     "extension_module",
     "provenance_conflicts",
-    "judge_provenance",
     "cuda_torch_libraries",
     "DRIVER_SONAMES",
     "missing_driver_library",
+    "load_error",
+    "MISSING_LIBRARY",
+    "UNDEFINED_SYMBOL",
+    "SHARED_OBJECT",
+    "inside_roots",
 ]
 
 #: Libraries the NVIDIA driver installs on the host (never a wheel): a venv library that needs
 #: one loads only where a driver is installed.
 DRIVER_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1", "libcuda.so")
-_SHARED = re.compile(r"\.so(\.\d+)*$")
-_MISSING = re.compile(r"([^\s:]+): cannot open shared object file")
-_UNDEFINED = re.compile(r"undefined symbol: (\S+)")
+SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
+MISSING_LIBRARY = re.compile(r"([^\s:]+): cannot open shared object file")
+UNDEFINED_SYMBOL = re.compile(r"undefined symbol: (\S+)")
 #: Folders the loader searches after LD_LIBRARY_PATH, RUNPATH and ld.so.cache (ld.so(8)).
 _DEFAULT_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64")
 
@@ -66,7 +69,7 @@ def _record_tops(dist: Distribution) -> list[str]:
                 tops.add(head)
         elif path.endswith(".py") and path[:-3].isidentifier():
             tops.add(path[:-3])
-        elif _SHARED.search(path):
+        elif SHARED_OBJECT.search(path):
             name = path.split(".", 1)[0]
             if name.isidentifier():
                 tops.add(name)
@@ -104,7 +107,7 @@ def shared_objects(dists: Iterable[Distribution], venv: str) -> list[str]:
         for entry in dist.record or ():
             if entry.path is None or not entry.exists or entry.symlink is not None:
                 continue
-            if _SHARED.search(posixpath.basename(entry.path)):
+            if SHARED_OBJECT.search(posixpath.basename(entry.path)):
                 out.add(posixpath.join(venv, entry.path))
     return sorted(out)
 
@@ -113,12 +116,12 @@ def record_library_keys(dists: Iterable[Distribution]) -> set[str]:
     """The :func:`library_key` of every shared object (``*.so``, ``*.so.N``) any of the
     distributions' RECORDs lists, whether or not the file is on disk (a listed file that is gone
     is still the venv's library, broken): what the venv ships, to tell its own libraries from the
-    host's (:func:`judge_native`)."""
+    host's (:func:`transplant.verify.judges.judge_native`)."""
     out = set()
     for dist in dists:
         for entry in dist.record or ():
             base = posixpath.basename(entry.record_path)
-            if _SHARED.search(base):
+            if SHARED_OBJECT.search(base):
                 out.add(library_key(base))
     return out
 
@@ -159,36 +162,6 @@ def library_key(name: str) -> str:
     return match.group(1) + match.group(2) if match else base
 
 
-def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | None, *,
-                      python: str | None = None) -> tuple[str, str]:
-    """(status, reason) for the target's interpreter.
-
-    :param target: ``{"version": "3.11.2", "implementation": "cpython", "home": str | None,
-        "home_exists": bool | None, "executable": str}`` from the target's probe.
-    :param expected: the same keys for the donor's interpreter, or None when there is no donor
-        to compare with (then only ``home`` and ``python`` are checked, and the reason says so).
-    :param python: the manifest's ``verify.python`` (``3.11`` or ``3.11.9``): the target's version
-        must start with it; None: not checked.
-    """
-    home, version = target.get("home"), str(target.get("version"))
-    if target.get("home_exists") is False:
-        return "fail", f"pyvenv.cfg home {home} does not exist: the venv's python points to nothing"
-    minor = ".".join(version.split(".")[:2])
-    impl = target.get("implementation")
-    where = f"{impl} {version} ({target.get('executable')}, home {home})"
-    if python is not None and version.split(".")[:len(python.split("."))] != python.split("."):
-        return "fail", f"{where}, but the manifest expects Python {python} (verify.python)"
-    if python is not None:
-        where += f"; Python {python} as the manifest expects"
-    if expected is None:
-        return "pass", f"{where}; no donor interpreter to compare with"
-    want_minor = ".".join(str(expected.get("version")).split(".")[:2])
-    if (impl, minor) != (expected.get("implementation"), want_minor):
-        return "fail", (f"{where}, but the donor runs {expected.get('implementation')} {expected.get('version')}: "
-                        f"extension modules built for {want_minor} do not load in {minor}")
-    return "pass", f"{where}; matches the donor's {expected.get('version')}"
-
-
 def missing_driver_library(error: str | None) -> str | None:
     """The driver library (:data:`DRIVER_SONAMES`) a loader or import error says is missing,
     or None when the error is anything else, or also names a missing library that is not the
@@ -199,172 +172,25 @@ def missing_driver_library(error: str | None) -> str | None:
         (``ImportError: libcuda.so.1: cannot open shared object file: No such file or directory``;
         glibc's ``_dl_map_object`` message, which Python's ImportError and ctypes' OSError quote).
     """
-    missing = _MISSING.findall(error or "")
+    missing = MISSING_LIBRARY.findall(error or "")
     if missing and all(name in DRIVER_SONAMES for name in missing):
         return missing[0]
     return None
 
 
-def _load_error(error: str) -> str:
-    missing = _MISSING.search(error or "")
+def load_error(error: str) -> str:
+    missing = MISSING_LIBRARY.search(error or "")
     if missing:
         return f"missing {missing.group(1)}"
-    undefined = _UNDEFINED.search(error or "")
+    undefined = UNDEFINED_SYMBOL.search(error or "")
     if undefined:
         return f"undefined symbol {undefined.group(1)}"
     return error or "unknown error"
 
 
-def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
-                 shipped: Iterable[str] | None = None, donor_shared: Iterable[str] = ()) -> tuple[str, str]:
-    """(status, reason) for the native-load script's report
-    (``{"preload": [...], "libraries": [{"path", "ok", "error", "skipped"?, "missing"?}]}``).
-
-    Each library that did not load is, by kind:
-
-    - ``skipped`` by the script (its ELF header names another machine or class than the
-      interpreter's, like the ``stubs/aarch64-*`` objects of the x86_64 nvidia-cutlass-dsl
-      wheels): not loadable here by construction; counted as skipped, by machine.
-    - an undefined symbol, or any error other than a missing soname: a failure.
-    - missing sonames (``missing``, the loader's full list, with the one dlopen named): a
-      failure if any is a library a pip distribution ships (:func:`pip_shipped_library`
-      against ``shipped``: the venv ships it, or it is of the CUDA/torch families). Else, one
-      missing a driver library (:data:`DRIVER_SONAMES`) fails where the host has a driver
-      (``driver`` True) and is not checkable otherwise. Else every missing soname is a host
-      library no distribution of the venv ships: an optional plugin's dependency (cufile's
-      RDMA transport needs ``libmlx5.so.1``, nvshmem's bootstraps and transports ``libmpi``,
-      ``libpmix``, ``libfabric``, UCX; numba's TBB pool ``libtbb.so.12``), which loads where
-      the host installs that library; a warning in a passing stage, naming each library and
-      how many objects need it. Without ``shipped`` (None) the venv's libraries are unknown
-      and every missing soname other than a driver's is a failure.
-    - missing only libraries the venv ships whose own copies in the report are not loadable here
-      for one of the two host reasons above (torchcodec's ``libtorchcodec_custom_ops4.so``
-      needs ``libtorchcodec_core4.so``, which needs FFmpeg 4's ``libavutil.so.56``): that reason,
-      passed on. The script has already loaded such files again after all the others, so a
-      sibling the package loads by path first is found.
-
-    - a failure in ``donor_shared`` (:func:`donor_shared_objects`: the donor's own copy fails
-      the same way, as cuda-core's ``_tensor_bridge`` with its undefined
-      ``aoti_torch_dtype_float32``, or torch_memory_saver's CUDA 12 variant in a CUDA 13 venv):
-      what the donor runs, a warning in a passing stage.
-
-    :param shipped: the venv's library keys (:func:`record_library_keys` over every
-        distribution), or None.
-    :param donor_shared: absolute paths (in this venv) whose failure the donor shares.
-    :param venv: stripped from the paths shown.
-    Status: fail on any failure; skip when there is no library, or none could be checked;
-    else pass.
-    """
-    libraries = report.get("libraries", [])
-    if not libraries:
-        return "skip", "the overlaid distributions ship no shared objects"
-    keys = set(shipped) if shipped is not None else None
-    # kind per path: ("fail", what) | ("driver", names) | ("optional", names) | ("foreign", why)
-    kinds: dict[str, tuple[str, Any]] = {}
-    venv_missing: dict[str, list[str]] = {}
-    for lib in libraries:
-        if lib.get("ok"):
-            continue
-        path = str(lib["path"])
-        if lib.get("skipped"):
-            kinds[path] = ("foreign", lib["skipped"])
-            continue
-        error = str(lib.get("error"))
-        first = _MISSING.search(error)
-        if first is None:
-            kinds[path] = ("fail", _load_error(error))
-            continue
-        names = sorted(set(lib.get("missing") or ()) | {first.group(1)})
-        ours = [n for n in names if n not in DRIVER_SONAMES and (keys is None or pip_shipped_library(n, keys))]
-        drivers = [n for n in names if n in DRIVER_SONAMES]
-        if ours:
-            kinds[path] = ("fail", "missing " + ", ".join(ours))
-            venv_missing[path] = ours
-        elif drivers and driver:
-            kinds[path] = ("fail", "missing " + ", ".join(drivers))
-        elif drivers:
-            kinds[path] = ("driver", names)
-        else:
-            kinds[path] = ("optional", names)
-    # a library of the venv that is not loadable here only for a host reason (a driver, an
-    # optional host library) passes that reason on to the venv's objects that need it
-    copies: dict[str, list[str]] = {}
-    for lib in libraries:
-        copies.setdefault(library_key(str(lib["path"])), []).append(str(lib["path"]))
-    changed = True
-    while changed:
-        changed = False
-        for path, ours in venv_missing.items():
-            if kinds[path][0] != "fail":
-                continue
-            inherited: list[tuple[str, Any]] = []
-            for name in ours:
-                found = [kinds.get(c, ("ok", None)) for c in copies.get(library_key(name), [])]
-                host = [k for k in found if k[0] in ("driver", "optional")]
-                if not host or len(host) != len(found):
-                    break
-                inherited.extend(host)
-            else:
-                names = sorted({n for _, ns in inherited for n in ns})
-                kinds[path] = ("driver" if any(k == "driver" for k, _ in inherited) else "optional", names)
-                changed = True
-    shared_with_donor = set(donor_shared)
-    for path, kind in list(kinds.items()):
-        if kind[0] == "fail" and path in shared_with_donor:
-            kinds[path] = ("donor", kind[1])
-    failed = [(lib, kinds[str(lib["path"])][1]) for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "fail"]
-    donor_too = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
-                 if kinds.get(str(lib["path"]), ("",))[0] == "donor"]
-    driverless = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "driver"]
-    foreign = [lib for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "foreign"]
-    optional = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
-                if kinds.get(str(lib["path"]), ("",))[0] == "optional"]
-    prefix = venv.rstrip("/") + "/" if venv else ""
-
-    def shown(path: str) -> str:
-        return path[len(prefix):] if prefix and path.startswith(prefix) else path
-
-    not_loaded = [p for p in report.get("preload", []) if not p.get("ok")]
-    note = "".join(f"; note: preloading {p['name']} failed ({p['error']})" for p in not_loaded)
-    if foreign:
-        machines: dict[str, int] = {}
-        for lib in foreign:
-            word = str(lib["skipped"]).removeprefix("built for ").split(" ")[0]
-            machines[word] = machines.get(word, 0) + 1
-        kinds = ", ".join(f"{n} for {m}" for m, n in sorted(machines.items()))
-        note += (f"; skipped {len(foreign)} built for another machine than this interpreter's ({kinds}; e.g. "
-                 f"{shown(foreign[0]['path'])}): not loadable here by construction")
-    if driverless:
-        note += (f"; {len(driverless)} need the NVIDIA driver's libraries, absent on this host "
-                 f"(e.g. {shown(driverless[0]['path'])}): not checkable here")
-    if optional:
-        needs: dict[str, int] = {}
-        for _, names in optional:
-            for name in names:
-                needs[name] = needs.get(name, 0) + 1
-        ranked = sorted(needs.items(), key=lambda item: (-item[1], item[0]))
-        listed = ", ".join(f"{name} ({count})" for name, count in ranked[:8])
-        listed += f" and {len(ranked) - 8} more" if len(ranked) > 8 else ""
-        note += (f"; warning: {len(optional)} need host libraries that no distribution of the venv ships, absent "
-                 f"here (optional plugins; objects needing each: {listed}; e.g. {shown(optional[0][0]['path'])})")
-    if donor_too:
-        head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in donor_too[:3])
-        more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
-        note += (f"; warning: {len(donor_too)} fail the same way on the donor, which runs with them (not a fault of "
-                 f"the transplant): {head}{more}")
-    if failed:
-        head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in failed[:3])
-        more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
-        return "fail", f"{len(failed)} of {len(libraries)} shared objects do not load: {head}{more}{note}"
-    loaded = sum(1 for lib in libraries if lib.get("ok"))
-    if not loaded:
-        return "skip", f"none of {len(libraries)} shared objects could be checked here{note}"
-    return "pass", f"{loaded} of {len(libraries)} shared objects load (RTLD_NOW){note}"
-
-
 def donor_shared_objects(report: Mapping[str, Any], donor: Mapping[str, Any] | None, venv: str) -> set[str]:
     """The target's failed shared objects (absolute paths under ``venv``) whose copy at the same
-    venv-relative path fails on the donor with the same loader error (:func:`_load_error`:
+    venv-relative path fails on the donor with the same loader error (:func:`load_error`:
     the same missing soname or undefined symbol); empty without a donor report."""
     if not donor:
         return set()
@@ -373,13 +199,13 @@ def donor_shared_objects(report: Mapping[str, Any], donor: Mapping[str, Any] | N
     for lib in donor.get("libraries", []):
         rel = _relative(str(lib.get("path")), str(donor.get("prefix") or ""))
         if rel is not None and not lib.get("ok") and not lib.get("skipped"):
-            theirs[rel] = _load_error(str(lib.get("error")))
+            theirs[rel] = load_error(str(lib.get("error")))
     out = set()
     for lib in report.get("libraries", []):
         path = str(lib.get("path"))
         if lib.get("ok") or lib.get("skipped") or not path.startswith(prefix):
             continue
-        if theirs.get(path[len(prefix):]) == _load_error(str(lib.get("error"))):
+        if theirs.get(path[len(prefix):]) == load_error(str(lib.get("error"))):
             out.add(path)
     return out
 
@@ -403,7 +229,7 @@ def donor_shared_imports(report: Mapping[str, Any], donor: Mapping[str, Any] | N
     return {i["name"] for i in report.get("imports", []) if not i.get("ok") and theirs.get(i.get("name")) == kind(i)}
 
 
-def _inside(path: str, roots: Sequence[str]) -> bool:
+def inside_roots(path: str, roots: Sequence[str]) -> bool:
     return any(r and (path == r or path.startswith(r.rstrip("/") + "/")) for r in roots)
 
 
@@ -445,7 +271,7 @@ def provenance_conflicts(report: Mapping[str, Any], shipped: Sequence[str]) -> l
     conf = report.get("ld_so_conf", [])
     out = []
     for mapped in report.get("mapped", []):
-        if _inside(mapped, roots) or mapped in modules or extension_module(mapped):
+        if inside_roots(mapped, roots) or mapped in modules or extension_module(mapped):
             continue
         key = library_key(mapped)
         if key not in ours:
@@ -477,27 +303,6 @@ def cuda_torch_libraries(report: Mapping[str, Any]) -> list[dict[str, str]]:
     """The CUDA and torch libraries the process mapped (libcudart, libcublas, libcublasLt, libnvrtc,
     libcudnn, libnccl, libtorch*, libc10*...), each ``{"library", "path", "from": "venv" | "outside"}``."""
     roots = [report.get("prefix", ""), report.get("prefix_real", "")]
-    return [{"library": library_key(m), "path": m, "from": "venv" if _inside(m, roots) else "outside"}
+    return [{"library": library_key(m), "path": m, "from": "venv" if inside_roots(m, roots) else "outside"}
             for m in report.get("mapped", []) if _CUDA_TORCH.match(posixpath.basename(m))]
 
-
-def judge_provenance(report: Mapping[str, Any], shipped: Sequence[str]) -> tuple[str, str]:
-    """(status, reason): fail on any :func:`provenance_conflicts`; else pass, counting the mapped
-    libraries from the venv and from the system."""
-    conflicts = provenance_conflicts(report, shipped)
-    roots = [report.get("prefix", ""), report.get("prefix_real", "")]
-    mapped = [m for m in report.get("mapped", []) if _SHARED.search(m)]
-    inside = [m for m in mapped if _inside(m, roots)]
-    failed_imports = [i["name"] for i in report.get("imported", []) if not i.get("ok")]
-    note = f"; could not import {', '.join(failed_imports)} (see imports)" if failed_imports else ""
-    if conflicts:
-        head = "; ".join(f"{c['library']} mapped from {c['mapped']} instead of the venv's {c['venv_copy']}: {c['why']}"
-                         for c in conflicts[:3])
-        more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
-        return "fail", f"{len(conflicts)} librar{'y' if len(conflicts) == 1 else 'ies'} from outside the venv: {head}{more}{note}"
-    imported = [i["name"] for i in report.get("imported", []) if i.get("ok")]
-    if not imported:
-        return "skip", "nothing could be imported, so no library was mapped to check" + note
-    return "pass", (f"after importing {', '.join(imported[:6])}{' ...' if len(imported) > 6 else ''}: "
-                    f"{len(inside)} libraries mapped from the venv, {len(mapped) - len(inside)} from the system, "
-                    f"none shadowing a library the venv ships{note}")

@@ -2,7 +2,7 @@
 
 Each stage runs in a fresh interpreter of the target venv with the manifest's
 ``verify.env`` and a timeout; its report is judged by :mod:`transplant.verify.judges`,
-:mod:`transplant.verify.ladder` and :mod:`transplant.verify.judges_later`. Stages, cheapest first:
+:mod:`transplant.verify.ladder` and :mod:`transplant.verify.judges`. Stages, cheapest first:
 ``interpreter``, ``imports``, ``native-load``, ``library-provenance``, ``requirements``,
 ``server-args`` (and ``server-args-resolve`` when asked for), ``smoke``, ``serve``,
 ``jit-caches``. A stage that has nothing to check is a skip with its reason, never a pass.
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
-from transplant.verify import judges_later as judges, ladder
+from transplant.verify import judges, ladder
 from transplant.core.findings import requirement_findings
 from transplant.errors import HostError, ProbeError, TransplantError
 from transplant.hosts.host import Host
@@ -113,7 +113,7 @@ def run_stages(
             theirs = donor()
             facts = _interpreter_facts(live)
             expected = _interpreter_facts(theirs) if theirs is not None else None
-            status, reason = ladder.judge_interpreter(facts, expected, python=settings.python)
+            status, reason = judges.judge_interpreter(facts, expected, python=settings.python)
             return status, reason, {"target": facts, "donor": expected}
 
         run("interpreter", interpreter)
@@ -155,14 +155,14 @@ def run_stages(
             report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
                                 env=env, timeout=timeout)
             shipped = ladder.record_library_keys(live.distributions)
-            status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
+            status, reason = judges.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
             if status == "fail" and donor_run is not None:
                 failed = [lib["path"] for lib in report.get("libraries", []) if not lib.get("ok")
                           and not lib.get("skipped") and str(lib["path"]).startswith(venv.rstrip("/") + "/")]
                 rel = [p[len(venv.rstrip("/")) + 1:] for p in failed]
                 theirs = _on_donor(donor_run, "stage_native", [], {"paths": rel, "preload": preload})
                 shared = ladder.donor_shared_objects(report, theirs, venv)
-                status, reason = ladder.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped,
+                status, reason = judges.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped,
                                                      donor_shared=shared)
             return status, reason, report
 
@@ -179,7 +179,7 @@ def run_stages(
                 return "skip", "nothing to import (no torch, no import names)", {}
             report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
                                 timeout=timeout)
-            status, reason = ladder.judge_provenance(report, shipped)
+            status, reason = judges.judge_provenance(report, shipped)
             return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped),
                                     "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
 
