@@ -134,7 +134,7 @@ class _Session:
         return self._donor
 
     def plan(self) -> Plan:
-        """Gather facts from the donor and the target (see :mod:`transplant.hosts.gather`), and plan."""
+        """Gather facts from the donor and the target (see :mod:`transplant.pipeline.gather`), and plan."""
         source = self.donor().source
         m = self.manifest
         patches = read_patch_files(m)
@@ -343,7 +343,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback"):
                 return EXIT_OK
             # --resume of a transaction that was still staging: it was discarded; apply afresh
-        from transplant.hosts.gather import refuse_self_target
+        from transplant.pipeline.gather import refuse_self_target
         early = session.donor()  # before the lock: nothing is written into a donor named twice
         if early.host is not None:
             refuse_self_target(replace(session.manifest, target=manifest.target), early.host, session.host("target"))

@@ -133,7 +133,7 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
     """Transactions of a target: id, state, source, steps, and the events recorded for each.
 
     :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
-        ``verified`` event carries ``ok`` (bool, written by :func:`transplant.donor.provenance.record_verified`)
+        ``verified`` event carries ``ok`` (bool, written by :func:`transplant.recover.provenance.record_verified`)
         and is shown as ``verify passed`` or ``verify failed`` (``verify ?`` when ``ok`` is not a
         bool): the word "verified" alone read as a success for verifies that failed. An outcome with
         ``completed_by: "host"`` (a commit its host script completed after the controller died,

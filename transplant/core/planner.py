@@ -503,7 +503,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     :param patches: the patch files read on the controller, destinations already made
         venv-relative.
     :param donor_elf: ELF facts of the donor's overlaid shared objects; :param
-        target_elf: of the target's others (see :mod:`transplant.hosts.gather`); None skips
+        target_elf: of the target's others (see :mod:`transplant.pipeline.gather`); None skips
         the rules that read binaries.
     :returns: a :class:`Plan` whose changes are sorted (distributions by name, then
         patches by path) and whose findings are sorted by (severity, code, dists).

@@ -119,7 +119,7 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
     :param names: distribution names (each a closure root) or globs (plain patterns), as typed.
     :param donor_at: / :param target_at: the ``donor:`` / ``target:`` mappings (``{host, venv}``).
     :param path: the manifest's path, used in the planner's hints.
-    :param donor_elf: / :param target_elf: ELF facts (:func:`transplant.hosts.gather.gather` of an
+    :param donor_elf: / :param target_elf: ELF facts (:func:`transplant.pipeline.gather.gather` of an
         earlier draft) so the binary rules' hints (libtorch-abi, a DT_NEEDED CUDA major) count
         too; None: only the rules that read metadata and RECORDs.
     :returns: a :class:`Draft`; its ``data`` always parses.

@@ -199,7 +199,7 @@ def record(manifest: Manifest, scenario: str, out: Path) -> Path:
 
     :raises HostError: a venv's python does not run.
     """
-    from transplant.hosts.gather import gather
+    from transplant.pipeline.gather import gather
     from transplant.hosts.host import LocalHost
 
     facts = gather(manifest, LocalHost(), LocalHost())

@@ -5,7 +5,7 @@ A recovery writes an ordinary manifest into a work folder under the state folder
 plan, apply and verify on it, so every step is the one the user knows and can re-run:
 
 * **from a host's history** (``--from HOST:VENV``): the newest transaction there that a
-  passing verify followed (:func:`transplant.donor.provenance.last_verified`) gives the manifest it
+  passing verify followed (:func:`transplant.recover.provenance.last_verified`) gives the manifest it
   was applied with (its recipe); that venv, which holds exactly that state, becomes the
   donor (the snapshot it came from, if any, its fallback), and the patch files are read
   back from it and checked against the hashes the recipe recorded. A host whose applied
@@ -32,7 +32,7 @@ from transplant.controller.documents import file_digest
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.inventory import inside_path, protected_path
 from transplant.core.manifest import Endpoint
-from transplant.donor.provenance import last_verified
+from transplant.recover.provenance import last_verified
 from transplant.donor.snapshot import Snapshot
 from transplant.recover.status import read_status
 from transplant.hosts.transfer import copy_files

@@ -21,7 +21,7 @@ from typing import Any
 from transplant.apply import txn
 from transplant.hosts.host import Host
 from transplant.core.planner import pyc_source
-from transplant.donor.provenance import committed
+from transplant.recover.provenance import committed
 
 __all__ = ["Applied", "Status", "read_status"]
 

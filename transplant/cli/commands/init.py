@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from transplant.errors import TransplantError
-from transplant.hosts.gather import gather
+from transplant.pipeline.gather import gather
 from transplant.hosts.host import SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.starting_manifest import Draft, draft, render

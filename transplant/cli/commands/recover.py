@@ -24,7 +24,7 @@ from transplant.errors import HostError, TransplantError
 from transplant.hosts.host import SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint
-from transplant.donor.provenance import verified_log
+from transplant.recover.provenance import verified_log
 from transplant.controller.documents import load_manifest
 from transplant.core.units import human_bytes
 from transplant.cli.reports import snapshots_table, status_table
@@ -74,7 +74,7 @@ def _recover_default(args: argparse.Namespace, console: Console, store: Path, by
     (``<state>/verified.jsonl``), newest first: each from its host's history, or from the
     snapshot it was applied from when that host cannot be used; last, the newest snapshot in
     the store."""
-    from transplant.donor.provenance import known_states
+    from transplant.recover.provenance import known_states
     from transplant.recover.rebuild import RecoverError
     from transplant.donor.snapshot import list_snapshots, load_snapshot
 

@@ -82,7 +82,7 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
     there is no donor (every unmet requirement counts). With a manifest the donor source is the
     manifest's (a host, a snapshot, or the first fallback that works), and the result is recorded
     in the target's history and, when it passes, in the controller's verified log (see
-    :func:`transplant.donor.provenance.record_verified`).
+    :func:`transplant.recover.provenance.record_verified`).
 
     :param manifest: an already loaded manifest (``apply --verify``, ``recover``); None reads
         ``args.manifest``. Options missing from ``args`` (``--junit``, ``--imports``...) count as

@@ -1,4 +1,4 @@
-"""The one pipeline (edge): plan, apply and verify one target, each step returning its outcome.
+"""The one pipeline (edge): gather the facts, plan, apply and verify one target, each step returning its outcome.
 
 The single-target commands, fleets (:mod:`transplant.fleet.run`), ``recover`` and
 ``apply --verify`` all run these steps; what is printed and asked around them is the face's.
@@ -17,9 +17,9 @@ from transplant.core.inventory import Inventory
 from transplant.core.manifest import Manifest, VerifySettings
 from transplant.core.plan import Plan
 from transplant.core.planner import PatchFile, plan as make_plan
-from transplant.donor.provenance import make_recipe, record_verified, verified_log
+from transplant.recover.provenance import make_recipe, record_verified, verified_log
 from transplant.donor.sources import DonorSource, Opened
-from transplant.hosts.gather import gather
+from transplant.pipeline.gather import gather
 from transplant.hosts.host import Host, SSHOptions
 from transplant.verify.judges import StageResult, overall_ok
 from transplant.verify.runner import run_stages
@@ -29,7 +29,7 @@ __all__ = ["plan_target", "apply_plan", "verify_target"]
 
 def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
                 step: Callable[[str], None] | None = None) -> Plan:
-    """Gather the facts of the donor ``source`` and the ``target`` host (:func:`transplant.hosts.gather.gather`)
+    """Gather the facts of the donor ``source`` and the ``target`` host (:func:`transplant.pipeline.gather.gather`)
     and plan (:func:`transplant.core.planner.plan`).
 
     :param patches: the manifest's patch files, when already read; None reads them.
