@@ -262,7 +262,7 @@ def _refuse_stale(plan: Plan, target: Host) -> None:
 
     :raises ApplyError: the target changed since the plan was made (nothing was written).
     """
-    from transplant.donor.snapshot import TEXTS
+    from transplant.core.inventory import TEXTS
 
     now = take_inventory(target, plan.target.venv, hash_patterns=plan.hash_patterns, files=plan.patch_files,
                          texts=TEXTS)

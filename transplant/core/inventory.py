@@ -25,6 +25,7 @@ from transplant.errors import ProbeError
 
 __all__ = [
     "SCHEMA",
+    "TEXTS",
     "FileEntry",
     "Distribution",
     "Interpreter",
@@ -39,6 +40,10 @@ __all__ = [
 ]
 
 SCHEMA = "transplant.inventory/1"
+
+#: Site-packages files whose text every probe reads for the rules (torch's build facts): the
+#: plan, the snapshot and the stale-plan check under apply's lock read the same set.
+TEXTS = ("torch/version.py",)
 
 
 @dataclass(frozen=True, kw_only=True)

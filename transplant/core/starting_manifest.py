@@ -34,7 +34,7 @@ from transplant.core.elf_facts import ElfReport
 from transplant.core.closure import closure, expand
 from transplant.core.cuda import cuda_variant, variant_cuda_version
 from transplant.core.inventory import Inventory
-from transplant.verify.ladder import import_names
+from transplant.core.import_names import import_names
 from transplant.core.manifest import Manifest, normalize_pattern, parse_manifest
 from transplant.core.plan import Finding
 from transplant.core.planner import plan, selected_names

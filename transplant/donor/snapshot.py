@@ -48,6 +48,7 @@ from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory, inside_path, parse_inventory, protected_path
 from transplant.core.manifest import Manifest
 from transplant.core.planner import selected_names
+from transplant.core.inventory import TEXTS
 from transplant.hosts.probing import take_inventory
 from transplant.hosts.transfer import copy_files
 
@@ -55,7 +56,6 @@ __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "cap
            "list_snapshots", "prune", "default_store", "SnapshotSource", "TEXTS"]
 
 SNAPSHOT_SCHEMA = "transplant.snapshot/1"
-TEXTS = ("torch/version.py",)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ from transplant.core.planner import PatchFile, selected_names
 from transplant.hosts.probing import take_inventory
 from transplant.core.rules.libtorch import links_libtorch, torch_libraries
 from transplant.core.rules.venvfiles import editable_sources
-from transplant.donor.snapshot import TEXTS
+from transplant.core.inventory import TEXTS
 from transplant.donor.sources import DonorSource, as_source
 
 __all__ = ["Facts", "gather"]

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
+from transplant.core.import_names import SHARED_OBJECT, import_names, record_tops
 from transplant.core.inventory import Distribution, Inventory
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
 #: Libraries the NVIDIA driver installs on the host (never a wheel): a venv library that needs
 #: one loads only where a driver is installed.
 DRIVER_SONAMES = ("libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1", "libcuda.so")
-SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
 MISSING_LIBRARY = re.compile(r"([^\s:]+): cannot open shared object file")
 UNDEFINED_SYMBOL = re.compile(r"undefined symbol: (\S+)")
 #: Folders the loader searches after LD_LIBRARY_PATH, RUNPATH and ld.so.cache (ld.so(8)).
@@ -53,50 +53,10 @@ def overlaid(inventory: Inventory, patterns: Sequence[str]) -> list[Distribution
     return [latest[name] for name in sorted(latest) if any(fnmatchcase(name, p) for p in patterns)]
 
 
-def _record_tops(dist: Distribution) -> list[str]:
-    """Top-level import names from RECORD: packages (folders holding ``.py`` files, PEP 420
-    namespaces included), ``x.py`` modules and ``x.<suffix>.so`` extension modules."""
-    tops: set[str] = set()
-    for entry in dist.record or ():
-        path = entry.record_path
-        if path.startswith("../") or path.startswith("/"):
-            continue
-        head, sep, rest = path.partition("/")
-        if sep:
-            if head.endswith((".dist-info", ".data")) or head == "__pycache__":
-                continue
-            if rest.endswith(".py") and head.isidentifier():
-                tops.add(head)
-        elif path.endswith(".py") and path[:-3].isidentifier():
-            tops.add(path[:-3])
-        elif SHARED_OBJECT.search(path):
-            name = path.split(".", 1)[0]
-            if name.isidentifier():
-                tops.add(name)
-    return sorted(tops)
-
-
-def import_names(dists: Iterable[Distribution], extra: Sequence[str] = ()) -> list[str]:
-    """Import names to check: ``extra`` (``verify.imports``) first, in order, then each
-    distribution's ``top_level.txt`` names (else its RECORD's top-level packages and modules),
-    without duplicates. Names that are not identifiers (``tests/data``) are left out.
-    """
-    out: list[str] = []
-    for name in extra:
-        if name not in out:
-            out.append(name)
-    for dist in dists:
-        names = [t for t in dist.top_level if t.isidentifier()] or _record_tops(dist)
-        for name in names:
-            if name not in out:
-                out.append(name)
-    return out
-
-
 def dists_for_imports(inventory: Inventory, names: Sequence[str]) -> list[Distribution]:
     """The distributions that provide the top-level packages of ``names`` (``sglang.srt`` -> sglang's)."""
     tops = {n.split(".")[0] for n in names}
-    return [d for d in inventory.latest().values() if tops & set(d.top_level) or tops & set(_record_tops(d))]
+    return [d for d in inventory.latest().values() if tops & set(d.top_level) or tops & set(record_tops(d))]
 
 
 def shared_objects(dists: Iterable[Distribution], venv: str) -> list[str]:
