@@ -1,0 +1,151 @@
+"""The layering promise, checked on every module's imports (issue 17; import-linter's layers contract).
+
+The contract (:data:`CONTRACT`), read from the source with :mod:`ast` (imports inside functions
+count too):
+
+- ``transplant.remote`` (the stdlib-only host scripts) imports nothing of transplant;
+- the pure core (``transplant.core`` and the verify ladder's pure modules) imports only the core
+  and ``transplant.errors``;
+- ``transplant.errors`` and ``transplant.exitcodes`` import only ``transplant.errors``;
+- no edge imports the face (``transplant.cli``);
+- no import circle between the packages (``transplant.core``, ``transplant.hosts``, ...).
+
+The second test shows the check is not vacuous: it adds a forbidden import to a copy of the
+package and expects the checker to name it.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import transplant
+
+PACKAGE = Path(transplant.__file__).parent
+
+#: Modules of the pure core outside ``transplant.core``: plain data in, plain data out.
+PURE = ("transplant.core", "transplant.verify.judges", "transplant.verify.ladder")
+BASE = ("transplant.errors", "transplant.exitcodes")
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _within(name: str, prefixes: tuple[str, ...] | str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
+
+
+def imports(root: Path) -> dict[str, set[str]]:
+    """Every module of the package at ``root`` -> the transplant modules (or names) it imports."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        name = _module(path, root)
+        is_package = path.name == "__init__.py"
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = name.split(".") if is_package else name.split(".")[:-1]
+                    parts = parts[:len(parts) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)
+        out[name] = {f for f in found if _within(f, "transplant")}
+    return out
+
+
+def _package(name: str) -> str:
+    """``transplant.core.rules.env`` -> ``transplant.core``; top-level modules are their own package."""
+    return ".".join(name.split(".")[:2])
+
+
+def violations(root: Path) -> list[str]:
+    """The broken rules of the contract for the package at ``root``, one line each (empty: none)."""
+    graph = imports(root)
+    known = set(graph)
+
+    def real(targets: set[str]) -> set[str]:  # ``from transplant.x import name``: keep the modules
+        return {t for t in targets if t in known or t.rsplit(".", 1)[0] not in known} - {"transplant"}
+
+    bad: list[str] = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(real(targets)):
+            if _within(module, "transplant.remote") and module != "transplant.remote":
+                bad.append(f"{module} imports {target}: a host script imports nothing of transplant")
+            elif _within(module, PURE) and not _within(target, PURE + ("transplant.errors",)):
+                bad.append(f"{module} imports {target}: the pure core imports only the core and errors")
+            elif _within(module, BASE) and not _within(target, "transplant.errors"):
+                bad.append(f"{module} imports {target}: {module} imports only transplant.errors")
+            elif not _within(module, ("transplant.cli", "transplant.__main__")) and _within(target, "transplant.cli"):
+                bad.append(f"{module} imports {target}: an edge imports the face")
+    packages: dict[str, set[str]] = defaultdict(set)
+    for module, targets in graph.items():
+        for target in real(targets):
+            if _package(module) != _package(target):
+                packages[_package(module)].add(_package(target))
+    bad += [f"import circle between packages: {' -> '.join(cycle)}" for cycle in _cycles(packages)]
+    return bad
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one package (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component) + [sorted(component)[0]])
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_keeps_its_layers():
+    assert violations(PACKAGE) == []
+
+
+@pytest.mark.parametrize("module, line, expected", [
+    ("core/planner.py", "from transplant.hosts.host import connect", "the pure core imports only the core"),
+    ("verify/judges.py", "import transplant.verify.runner", "the pure core imports only the core"),
+    ("remote/probe.py", "from transplant.errors import HostError", "a host script imports nothing of transplant"),
+    ("apply/execute.py", "from transplant.cli.render import print_plan", "an edge imports the face"),
+    ("errors.py", "from transplant.core.plan import Plan", "imports only transplant.errors"),
+    ("hosts/transfer.py", "from transplant.apply import txn", "import circle between packages"),
+], ids=["core-imports-edge", "pure-judge-imports-runner", "host-script-imports-transplant", "edge-imports-face",
+        "errors-import-core", "circle"])
+def test_the_check_fails_when_a_forbidden_import_is_added(tmp_path, module, line, expected):
+    copy = tmp_path / "transplant"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert violations(copy) == [], "the copy starts clean"
+    path = copy / module
+    path.write_text(path.read_text(encoding="utf-8") + f"\n\ndef _injected():\n    {line}\n", encoding="utf-8")
+    found = violations(copy)
+    assert any(expected in v for v in found), found
