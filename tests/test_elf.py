@@ -259,14 +259,10 @@ def test_unimportable_pyelftools_is_a_host_error(venv):
 def test_fatbin_with_many_distinct_entries_is_capped():
     """A crafted fatbin with more distinct entries than any real one is read up to a cap (the
     de-duplication is a dict, so this stays linear)."""
-    import importlib.util
     import io
     import struct
 
-    spec = importlib.util.spec_from_file_location(
-        "elf_facts_module", Path(__file__).parent.parent / "transplant" / "remote" / "elf_facts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    import transplant.remote.elf_facts as module
     count = module.FATBIN_MAX_ENTRIES + 500
     entries = b"".join(struct.pack("<HHIQIIHHIIIQQQ", 2, 0x101, 64, 0, 0, 0, 8, 1, arch, 0, 0, 0x11, 0, 0)
                        for arch in range(1, count + 1))

@@ -308,7 +308,7 @@ def test_cli_without_manifest_writes_json_and_junit(built, tmp_path, monkeypatch
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "transplant.verify/2" and doc["ok"] is False
     stages = {s["name"]: s for s in doc["stages"]}
-    assert stages["native-load"]["status"] == "fail" and stages["imports"]["status"] == "pass"
+    assert stages["native-load"]["status"] == "fail" and stages["imports"]["status"] == "pass", stages["native-load"]
     assert doc["counts"] == {s: sum(x["status"] == s for x in doc["stages"]) for s in ("pass", "fail", "skip")}
     jit = stages["jit-caches"]
     assert "triton cache holds builds for triton 3.1.0 but none is installed" in jit["reason"]

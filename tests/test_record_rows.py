@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from inventory_docs import digest
-from transplant.remote import applier, probe
+from transplant import remote
+from transplant.remote import _common, applier, probe
 
 SITE = "lib/python3.11/site-packages"
 REMOTE = Path(applier.__file__).parent
@@ -26,14 +27,12 @@ DONOR_ROWS = (b"../../../bin/tool,sha256=donorhash,229\r\n"
               b"tool-1.0.dist-info/RECORD,,\r\n")
 
 
-def _source(path: Path, name: str) -> str:
-    tree = ast.parse(path.read_text())
-    [node] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-    return ast.get_source_segment(path.read_text(), node)
-
-
 def test_probe_and_applier_carry_the_same_normalisation():
-    assert _source(REMOTE / "probe.py", "record_identity") == _source(REMOTE / "applier.py", "record_identity")
+    """One function, in the module every host script is sent with (it was two copies, issue 17)."""
+    assert probe.record_identity is applier.record_identity is _common.record_identity
+    for script in ("probe", "applier"):
+        tree = ast.parse((REMOTE / f"{script}.py").read_text())
+        assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "record_identity"]
 
 
 @pytest.mark.parametrize("data", [
@@ -48,7 +47,7 @@ def test_probe_and_applier_give_the_same_identity(data):
 
 def _run_remote(script: str, source: str) -> str:
     """Run a host script's record_identity in a fresh interpreter with ``-I -S``, as on a host."""
-    code = (Path(REMOTE / script).read_text().replace('if __name__ == "__main__":', "if False:")
+    code = (remote.source(script.removesuffix(".py")).decode().replace('if __name__ == "__main__":', "if False:")
             + f"\nprint(record_identity({source}, {SITE!r}, 'bin'))\n")
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
     return done.stdout.strip()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from inventory_docs import SITE as DOC_SITE, dist, document
+from transplant import remote
 from transplant.cli.app import main
 from transplant.errors import ManifestError
 from transplant.controller.documents import load_manifest
@@ -178,8 +179,7 @@ def test_probe_does_not_follow_symlinks_out_of_the_venv(tmp_path):
     (site / "evil2-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: evil2\nVersion: 1.0\n")
     (site / "evil2-1.0.dist-info" / "RECORD").write_text("linked/secret,,\n")
     os.symlink(tmp_path, site / "linked")
-    probe = Path(__file__).parent.parent / "transplant" / "remote" / "probe.py"
-    out = subprocess.run([str(venv / "bin" / "python"), "-", "--hash", "*"], input=probe.read_bytes(),
+    out = subprocess.run([str(venv / "bin" / "python"), "-", "--hash", "*"], input=remote.source("probe"),
                          capture_output=True, check=True).stdout
     assert b"root:x" not in out
     docs = {d["name"]: d for d in json.loads(out)["distributions"]}
@@ -235,16 +235,15 @@ def test_probe_reads_nvidia_smi(tmp_path):
         fi
         """))
     fake.chmod(0o755)
-    probe = Path(__file__).parent.parent / "transplant" / "remote" / "probe.py"
     env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
-    out = subprocess.run([str(venv / "bin" / "python"), "-"], input=probe.read_bytes(), capture_output=True,
+    out = subprocess.run([str(venv / "bin" / "python"), "-"], input=remote.source("probe"), capture_output=True,
                          check=True, env=env).stdout
     nvidia = parse_inventory(json.loads(out), label="v").nvidia
     assert nvidia.available and nvidia.driver_version == "535.54.03" and nvidia.cuda_version == "12.2"
     assert [(g.name, g.compute_capability, g.memory_mib) for g in nvidia.gpus] == [
         ("NVIDIA RTX PRO 6000 Blackwell", "12.0", 97887)] * 2
     env["PATH"] = "/nonexistent"
-    out = subprocess.run([str(venv / "bin" / "python"), "-"], input=probe.read_bytes(), capture_output=True,
+    out = subprocess.run([str(venv / "bin" / "python"), "-"], input=remote.source("probe"), capture_output=True,
                          check=True, env=env).stdout
     assert json.loads(out)["host"]["nvidia"] == {"available": False, "reason": "no nvidia-smi on PATH"}
 

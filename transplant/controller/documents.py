@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from transplant.remote._common import record_hash_of  # RECORD's hash form, one definition
 from transplant.errors import ManifestError, PlanError, TransplantError
 from transplant.core.manifest import Manifest, parse_manifest
 from transplant.core.plan import Plan, plan_from_dict
@@ -143,7 +143,7 @@ def file_digest(path: Path) -> tuple[str, int]:
         for block in iter(lambda: handle.read(1 << 20), b""):
             size += len(block)
             digest.update(block)
-    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode(), size
+    return record_hash_of(digest.digest()), size
 
 
 def read_patch_files(manifest: Manifest) -> list[PatchFile]:

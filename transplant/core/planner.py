@@ -11,8 +11,6 @@ environment as it will be after apply.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 import shlex
 from dataclasses import dataclass, replace
@@ -20,6 +18,7 @@ from fnmatch import fnmatchcase
 
 from packaging.utils import NormalizedName
 
+from transplant.remote._common import record_hash  # RECORD's hash form, one definition
 from transplant.core.elf_facts import ElfReport
 from transplant.core.findings import EnvironmentAfter, compatibility_findings
 from transplant.core.closure import closure_findings, expand
@@ -403,7 +402,7 @@ def _namespace_marker(path: str, entry: FileEntry, incoming: Mapping[str, tuple[
 
 
 #: RECORD's hash of an empty file (``sha256=`` + urlsafe base64 of sha256(b""), unpadded).
-_EMPTY = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(b"").digest()).rstrip(b"=").decode()
+_EMPTY = record_hash(b"")
 
 
 def _typo_of(typed: str, name: str) -> bool:

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from transplant.remote._common import record_hash_of  # RECORD's hash form, one definition
 from transplant.errors import StoreError
 
 __all__ = ["StoreError", "object_key", "object_path", "has", "put", "read_into", "new_tmp", "object_sizes",
@@ -52,8 +53,7 @@ def object_key(digest: str) -> str:
     return raw.hex()
 
 
-def _record_hash(raw: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+_record_hash = record_hash_of
 
 
 def object_path(store: Path, digest: str) -> Path:

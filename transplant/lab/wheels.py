@@ -6,9 +6,7 @@ no registry has such a build) and by the tests for their fixtures.
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import io
 import subprocess
 import sys
@@ -16,11 +14,12 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from transplant.remote._common import record_hash  # RECORD's hash form, one definition
+
 __all__ = ["build_wheel", "make_venv"]
 
 
-def _digest(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+_digest = record_hash
 
 
 def build_wheel(

@@ -1,14 +1,16 @@
 """Scripts that run on the hosts, each one stdlib-only file sent to the venv's interpreter.
 
 The controller reads their text with :func:`source` and pipes it to
-``<venv>/bin/python -``; it never imports them. Each prints one JSON document.
+``<venv>/bin/python -``; it never imports them. Each prints one JSON document. What several
+scripts share (RECORD's hash form, pip's script head, the venv's prefix) is ``_common.py``,
+sent ahead of each script that imports it.
 """
 
 from __future__ import annotations
 
 from importlib import resources
 
-__all__ = ["source", "SCRIPTS", "ISOLATED"]
+__all__ = ["source", "SCRIPTS", "ISOLATED", "SHARED_MODULE"]
 
 SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "stage_native",
            "stage_provenance", "stage_serve", "stage_jit", "relocate")
@@ -26,4 +28,20 @@ def source(name: str) -> bytes:
     """
     if name not in SCRIPTS:
         raise ValueError(f"unknown host script {name!r}; expected one of {SCRIPTS}")
-    return resources.files(__name__).joinpath(f"{name}.py").read_bytes()
+    code = resources.files(__name__).joinpath(f"{name}.py").read_bytes()
+    return _shared_prelude() + code if SHARED_MODULE.encode() in code else code
+
+
+#: The name the shared module (``_common.py``) is registered under on a host.
+SHARED_MODULE = "_transplant_common"
+
+
+def _shared_prelude() -> bytes:
+    """Lines that register ``_common.py``'s source as the module :data:`SHARED_MODULE`, so the
+    script after them imports it on a host where nothing of transplant is installed."""
+    shared = resources.files(__name__).joinpath("_common.py").read_text(encoding="utf-8")
+    return (f"import sys as _sys, types as _types\n"
+            f"_shared = _types.ModuleType({SHARED_MODULE!r})\n"
+            f"exec(compile({shared!r}, 'transplant/remote/_common.py', 'exec'), _shared.__dict__)\n"
+            f"_sys.modules[{SHARED_MODULE!r}] = _shared\n"
+            f"del _sys, _types, _shared\n").encode("utf-8")

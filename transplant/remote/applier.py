@@ -48,7 +48,6 @@ process with SIGKILL before step N (a real crash at a chosen point, for the faul
 kills the controller there), then goes on alone, as a host script orphaned mid-commit does.
 """
 
-import base64
 import csv
 import fcntl
 import hashlib
@@ -62,24 +61,14 @@ import sys
 import tempfile
 import time
 
+try:
+    from _transplant_common import record_hash as _digest, record_hash_of, record_identity, script_head as _split_head, venv_prefix
+except ImportError:  # imported on the controller: the shared module beside this script
+    from ._common import record_hash as _digest, record_hash_of, record_identity, script_head as _split_head, venv_prefix
+
 STATE = ".transplant"
-_SH_EXEC = b"'" * 3 + b"exec'"
-_SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's /bin/sh form
 _PROTECTED = ("pyvenv.cfg", STATE)
 _MARGIN = 16 << 20  # bytes kept free beyond what staging needs
-
-
-def venv_prefix():
-    """The venv this interpreter belongs to: the folder above ``bin/`` holding ``pyvenv.cfg``.
-
-    The controller starts host scripts with ``-I -S`` (no ``site``: a venv's ``.pth`` files
-    are code, and nothing of the venv may run), so ``sys.prefix`` is the base install
-    there; the venv is found from the interpreter's own path instead (never resolved).
-    """
-    candidate = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
-        return os.path.normpath(candidate)
-    return os.path.normpath(sys.prefix)
 
 
 class Refused(Exception):
@@ -211,47 +200,6 @@ def _under(root, rel):
     return full
 
 
-def _digest(data):
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
-
-
-def record_identity(data, site, scripts):
-    """The normalised identity of a RECORD: ``record:sha256=<urlsafe b64, no padding>`` of
-    its parsed CSV rows, with the hash and size fields of every row under the scripts folder
-    blanked; None when ``data`` is not UTF-8 or not CSV.
-
-    :param data: the RECORD file's bytes.
-    :param site: the venv-relative folder its rows are relative to (the site-packages
-        folder holding the dist-info folder), POSIX.
-    :param scripts: the venv-relative scripts folder (``bin``), POSIX.
-
-    Rows are serialised canonically (a JSON list of the rows' fields), so CSV quoting and
-    line endings do not count; empty rows are skipped. A row's path is placed by joining it
-    to ``site`` (PEP 376: RECORD paths are relative to the folder holding the dist-info
-    folder) and normalising, with no filesystem access. The blanking is transplant's rule:
-    apply rewrites console scripts' shebangs for the target's prefix and sets their rows to
-    the files as written (as pip does for the scripts it generates), so those fields differ
-    between donor and target by design. This function is kept identical in
-    ``transplant/remote/probe.py`` and ``transplant/remote/applier.py`` (each is sent to a
-    host alone; a test compares the two).
-    """
-    try:
-        rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
-    except (UnicodeDecodeError, csv.Error):
-        return None
-    canonical = []
-    for row in rows:
-        if not row:
-            continue
-        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
-        if where.startswith(scripts + "/"):
-            row = [row[0], "", ""] + row[3:]
-        canonical.append(row)
-    text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
-    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode("ascii")).digest()).rstrip(b"=")
-    return "record:sha256=" + digest.decode("ascii")
-
-
 def _content(full):
     """Content identity of a path: ``sha256=...``, ``symlink:<target>``, or None when absent."""
     if os.path.islink(full):
@@ -262,7 +210,7 @@ def _content(full):
     with open(full, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+    return record_hash_of(digest.digest())
 
 
 # --- lock --------------------------------------------------------------------------------
@@ -420,20 +368,6 @@ def begin(prefix, request):
     _set_state(folder, "staging")
     return {"ok": True, "error": None, "free": free, "needed": needed,
             "staged": os.path.join(folder, "staged")}
-
-
-def _split_head(data):
-    if not data.startswith(b"#!"):
-        return None, data
-    first, sep, rest = data.partition(b"\n")
-    head = first + sep
-    if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
-        second, sep2, rest = rest.partition(b"\n")
-        head += second + sep2
-        third, sep3, after = rest.partition(b"\n")
-        if third.rstrip(b"\r") == _SH_CLOSE:  # the line that closes line 2's string for Python
-            head, rest = head + third + sep3, after
-    return head, rest
 
 
 def heads(prefix, request):

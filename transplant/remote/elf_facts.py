@@ -54,6 +54,11 @@ import struct
 import sys
 import time
 
+try:
+    from _transplant_common import venv_prefix
+except ImportError:  # imported on the controller: the shared module beside this script
+    from ._common import venv_prefix
+
 __all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_entries", "defined", "libstdcxx", "main"]
 
 SCHEMA = "transplant.elf/1"
@@ -401,19 +406,6 @@ def libstdcxx():
     finally:
         stream.close()
     return {"path": path, "versions": versions}
-
-
-def venv_prefix():
-    """The venv this interpreter belongs to: the folder above ``bin/`` holding ``pyvenv.cfg``.
-
-    The controller starts host scripts with ``-I -S`` (no ``site``: a venv's ``.pth`` files
-    are code, and nothing of the venv may run), so ``sys.prefix`` is the base install
-    there; the venv is found from the interpreter's own path instead (never resolved).
-    """
-    candidate = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
-        return os.path.normpath(candidate)
-    return os.path.normpath(sys.prefix)
 
 
 def main(argv):

@@ -31,7 +31,6 @@ controller parses the output with :func:`transplant.core.inventory.parse_invento
 imports this module's functions at run time on the controller.
 """
 
-import base64
 import csv
 import email.parser
 import fnmatch
@@ -48,6 +47,11 @@ import subprocess
 import sys
 import sysconfig
 import time
+
+try:
+    from _transplant_common import record_hash as _digest, record_hash_of, record_identity, script_head, venv_prefix
+except ImportError:  # imported on the controller: the shared module beside this script
+    from ._common import record_hash as _digest, record_hash_of, record_identity, script_head, venv_prefix
 
 SCHEMA = "transplant.inventory/1"
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -73,21 +77,7 @@ def file_hash(path):
                 digest.update(block)
     except OSError:
         return None, None
-    encoded = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
-    return "sha256=" + encoded, size
-
-
-def venv_prefix():
-    """The venv this interpreter belongs to: the folder above ``bin/`` holding ``pyvenv.cfg``.
-
-    The controller starts host scripts with ``-I -S`` (no ``site``: a venv's ``.pth`` files
-    are code, and nothing of the venv may run), so ``sys.prefix`` is the base install
-    there; the venv is found from the interpreter's own path instead (never resolved).
-    """
-    candidate = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
-        return os.path.normpath(candidate)
-    return os.path.normpath(sys.prefix)
+    return record_hash_of(digest.digest()), size
 
 
 def venv_paths(prefix):
@@ -226,33 +216,6 @@ _WORKERS = max(1, min(8, os.cpu_count() or 1))
 _SCRIPT_MAX = 1 << 20
 _TEXT_MAX = 64 * 1024
 _RECORD_MAX = 256 << 20
-_SH_EXEC = b"'" * 3 + b"exec'"
-_SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's /bin/sh form
-
-
-def _digest(data):
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
-
-
-def script_head(data):
-    """Split a script's bytes into (head, body).
-
-    The head is the shebang line, plus the second and third lines of pip's ``#!/bin/sh``
-    form (``exec`` of the interpreter, used when its path is too long for a shebang, and the
-    line that closes, for Python, the string the second line opens).
-    Returns (None, data) when there is no shebang.
-    """
-    if not data.startswith(b"#!"):
-        return None, data
-    first, sep, rest = data.partition(b"\n")
-    head = first + sep
-    if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
-        second, sep2, rest = rest.partition(b"\n")
-        head += second + sep2
-        third, sep3, after = rest.partition(b"\n")
-        if third.rstrip(b"\r") == _SH_CLOSE:  # the line that closes line 2's string for Python
-            head, rest = head + third + sep3, after
-    return head, rest
 
 
 def _script_facts(path):
@@ -295,43 +258,6 @@ def _run_hash_jobs():
             entry["hash"] = digest
             if head is not None:
                 entry["head"], entry["body_hash"] = head, body
-
-
-def record_identity(data, site, scripts):
-    """The normalised identity of a RECORD: ``record:sha256=<urlsafe b64, no padding>`` of
-    its parsed CSV rows, with the hash and size fields of every row under the scripts folder
-    blanked; None when ``data`` is not UTF-8 or not CSV.
-
-    :param data: the RECORD file's bytes.
-    :param site: the venv-relative folder its rows are relative to (the site-packages
-        folder holding the dist-info folder), POSIX.
-    :param scripts: the venv-relative scripts folder (``bin``), POSIX.
-
-    Rows are serialised canonically (a JSON list of the rows' fields), so CSV quoting and
-    line endings do not count; empty rows are skipped. A row's path is placed by joining it
-    to ``site`` (PEP 376: RECORD paths are relative to the folder holding the dist-info
-    folder) and normalising, with no filesystem access. The blanking is transplant's rule:
-    apply rewrites console scripts' shebangs for the target's prefix and sets their rows to
-    the files as written (as pip does for the scripts it generates), so those fields differ
-    between donor and target by design. This function is kept identical in
-    ``transplant/remote/probe.py`` and ``transplant/remote/applier.py`` (each is sent to a
-    host alone; a test compares the two).
-    """
-    try:
-        rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
-    except (UnicodeDecodeError, csv.Error):
-        return None
-    canonical = []
-    for row in rows:
-        if not row:
-            continue
-        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
-        if where.startswith(scripts + "/"):
-            row = [row[0], "", ""] + row[3:]
-        canonical.append(row)
-    text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
-    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode("ascii")).digest()).rstrip(b"=")
-    return "record:sha256=" + digest.decode("ascii")
 
 
 def _file_facts(full, hashed):

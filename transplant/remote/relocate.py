@@ -45,10 +45,8 @@ other hardlinks inside the clone, which are rewritten in place so the links stay
 Nothing outside ``root`` is written; a path that leaves ``root`` is refused.
 """
 
-import base64
 import codecs
 import csv
-import hashlib
 import io
 import json
 import os
@@ -58,10 +56,13 @@ import stat
 import sys
 import tempfile
 
+try:
+    from _transplant_common import record_hash as _digest, script_head
+except ImportError:  # imported on the controller: the shared module beside this script
+    from ._common import record_hash as _digest, script_head
+
 _CHUNK = 8 << 20
 _HEAD_MAX = 4096
-_SH_EXEC = b"'" * 3 + b"exec'"
-_SH_CLOSE = b"' " + b"'" * 3  # the third line of pip's form
 _SKIP = ".transplant"
 
 
@@ -80,22 +81,6 @@ def _inside(root, rel):
     if parent != real_root and not parent.startswith(real_root + "/"):
         raise ValueError("path leaves the venv through a symlink: " + rel)
     return full
-
-
-def script_head(data):
-    """(head, body) as the probe splits them: the shebang line, plus the second and third lines
-    of pip's ``#!/bin/sh`` + ``'''exec'`` form; (None, data) without a shebang."""
-    if not data.startswith(b"#!"):
-        return None, data
-    first, sep, rest = data.partition(b"\n")
-    head = first + sep
-    if first.strip() == b"#!/bin/sh" and rest.startswith(_SH_EXEC):
-        second, sep2, rest = rest.partition(b"\n")
-        head += second + sep2
-        third, sep3, after = rest.partition(b"\n")
-        if third.rstrip(b"\r") == _SH_CLOSE:  # the line that closes line 2's string for Python
-            head, rest = head + third + sep3, after
-    return head, rest
 
 
 def _file_hit(full, old, pattern):
@@ -265,10 +250,6 @@ def _drop_bytecode(full):
             os.unlink(os.path.join(cache, entry))
             gone += 1
     return gone
-
-
-def _digest(data):
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode("ascii")
 
 
 def _update_records(root, edited):

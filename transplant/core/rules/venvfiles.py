@@ -15,6 +15,7 @@ import re
 import shlex
 from urllib.parse import unquote, urlparse
 
+from transplant.remote._common import SH_CLOSE, SH_EXEC  # pip's script head, one definition
 from transplant.core.inventory import Distribution, Inventory
 from transplant.core.plan import Finding
 from transplant.core.rules.env import EnvironmentAfter, describe, pip
@@ -22,8 +23,8 @@ from transplant.core.rules.env import EnvironmentAfter, describe, pip
 __all__ = ["pth_paths", "editable_sources", "editable_findings", "shebang_interpreter", "rewritten_head", "script_findings",
            "drift_findings"]
 
-_SH_EXEC = "'" * 3 + "exec'"  # pip's /bin/sh form: the second line starts with this
-_SH_CLOSE = "' " + "'" * 3  # its third line, which closes for Python the string the second opens
+_SH_EXEC = SH_EXEC.decode("ascii")  # pip's /bin/sh form: the second line starts with this
+_SH_CLOSE = SH_CLOSE.decode("ascii")  # its third line, which closes for Python the string the second opens
 _MAPPING = re.compile(r"^MAPPING\s*(?::[^=\n]*)?=\s*(\{.*?\})\s*$", re.M | re.S)
 _SHOWN = 10
 

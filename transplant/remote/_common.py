@@ -1,0 +1,100 @@
+"""What the host scripts share (stdlib only, Python 3.9+): RECORD's hash form, pip's script head, the venv.
+
+Not a host script itself: :func:`transplant.remote.source` sends this module's source ahead of
+every script that imports it (as ``_transplant_common``), the way the ELF reader's request
+carries pyelftools; imported on the controller, the scripts take it from beside them.
+"""
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import posixpath
+import sys
+
+#: The second line of pip's ``#!/bin/sh`` form of a console script (pip's ``_build_shebang``,
+#: used when the interpreter's path is too long for a shebang or holds a space) starts with this.
+SH_EXEC = b"'" * 3 + b"exec'"
+#: The third line of that form: it closes, for Python, the string the second line opens.
+SH_CLOSE = b"' " + b"'" * 3
+
+
+def record_hash_of(digest):
+    """RECORD's form of a sha256 ``digest`` (32 bytes): ``sha256=`` + urlsafe base64 without padding
+    (PEP 376; the binary distribution format's RECORD)."""
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def record_hash(data):
+    """RECORD's hash of ``data`` (bytes): :func:`record_hash_of` its sha256."""
+    return record_hash_of(hashlib.sha256(data).digest())
+
+
+def venv_prefix():
+    """The venv this interpreter belongs to: the folder above ``bin/`` holding ``pyvenv.cfg``.
+
+    The controller starts host scripts with ``-I -S`` (no ``site``: a venv's ``.pth`` files
+    are code, and nothing of the venv may run), so ``sys.prefix`` is the base install
+    there; the venv is found from the interpreter's own path instead (never resolved).
+    """
+    candidate = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+        return os.path.normpath(candidate)
+    return os.path.normpath(sys.prefix)
+
+
+def script_head(data):
+    """Split a script's bytes into (head, body).
+
+    The head is the shebang line, plus the second and third lines of pip's ``#!/bin/sh``
+    form (``exec`` of the interpreter, used when its path is too long for a shebang, and the
+    line that closes, for Python, the string the second line opens).
+    Returns (None, data) when there is no shebang.
+    """
+    if not data.startswith(b"#!"):
+        return None, data
+    first, sep, rest = data.partition(b"\n")
+    head = first + sep
+    if first.strip() == b"#!/bin/sh" and rest.startswith(SH_EXEC):
+        second, sep2, rest = rest.partition(b"\n")
+        head += second + sep2
+        third, sep3, after = rest.partition(b"\n")
+        if third.rstrip(b"\r") == SH_CLOSE:  # the line that closes line 2's string for Python
+            head, rest = head + third + sep3, after
+    return head, rest
+
+
+def record_identity(data, site, scripts):
+    """The normalised identity of a RECORD: ``record:sha256=<urlsafe b64, no padding>`` of
+    its parsed CSV rows, with the hash and size fields of every row under the scripts folder
+    blanked; None when ``data`` is not UTF-8 or not CSV.
+
+    :param data: the RECORD file's bytes.
+    :param site: the venv-relative folder its rows are relative to (the site-packages
+        folder holding the dist-info folder), POSIX.
+    :param scripts: the venv-relative scripts folder (``bin``), POSIX.
+
+    Rows are serialised canonically (a JSON list of the rows' fields), so CSV quoting and
+    line endings do not count; empty rows are skipped. A row's path is placed by joining it
+    to ``site`` (PEP 376: RECORD paths are relative to the folder holding the dist-info
+    folder) and normalising, with no filesystem access. The blanking is transplant's rule:
+    apply rewrites console scripts' shebangs for the target's prefix and sets their rows to
+    the files as written (as pip does for the scripts it generates), so those fields differ
+    between donor and target by design. The probe and the applier both use this one function.
+    """
+    try:
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    canonical = []
+    for row in rows:
+        if not row:
+            continue
+        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
+        if where.startswith(scripts + "/"):
+            row = [row[0], "", ""] + row[3:]
+        canonical.append(row)
+    text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
+    return "record:" + record_hash(text.encode("ascii"))
