@@ -2,6 +2,6 @@
 
 import sys
 
-from transplant.cli.app import main
+from transplant.cli import main
 
 sys.exit(main())

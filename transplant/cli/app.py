@@ -14,37 +14,23 @@ error stands for, such as ``interpreter-missing``, or null).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import shlex
 import os
 import sys
 from collections.abc import Sequence
-from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.text import Text
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from transplant import __version__
-from transplant.apply.execute import check_plan_paths, new_transaction_id
-from transplant.pipeline import apply_plan, plan_target
-from transplant.errors import TransplantError, UsageError
-from transplant.exitcodes import (EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
-                                  exit_code_for)
-from transplant.controller.documents import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
-from transplant.hosts.host import Host, SSHOptions, connect
-from transplant.core.hostspec import HostSpec
-from transplant.core.manifest import Endpoint, Manifest
-from transplant.core.plan import Plan
-from transplant.apply import txn
-from transplant.hosts.probing import take_inventory
-from transplant.cli.render import history_table, inventory_table, print_plan
-from transplant.core.units import human_bytes
-from transplant.core.promised_state import drift, plan_differences
-from transplant.donor.sources import Opened, open_donor
+from transplant.cli.commands.apply import apply_command, history_command, rollback_command
+from transplant.cli.commands.inventory import inventory_command
+from transplant.cli.commands.plan import plan_command
+from transplant.cli.commands.verify import verify_command
+from transplant.cli.options import fleet_options
+from transplant.cli.session import parse_location
+from transplant.errors import TransplantError
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
 
 __all__ = ["main", "EXIT_USAGE"]
 
@@ -54,457 +40,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own exit code 2 would read as "changes"
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _ssh_options(manifest: Manifest) -> SSHOptions:
-    base = Path(manifest.path).resolve().parent
-
-    def resolve(value: str | None) -> Path | None:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        return path if path.is_absolute() else base / path
-
-    return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
-                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys)
-
-
-class _Session:
-    """Connections and inventories for one command, closed at the end.
-
-    ``manifest`` becomes the effective one once the donor is opened (:meth:`donor`): its
-    ``donor`` is then the host and venv the facts are of (a snapshot's original donor).
-    """
-
-    def __init__(self, manifest: Manifest, console: Console, stack: ExitStack) -> None:
-        self.manifest = manifest
-        self.console = console
-        self.stack = stack
-        self.ssh = _ssh_options(manifest)
-        self._hosts: dict[str, Host] = {}
-        self._pending: bool | None = None
-        self._donor: Opened | None = None
-
-    def clone_pending(self) -> bool:
-        """True when ``target.base`` is set and the target venv does not exist yet (see :mod:`transplant.clone.cloning`)."""
-        if self._pending is None:
-            from transplant.clone.cloning import venv_exists
-
-            self._pending = self.manifest.target.base is not None and \
-                not venv_exists(self.host("target"), self.manifest.target.venv)
-        return self._pending
-
-    def cloned(self) -> None:
-        """Say that ``target.base`` was cloned: the target venv exists now."""
-        self._pending = False
-
-    def base_host(self) -> Host:
-        """The host of ``target.base`` (the target's connection when it is the same host, else a new one)."""
-        base = self.manifest.target.base
-        assert base is not None
-        if base.host == self.manifest.target.host:
-            return self.host("target")
-        if "base" not in self._hosts:
-            with self.console.status(f"connecting to the base {base.host}"):
-                self._hosts["base"] = self.stack.enter_context(connect(base.host, self.ssh))
-        return self._hosts["base"]
-
-    def host(self, side: str) -> Host:
-        if side == "donor":
-            opened = self.donor()
-            if opened.host is None:
-                raise TransplantError(f"the donor is {opened.source.label}, not a host")
-            return opened.host
-        if side not in self._hosts:
-            spec = getattr(self.manifest, side).host
-            with self.console.status(f"connecting to the {side} {spec}"):
-                self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
-        return self._hosts[side]
-
-    def donor(self, *, quiet: bool = False) -> Opened:
-        """Open the donor source (the manifest's donor, else its first fallback that works) and say which."""
-        if self._donor is None:
-            say = (lambda line: self.console.print(line, style="yellow", markup=False, highlight=False))
-            with self.console.status("opening the donor"):
-                self._donor = open_donor(self.manifest, self.ssh, self.stack, say=say)
-            self.manifest = self._donor.manifest
-            if not quiet:
-                self.console.print(f"donor source: {self._donor.source.label} ({self._donor.why})", markup=False,
-                                   highlight=False)
-        return self._donor
-
-    def plan(self) -> Plan:
-        """Gather facts from the donor and the target (see :mod:`transplant.pipeline.gather`), and plan."""
-        source = self.donor().source
-        m = self.manifest
-        patches = read_patch_files(m)
-        target_host = self.host("target")
-        if self.clone_pending():  # plan against the base: the clone will hold its files
-            assert m.target.base is not None
-            m, target_host = replace(m, target=m.target.base), self.base_host()
-        with self.console.status("probing") as status:
-            return plan_target(m, source, target_host, patches=patches, step=lambda line: status.update(line))
-
-
-def _targets(args: argparse.Namespace, manifest: Manifest) -> tuple[Manifest, list[Endpoint]]:
-    """The targets: ``--target`` (repeatable) replaces the manifest's ``target`` / ``targets``.
-
-    :returns: the manifest with its first target as ``target``, and every target.
-    """
-    given = getattr(args, "target", None) or []
-    targets = [Endpoint(host=spec, venv=venv) for spec, venv in map(parse_location, given)] or \
-        list(manifest.targets or (manifest.target,))
-    for t in targets:
-        if t == manifest.donor or t in manifest.fallback:
-            raise UsageError(f"--target {t}: that is a donor of {manifest.path}", hint="name another host or venv")
-    if len(set(targets)) != len(targets):
-        raise UsageError("a target is given twice", hint="name each host and venv once")
-    return dataclasses.replace(manifest, target=targets[0], targets=tuple(targets)), targets
-
-
-def _fleet(action: str, args: argparse.Namespace, console: Console, manifest: Manifest,
-           targets: list[Endpoint]) -> int:
-    """plan / apply / verify on several targets (see :mod:`transplant.cli.commands.fleet`)."""
-    from transplant.cli.commands.fleet import run_fleet_command
-
-    with ExitStack() as stack:
-        session = _Session(manifest, console, stack)
-        opened = session.donor(quiet=True)
-        return run_fleet_command(action, args, console, session.manifest, targets, opened, session.ssh, stack)
-
-
-def _refuse_inside_venvs(path: str, manifest: Manifest) -> None:
-    """A file the controller writes (``--out``) must not land inside a local donor or target venv."""
-    resolved = Path(path).resolve()
-    for side in ("donor", "target"):
-        end = getattr(manifest, side)
-        if not isinstance(end, Endpoint):
-            continue
-        venv = Path(end.venv).resolve()
-        if end.host.is_local and (resolved == venv or venv in resolved.parents):
-            raise TransplantError(f"--out {path}: that is inside the {side} venv {end.venv}",
-                                  hint="save plans outside the venvs, e.g. --out plan.json")
-
-
-def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    manifest, targets = _targets(args, load_manifest(args.manifest))
-    if len(targets) > 1:
-        if args.out:
-            raise UsageError("--out saves the plan of one target; drop it, or name one --target")
-        return _fleet("plan", args, console, manifest, targets)
-    if args.out:
-        check_plan_destination(args.out, manifest=manifest.path)
-        _refuse_inside_venvs(args.out, manifest)
-    with ExitStack() as stack:
-        session = _Session(manifest, console, stack)
-        pending = session.clone_pending()
-        if pending and args.out:
-            from transplant.cli.commands.clone import saved_plan_refusal
-            raise saved_plan_refusal(manifest)
-        plan = session.plan()
-        opened = session.donor()
-    if pending:
-        from transplant.cli.commands.clone import pending_note
-        console.print(pending_note(manifest), markup=False, style="bold")
-    if args.out:
-        save_plan(plan, args.out, manifest=manifest.path)
-    if args.json:
-        print(json.dumps({**plan.to_dict(), "donor_source": opened.to_dict()}, indent=2, sort_keys=True))
-    else:
-        print_plan(console, plan)
-        if args.out:
-            console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
-    if plan.blocking:
-        return EXIT_BLOCKED
-    return EXIT_CHANGES if plan.has_changes or pending else EXIT_OK
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                    TimeElapsedColumn(), console=console, transient=True)
-
-
-def _finish_interrupted(args: argparse.Namespace, console: Console, session: "_Session", manifest_path: str,
-                        how: str | None) -> bool:
-    """Handle --resume / --rollback, or refuse while a transaction is interrupted; first record
-    the outcome of any commit the target's host script completed after its controller died
-    (:func:`transplant.apply.txn.record_completed`) and say so.
-
-    A venv with no state folder (never applied to) is only read: no lock, no folder.
-
-    :param manifest_path: the manifest, for the commands the messages name.
-    :param how: ``"resume"``, ``"rollback"``, or None (a plain apply: only check).
-    :returns: True when the command is done (finished, undone, or nothing to resume), False to
-        go on and apply.
-    :raises TransplantError: an interrupted transaction without --resume / --rollback;
-        --rollback with nothing interrupted (nothing was changed; the hint names
-        ``transplant rollback``); a completed commit whose files differ, with --resume.
-    """
-    m = session.manifest
-    target = session.host("target")
-    say = (lambda line: console.print(line, markup=False))
-    quoted = shlex.quote(manifest_path)
-    pending: list[dict] = []
-    completed: list[txn.Completed] = []
-    outcome = None
-    if txn.has_state(target, m.target.venv):
-        txid = new_transaction_id()
-        # under the lock: a transaction another apply is running now is not "interrupted"
-        txn.acquire(target, m.target.venv, txid, f"transplant apply --{how or 'check'}", say=say,
-                    break_lock=args.break_lock)
-        try:
-            pending = txn.interrupted(target, m.target.venv, say=say)  # waits for a host script still running
-            completed = txn.record_completed(target, m.target.venv)
-            for done in completed:
-                say(done.describe())
-            if pending and how:
-                outcome = txn.finish(target, m.target.venv, pending[-1]["id"], how, lock=txid,
-                                     crash_after=_crash_after())
-        finally:
-            txn.release(target, m.target.venv, txid)
-    differ = [c for c in completed if c.outcome == "differs"]
-    if not pending:
-        if how == "rollback":
-            if completed:
-                raise TransplantError(
-                    f"{m.target}: nothing was rolled back: no transaction is interrupted; transaction "
-                    f"{completed[-1].id}'s commit completed on the target after the controller died (recorded now)",
-                    hint=f"undo it: transplant rollback {quoted}")
-            raise TransplantError(f"{m.target}: no interrupted transaction to roll back; nothing was changed",
-                                  hint=f"to undo the newest applied transaction: transplant rollback {quoted}   "
-                                       f"(list them: transplant history {quoted})")
-        if how == "resume":
-            if differ:
-                raise txn.TransactionError(
-                    f"{m.target}: transaction {differ[-1].id} was committed by the host after the controller died, "
-                    f"but {len(differ[-1].mismatches)} files differ from its planned state",
-                    mismatches=list(differ[-1].mismatches),
-                    hint=f"look at the files listed; undo it with: transplant rollback {quoted} --force")
-            if not completed:
-                console.print(f"nothing to resume: {m.target} has no interrupted transaction", markup=False)
-            return True
-        return False
-    last = pending[-1]
-    if how is None:
-        raise TransplantError(
-            f"{m.target}: transaction {last['id']} was interrupted ({last['state']}, {last['steps']} steps, "
-            f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
-            hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
-                 f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
-    if outcome == "aborted":
-        console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded",
-                      markup=False)
-        return how == "rollback"
-    console.print(Text.assemble((outcome, "bold green"), f" transaction {last['id']}: the target matches its "
-                                f"{'planned' if outcome == 'applied' else 'earlier'} state hash for hash"))
-    return True
-
-
-def _crash_after() -> int | None:
-    """Testing hook: ``TRANSPLANT_TEST_CRASH_AFTER=N`` makes the target's commit or rollback
-    kill itself (SIGKILL) before step N, for the fault-injection tests."""
-    value = os.environ.get("TRANSPLANT_TEST_CRASH_AFTER")
-    return int(value) if value and value.isdigit() else None
-
-
-def _orphan_at() -> int | None:
-    """Testing hook: ``TRANSPLANT_TEST_ORPHAN_AT=N`` makes the target's commit wait before step N
-    until this controller is gone (the test kills it), then finish alone."""
-    value = os.environ.get("TRANSPLANT_TEST_ORPHAN_AT")
-    return int(value) if value and value.isdigit() else None
-
-
-def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
-    if args.resume and args.rollback:
-        raise UsageError("--resume and --rollback exclude each other")
-    source = Path(args.source)
-    saved: Plan | None = None
-    if source.suffix == ".json":
-        if args.target:
-            raise UsageError("a saved plan is for its own target; --target goes with a manifest")
-        saved = load_plan(source)
-        manifest = load_manifest(saved.manifest)
-    else:
-        manifest = load_manifest(source)
-    manifest, targets = _targets(args, manifest)
-    if len(targets) > 1:
-        if args.resume or args.rollback or args.break_lock:
-            raise UsageError("--resume, --rollback and --break-lock act on one target; name it with --target")
-        return _fleet("apply", args, console, manifest, targets)
-    with ExitStack() as stack:
-        session = _Session(manifest, console, stack)
-        if saved is None and not (args.resume or args.rollback) and session.clone_pending():
-            from transplant.cli.commands.clone import clone_base
-            clone_base(args, console, manifest, session.base_host(), session.host("target"))
-            session.cloned()
-        if args.resume or args.rollback:
-            if saved is not None:  # it only names the target: it must be its manifest's
-                _check_saved_plan(saved, manifest, source, sides=("target",))
-            if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback"):
-                return EXIT_OK
-            # --resume of a transaction that was still staging: it was discarded; apply afresh
-        from transplant.pipeline.gather import refuse_self_target
-        early = session.donor()  # before the lock: nothing is written into a donor named twice
-        if early.host is not None:
-            refuse_self_target(replace(session.manifest, target=manifest.target), early.host, session.host("target"))
-        # every input is checked (the saved plan against a fresh plan) before anything is locked or written
-        opened = session.donor()
-        given, manifest = manifest, session.manifest
-        if saved is not None:
-            _check_saved_plan(saved, manifest, source)
-            check_plan_paths(saved, Path(manifest.path).resolve().parent)
-        plan = session.plan()
-        if saved is not None:
-            changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
-            if changed:
-                what = plan_differences(saved, plan)
-                raise TransplantError(
-                    f"{source}: refusing a stale plan: " + "; ".join(changed)
-                    + (": " + "; ".join(what) if what else " (the planned changes are the same; other files differ)"),
-                    hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
-            if saved != plan:
-                raise TransplantError(
-                    f"{source}: refusing the plan: its hosts are unchanged, but its changes or findings are not "
-                    f"what the manifest gives now (edited by hand, or made by another transplant version)",
-                    hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
-        _finish_interrupted(args, console, session, given.path, None)  # raises while one is interrupted
-        print_plan(console, plan)
-        if not plan.has_changes:
-            console.print("nothing to change: the target already holds the planned state")
-            return _cmd_verify(args, console, manifest=given) if args.verify else EXIT_OK
-        if plan.refused:
-            console.print(f"[bold red]apply refused[/]: {', '.join(sorted({f.code for f in plan.refused}))} cannot "
-                          f"be forced or accepted; fix it as its hint says")
-            return EXIT_BLOCKED
-        if plan.blocking and not args.force:
-            console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
-            return EXIT_BLOCKED
-        if not args.yes:
-            if not sys.stdin.isatty():
-                raise TransplantError("apply needs confirmation and standard input is not a terminal",
-                                      hint=f"add --yes: transplant apply {args.source} --yes")
-            answer = console.input(f"apply these changes to {plan.target.label}? [y/N] ")
-            if answer.strip().lower() not in ("y", "yes"):
-                console.print("nothing was changed")
-                return EXIT_FAIL
-        with _progress(console) as progress:
-            tasks: dict[str, int] = {}
-
-            def report(step: str, done: int, total: int) -> None:
-                if step not in tasks:
-                    tasks[step] = progress.add_task(f"copying {step}", total=total or None)
-                progress.update(tasks[step], completed=done, total=total or None)
-
-            result = apply_plan(plan, manifest, opened, session.host("target"), progress=report,
-                                say=lambda line: console.print(line, markup=False), break_lock=args.break_lock,
-                                crash_after=_crash_after(), orphan_at=_orphan_at())
-    relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
-        manifest.donor.host.is_local or manifest.target.host.is_local) else ""
-    console.print(Text.assemble(("applied", "bold green"), (
-        f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
-        f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
-        f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
-        + "); the target now matches the plan hash for hash")))
-    if args.verify:
-        return _cmd_verify(args, console, manifest=given)
-    return EXIT_OK
-
-
-def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
-    with ExitStack() as stack:
-        session = _Session(manifest, console, stack)
-        target, venv = session.host("target"), manifest.target.venv
-        if not args.yes and not sys.stdin.isatty():
-            raise TransplantError("rollback needs confirmation and standard input is not a terminal",
-                                  hint=f"add --yes: transplant rollback {shlex.quote(args.manifest)} --yes")
-        if not args.yes and console.input(f"roll back {manifest.target}? [y/N] ").strip().lower() not in ("y", "yes"):
-            console.print("nothing was changed")
-            return EXIT_FAIL
-        txid = new_transaction_id()
-        txn.acquire(target, venv, txid, "transplant rollback", say=lambda line: console.print(line, markup=False))
-        try:
-            interrupted = txn.interrupted(target, venv)
-            for completed in txn.record_completed(target, venv):
-                console.print(completed.describe(), markup=False)
-            if interrupted:
-                raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
-                                      hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
-            done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid,
-                            say=lambda line: console.print(line, markup=False),
-                            listing=f"transplant history {shlex.quote(args.manifest)}")
-        finally:
-            txn.release(target, venv, txid)
-    console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "
-                                f"recorded before {'them' if len(done) > 1 else 'it'} hash for hash"))
-    return EXIT_OK
-
-
-def _cmd_history(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
-    with ExitStack() as stack:
-        record = txn.history(_Session(manifest, console, stack).host("target"), manifest.target.venv)
-    if args.json:
-        print(json.dumps({"schema": "transplant.history/1", **record}, indent=2, sort_keys=True))
-    else:
-        console.print(history_table(record["transactions"], record["events"], str(manifest.target)))
-    return EXIT_OK
-
-
-def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path,
-                      sides: Sequence[str] = ("donor", "target")) -> None:
-    """A saved plan must name the manifest's own hosts and venvs (of ``sides``); anything else is refused.
-
-    :raises TransplantError: naming the plan file, the side, what each names, and the fix.
-    """
-    for side in sides:
-        planned, named = getattr(saved, side), getattr(manifest, side)
-        if (planned.host, planned.venv) != (str(named.host), named.venv):
-            raise TransplantError(
-                f"{source}: the plan's {side} is {planned.host}:{planned.venv}, but its manifest {manifest.path} "
-                f"names {named}; refusing it",
-                hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
-
-
-def _cmd_verify(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
-    from transplant.cli.commands.verify import is_location, verify_command  # keeps this file's share of verify small
-
-    if manifest is None and not is_location(args.manifest):
-        manifest, targets = _targets(args, load_manifest(args.manifest))
-        if len(targets) > 1:
-            if getattr(args, "junit", None) or getattr(args, "clear_jit_caches", False):
-                raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
-            return _fleet("verify", args, console, manifest, targets)
-    return verify_command(args, console, session_class=_Session, parse_location=parse_location, manifest=manifest)
-
-
-def parse_location(text: str) -> tuple[HostSpec, str]:
-    """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
-
-    :raises UsageError: no ``:/`` in the text, a control character in the venv path, or a bad host part.
-    """
-    host, sep, venv = text.partition(":/")
-    fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
-    if not sep:
-        raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
-        raise UsageError(f"{text!r}: the venv path holds a control character (a newline, a tab...)", hint=fix)
-    try:
-        return HostSpec.parse(host), "/" + venv
-    except ValueError as exc:
-        raise UsageError(f"{text!r}: {exc}", hint=fix) from None
-
-
-def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
-    spec, venv = parse_location(args.location)
-    options = SSHOptions.from_files(args.identity_file, args.known_hosts)
-    with connect(spec, options) as host, console.status(f"probing {args.location}"):
-        inv = take_inventory(host, venv, hash_patterns=args.hash or ())
-    if args.json:
-        print(json.dumps(inv.document, indent=2, sort_keys=True))
-    else:
-        console.print(inventory_table(inv))
-    return EXIT_OK
 
 
 def _cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -544,12 +79,6 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
 
 
-def _fleet_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", action="append", metavar="HOST:VENV",
-                   help="a target (repeat for several; replaces the manifest's target / targets)")
-    p.add_argument("--jobs", type=int, default=4, metavar="N", help="targets worked on at a time (default 4)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``transplant``."""
     parser = _Parser(prog="transplant", description="Move working CUDA Python environments between GPU hosts.")
@@ -559,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
     p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
     p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
-    _fleet_options(p)
-    p.set_defaults(func=_cmd_plan)
+    fleet_options(p)
+    p.set_defaults(func=plan_command)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
     a.add_argument("source", metavar="MANIFEST|PLAN.json",
                    help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts changed)")
@@ -572,18 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
     a.add_argument("--verify", action="store_true", help="verify each target after applying to it")
     a.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
-    _fleet_options(a)
-    a.set_defaults(func=_cmd_apply)
+    fleet_options(a)
+    a.set_defaults(func=apply_command)
     r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
     r.add_argument("manifest", help="the manifest whose target to roll back")
     r.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
     r.add_argument("--force", action="store_true", help="roll back even if files changed since the transaction")
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    r.set_defaults(func=_cmd_rollback)
+    r.set_defaults(func=rollback_command)
     h = sub.add_parser("history", help="list the transactions recorded in the target venv")
     h.add_argument("manifest", help="the manifest whose target to read")
     h.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.history/1)")
-    h.set_defaults(func=_cmd_history)
+    h.set_defaults(func=history_command)
     v = sub.add_parser("verify", help="prove the target venv works: the verify ladder, interpreter to a served request")
     v.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
                    help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
@@ -596,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remove the triton, flashinfer and torch-inductor cache folders of the target's user")
     v.add_argument("--identity-file", help="SSH private key, for HOST:VENV (default: ssh-agent and ~/.ssh/id_*)")
     v.add_argument("--known-hosts", help="known_hosts file, for HOST:VENV (default ~/.ssh/known_hosts)")
-    _fleet_options(v)
-    v.set_defaults(func=_cmd_verify)
+    fleet_options(v)
+    v.set_defaults(func=verify_command)
     n = sub.add_parser("init", help="probe a donor and a target and write a starting manifest")
     n.add_argument("--donor", required=True, metavar="HOST:VENV", help="the venv that works, e.g. root@ct129:/root/venv")
     n.add_argument("--target", required=True, metavar="HOST:VENV", help="the venv to bring it to")
@@ -613,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
     i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     i.add_argument("--known-hosts", help="known_hosts file to check the host key against (default ~/.ssh/known_hosts)")
-    i.set_defaults(func=_cmd_inventory)
+    i.set_defaults(func=inventory_command)
     c = sub.add_parser("clone", help="copy a venv to another path or host and rewrite what names its old prefix")
     c.add_argument("source", metavar="SRC_HOST:VENV", help="the venv to clone, e.g. local:/srv/venv_base")
     c.add_argument("dest", metavar="DEST_HOST:VENV", help="where the clone goes (absent or an empty folder)")

@@ -193,7 +193,7 @@ def _write_manifests(lab: Lab, workdir: Path) -> tuple[Path, Path]:
 
 
 def _act(console: Console, title: str, argv: list[str], want: int) -> bool:
-    from transplant.cli.app import main
+    from transplant.cli import main
 
     console.print(Rule(title))
     console.print(f"$ transplant {' '.join(argv)}", style="bold", highlight=False)

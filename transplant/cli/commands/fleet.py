@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from transplant.errors import TransplantError
-from transplant.exitcodes import EXIT_FAIL
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
 from transplant.fleet.run import DonorRead, TargetResult, check_fleet, fleet_exit, run_fleet, serve_from_snapshot
 from transplant.donor.snapshot import default_store
 from transplant.hosts.host import SSHOptions
@@ -26,13 +26,13 @@ from transplant.donor.sources import Opened
 
 __all__ = ["run_fleet_command", "fleet_table", "fleet_json"]
 
-_CODE_WORDS = {"plan": {0: "no changes", 2: "changes", 3: "blocked", 1: "failed"},
-               "apply": {0: "ok", 3: "blocked", 1: "failed"},
-               "verify": {0: "passed", 3: "verify failed", 1: "failed"}}
+_CODE_WORDS = {"plan": {EXIT_OK: "no changes", EXIT_CHANGES: "changes", EXIT_BLOCKED: "blocked", EXIT_FAIL: "failed"},
+               "apply": {EXIT_OK: "ok", EXIT_BLOCKED: "blocked", EXIT_FAIL: "failed"},
+               "verify": {EXIT_OK: "passed", EXIT_BLOCKED: "verify failed", EXIT_FAIL: "failed"}}
 
 
 def _outcome(action: str, r: TargetResult) -> str:
-    if action == "apply" and r.stages is not None and r.code == 3:
+    if action == "apply" and r.stages is not None and r.code == EXIT_BLOCKED:
         return "verify failed"
     return _CODE_WORDS[action].get(r.code, str(r.code))
 
@@ -59,7 +59,7 @@ def fleet_table(action: str, results: Sequence[TargetResult]) -> Table:
     for column in ("result", "changes", "applied", "verify", "error / note"):
         table.add_column(column)
     for r in results:
-        style = "bold green" if r.code in (0, 2) else "bold red"
+        style = "bold green" if r.code in (EXIT_OK, EXIT_CHANGES) else "bold red"
         changes = "-" if r.plan is None else str(sum(1 for c in r.plan.changes if not c.is_noop))
         applied = "-" if r.applied is None else f"{r.applied.files_copied} files ({human_bytes(r.applied.bytes_moved)})"
         verify = "-" if r.stages is None else ", ".join(f"{s.name} {s.status}" for s in r.stages)

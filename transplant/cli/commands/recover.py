@@ -2,7 +2,7 @@
 
 The logic lives in :mod:`transplant.recover.status`, :mod:`transplant.recover.rebuild` and
 :mod:`transplant.donor.snapshot`; this module parses their options and prints their results.
-``recover`` runs the ``plan``, ``apply`` and ``verify`` commands of :mod:`transplant.cli.app`.
+``recover`` runs the ``plan``, ``apply`` and ``verify`` commands (:mod:`transplant.cli.commands`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from rich.text import Text
 from transplant.controller.state import default_state_dir
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
 from transplant.errors import UsageError
-from transplant.cli.app import (_cmd_apply, _cmd_plan, _cmd_verify, _ssh_options,
-                  parse_location)
+from transplant.cli.commands.apply import apply_command
+from transplant.cli.commands.plan import plan_command
+from transplant.cli.commands.verify import verify_command
+from transplant.cli.options import CommandOptions
+from transplant.cli.session import parse_location, ssh_options
 from transplant.errors import HostError, TransplantError
 from transplant.hosts.host import SSHOptions, connect
 from transplant.core.hostspec import HostSpec
@@ -157,19 +160,18 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
         recovery, target = _recover_default(args, console, store, by_history, by_snapshot)
     console.print(f"rebuilding {recovery.origin} on {target}; the manifest for it: {recovery.manifest}",
                   markup=False, highlight=False)
-    common = dict(target=None, jobs=1, json=False)
+    options = CommandOptions(manifest=str(recovery.manifest), yes=args.yes, force=args.force)
     console.rule("recover: 1/3 plan")
-    code = _cmd_plan(argparse.Namespace(manifest=str(recovery.manifest), out=None, **common), console)
+    code = plan_command(options, console)
     if code == EXIT_BLOCKED and not args.force:
         console.print("[bold red]recover stopped[/]: the plan is blocked; fix the findings or add --force")
         return code
     console.rule("recover: 2/3 apply")
-    code = _cmd_apply(argparse.Namespace(source=str(recovery.manifest), yes=args.yes, force=args.force, resume=False,
-                                         rollback=False, break_lock=False, verify=False, **common), console)
+    code = apply_command(options, console)
     if code != EXIT_OK:
         return code
     console.rule("recover: 3/3 verify")
-    code = _cmd_verify(argparse.Namespace(manifest=str(recovery.manifest), **common), console)
+    code = verify_command(options, console)
     console.print(f"[bold green]recovered[/] {target}" if code == EXIT_OK else "[bold red]recover failed at verify[/]")
     return code
 
@@ -208,7 +210,7 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
                               hint="snapshot a manifest whose donor is a host")
     with ExitStack() as stack:
         with console.status(f"connecting to the donor {manifest.donor.host}"):
-            donor = stack.enter_context(connect(manifest.donor.host, _ssh_options(manifest)))
+            donor = stack.enter_context(connect(manifest.donor.host, ssh_options(manifest)))
         with console.status("snapshot") as status:
             result = capture(manifest, donor, store, step=lambda line: status.update(line))
     snap = result.snapshot

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from transplant.errors import TransplantError
+from transplant.errors import TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
 from transplant.controller.documents import load_manifest
 from transplant.hosts.host import Host, SSHOptions, connect
@@ -72,7 +72,7 @@ def is_location(text: str) -> bool:
     return ":/" in text and not os.path.exists(text)
 
 
-def verify_command(args: argparse.Namespace, console: Console, *, session_class: Callable[..., Any],
+def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Callable[..., Any],
                    parse_location: Callable[[str], tuple[Any, str]], manifest: Manifest | None = None) -> int:
     """Run ``transplant verify``; returns 0 when no stage failed, 3 when one did.
 
@@ -160,3 +160,17 @@ def verify_command(args: argparse.Namespace, console: Console, *, session_class:
     if junit:
         console.print(f"JUnit XML written to {junit}", markup=False, highlight=False)
     return EXIT_OK if overall_ok(results) else EXIT_BLOCKED
+
+
+def verify_command(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
+    """``transplant verify MANIFEST|HOST:VENV``: one target (:func:`_verify_one`), or every target of a fleet;
+    returns 0 when no stage failed, 3 when one did."""
+    from transplant.cli.session import Session, parse_location, run_fleet_action, targets_of
+
+    if manifest is None and not is_location(args.manifest):
+        manifest, targets = targets_of(args, load_manifest(args.manifest))
+        if len(targets) > 1:
+            if getattr(args, "junit", None) or getattr(args, "clear_jit_caches", False):
+                raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
+            return run_fleet_action("verify", args, console, manifest, targets)
+    return _verify_one(args, console, session_class=Session, parse_location=parse_location, manifest=manifest)

@@ -1,0 +1,262 @@
+"""``transplant apply``, ``rollback`` and ``history`` (face): the transaction on the target, as commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from transplant.apply import txn
+from transplant.apply.execute import check_plan_paths, new_transaction_id
+from transplant.cli.render import history_table, print_plan
+from transplant.cli.session import Session, crash_after, orphan_at, progress_bar, run_fleet_action, targets_of
+from transplant.controller.documents import load_manifest, load_plan
+from transplant.core.manifest import Manifest
+from transplant.core.plan import Plan
+from transplant.core.promised_state import drift, plan_differences
+from transplant.core.units import human_bytes
+from transplant.errors import TransplantError, UsageError
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
+from transplant.pipeline import apply_plan
+
+__all__ = ["apply_command", "rollback_command", "history_command"]
+
+
+def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Session", manifest_path: str,
+                        how: str | None) -> bool:
+    """Handle --resume / --rollback, or refuse while a transaction is interrupted; first record
+    the outcome of any commit the target's host script completed after its controller died
+    (:func:`transplant.apply.txn.record_completed`) and say so.
+
+    A venv with no state folder (never applied to) is only read: no lock, no folder.
+
+    :param manifest_path: the manifest, for the commands the messages name.
+    :param how: ``"resume"``, ``"rollback"``, or None (a plain apply: only check).
+    :returns: True when the command is done (finished, undone, or nothing to resume), False to
+        go on and apply.
+    :raises TransplantError: an interrupted transaction without --resume / --rollback;
+        --rollback with nothing interrupted (nothing was changed; the hint names
+        ``transplant rollback``); a completed commit whose files differ, with --resume.
+    """
+    m = session.manifest
+    target = session.host("target")
+    say = (lambda line: console.print(line, markup=False))
+    quoted = shlex.quote(manifest_path)
+    pending: list[dict] = []
+    completed: list[txn.Completed] = []
+    outcome = None
+    if txn.has_state(target, m.target.venv):
+        txid = new_transaction_id()
+        # under the lock: a transaction another apply is running now is not "interrupted"
+        txn.acquire(target, m.target.venv, txid, f"transplant apply --{how or 'check'}", say=say,
+                    break_lock=args.break_lock)
+        try:
+            pending = txn.interrupted(target, m.target.venv, say=say)  # waits for a host script still running
+            completed = txn.record_completed(target, m.target.venv)
+            for done in completed:
+                say(done.describe())
+            if pending and how:
+                outcome = txn.finish(target, m.target.venv, pending[-1]["id"], how, lock=txid,
+                                     crash_after=crash_after())
+        finally:
+            txn.release(target, m.target.venv, txid)
+    differ = [c for c in completed if c.outcome == "differs"]
+    if not pending:
+        if how == "rollback":
+            if completed:
+                raise TransplantError(
+                    f"{m.target}: nothing was rolled back: no transaction is interrupted; transaction "
+                    f"{completed[-1].id}'s commit completed on the target after the controller died (recorded now)",
+                    hint=f"undo it: transplant rollback {quoted}")
+            raise TransplantError(f"{m.target}: no interrupted transaction to roll back; nothing was changed",
+                                  hint=f"to undo the newest applied transaction: transplant rollback {quoted}   "
+                                       f"(list them: transplant history {quoted})")
+        if how == "resume":
+            if differ:
+                raise txn.TransactionError(
+                    f"{m.target}: transaction {differ[-1].id} was committed by the host after the controller died, "
+                    f"but {len(differ[-1].mismatches)} files differ from its planned state",
+                    mismatches=list(differ[-1].mismatches),
+                    hint=f"look at the files listed; undo it with: transplant rollback {quoted} --force")
+            if not completed:
+                console.print(f"nothing to resume: {m.target} has no interrupted transaction", markup=False)
+            return True
+        return False
+    last = pending[-1]
+    if how is None:
+        raise TransplantError(
+            f"{m.target}: transaction {last['id']} was interrupted ({last['state']}, {last['steps']} steps, "
+            f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
+            hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
+                 f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
+    if outcome == "aborted":
+        console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded",
+                      markup=False)
+        return how == "rollback"
+    console.print(Text.assemble((outcome, "bold green"), f" transaction {last['id']}: the target matches its "
+                                f"{'planned' if outcome == 'applied' else 'earlier'} state hash for hash"))
+    return True
+
+
+def apply_command(args: argparse.Namespace, console: Console) -> int:
+    """``transplant apply MANIFEST|PLAN.json``: plan (or check the saved plan), confirm, apply; with
+    ``--verify``, verify. Returns 0, 3 when blocked (or verify failed), 1 when declined."""
+    from transplant.cli.commands.verify import verify_command
+
+    if args.resume and args.rollback:
+        raise UsageError("--resume and --rollback exclude each other")
+    source = Path(args.source)
+    saved: Plan | None = None
+    if source.suffix == ".json":
+        if args.target:
+            raise UsageError("a saved plan is for its own target; --target goes with a manifest")
+        saved = load_plan(source)
+        manifest = load_manifest(saved.manifest)
+    else:
+        manifest = load_manifest(source)
+    manifest, targets = targets_of(args, manifest)
+    if len(targets) > 1:
+        if args.resume or args.rollback or args.break_lock:
+            raise UsageError("--resume, --rollback and --break-lock act on one target; name it with --target")
+        return run_fleet_action("apply", args, console, manifest, targets)
+    with ExitStack() as stack:
+        session = Session(manifest, console, stack)
+        if saved is None and not (args.resume or args.rollback) and session.clone_pending():
+            from transplant.cli.commands.clone import clone_base
+            clone_base(args, console, manifest, session.base_host(), session.host("target"))
+            session.cloned()
+        if args.resume or args.rollback:
+            if saved is not None:  # it only names the target: it must be its manifest's
+                _check_saved_plan(saved, manifest, source, sides=("target",))
+            if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback"):
+                return EXIT_OK
+            # --resume of a transaction that was still staging: it was discarded; apply afresh
+        from transplant.pipeline.gather import refuse_self_target
+        early = session.donor()  # before the lock: nothing is written into a donor named twice
+        if early.host is not None:
+            refuse_self_target(replace(session.manifest, target=manifest.target), early.host, session.host("target"))
+        # every input is checked (the saved plan against a fresh plan) before anything is locked or written
+        opened = session.donor()
+        given, manifest = manifest, session.manifest
+        if saved is not None:
+            _check_saved_plan(saved, manifest, source)
+            check_plan_paths(saved, Path(manifest.path).resolve().parent)
+        plan = session.plan()
+        if saved is not None:
+            changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
+            if changed:
+                what = plan_differences(saved, plan)
+                raise TransplantError(
+                    f"{source}: refusing a stale plan: " + "; ".join(changed)
+                    + (": " + "; ".join(what) if what else " (the planned changes are the same; other files differ)"),
+                    hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
+            if saved != plan:
+                raise TransplantError(
+                    f"{source}: refusing the plan: its hosts are unchanged, but its changes or findings are not "
+                    f"what the manifest gives now (edited by hand, or made by another transplant version)",
+                    hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
+        _finish_interrupted(args, console, session, given.path, None)  # raises while one is interrupted
+        print_plan(console, plan)
+        if not plan.has_changes:
+            console.print("nothing to change: the target already holds the planned state")
+            return verify_command(args, console, manifest=given) if args.verify else EXIT_OK
+        if plan.refused:
+            console.print(f"[bold red]apply refused[/]: {', '.join(sorted({f.code for f in plan.refused}))} cannot "
+                          f"be forced or accepted; fix it as its hint says")
+            return EXIT_BLOCKED
+        if plan.blocking and not args.force:
+            console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
+            return EXIT_BLOCKED
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise TransplantError("apply needs confirmation and standard input is not a terminal",
+                                      hint=f"add --yes: transplant apply {args.source} --yes")
+            answer = console.input(f"apply these changes to {plan.target.label}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                console.print("nothing was changed")
+                return EXIT_FAIL
+        with progress_bar(console) as progress:
+            tasks: dict[str, int] = {}
+
+            def report(step: str, done: int, total: int) -> None:
+                if step not in tasks:
+                    tasks[step] = progress.add_task(f"copying {step}", total=total or None)
+                progress.update(tasks[step], completed=done, total=total or None)
+
+            result = apply_plan(plan, manifest, opened, session.host("target"), progress=report,
+                                say=lambda line: console.print(line, markup=False), break_lock=args.break_lock,
+                                crash_after=crash_after(), orphan_at=orphan_at())
+    relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
+        manifest.donor.host.is_local or manifest.target.host.is_local) else ""
+    console.print(Text.assemble(("applied", "bold green"), (
+        f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
+        f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
+        f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
+        + "); the target now matches the plan hash for hash")))
+    if args.verify:
+        return verify_command(args, console, manifest=given)
+    return EXIT_OK
+
+
+def rollback_command(args: argparse.Namespace, console: Console) -> int:
+    manifest = load_manifest(args.manifest)
+    with ExitStack() as stack:
+        session = Session(manifest, console, stack)
+        target, venv = session.host("target"), manifest.target.venv
+        if not args.yes and not sys.stdin.isatty():
+            raise TransplantError("rollback needs confirmation and standard input is not a terminal",
+                                  hint=f"add --yes: transplant rollback {shlex.quote(args.manifest)} --yes")
+        if not args.yes and console.input(f"roll back {manifest.target}? [y/N] ").strip().lower() not in ("y", "yes"):
+            console.print("nothing was changed")
+            return EXIT_FAIL
+        txid = new_transaction_id()
+        txn.acquire(target, venv, txid, "transplant rollback", say=lambda line: console.print(line, markup=False))
+        try:
+            interrupted = txn.interrupted(target, venv)
+            for completed in txn.record_completed(target, venv):
+                console.print(completed.describe(), markup=False)
+            if interrupted:
+                raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
+                                      hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
+            done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid,
+                            say=lambda line: console.print(line, markup=False),
+                            listing=f"transplant history {shlex.quote(args.manifest)}")
+        finally:
+            txn.release(target, venv, txid)
+    console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "
+                                f"recorded before {'them' if len(done) > 1 else 'it'} hash for hash"))
+    return EXIT_OK
+
+
+def history_command(args: argparse.Namespace, console: Console) -> int:
+    manifest = load_manifest(args.manifest)
+    with ExitStack() as stack:
+        record = txn.history(Session(manifest, console, stack).host("target"), manifest.target.venv)
+    if args.json:
+        print(json.dumps({"schema": "transplant.history/1", **record}, indent=2, sort_keys=True))
+    else:
+        console.print(history_table(record["transactions"], record["events"], str(manifest.target)))
+    return EXIT_OK
+
+
+def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path,
+                      sides: Sequence[str] = ("donor", "target")) -> None:
+    """A saved plan must name the manifest's own hosts and venvs (of ``sides``); anything else is refused.
+
+    :raises TransplantError: naming the plan file, the side, what each names, and the fix.
+    """
+    for side in sides:
+        planned, named = getattr(saved, side), getattr(manifest, side)
+        if (planned.host, planned.venv) != (str(named.host), named.venv):
+            raise TransplantError(
+                f"{source}: the plan's {side} is {planned.host}:{planned.venv}, but its manifest {manifest.path} "
+                f"names {named}; refusing it",
+                hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")

@@ -1,0 +1,50 @@
+"""``transplant plan`` (face): inventory both venvs and show, or save, what apply would change."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import ExitStack
+
+from rich.console import Console
+
+from transplant.cli.render import print_plan
+from transplant.cli.session import Session, refuse_inside_venvs, run_fleet_action, targets_of
+from transplant.controller.documents import check_plan_destination, load_manifest, save_plan
+from transplant.errors import UsageError
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_OK
+
+__all__ = ["plan_command"]
+
+
+def plan_command(args: argparse.Namespace, console: Console) -> int:
+    manifest, targets = targets_of(args, load_manifest(args.manifest))
+    if len(targets) > 1:
+        if args.out:
+            raise UsageError("--out saves the plan of one target; drop it, or name one --target")
+        return run_fleet_action("plan", args, console, manifest, targets)
+    if args.out:
+        check_plan_destination(args.out, manifest=manifest.path)
+        refuse_inside_venvs(args.out, manifest)
+    with ExitStack() as stack:
+        session = Session(manifest, console, stack)
+        pending = session.clone_pending()
+        if pending and args.out:
+            from transplant.cli.commands.clone import saved_plan_refusal
+            raise saved_plan_refusal(manifest)
+        plan = session.plan()
+        opened = session.donor()
+    if pending:
+        from transplant.cli.commands.clone import pending_note
+        console.print(pending_note(manifest), markup=False, style="bold")
+    if args.out:
+        save_plan(plan, args.out, manifest=manifest.path)
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "donor_source": opened.to_dict()}, indent=2, sort_keys=True))
+    else:
+        print_plan(console, plan)
+        if args.out:
+            console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
+    if plan.blocking:
+        return EXIT_BLOCKED
+    return EXIT_CHANGES if plan.has_changes or pending else EXIT_OK

@@ -1,0 +1,42 @@
+"""Option groups several commands share (face), and the options one command gives another.
+
+``recover`` runs ``plan``, ``apply`` and ``verify`` with :class:`CommandOptions` (the attributes
+those commands read), never with a hand-built ``argparse.Namespace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+__all__ = ["fleet_options", "CommandOptions"]
+
+
+def fleet_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", action="append", metavar="HOST:VENV",
+                   help="a target (repeat for several; replaces the manifest's target / targets)")
+    p.add_argument("--jobs", type=int, default=4, metavar="N", help="targets worked on at a time (default 4)")
+
+
+@dataclass(kw_only=True)
+class CommandOptions:
+    """The options of ``plan``, ``apply`` and ``verify`` for one manifest and one target, as
+    another command runs them: ``manifest`` / ``source`` the manifest's path; no saved plan, no
+    JSON, no resume or rollback; ``yes`` and ``force`` as given."""
+
+    manifest: str
+    yes: bool = False
+    force: bool = False
+    out: str | None = None
+    json: bool = False
+    target: list[str] | None = None
+    jobs: int = 1
+    resume: bool = False
+    rollback: bool = False
+    break_lock: bool = False
+    verify: bool = False
+
+    @property
+    def source(self) -> str:
+        """``apply``'s name for the manifest."""
+        return self.manifest

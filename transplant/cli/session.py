@@ -1,0 +1,195 @@
+"""What the commands share (face): the session of connections and the donor, ``HOST:VENV``, targets.
+
+The manifest-driven commands (:mod:`transplant.cli.commands`) open one :class:`Session` each;
+``--target`` / ``targets:`` with several targets hand the work to the fleet report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+from transplant.core.hostspec import HostSpec
+from transplant.core.manifest import Endpoint, Manifest
+from transplant.core.plan import Plan
+from transplant.controller.documents import read_patch_files
+from transplant.donor.sources import Opened, open_donor
+from transplant.errors import TransplantError, UsageError
+from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.pipeline import plan_target
+
+__all__ = ["Session", "ssh_options", "parse_location", "targets_of", "run_fleet_action", "refuse_inside_venvs",
+           "progress_bar", "crash_after", "orphan_at"]
+
+
+def ssh_options(manifest: Manifest) -> SSHOptions:
+    base = Path(manifest.path).resolve().parent
+
+    def resolve(value: str | None) -> Path | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else base / path
+
+    return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
+                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys)
+
+
+class Session:
+    """Connections and inventories for one command, closed at the end.
+
+    ``manifest`` becomes the effective one once the donor is opened (:meth:`donor`): its
+    ``donor`` is then the host and venv the facts are of (a snapshot's original donor).
+    """
+
+    def __init__(self, manifest: Manifest, console: Console, stack: ExitStack) -> None:
+        self.manifest = manifest
+        self.console = console
+        self.stack = stack
+        self.ssh = ssh_options(manifest)
+        self._hosts: dict[str, Host] = {}
+        self._pending: bool | None = None
+        self._donor: Opened | None = None
+
+    def clone_pending(self) -> bool:
+        """True when ``target.base`` is set and the target venv does not exist yet (see :mod:`transplant.clone.cloning`)."""
+        if self._pending is None:
+            from transplant.clone.cloning import venv_exists
+
+            self._pending = self.manifest.target.base is not None and \
+                not venv_exists(self.host("target"), self.manifest.target.venv)
+        return self._pending
+
+    def cloned(self) -> None:
+        """Say that ``target.base`` was cloned: the target venv exists now."""
+        self._pending = False
+
+    def base_host(self) -> Host:
+        """The host of ``target.base`` (the target's connection when it is the same host, else a new one)."""
+        base = self.manifest.target.base
+        assert base is not None
+        if base.host == self.manifest.target.host:
+            return self.host("target")
+        if "base" not in self._hosts:
+            with self.console.status(f"connecting to the base {base.host}"):
+                self._hosts["base"] = self.stack.enter_context(connect(base.host, self.ssh))
+        return self._hosts["base"]
+
+    def host(self, side: str) -> Host:
+        if side == "donor":
+            opened = self.donor()
+            if opened.host is None:
+                raise TransplantError(f"the donor is {opened.source.label}, not a host")
+            return opened.host
+        if side not in self._hosts:
+            spec = getattr(self.manifest, side).host
+            with self.console.status(f"connecting to the {side} {spec}"):
+                self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+        return self._hosts[side]
+
+    def donor(self, *, quiet: bool = False) -> Opened:
+        """Open the donor source (the manifest's donor, else its first fallback that works) and say which."""
+        if self._donor is None:
+            say = (lambda line: self.console.print(line, style="yellow", markup=False, highlight=False))
+            with self.console.status("opening the donor"):
+                self._donor = open_donor(self.manifest, self.ssh, self.stack, say=say)
+            self.manifest = self._donor.manifest
+            if not quiet:
+                self.console.print(f"donor source: {self._donor.source.label} ({self._donor.why})", markup=False,
+                                   highlight=False)
+        return self._donor
+
+    def plan(self) -> Plan:
+        """Gather facts from the donor and the target (see :mod:`transplant.pipeline.gather`), and plan."""
+        source = self.donor().source
+        m = self.manifest
+        patches = read_patch_files(m)
+        target_host = self.host("target")
+        if self.clone_pending():  # plan against the base: the clone will hold its files
+            assert m.target.base is not None
+            m, target_host = replace(m, target=m.target.base), self.base_host()
+        with self.console.status("probing") as status:
+            return plan_target(m, source, target_host, patches=patches, step=lambda line: status.update(line))
+
+
+def parse_location(text: str) -> tuple[HostSpec, str]:
+    """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
+
+    :raises UsageError: no ``:/`` in the text, a control character in the venv path, or a bad host part.
+    """
+    host, sep, venv = text.partition(":/")
+    fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
+    if not sep:
+        raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
+        raise UsageError(f"{text!r}: the venv path holds a control character (a newline, a tab...)", hint=fix)
+    try:
+        return HostSpec.parse(host), "/" + venv
+    except ValueError as exc:
+        raise UsageError(f"{text!r}: {exc}", hint=fix) from None
+
+
+def targets_of(args: argparse.Namespace, manifest: Manifest) -> tuple[Manifest, list[Endpoint]]:
+    """The targets: ``--target`` (repeatable) replaces the manifest's ``target`` / ``targets``.
+
+    :returns: the manifest with its first target as ``target``, and every target.
+    """
+    given = getattr(args, "target", None) or []
+    targets = [Endpoint(host=spec, venv=venv) for spec, venv in map(parse_location, given)] or \
+        list(manifest.targets or (manifest.target,))
+    for t in targets:
+        if t == manifest.donor or t in manifest.fallback:
+            raise UsageError(f"--target {t}: that is a donor of {manifest.path}", hint="name another host or venv")
+    if len(set(targets)) != len(targets):
+        raise UsageError("a target is given twice", hint="name each host and venv once")
+    return dataclasses.replace(manifest, target=targets[0], targets=tuple(targets)), targets
+
+
+def run_fleet_action(action: str, args: argparse.Namespace, console: Console, manifest: Manifest,
+           targets: list[Endpoint]) -> int:
+    """plan / apply / verify on several targets (see :mod:`transplant.cli.commands.fleet`)."""
+    from transplant.cli.commands.fleet import run_fleet_command
+
+    with ExitStack() as stack:
+        session = Session(manifest, console, stack)
+        opened = session.donor(quiet=True)
+        return run_fleet_command(action, args, console, session.manifest, targets, opened, session.ssh, stack)
+
+
+def refuse_inside_venvs(path: str, manifest: Manifest) -> None:
+    """A file the controller writes (``--out``) must not land inside a local donor or target venv."""
+    resolved = Path(path).resolve()
+    for side in ("donor", "target"):
+        end = getattr(manifest, side)
+        if not isinstance(end, Endpoint):
+            continue
+        venv = Path(end.venv).resolve()
+        if end.host.is_local and (resolved == venv or venv in resolved.parents):
+            raise TransplantError(f"--out {path}: that is inside the {side} venv {end.venv}",
+                                  hint="save plans outside the venvs, e.g. --out plan.json")
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
+def crash_after() -> int | None:
+    """Testing hook: ``TRANSPLANT_TEST_CRASH_AFTER=N`` makes the target's commit or rollback
+    kill itself (SIGKILL) before step N, for the fault-injection tests."""
+    value = os.environ.get("TRANSPLANT_TEST_CRASH_AFTER")
+    return int(value) if value and value.isdigit() else None
+
+
+def orphan_at() -> int | None:
+    """Testing hook: ``TRANSPLANT_TEST_ORPHAN_AT=N`` makes the target's commit wait before step N
+    until this controller is gone (the test kills it), then finish alone."""
+    value = os.environ.get("TRANSPLANT_TEST_ORPHAN_AT")
+    return int(value) if value and value.isdigit() else None
