@@ -56,7 +56,7 @@ def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.recover import status_command
+    from transplant.cli.commands.status import status_command
 
     return status_command(args, console)
 
@@ -68,7 +68,7 @@ def _cmd_recover(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_snapshot(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.recover import snapshot_command
+    from transplant.cli.commands.snapshot import snapshot_command
 
     return snapshot_command(args, console)
 

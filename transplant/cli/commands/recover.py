@@ -1,4 +1,4 @@
-"""The ``status``, ``recover`` and ``snapshot`` commands (face): recovery after a host failure.
+"""``transplant recover`` (face): rebuild the last verified state on a new host after a host failure.
 
 The logic lives in :mod:`transplant.recover.status`, :mod:`transplant.recover.rebuild` and
 :mod:`transplant.donor.snapshot`; this module parses their options and prints their results.
@@ -8,12 +8,9 @@ The logic lives in :mod:`transplant.recover.status`, :mod:`transplant.recover.re
 from __future__ import annotations
 
 import argparse
-import json
-from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
-from rich.text import Text
 
 from transplant.controller.state import default_state_dir
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
@@ -22,54 +19,15 @@ from transplant.cli.commands.apply import apply_command
 from transplant.cli.commands.plan import plan_command
 from transplant.cli.commands.verify import verify_command
 from transplant.cli.options import CommandOptions
-from transplant.cli.session import parse_location, ssh_options
+from transplant.cli.session import parse_location
 from transplant.errors import HostError, TransplantError
 from transplant.hosts.host import SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint
 from transplant.recover.provenance import verified_log
-from transplant.controller.documents import load_manifest
-from transplant.core.units import human_bytes
-from transplant.cli.reports import snapshots_table, status_table
 from transplant.donor.snapshot import default_store
 
-__all__ = ["status_command", "recover_command", "snapshot_command"]
-
-
-def status_command(args: argparse.Namespace, console: Console) -> int:
-    """``transplant status HOST:VENV``: print what was applied there and the drift (see
-    :func:`transplant.recover.status.read_status`); returns 0, or 3 when applied files drifted.
-
-    :raises TransplantError: a bad location, an unreachable host, unreadable records.
-    """
-    from transplant.recover.status import read_status
-
-    spec, venv = parse_location(args.location)
-    with connect(spec, SSHOptions.from_files(args.identity_file, args.known_hosts)) as host, console.status(f"reading {args.location}"):
-        status = read_status(host, venv, say=lambda line: console.print(line, markup=False))
-    for done in status.completed:
-        console.print(done.describe(), markup=False)
-    if args.json:
-        print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
-        return EXIT_BLOCKED if status.drift else EXIT_OK
-    if not status.transactions:
-        console.print(f"{status.where}: transplant has applied nothing here (no committed transaction)", markup=False)
-    else:
-        console.print(status_table(status))
-    for txid in status.unrecorded:
-        console.print(f"[yellow]unrecorded[/] transaction {txid}: committed, but its outcome is not in the history yet "
-                      f"(its controller died after the commit, or an apply is recording it now); the next apply or "
-                      f"status records it")
-    for txid in status.interrupted:
-        console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
-                      f"apply --rollback")
-    if status.drift:
-        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match:")
-        for line in status.drift[:50]:
-            console.print(f"  {line}", markup=False, highlight=False)
-    elif status.transactions:
-        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied")
-    return EXIT_BLOCKED if status.drift else EXIT_OK
+__all__ = ["recover_command"]
 
 
 def _recover_default(args: argparse.Namespace, console: Console, store: Path, by_history, by_snapshot):
@@ -174,54 +132,3 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
     code = verify_command(options, console)
     console.print(f"[bold green]recovered[/] {target}" if code == EXIT_OK else "[bold red]recover failed at verify[/]")
     return code
-
-
-def snapshot_command(args: argparse.Namespace, console: Console) -> int:
-    """``transplant snapshot MANIFEST`` (capture the donor's overlay set), ``--list`` or
-    ``--prune [ID...]``, in ``--out`` or :func:`transplant.donor.snapshot.default_store`; returns 0.
-
-    :raises TransplantError: bad options or manifest, an unreachable donor, a damaged store.
-    """
-    from transplant.donor.snapshot import capture, list_snapshots, prune
-
-    store = Path(args.out) if args.out else default_store()
-    if args.list or args.prune is not None:
-        if args.manifest:
-            raise UsageError("--list and --prune take no manifest")
-        if args.list:
-            snaps = list_snapshots(store)
-            if args.json:
-                print(json.dumps({"schema": "transplant.snapshots/1", "store": str(store), "snapshots": [
-                    {"id": s.id, "path": str(s.path), "created": s.created, "donor": f"{s.donor_host}:{s.donor_venv}",
-                     "dists": list(s.dists), "files": len(s.files), "bytes": s.size} for s in snaps]},
-                    indent=2, sort_keys=True))
-            else:
-                console.print(snapshots_table(snaps, str(store)))
-            return EXIT_OK
-        removed, objects, freed = prune(store, args.prune)
-        console.print(f"pruned {len(removed)} snapshot(s) and {objects} stored file(s) no snapshot uses "
-                      f"({human_bytes(freed)} freed) in {store}", markup=False)
-        return EXIT_OK
-    if not args.manifest:
-        raise UsageError("give a manifest to snapshot its donor (or --list / --prune)")
-    manifest = load_manifest(args.manifest)
-    if not isinstance(manifest.donor, Endpoint):
-        raise TransplantError(f"{manifest.path}: the donor is already a snapshot ({manifest.donor.path})",
-                              hint="snapshot a manifest whose donor is a host")
-    with ExitStack() as stack:
-        with console.status(f"connecting to the donor {manifest.donor.host}"):
-            donor = stack.enter_context(connect(manifest.donor.host, ssh_options(manifest)))
-        with console.status("snapshot") as status:
-            result = capture(manifest, donor, store, step=lambda line: status.update(line))
-    snap = result.snapshot
-    if args.json:
-        print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
-                          "fetched": result.fetched, "reused": result.reused, "bytes_read": result.bytes_read,
-                          "files": len(snap.files), "bytes": snap.size}, indent=2, sort_keys=True))
-    else:
-        console.print(Text.assemble(("snapshot", "bold green"), (
-            f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "
-            f"{len(snap.files)} files ({human_bytes(snap.size)}); {result.fetched} read from the donor "
-            f"({human_bytes(result.bytes_read)} on the wire), {result.reused} already stored; in "
-            f"{result.seconds:.1f} s\nuse it as the donor: donor: {{snapshot: {snap.path}}}")))
-    return EXIT_OK

@@ -1,0 +1,75 @@
+"""``transplant snapshot`` (face): keep the donor's overlay set on the controller; list and prune snapshots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from transplant.exitcodes import EXIT_OK
+from transplant.errors import UsageError
+from transplant.cli.session import ssh_options
+from transplant.errors import TransplantError
+from transplant.hosts.host import connect
+from transplant.core.manifest import Endpoint
+from transplant.controller.documents import load_manifest
+from transplant.core.units import human_bytes
+from transplant.cli.reports import snapshots_table
+from transplant.donor.snapshot import default_store
+
+__all__ = ["snapshot_command"]
+
+
+def snapshot_command(args: argparse.Namespace, console: Console) -> int:
+    """``transplant snapshot MANIFEST`` (capture the donor's overlay set), ``--list`` or
+    ``--prune [ID...]``, in ``--out`` or :func:`transplant.donor.snapshot.default_store`; returns 0.
+
+    :raises TransplantError: bad options or manifest, an unreachable donor, a damaged store.
+    """
+    from transplant.donor.snapshot import capture, list_snapshots, prune
+
+    store = Path(args.out) if args.out else default_store()
+    if args.list or args.prune is not None:
+        if args.manifest:
+            raise UsageError("--list and --prune take no manifest")
+        if args.list:
+            snaps = list_snapshots(store)
+            if args.json:
+                print(json.dumps({"schema": "transplant.snapshots/1", "store": str(store), "snapshots": [
+                    {"id": s.id, "path": str(s.path), "created": s.created, "donor": f"{s.donor_host}:{s.donor_venv}",
+                     "dists": list(s.dists), "files": len(s.files), "bytes": s.size} for s in snaps]},
+                    indent=2, sort_keys=True))
+            else:
+                console.print(snapshots_table(snaps, str(store)))
+            return EXIT_OK
+        removed, objects, freed = prune(store, args.prune)
+        console.print(f"pruned {len(removed)} snapshot(s) and {objects} stored file(s) no snapshot uses "
+                      f"({human_bytes(freed)} freed) in {store}", markup=False)
+        return EXIT_OK
+    if not args.manifest:
+        raise UsageError("give a manifest to snapshot its donor (or --list / --prune)")
+    manifest = load_manifest(args.manifest)
+    if not isinstance(manifest.donor, Endpoint):
+        raise TransplantError(f"{manifest.path}: the donor is already a snapshot ({manifest.donor.path})",
+                              hint="snapshot a manifest whose donor is a host")
+    with ExitStack() as stack:
+        with console.status(f"connecting to the donor {manifest.donor.host}"):
+            donor = stack.enter_context(connect(manifest.donor.host, ssh_options(manifest)))
+        with console.status("snapshot") as status:
+            result = capture(manifest, donor, store, step=lambda line: status.update(line))
+    snap = result.snapshot
+    if args.json:
+        print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
+                          "fetched": result.fetched, "reused": result.reused, "bytes_read": result.bytes_read,
+                          "files": len(snap.files), "bytes": snap.size}, indent=2, sort_keys=True))
+    else:
+        console.print(Text.assemble(("snapshot", "bold green"), (
+            f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "
+            f"{len(snap.files)} files ({human_bytes(snap.size)}); {result.fetched} read from the donor "
+            f"({human_bytes(result.bytes_read)} on the wire), {result.reused} already stored; in "
+            f"{result.seconds:.1f} s\nuse it as the donor: donor: {{snapshot: {snap.path}}}")))
+    return EXIT_OK

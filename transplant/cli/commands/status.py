@@ -1,0 +1,51 @@
+"""``transplant status HOST:VENV`` (face): what was applied to a venv, from where, when, and what drifted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
+from transplant.cli.session import parse_location
+from transplant.hosts.host import SSHOptions, connect
+from transplant.cli.reports import status_table
+
+__all__ = ["status_command"]
+
+
+def status_command(args: argparse.Namespace, console: Console) -> int:
+    """``transplant status HOST:VENV``: print what was applied there and the drift (see
+    :func:`transplant.recover.status.read_status`); returns 0, or 3 when applied files drifted.
+
+    :raises TransplantError: a bad location, an unreachable host, unreadable records.
+    """
+    from transplant.recover.status import read_status
+
+    spec, venv = parse_location(args.location)
+    with connect(spec, SSHOptions.from_files(args.identity_file, args.known_hosts)) as host, console.status(f"reading {args.location}"):
+        status = read_status(host, venv, say=lambda line: console.print(line, markup=False))
+    for done in status.completed:
+        console.print(done.describe(), markup=False)
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
+        return EXIT_BLOCKED if status.drift else EXIT_OK
+    if not status.transactions:
+        console.print(f"{status.where}: transplant has applied nothing here (no committed transaction)", markup=False)
+    else:
+        console.print(status_table(status))
+    for txid in status.unrecorded:
+        console.print(f"[yellow]unrecorded[/] transaction {txid}: committed, but its outcome is not in the history yet "
+                      f"(its controller died after the commit, or an apply is recording it now); the next apply or "
+                      f"status records it")
+    for txid in status.interrupted:
+        console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
+                      f"apply --rollback")
+    if status.drift:
+        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match:")
+        for line in status.drift[:50]:
+            console.print(f"  {line}", markup=False, highlight=False)
+    elif status.transactions:
+        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied")
+    return EXIT_BLOCKED if status.drift else EXIT_OK
