@@ -14,6 +14,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -132,9 +133,10 @@ class Distribution:
     record: tuple[FileEntry, ...] | None = None
     listing: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def files(self) -> dict[str, FileEntry]:
-        """RECORD entries inside the venv, keyed by prefix-relative path."""
+        """RECORD entries inside the venv, keyed by prefix-relative path (built once per
+        distribution; callers must not mutate the mapping)."""
         return {e.path: e for e in self.record or () if e.path is not None}
 
 
