@@ -44,6 +44,7 @@ import posixpath
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -103,7 +104,14 @@ def _real(folder):
     """os.path.realpath, memoised per folder (a probe resolves the same folders thousands of times)."""
     real = _REALPATHS.get(folder)
     if real is None:
-        real = _REALPATHS[folder] = os.path.realpath(folder)
+        parent, name = os.path.split(folder)
+        if not os.path.isabs(folder) or not name or parent == folder or name in (os.curdir, os.pardir):
+            real = os.path.realpath(folder)
+        else:
+            # One lstat per folder: the parent's real path is memoised too.
+            candidate = os.path.join(_real(parent), name)
+            real = os.path.realpath(candidate) if os.path.islink(candidate) else candidate
+        _REALPATHS[folder] = real
     return real
 
 
@@ -114,9 +122,16 @@ def _inside(prefix, path):
     must stay inside the prefix: a symlinked folder pointing elsewhere counts as escaping.
     """
     norm = os.path.normpath(path)
-    rel = os.path.relpath(norm, prefix)
-    if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
-        return None
+    if os.path.isabs(norm) and os.path.isabs(prefix) and os.sep == "/":
+        # The common case, without relpath's abspath/commonprefix work per file.
+        base = os.path.normpath(prefix)
+        if not norm.startswith(base.rstrip("/") + "/"):
+            return None
+        rel = norm[len(base.rstrip("/")) + 1:]
+    else:
+        rel = os.path.relpath(norm, prefix)
+        if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            return None
     real_prefix = _real(prefix)
     parent = _real(os.path.dirname(norm))
     if parent != real_prefix and not parent.startswith(real_prefix + os.sep):
@@ -341,10 +356,10 @@ def _file_facts(full, hashed):
     except OSError:
         return {"exists": False}
     facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
-    if os.path.islink(full):
+    if stat.S_ISLNK(st.st_mode):
         facts["symlink"] = os.readlink(full)
         return facts
-    if not os.path.isfile(full):
+    if not stat.S_ISREG(st.st_mode):
         facts["not_a_file"] = True
         return facts
     facts["size"] = st.st_size
