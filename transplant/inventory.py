@@ -266,18 +266,39 @@ def _fingerprint(document: Mapping[str, Any]) -> str:
     """sha256 hex over the parts of a probe document that describe content (not timings)."""
     stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere")}
 
-    def scrub(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: scrub(v) for k, v in value.items() if k != "mtime"}
-        if isinstance(value, list):
-            return [scrub(v) for v in value]
-        return value
-
-    text = json.dumps(scrub(stable), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(stable, sort_keys=True, separators=(",", ":"))
+    # Drop every ``"mtime":<number>`` member. In compact JSON ``,"`` and ``{"`` occur only
+    # around keys (a quote inside a string is always escaped), so no string value is touched.
+    text = _MTIME_FIRST.sub("{", _MTIME_LATER.sub("", text))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_NUMBER = r"(?:-?[0-9.eE+-]+|null|-?Infinity|NaN)"
+_MTIME_LATER = re.compile(r',"mtime":' + _NUMBER + r'(?=[,}])')
+_MTIME_FIRST = re.compile(r'\{"mtime":' + _NUMBER + r'(?:,(?=")|(?=\}))')
+
+
+#: The keys of a file entry and their exact JSON types, for the fast path below.
+_FILE_KEYS: dict[str, type] = {
+    "venv_path": str, "error": str, "record_hash": str, "record_size": int, "hash": str, "size": int,
+    "mode": int, "symlink": str, "head": str, "body_hash": str, "record_identity": str, "exists": bool}
+
+
 def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
+    if type(obj) is dict:
+        # Fast path (a real venv has about 110,000 entries): every value already has its exact
+        # JSON type, so the per-key checks of ``_Reader.get`` cannot fail.
+        get = obj.get
+        if all(v is None or type(v) is _FILE_KEYS.get(k, type(v)) for k, v in obj.items()):
+            venv_path = get("venv_path")
+            return FileEntry(
+                record_path=record_path,
+                path=inside_path(venv_path) if venv_path is not None else None,
+                record_hash=get("record_hash"), record_size=get("record_size"), exists=get("exists") is True,
+                hash=get("hash"), size=get("size"), mode=get("mode"), symlink=get("symlink"),
+                error="not a regular file" if get("not_a_file") else get("error"),
+                head=get("head"), body_hash=get("body_hash"), record_identity=get("record_identity"),
+            )
     venv_path = r.get(obj, "venv_path", path, str, optional=True)
     if venv_path is not None:
         venv_path = inside_path(venv_path)
