@@ -22,7 +22,7 @@ def plain_fingerprint(doc: dict) -> str:
         if isinstance(value, list):
             return [scrub(v) for v in value]
         return value
-    stable = {k: v for k, v in doc.items() if k not in ("probe_seconds", "elsewhere")}
+    stable = {k: v for k, v in doc.items() if k not in ("probe_seconds", "elsewhere", "hash_cache")}
     return hashlib.sha256(json.dumps(scrub(stable), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

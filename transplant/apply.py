@@ -274,7 +274,7 @@ def _refuse_stale(plan: Plan, target: Host) -> None:
     from .snapshot import TEXTS
 
     now = take_inventory(target, plan.target.venv, hash_patterns=plan.hash_patterns, files=plan.patch_files,
-                         texts=TEXTS)
+                         texts=TEXTS, hash_cache="venv")
     if now.fingerprint != plan.target.fingerprint:
         manifest = shlex.quote(plan.manifest)
         raise ApplyError(

@@ -141,7 +141,7 @@ def gather(
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
-                        site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout)
+                        site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout, hash_cache="venv")
         donor, target = d.result(), t.result()
     names = selected_names(m.overlay, donor)
     removed = set(selected_names(m.remove, target)) - set(names)

@@ -264,7 +264,7 @@ class _Reader:
 
 def _fingerprint(document: Mapping[str, Any]) -> str:
     """sha256 hex over the parts of a probe document that describe content (not timings)."""
-    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere")}
+    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere", "hash_cache")}
 
     text = json.dumps(stable, sort_keys=True, separators=(",", ":"))
     # Drop every ``"mtime":<number>`` member. In compact JSON ``,"`` and ``{"`` occur only

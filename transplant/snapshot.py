@@ -159,7 +159,8 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[st
         manifest = replace(manifest, overlay=manifest.overlay + tuple(n for n in found.names
                                                                       if n not in manifest.overlay), closures=())
     say(f"probing the donor {manifest.donor} (hashing the overlaid distributions)")
-    inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout)
+    inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout,
+                               hash_cache="controller")
     names = selected_names(manifest.overlay, inventory)
     if not names:
         raise SnapshotError(f"{manifest.path}: the overlay {list(manifest.overlay)} selects no distribution on "

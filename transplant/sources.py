@@ -69,7 +69,7 @@ class HostSource:
                   timeout: float | None = None, record: bool = True) -> Inventory:
         """The probe's inventory, the ``hash_patterns`` distributions hashed (``record`` False: metadata only)."""
         return take_inventory(self.host, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout,
-                              record=record)
+                              record=record, hash_cache="controller")
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
         """:func:`transplant.elfscan.read_elf_facts` on the donor."""

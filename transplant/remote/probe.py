@@ -25,8 +25,17 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   ``texts`` always includes the ``*.pth``, ``*.egg-link`` and ``__editable__*.py``
   files at the top of site-packages.
 
+* ``hash_cache`` (``--stdin`` only; default true, or ``{"enabled": bool, "min_bytes": int,
+  "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
+  (see :class:`_HashCache`), in ``<venv>/.transplant/cache/hashes.json`` (``store: venv``,
+  for targets) or on the controller (``store: reply``: the request carries the ``known``
+  entries and the reply returns this run's ``entries``; nothing is written on the host, for
+  donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
+  "written", "error"?, "entries"?}``.
+
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
-distributions it reports (the venv may be broken), never writes anything. The
+distributions it reports (the venv may be broken), writes nothing but its own hash cache
+in the venv's state folder, and only when asked to (a target's). The
 controller parses the output with :func:`transplant.inventory.parse_inventory`; it never
 imports this module's functions at run time on the controller.
 """
@@ -301,15 +310,134 @@ def _run_hash_jobs():
     jobs, _HASH_JOBS[:] = list(_HASH_JOBS), []
     if not jobs:
         return
+    cache = _HashCache(_OPTIONS.get("prefix"), _OPTIONS.get("hash_cache", True))
 
     def work(job):
-        return _script_facts(job[1]) if job[2] else (file_hash(job[1])[0], None, None)
+        entry, full, script = job
+        key = cache.key(full)
+        known = cache.get(entry["venv_path"], key)
+        if known is not None:
+            return known
+        facts = _script_facts(full) if script else (file_hash(full)[0], None, None)
+        cache.put(entry["venv_path"], key, facts, entry.get("size") or 0)
+        return facts
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
         for (entry, _, _), (digest, head, body) in zip(jobs, pool.map(work, jobs)):
             entry["hash"] = digest
             if head is not None:
                 entry["head"], entry["body_hash"] = head, body
+    _OPTIONS["hash_cache_report"] = cache.save()
+
+
+class _HashCache(object):
+    """Content hashes of the venv's files, kept in ``<venv>/.transplant/cache/hashes.json``.
+
+    An entry is reused only while the file's ``(st_dev, st_ino, st_size, st_mtime_ns,
+    st_ctime_ns)`` is unchanged, as git's index does; an entry whose mtime or ctime lies
+    within :data:`_RACY_NS` of the probe's start is not stored ("racily clean": a write in the
+    same clock tick would not change the key). The cache is written only when this run hashed
+    at least ``min_bytes`` (a request option, default 32 MiB: below that re-hashing is cheaper
+    than the write), never through a symlinked or escaping state folder, and any error
+    reading or writing it only turns it off for this run (reported in ``hash_cache``).
+    """
+
+    def __init__(self, prefix, options):
+        import threading
+
+        self.options = options if isinstance(options, dict) else {"enabled": bool(options)}
+        self.enabled = bool(self.options.get("enabled", True)) and prefix is not None
+        self.min_bytes = int(self.options.get("min_bytes", 32 << 20))
+        self.racy_ns = int(self.options.get("racy_ns", _RACY_NS))
+        self.started = time.time_ns()
+        self.lock = threading.Lock()
+        self.entries, self.fresh = {}, {}
+        self.hits = self.misses = self.hashed_bytes = 0
+        self.error = None
+        self.path, self.prefix = None, prefix
+        self.store = self.options.get("store", "venv")
+        if not self.enabled:
+            return
+        if self.store == "reply":
+            # The controller keeps this cache (a donor is never written to): it sends what it
+            # knows and takes back the entries of this run.
+            known = self.options.get("known")
+            self.entries = {k: v for k, v in (known if isinstance(known, dict) else {}).items()
+                            if isinstance(v, list) and len(v) == 8}
+            return
+        state = os.path.join(prefix, ".transplant")
+        if os.path.islink(state) or (os.path.exists(state) and _real(state) != os.path.join(_real(prefix), ".transplant")):
+            self.enabled, self.error = False, "the state folder is a symlink or leaves the venv"
+            return
+        self.path = os.path.join(state, "cache", "hashes.json")
+        try:
+            if os.path.isfile(self.path) and not os.path.islink(self.path):
+                with open(self.path, "r", encoding="utf-8") as handle:
+                    document = json.load(handle)
+                if isinstance(document, dict) and document.get("schema") == _HASH_SCHEMA:
+                    self.entries = {k: v for k, v in document.get("entries", {}).items()
+                                    if isinstance(v, list) and len(v) == 8}
+        except (OSError, ValueError) as exc:
+            self.error = "unreadable, rebuilt: {}".format(exc)[:200]
+
+    @staticmethod
+    def key(full):
+        try:
+            st = os.lstat(full)
+        except OSError:
+            return None
+        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def get(self, rel, key):
+        if not self.enabled or key is None:
+            return None
+        known = self.entries.get(rel)
+        with self.lock:
+            if known is not None and known[:5] == key:
+                self.hits += 1
+                self.fresh[rel] = known
+                return tuple(known[5:])
+            self.misses += 1
+        return None
+
+    def put(self, rel, key, facts, size):
+        if not self.enabled or key is None or facts[0] is None:
+            return
+        with self.lock:
+            self.hashed_bytes += size
+            if max(key[3], key[4]) < self.started - self.racy_ns:
+                self.fresh[rel] = key + list(facts)
+
+    def save(self):
+        report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "written": False}
+        if self.error:
+            report["error"] = self.error
+        if self.enabled and self.store == "reply":
+            report["entries"] = self.fresh
+            return report
+        if not self.enabled or self.hashed_bytes < self.min_bytes or not self.misses:
+            return report
+        merged = dict(self.entries)
+        merged.update(self.fresh)
+        folder = os.path.dirname(self.path)
+        try:
+            for part in (os.path.dirname(folder), folder):  # makedirs gives the mode to the leaf only
+                if not os.path.isdir(part):
+                    os.mkdir(part, 0o700)
+            if os.path.realpath(folder) != os.path.join(os.path.realpath(self.prefix), ".transplant", "cache"):
+                raise OSError("the cache folder is a symlink or leaves the venv")
+            temporary = "{}.{}.tmp".format(self.path, os.getpid())
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump({"schema": _HASH_SCHEMA, "entries": merged}, handle, separators=(",", ":"))
+            os.replace(temporary, self.path)
+            report["written"] = True
+        except OSError as exc:
+            report["error"] = "not written: {}".format(exc)[:200]
+        return report
+
+
+_HASH_SCHEMA = "transplant.hashes/1"
+_RACY_NS = 2 * 10 ** 9
 
 
 def record_identity(data, site, scripts):
@@ -575,6 +703,7 @@ def _arguments(argv):
         _OPTIONS["record"] = bool(request.get("record", True))
         _OPTIONS["texts"] = [t for t in request.get("texts", []) if isinstance(t, str)]
         _OPTIONS["elsewhere"] = list(request.get("paths_exist", []))
+        _OPTIONS["hash_cache"] = request.get("hash_cache", True)
         return [normalize(p) for p in request.get("hash", [])], files
     patterns, files = [], []
     it = iter(argv)
@@ -599,6 +728,7 @@ def main(argv):
         if paths[key] not in sites:
             sites.append(paths[key])
     _OPTIONS["scripts"] = _inside(prefix, paths["scripts"]) or "bin"
+    _OPTIONS["prefix"] = prefix
     distributions = []
     for site in sites:
         distributions.extend(_distributions(site, prefix, patterns, _OPTIONS["record"]))
@@ -634,6 +764,8 @@ def main(argv):
         "elsewhere": _elsewhere(_OPTIONS.get("elsewhere", [])),
         "probe_seconds": round(time.time() - started, 3),
     }
+    if "hash_cache_report" in _OPTIONS:
+        document["hash_cache"] = _OPTIONS["hash_cache_report"]
     sys.stdout.write(json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n")
     return 0
 
