@@ -180,6 +180,14 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     """
     from .snapshot import capture, list_snapshots, prune
 
+    if (args.out or "").startswith("oci://") or getattr(args, "push", None):
+        from .registrycli import check_registry_options
+
+        check_registry_options(args)
+    if (args.out or "").startswith("oci://"):
+        from .registrycli import registry_list_or_prune
+
+        return registry_list_or_prune(args, console)
     store = Path(args.out) if args.out else default_store()
     if args.list or args.prune is not None:
         if args.manifest:
@@ -210,10 +218,15 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
         with console.status("snapshot") as status:
             result = capture(manifest, donor, store, step=lambda line: status.update(line))
     snap = result.snapshot
+    pushed = None
+    if getattr(args, "push", None):
+        from .registrycli import push_snapshot
+
+        pushed = push_snapshot(snap, args, console)
     if args.json:
         print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
                           "fetched": result.fetched, "reused": result.reused, "bytes_read": result.bytes_read,
-                          "files": len(snap.files), "bytes": snap.size}, indent=2, sort_keys=True))
+                          "files": len(snap.files), "bytes": snap.size, **(pushed or {})}, indent=2, sort_keys=True))
     else:
         console.print(Text.assemble(("snapshot", "bold green"), (
             f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "

@@ -1,0 +1,273 @@
+"""Snapshots in a real OCI registry (Debian's docker-registry on loopback, TLS and htpasswd):
+push and dedup, list and prune, bad credentials, apply from the registry with the donor gone,
+a pull interrupted half-way that resumes, a tampered blob refused, a target that cannot reach
+the registry relayed, and a three-target fleet."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from transplant.cli import main
+from transplant.lab import Lab
+from transplant.lab.registry import LabRegistry, registry_skip_reason
+from transplant.lab.wheels import build_wheel
+from transplant.oci import Reference, RegistryError, find_credentials, parse_challenge
+
+from conftest import lab_skip_reason
+from test_snapshot_lab import ELF, SITE, VENV, _build_elf, files_of, install, write_manifest
+
+NAMES = ("donor", "t1", "t2", "t3", "t4", "t5", "t6", "t7")
+
+
+# -- pure parts: references, credentials, challenges ------------------------------------------------
+
+def test_reference_forms_and_errors():
+    ref = Reference.parse("oci://localhost:5000/team/snaps:v1")
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == ("localhost:5000", "team/snaps", "v1", None)
+    pinned = Reference.parse("oci://reg.example/snaps@sha256:" + "a" * 64)
+    assert pinned.tag is None and pinned.version == "sha256:" + "a" * 64 and str(pinned).endswith("a" * 64)
+    assert Reference.parse("oci://reg.example/snaps", need_version=False).tag is None
+    for bad, words in (("oci://reg.example/snaps", "name a tag or a digest"), ("oci://reg.example", "repository"),
+                       ("oci://r/Snaps:v1", "not a valid repository"), ("oci://r/s@sha256:12", "64"),
+                       ("docker://r/s:v1", "not a registry reference")):
+        with pytest.raises(ValueError, match=words):
+            Reference.parse(bad)
+
+
+def test_credentials_from_env_docker_config_and_helpers(tmp_path):
+    assert find_credentials("r:1", env={}, home=tmp_path) is None, "nothing configured: anonymous"
+    creds = find_credentials("r:1", env={"TRANSPLANT_REGISTRY_USER": "u", "TRANSPLANT_REGISTRY_PASSWORD": "p"})
+    assert (creds.username, creds.password) == ("u", "p") and "p" not in repr(creds)
+    with pytest.raises(RegistryError, match="only one is set"):
+        find_credentials("r:1", env={"TRANSPLANT_REGISTRY_USER": "u"})
+    (tmp_path / ".docker").mkdir()
+    config = tmp_path / ".docker" / "config.json"
+    config.write_text(json.dumps({"auths": {"https://r:1/v1/": {"auth": base64.b64encode(b"me:s3:cret").decode()}}}))
+    creds = find_credentials("r:1", env={}, home=tmp_path)
+    assert (creds.username, creds.password) == ("me", "s3:cret") and str(config) in creds.source
+    assert find_credentials("other:2", env={}, home=tmp_path) is None
+    config.write_text(json.dumps({"auths": {"r:1": {"auth": "bm9jb2xvbg=="}}}))  # "nocolon"
+    with pytest.raises(RegistryError, match="not base64 of user:password"):
+        find_credentials("r:1", env={}, home=tmp_path)
+    config.write_text(json.dumps({"credHelpers": {"r:1": "ecr-login"}}))
+    with pytest.raises(RegistryError, match="docker-credential-ecr-login, which transplant does not run"):
+        find_credentials("r:1", env={}, home=tmp_path)
+
+
+def test_challenge_parsing():
+    scheme, params = parse_challenge('Bearer realm="https://auth.example/token",service="reg",scope="repository:a:pull"')
+    assert scheme == "bearer" and params == {"realm": "https://auth.example/token", "service": "reg",
+                                             "scope": "repository:a:pull"}
+    assert parse_challenge('Basic realm="x"') == ("basic", {"realm": "x"})
+
+
+# -- the real registry and lab ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reglab(tmp_path_factory):
+    """A lab (donor with alpha 1.1 + beta 2.0; targets t1..t7 with alpha 1.0) and a registry."""
+    reason = lab_skip_reason() or registry_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    directory = Path(tempfile.mkdtemp(prefix="transplant-reglab-", dir="/tmp"))
+    wheels = tmp_path_factory.mktemp("regwheels")
+    _build_elf()
+    a1 = build_wheel(wheels, "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
+    a2 = build_wheel(wheels, "alpha", "1.1", {"alpha/__init__.py": "__version__ = '1.1'\n",
+                                              "alpha/libdevice.so": ELF.read_bytes(),
+                                              "alpha/big.bin": bytes(range(256)) * 256,
+                                              "alpha/same.py": "SAME = 1\n"})
+    b = build_wheel(wheels, "beta", "2.0", {"beta/__init__.py": "import alpha\n__version__ = '2.0'\n"},
+                    requires=("alpha>=1.1",))
+    try:
+        with Lab(directory / "lab", NAMES) as lab, LabRegistry(directory / "registry") as registry:
+            install(lab.hosts["donor"], [a2, b])
+            for name in NAMES[1:]:
+                install(lab.hosts[name], [a1])
+            yield lab, registry
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _own_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker"))
+
+
+def login(monkeypatch, registry, password=None):
+    monkeypatch.setenv("TRANSPLANT_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("TRANSPLANT_REGISTRY_PASSWORD", password or registry.password)
+
+
+def push(capsys, manifest, registry, tag, store):
+    ref = f"oci://{registry.host}/lab/snaps:{tag}"
+    assert main(["snapshot", manifest, "--out", str(store), "--push", ref, "--ca", str(registry.ca), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def registry_donor(registry, pushed):
+    return f"{{snapshot: {pushed['pushed']}, ca: {registry.ca}}}"
+
+
+def test_push_dedup_list_prune_and_credentials(reglab, tmp_path, capsys, monkeypatch):
+    lab, registry = reglab
+    m = write_manifest(tmp_path, lab)
+    repo = f"oci://{registry.host}/lab/snaps"
+    assert main(["snapshot", m, "--push", f"{repo}:anon", "--ca", str(registry.ca)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "asks for credentials and none were found" in out and "TRANSPLANT_REGISTRY_USER" in out
+    login(monkeypatch, registry, password="wrong")
+    assert main(["snapshot", m, "--push", f"{repo}:bad", "--ca", str(registry.ca)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "authentication failed with the credentials from the environment" in out and "wrong" not in out
+
+    # the Docker credential file works as well as the environment
+    monkeypatch.delenv("TRANSPLANT_REGISTRY_USER")
+    monkeypatch.delenv("TRANSPLANT_REGISTRY_PASSWORD")
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    auth = base64.b64encode(f"{registry.user}:{registry.password}".encode()).decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {registry.host: {"auth": auth}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker))
+    first = push(capsys, m, registry, "one", tmp_path / "store")
+    assert first["blobs_uploaded"] == 3 and first["blobs_present"] == 0, "alpha, beta and the patches"
+    assert first["bytes_uploaded"] > len(bytes(range(256)) * 256), first
+    again = push(capsys, m, registry, "two", tmp_path / "store")
+    assert again["blobs_uploaded"] == 0 and again["blobs_present"] == 3, "unchanged distributions are not sent again"
+    assert again["bytes_uploaded"] < 20_000 < first["bytes_uploaded"], "only the new index and the manifest"
+    assert again["pushed"].startswith(f"{repo}:two@sha256:")
+
+    assert main(["snapshot", "--list", "--out", repo, "--ca", str(registry.ca), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["snapshots"]
+    assert [s["tag"] for s in listed] == ["one", "two"] and listed[1]["id"] == again["id"]
+    assert main(["snapshot", "--prune", "one", "--out", repo, "--ca", str(registry.ca)]) == 0
+    assert "deleted one" in capsys.readouterr().out
+    assert main(["snapshot", "--list", "--out", repo, "--ca", str(registry.ca), "--json"]) == 0
+    assert [s["tag"] for s in json.loads(capsys.readouterr().out)["snapshots"]] == ["two"]
+    assert main(["snapshot", "--prune", "nope", "--out", repo, "--ca", str(registry.ca)]) == 1
+    assert "no tag nope; nothing was deleted" in " ".join(capsys.readouterr().out.split())
+    # without the CA bundle, TLS verification against the system CAs fails: a clear error
+    assert main(["snapshot", "--list", "--out", repo]) == 1
+    assert "cannot be reached" in capsys.readouterr().out
+
+
+def test_donor_gone_apply_from_the_registry_controller_carries_no_file_bytes(reglab, tmp_path, capsys, monkeypatch):
+    lab, registry = reglab
+    login(monkeypatch, registry)
+    pushed = push(capsys, write_manifest(tmp_path, lab), registry, "gone", tmp_path / "store")
+    lab.hosts["donor"].stop_sshd()
+    try:
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        shutil.copytree(tmp_path / "patches", fresh / "patches")
+        pinned = write_manifest(fresh, lab, donor=registry_donor(registry, pushed))
+        assert main(["plan", pinned, "--json"]) == 2
+        doc = json.loads(capsys.readouterr().out)
+        assert pushed["pushed"] in doc["donor_source"]["source"]
+        assert main(["apply", pinned, "--yes"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "straight from the registry" in out and "the controller carried none of them" in out
+        assert "0 B on the wire" in out or "0 bytes on the wire" in out, out
+        cache = Path(tmp_path / "state" / "oci-cache" / "objects")
+        cached = {p.name for p in cache.glob("*/*")}
+        index = json.loads(next((tmp_path / "state" / "oci-cache" / "index").glob("*.json")).read_text())
+        from transplant.store import object_key
+
+        beta = object_key(index["files"][f"{SITE}/beta/__init__.py"]["hash"])
+        assert beta not in cached, "beta's files went from the registry to the target, never through the controller"
+        assert main(["verify", pinned, "--json"]) == 0
+        target = files_of(lab, "t1")
+        assert target.pop("alpha/tuned.py") == b"TUNED = 15\n"
+        assert target == files_of(lab, "donor")
+        assert not list(lab.hosts["t1"].path(f"{VENV}/.transplant/blobs").glob("*")), "no blob left on the target"
+    finally:
+        lab.hosts["donor"].start_sshd()
+
+
+def test_interrupted_pull_resumes_and_tampered_blob_is_refused(reglab, tmp_path, capsys, monkeypatch):
+    lab, registry = reglab
+    login(monkeypatch, registry)
+    pushed = push(capsys, write_manifest(tmp_path, lab), registry, "resume", tmp_path / "store")
+    m = write_manifest(tmp_path, lab, donor=registry_donor(registry, pushed), target="t2", name="r.yaml")
+    before = files_of(lab, "t2")
+    monkeypatch.setenv("TRANSPLANT_TEST_PULL_STOP_AFTER", "30000")
+    assert main(["apply", m, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "stopped part-way" in out and "apply again to resume" in out
+    assert files_of(lab, "t2") == before, "the transaction was aborted: nothing changed"
+    partial = list(lab.hosts["t2"].path(f"{VENV}/.transplant/blobs").glob("*.partial"))
+    assert len(partial) == 1 and partial[0].stat().st_size == 30000
+    monkeypatch.delenv("TRANSPLANT_TEST_PULL_STOP_AFTER")
+    assert main(["apply", m, "--yes"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "resuming 30000 bytes kept from an interrupted pull" in out
+    assert files_of(lab, "t2").pop("alpha/big.bin") == bytes(range(256)) * 256
+
+    # a blob changed in the registry's storage is refused by digest on the target
+    from transplant.oci import Client
+
+    client = Client(Reference.parse(pushed["pushed"]), ca=registry.ca,
+                    credentials=find_credentials(registry.host))
+    manifest, _ = client.get_manifest()
+    beta = [layer for layer in manifest["layers"] if layer["annotations"]["org.transplant.dist"] == "beta"][0]
+    victim = registry.blob_path(beta["digest"])
+    original = victim.read_bytes()
+    victim.write_bytes(original.replace(b"import alpha", b"import os  "))
+    try:
+        m3 = write_manifest(tmp_path, lab, donor=registry_donor(registry, pushed), target="t3", name="t.yaml")
+        before = files_of(lab, "t3")
+        assert main(["apply", m3, "--yes"]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"blob {beta['digest']} arrived with the digest" in out and "refused" in out
+        assert files_of(lab, "t3") == before
+        assert not list(lab.hosts["t3"].path(f"{VENV}/.transplant/blobs").glob("*")), "the bad blob was deleted"
+    finally:
+        victim.write_bytes(original)
+
+
+def test_unreachable_registry_falls_back_to_the_relay_and_says_so(reglab, tmp_path, capsys, monkeypatch):
+    lab, registry = reglab
+    login(monkeypatch, registry)
+    pushed = push(capsys, write_manifest(tmp_path, lab), registry, "relay", tmp_path / "store")
+    # on t4, "localhost" resolves to an address where no registry listens (its own /etc/hosts,
+    # bind-mounted in its mount namespace only): the registry is out of its reach
+    host = lab.hosts["t4"]
+    (host.root / "hosts").write_text("127.0.0.254 localhost\n")
+    host.run(["mount", "--bind", "/srv/hosts", "/etc/hosts"])
+    try:
+        m = write_manifest(tmp_path, lab, donor=registry_donor(registry, pushed), target="t4", name="f.yaml")
+        assert main(["apply", m, "--yes"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "cannot reach the registry" in out and "relaying the files through the controller instead" in out
+        assert "straight from the registry" not in out
+        assert files_of(lab, "t4").pop("alpha/big.bin") == bytes(range(256)) * 256
+    finally:
+        host.run(["umount", "/etc/hosts"], check=False)
+
+
+def test_three_target_fleet_applies_from_the_registry(reglab, tmp_path, capsys, monkeypatch):
+    lab, registry = reglab
+    login(monkeypatch, registry)
+    pushed = push(capsys, write_manifest(tmp_path, lab), registry, "fleet", tmp_path / "store")
+    names = ["t5", "t6", "t7"]
+    targets = "targets:\n" + "".join(f'  - {{host: "{lab.hosts[n].spec}", venv: {VENV}}}\n' for n in names)
+    m = write_manifest(tmp_path, lab, donor=registry_donor(registry, pushed), name="fleet.yaml")
+    Path(m).write_text(Path(m).read_text().replace(f'target: {{host: "{lab.hosts["t1"].spec}", venv: {VENV}}}\n',
+                                                   targets))
+    assert main(["apply", m, "--yes", "--verify", "--json", "--jobs", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["donor"]["bytes_read"] == 0
+    donor = files_of(lab, "donor")
+    for one in report["targets"]:
+        assert one["code"] == 0 and one["applied"]["bytes"] == 0, "no file byte through the controller"
+        assert "straight from the registry" in one["note"], one
+    for n in names:
+        got = files_of(lab, n)
+        assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == donor
