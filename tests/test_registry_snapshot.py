@@ -268,7 +268,7 @@ def test_three_target_fleet_applies_from_the_registry(reglab, tmp_path, capsys, 
     assert report["donor"]["bytes_read"] == 0
     donor = files_of(lab, "donor")
     for one in report["targets"]:
-        assert one["code"] == 0 and one["applied"]["bytes"] == 0, "no file byte through the controller"
+        assert one["code"] == 0 and one["applied"]["bytes"] < 1024, "only the patch file went through the controller"
         assert "straight from the registry" in one["note"], one
     for n in names:
         got = files_of(lab, n)
