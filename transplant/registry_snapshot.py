@@ -31,19 +31,22 @@ from pathlib import Path
 from typing import Any
 
 from . import store as cas
+from .binaries import ElfReport
 from .hosts import Host
 from .oci import (MANIFEST_TYPE, Client, Reference, RegistryError, file_sha256, find_credentials)
 from .probing import run_script
+from .registry_elf import answer, precompute
 from .snapshot import Snapshot, SnapshotError, SnapshotSource, load_snapshot
 from .transfer import copy_files
 
-__all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "DIST_TYPE", "PATCHES_TYPE", "PushResult", "push", "open_registry",
+__all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "DIST_TYPE", "PATCHES_TYPE", "ELF_TYPE", "PushResult", "push", "open_registry",
            "RegistrySource", "client_for", "list_registry", "prune_registry", "layer_files", "cache_store"]
 
 ARTIFACT_TYPE = "application/vnd.transplant.snapshot.v1+json"
 CONFIG_TYPE = "application/vnd.transplant.snapshot.config.v1+json"
 DIST_TYPE = "application/vnd.transplant.snapshot.dist.v1.tar"
 PATCHES_TYPE = "application/vnd.transplant.snapshot.patches.v1.tar"
+ELF_TYPE = "application/vnd.transplant.snapshot.elf.v1+json"
 DIST_KEY = "org.transplant.dist"
 ID_KEY = "org.transplant.snapshot.id"
 
@@ -151,6 +154,13 @@ def push(snap: Snapshot, reference: Reference, client: Client, *, say: Callable[
             present += not got
             path.unlink()
             layers.append({"mediaType": media, "digest": digest, "size": size, "annotations": notes})
+        say("reading the ELF facts of the shared objects once, for plans from the registry")
+        (tmp / "elf.json").write_text(json.dumps(precompute(snap), sort_keys=True))
+        digest = "sha256:" + file_sha256(tmp / "elf.json")
+        got = client.upload_blob(tmp / "elf.json", digest)
+        sent += got
+        layers.append({"mediaType": ELF_TYPE, "digest": digest, "size": (tmp / "elf.json").stat().st_size,
+                       "annotations": {DIST_KEY: "(elf facts)"}})
         config = snap.path.read_bytes()
         (tmp / "config.json").write_bytes(config)
         config_digest = "sha256:" + file_sha256(tmp / "config.json")
@@ -250,10 +260,14 @@ class RegistrySource(SnapshotSource):
         by_name = dict(layer_files(snapshot))
         self.layer_of: dict[str, dict[str, Any]] = {}
         self.patch_layer: dict[str, Any] | None = None
+        self.elf_layer: dict[str, Any] | None = None
+        self._elf_doc: dict[str, Any] | None = None
         for layer in layers:
             name = (layer.get("annotations") or {}).get(DIST_KEY)
             if layer.get("mediaType") == PATCHES_TYPE:
                 self.patch_layer = layer
+            if layer.get("mediaType") == ELF_TYPE:
+                self.elf_layer = layer
             for path in by_name.get(name, []):
                 self.layer_of[path] = layer
         lacking = [p for paths in by_name.values() for p in paths if p not in self.layer_of]
@@ -298,6 +312,19 @@ class RegistrySource(SnapshotSource):
         :raises RegistryError: a blob cannot be pulled or fails its digest."""
         self._ensure([p for p in paths if p in self.snapshot.files])
         return super().files(paths)
+
+    def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
+        """ELF facts from the ELF layer read at push time (:mod:`transplant.registry_elf`), so the
+        controller pulls no shared object; else (a request it cannot answer, no such layer) as
+        :meth:`SnapshotSource.elf`, the files pulled to the controller's cache."""
+        if self.elf_layer is not None:
+            with self._pull_lock:
+                if self._elf_doc is None:
+                    self._elf_doc = json.loads(self.client.read_blob(self.elf_layer["digest"], limit=1 << 30))
+            report = answer(self._elf_doc, files, kwargs, label=self.label)
+            if report is not None:
+                return report
+        return super().elf(files, **kwargs)
 
     def stage(self, target: Host, venv: str, staged: str, paths: Sequence[str], *, staging: Path,
               timeout: float | None = None, say: Callable[[str], None] = lambda _line: None) -> tuple[int, int]:
