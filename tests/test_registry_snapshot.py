@@ -23,7 +23,7 @@ from transplant.oci import Reference, RegistryError, find_credentials, parse_cha
 from conftest import lab_skip_reason
 from test_snapshot_lab import ELF, SITE, VENV, _build_elf, files_of, install, write_manifest
 
-NAMES = ("donor", "t1", "t2", "t3", "t4", "t5", "t6", "t7")
+NAMES = ("donor", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8")
 
 
 # -- pure parts: references, credentials, challenges ------------------------------------------------
@@ -72,7 +72,7 @@ def test_challenge_parsing():
 
 @pytest.fixture(scope="module")
 def reglab(tmp_path_factory):
-    """A lab (donor with alpha 1.1 + beta 2.0; targets t1..t7 with alpha 1.0) and a registry."""
+    """A lab (donor with alpha 1.1 + beta 2.0; targets t1..t8 with alpha 1.0) and a registry."""
     reason = lab_skip_reason() or registry_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -274,3 +274,45 @@ def test_three_target_fleet_applies_from_the_registry(reglab, tmp_path, capsys, 
     for n in names:
         got = files_of(lab, n)
         assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == donor
+
+
+def test_elf_layer_answers_as_reading_the_files_would(reglab, tmp_path, capsys, monkeypatch):
+    lab, registry = reglab
+    login(monkeypatch, registry)
+    pushed = push(capsys, write_manifest(tmp_path, lab), registry, "elf", tmp_path / "store")
+    from transplant.registry_snapshot import open_registry
+    from transplant.snapshot import SnapshotSource, load_snapshot
+    from transplant.store import object_key
+
+    local = load_snapshot(pushed["path"])
+    objects = sorted(p for p in local.files if p.endswith(".so"))
+    assert objects == [f"{SITE}/alpha/libdevice.so"]
+    with open_registry(pushed["pushed"], ca=str(registry.ca)) as remote, SnapshotSource(local) as view:
+        for kwargs in ({"device_code": True}, {"device_code": False, "torch_symbols_skip": objects},
+                       {"torch_symbols": False}):
+            got, want = remote.elf(objects, **kwargs), view.elf(objects, **kwargs)
+            assert got.files == want.files and got.defined == want.defined, kwargs
+        cache = remote.snapshot.store / "objects"
+        assert {p.name for p in cache.glob("*/*")} == {object_key(p["hash"]) for p in local.patches}, \
+            "answered from the ELF layer: no shared object pulled"
+        # a request the layer cannot answer (the interpreter's libstdc++) reads the files: pulled then
+        fallback = remote.elf(objects, libstdcxx=True)
+        assert fallback.files[objects[0]].machine == view.elf(objects).files[objects[0]].machine
+        assert len(list(cache.glob("*/*"))) > len(local.patches)
+
+
+def test_recover_from_a_registry_snapshot_with_the_donor_gone(reglab, tmp_path, capsys, monkeypatch):
+    lab, registry = reglab
+    login(monkeypatch, registry)
+    pushed = push(capsys, write_manifest(tmp_path, lab), registry, "recover", tmp_path / "store")
+    lab.hosts["donor"].stop_sshd()
+    try:
+        assert main(["recover", "--target", f"{lab.hosts['t8'].spec}:{VENV}", "--snapshot", pushed["pushed"],
+                     "--ca", str(registry.ca), "--yes"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert f"rebuilding snapshot {pushed['id']}" in out and "recovered" in out
+        assert "straight from the registry" in out and "the controller carried none of them" in out
+        got = files_of(lab, "t8")
+        assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == files_of(lab, "donor")
+    finally:
+        lab.hosts["donor"].start_sshd()

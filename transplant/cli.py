@@ -658,9 +658,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the host to rebuild on (the venv defaults to the source's path)")
     rc.add_argument("--from", dest="source_host", metavar="HOST:VENV",
                     help="a venv whose history holds the state (its newest applied and verified transaction)")
-    rc.add_argument("--snapshot", metavar="ID|PATH",
+    rc.add_argument("--snapshot", metavar="ID|PATH|oci://REGISTRY/REPO:TAG",
                     help="a snapshot (without --from or --snapshot: the last state this controller saw verified, "
                          "from its host or, when that is gone, its snapshot; else the newest snapshot in the store)")
+    rc.add_argument("--ca", metavar="PEM", help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
     rc.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
     rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
     rc.add_argument("--force", action="store_true",
