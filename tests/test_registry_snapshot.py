@@ -61,6 +61,22 @@ def test_credentials_from_env_docker_config_and_helpers(tmp_path):
         find_credentials("r:1", env={}, home=tmp_path)
 
 
+def test_manifest_names_a_registry_snapshot_and_its_ca_and_a_bad_reference_is_clear(tmp_path):
+    from transplant.errors import TransplantError
+    from transplant.manifest import SnapshotRef, parse_manifest
+    from transplant.registry_snapshot import open_registry
+
+    m = parse_manifest({"version": 1, "overlay": ["alpha"], "target": {"host": "root@gpu-1", "venv": "/v"},
+                        "donor": {"snapshot": "oci://localhost:5000/snaps:v1", "ca": "ca.pem"}}, path="m.yaml")
+    assert m.donor == SnapshotRef(path="oci://localhost:5000/snaps:v1", ca="ca.pem")
+    with pytest.raises(TransplantError) as info:
+        open_registry("oci://localhost:5000/snaps", base=tmp_path)
+    assert "name a tag or a digest" in info.value.message and "oci://REGISTRY/REPO:TAG" in info.value.hint
+    with pytest.raises(TransplantError) as info:
+        open_registry("oci://localhost:5000/snaps:v1", ca="missing.pem", base=tmp_path)
+    assert f"the CA bundle {tmp_path / 'missing.pem'} does not exist" in info.value.message
+
+
 def test_challenge_parsing():
     scheme, params = parse_challenge('Bearer realm="https://auth.example/token",service="reg",scope="repository:a:pull"')
     assert scheme == "bearer" and params == {"realm": "https://auth.example/token", "service": "reg",
@@ -316,3 +332,30 @@ def test_recover_from_a_registry_snapshot_with_the_donor_gone(reglab, tmp_path, 
         assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == files_of(lab, "donor")
     finally:
         lab.hosts["donor"].start_sshd()
+
+
+def test_prune_on_a_registry_with_deletes_disabled_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    reason = registry_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from transplant.oci import Client, Credentials, MANIFEST_TYPE
+    from transplant.registry_snapshot import ARTIFACT_TYPE, CONFIG_TYPE
+
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    with LabRegistry(tmp_path / "registry", delete=False) as registry:
+        login(monkeypatch, registry)
+        client = Client(Reference.parse(f"oci://{registry.host}/lab/snaps:v1"), ca=registry.ca,
+                        credentials=Credentials(registry.user, registry.password, "test"))
+        (tmp_path / "config.json").write_text("{}")
+        digest = "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"  # sha256 of "{}"
+        assert client.upload_blob(tmp_path / "config.json", digest) == 2
+        assert client.upload_blob(tmp_path / "config.json", digest) == 0, "HEAD first: not sent again"
+        body = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "artifactType": ARTIFACT_TYPE,
+                           "config": {"mediaType": CONFIG_TYPE, "digest": digest, "size": 2}, "layers": []}).encode()
+        client.put_manifest("v1", body)
+        repo = f"oci://{registry.host}/lab/snaps"
+        assert main(["snapshot", "--prune", "v1", "--out", repo, "--ca", str(registry.ca)]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "deleting manifests is disabled on this registry" in out and "storage.delete.enabled" in out
+        assert main(["snapshot", "--list", "--out", repo, "--ca", str(registry.ca), "--json"]) == 0
+        assert [s["tag"] for s in json.loads(capsys.readouterr().out)["snapshots"]] == ["v1"], "nothing was deleted"

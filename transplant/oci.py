@@ -199,10 +199,6 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), params
 
 
-class _NoRedirectAuth(urllib.request.HTTPRedirectHandler):
-    """Follow redirects (blob storage elsewhere) without carrying Authorization (it is unredirected)."""
-
-
 class Client:
     """One repository on one registry, authenticated lazily on the first 401.
 
@@ -223,8 +219,9 @@ class Client:
         except (OSError, ssl.SSLError) as exc:
             raise RegistryError(f"the CA bundle {ca} cannot be read ({exc})",
                                 hint="name a PEM file of CA certificates with ca:") from None
-        self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=self.context),
-                                                   _NoRedirectAuth())
+        # redirects (blob storage elsewhere) are followed; Authorization is an unredirected header,
+        # so it never leaves for the storage host
+        self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=self.context))
         self._auth: str | None = None
         self._scheme: str | None = None
         self.bytes_sent = 0

@@ -43,12 +43,14 @@ def _free_port(address: str) -> int:
 
 class LabRegistry:
     """One registry: TLS (``ca``: the certificate to trust), htpasswd auth (``user``/``password``),
-    storage under ``folder/storage`` (``blob_path`` names a blob's data file there).
+    storage under ``folder/storage`` (``blob_path`` names a blob's data file there), manifest
+    deletes enabled unless ``delete`` is False.
 
     :ivar host: ``localhost:PORT``, as an ``oci://`` reference names it.
     """
 
-    def __init__(self, folder: Path, *, address: str = "127.0.0.1", user: str = "lab", password: str = "lab-secret"):
+    def __init__(self, folder: Path, *, address: str = "127.0.0.1", user: str = "lab", password: str = "lab-secret",
+                 delete: bool = True):
         self.folder = folder
         self.address = address
         self.port = _free_port(address)
@@ -56,6 +58,7 @@ class LabRegistry:
         self.user, self.password = user, password
         self.ca = folder / "cert.pem"
         self.storage = folder / "storage"
+        self.delete = delete
         self._proc: subprocess.Popen | None = None
 
     def blob_path(self, digest: str) -> Path:
@@ -83,7 +86,7 @@ class LabRegistry:
                        check=True, capture_output=True)
         config = {
             "version": 0.1, "log": {"level": "warn"},
-            "storage": {"filesystem": {"rootdirectory": str(self.storage)}, "delete": {"enabled": True}},
+            "storage": {"filesystem": {"rootdirectory": str(self.storage)}, "delete": {"enabled": self.delete}},
             "http": {"addr": f"{self.address}:{self.port}", "tls": {"certificate": str(self.ca), "key": str(key)}},
             "auth": {"htpasswd": {"realm": "transplant-lab", "path": str(htpasswd)}},
         }
