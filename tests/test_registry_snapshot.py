@@ -23,7 +23,7 @@ from transplant.oci import Reference, RegistryError, find_credentials, parse_cha
 from conftest import lab_skip_reason
 from test_snapshot_lab import ELF, SITE, VENV, _build_elf, files_of, install, write_manifest
 
-NAMES = ("donor", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8")
+NAMES = ("donor", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9")
 
 
 # -- pure parts: references, credentials, challenges ------------------------------------------------
@@ -88,7 +88,7 @@ def test_challenge_parsing():
 
 @pytest.fixture(scope="module")
 def reglab(tmp_path_factory):
-    """A lab (donor with alpha 1.1 + beta 2.0; targets t1..t8 with alpha 1.0) and a registry."""
+    """A lab (donor with alpha 1.1 + beta 2.0; targets t1..t9 with alpha 1.0) and a registry."""
     reason = lab_skip_reason() or registry_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -359,3 +359,23 @@ def test_prune_on_a_registry_with_deletes_disabled_is_a_clear_error(tmp_path, ca
         assert "deleting manifests is disabled on this registry" in out and "storage.delete.enabled" in out
         assert main(["snapshot", "--list", "--out", repo, "--ca", str(registry.ca), "--json"]) == 0
         assert [s["tag"] for s in json.loads(capsys.readouterr().out)["snapshots"]] == ["v1"], "nothing was deleted"
+
+
+def test_bearer_token_registry_push_and_the_target_pulls_with_a_token(reglab, tmp_path, capsys, monkeypatch):
+    lab, _ = reglab
+    with LabRegistry(tmp_path / "token-registry", token=True) as registry:
+        login(monkeypatch, registry)
+        pushed = push(capsys, write_manifest(tmp_path, lab), registry, "tok", tmp_path / "store")
+        issued = registry.tokens_issued
+        assert issued >= 1, "the registry asked for a bearer token and the token server gave it"
+        m = write_manifest(tmp_path, lab, donor=registry_donor(registry, pushed), target="t9", name="tok.yaml")
+        assert main(["apply", m, "--yes"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "straight from the registry" in out
+        assert registry.tokens_issued > issued
+        got = files_of(lab, "t9")
+        assert got.pop("alpha/tuned.py") == b"TUNED = 15\n" and got == files_of(lab, "donor")
+        login(monkeypatch, registry, password="wrong")
+        assert main(["plan", m]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "authentication failed with the credentials from the environment" in out

@@ -10,11 +10,17 @@ Needs ``docker-registry`` and ``apache2-utils`` (``scripts/setup`` installs them
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
 import socket
 import ssl
 import subprocess
+import threading
 import time
+import urllib.parse
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -44,13 +50,16 @@ def _free_port(address: str) -> int:
 class LabRegistry:
     """One registry: TLS (``ca``: the certificate to trust), htpasswd auth (``user``/``password``),
     storage under ``folder/storage`` (``blob_path`` names a blob's data file there), manifest
-    deletes enabled unless ``delete`` is False.
+    deletes enabled unless ``delete`` is False. With ``token`` the registry uses the Docker token
+    flow instead of basic auth: a token server (:meth:`_serve_tokens`, on the same address)
+    checks the user's password and issues RS256 JWTs (``x5c``: the TLS certificate, which the
+    registry trusts as its ``rootcertbundle``) granting what the scope asks.
 
     :ivar host: ``localhost:PORT``, as an ``oci://`` reference names it.
     """
 
     def __init__(self, folder: Path, *, address: str = "127.0.0.1", user: str = "lab", password: str = "lab-secret",
-                 delete: bool = True):
+                 delete: bool = True, token: bool = False):
         self.folder = folder
         self.address = address
         self.port = _free_port(address)
@@ -59,6 +68,9 @@ class LabRegistry:
         self.ca = folder / "cert.pem"
         self.storage = folder / "storage"
         self.delete = delete
+        self.token = token
+        self.tokens_issued = 0
+        self._token_server: ThreadingHTTPServer | None = None
         self._proc: subprocess.Popen | None = None
 
     def blob_path(self, digest: str) -> Path:
@@ -84,11 +96,16 @@ class LabRegistry:
         htpasswd = self.folder / "htpasswd"
         subprocess.run(["htpasswd", "-B", "-b", "-c", str(htpasswd), self.user, self.password],
                        check=True, capture_output=True)
+        auth: dict = {"htpasswd": {"realm": "transplant-lab", "path": str(htpasswd)}}
+        if self.token:
+            realm = self._serve_tokens(key)
+            auth = {"token": {"realm": realm, "service": "transplant-lab", "issuer": "transplant-lab-tokens",
+                              "rootcertbundle": str(self.ca)}}
         config = {
             "version": 0.1, "log": {"level": "warn"},
             "storage": {"filesystem": {"rootdirectory": str(self.storage)}, "delete": {"enabled": self.delete}},
             "http": {"addr": f"{self.address}:{self.port}", "tls": {"certificate": str(self.ca), "key": str(key)}},
-            "auth": {"htpasswd": {"realm": "transplant-lab", "path": str(htpasswd)}},
+            "auth": auth,
         }
         (self.folder / "config.yml").write_text(yaml.safe_dump(config))
         log = open(self.folder / "registry.log", "ab")
@@ -110,8 +127,65 @@ class LabRegistry:
         self.stop()
         raise TransplantError(f"the lab registry did not answer on {self.address}:{self.port} within 15 s")
 
+    def _serve_tokens(self, key: Path) -> str:
+        """Start the token server (a thread, TLS with the registry's certificate); returns its realm URL."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+        chain = [base64.b64encode(x509.load_pem_x509_certificate(self.ca.read_bytes())
+                                  .public_bytes(serialization.Encoding.DER)).decode()]
+        lab = self
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - the http.server name
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                given = self.headers.get("Authorization", "")
+                expected = "Basic " + base64.b64encode(f"{lab.user}:{lab.password}".encode()).decode()
+                if given != expected:
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                access = []
+                for scope in query.get("scope", []):
+                    kind, name, actions = scope.split(":")
+                    access.append({"type": kind, "name": name, "actions": actions.split(",")})
+                now = int(time.time())
+                claims = {"iss": "transplant-lab-tokens", "sub": lab.user, "aud": query.get("service", [""])[0],
+                          "exp": now + 300, "nbf": now - 10, "iat": now, "jti": uuid.uuid4().hex, "access": access}
+                head = b64(json.dumps({"alg": "RS256", "typ": "JWT", "x5c": chain}).encode())
+                body = b64(json.dumps(claims).encode())
+                signature = private.sign(f"{head}.{body}".encode(), padding.PKCS1v15(), hashes.SHA256())
+                token = f"{head}.{body}.{b64(signature)}"
+                lab.tokens_issued += 1
+                data = json.dumps({"token": token, "expires_in": 300}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        server = ThreadingHTTPServer((self.address, 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(self.ca), str(key))
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._token_server = server
+        return f"https://localhost:{server.server_address[1]}/token"
+
     def stop(self) -> None:
         """Stop the registry (its storage stays in ``folder``)."""
+        if self._token_server is not None:
+            self._token_server.shutdown()
+            self._token_server.server_close()
+            self._token_server = None
         if self._proc is not None:
             self._proc.terminate()
             try:
