@@ -309,10 +309,18 @@ class Client:
             raise RegistryError(f"{self.ref.registry}: the token service {params['realm']} returned no token")
         self._scheme, self._auth = "bearer", f"Bearer {token}"
 
-    def pull_authorization(self) -> str | None:
+    @property
+    def scheme(self) -> str | None:
+        """``basic`` or ``bearer`` once the registry asked for credentials; None before (or anonymous)."""
+        return self._scheme
+
+    def pull_authorization(self, *, fresh: bool = False) -> str | None:
         """The ``Authorization`` value a host script uses to pull (a bearer token, short-lived,
         scoped to pull; or basic credentials when the registry uses basic auth); None when
-        anonymous pulls work. Obtained by one authenticated request (``GET /v2/.../tags/list``)."""
+        anonymous pulls work. Obtained by one authenticated request (``GET /v2/.../tags/list``);
+        ``fresh`` asks for a new token (the last one expired)."""
+        if fresh and self._scheme == "bearer":
+            self._auth = self._scheme = None
         if self._auth is None:
             try:
                 self._open("GET", f"{self.base}/tags/list", ok=(200, 404)).close()

@@ -358,6 +358,11 @@ class RegistrySource(SnapshotSource):
             "links": links, "stop_after": int(stop) if stop and stop.isdigit() else None,
         }
         reply = run_script(target, venv, "oci_pull", request=request, timeout=timeout)
+        for _ in range(2):  # a bearer token that expired during a long pull: a new one, and the pull resumes
+            if reply.get("status") != 401 or self.client.scheme != "bearer":
+                break
+            request["authorization"] = self.client.pull_authorization(fresh=True)
+            reply = run_script(target, venv, "oci_pull", request=request, timeout=timeout)
         registry = self.reference.registry
         if reply.get("ok"):
             resumed = f", resuming {reply.get('resumed')} bytes kept from an interrupted pull" if reply.get("resumed") else ""
