@@ -425,6 +425,7 @@ class Client:
             raise
         with response:
             body = response.read()
+        self.bytes_received += len(body)
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if version.startswith("sha256:"):
             check_digest(body, version, f"{self.ref}: manifest")
