@@ -126,6 +126,7 @@ def execute(
     orphan_at: int | None = None,
     donor_root: str | None = None,
     recipe: dict | None = None,
+    stager: Callable[..., tuple[int, int]] | None = None,
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
@@ -158,6 +159,10 @@ def execute(
     :param recipe: what the target's history keeps of where this state came from (the
         manifest as data, its patch files, the snapshot), for ``transplant status`` and
         ``transplant recover``; None records none.
+    :param stager: puts the donor files into the staging folder instead of rsync from ``donor``
+        (a registry snapshot: :meth:`transplant.registry_snapshot.RegistrySource.stage`, called as
+        ``stager(target, venv, staged, paths, staging=, timeout=, say=)`` -> (bytes through the
+        controller, files)); None copies with rsync.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
         target is no longer the one the plan was made against (checked under the lock,
         before any write: a stale plan), the target lacks space or cannot be written (nothing changed), an earlier transaction
@@ -206,7 +211,7 @@ def execute(
             **({"recipe": recipe} if recipe is not None else {})}})
         try:
             moved, copied = _stage(plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir,
-                                   state_dir, progress, timeout)
+                                   state_dir, progress, timeout, stager=stager, say=say)
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
@@ -306,7 +311,8 @@ def _begin_error(plan: Plan, reply: dict) -> ApplyError:
 
 
 def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
-           progress: Progress | None, timeout: float | None) -> tuple[int, int]:
+           progress: Progress | None, timeout: float | None, *, stager: Callable[..., tuple[int, int]] | None = None,
+           say: Callable[[str], None] = lambda _line: None) -> tuple[int, int]:
     """Copy the plan's new files into the transaction's staging folder on the target;
     returns (bytes on the wire, files)."""
     staging = state_dir / "staging"
@@ -317,7 +323,9 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
     def report(step: str) -> Callable[[int, int], None] | None:
         return None if progress is None else (lambda done, total: progress(step, done, total))
 
-    if donor_files:
+    if donor_files and stager is not None:
+        moved, copied = stager(target, plan.target.venv, staged, donor_files, staging=staging, timeout=timeout, say=say)
+    elif donor_files:
         result = copy_files(donor, donor_root, target, staged, donor_files, staging=staging,
                             progress=report("files"), timeout=timeout)
         moved, copied = result.bytes, len(donor_files)

@@ -397,13 +397,14 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
                     tasks[step] = progress.add_task(f"copying {step}", total=total or None)
                 progress.update(tasks[step], completed=done, total=total or None)
 
-            donor_host, donor_root = opened.source.files(
+            stager = getattr(opened.source, "stage", None)  # a registry snapshot: targets pull themselves
+            donor_host, donor_root = (None, None) if stager else opened.source.files(
                 [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
             result = execute(plan, donor=donor_host, target=session.host("target"),
                              manifest_dir=Path(manifest.path).resolve().parent, state_dir=default_state_dir(),
                              progress=report, say=lambda line: console.print(line, markup=False),
                              break_lock=args.break_lock, crash_after=_crash_after(), orphan_at=_orphan_at(),
-                             donor_root=donor_root,
+                             donor_root=donor_root, stager=stager,
                              recipe=make_recipe(manifest, plan, opened))
     relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
         manifest.donor.host.is_local or manifest.target.host.is_local) else ""
@@ -636,10 +637,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_clone)
     s = sub.add_parser("snapshot", help="keep the donor's overlay set on the controller, for when the donor is gone")
     s.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
-    s.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
+    s.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/); with "
+                   "--list or --prune also a registry repository, oci://REGISTRY/REPO (--prune then takes tags)")
     s.add_argument("--list", action="store_true", help="list the snapshots in the store")
     s.add_argument("--prune", nargs="*", metavar="ID", help="remove these snapshots, then every stored file no "
                    "snapshot uses")
+    s.add_argument("--push", metavar="oci://REGISTRY/REPO:TAG",
+                   help="also push the snapshot to an OCI registry (one blob per distribution build)")
+    s.add_argument("--ca", metavar="PEM", help="CA bundle for the registry (default: the system CAs)")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=_cmd_snapshot)
     st = sub.add_parser("status", help="what was applied to a venv, from where, when, and what drifted since")
@@ -653,9 +658,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the host to rebuild on (the venv defaults to the source's path)")
     rc.add_argument("--from", dest="source_host", metavar="HOST:VENV",
                     help="a venv whose history holds the state (its newest applied and verified transaction)")
-    rc.add_argument("--snapshot", metavar="ID|PATH",
+    rc.add_argument("--snapshot", metavar="ID|PATH|oci://REGISTRY/REPO:TAG",
                     help="a snapshot (without --from or --snapshot: the last state this controller saw verified, "
                          "from its host or, when that is gone, its snapshot; else the newest snapshot in the store)")
+    rc.add_argument("--ca", metavar="PEM", help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
     rc.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
     rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
     rc.add_argument("--force", action="store_true",

@@ -159,11 +159,15 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                         result.code = EXIT_OK
                         if plan.has_changes:
                             paths = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
-                            donor_host, root = opened.source.files(paths)
+                            stager = getattr(opened.source, "stage", None)  # registry: each target pulls
+                            donor_host, root = (None, None) if stager else opened.source.files(paths)
                             result.applied = execute(plan, donor=donor_host, target=host,
                                                      manifest_dir=Path(m.path).resolve().parent,
                                                      state_dir=default_state_dir(), donor_root=root,
-                                                     recipe=make_recipe(m, plan, opened))
+                                                     recipe=make_recipe(m, plan, opened), stager=stager)
+                            pull = getattr(opened.source, "pulls", {}).get(host.label)
+                            if pull is not None:
+                                result.note = pull.line
                         else:
                             result.note = "nothing to change"
             if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):

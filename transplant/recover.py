@@ -180,8 +180,12 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
                                           f"{started.get('source', '?')}, verified)")
 
 
-def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dict[str, str]) -> Recovery:
+def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dict[str, str],
+                  donor: dict[str, Any] | None = None) -> Recovery:
     """Write the recovery manifest that rebuilds ``snap`` (its manifest, its patches) on ``target``.
+
+    :param donor: the manifest's ``donor`` (a registry snapshot: ``{snapshot: oci://..., ca}``);
+        None: ``{snapshot: <snap's index file>}``.
 
     :raises StoreError: a patch file is missing from the store or fails its hash check.
     :raises RecoverError: the snapshot holds no manifest (an older or damaged index).
@@ -193,6 +197,6 @@ def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dic
     folder = _work(state_dir)
     for p in snap.patches:
         cas.read_into(snap.store, p["hash"], _place(folder, p["local"]))
-    path = _write(folder, data, {"snapshot": str(snap.path.resolve())}, target,
+    path = _write(folder, data, donor or {"snapshot": str(snap.path.resolve())}, target,
                   _controller_ssh(data, str(snap.manifest.get("dir") or "."), ssh))
     return Recovery(manifest=path, origin=f"snapshot {snap.id} of {snap.donor_host}:{snap.donor_venv}")

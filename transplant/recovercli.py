@@ -143,12 +143,19 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
         with connect(where, options) as old, console.status(f"reading the history of {where}:{venv}"):
             return from_history(old, venv, target, default_state_dir(), ssh=mine, force=args.force), target
 
-    def by_snapshot(snap: Snapshot) -> tuple[Recovery, Endpoint]:
+    def by_snapshot(snap: Snapshot, donor: dict | None = None) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else snap.donor_venv)
-        return from_snapshot(snap, target, default_state_dir(), ssh=ssh), target
+        return from_snapshot(snap, target, default_state_dir(), ssh=ssh, donor=donor), target
 
     if args.source_host:
         recovery, target = by_history(*parse_location(args.source_host), SSHOptions.from_files(args.identity_file, args.known_hosts))
+    elif args.snapshot and args.snapshot.startswith("oci://"):  # each target pulls from the registry itself
+        from .registry_snapshot import open_registry
+
+        ca = str(Path(args.ca).absolute()) if getattr(args, "ca", None) else None
+        with open_registry(args.snapshot, ca=ca) as source:
+            recovery, target = by_snapshot(source.snapshot, {"snapshot": str(source.reference),
+                                                             **({"ca": ca} if ca else {})})
     elif args.snapshot:
         recovery, target = by_snapshot(load_snapshot(args.snapshot, store=store))
     else:
@@ -180,6 +187,14 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     """
     from .snapshot import capture, list_snapshots, prune
 
+    if (args.out or "").startswith("oci://") or getattr(args, "push", None):
+        from .registrycli import check_registry_options
+
+        check_registry_options(args)
+    if (args.out or "").startswith("oci://"):
+        from .registrycli import registry_list_or_prune
+
+        return registry_list_or_prune(args, console)
     store = Path(args.out) if args.out else default_store()
     if args.list or args.prune is not None:
         if args.manifest:
@@ -210,10 +225,15 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
         with console.status("snapshot") as status:
             result = capture(manifest, donor, store, step=lambda line: status.update(line))
     snap = result.snapshot
+    pushed = None
+    if getattr(args, "push", None):
+        from .registrycli import push_snapshot
+
+        pushed = push_snapshot(snap, args, console)
     if args.json:
         print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
                           "fetched": result.fetched, "reused": result.reused, "bytes_read": result.bytes_read,
-                          "files": len(snap.files), "bytes": snap.size}, indent=2, sort_keys=True))
+                          "files": len(snap.files), "bytes": snap.size, **(pushed or {})}, indent=2, sort_keys=True))
     else:
         console.print(Text.assemble(("snapshot", "bold green"), (
             f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "

@@ -113,6 +113,13 @@ class Opened:
 
 def _open_one(entry: Endpoint | SnapshotRef, manifest: Manifest, ssh: SSHOptions, stack: ExitStack,
               store: Path | None) -> tuple[Manifest, DonorSource, Host | None]:
+    if isinstance(entry, SnapshotRef) and entry.path.startswith("oci://"):
+        from .registry_snapshot import open_registry
+
+        source = stack.enter_context(open_registry(entry.path, ca=entry.ca, base=Path(manifest.path).resolve().parent))
+        snap = source.snapshot
+        donor = Endpoint(host=HostSpec.parse(snap.donor_host), venv=snap.donor_venv)
+        return dataclasses.replace(manifest, donor=donor), source, None
     if isinstance(entry, SnapshotRef):
         snap = load_snapshot(entry.path, base=Path(manifest.path).resolve().parent, store=store)
         source = stack.enter_context(SnapshotSource(snap))
