@@ -1,0 +1,140 @@
+"""The gate's second round, built for real: wheels written here and installed by pip into
+real venvs, objects built with gcc, probed on the local host by the same host scripts as
+over SSH, then planned (and verified) by the real code. Each fault has a fault-free twin
+that must raise nothing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from transplant.hosts import LocalHost
+from transplant.lab.wheels import build_wheel, make_venv
+from transplant.manifest import VerifySettings, parse_manifest
+from transplant.planner import plan
+from transplant.probing import take_inventory
+from transplant.snapshot import TEXTS
+from transplant.verify import run_stages
+
+SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+EXT = sysconfig.get_config_var("EXT_SUFFIX")
+TAG = f"cp{sys.version_info.major}{sys.version_info.minor}-cp{sys.version_info.major}{sys.version_info.minor}-linux_x86_64"
+
+
+def _extension(out: Path, name: str, origin: str) -> bytes:
+    """A real CPython extension module ``name`` whose ``origin`` attribute is ``origin``."""
+    src = out / f"{name}.c"
+    src.write_text(f"""#include <Python.h>
+static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, "{name}", NULL, -1, NULL}};
+PyMODINIT_FUNC PyInit_{name}(void) {{
+    PyObject *m = PyModule_Create(&def);
+    if (m) PyModule_AddStringConstant(m, "origin", "{origin}");
+    return m;
+}}
+""")
+    lib = out / f"{name}{EXT}"
+    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", "-o", str(lib), str(src)],
+                   check=True)
+    return lib.read_bytes()
+
+
+def _manifest(donor: Path, target: Path, overlay: list[str], **extra):
+    data = {"version": 1, "donor": {"host": "local", "venv": str(donor)},
+            "target": {"host": "local", "venv": str(target)}, "overlay": overlay, **extra}
+    return parse_manifest(data, path="m.yaml")
+
+
+def _plan(donor: Path, target: Path, overlay: list[str], **extra):
+    host = LocalHost()
+    d = take_inventory(host, str(donor), hash_patterns=overlay, texts=TEXTS)
+    t = take_inventory(host, str(target), hash_patterns=overlay, texts=TEXTS)
+    return plan(_manifest(donor, target, overlay, **extra), d, t)
+
+
+def _found(result, code):
+    return [f for f in result.findings if f.code == code]
+
+
+# --- target-record-missing (issue 15, kind 4) ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def recordless(tmp_path_factory):
+    """pkg 1.0 (an extension module ``pkg.fast``) on the target, pkg 2.0 (``pkg/fast.py``) on the donor."""
+    tmp = tmp_path_factory.mktemp("recordless")
+    fast = _extension(tmp, "fast", "old-extension")
+    init = "from .fast import origin\n"
+    old = build_wheel(tmp / "old", "pkg", "1.0", {"pkg/__init__.py": init, f"pkg/fast{EXT}": fast}, tag=TAG)
+    new = build_wheel(tmp / "new", "pkg", "2.0", {"pkg/__init__.py": init, "pkg/fast.py": "origin = 'new-source'\n"})
+    # mypyc's layout: one wheel ships md.py and the md extension module side by side
+    both = build_wheel(tmp / "both", "pkg", "2.0", {"pkg/__init__.py": init, "pkg/fast.py": "origin = 'source'\n",
+                                                    f"pkg/fast{EXT}": fast}, tag=TAG)
+    return {"tmp": tmp, "old": old, "new": new, "both": both}
+
+
+def _strip_record(venv: Path, dist_info: str, installer: str = "conda") -> None:
+    folder = venv / SITE / dist_info
+    (folder / "RECORD").unlink()
+    (folder / "INSTALLER").write_text(installer + "\n")
+
+
+def test_a_target_distribution_without_record_blocks_its_replacement(recordless, tmp_path):
+    donor = make_venv(tmp_path / "donor", [recordless["new"]])
+    target = make_venv(tmp_path / "target", [recordless["old"]])
+    _strip_record(target, "pkg-1.0.dist-info")
+    result = _plan(donor, target, ["pkg"])
+    [f] = _found(result, "target-record-missing")
+    assert f.severity == "error" and f.dists == ("pkg",)
+    assert f.files == (f"{SITE}/pkg", f"{SITE}/pkg-1.0.dist-info")
+    assert "installed by conda" in f.message and "RECORD file not found" in f.message
+    assert f.hint.startswith("on the target, conda remove --force pkg") and f"{target}/{SITE}/pkg " in f.hint
+    assert f in result.blocking
+    # the same names in remove: leave the package folder too
+    result = _plan(donor, target, ["nothing"], remove=["pkg"])
+    [f] = _found(result, "target-record-missing")
+    assert "removes (remove:)" in f.message
+
+
+def test_a_target_distribution_with_record_is_replaced_quietly(recordless, tmp_path):
+    donor = make_venv(tmp_path / "donor", [recordless["new"]])
+    target = make_venv(tmp_path / "target", [recordless["old"]])
+    result = _plan(donor, target, ["pkg"])
+    assert not _found(result, "target-record-missing")
+    [change] = [c for c in result.changes if c.name == "pkg"]
+    assert f"{SITE}/pkg/fast{EXT}" in change.remove
+
+
+def _applied_without_record(recordless, tmp_path: Path) -> Path:
+    """The target as a forced apply leaves it: pkg 1.0 had no RECORD, so its extension module
+    stays beside pkg 2.0's files and dist-info (what apply writes: the donor's files)."""
+    target = make_venv(tmp_path / "target", [recordless["old"]])
+    _strip_record(target, "pkg-1.0.dist-info")
+    staged = make_venv(tmp_path / "staged", [recordless["new"]])
+    shutil.rmtree(target / SITE / "pkg-1.0.dist-info")
+    shutil.copytree(staged / SITE, target / SITE, dirs_exist_ok=True)
+    return target
+
+
+def test_verify_names_a_stale_extension_module_that_shadows_the_new_source(recordless, tmp_path):
+    target = _applied_without_record(recordless, tmp_path)
+    check = subprocess.run([str(target / "bin" / "python"), "-c", "import pkg; print(pkg.origin)"],
+                           capture_output=True, text=True, check=True)
+    assert check.stdout.strip() == "old-extension"  # the condition is real: the old module wins
+    stage = {r.name: r for r in run_stages(VerifySettings(overlay=("pkg",)), target=LocalHost(), venv=str(target))}
+    prov = stage["library-provenance"]
+    assert prov.status == "fail", prov.reason
+    assert f"{SITE}/pkg/fast{EXT} (listed by no RECORD) is imported instead of {SITE}/pkg/fast.py (pkg)" in prov.reason
+    assert f"rm {target}/{SITE}/pkg/fast{EXT}" in prov.reason
+    assert prov.details["stale_modules"][0]["source_owner"] == "pkg"
+
+
+def test_verify_passes_an_extension_module_its_own_record_lists_beside_the_source(recordless, tmp_path):
+    target = make_venv(tmp_path / "target", [recordless["both"]])
+    stage = {r.name: r for r in run_stages(VerifySettings(overlay=("pkg",)), target=LocalHost(), venv=str(target))}
+    prov = stage["library-provenance"]
+    assert prov.status in ("pass", "skip") and not prov.details["stale_modules"], prov.reason
+    assert prov.details["beside_source"], "the pair is there and seen, but one RECORD lists both"
