@@ -138,3 +138,70 @@ def test_verify_passes_an_extension_module_its_own_record_lists_beside_the_sourc
     prov = stage["library-provenance"]
     assert prov.status in ("pass", "skip") and not prov.details["stale_modules"], prov.reason
     assert prov.details["beside_source"], "the pair is there and seen, but one RECORD lists both"
+
+
+# --- undefined-symbol (issue 15, kind 5) ---------------------------------------------------------
+
+def _gcc(out: Path, source: str, *args: str) -> bytes:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src), *args], check=True)
+    return out.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def siblings(tmp_path_factory):
+    """A jit-link library whose symbols carry their release in the name, under one version node
+    ``libjl.so.1`` in both releases (as libnvJitLink's ``__nvJitLinkCreate_12_8``), and a sparse
+    library built against each release: 1.0 on the target, 2.0 on the donor."""
+    tmp = tmp_path_factory.mktemp("siblings")
+    wheels = {}
+    for version, names in (("1.0", ["jl_create_12_4"]), ("2.0", ["jl_create_12_4", "jl_create_12_8"])):
+        d = tmp / version
+        d.mkdir()
+        (d / "v.map").write_text("libjl.so.1 { global: " + " ".join(f"{n};" for n in names) + " local: *; };\n")
+        jl = _gcc(d / "libjl.so.1", "".join(f"int {n}(void) {{ return 1; }}\n" for n in names),
+                  "-Wl,-soname,libjl.so.1", f"-Wl,--version-script={d / 'v.map'}")
+        use = names[-1]
+        sp = _gcc(d / "libsp.so.1", f"int {use}(void);\nint sp_run(void) {{ return {use}(); }}\n",
+                  "-Wl,-soname,libsp.so.1", str(d / "libjl.so.1"))
+        wheels[("nvjl", version)] = build_wheel(d / "w", "nvjl", version, {"nvjl/__init__.py": "",
+                                                                          "nvjl/lib/libjl.so.1": jl}, tag=TAG)
+        wheels[("sparse", version)] = build_wheel(d / "w", "sparse", version, {"sparse/__init__.py": "",
+                                                                              "sparse/lib/libsp.so.1": sp}, tag=TAG)
+    donor = make_venv(tmp / "donor", [wheels[("nvjl", "2.0")], wheels[("sparse", "2.0")]])
+    target = make_venv(tmp / "target", [wheels[("nvjl", "1.0")], wheels[("sparse", "1.0")]])
+    return donor, target
+
+
+def _gathered_plan(donor: Path, target: Path, overlay: list[str]):
+    from transplant.gather import gather
+
+    m = _manifest(donor, target, overlay)
+    facts = gather(m, LocalHost(), LocalHost())
+    return plan(m, facts.donor, facts.target, donor_elf=facts.donor_elf, target_elf=facts.target_elf), facts
+
+
+def test_a_library_moving_without_its_sibling_needs_symbols_the_staying_one_lacks(siblings):
+    donor, target = siblings
+    result, facts = _gathered_plan(donor, target, ["sparse"])
+    sp = f"{SITE}/sparse/lib/libsp.so.1"
+    assert facts.donor_elf.files[sp].versioned_undefined == {"libjl.so.1": ("jl_create_12_8",)}
+    assert facts.donor_elf.files[sp].version_needs == {"libjl.so.1": ("libjl.so.1",)}  # the names look alike
+    [f] = _found(result, "undefined-symbol")
+    assert f.severity == "error" and f.dists == ("sparse", "nvjl")
+    assert f.files == (sp, f"{SITE}/nvjl/lib/libjl.so.1")
+    assert "needs 1 symbol(s) from libjl.so.1" in f.message and "jl_create_12_8" in f.message
+    assert "it moves from the donor while nvjl 1.0 stays" in f.message
+    assert f.hint == "add 'nvjl' to overlay in m.yaml (the donor has nvjl 2.0)"
+    # the same pair, the other way: the library moves and the object that needs it stays
+    result, _ = _gathered_plan(target, donor, ["nvjl"])
+    [f] = _found(result, "undefined-symbol")
+    assert "nvjl 1.0 arrives from the donor while sparse stays" in f.message
+
+
+def test_siblings_that_move_together_or_a_newer_sibling_raise_nothing(siblings):
+    donor, target = siblings
+    for overlay in (["sparse", "nvjl"], ["nvjl"]):
+        result, _ = _gathered_plan(donor, target, overlay)
+        assert not _found(result, "undefined-symbol"), overlay

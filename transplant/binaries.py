@@ -86,6 +86,9 @@ class ElfFacts:
         or when the request did not ask.
     :ivar notes: parts of the file that were not read, and why (a compressed fatbin too
         large to inflate); the rules say these checks were not done.
+    :ivar versioned_undefined: needed file -> its undefined, non-weak dynamic symbols bound to
+        a symbol version of that file (the C runtime's and libstdc++'s left out), sorted; None
+        when not gathered (the request did not ask, or an older report).
     """
 
     path: str
@@ -98,6 +101,7 @@ class ElfFacts:
     torch_undefined: tuple[str, ...] = ()
     device_code: tuple[DeviceCode, ...] = ()
     notes: tuple[str, ...] = ()
+    versioned_undefined: Mapping[str, tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +122,8 @@ class ElfReport:
     :ivar defined: symbol -> whether any of ``defined_in`` defines it (an answer to the
         request's ``defined`` query; empty when not asked).
     :ivar defined_in: the venv-relative libraries searched for ``defined``.
+    :ivar defined_by: venv-relative library -> the asked names it does not define (None when
+        it could not be read); empty when not asked.
     :ivar seconds: time the script took on the host.
     """
 
@@ -127,6 +133,7 @@ class ElfReport:
     defined: Mapping[str, bool] = field(default_factory=dict)
     defined_in: tuple[str, ...] = ()
     seconds: float = 0.0
+    defined_by: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
 
 
 def _fail(label: str, path: str, expected: str, value: Any) -> ProbeError:
@@ -191,7 +198,17 @@ def _facts(label: str, rel: str, obj: Any) -> ElfFacts:
         torch_undefined=tuple(sorted(_strings(label, obj.get("torch_undefined"), f"{path}.torch_undefined"))),
         device_code=_device_code(label, obj.get("device_code"), f"{path}.device_code"),
         notes=_strings(label, obj.get("notes"), f"{path}.notes"),
+        versioned_undefined=_versioned(label, obj.get("versioned_undefined"), f"{path}.versioned_undefined"),
     )
+
+
+def _versioned(label: str, value: Any, path: str) -> dict[str, tuple[str, ...]] | None:
+    """``{file: [names]}`` of a report (``versioned_undefined``, ``defined_by``); None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _fail(label, path, "an object", value)
+    return {k: _strings(label, v, f"{path}[{k!r}]") for k, v in value.items()}
 
 
 def parse_elf_report(document: Any, *, label: str) -> ElfReport:
@@ -228,4 +245,14 @@ def parse_elf_report(document: Any, *, label: str) -> ElfReport:
         defined=dict(defined),
         defined_in=_strings(label, document.get("defined_in"), "defined_in"),
         seconds=float(seconds),
+        defined_by={k: (None if v is None else _strings(label, v, f"defined_by[{k!r}]"))
+                    for k, v in (_object(label, document.get("defined_by"), "defined_by")).items()},
     )
+
+
+def _object(label: str, value: Any, path: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(label, path, "an object", value)
+    return value
