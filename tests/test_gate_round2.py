@@ -205,3 +205,51 @@ def test_siblings_that_move_together_or_a_newer_sibling_raise_nothing(siblings):
     for overlay in (["sparse", "nvjl"], ["nvjl"]):
         result, _ = _gathered_plan(donor, target, overlay)
         assert not _found(result, "undefined-symbol"), overlay
+
+
+# --- numpy-abi-mismatch (issue 15, kind 1) -------------------------------------------------------
+
+#: What NumPy's headers compile ``_import_array()`` to, as far as the binary shows: 1.x headers
+#: import ``numpy.core._multiarray_umath``; 2.x headers try ``numpy._core._multiarray_umath`` first.
+_IMPORT_ARRAY = {
+    "1": 'void *PyImport_ImportModule(const char *);\n'
+         'void *init_numpy(void) { return PyImport_ImportModule("numpy.core._multiarray_umath"); }\n',
+    "2": 'void *PyImport_ImportModule(const char *);\n'
+         'void *init_numpy(void) { void *m = PyImport_ImportModule("numpy._core._multiarray_umath");\n'
+         '  return m ? m : PyImport_ImportModule("numpy.core._multiarray_umath"); }\n',
+}
+
+
+@pytest.fixture(scope="module")
+def numpy_stacks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("numpyabi")
+    wheels = {}
+    for abi, version in (("1", "1.0"), ("2", "2.0")):
+        d = tmp / abi
+        d.mkdir()
+        ext = _gcc(d / f"_ext{EXT}", _IMPORT_ARRAY[abi])
+        wheels[abi] = build_wheel(d, "legacy", version, {"legacy/__init__.py": "", f"legacy/_ext{EXT}": ext}, tag=TAG)
+    numpy1 = build_wheel(tmp / "n1", "numpy", "1.26.4", {"numpy/__init__.py": "__version__ = '1.26.4'\n"}, tag=TAG)
+    numpy2 = build_wheel(tmp / "n2", "numpy", "2.1.0", {"numpy/__init__.py": "__version__ = '2.1.0'\n"}, tag=TAG)
+    return {"old-donor": make_venv(tmp / "old-donor", [numpy1, wheels["1"]]),
+            "new-donor": make_venv(tmp / "new-donor", [numpy1, wheels["2"]]),
+            "target": make_venv(tmp / "target", [numpy2])}
+
+
+def test_an_extension_built_for_numpy_1_moving_onto_numpy_2(numpy_stacks):
+    result, facts = _gathered_plan(numpy_stacks["old-donor"], numpy_stacks["target"], ["legacy"])
+    ext = f"{SITE}/legacy/_ext{EXT}"
+    assert facts.donor_elf.files[ext].numpy_abi == "1"
+    [f] = _found(result, "numpy-abi-mismatch")
+    assert f.severity == "error" and f.dists == ("legacy", "numpy") and f.files == (ext,)
+    assert "built against NumPy 1.x" in f.message and "meet numpy 2.1.0 after apply" in f.message
+    assert "the donor runs it with numpy 1.26.4" in f.message
+    assert f.hint == "add 'numpy' to overlay in m.yaml (the donor has numpy 1.26.4)"
+
+
+def test_numpy_2_builds_and_a_numpy_that_moves_along_raise_nothing(numpy_stacks):
+    result, facts = _gathered_plan(numpy_stacks["new-donor"], numpy_stacks["target"], ["legacy"])
+    assert facts.donor_elf.files[f"{SITE}/legacy/_ext{EXT}"].numpy_abi == "2"
+    assert not _found(result, "numpy-abi-mismatch")
+    result, _ = _gathered_plan(numpy_stacks["old-donor"], numpy_stacks["target"], ["legacy", "numpy"])
+    assert not _found(result, "numpy-abi-mismatch")

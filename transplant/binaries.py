@@ -89,6 +89,9 @@ class ElfFacts:
     :ivar versioned_undefined: needed file -> its undefined, non-weak dynamic symbols bound to
         a symbol version of that file (the C runtime's and libstdc++'s left out), sorted; None
         when not gathered (the request did not ask, or an older report).
+    :ivar numpy_abi: the NumPy C-API the file was built against, from the module its
+        ``_import_array()`` names: ``"1"`` (1.x headers), ``"2"`` (2.x headers), ``""`` (it
+        uses neither); None when not read.
     """
 
     path: str
@@ -102,6 +105,7 @@ class ElfFacts:
     device_code: tuple[DeviceCode, ...] = ()
     notes: tuple[str, ...] = ()
     versioned_undefined: Mapping[str, tuple[str, ...]] | None = None
+    numpy_abi: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,7 +203,14 @@ def _facts(label: str, rel: str, obj: Any) -> ElfFacts:
         device_code=_device_code(label, obj.get("device_code"), f"{path}.device_code"),
         notes=_strings(label, obj.get("notes"), f"{path}.notes"),
         versioned_undefined=_versioned(label, obj.get("versioned_undefined"), f"{path}.versioned_undefined"),
+        numpy_abi=_numpy(label, obj.get("numpy_abi"), f"{path}.numpy_abi"),
     )
+
+
+def _numpy(label: str, value: Any, path: str) -> str | None:
+    if value is not None and value not in ("", "1", "2"):
+        raise _fail(label, path, "'1', '2', '' or null", value)
+    return value
 
 
 def _versioned(label: str, value: Any, path: str) -> dict[str, tuple[str, ...]] | None:

@@ -52,6 +52,7 @@ def read_elf_facts(
     timeout: float | None = 600.0,
     versioned_symbols: bool = False,
     defined_by: Mapping[str, Sequence[str]] | None = None,
+    numpy_abi: bool = False,
 ) -> ElfReport:
     """Describe shared objects of a venv, reading them on its host with the venv's python.
 
@@ -70,6 +71,7 @@ def read_elf_facts(
         symbol version (``ElfFacts.versioned_undefined``).
     :param defined_by: ``{library: [names]}`` (venv-relative): answer which names each one
         does not define (``ElfReport.defined_by``); None asks nothing.
+    :param numpy_abi: say which NumPy C-API each file was built against (``ElfFacts.numpy_abi``).
     :raises HostError: as :func:`transplant.probing.run_script` (host unreachable, python
         missing, script failed).
     :raises ProbeError: the reply is of another schema or malformed.
@@ -82,6 +84,7 @@ def read_elf_facts(
         "device_code": device_code,
         "libstdcxx": libstdcxx,
         "versioned_symbols": versioned_symbols,
+        "numpy_abi": numpy_abi,
         "defined_by": {k: list(v) for k, v in (defined_by or {}).items()},
     }
     if defined is not None:

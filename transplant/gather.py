@@ -161,9 +161,10 @@ def gather(
                  if is_shared_object(p)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         de = pool.submit(source.elf, _objects(moving), torch_symbols_skip=own_torch,
-                         device_code=bool(target.nvidia.gpus), versioned_symbols=True, timeout=timeout)
+                         device_code=bool(target.nvidia.gpus), versioned_symbols=True, numpy_abi=True,
+                         timeout=timeout)
         te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), torch_symbols_skip=own_torch,
-                         libstdcxx=True, versioned_symbols=True, timeout=timeout)
+                         libstdcxx=True, versioned_symbols=True, numpy_abi=True, timeout=timeout)
         donor_elf, target_elf = de.result(), te.result()
     donor_elf, target_elf = look_up_symbols(donor, target, names, sorted(removed), donor_elf, target_elf,
                                             donor_source=source, target_source=as_source(target_host, m.target.venv),

@@ -28,6 +28,8 @@ Request (one JSON object on standard input):
 * ``versioned_symbols`` (default false): list each file's undefined, non-weak dynamic symbols
   bound to a symbol version of a needed file other than the C runtime's
   (``versioned_undefined``: ``{"libnvJitLink.so.12": ["__nvJitLinkAddData_12_8", ...]}``).
+* ``numpy_abi`` (default false): say which NumPy C-API each file was built against
+  (``numpy_abi``: ``"1"``, ``"2"`` or ``""``; see :func:`numpy_abi`).
 * ``defined_by`` (optional): ``{REL: [names]}``: for each venv-relative library, the names it
   does not define (``null`` when it cannot be read).
 
@@ -39,7 +41,7 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
                      "version_needs": {"libc.so.6": ["GLIBC_2.2.5", ...]},
                      "torch_undefined": [...],
                      "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f"}],
-                     "versioned_undefined": {NEEDED: [names]}|null}},
+                     "versioned_undefined": {NEEDED: [names]}|null, "numpy_abi": "1"|"2"|""|null}},
      "libstdcxx": {"path": "/usr/lib/.../libstdc++.so.6.0.30", "versions": ["GLIBCXX_3.4", ...]}|null,
      "defined": {SYMBOL: bool}, "defined_in": [REL...], "defined_by": {REL: [names]|null},
      "seconds": float}
@@ -281,7 +283,7 @@ def device_code(elf, sections):
     return fatbin_entries(elf.stream, section["sh_offset"], section["sh_size"])
 
 
-def facts(elf, torch_symbols, want_device_code, want_versioned=False):
+def facts(elf, torch_symbols, want_device_code, want_versioned=False, want_numpy=False):
     """The reply object of one readable ELF file."""
     sections = sections_by_type(elf)
     soname, needed = dynamic_names(sections)
@@ -304,10 +306,11 @@ def facts(elf, torch_symbols, want_device_code, want_versioned=False):
         "device_code": code,
         "notes": notes,
         "versioned_undefined": versioned_undefined(elf, sections) if want_versioned else None,
+        "numpy_abi": numpy_abi(elf, sections) if want_numpy else None,
     }
 
 
-def describe(prefix, rel, torch_symbols=True, want_device_code=False, want_versioned=False):
+def describe(prefix, rel, torch_symbols=True, want_device_code=False, want_versioned=False, want_numpy=False):
     """Reply object for one venv-relative file; any failure becomes its ``error``."""
     full, refused = resolve(prefix, rel)
     if refused:
@@ -321,7 +324,7 @@ def describe(prefix, rel, torch_symbols=True, want_device_code=False, want_versi
     except Exception as exc:  # pyelftools raises many kinds on a damaged header
         return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
     try:
-        return facts(elf, torch_symbols, want_device_code, want_versioned)
+        return facts(elf, torch_symbols, want_device_code, want_versioned, want_numpy)
     except Exception as exc:
         return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
     finally:
@@ -446,6 +449,41 @@ def defined_by(prefix, queries):
     return answer
 
 
+#: The module NumPy's C-API headers import in ``_import_array()``: 2.x headers name
+#: ``numpy._core._multiarray_umath`` first (and fall back to the 1.x name), 1.x headers only
+#: ``numpy.core._multiarray_umath`` (numpy/_core/code_generators/generate_numpy_api.py).
+NUMPY_2 = b"numpy._core._multiarray_umath"
+NUMPY_1 = b"numpy.core._multiarray_umath"
+NUMPY_SCAN_MAX = 256 << 20  # bytes of read-only data read per file, at most
+NUMPY_CHUNK = 1 << 20
+
+
+def numpy_abi(elf, sections):
+    """``"2"`` when the file's read-only data names NumPy 2's C-API module, ``"1"`` when only
+    NumPy 1.x's, ``""`` when neither (or the file imports no module: no ``PyImport_ImportModule``
+    in ``.dynstr``). Reads ``.rodata*`` sections in chunks, at most :data:`NUMPY_SCAN_MAX` bytes."""
+    dynsym = sections.get("SHT_DYNSYM")
+    if dynsym is None:
+        return ""
+    strtab = elf.get_section(dynsym["sh_link"])
+    if strtab is None or strtab["sh_size"] > NUMPY_SCAN_MAX or b"PyImport_ImportModule" not in strtab.data():
+        return ""
+    found, budget, keep = set(), NUMPY_SCAN_MAX, len(NUMPY_2)
+    for section in elf.iter_sections():
+        if not section.name.startswith(".rodata") or section["sh_type"] != "SHT_PROGBITS":
+            continue
+        start, end, tail = section["sh_offset"], section["sh_offset"] + section["sh_size"], b""
+        while start < end and budget > 0:
+            elf.stream.seek(start)
+            chunk = elf.stream.read(min(NUMPY_CHUNK, end - start, budget))
+            if not chunk:
+                break
+            data = tail + chunk
+            found.update(n for n in (NUMPY_2, NUMPY_1) if n in data)
+            tail, start, budget = data[-keep:], start + len(chunk), budget - len(chunk)
+    return "2" if NUMPY_2 in found else "1" if NUMPY_1 in found else ""
+
+
 def loaded_path(prefix_name):
     """Real path of the first mapped file whose name starts with ``prefix_name``, or None."""
     try:
@@ -511,7 +549,9 @@ def main(argv):
     want_device_code = request.get("device_code", False)
     skip = set(request.get("torch_symbols_skip") or [])
     want_versioned = request.get("versioned_symbols", False)
-    files = {rel: describe(prefix, rel, torch_symbols and rel not in skip, want_device_code, want_versioned)
+    want_numpy = request.get("numpy_abi", False)
+    files = {rel: describe(prefix, rel, torch_symbols and rel not in skip, want_device_code, want_versioned,
+                           want_numpy)
              for rel in request.get("files") or []}
     query = request.get("defined") or {}
     answer, searched = defined(prefix, query.get("files") or [], query.get("symbols") or [])
