@@ -5,6 +5,7 @@ that must raise nothing."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -253,3 +254,65 @@ def test_numpy_2_builds_and_a_numpy_that_moves_along_raise_nothing(numpy_stacks)
     assert not _found(result, "numpy-abi-mismatch")
     result, _ = _gathered_plan(numpy_stacks["old-donor"], numpy_stacks["target"], ["legacy", "numpy"])
     assert not _found(result, "numpy-abi-mismatch")
+
+
+# --- libcuda-unversioned-missing (issue 15, kind 3) ------------------------------------------------
+
+NVIDIA_SMI = """\
+#!/bin/sh
+# stand-in for nvidia-smi: one H100 on driver 580 (CUDA 13.0)
+case "$1" in
+  --query-gpu=*) echo "NVIDIA H100 80GB HBM3, 9.0, 81559, 580.95.05" ;;
+  *) echo "| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |" ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def triton_venvs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("libcuda")
+    triton = build_wheel(tmp, "triton", "3.5.0", {"triton/__init__.py": "__version__ = '3.5.0'\n"}, tag=TAG)
+    return make_venv(tmp / "donor", [triton]), make_venv(tmp / "target")
+
+
+def _driver_host(tmp: Path, monkeypatch, *, smi: bool, unversioned: bool) -> Path:
+    """A stand-in nvidia-smi first on PATH (when ``smi``), and a folder on LD_LIBRARY_PATH that
+    holds a gcc-built ``libcuda.so.1`` (and the ``libcuda.so`` link when ``unversioned``)."""
+    bin_dir, lib_dir = tmp / "bin", tmp / "driver"
+    bin_dir.mkdir(parents=True)
+    lib_dir.mkdir(parents=True)
+    if smi:
+        (bin_dir / "nvidia-smi").write_text(NVIDIA_SMI)
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    _gcc(lib_dir / "libcuda.so.1", "int cuInit(unsigned int flags) { return 0; }\n", "-Wl,-soname,libcuda.so.1")
+    if unversioned:
+        (lib_dir / "libcuda.so").symlink_to("libcuda.so.1")
+    if "libcuda.so" in subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout:
+        pytest.skip("this host has a driver library in ldconfig's cache, which triton (and the probe) search first")
+    # only the stand-in answers: a real nvidia-smi elsewhere on PATH is left out
+    base = [d for d in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(d, "nvidia-smi"))]
+    monkeypatch.setenv("PATH", ":".join([str(bin_dir), *base]))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib_dir))
+    monkeypatch.delenv("TRITON_LIBCUDA_PATH", raising=False)
+    return lib_dir
+
+
+def test_triton_arriving_on_a_host_without_libcuda_so(triton_venvs, tmp_path, monkeypatch):
+    lib_dir = _driver_host(tmp_path, monkeypatch, smi=True, unversioned=False)
+    result = _plan(*triton_venvs, ["triton"])
+    [f] = _found(result, "libcuda-unversioned-missing")
+    assert f.severity == "error" and f.dists == ("triton",) and f.files == (f"{lib_dir}/libcuda.so.1",)
+    assert "triton 3.5.0 links its kernel launchers with -lcuda" in f.message and "driver 580.95.05" in f.message
+    assert f"ln -s libcuda.so.1 {lib_dir}/libcuda.so && ldconfig" in f.hint and "TRITON_LIBCUDA_PATH" in f.hint
+
+
+def test_libcuda_so_beside_the_driver_raises_nothing(triton_venvs, tmp_path, monkeypatch):
+    _driver_host(tmp_path, monkeypatch, smi=True, unversioned=True)
+    assert not _found(_plan(*triton_venvs, ["triton"]), "libcuda-unversioned-missing")
+
+
+def test_no_driver_raises_nothing(triton_venvs, tmp_path, monkeypatch):
+    _driver_host(tmp_path, monkeypatch, smi=False, unversioned=False)
+    target = take_inventory(LocalHost(), str(triton_venvs[1]))
+    assert not target.nvidia.available and target.libcuda is not None and not target.libcuda.unversioned
+    assert not _found(_plan(*triton_venvs, ["triton"]), "libcuda-unversioned-missing")

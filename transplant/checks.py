@@ -28,6 +28,7 @@ from .rules.cudarules import cuda_major_findings, driver_findings, gpu_arch_find
 from .rules.env import EnvironmentAfter, pip
 from .rules.families import lockstep_findings, torch_family_findings
 from .rules.interpreter import interpreter_findings, platform_findings, python_abi_findings, unread_findings
+from .rules.libcuda import libcuda_findings
 from .rules.libtorch import libtorch_findings
 from .rules.numpyabi import numpy_findings
 from .rules.recordless import recordless_findings
@@ -40,7 +41,7 @@ __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
 RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_major_findings, torch_family_findings,
          lockstep_findings, libtorch_findings, driver_findings, gpu_arch_findings, editable_findings,
          script_findings, drift_findings, unread_findings, recordless_findings,
-         symbol_findings, numpy_findings)
+         symbol_findings, numpy_findings, libcuda_findings)
 
 _SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
 

@@ -515,6 +515,42 @@ def _nvidia():
     }
 
 
+def _libcuda():
+    """Where a JIT user (triton's ``libcuda_dirs``) finds the driver library to link with
+    ``-lcuda``: ``TRITON_LIBCUDA_PATH`` if set, else the folders of ``libcuda.so*`` in
+    ``ldconfig -p``, else the ``LD_LIBRARY_PATH`` folders holding ``libcuda.so.1``. The link
+    needs the unversioned ``libcuda.so`` there. Returns ``{"searched": [folders], "versioned":
+    [libcuda.so.1 paths], "unversioned": [libcuda.so paths], "ldconfig": bool, "triton_libcuda_path":
+    str|None}`` as this process sees them (its environment, not a service's)."""
+    env_path = os.environ.get("TRITON_LIBCUDA_PATH") or None
+    folders, ran = [], False
+    for exe in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        if not os.path.exists(exe):
+            continue
+        try:
+            out = subprocess.run([exe, "-p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        ran = out.returncode == 0
+        for line in out.stdout.decode("utf-8", "replace").splitlines():
+            if "libcuda.so" in line and "=>" in line:
+                folders.append(os.path.dirname(line.split("=>", 1)[1].strip()))
+        break
+    if env_path:
+        folders = [env_path if os.path.isdir(env_path) else os.path.dirname(env_path)]
+    elif not folders:
+        folders = [f for f in (os.environ.get("LD_LIBRARY_PATH") or "").split(":")
+                   if f and os.path.exists(os.path.join(f, "libcuda.so.1"))]
+    searched = list(dict.fromkeys(folders))
+    return {
+        "searched": searched,
+        "versioned": [os.path.join(f, "libcuda.so.1") for f in searched if os.path.exists(os.path.join(f, "libcuda.so.1"))],
+        "unversioned": [os.path.join(f, "libcuda.so") for f in searched if os.path.exists(os.path.join(f, "libcuda.so"))],
+        "ldconfig": ran,
+        "triton_libcuda_path": env_path,
+    }
+
+
 def _read_small(full):
     """Text of a small regular file (at most 64 KiB, not a symlink), or None."""
     try:
@@ -605,7 +641,8 @@ def main(argv):
                     extra[rel]["record_identity"] = identity
     document = {
         "schema": SCHEMA,
-        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia()},
+        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
+                 "libcuda": _libcuda()},
         "interpreter": _interpreter(prefix),
         "paths": {
             "prefix": prefix,
