@@ -18,7 +18,8 @@ from transplant.hosts import LocalHost
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.manifest import VerifySettings, parse_manifest
 from transplant.planner import plan
-from transplant.probing import take_inventory
+from transplant.probing import run_script, take_inventory
+from transplant.verdicts import judge_imports
 from transplant.snapshot import TEXTS
 from transplant.verify import run_stages
 
@@ -316,3 +317,62 @@ def test_no_driver_raises_nothing(triton_venvs, tmp_path, monkeypatch):
     target = take_inventory(LocalHost(), str(triton_venvs[1]))
     assert not target.nvidia.available and target.libcuda is not None and not target.libcuda.unversioned
     assert not _found(_plan(*triton_venvs, ["triton"]), "libcuda-unversioned-missing")
+
+
+# --- outside-venv (issue 15, kind 6) --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """torch 2.6.0 in the target venv, 2.7.0 on the donor, and a folder outside the target venv
+    (on sys.path through a .pth line) holding plugins that pin torch."""
+    tmp = tmp_path_factory.mktemp("outside")
+    torch26 = build_wheel(tmp / "a", "torch", "2.6.0", {"torch/__init__.py": "__version__ = '2.6.0'\n"})
+    torch27 = build_wheel(tmp / "b", "torch", "2.7.0", {"torch/__init__.py": "__version__ = '2.7.0'\n"})
+    pinned = build_wheel(tmp / "c", "plugin", "1.0", {"plugin/__init__.py": ""}, requires=("torch==2.6.0",))
+    loose = build_wheel(tmp / "d", "loose", "1.0", {"loose/__init__.py": ""}, requires=("torch>=2.6",))
+    return {"tmp": tmp, "torch26": torch26, "torch27": torch27, "pinned": pinned, "loose": loose}
+
+
+def _with_outside_folder(venv: Path, folder: Path, wheels: list[Path]) -> None:
+    folder.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                    "--target", str(folder), *map(str, wheels)], check=True)
+    (venv / SITE / "shared_plugins.pth").write_text(f"import os\n# shared plugins\n{folder}\n")
+
+
+def test_a_distribution_outside_the_venv_is_checked_with_the_rest(outside, tmp_path):
+    donor = make_venv(tmp_path / "donor", [outside["torch27"]])
+    target = make_venv(tmp_path / "target", [outside["torch26"]])
+    _with_outside_folder(target, tmp_path / "shared", [outside["pinned"]])
+    check = subprocess.run([str(target / "bin" / "python"), "-c", "import plugin; print(plugin.__file__)"],
+                           capture_output=True, text=True, check=True)
+    assert check.stdout.startswith(str(tmp_path / "shared"))  # the condition is real: it imports from there
+    result = _plan(donor, target, ["torch"])
+    [where] = _found(result, "outside-venv")
+    assert where.severity == "info" and where.dists == ("plugin",) and where.files == (str(tmp_path / "shared"),)
+    assert "(shared_plugins.pth in " in where.message and "plugin 1.0" in where.message
+    [unmet] = _found(result, "requirement-unmet")
+    assert unmet.severity == "error" and unmet.dists == ("plugin", "torch")
+    assert "plugin 1.0 requires torch==2.6.0" in unmet.message
+    # verify's imports stage names the folder an import came from when it is outside the venv
+    report = run_script(LocalHost(), str(target), "stage_imports", ["plugin", "torch"])
+    status, reason = judge_imports(report)
+    assert status == "pass" and f"plugin 1.0 (from {tmp_path / 'shared'}, outside the venv)" in reason, reason
+    assert "torch 2.6.0," not in reason and reason.endswith("torch 2.6.0")  # the venv's own: no folder named
+
+
+def test_an_outside_distribution_that_fits_and_a_system_site_folder(outside, tmp_path):
+    donor = make_venv(tmp_path / "donor", [outside["torch27"]])
+    target = make_venv(tmp_path / "target", [outside["torch26"]])
+    _with_outside_folder(target, tmp_path / "shared", [outside["loose"]])
+    result = _plan(donor, target, ["torch"])
+    assert not _found(result, "requirement-unmet")
+    assert [f.dists for f in _found(result, "outside-venv")] == [("loose",)]
+    # a venv without .pth lines and without system site-packages has nothing outside
+    plain = make_venv(tmp_path / "plain", [outside["torch26"]])
+    assert not take_inventory(LocalHost(), str(plain)).outside_folders
+    # include-system-site-packages: the base interpreter's site-packages is listed with why (read only)
+    cfg = plain / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace("include-system-site-packages = false", "include-system-site-packages = true"))
+    folders = take_inventory(LocalHost(), str(plain)).outside_folders
+    assert "include-system-site-packages = true" in folders.values(), folders

@@ -222,6 +222,12 @@ class Inventory:
     :ivar fingerprint: sha256 hex of the canonical document, to detect drift.
     :ivar libcuda: where the host's JIT users find ``libcuda.so``; None when the probe did not
         report it (an older probe document).
+    :ivar outside: distributions the venv's interpreter imports from folders outside the venv
+        (``*.pth`` path lines, ``include-system-site-packages``), metadata only (``record``
+        None), each ``dist_info`` an absolute path; sorted by name. Not part of
+        :attr:`distributions`: apply never writes or removes them.
+    :ivar outside_folders: absolute folder -> why it is on ``sys.path`` (``foo.pth in
+        lib/python3.11/site-packages``, ``include-system-site-packages = true``), in path order.
     """
 
     label: str
@@ -237,6 +243,8 @@ class Inventory:
     elsewhere: Mapping[str, bool] = field(default_factory=dict)
     document: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
     libcuda: LibcudaFacts | None = None
+    outside: tuple[Distribution, ...] = ()
+    outside_folders: Mapping[str, str] = field(default_factory=dict)
 
     def latest(self) -> dict[NormalizedName, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -506,7 +514,20 @@ def parse_inventory(document: Any, *, label: str) -> Inventory:
         elsewhere=dict(elsewhere),
         document=document,
         libcuda=_libcuda(r, r.get(host, "libcuda", "host", dict, optional=True)),
+        **_outside(r, r.get(document, "outside", "", list, optional=True) or []),
     )
+
+
+def _outside(r: _Reader, folders: list) -> dict[str, Any]:
+    """``outside`` and ``outside_folders`` from the probe's ``outside`` list."""
+    dists: list[Distribution] = []
+    where: dict[str, str] = {}
+    for i, item in enumerate(folders):
+        folder = r.get(item, "folder", f"outside[{i}]", str)
+        where[folder] = r.get(item, "why", f"outside[{i}]", str)
+        dists += [_distribution(r, d, f"outside[{i}].distributions[{j}]", folder)
+                  for j, d in enumerate(r.get(item, "distributions", f"outside[{i}]", list))]
+    return {"outside": tuple(sorted(dists, key=lambda d: (d.name, d.dist_info))), "outside_folders": where}
 
 
 def _libcuda(r: _Reader, obj: Any) -> LibcudaFacts | None:

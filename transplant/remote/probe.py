@@ -551,6 +551,60 @@ def _libcuda():
     }
 
 
+def _pth_folders(folder):
+    """Folders the ``*.pth`` files at the top of ``folder`` add to ``sys.path``, as ``site``
+    does: each line that is not blank, a comment or an ``import`` line, joined to ``folder``,
+    when it is an existing folder; ``[(folder, pth file name)]``."""
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))
+    except OSError:
+        return out
+    for name in names:
+        text = _read_small(os.path.join(folder, name)) or ""
+        for line in text.splitlines():
+            line = line.rstrip()
+            if not line or line.startswith("#") or line.startswith(("import ", "import\t")):
+                continue
+            full = os.path.normpath(os.path.join(folder, line))
+            if os.path.isdir(full):
+                out.append((full, name))
+    return out
+
+
+def _outside(prefix, sites):
+    """Folders outside the venv whose distributions the venv's interpreter imports, and those
+    distributions (metadata only): the base interpreter's site-packages when pyvenv.cfg has
+    ``include-system-site-packages = true`` (``site.getsitepackages`` of the base prefix), and
+    the folders ``*.pth`` files add (in the venv's site-packages and in those folders, one level).
+    ``[{"folder", "why", "distributions": [...]}]`` in ``sys.path`` order."""
+    import site as site_module
+
+    found, seen = [], {os.path.realpath(s) for s in sites}
+    queue = [(f, "{} in {}".format(name, _inside(prefix, s) or s)) for s in sites for f, name in _pth_folders(s)]
+    cfg = _pyvenv_cfg(prefix) or {}
+    if cfg.get("include-system-site-packages", "").strip().lower() == "true":
+        base = getattr(sys, "base_prefix", sys.prefix)
+        try:
+            system = site_module.getsitepackages([base])
+        except Exception:  # noqa: BLE001 - an odd build of site: nothing found
+            system = []
+        for folder in system:
+            if os.path.isdir(folder):
+                queue.append((folder, "include-system-site-packages = true"))
+                queue.extend((f, "{} in {}".format(name, folder)) for f, name in _pth_folders(folder))
+    for folder, why in queue:
+        real = os.path.realpath(folder)
+        if real in seen or _inside(prefix, folder) is not None or len(found) >= 64:
+            continue
+        seen.add(real)
+        dists = _distributions(folder, prefix, [], with_record=False)
+        for d in dists:
+            d["site_packages"] = folder
+        found.append({"folder": folder, "why": why, "distributions": dists})
+    return found
+
+
 def _read_small(full):
     """Text of a small regular file (at most 64 KiB, not a symlink), or None."""
     try:
@@ -651,6 +705,7 @@ def main(argv):
             "scripts": _inside(prefix, paths["scripts"]),
         },
         "distributions": distributions,
+        "outside": _outside(prefix, sites),
         "files": extra,
         "texts": _texts(paths["purelib"], prefix, _OPTIONS.get("texts", [])),
         "elsewhere": _elsewhere(_OPTIONS.get("elsewhere", [])),
