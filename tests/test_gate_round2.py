@@ -376,3 +376,49 @@ def test_an_outside_distribution_that_fits_and_a_system_site_folder(outside, tmp
     cfg.write_text(cfg.read_text().replace("include-system-site-packages = false", "include-system-site-packages = true"))
     folders = take_inventory(LocalHost(), str(plain)).outside_folders
     assert "include-system-site-packages = true" in folders.values(), folders
+
+
+# --- ptx-too-new (issue 15, kind 2) ---------------------------------------------------------------
+
+FATBIN = Path(__file__).parent / "data" / "fatbin" / "libdevice.so"  # nvcc 13.0: sm_90, sm_90a, sm_120a, compute_90
+
+
+def _smi(tmp: Path, monkeypatch, gpu: str, cc: str, driver: str, cuda: str) -> None:
+    """A stand-in nvidia-smi first on PATH, reporting one GPU on one driver."""
+    bin_dir = tmp / "smi"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "nvidia-smi").write_text(
+        f'#!/bin/sh\ncase "$1" in\n  --query-gpu=*) echo "{gpu}, {cc}, 183359, {driver}" ;;\n'
+        f'  *) echo "| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda} |" ;;\nesac\n')
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    base = [d for d in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(d, "nvidia-smi"))]
+    monkeypatch.setenv("PATH", ":".join([str(bin_dir), *base]))
+
+
+@pytest.fixture(scope="module")
+def ptx_venvs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ptx")
+    kern = build_wheel(tmp, "kern", "1.0", {"kern/__init__.py": "", "kern/device.so": FATBIN.read_bytes()}, tag=TAG)
+    return make_venv(tmp / "donor", [kern]), make_venv(tmp / "target")
+
+
+def test_ptx_the_driver_must_jit_but_cannot(ptx_venvs, tmp_path, monkeypatch):
+    _smi(tmp_path, monkeypatch, "NVIDIA B200", "10.0", "575.51.03", "12.9")
+    result, facts = _gathered_plan(*ptx_venvs, ["kern"])
+    assert facts.donor_elf.files[f"{SITE}/kern/device.so"].ptx_isa == {"compute_90": "9.0"}
+    [f] = _found(result, "ptx-too-new")
+    assert f.severity == "error" and f.dists == ("kern",) and f.files == (f"{SITE}/kern/device.so",)
+    assert "no SASS for the target's NVIDIA B200 (sm_100)" in f.message
+    assert "compute_90 is PTX ISA 9.0 (CUDA 13.0)" in f.message and "driver 575.51.03 (CUDA 12.9)" in f.message
+    assert f.hint.startswith("upgrade the target's NVIDIA driver to 580.65.06 or newer (CUDA 13.0)")
+
+
+@pytest.mark.parametrize("gpu, cc, driver, cuda", [
+    ("NVIDIA B200", "10.0", "580.95.05", "13.0"),  # the driver knows PTX ISA 9.0
+    ("NVIDIA H100 80GB HBM3", "9.0", "575.51.03", "12.9"),  # SASS for sm_90: no JIT
+])
+def test_ptx_the_driver_knows_or_never_needs_raises_nothing(ptx_venvs, tmp_path, monkeypatch, gpu, cc, driver, cuda):
+    _smi(tmp_path, monkeypatch, gpu, cc, driver, cuda)
+    result, facts = _gathered_plan(*ptx_venvs, ["kern"])
+    assert facts.donor_elf.files[f"{SITE}/kern/device.so"].device_code  # the device code was read
+    assert not _found(result, "ptx-too-new")

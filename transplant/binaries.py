@@ -92,6 +92,8 @@ class ElfFacts:
     :ivar numpy_abi: the NumPy C-API the file was built against, from the module its
         ``_import_array()`` names: ``"1"`` (1.x headers), ``"2"`` (2.x headers), ``""`` (it
         uses neither); None when not read.
+    :ivar ptx_isa: PTX entry name (``compute_90``) -> the newest PTX ISA version among its
+        entries (``"9.0"``), from the fatbin entry headers; empty when not read.
     """
 
     path: str
@@ -106,6 +108,7 @@ class ElfFacts:
     notes: tuple[str, ...] = ()
     versioned_undefined: Mapping[str, tuple[str, ...]] | None = None
     numpy_abi: str | None = None
+    ptx_isa: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,7 +207,29 @@ def _facts(label: str, rel: str, obj: Any) -> ElfFacts:
         notes=_strings(label, obj.get("notes"), f"{path}.notes"),
         versioned_undefined=_versioned(label, obj.get("versioned_undefined"), f"{path}.versioned_undefined"),
         numpy_abi=_numpy(label, obj.get("numpy_abi"), f"{path}.numpy_abi"),
+        ptx_isa=_ptx_isa(label, obj, path),
     )
+
+
+_ISA = re.compile(r"^\d+\.\d+$")
+
+
+def _ptx_isa(label: str, obj: dict, path: str) -> dict[str, str]:
+    """PTX ISA versions from the device code entries' ``isa`` (the host script) or a ``ptx_isa``
+    object (a recorded report), keyed by the entry name (``compute_90a``)."""
+    out: dict[str, str] = {}
+    raw = obj.get("ptx_isa") or {}
+    if not isinstance(raw, dict):
+        raise _fail(label, f"{path}.ptx_isa", "an object", raw)
+    items = list(raw.items())
+    for item in obj.get("device_code") or ():
+        if isinstance(item, dict) and item.get("kind") == "ptx" and item.get("isa") is not None:
+            items.append((f"compute_{item.get('arch')}{item.get('variant', '')}", item["isa"]))
+    for name, isa in items:
+        if not isinstance(isa, str) or not _ISA.match(isa):
+            raise _fail(label, f"{path}.ptx_isa[{name!r}]", "a version like '9.0'", isa)
+        out[name] = isa
+    return out
 
 
 def _numpy(label: str, value: Any, path: str) -> str | None:

@@ -44,7 +44,7 @@ FINDING_CODES = (
     "metadata-invalid", "remove-no-match", "accept-unused", "binary-unreadable", "file-owner-conflict",
     "closure-unmet", "closure-excluded", "target-record-missing",
     "undefined-symbol", "numpy-abi-mismatch", "libcuda-unversioned-missing",
-    "outside-venv",
+    "outside-venv", "ptx-too-new",
 )
 #: Codes that neither ``accept:`` nor ``--force`` lets through: applying past them would leave
 #: the target in a state no installer can describe (a RECORD claiming another distribution's files).

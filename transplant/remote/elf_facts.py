@@ -40,7 +40,8 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
                      "soname": str|null, "needed": [...],
                      "version_needs": {"libc.so.6": ["GLIBC_2.2.5", ...]},
                      "torch_undefined": [...],
-                     "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f"}],
+                     "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f",
+                                      "isa": "9.0" (PTX entries: the PTX ISA version)}],
                      "versioned_undefined": {NEEDED: [names]}|null, "numpy_abi": "1"|"2"|""|null}},
      "libstdcxx": {"path": "/usr/lib/.../libstdc++.so.6.0.30", "versions": ["GLIBCXX_3.4", ...]}|null,
      "defined": {SYMBOL: bool}, "defined_in": [REL...], "defined_by": {REL: [names]|null},
@@ -260,7 +261,13 @@ def _container_entries(stream, position, stop, entries):
             return False
         if kind in FATBIN_KINDS and arch > 0:
             variant = "f" if flags & FLAG_FAMILY_SPECIFIC else "a" if flags & FLAG_ARCH_SPECIFIC else ""
-            entries.setdefault((kind, arch, variant), {"kind": FATBIN_KINDS[kind], "arch": arch, "variant": variant})
+            entry = entries.setdefault((kind, arch, variant),
+                                       {"kind": FATBIN_KINDS[kind], "arch": arch, "variant": variant})
+            if FATBIN_KINDS[kind] == "ptx" and fields[7] > 0:
+                # a PTX entry's header (major, minor) is its PTX ISA version, what cuobjdump prints as its
+                # "code version" and what its `.version` line says; read here, compressed or not
+                isa = (fields[7], fields[6])
+                entry["isa"] = "{}.{}".format(*max(isa, tuple(map(int, entry.get("isa", "0.0").split(".")))))
         position = following
     return position == stop
 
