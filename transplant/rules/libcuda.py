@@ -41,7 +41,8 @@ def libcuda_findings(env: EnvironmentAfter) -> list[Finding]:
     where = (f"TRITON_LIBCUDA_PATH={facts.triton_libcuda_path} names {', '.join(facts.searched) or 'no folder'}"
              if facts.triton_libcuda_path else
              f"{'ldconfig -p lists' if facts.searched else 'neither ldconfig -p nor LD_LIBRARY_PATH shows'} "
-             f"{', '.join(facts.versioned) or 'any libcuda.so.1'}" + ("" if facts.ldconfig else " (ldconfig did not run)"))
+             f"{', '.join(facts.versioned) or 'any libcuda.so.1'}"
+             + ("" if facts.ldconfig else " (ldconfig did not run)"))
     link = shlex.join(["ln", "-s", "libcuda.so.1", posixpath.join(folder, "libcuda.so")])
     return [Finding(
         code="libcuda-unversioned-missing", severity=severity(env, ["triton"], donor=False), dists=("triton",),

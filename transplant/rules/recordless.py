@@ -38,8 +38,9 @@ def _folders(dist: Distribution, site: str) -> list[str]:
 
 
 def recordless_findings(env: EnvironmentAfter) -> list[Finding]:
-    """One error per target distribution without RECORD that the overlay replaces or the
-    manifest's ``remove`` list uninstalls (``dists`` = its name, ``files`` = its
+    """One error per target distribution without RECORD (with METADATA, and no other dist-info
+    folder of its name with a RECORD: a leftover folder beside an installed one is
+    ``duplicate-dist-info``'s) that the overlay replaces or the manifest's ``remove`` list uninstalls (``dists`` = its name, ``files`` = its
     ``top_level.txt`` folders and dist-info folder, venv-relative). Severity is always
     *error*: apply would write over files it cannot list and leave the old ones
     (the donor principle does not apply: the donor's copy has a RECORD)."""
@@ -47,7 +48,10 @@ def recordless_findings(env: EnvironmentAfter) -> list[Finding]:
     site = env.target.site_packages
     by_name = env.target.by_name()
     for name in sorted(set(env.overlaid) | set(env.removed)):
-        for old in (d for d in by_name.get(name, []) if d.record is None):
+        olds = by_name.get(name, [])
+        if any(d.record is not None for d in olds):
+            continue  # another folder of the name has a RECORD: a leftover folder is duplicate-dist-info's
+        for old in (d for d in olds if d.metadata_present):
             by = f"installed by {old.installer}" if old.installer else "its installer unknown (no INSTALLER)"
             files = _folders(old, site)
             prefix = env.target.interpreter.prefix.rstrip("/")
@@ -61,8 +65,8 @@ def recordless_findings(env: EnvironmentAfter) -> list[Finding]:
                         f"{doing} it, but apply could remove none of the old version's files, and an old extension "
                         f"module left in {', '.join(files[:-1])} would shadow the new .py of the same name; pip "
                         f"refuses to uninstall it for the same reason (RECORD file not found)",
-                hint=f"on the target, {fix}, or delete its folders ({shlex.join(['rm', '-r', *(prefix + '/' + f for f in files)])}), "
-                     f"then plan again",
+                hint=f"on the target, {fix}, or delete its folders "
+                     f"({shlex.join(['rm', '-r', *(prefix + '/' + f for f in files)])}), then plan again",
                 files=tuple(files),
             ))
     return out
