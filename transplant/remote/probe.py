@@ -24,6 +24,10 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   dist-info's RECORD, also report ``record_identity`` (:func:`record_identity`);
   ``texts`` always includes the ``*.pth``, ``*.egg-link`` and ``__editable__*.py``
   files at the top of site-packages.
+* ``outside`` lists the folders outside the venv the interpreter imports from (``*.pth``
+  path lines, ``include-system-site-packages``) with their distributions, metadata only
+  (:func:`_outside`); ``host.libcuda`` says where JIT users find ``libcuda.so``
+  (:func:`_libcuda`).
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), never writes anything. The
