@@ -28,7 +28,13 @@ from .rules.cudarules import cuda_major_findings, driver_findings, gpu_arch_find
 from .rules.env import EnvironmentAfter, pip
 from .rules.families import lockstep_findings, torch_family_findings
 from .rules.interpreter import interpreter_findings, platform_findings, python_abi_findings, unread_findings
+from .rules.libcuda import libcuda_findings
 from .rules.libtorch import libtorch_findings
+from .rules.numpyabi import numpy_findings
+from .rules.outside import outside_findings
+from .rules.ptx import ptx_findings
+from .rules.recordless import recordless_findings
+from .rules.symbols import symbol_findings
 from .rules.venvfiles import drift_findings, editable_findings, script_findings
 
 __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
@@ -36,7 +42,9 @@ __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
 #: The rules run on every plan, in order.
 RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_major_findings, torch_family_findings,
          lockstep_findings, libtorch_findings, driver_findings, gpu_arch_findings, editable_findings,
-         script_findings, drift_findings, unread_findings)
+         script_findings, drift_findings, unread_findings, recordless_findings,
+         symbol_findings, numpy_findings, libcuda_findings, outside_findings,
+         ptx_findings)
 
 _SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
 

@@ -7,7 +7,9 @@
 3. The shared objects are read with pyelftools on each host, side by side: on the
    donor those of the overlaid distributions (with their device code when the target
    has GPUs), on the target those of the distributions that stay (and its libstdc++).
-4. The undefined libtorch symbols of every shared object linked to libtorch are
+4. The versioned symbols a moving object needs from a staying library, or the other way
+   round, are looked up in those libraries (:mod:`transplant.symlookup`).
+5. The undefined libtorch symbols of every shared object linked to libtorch are
    looked up in the libraries of the torch the target holds after apply.
 """
 
@@ -29,6 +31,7 @@ from .rules.libtorch import links_libtorch, torch_libraries
 from .rules.venvfiles import editable_sources
 from .snapshot import TEXTS
 from .sources import DonorSource, as_source
+from .symlookup import look_up_symbols
 
 __all__ = ["Facts", "gather"]
 
@@ -158,10 +161,14 @@ def gather(
                  if is_shared_object(p)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         de = pool.submit(source.elf, _objects(moving), torch_symbols_skip=own_torch,
-                         device_code=bool(target.nvidia.gpus), timeout=timeout)
+                         device_code=bool(target.nvidia.gpus), versioned_symbols=True, numpy_abi=True,
+                         timeout=timeout)
         te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), torch_symbols_skip=own_torch,
-                         libstdcxx=True, timeout=timeout)
+                         libstdcxx=True, versioned_symbols=True, numpy_abi=True, timeout=timeout)
         donor_elf, target_elf = de.result(), te.result()
+    donor_elf, target_elf = look_up_symbols(donor, target, names, sorted(removed), donor_elf, target_elf,
+                                            donor_source=source, target_source=as_source(target_host, m.target.venv),
+                                            timeout=timeout, step=say)
     torch_side = "donor" if "torch" in names else "target"
     torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")  # type: ignore[call-overload]
     own = set(torch.files) if torch is not None else set()

@@ -31,6 +31,7 @@ __all__ = [
     "Interpreter",
     "Gpu",
     "NvidiaFacts",
+    "LibcudaFacts",
     "Inventory",
     "parse_inventory",
     "inside_path",
@@ -189,6 +190,24 @@ class NvidiaFacts:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LibcudaFacts:
+    """Where the host's JIT users find the driver library to link with ``-lcuda`` (as the probe's
+    own environment sees it; see ``_libcuda`` in :mod:`transplant.remote.probe`).
+
+    :ivar searched: the folders triton's ``libcuda_dirs`` would pass to the linker
+        (``TRITON_LIBCUDA_PATH``, else ``ldconfig -p``'s, else ``LD_LIBRARY_PATH``'s).
+    :ivar versioned: ``libcuda.so.1`` paths found there; :ivar unversioned: ``libcuda.so`` paths.
+    :ivar ldconfig: whether ``ldconfig -p`` ran; :ivar triton_libcuda_path: the variable's value.
+    """
+
+    searched: tuple[str, ...] = ()
+    versioned: tuple[str, ...] = ()
+    unversioned: tuple[str, ...] = ()
+    ldconfig: bool = False
+    triton_libcuda_path: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Inventory:
     """Everything the probe saw in one venv on one host.
 
@@ -203,6 +222,14 @@ class Inventory:
         when a file was too large or unreadable.
     :ivar elsewhere: absolute path -> whether it exists on the host (asked for).
     :ivar fingerprint: sha256 hex of the canonical document, to detect drift.
+    :ivar libcuda: where the host's JIT users find ``libcuda.so``; None when the probe did not
+        report it (an older probe document).
+    :ivar outside: distributions the venv's interpreter imports from folders outside the venv
+        (``*.pth`` path lines, ``include-system-site-packages``), metadata only (``record``
+        None), each ``dist_info`` an absolute path; sorted by name. Not part of
+        :attr:`distributions`: apply never writes or removes them.
+    :ivar outside_folders: absolute folder -> why it is on ``sys.path`` (``foo.pth in
+        lib/python3.11/site-packages``, ``include-system-site-packages = true``), in path order.
     """
 
     label: str
@@ -217,6 +244,9 @@ class Inventory:
     texts: Mapping[str, str | None] = field(default_factory=dict)
     elsewhere: Mapping[str, bool] = field(default_factory=dict)
     document: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    libcuda: LibcudaFacts | None = None
+    outside: tuple[Distribution, ...] = ()
+    outside_folders: Mapping[str, str] = field(default_factory=dict)
 
     def latest(self) -> dict[NormalizedName, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -506,4 +536,34 @@ def parse_inventory(document: Any, *, label: str) -> Inventory:
         texts={k: v for k, v in texts.items() if inside_path(k) == k},
         elsewhere=dict(elsewhere),
         document=document,
+        libcuda=_libcuda(r, r.get(host, "libcuda", "host", dict, optional=True)),
+        **_outside(r, r.get(document, "outside", "", list, optional=True) or []),
     )
+
+
+def _outside(r: _Reader, folders: list) -> dict[str, Any]:
+    """``outside`` and ``outside_folders`` from the probe's ``outside`` list."""
+    dists: list[Distribution] = []
+    where: dict[str, str] = {}
+    for i, item in enumerate(folders):
+        folder = r.get(item, "folder", f"outside[{i}]", str)
+        where[folder] = r.get(item, "why", f"outside[{i}]", str)
+        dists += [_distribution(r, d, f"outside[{i}].distributions[{j}]", folder)
+                  for j, d in enumerate(r.get(item, "distributions", f"outside[{i}]", list))]
+    return {"outside": tuple(sorted(dists, key=lambda d: (d.name, d.dist_info))), "outside_folders": where}
+
+
+def _libcuda(r: _Reader, obj: Any) -> LibcudaFacts | None:
+    """``host.libcuda`` of the probe (None in an older document)."""
+    if obj is None:
+        return None
+
+    def paths(key: str) -> tuple[str, ...]:
+        value = r.get(obj, key, "host.libcuda", list, optional=True) or []
+        if not all(isinstance(v, str) for v in value):
+            raise r.fail(f"host.libcuda.{key}", "a list of strings", value)
+        return tuple(value)
+
+    return LibcudaFacts(searched=paths("searched"), versioned=paths("versioned"), unversioned=paths("unversioned"),
+                        ldconfig=bool(r.get(obj, "ldconfig", "host.libcuda", bool, optional=True)),
+                        triton_libcuda_path=r.get(obj, "triton_libcuda_path", "host.libcuda", str, optional=True))

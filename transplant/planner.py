@@ -540,6 +540,10 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     for name in removed:
         changes.append(_removal(name, target_by[name], owned_elsewhere | patched | arriving, findings))
         del after[name]
+    for folder in target.outside_folders:  # importable from outside the venv where the venv lacks the name
+        for dist in target.outside:
+            if dist.dist_info.startswith(folder.rstrip("/") + "/"):
+                after.setdefault(dist.name, dist)
     changes.sort(key=lambda c: c.name)
     changes.extend(_patch_changes(patches, target))
     env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after, removed=tuple(removed),

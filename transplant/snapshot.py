@@ -445,7 +445,7 @@ class SnapshotSource:
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
         """:func:`transplant.elfscan.read_elf_facts` on the view (the files written first)."""
-        wanted = list(files) + list((kwargs.get("defined") or ((), ()))[0])
+        wanted = list(files) + list((kwargs.get("defined") or ((), ()))[0]) + list(kwargs.get("defined_by") or {})
         host, root = self.files([p for p in wanted if p in self.snapshot.files])
         return read_elf_facts(host, root, files, **kwargs)
 

@@ -25,6 +25,7 @@ from .hosts import Host
 from .inventory import Inventory
 from .manifest import VerifySettings
 from .probing import run_script, take_inventory
+from .rules.recordless import judge_stale_modules, stale_extension_modules
 from .verdicts import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
 
 __all__ = ["run_stages", "donor_reader", "STAGES"]
@@ -172,15 +173,18 @@ def run_stages(
             if live is None:
                 return "skip", "the target's inventory could not be read (see interpreter)", {}
             shipped = ladder.shared_objects(live.latest().values(), venv)
-            if not shipped:
-                return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
             modules = (["torch"] if "torch" in live.latest() else []) + [n for n in names if n != "torch"]
+            if not shipped and not modules:
+                return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
             if not modules:
                 return "skip", "nothing to import (no torch, no import names)", {}
             report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
                                 timeout=timeout)
-            status, reason = ladder.judge_provenance(report, shipped)
-            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped),
+            stale = stale_extension_modules(report, live)
+            status, reason = judge_stale_modules(stale, venv) or (
+                ladder.judge_provenance(report, shipped) if shipped else
+                ("skip", "the venv ships no shared libraries, so none can be shadowed"))
+            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped), "stale_modules": stale,
                                     "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
 
         run("library-provenance", provenance)

@@ -24,6 +24,10 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   dist-info's RECORD, also report ``record_identity`` (:func:`record_identity`);
   ``texts`` always includes the ``*.pth``, ``*.egg-link`` and ``__editable__*.py``
   files at the top of site-packages.
+* ``outside`` lists the folders outside the venv the interpreter imports from (``*.pth``
+  path lines, ``include-system-site-packages``) with their distributions, metadata only
+  (:func:`_outside`); ``host.libcuda`` says where JIT users find ``libcuda.so``
+  (:func:`_libcuda`).
 
 * ``hash_cache`` (``--stdin`` only; default true, or ``{"enabled": bool, "min_bytes": int,
   "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
@@ -658,6 +662,96 @@ def _nvidia():
     }
 
 
+def _libcuda():
+    """Where a JIT user (triton's ``libcuda_dirs``) finds the driver library to link with
+    ``-lcuda``: ``TRITON_LIBCUDA_PATH`` if set, else the folders of ``libcuda.so*`` in
+    ``ldconfig -p``, else the ``LD_LIBRARY_PATH`` folders holding ``libcuda.so.1``. The link
+    needs the unversioned ``libcuda.so`` there. Returns ``{"searched": [folders], "versioned":
+    [libcuda.so.1 paths], "unversioned": [libcuda.so paths], "ldconfig": bool, "triton_libcuda_path":
+    str|None}`` as this process sees them (its environment, not a service's)."""
+    env_path = os.environ.get("TRITON_LIBCUDA_PATH") or None
+    folders, ran = [], False
+    for exe in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        if not os.path.exists(exe):
+            continue
+        try:
+            out = subprocess.run([exe, "-p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        ran = out.returncode == 0
+        for line in out.stdout.decode("utf-8", "replace").splitlines():
+            if "libcuda.so" in line and "=>" in line:
+                folders.append(os.path.dirname(line.split("=>", 1)[1].strip()))
+        break
+    if env_path:
+        folders = [env_path if os.path.isdir(env_path) else os.path.dirname(env_path)]
+    elif not folders:
+        folders = [f for f in (os.environ.get("LD_LIBRARY_PATH") or "").split(":")
+                   if f and os.path.exists(os.path.join(f, "libcuda.so.1"))]
+    searched = list(dict.fromkeys(folders))
+    return {
+        "searched": searched,
+        "versioned": [os.path.join(f, "libcuda.so.1") for f in searched if os.path.exists(os.path.join(f, "libcuda.so.1"))],
+        "unversioned": [os.path.join(f, "libcuda.so") for f in searched if os.path.exists(os.path.join(f, "libcuda.so"))],
+        "ldconfig": ran,
+        "triton_libcuda_path": env_path,
+    }
+
+
+def _pth_folders(folder):
+    """Folders the ``*.pth`` files at the top of ``folder`` add to ``sys.path``, as ``site``
+    does: each line that is not blank, a comment or an ``import`` line, joined to ``folder``,
+    when it is an existing folder; ``[(folder, pth file name)]``."""
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))
+    except OSError:
+        return out
+    for name in names:
+        text = _read_small(os.path.join(folder, name)) or ""
+        for line in text.splitlines():
+            line = line.rstrip()
+            if not line or line.startswith("#") or line.startswith(("import ", "import\t")):
+                continue
+            full = os.path.normpath(os.path.join(folder, line))
+            if os.path.isdir(full):
+                out.append((full, name))
+    return out
+
+
+def _outside(prefix, sites):
+    """Folders outside the venv whose distributions the venv's interpreter imports, and those
+    distributions (metadata only): the base interpreter's site-packages when pyvenv.cfg has
+    ``include-system-site-packages = true`` (``site.getsitepackages`` of the base prefix), and
+    the folders ``*.pth`` files add (in the venv's site-packages and in those folders, one level).
+    ``[{"folder", "why", "distributions": [...]}]`` in ``sys.path`` order."""
+    import site as site_module
+
+    found, seen = [], {os.path.realpath(s) for s in sites}
+    queue = [(f, "{} in {}".format(name, _inside(prefix, s) or s)) for s in sites for f, name in _pth_folders(s)]
+    cfg = _pyvenv_cfg(prefix) or {}
+    if cfg.get("include-system-site-packages", "").strip().lower() == "true":
+        base = getattr(sys, "base_prefix", sys.prefix)
+        try:
+            system = site_module.getsitepackages([base])
+        except Exception:  # noqa: BLE001 - an odd build of site: nothing found
+            system = []
+        for folder in system:
+            if os.path.isdir(folder):
+                queue.append((folder, "include-system-site-packages = true"))
+                queue.extend((f, "{} in {}".format(name, folder)) for f, name in _pth_folders(folder))
+    for folder, why in queue:
+        real = os.path.realpath(folder)
+        if real in seen or _inside(prefix, folder) is not None or len(found) >= 64:
+            continue
+        seen.add(real)
+        dists = _distributions(folder, prefix, [], with_record=False)
+        for d in dists:
+            d["site_packages"] = folder
+        found.append({"folder": folder, "why": why, "distributions": dists})
+    return found
+
+
 def _read_small(full):
     """Text of a small regular file (at most 64 KiB, not a symlink), or None."""
     try:
@@ -750,7 +844,8 @@ def main(argv):
                     extra[rel]["record_identity"] = identity
     document = {
         "schema": SCHEMA,
-        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia()},
+        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
+                 "libcuda": _libcuda()},
         "interpreter": _interpreter(prefix),
         "paths": {
             "prefix": prefix,
@@ -759,6 +854,7 @@ def main(argv):
             "scripts": _inside(prefix, paths["scripts"]),
         },
         "distributions": distributions,
+        "outside": _outside(prefix, sites),
         "files": extra,
         "texts": _texts(paths["purelib"], prefix, _OPTIONS.get("texts", [])),
         "elsewhere": _elsewhere(_OPTIONS.get("elsewhere", [])),
