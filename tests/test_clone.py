@@ -501,7 +501,7 @@ def test_manifest_target_base_clones_then_overlays(tmp_path, capsys):
         overlay: [alpha]
         """))
     # plan: says the clone comes first, plans against the base, and writes nothing
-    assert main(["plan", str(manifest)]) == 2
+    assert main(["plan", "--detailed-exitcode", str(manifest)]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert f"target.base: local:{target} does not exist; apply first clones local:{base} to it" in out
     assert "upgrade" in out and not target.exists()

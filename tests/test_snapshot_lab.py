@@ -136,7 +136,7 @@ def test_snapshot_then_donor_gone_apply_and_verify_from_it(snaplab, tmp_path, ca
         fresh.mkdir()
         shutil.copytree(tmp_path / "patches", fresh / "patches")
         ms = write_manifest(fresh, lab, donor=f"{{snapshot: {again['path']}}}")
-        assert main(["plan", ms, "--json"]) == 2
+        assert main(["plan", "--detailed-exitcode", ms, "--json"]) == 2
         doc = json.loads(capsys.readouterr().out)
         assert doc["donor_source"]["which"] == "donor"
         assert doc["donor_source"]["source"].startswith(f"snapshot {again['id']} of {lab.hosts['donor'].spec}")
@@ -204,7 +204,7 @@ def test_fallback_is_tried_in_order_and_plan_says_why(snaplab, tmp_path, capsys)
     dead = "root@127.0.0.250:9"  # loopback, nothing listens there
     donor = f'{{host: "{dead}", venv: {VENV}, fallback: [{{snapshot: gone.json}}, {{snapshot: {snap["path"]}}}]}}'
     m = write_manifest(tmp_path, lab, donor=donor, target="t3", name="f.yaml")
-    assert main(["plan", m, "--json"]) == 2
+    assert main(["plan", "--detailed-exitcode", m, "--json"]) == 2
     used = json.loads(capsys.readouterr().out)["donor_source"]
     assert used["which"] == "donor.fallback[1]"
     assert used["source"].startswith(f"snapshot {snap['id']}")

@@ -1,7 +1,8 @@
 """The command line (face): parse arguments, call the library, map errors to exit codes.
 
-Exit codes: ``plan`` 0 nothing to change, 2 changes and no blocking finding, 3 blocked
-by an error finding; ``apply`` 0 done (or nothing to do, or ``--resume`` with nothing to
+Exit codes: ``plan`` 0 planned (with or without changes), 3 blocked by an error finding,
+and with ``--detailed-exitcode`` (as Terraform's ``-detailed-exitcode``) 2 for changes and no
+blocking finding; ``apply`` 0 done (or nothing to do, or ``--resume`` with nothing to
 resume), 3 blocked, 1 also for ``--rollback`` with nothing interrupted; ``verify`` 0 no
 stage failed, 3 a stage failed; ``clone`` 0 done, 3 done but a text file or symlink of the clone still
 names the old prefix; every command 1 when it could not do its job
@@ -218,7 +219,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
     if plan.blocking:
         return EXIT_BLOCKED
-    return EXIT_CHANGES if plan.has_changes or pending else EXIT_OK
+    changes = plan.has_changes or pending
+    return EXIT_CHANGES if changes and getattr(args, "detailed_exitcode", False) else EXIT_OK
 
 
 def _progress(console: Console) -> Progress:
@@ -570,6 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
     p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
     p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
+    p.add_argument("--detailed-exitcode", action="store_true",
+                   help="exit 2 when there are changes (0 none, 3 blocked, 1 failed), as Terraform's")
     _fleet_options(p)
     p.set_defaults(func=_cmd_plan)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
@@ -676,9 +680,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
-    console = Console(file=stream, width=wide)
+    console = _Console(file=stream, width=wide)
     try:
-        return args.func(args, console)
+        code = args.func(args, console)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except TransplantError as exc:
         _print_error(console, exc)
         if getattr(args, "json", False):
@@ -688,6 +696,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+
+
+class _Console(Console):
+    """rich's Console, but a closed pipe is raised to :func:`main` (rich would exit with 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (``transplant plan | head``): not an error, exit 0 quietly.
+
+    As the Python documentation (``signal``, "Note on SIGPIPE") recommends: point standard
+    output at /dev/null so that the interpreter's final flush does not fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured in tests)
+            pass
+    os.close(devnull)
+    return EXIT_OK
 
 
 def _print_error(console: Console, exc: TransplantError) -> None:

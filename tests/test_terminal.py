@@ -1,0 +1,71 @@
+"""The operator's terminal: exit codes a script can use, a closed pipe, messages for the
+usual mistakes. Local venvs built from real wheels; the CLI run as a real process where the
+terminal's plumbing (pipes) matters."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from transplant.cli import main
+from transplant.lab.wheels import build_wheel, make_venv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A donor with alpha 2.0 and a target with alpha 1.0 (a change to plan), and manifests."""
+    base = tmp_path_factory.mktemp("terminal")
+    wheels = base / "wheels"
+    files = {f"alpha/m{i}.py": f"N = {i}\n" for i in range(40)}
+    alpha2 = build_wheel(wheels, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", **files})
+    alpha1 = build_wheel(wheels / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
+    donor = make_venv(base / "donor", [alpha2])
+    target = make_venv(base / "target", [alpha1])
+    same = make_venv(base / "same", [alpha2])
+
+    def manifest(name: str, target_venv: Path, donor_host: str = "local") -> Path:
+        m = base / f"{name}.yaml"
+        m.write_text(textwrap.dedent(f"""\
+            version: 1
+            donor: {{host: {donor_host!r}, venv: {donor}}}
+            target: {{host: local, venv: {target_venv}}}
+            overlay: [alpha]
+            """))
+        return m
+
+    return {"base": base, "donor": donor, "target": target, "same": same, "manifest": manifest}
+
+
+def _run(*argv: str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "80"}
+    return subprocess.run([sys.executable, "-m", "transplant", *argv], capture_output=True, text=True, env=env,
+                          cwd=ROOT, **kw)
+
+
+def test_plan_with_changes_exits_0_and_2_only_when_asked(world, capsys):
+    m = str(world["manifest"]("changes", world["target"]))
+    assert main(["plan", m]) == 0, "changes are a successful plan: plan && apply must work"
+    assert main(["plan", m, "--detailed-exitcode"]) == 2
+    nothing = str(world["manifest"]("nothing", world["same"]))
+    assert main(["plan", nothing, "--detailed-exitcode"]) == 0  # the twin: no change, 0 either way
+    assert main(["plan", nothing]) == 0
+
+
+def test_plan_into_a_closed_pipe_exits_0_quietly(world):
+    m = str(world["manifest"]("pipe", world["target"]))
+    # a reader that goes away at once: plan writes its table into a closed pipe
+    done = subprocess.run(f"{sys.executable} -m transplant plan {m} | true; echo \"rc=${{PIPESTATUS[0]}}\"",
+                          shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "80"})
+    assert "rc=0" in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    whole = _run("plan", m)  # the twin: an open pipe gets the whole plan
+    assert whole.returncode == 0 and "alpha" in whole.stdout, whole.stdout + whole.stderr
