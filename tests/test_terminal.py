@@ -69,3 +69,50 @@ def test_plan_into_a_closed_pipe_exits_0_quietly(world):
     assert "Exception ignored" not in done.stderr, done.stderr
     whole = _run("plan", m)  # the twin: an open pipe gets the whole plan
     assert whole.returncode == 0 and "alpha" in whole.stdout, whole.stdout + whole.stderr
+
+
+@pytest.mark.parametrize("host, said", [
+    ("LOCAL", "did you mean 'local'"),
+    ("local:/srv/venv", "the host is 'local' alone and the path goes in 'venv'"),
+])
+def test_host_mistakes_are_named(world, capsys, host, said):
+    m = world["base"] / "mistake.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: {host!r}, venv: {world['donor']}}}\n"
+                 f"target: {{host: local, venv: {world['target']}}}\noverlay: [alpha]\n")
+    assert main(["plan", str(m)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert said in out and "bad port" not in out and "bad host name" not in out, out
+
+
+@pytest.mark.parametrize("side", ["donor", "target"])
+def test_a_refused_connection_names_the_side_and_what_to_try(world, capsys, side):
+    # port 1 on a loopback address: nothing listens, the connection is refused at once
+    hosts = {"donor": "local", "target": "local", side: "root@127.0.0.9:1"}
+    m = world["base"] / f"refused-{side}.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: {hosts['donor']!r}, venv: {world['donor']}}}\n"
+                 f"target: {{host: {hosts['target']!r}, venv: {world['target']}}}\noverlay: [alpha]\n")
+    assert main(["plan", str(m)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"error: {side} root@127.0.0.9:1: cannot connect to port 1" in out, out
+    assert "ssh -p 1 root@127.0.0.9 true" in out, out
+    assert ("donor: {snapshot: ID}" in out) == (side == "donor"), out
+
+
+def test_status_and_inventory_take_a_manifest(world, capsys):
+    m = str(world["manifest"]("status", world["target"]))
+    assert main(["status", m]) == 0
+    assert f"local:{world['target']}: transplant has applied nothing here" in " ".join(capsys.readouterr().out.split())
+    assert main(["inventory", m, "--json"]) == 0
+    import json
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in doc["distributions"]] == ["alpha"], doc["distributions"]
+    assert main(["status", str(world["base"] / "no-such.yaml")]) == 64  # neither a file nor HOST:VENV
+
+
+def test_verify_of_a_missing_venv_says_the_error_once(world, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    missing = world["base"] / "no-venv-here"
+    assert main(["verify", f"local:{missing}", "--imports", "json"]) == 3
+    out = capsys.readouterr().out
+    assert out.count("does not exist or points to nothing") == 1, out
+    assert main(["verify", f"local:{world['target']}", "--imports", "alpha"]) == 0  # the twin passes

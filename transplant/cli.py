@@ -31,7 +31,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeE
 
 from . import __version__
 from .apply import check_plan_paths, default_state_dir, execute, new_transaction_id
-from .errors import TransplantError
+from .errors import HostError, TransplantError
 from .files import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
@@ -119,7 +119,11 @@ class _Session:
         if side not in self._hosts:
             spec = getattr(self.manifest, side).host
             with self.console.status(f"connecting to the {side} {spec}"):
-                self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+                try:
+                    self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+                except HostError as exc:
+                    from .locations import side_error
+                    raise side_error(side, exc, spec) from None
         return self._hosts[side]
 
     def donor(self, *, quiet: bool = False) -> Opened:
@@ -509,9 +513,10 @@ def parse_location(text: str) -> tuple[HostSpec, str]:
 
 
 def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
-    spec, venv = parse_location(args.location)
-    options = SSHOptions.from_files(args.identity_file, args.known_hosts)
-    with connect(spec, options) as host, console.status(f"probing {args.location}"):
+    from .locations import resolve_location
+
+    spec, venv, options, label = resolve_location(args.location, args.identity_file, args.known_hosts)
+    with connect(spec, options) as host, console.status(f"probing {label}"):
         inv = take_inventory(host, venv, hash_patterns=args.hash or ())
     if args.json:
         print(json.dumps(inv.document, indent=2, sort_keys=True))
@@ -623,7 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
     n.set_defaults(func=_cmd_init)
     i = sub.add_parser("inventory", help="print what a venv holds")
-    i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")
+    i.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                   help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv, or a manifest (its target, "
+                        "reached with its ssh settings)")
     i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")
     i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
     i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
@@ -647,7 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=_cmd_snapshot)
     st = sub.add_parser("status", help="what was applied to a venv, from where, when, and what drifted since")
-    st.add_argument("location", metavar="HOST:VENV", help="e.g. root@gpu-07:/root/venv_sglang")
+    st.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                    help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh settings)")
     st.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
     st.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     st.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")

@@ -32,15 +32,17 @@ __all__ = ["status_command", "recover_command", "snapshot_command"]
 
 
 def status_command(args: argparse.Namespace, console: Console) -> int:
-    """``transplant status HOST:VENV``: print what was applied there and the drift (see
+    """``transplant status HOST:VENV|MANIFEST``: print what was applied there and the drift (see
     :func:`transplant.status.read_status`); returns 0, or 3 when applied files drifted.
 
     :raises TransplantError: a bad location, an unreachable host, unreadable records.
     """
     from .status import read_status
 
-    spec, venv = parse_location(args.location)
-    with connect(spec, SSHOptions.from_files(args.identity_file, args.known_hosts)) as host, console.status(f"reading {args.location}"):
+    from .locations import resolve_location
+
+    spec, venv, options, label = resolve_location(args.location, args.identity_file, args.known_hosts)
+    with connect(spec, options) as host, console.status(f"reading {label}"):
         status = read_status(host, venv, say=lambda line: console.print(line, markup=False))
     for done in status.completed:
         console.print(done.describe(), markup=False)
