@@ -116,3 +116,22 @@ def test_verify_of_a_missing_venv_says_the_error_once(world, capsys, monkeypatch
     out = capsys.readouterr().out
     assert out.count("does not exist or points to nothing") == 1, out
     assert main(["verify", f"local:{world['target']}", "--imports", "alpha"]) == 0  # the twin passes
+
+
+def test_accept_with_dists_covers_an_overlay_entry_that_matches_nothing(world, capsys):
+    base = world["base"]
+
+    def plan(name: str, accept: str) -> tuple[int, dict]:
+        m = base / f"{name}.yaml"
+        m.write_text(f"version: 1\ndonor: {{host: local, venv: {world['donor']}}}\n"
+                     f"target: {{host: local, venv: {world['target']}}}\noverlay: [alpha, ghost]\n{accept}")
+        code = main(["plan", str(m), "--json"])
+        import json
+        return code, json.loads(capsys.readouterr().out)
+
+    code, doc = plan("ghost", "")  # the twin: no accept, the error blocks
+    [finding] = [f for f in doc["findings"] if f["code"] == "overlay-no-match"]
+    assert code == 3 and finding["dists"] == ["ghost"], finding
+    code, doc = plan("ghost-accepted", "accept: [{code: overlay-no-match, dists: [ghost], reason: dropped upstream}]\n")
+    codes = {f["code"] for f in doc["findings"]}
+    assert code == 0 and "accept-unused" not in codes, doc["findings"]
