@@ -135,3 +135,26 @@ def test_accept_with_dists_covers_an_overlay_entry_that_matches_nothing(world, c
     code, doc = plan("ghost-accepted", "accept: [{code: overlay-no-match, dists: [ghost], reason: dropped upstream}]\n")
     codes = {f["code"] for f in doc["findings"]}
     assert code == 0 and "accept-unused" not in codes, doc["findings"]
+
+
+def test_history_and_status_count_the_same_paths(world, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("COLUMNS", "300")
+    venv = tmp_path / "applied"
+    shutil.copytree(world["target"], venv, symlinks=True)
+    m = str(world["manifest"]("counted", venv))
+    assert main(["apply", m, "--yes"]) == 0
+    capsys.readouterr()
+    from transplant import txn
+    from transplant.hosts import LocalHost
+    [t] = txn.history(LocalHost(), str(venv))["transactions"]
+    assert main(["history", m]) == 0
+    history = capsys.readouterr().out
+    assert main(["status", m]) == 0
+    status = capsys.readouterr().out
+    row = [line for line in history.splitlines() if t["id"] in line][0]
+    assert f" {t['paths']} " in row and "paths" in history, history
+    assert f" {t['paths']} " in [line for line in status.splitlines() if t["id"] in line][0], status
+    said = " ".join(status.split())
+    assert f"of the {t['paths']} applied paths are not compared" in said, said  # the bytecode, said in paths too

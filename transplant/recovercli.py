@@ -60,12 +60,16 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
     for txid in status.interrupted:
         console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
                       f"apply --rollback")
+    skipped = status.applied_paths - status.checked
+    aside = (f" ({skipped} bytecode file(s) of the {status.applied_paths} applied paths are not compared: Python "
+             f"rewrites them at import)") if skipped > 0 else ""
     if status.drift:
-        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match:")
+        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match"
+                      f"{aside}:")
         for line in status.drift[:50]:
             console.print(f"  {line}", markup=False, highlight=False)
     elif status.transactions:
-        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied")
+        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied{aside}")
     return EXIT_BLOCKED if status.drift else EXIT_OK
 
 

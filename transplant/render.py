@@ -141,7 +141,8 @@ def inventory_table(inv: Inventory) -> Table:
 
 
 def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Table:
-    """Transactions of a target: id, state, source, steps, and the events recorded for each.
+    """Transactions of a target: id, state, source, paths (those it leaves, as ``status``
+    counts them; older records without them show their step count), and the events recorded for each.
 
     :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
         ``verified`` event carries ``ok`` (bool, written by :func:`transplant.recipes.record_verified`)
@@ -152,7 +153,7 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
     :param where: the target, for the title.
     """
     table = Table(title=f"transactions in {where}", title_justify="left")
-    for column in ("id", "state", "source", "steps", "events"):
+    for column in ("id", "state", "source", "paths", "events"):  # paths: the unit status counts
         table.add_column(column)
     by_id: dict[str, list[str]] = {}
     for event in events:
@@ -172,5 +173,5 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
         by_id.setdefault(str(event.get("id")), []).append(f"{name} {stamp}")
     for t in transactions:
         table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),
-                      str(t.get("steps", "")), Text(", ".join(by_id.get(str(t["id"]), []))))
+                      str(t.get("paths", t.get("steps", ""))), Text(", ".join(by_id.get(str(t["id"]), []))))
     return table
