@@ -158,3 +158,23 @@ def test_history_and_status_count_the_same_paths(world, tmp_path, capsys, monkey
     assert f" {t['paths']} " in [line for line in status.splitlines() if t["id"] in line][0], status
     said = " ".join(status.split())
     assert f"of the {t['paths']} applied paths are not compared" in said, said  # the bytecode, said in paths too
+
+
+def test_a_snapshot_donor_may_be_the_store_folder_snapshot_out_wrote(world, tmp_path, capsys):
+    m = str(world["manifest"]("snap-src", world["target"]))
+    store = tmp_path / "snaps"
+    assert main(["snapshot", m, "--out", str(store)]) == 0
+    [index] = list((store / "index").glob("*.json"))
+    by_store = tmp_path / "by-store.yaml"
+    by_store.write_text(f"version: 1\ndonor: {{snapshot: {store}}}\ntarget: {{host: local, venv: {world['target']}}}\n"
+                        f"overlay: [alpha]\n")
+    capsys.readouterr()
+    assert main(["plan", str(by_store)]) == 0
+    assert f"donor source: snapshot {index.stem}" in " ".join(capsys.readouterr().out.split())
+    assert main(["snapshot", m, "--out", str(store)]) == 0  # a second snapshot: now the folder is ambiguous
+    ids = sorted(p.stem for p in (store / "index").glob("*.json"))
+    assert len(ids) == 2
+    capsys.readouterr()
+    assert main(["plan", str(by_store)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"holds 2 snapshots ({', '.join(ids)}); say which" in out and "Is a directory" not in out, out
