@@ -67,7 +67,8 @@ def _ssh_options(manifest: Manifest) -> SSHOptions:
         return path if path.is_absolute() else base / path
 
     return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
-                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys)
+                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys,
+                      config=resolve(manifest.ssh.config))
 
 
 class _Session:
