@@ -178,3 +178,51 @@ def test_a_snapshot_donor_may_be_the_store_folder_snapshot_out_wrote(world, tmp_
     assert main(["plan", str(by_store)]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert f"holds 2 snapshots ({', '.join(ids)}); say which" in out and "Is a directory" not in out, out
+
+
+@pytest.mark.parametrize("columns", ["80", "160"])
+def test_plan_output_never_breaks_a_version_name_or_command(world, tmp_path, capsys, monkeypatch, columns):
+    import shutil
+
+    from transplant.lab.wheels import build_wheel, make_venv
+
+    monkeypatch.setenv("COLUMNS", columns)
+    wheels = tmp_path / "w"
+    donor = make_venv(tmp_path / "d", [build_wheel(wheels, "flashinfer-jit-cache", "0.6.3+cu128",
+                                                   {"flashinfer_jit_cache/__init__.py": "V = 1\n"})])
+    target = make_venv(tmp_path / "t", [build_wheel(wheels / "o", "flashinfer-jit-cache", "0.5.0+cu126",
+                                                    {"flashinfer_jit_cache/__init__.py": "V = 0\n"})])
+    m = tmp_path / "m.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {donor}}}\ntarget: {{host: local, venv: {target}}}\n"
+                 f"overlay: [flashinfer-jit-cache, ghost-distribution-of-a-long-name]\n")
+    assert main(["plan", str(m)]) == 3
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for token in ("flashinfer-jit-cache", "0.6.3+cu128", "0.5.0+cu126", "ghost-distribution-of-a-long-name"):
+        assert any(token in line for line in lines), (token, out)
+    fix = f"remove 'ghost-distribution-of-a-long-name' from overlay in {m}, or fix its spelling"
+    assert any(fix in line for line in lines), out  # the fix is one whole line, pasteable
+    assert ("~ flashinfer-jit-cache 0.5.0+cu126 -> 0.6.3+cu128" in out) == (columns == "80"), out
+    shutil.rmtree(tmp_path / "d")
+
+
+def test_fixes_are_said_once_and_manifest_edits_gathered():
+    from transplant.model import Finding
+    from transplant.planview import manifest_snippet, once
+
+    same = "a CUDA 13 environment does not load it"
+    findings = [
+        Finding(code="cuda-major-mismatch", severity="error", dists=("sgl-kernel",), message="; ".join([same] * 20),
+                hint="add to remove: in m.yaml: [nvidia-*-cu12, sgl-kernel]"),
+        Finding(code="libtorch-abi", severity="error", dists=("sgl-kernel", "torch"), message="needs symbols",
+                hint="add 'sgl-kernel' to remove: in m.yaml (the donor runs torch 2.14.1 without it)"),
+        Finding(code="requirement-unmet", severity="error", dists=("sglang", "cuda-tile"), message="requires",
+                hint="add 'cuda-tile' to overlay (the donor has 1.7.0); add 'nccl4py' to overlay (the donor has 0.6.0)"),
+        Finding(code="driver-too-old", severity="error", dists=("torch",), message="old driver",
+                hint="upgrade the driver to 580.65.06 or newer"),
+        Finding(code="script-prefix", severity="info", dists=("torch",), message="m", hint="nothing to do: apply"),
+    ]
+    assert once(findings[0].message) == same
+    adds, other = manifest_snippet(findings)
+    assert adds == {"remove": ["nvidia-*-cu12", "sgl-kernel"], "overlay": ["cuda-tile", "nccl4py"]}
+    assert other == [("upgrade the driver to 580.65.06 or newer", ["driver-too-old"])]

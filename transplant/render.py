@@ -67,19 +67,10 @@ def findings_table(findings: Sequence[Finding], title: str = "findings") -> Tabl
 
 
 def print_plan(console: Console, plan: Plan) -> None:
-    """The plan table, its totals and its findings."""
-    console.print(plan_table(plan))
-    moving = [c for c in plan.changes if not c.is_noop]
-    files = sum(len(c.copy) for c in plan.changes)
-    removed = sum(len(c.remove) for c in plan.changes)
-    console.print(f"{len(moving)} changes: {files} files ({human_bytes(plan.copy_bytes)}) to copy, "
-                  f"{removed} to remove; {len(plan.changes) - len(moving)} unchanged")
-    if plan.findings:
-        console.print(findings_table(plan.findings))
-    blocking = plan.blocking
-    if blocking:
-        console.print(Text(f"{len(blocking)} error finding(s) block apply (use --force to apply anyway)",
-                           style="bold red"))
+    """The plan's changes, totals, findings and fixes, readable at any width (see :mod:`transplant.planview`)."""
+    from .planview import print_plan_view
+
+    print_plan_view(console, plan)
 
 
 def stages_table(results: Sequence[StageResult], title: str) -> Table:
