@@ -226,3 +226,31 @@ def test_fixes_are_said_once_and_manifest_edits_gathered():
     adds, other = manifest_snippet(findings)
     assert adds == {"remove": ["nvidia-*-cu12", "sgl-kernel"], "overlay": ["cuda-tile", "nccl4py"]}
     assert other == [("upgrade the driver to 580.65.06 or newer", ["driver-too-old"])]
+
+
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_ids_are_never_cut_in_snapshot_list_history_and_status(world, tmp_path, capsys, monkeypatch, columns):
+    import shutil
+
+    monkeypatch.setenv("COLUMNS", columns)
+    m = str(world["manifest"]("ids-src", world["target"]))
+    store = tmp_path / "a-store-folder-with-a-rather-long-name-to-squeeze-the-table"
+    assert main(["snapshot", m, "--out", str(store)]) == 0
+    capsys.readouterr()
+    assert main(["snapshot", "--list", "--out", str(store)]) == 0
+    out = capsys.readouterr().out
+    [snap_id] = [p.stem for p in (store / "index").glob("*.json")]
+    assert any(snap_id in line for line in out.splitlines()) and "…" not in out and "..." not in out, out
+    assert f"from local:{world['donor']}: alpha" in " ".join(out.split()), out
+    venv = tmp_path / "a-venv-with-a-long-name-so-that-the-source-column-is-squeezed-hard"
+    shutil.copytree(world["target"], venv, symlinks=True)
+    m2 = str(world["manifest"]("ids", venv))
+    assert main(["apply", m2, "--yes"]) == 0
+    capsys.readouterr()
+    from transplant import txn
+    from transplant.hosts import LocalHost
+    [t] = txn.history(LocalHost(), str(venv))["transactions"]
+    for argv in (["history", m2], ["status", m2]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert any(t["id"] in line for line in out.splitlines()) and "…" not in out, (argv, out)

@@ -198,7 +198,12 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
                      "dists": list(s.dists), "files": len(s.files), "bytes": s.size} for s in snaps]},
                     indent=2, sort_keys=True))
             else:
+                if len(str(store)) > 40:
+                    console.print(f"store: {store}", soft_wrap=True, markup=False, highlight=False)
                 console.print(snapshots_table(snaps, str(store)))
+                from .reports import snapshot_dists
+                for line in snapshot_dists(snaps):
+                    console.print(line, highlight=False)
             return EXIT_OK
         removed, objects, freed = prune(store, args.prune)
         console.print(f"pruned {len(removed)} snapshot(s) and {objects} stored file(s) no snapshot uses "

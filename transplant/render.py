@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -131,8 +131,8 @@ def inventory_table(inv: Inventory) -> Table:
     return table
 
 
-def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Table:
-    """Transactions of a target: id, state, source, paths (those it leaves, as ``status``
+def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Group:
+    """Transactions of a target, then one line per transaction naming its source: id, state, paths (those it leaves, as ``status``
     counts them; older records without them show their step count), and the events recorded for each.
 
     :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
@@ -144,8 +144,10 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
     :param where: the target, for the title.
     """
     table = Table(title=f"transactions in {where}", title_justify="left")
-    for column in ("id", "state", "source", "paths", "events"):  # paths: the unit status counts
-        table.add_column(column)
+    longest = max((len(str(t["id"])) for t in transactions), default=2)
+    table.add_column("id", no_wrap=True, min_width=longest)  # an id is typed back whole (rollback --to ID)
+    for column in ("state", "paths", "events"):  # paths: the unit status counts
+        table.add_column(column, no_wrap=column in ("state", "paths"))
     by_id: dict[str, list[str]] = {}
     for event in events:
         if not isinstance(event, Mapping):
@@ -163,6 +165,8 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
             name = f"{name} by the host"
         by_id.setdefault(str(event.get("id")), []).append(f"{name} {stamp}")
     for t in transactions:
-        table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),
+        table.add_row(Text(str(t["id"])), Text(str(t["state"])),
                       str(t.get("paths", t.get("steps", ""))), Text(", ".join(by_id.get(str(t["id"]), []))))
-    return table
+    # the sources (a host and venv path each) below the table, whole: a path is never cut inside a cell
+    sources = [Text(f"{t['id']} from {t.get('source') or '?'}") for t in transactions]
+    return Group(table, *sources)
