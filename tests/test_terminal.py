@@ -254,3 +254,47 @@ def test_ids_are_never_cut_in_snapshot_list_history_and_status(world, tmp_path, 
         assert main(argv) == 0
         out = capsys.readouterr().out
         assert any(t["id"] in line for line in out.splitlines()) and "…" not in out, (argv, out)
+
+
+def test_off_a_terminal_long_steps_print_plain_lines(monkeypatch):
+    import io
+    import time as clock
+
+    from rich.console import Console
+
+    from transplant import progress
+
+    monkeypatch.setattr(progress, "EVERY", 0.05)
+    out = io.StringIO()
+    console = Console(file=out, width=80)  # a file: not a terminal
+    with progress.step(console, "building the venvs", count=lambda: "1 of 2 built") as update:
+        update("pip install torch")
+        clock.sleep(0.3)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "building the venvs ..." and lines[-1].startswith("building the venvs: done in ")
+    assert any(line.startswith("building the venvs: pip install torch, 1 of 2 built, ") for line in lines), lines
+    # the apply bar off a terminal: start, periodic counts on the plan's fixed total, the commit and the check
+    out = io.StringIO()
+    with progress.ByteProgress(Console(file=out, width=80), 1000, {"files": 900, "patches": 100}) as bar:
+        clock.sleep(0.06)
+        bar.report("files", 50, 100)   # rsync's own total, still growing while it scans
+        clock.sleep(0.06)
+        bar.report("files", 100, 200)
+        bar.report("commit", 0, 0)
+        bar.report("check", 0, 0)
+    text = out.getvalue()
+    assert "copying 1000 B ..." in text and "copying: 45% (450 B of 1000 B)" in text, text
+    assert "committing: renaming the staged files into place ..." in text and "checking every path" in text, text
+
+
+def test_apply_through_a_pipe_shows_its_steps(world, tmp_path):
+    import shutil
+
+    venv = tmp_path / "piped"
+    shutil.copytree(world["target"], venv, symlinks=True)
+    m = str(world["manifest"]("piped", venv))
+    done = _run("apply", m, "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in ("copying ", "committing: renaming the staged files into place ...",
+                 "checking every path against the plan ..."):
+        assert line in done.stdout, done.stdout

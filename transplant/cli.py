@@ -396,14 +396,12 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 console.print("nothing was changed")
                 return EXIT_FAIL
-        with _progress(console) as progress:
-            tasks: dict[str, int] = {}
+        from .progress import ByteProgress
 
-            def report(step: str, done: int, total: int) -> None:
-                if step not in tasks:
-                    tasks[step] = progress.add_task(f"copying {step}", total=total or None)
-                progress.update(tasks[step], completed=done, total=total or None)
-
+        patch_bytes = sum(cp.size or 0 for c in plan.changes for cp in c.copy if cp.source == "patch")
+        with ByteProgress(console, plan.copy_bytes, {"files": plan.copy_bytes - patch_bytes,
+                                                     "patches": patch_bytes}) as bar:
+            report = bar.report
             donor_host, donor_root = opened.source.files(
                 [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
             result = execute(plan, donor=donor_host, target=session.host("target"),

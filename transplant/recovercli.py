@@ -218,8 +218,10 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     with ExitStack() as stack:
         with console.status(f"connecting to the donor {manifest.donor.host}"):
             donor = stack.enter_context(connect(manifest.donor.host, _ssh_options(manifest)))
-        with console.status("snapshot") as status:
-            result = capture(manifest, donor, store, step=lambda line: status.update(line))
+        from .progress import step
+
+        with step(console, f"snapshot of {manifest.donor} into {store}") as update:
+            result = capture(manifest, donor, store, step=update)
     snap = result.snapshot
     if args.json:
         print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
