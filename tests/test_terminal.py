@@ -298,3 +298,15 @@ def test_apply_through_a_pipe_shows_its_steps(world, tmp_path):
     for line in ("copying ", "committing: renaming the staged files into place ...",
                  "checking every path against the plan ..."):
         assert line in done.stdout, done.stdout
+
+
+def test_manifest_ssh_config_is_read_relative_to_the_manifest(tmp_path):
+    from transplant.cli import _ssh_options
+    from transplant.files import load_manifest
+
+    m = tmp_path / "m.yaml"
+    m.write_text("version: 1\ndonor: {host: gpu-a, venv: /v}\ntarget: {host: gpu-b, venv: /v}\noverlay: [x]\n"
+                 "ssh: {config: conf/ssh_config}\n")
+    assert _ssh_options(load_manifest(str(m))).config == tmp_path / "conf" / "ssh_config"
+    m.write_text("version: 1\ndonor: {host: gpu-a, venv: /v}\ntarget: {host: gpu-b, venv: /v}\noverlay: [x]\n")
+    assert _ssh_options(load_manifest(str(m))).config is None  # then $TRANSPLANT_SSH_CONFIG, else ~/.ssh/config
