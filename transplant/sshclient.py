@@ -180,14 +180,18 @@ class SSHHost(Host):
         """Translate what ``ssh`` said when it could not connect."""
         where, opts = self.label, self.options
         said = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("debug")]
-        spec_port = self.spec.port or 22
-        port = int(m.group(1)) if (m := re.search(r" port (\d+)", text)) else spec_port
-        host = self.spec.hostname
+        try:  # what the ssh_config makes of an alias: the real host name and port, for the hints
+            real = self.resolved()
+        except (OSError, subprocess.TimeoutExpired):
+            real = {}
+        port = int(real.get("port") or self.spec.port or 22)
+        host = real.get("hostname") or self.spec.hostname
         known = opts.known_hosts_path()
         offered = _SERVER_KEY.findall(text)
         key = f"{offered[-1][0]} {offered[-1][1]}" if offered else "a key"
         named = host if port == 22 else f"[{host}]:{port}"
-        jump = " (or a ProxyJump host on the way)" if "proxyjump" in text.lower() or "-W " in text else ""
+        jump = f" (or the ProxyJump host {real['proxyjump']} on the way)" \
+            if real.get("proxyjump", "none") != "none" else ""
         if "REVOKED HOST KEY" in text or re.search(r"Host key .* revoked", text):
             return HostError(f"{where}: the host offered {key}, a key {known} marks @revoked; refusing to connect",
                              hint=f"if the host has a new key, record it and drop the revoked host key line: "
@@ -217,7 +221,7 @@ class SSHHost(Host):
                              f"unverified host",
                              hint=f"ssh-keyscan -p {port} {host} >> {shlex.quote(str(known))}")
         if "Permission denied" in text:
-            user = self.spec.user or self.resolved().get("user", "?")
+            user = self.spec.user or real.get("user", "?")
             ident = opts.identity_file
             dest = shlex.join(["-p", str(port), f"{user}@{host}"])
             if ident is not None:
