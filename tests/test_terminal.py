@@ -310,3 +310,12 @@ def test_manifest_ssh_config_is_read_relative_to_the_manifest(tmp_path):
     assert _ssh_options(load_manifest(str(m))).config == tmp_path / "conf" / "ssh_config"
     m.write_text("version: 1\ndonor: {host: gpu-a, venv: /v}\ntarget: {host: gpu-b, venv: /v}\noverlay: [x]\n")
     assert _ssh_options(load_manifest(str(m))).config is None  # then $TRANSPLANT_SSH_CONFIG, else ~/.ssh/config
+
+
+def test_an_error_hint_is_one_line_at_80_columns(world, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    missing = world["base"] / "a-missing-venv-with-a-name-long-enough-to-need-wrapping"
+    assert main(["status", f"local:{missing}"]) == 1
+    out = capsys.readouterr().out
+    [hint] = [line for line in out.splitlines() if line.startswith("hint: ")]
+    assert f"python3 -m venv --upgrade {missing})" in hint, out  # the command is whole on its line

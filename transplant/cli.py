@@ -736,7 +736,6 @@ def _print_error(console: Console, exc: TransplantError) -> None:
     text.append(exc.message)
     for line in getattr(exc, "mismatches", [])[:50]:
         text.append(f"\n  {line}")
-    if exc.hint:
-        text.append("\nhint: ", style="bold")
-        text.append(exc.hint)
     console.print(text, highlight=False)
+    if exc.hint:  # a command to paste: never wrapped by the console (the terminal may fold it, newline-free)
+        console.print(Text.assemble(("hint: ", "bold"), exc.hint), highlight=False, soft_wrap=True)

@@ -121,8 +121,9 @@ def inventory_table(inv: Inventory) -> Table:
     table = Table(title=f"{inv.label} (Python {inv.interpreter.version}, {inv.interpreter.machine}, "
                         f"glibc {inv.interpreter.glibc}; {inv.nvidia.reason or inv.nvidia.driver_version})",
                   title_justify="left")
-    for column in ("distribution", "version", "files", "bytes", "installer"):
-        table.add_column(column, justify="right" if column in ("files", "bytes") else "left")
+    for column in ("distribution", "version", "files", "bytes", "installer"):  # names and versions never wrap
+        table.add_column(column, justify="right" if column in ("files", "bytes") else "left",
+                         no_wrap=column != "installer")
     for d in inv.distributions:
         files = d.files
         size = sum(e.size or 0 for e in files.values())
