@@ -442,9 +442,15 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
             if interrupted:
                 raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
                                       hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
-            done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid,
-                            say=lambda line: console.print(line, markup=False),
-                            listing=f"transplant history {shlex.quote(args.manifest)}")
+            from .progress import step
+
+            with step(console, f"rolling back {manifest.target}") as update:
+                def say(line: str) -> None:
+                    console.print(line, markup=False)
+                    update(line)
+
+                done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid, say=say,
+                                listing=f"transplant history {shlex.quote(args.manifest)}")
         finally:
             txn.release(target, venv, txid)
     console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "

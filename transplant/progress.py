@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 
 __all__ = ["step", "ByteProgress", "EVERY"]
@@ -37,9 +37,11 @@ def step(console: Console, label: str, *, count: Callable[[], str] | None = None
     :data:`EVERY` seconds, and ``label: done in N s`` (or ``failed after N s``) at the end.
     """
     started = time.monotonic()
-    if console.is_terminal:
-        with console.status(label) as status:
-            yield lambda text: status.update(text)
+    if console.is_terminal:  # a spinner, what it does now, and the seconds so far
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True) as shown:
+            task = shown.add_task(label, total=None)
+            yield lambda text: shown.update(task, description=f"{label}: {text}")
         return
     now = {"text": ""}
     stop = threading.Event()
