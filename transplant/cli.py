@@ -27,7 +27,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
 from .apply import check_plan_paths, default_state_dir, execute, new_transaction_id
@@ -226,11 +225,6 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         return EXIT_BLOCKED
     changes = plan.has_changes or pending
     return EXIT_CHANGES if changes and getattr(args, "detailed_exitcode", False) else EXIT_OK
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                    TimeElapsedColumn(), console=console, transient=True)
 
 
 def _finish_interrupted(args: argparse.Namespace, console: Console, session: "_Session", manifest_path: str,
