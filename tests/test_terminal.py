@@ -226,6 +226,17 @@ def test_fixes_are_said_once_and_manifest_edits_gathered():
     adds, other = manifest_snippet(findings)
     assert adds == {"remove": ["nvidia-*-cu12", "sgl-kernel"], "overlay": ["cuda-tile", "nccl4py"]}
     assert other == [("upgrade the driver to 580.65.06 or newer", ["driver-too-old"])]
+    # the hint of the real reverse plan (tests/golden/real-reverse.json): one list, then named additions
+    real = Finding(code="cuda-major-mismatch", severity="error", dists=("nvidia-cublas",), message="m",
+                   hint="add to remove: in real.yaml: [nvidia-*-cu13, nvidia-cublas, sglang-kernel] (a CUDA 12 "
+                        "environment does not load them, and the donor runs without them); add to overlay in "
+                        "real.yaml: torchaudio (the donor has 2.9.1), torchcodec (the donor has 0.8.0)")
+    gone = [Finding(code="overlay-target-only", severity="info", dists=(name,), message=name,
+                    hint=f"if it should go: /v/bin/python -m pip uninstall {name}") for name in ("a-x", "b-y")]
+    assert manifest_snippet(gone) == ({}, [("if it should go: /v/bin/python -m pip uninstall a-x b-y",
+                                           ["overlay-target-only"])])
+    assert manifest_snippet([real]) == ({"remove": ["nvidia-*-cu13", "nvidia-cublas", "sglang-kernel"],
+                                         "overlay": ["torchaudio", "torchcodec"]}, [])
 
 
 @pytest.mark.parametrize("columns", ["80", "120"])

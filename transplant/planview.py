@@ -35,6 +35,9 @@ _NAME = r"[A-Za-z0-9][A-Za-z0-9._*?\[\]-]*"
 # "add 'x' to remove:", "add x to overlay", "add to remove: in m.yaml: [a, b]"
 _ONE = re.compile(rf"add '?({_NAME})'? to (remove|overlay)\b")
 _LIST = re.compile(r"add to (remove|overlay):? in \S+?: \[([^\]]*)\]")
+# "add to overlay in m.yaml: torchaudio (the donor has 2.9.1), torchcodec (the donor has 0.8.0)"
+_NAMED = re.compile(r"add to (remove|overlay):? in \S+?: (?!\[)(.+)")
+_NAMED_ONE = re.compile(r"(?:^|, )([A-Za-z0-9][A-Za-z0-9._*-]*) \(")
 
 
 def _human(count: int) -> str:
@@ -118,28 +121,43 @@ def finding_lines(findings: Sequence[Finding]) -> list[Text]:
 def manifest_snippet(findings: Sequence[Finding]) -> tuple[dict[str, list[str]], list[tuple[str, list[str]]]]:
     """The fixes of ``findings``: the manifest additions they ask for, gathered by key
     (``{"remove": [...], "overlay": [...]}``, each name once, in order), and every other hint
-    once with the codes it serves (``[(hint, [codes])]``); "nothing to do" hints are left out.
+    once with the codes it serves (``[(hint, [codes])]``); "nothing to do" hints are left out, and
+    hints that differ only in their last word, the finding's distribution (``... pip uninstall
+    NAME``), become one command naming them all.
 
     The additions are read from the hints' own words (``add 'x' to remove: in m.yaml``,
     ``add to remove: in m.yaml: [a, b]``), the forms the rules write.
     """
     adds: dict[str, list[str]] = {"remove": [], "overlay": []}
     other: dict[str, list[str]] = {}
+    tails: dict[str, list[str]] = {}  # hints that end in the finding's distribution: "... pip uninstall NAME"
     for f in findings:
         if f.accepted is not None or not f.hint or f.hint.startswith("nothing to do"):
             continue
-        for part in once(f.hint).split("; "):
-            found = [(key, name) for name, key in _ONE.findall(part)]
-            for key, names in _LIST.findall(part):
-                found += [(key, n.strip().strip("'\"")) for n in names.split(",") if n.strip()]
-            if found:
-                for key, name in found:
-                    if name not in adds[key]:
-                        adds[key].append(name)
-                continue
-            codes = other.setdefault(part, [])
-            if f.code not in codes:
-                codes.append(f.code)
+        hint = once(f.hint)
+        found = [(key, name) for name, key in _ONE.findall(hint)]
+        for key, names in _LIST.findall(hint):
+            found += [(key, n.strip().strip("'\"")) for n in names.split(",") if n.strip()]
+        for key, rest in _NAMED.findall(hint):
+            found += [(key, n) for n in _NAMED_ONE.findall(rest)]
+        if found:  # the finding's own line says the rest of it
+            for key, name in found:
+                if name not in adds[key]:
+                    adds[key].append(name)
+            continue
+        last = hint.rsplit(" ", 1)
+        if len(last) == 2 and last[1] in f.dists:
+            names = tails.setdefault(last[0], [])
+            if last[1] not in names:
+                names.append(last[1])
+            codes = other.setdefault(f"\0{last[0]}", [])
+        else:
+            codes = other.setdefault(hint, [])
+        if f.code not in codes:
+            codes.append(f.code)
+    # one command for the distributions whose hints differ only in their last word (pip uninstall A B C)
+    other = {(f"{key[1:]} {' '.join(tails[key[1:]])}" if key.startswith("\0") else key): codes
+             for key, codes in other.items()}
     return {k: v for k, v in adds.items() if v}, list(other.items())
 
 
