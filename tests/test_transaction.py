@@ -451,7 +451,7 @@ def test_relocated_console_scripts_get_their_record_rows_and_a_second_plan_is_a_
     with (target / "bin" / "tool").open("a") as handle:   # a real hand edit
         handle.write("# local change\n")
     capsys.readouterr()
-    assert main(["plan", str(m), "--json"]) == 2
+    assert main(["plan", "--detailed-exitcode", str(m), "--json"]) == 2
     drifted = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["code"] == "record-drift"]
     assert [f["files"] for f in drifted] == [["bin/tool"]] and "on the target" in drifted[0]["message"]
 

@@ -147,7 +147,8 @@ def execute(
     :param donor: connected donor host; :param target: connected target host.
     :param manifest_dir: folder the patch sources are relative to.
     :param state_dir: the controller's state folder (staging for relayed copies).
-    :param progress: called with (step name, bytes done, bytes in all).
+    :param progress: called with (step name, bytes done, bytes in all) while files are copied
+        (``files``, ``patches``), and with (``commit``, 0, 0) and (``check``, 0, 0) when those start.
     :param timeout: seconds for each transfer; None waits without limit.
     :param say: called with a line for each notice (a stale lock broken).
     :param break_lock: take the lock even when another controller holds it.
@@ -241,12 +242,16 @@ def execute(
         lap("transfer")
         extra = {key: value for key, value in (("crash_after", crash_after), ("orphan_at", orphan_at))
                  if value is not None}
+        if progress is not None:
+            progress("commit", 0, 0)
         try:
             done = txn.call(target, venv, "commit", {"id": txid, "lock": txid, **extra})
         except TransplantError as exc:
             raise TransplantError(f"{exc.message}\n(transaction {txid} is interrupted part-way through its commit)",
                                   hint=_FINISH.format(manifest=shlex.quote(plan.manifest))) from exc
         lap("commit")
+        if progress is not None:
+            progress("check", 0, 0)
         mismatches = txn.check_state(target, venv, expected)
         lap("check")
         outcome = "applied" if not mismatches else "differs"

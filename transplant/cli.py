@@ -1,7 +1,8 @@
 """The command line (face): parse arguments, call the library, map errors to exit codes.
 
-Exit codes: ``plan`` 0 nothing to change, 2 changes and no blocking finding, 3 blocked
-by an error finding; ``apply`` 0 done (or nothing to do, or ``--resume`` with nothing to
+Exit codes: ``plan`` 0 planned (with or without changes), 3 blocked by an error finding,
+and with ``--detailed-exitcode`` (as Terraform's ``-detailed-exitcode``) 2 for changes and no
+blocking finding; ``apply`` 0 done (or nothing to do, or ``--resume`` with nothing to
 resume), 3 blocked, 1 also for ``--rollback`` with nothing interrupted; ``verify`` 0 no
 stage failed, 3 a stage failed; ``clone`` 0 done, 3 done but a text file or symlink of the clone still
 names the old prefix; every command 1 when it could not do its job
@@ -26,11 +27,10 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
 from .apply import check_plan_paths, default_state_dir, execute, new_transaction_id
-from .errors import TransplantError
+from .errors import HostError, TransplantError
 from .files import check_plan_destination, load_manifest, load_plan, read_patch_files, save_plan
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
@@ -66,7 +66,8 @@ def _ssh_options(manifest: Manifest) -> SSHOptions:
         return path if path.is_absolute() else base / path
 
     return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
-                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys)
+                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys,
+                      config=resolve(manifest.ssh.config))
 
 
 class _Session:
@@ -118,7 +119,11 @@ class _Session:
         if side not in self._hosts:
             spec = getattr(self.manifest, side).host
             with self.console.status(f"connecting to the {side} {spec}"):
-                self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+                try:
+                    self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+                except HostError as exc:
+                    from .locations import side_error
+                    raise side_error(side, exc, spec) from None
         return self._hosts[side]
 
     def donor(self, *, quiet: bool = False) -> Opened:
@@ -218,12 +223,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
     if plan.blocking:
         return EXIT_BLOCKED
-    return EXIT_CHANGES if plan.has_changes or pending else EXIT_OK
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                    TimeElapsedColumn(), console=console, transient=True)
+    changes = plan.has_changes or pending
+    return EXIT_CHANGES if changes and getattr(args, "detailed_exitcode", False) else EXIT_OK
 
 
 def _finish_interrupted(args: argparse.Namespace, console: Console, session: "_Session", manifest_path: str,
@@ -389,14 +390,12 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 console.print("nothing was changed")
                 return EXIT_FAIL
-        with _progress(console) as progress:
-            tasks: dict[str, int] = {}
+        from .progress import ByteProgress
 
-            def report(step: str, done: int, total: int) -> None:
-                if step not in tasks:
-                    tasks[step] = progress.add_task(f"copying {step}", total=total or None)
-                progress.update(tasks[step], completed=done, total=total or None)
-
+        patch_bytes = sum(cp.size or 0 for c in plan.changes for cp in c.copy if cp.source == "patch")
+        with ByteProgress(console, plan.copy_bytes, {"files": plan.copy_bytes - patch_bytes,
+                                                     "patches": patch_bytes}) as bar:
+            report = bar.report
             stager = getattr(opened.source, "stage", None)  # a registry snapshot: targets pull themselves
             donor_host, donor_root = (None, None) if stager else opened.source.files(
                 [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
@@ -438,9 +437,15 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
             if interrupted:
                 raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
                                       hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
-            done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid,
-                            say=lambda line: console.print(line, markup=False),
-                            listing=f"transplant history {shlex.quote(args.manifest)}")
+            from .progress import step
+
+            with step(console, f"rolling back {manifest.target}") as update:
+                def say(line: str) -> None:
+                    console.print(line, markup=False)
+                    update(line)
+
+                done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid, say=say,
+                                listing=f"transplant history {shlex.quote(args.manifest)}")
         finally:
             txn.release(target, venv, txid)
     console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "
@@ -508,9 +513,10 @@ def parse_location(text: str) -> tuple[HostSpec, str]:
 
 
 def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
-    spec, venv = parse_location(args.location)
-    options = SSHOptions.from_files(args.identity_file, args.known_hosts)
-    with connect(spec, options) as host, console.status(f"probing {args.location}"):
+    from .locations import resolve_location
+
+    spec, venv, options, label = resolve_location(args.location, args.identity_file, args.known_hosts)
+    with connect(spec, options) as host, console.status(f"probing {label}"):
         inv = take_inventory(host, venv, hash_patterns=args.hash or ())
     if args.json:
         print(json.dumps(inv.document, indent=2, sort_keys=True))
@@ -571,6 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
     p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
     p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
+    p.add_argument("--detailed-exitcode", action="store_true",
+                   help="exit 2 when there are changes (0 none, 3 blocked, 1 failed), as Terraform's")
     _fleet_options(p)
     p.set_defaults(func=_cmd_plan)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
@@ -620,7 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
     n.set_defaults(func=_cmd_init)
     i = sub.add_parser("inventory", help="print what a venv holds")
-    i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")
+    i.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                   help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv, or a manifest (its target, "
+                        "reached with its ssh settings)")
     i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")
     i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
     i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
@@ -648,7 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=_cmd_snapshot)
     st = sub.add_parser("status", help="what was applied to a venv, from where, when, and what drifted since")
-    st.add_argument("location", metavar="HOST:VENV", help="e.g. root@gpu-07:/root/venv_sglang")
+    st.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                    help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh settings)")
     st.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
     st.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     st.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
@@ -682,9 +693,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
-    console = Console(file=stream, width=wide)
+    console = _Console(file=stream, width=wide)
     try:
-        return args.func(args, console)
+        code = args.func(args, console)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except TransplantError as exc:
         _print_error(console, exc)
         if getattr(args, "json", False):
@@ -696,6 +711,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+class _Console(Console):
+    """rich's Console, but a closed pipe is raised to :func:`main` (rich would exit with 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (``transplant plan | head``): not an error, exit 0 quietly.
+
+    As the Python documentation (``signal``, "Note on SIGPIPE") recommends: point standard
+    output at /dev/null so that the interpreter's final flush does not fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured in tests)
+            pass
+    os.close(devnull)
+    return EXIT_OK
+
+
 def _print_error(console: Console, exc: TransplantError) -> None:
     """``error: <message>``, the files that differ (apply), and ``hint: <fix>``; no markup from the text."""
     text = Text()
@@ -703,7 +742,6 @@ def _print_error(console: Console, exc: TransplantError) -> None:
     text.append(exc.message)
     for line in getattr(exc, "mismatches", [])[:50]:
         text.append(f"\n  {line}")
-    if exc.hint:
-        text.append("\nhint: ", style="bold")
-        text.append(exc.hint)
     console.print(text, highlight=False)
+    if exc.hint:  # a command to paste: never wrapped by the console (the terminal may fold it, newline-free)
+        console.print(Text.assemble(("hint: ", "bold"), exc.hint), highlight=False, soft_wrap=True)

@@ -140,7 +140,10 @@ def gather(
         refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
                            live, target_host)
     m = expand_closures(m, source, target_host, timeout=timeout, step=say)
-    say(f"probing the donor {m.donor} and the target {m.target} (hashing the overlaid distributions)")
+    # a snapshot donor is read, not probed: say which it is (its label names the snapshot and its donor)
+    what = f"probing the donor {m.donor}" if isinstance(live, Host) or not hasattr(source, "label") else \
+        f"reading {source.label}"
+    say(f"{what} and probing the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,

@@ -81,6 +81,8 @@ class SSHSettings:
     known_hosts: str | None = None
     verify_host_keys: bool = True
     connect_timeout: float = 10.0
+    #: the ssh_config file (aliases, User, Port, IdentityFile, ProxyJump); None: ``$TRANSPLANT_SSH_CONFIG``, else ~/.ssh/config
+    config: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -442,10 +444,11 @@ def _ssh(c: _Checker, value: Any) -> SSHSettings:
         "known_hosts": "known_hosts: ~/.ssh/known_hosts",
         "verify_host_keys": "verify_host_keys: true",
         "connect_timeout": "connect_timeout: 10",
+        "config": "config: ~/.ssh/config",
     }
     data = c.mapping(value, "ssh", allowed)
     out: dict[str, Any] = {}
-    for name in ("identity_file", "known_hosts"):
+    for name in ("identity_file", "known_hosts", "config"):
         if name in data:
             out[name] = c.string(data[name], f"ssh.{name}", "give a file path")
     if "verify_host_keys" in data:

@@ -342,7 +342,8 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
         on_target = sorted(n for n in target_names if fnmatchcase(n, pattern))
         where = f"; the target has {', '.join(on_target)}" if on_target else ""
         findings.append(Finding(
-            code="overlay-no-match", severity="warning" if is_glob else "error", dists=tuple(on_target),
+            # the entry itself when the target has nothing it matches: accept: [{dists: [ENTRY]}] can name it
+            code="overlay-no-match", severity="warning" if is_glob else "error", dists=tuple(on_target) or (pattern,),
             message=f"overlay entry {pattern!r} matches no distribution on the donor {donor.label}{where}",
             hint=f"remove {pattern!r} from overlay in {manifest.path}, or fix its spelling "
                  f"(names are compared after PEP 503 normalisation)",

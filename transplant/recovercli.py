@@ -32,15 +32,17 @@ __all__ = ["status_command", "recover_command", "snapshot_command"]
 
 
 def status_command(args: argparse.Namespace, console: Console) -> int:
-    """``transplant status HOST:VENV``: print what was applied there and the drift (see
+    """``transplant status HOST:VENV|MANIFEST``: print what was applied there and the drift (see
     :func:`transplant.status.read_status`); returns 0, or 3 when applied files drifted.
 
     :raises TransplantError: a bad location, an unreachable host, unreadable records.
     """
     from .status import read_status
 
-    spec, venv = parse_location(args.location)
-    with connect(spec, SSHOptions.from_files(args.identity_file, args.known_hosts)) as host, console.status(f"reading {args.location}"):
+    from .locations import resolve_location
+
+    spec, venv, options, label = resolve_location(args.location, args.identity_file, args.known_hosts)
+    with connect(spec, options) as host, console.status(f"reading {label}"):
         status = read_status(host, venv, say=lambda line: console.print(line, markup=False))
     for done in status.completed:
         console.print(done.describe(), markup=False)
@@ -58,12 +60,16 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
     for txid in status.interrupted:
         console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
                       f"apply --rollback")
+    skipped = status.applied_paths - status.checked
+    aside = (f" ({skipped} bytecode file(s) of the {status.applied_paths} applied paths are not compared: Python "
+             f"rewrites them at import)") if skipped > 0 else ""
     if status.drift:
-        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match:")
+        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match"
+                      f"{aside}:")
         for line in status.drift[:50]:
             console.print(f"  {line}", markup=False, highlight=False)
     elif status.transactions:
-        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied")
+        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied{aside}")
     return EXIT_BLOCKED if status.drift else EXIT_OK
 
 
@@ -207,7 +213,12 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
                      "dists": list(s.dists), "files": len(s.files), "bytes": s.size} for s in snaps]},
                     indent=2, sort_keys=True))
             else:
+                if len(str(store)) > 40:
+                    console.print(f"store: {store}", soft_wrap=True, markup=False, highlight=False)
                 console.print(snapshots_table(snaps, str(store)))
+                from .reports import snapshot_dists
+                for line in snapshot_dists(snaps):
+                    console.print(line, highlight=False)
             return EXIT_OK
         removed, objects, freed = prune(store, args.prune)
         console.print(f"pruned {len(removed)} snapshot(s) and {objects} stored file(s) no snapshot uses "
@@ -222,8 +233,10 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     with ExitStack() as stack:
         with console.status(f"connecting to the donor {manifest.donor.host}"):
             donor = stack.enter_context(connect(manifest.donor.host, _ssh_options(manifest)))
-        with console.status("snapshot") as status:
-            result = capture(manifest, donor, store, step=lambda line: status.update(line))
+        from .progress import step
+
+        with step(console, f"snapshot of {manifest.donor} into {store}") as update:
+            result = capture(manifest, donor, store, step=update)
     snap = result.snapshot
     pushed = None
     if getattr(args, "push", None):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import os
 import shutil
 import sys
@@ -237,6 +238,9 @@ def resolve_path(reference: str, *, base: Path | None, store: Path) -> Path:
         path = base / path
     if path.is_file() or "/" in reference or reference.endswith(".json"):
         return path
+    beside = base / path if base is not None and not path.is_absolute() else path
+    if beside.is_dir():  # a store folder named bare (snapshot --out DIR wrote it): see _only_index
+        return beside
     return store / "index" / f"{reference}.json"
 
 
@@ -250,6 +254,8 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     store = store or default_store()
     where = resolve_path(path, base=base, store=store)
     listing = f"transplant snapshot --list --out {store}"
+    if where.is_dir():
+        where = _only_index(path, where)
     try:
         doc = json.loads(where.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -283,6 +289,29 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     except (KeyError, TypeError, ValueError, ProbeError) as exc:
         raise SnapshotError(f"snapshot {where}: damaged index ({type(exc).__name__}: {exc})",
                             hint="take the snapshot again") from None
+
+
+def _only_index(path: str, folder: Path) -> Path:
+    """The index file of the one snapshot a store folder holds (``snapshot --out DIR`` wrote
+    DIR; its ``index/`` folder is accepted too).
+
+    :raises SnapshotError: the folder is no store, or holds no snapshot or several (their ids listed).
+    """
+    index = folder if folder.name == "index" and not (folder / "index").is_dir() else folder / "index"
+    if not index.is_dir():
+        raise SnapshotError(f"snapshot {path}: {folder} is a folder but not a snapshot store (no index/ folder in it)",
+                            hint="name a snapshot id, a store's index/ID.json file, or the folder snapshot --out wrote")
+    found = sorted(index.glob("*.json"))
+    store = index.parent
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise SnapshotError(f"snapshot {path}: the store {store} holds no snapshot",
+                            hint="take one: transplant snapshot MANIFEST --out " + shlex.quote(str(store)))
+    ids = ", ".join(p.stem for p in found)
+    raise SnapshotError(f"snapshot {path}: the store {store} holds {len(found)} snapshots ({ids}); say which",
+                        hint=f"write donor: {{snapshot: {shlex.quote(str(found[-1]))}}} (the newest id), or list them: "
+                             f"transplant snapshot --list --out {shlex.quote(str(store))}")
 
 
 def _check_entries(files: Any, patches: Any) -> None:

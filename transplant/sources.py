@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from .binaries import ElfReport
 from .elfscan import read_elf_facts
-from .errors import TransplantError
+from .errors import HostError, TransplantError
 from .hosts import Host, SSHOptions, connect
 from .hostspec import HostSpec
 from .inventory import Inventory
@@ -150,6 +150,9 @@ def open_donor(manifest: Manifest, ssh: SSHOptions, stack: ExitStack, *, store: 
             effective, source, host = _open_one(entry, manifest, ssh, stack, store)
         except TransplantError as exc:
             if len(entries) == 1:
+                if isinstance(exc, HostError) and isinstance(entry, Endpoint):
+                    from .locations import side_error
+                    raise side_error(which, exc, entry.host) from None
                 raise
             line = f"{which} ({entry}) cannot be used: {exc.message.splitlines()[0]}"
             failed.append(line)

@@ -127,6 +127,8 @@ def run_stages(
         skipped = "".join(f"; skipped {name} (verify.skip_imports: {why})" for name, why in settings.skip_imports.items())
 
         def imports() -> tuple[str, str, Mapping]:
+            if live is None:  # the interpreter stage failed and said why; that error is said once
+                return "skip", "the target's interpreter could not be run (see interpreter)", {}
             if not names:
                 return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
             report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
@@ -211,6 +213,8 @@ def run_stages(
         check = settings.server_args
         if check is None:
             return "skip", "no verify.server_args in the manifest", {}
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
         report = run_script(target, venv, "stage_server_args", [check.entry, json.dumps(wanted), *check.args],
                             env=env, timeout=timeout)
@@ -231,6 +235,8 @@ def run_stages(
     def smoke() -> tuple[str, str, Mapping]:
         if settings.smoke_device is None:
             return "skip", "no verify.smoke in the manifest", {}
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         report = run_script(target, venv, "stage_smoke", [settings.smoke_device], env=env, timeout=timeout)
         status, reason = judge_smoke(report)
         return status, reason, report
@@ -241,6 +247,8 @@ def run_stages(
         check = settings.serve
         if check is None:
             return "skip", "no verify.serve in the manifest", {}
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         request = {"command": list(check.command), "health": check.health, "path": check.path,
                    "body": dict(check.body), "config": dict(check.config) if check.config else None,
                    "deadline": check.timeout}
@@ -252,6 +260,8 @@ def run_stages(
     run("serve", serve)
 
     def jit() -> tuple[str, str, Mapping]:
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env, timeout=timeout)
         caches = report.get("caches", [])
         status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
