@@ -17,11 +17,20 @@ snapshot store:
   crossed the wire (the relay's first leg).
 
 Donor logins are counted in the donor sshd's log ("Accepted publickey").
+
+With ``--registry`` a third way is measured: the snapshot is pushed once to a loopback OCI
+registry (Debian's ``docker-registry``, :class:`transplant.lab.registry.LabRegistry`) and
+the manifest's donor is ``{snapshot: oci://...}``: every target pulls its blobs straight
+from the registry. Reported: the controller's bytes (file bytes relayed to targets, plus the
+blobs the controller pulled itself to read the shared objects for the plan) and the registry
+bytes per target (what each target's pull received).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -40,6 +49,7 @@ from transplant.lab import Lab
 from transplant.core.manifest import Endpoint
 from transplant.core.units import human_bytes
 from transplant.donor.sources import open_donor
+from transplant.donor.store import object_key, object_sizes
 
 from .run import OVERLAY
 from .workload import build_venv, differing_files
@@ -85,12 +95,60 @@ def measure(lab: Lab, work: Path, count: int, mode: str) -> dict:
             "seconds": round(seconds, 1)}
 
 
+def measure_registry(lab: Lab, work: Path, count: int, reference: str, ca: Path) -> dict:
+    """Apply to ``count`` targets from the registry snapshot ``reference``: controller and registry bytes."""
+    names = list(TARGETS[:count])
+    _reset(lab, names)
+    os.environ["TRANSPLANT_STATE_DIR"] = str(work / f"state-registry-{count}")
+    text = (work / "bench.yaml").read_text().splitlines()
+    text[1] = f"donor: {{snapshot: {reference}, ca: {ca}}}"
+    (work / "bench-registry.yaml").write_text("\n".join(text) + "\n")
+    manifest = load_manifest(work / "bench-registry.yaml")
+    ssh = SSHOptions(identity_file=lab.identity_file, known_hosts=lab.known_hosts)
+    targets = [Endpoint(host=HostSpec.parse(lab.hosts[n].spec), venv=VENV) for n in names]
+    started = time.monotonic()
+    with ExitStack() as stack:
+        opened = open_donor(manifest, ssh, stack)
+        results = run_fleet("apply", opened.manifest, targets, opened, ssh, jobs=4)
+        pulls = dict(opened.source.pulls)
+        controller_pulled = opened.source.client.bytes_received
+        patches = {object_key(p["hash"]) for p in opened.source.snapshot.patches}
+        files_pulled = sum(size for name, size in object_sizes(opened.source.snapshot.store).items()
+                           if name not in patches)
+    seconds = time.monotonic() - started
+    failed = [r for r in results if r.code != 0]
+    if failed:
+        raise RuntimeError(f"registry x{count}: {failed[0].target}: {failed[0].error}")
+    per_target = [p.registry_bytes for p in pulls.values()]
+    return {"targets": count, "mode": "registry", "relayed_bytes": sum(r.applied.bytes_moved for r in results if r.applied),
+            "controller_pulled": controller_pulled, "controller_files": files_pulled, "registry_bytes_per_target": max(per_target, default=0),
+            "direct": sum(p.how == "registry" for p in pulls.values()), "seconds": round(seconds, 1)}
+
+
+def _push(lab: Lab, work: Path, registry) -> tuple[str, int]:
+    """Snapshot the donor and push it to the lab registry; returns (pinned reference, bytes uploaded)."""
+    from transplant.cli import main as cli
+
+    os.environ["TRANSPLANT_REGISTRY_USER"], os.environ["TRANSPLANT_REGISTRY_PASSWORD"] = registry.user, registry.password
+    os.environ["TRANSPLANT_STATE_DIR"] = str(work / "state-push")
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = cli(["snapshot", str(work / "bench.yaml"), "--push", f"oci://{registry.host}/bench/snap:v1",
+                    "--ca", str(registry.ca), "--json"])
+    if code != 0:
+        raise RuntimeError(f"snapshot --push failed ({code}): {buffer.getvalue()[-2000:]}")
+    doc = json.loads(buffer.getvalue())
+    return doc["pushed"], doc["bytes_uploaded"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the measurements, print the table and write it to ``--out``."""
     parser = argparse.ArgumentParser(prog="bench.fleet")
     parser.add_argument("--scale", type=float, default=0.02, help="workload scale (1 = about 2 GB)")
     parser.add_argument("--counts", default="1,4,8", help="numbers of targets")
     parser.add_argument("--out", default="BENCHMARKS-fleet.md")
+    parser.add_argument("--registry", action="store_true",
+                        help="also apply from a snapshot in a loopback OCI registry (needs docker-registry)")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
     work = Path(tempfile.mkdtemp(prefix="transplant-bench-fleet-", dir="/tmp"))
@@ -108,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in ("fleet", "each"):
                     rows.append(measure(lab, work, count, mode))
                     print(json.dumps(rows[-1]), flush=True)
+            if args.registry:
+                from transplant.lab.registry import LabRegistry
+
+                with LabRegistry(work / "registry") as registry:
+                    reference, uploaded = _push(lab, work, registry)
+                    for count in counts:
+                        rows.append({**measure_registry(lab, work, count, reference, registry.ca), "pushed": uploaded})
+                        print(json.dumps(rows[-1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _, diff = differing_files(args.scale)
@@ -127,6 +193,24 @@ def main(argv: list[str] | None = None) -> int:
         e = next(r for r in rows if r["targets"] == count and r["mode"] == "each")
         lines.append(f"| {count} | {human_bytes(f['donor_bytes'])} | {f['donor_logins']} | "
                      f"{human_bytes(e['donor_bytes'])} | {e['donor_logins']} | {f['seconds']} | {e['seconds']} |")
+    registry_rows = [r for r in rows if r["mode"] == "registry"]
+    if registry_rows:
+        lines += [
+            "",
+            "## From a snapshot in an OCI registry",
+            "",
+            f"The snapshot pushed once ({human_bytes(registry_rows[0]['pushed'])} uploaded) to a loopback "
+            f"`docker-registry` (TLS, htpasswd); the manifest's donor is `{{snapshot: oci://...}}`.",
+            "",
+            "| targets | controller: file bytes relayed to targets | controller: file bytes pulled | controller: "
+            "bytes from the registry (manifest, index, ELF facts) | registry bytes per target | targets that pulled "
+            "directly | seconds |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in registry_rows:
+            lines.append(f"| {r['targets']} | {human_bytes(r['relayed_bytes'])} | {human_bytes(r['controller_files'])} | "
+                         f"{human_bytes(r['controller_pulled'])} | "
+                         f"{human_bytes(r['registry_bytes_per_target'])} | {r['direct']} | {r['seconds']} |")
     text = "\n".join(lines) + "\n"
     print(text)
     Path(args.out).write_text(text)

@@ -22,7 +22,7 @@ def test_workload_plan_moves_exactly_the_differing_files(tmp_path, monkeypatch, 
         target: {{host: local, venv: {target}}}
         overlay: [torch, torchvision, triton, sgl-kernel, "nvidia-*"]
         """))
-    assert main(["plan", str(m), "--json"]) == 2
+    assert main(["plan", "--detailed-exitcode", str(m), "--json"]) == 2
     plan = json.loads(capsys.readouterr().out)
     copied = sorted(c["path"] for change in plan["changes"] for c in change["copy"])
     paths, total = differing_files(scale)

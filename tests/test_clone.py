@@ -195,10 +195,11 @@ def test_clone_refusals_change_nothing(local_source, capsys):
         assert main(["clone", f"local:{src}", f"local:{bad}"]) == 1
         assert why in " ".join(capsys.readouterr().out.split()), bad
     assert not (base / "clone-b").exists() and not (base / "with space").exists()
-    # no folder is made outside the clone: the parent must exist
-    assert main(["clone", f"local:{src}", f"local:{base}/no/such/venv"]) == 1
-    assert f"the destination's parent folder {base}/no/such does not exist" in " ".join(capsys.readouterr().out.split())
-    assert not (base / "no").exists()
+    # a missing parent folder is made, as python -m venv does
+    assert main(["clone", f"local:{src}", f"local:{base}/no/such/venv"]) == 0
+    capsys.readouterr()
+    assert (base / "no/such/venv/pyvenv.cfg").is_file()
+    shutil.rmtree(base / "no")
     # a source with a transplant lock (an apply running or interrupted) is not cloned
     (Path(src) / ".transplant").mkdir()
     (Path(src) / ".transplant" / "lock").write_text("{}")
@@ -206,6 +207,8 @@ def test_clone_refusals_change_nothing(local_source, capsys):
         assert main(["clone", f"local:{src}", f"local:{base}/clone-locked"]) == 1
         assert "holds a transplant lock (.transplant/lock)" in " ".join(capsys.readouterr().out.split())
         assert not (base / "clone-locked").exists()
+        assert main(["clone", f"local:{src}", f"local:{base}/locked-parent/venv"]) == 1
+        assert not (base / "locked-parent").exists(), "a refused clone makes no folder"
     finally:
         shutil.rmtree(Path(src) / ".transplant")
     assert main(["clone", f"local:{src}", "local:relative/venv"]) == 64
@@ -501,7 +504,7 @@ def test_manifest_target_base_clones_then_overlays(tmp_path, capsys):
         overlay: [alpha]
         """))
     # plan: says the clone comes first, plans against the base, and writes nothing
-    assert main(["plan", str(manifest)]) == 2
+    assert main(["plan", "--detailed-exitcode", str(manifest)]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert f"target.base: local:{target} does not exist; apply first clones local:{base} to it" in out
     assert "upgrade" in out and not target.exists()

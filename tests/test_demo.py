@@ -75,3 +75,5 @@ def test_smoke_with_device_cuda_fails_without_a_gpu(lab):
     report = __import__("json").loads(auto.stdout.decode().strip().splitlines()[-1])
     assert report["ok"] is True and report["device"] == "cpu" and "ran on the CPU" in report["reason"]
     assert {c["dtype"] for c in report["checks"]} == {"float32", "bfloat16"}
+    [bridge] = [c for c in report["subchecks"] if c["name"] == "numpy bridge"]  # the demo's torch meets its numpy
+    assert bridge["status"] == "pass" and "round trip, exact" in bridge["reason"], bridge

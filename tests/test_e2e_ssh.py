@@ -82,7 +82,7 @@ def test_plan_apply_verify_over_ssh(hosts, tmp_path, capsys):
     # alpha and beta: changes, saved plan, apply, state checked hash for hash
     m = manifest(tmp_path, lab, ["alpha", "beta"])
     plan_file = tmp_path / "plan.json"
-    assert main(["plan", m, "--out", str(plan_file)]) == 2
+    assert main(["plan", "--detailed-exitcode", m, "--out", str(plan_file)]) == 2
     saved = json.loads(plan_file.read_text())
     by = {c["name"]: c for c in saved["changes"]}
     assert by["alpha"]["action"] == "upgrade" and by["beta"]["action"] == "add"

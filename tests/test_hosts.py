@@ -333,13 +333,16 @@ def test_rsync_refuses_unknown_host_key(lab, lab_connect, tmp_path):
     known = tmp_path / "known_hosts"
     known.write_bytes(lab.known_hosts.read_bytes())
     target = lab_connect("target", known_hosts=known)
-    known.write_text("")  # paramiko checked the key already; rsync's ssh must check it too
-    with pytest.raises(HostError) as caught:
+    known.write_text("")  # the master connection checked the key already; a new connection must check it again
+    # the master is gone (idle past ControlPersist, killed): rsync's ssh connects afresh, with the same checks
+    subprocess.run(shlex.split(target.rsync_rsh()) + ["-O", "exit", "root@127.0.0.11"], check=True,
+                   capture_output=True)
+    rsync = ["rsync", "-a", "-e", target.rsync_rsh(), str(tmp_path / "f"), target.rsync_location("/srv/strict/")]
+    done = subprocess.run(rsync, capture_output=True, timeout=60)
+    assert done.returncode != 0 and b"Host key verification failed" in done.stderr, done.stderr
+    with pytest.raises(HostError) as caught:  # and the command path (which opens a new master) refuses it too
         copy_files(LocalHost(), str(tmp_path), target, "/srv/strict", ["f"], staging=tmp_path)
-    assert "Host key verification failed" in str(caught.value)
-    # ssh's refusal is exit 255; rsync says 12 (protocol stream) when ssh dies after it started
-    assert "exit status 255" in str(caught.value) or "exit status 12" in str(caught.value)
-    assert caught.value.hint == f"check that `ssh` reaches {target.label} with the same key and known_hosts"
+    assert "host key not in" in str(caught.value) or "Host key verification failed" in str(caught.value)
     assert not lab.hosts["target"].path("/srv/strict").exists()
 
 

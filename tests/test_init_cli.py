@@ -58,7 +58,7 @@ def test_init_writes_a_closure_manifest_and_refuses_to_overwrite(pair, capsys):
     assert out.read_text().endswith("# mine\n")
     assert "already exists" in capsys.readouterr().out
 
-    assert main(["plan", str(out), "--json"]) == 2
+    assert main(["plan", "--detailed-exitcode", str(out), "--json"]) == 2
     plan = json.loads(capsys.readouterr().out)
     changes = {c["name"]: c for c in plan["changes"]}
     # lib is on the target at a version lib[fast] accepts: it stays; speed (its extra) comes

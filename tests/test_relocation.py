@@ -12,7 +12,7 @@ import pytest
 from transplant import remote
 from transplant.errors import ManifestError
 from transplant.core.manifest import parse_manifest
-from transplant.core.relocation import (Leftovers, check_clone_paths, check_venv_path, decide, outside_venv, judge,
+from transplant.core.relocation import (missing_parents, Leftovers, check_clone_paths, check_venv_path, decide, outside_venv, judge,
                                    preflight, relocatable_kind)
 
 OLD, NEW = "/srv/venv", "/opt/clones/venv-b"
@@ -155,9 +155,9 @@ def test_preflight_names_every_problem_with_its_fix():
     assert problems == ["pyvenv.cfg's home /usr/bin has no Python on the destination h:/opt/v (tried "
                         "/usr/bin/python3.11); the clone's python would not start; fix: install Python 3.11 at "
                         "/usr/bin there, or clone to a host that has it"]
-    assert _preflight(_check(parent="/"))[0] == [
-        "the destination's parent folder /opt does not exist (a clone makes no folder outside its venv); fix: create "
-        "it there (mkdir -p /opt), or choose another path"]
+    assert _preflight(_check(parent="/"))[0] == [], "a missing parent folder is made, as python -m venv does"
+    assert missing_parents("/srv/a/b/venv", "/srv") == ["/srv/a", "/srv/a/b"]
+    assert missing_parents("/srv/venv", "/srv") == []
     short = _preflight(_check(free=(20 << 20)), size=8 << 20)[0]
     assert short == ["the destination's filesystem at /opt has 20.0 MiB free; the clone needs 8.0 MiB plus 16.0 MiB; "
                      "fix: free space there, or choose another filesystem"]

@@ -111,6 +111,14 @@ def test_record_of_relocated_scripts_is_compared_by_its_normalised_identity():
     portable = run(["x"], [x("#!/usr/bin/env python3\npass\n")], [])  # nothing relocated: verbatim
     assert [c.record_identity for c in portable.changes[0].copy if c.path == record] == [None]
 
+def test_script_prefix_names_the_interpreter_the_shebang_names():
+    result = run(["x"], [dist("x", "1", {"x/__init__.py": "x"},
+                              scripts={"x": "#!/donor/venv/bin/python3\nimport x\n"})], [])
+    [f] = found(result, "script-prefix")
+    assert "the donor's interpreter /donor/venv/bin/python3;" in f.message, f.message
+    assert f.message.endswith("rewrites their first line to /target/venv/bin/python3"), f.message
+
+
 def test_portable_shebang_is_not_a_finding():
     result = run(["x"], [dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": "#!/usr/bin/env python3\npass\n"})], [])
     assert not found(result, "script-prefix")

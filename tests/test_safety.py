@@ -49,7 +49,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def tamper(tmp_path, m, edit):
     plan_file = tmp_path / "p.json"
-    assert main(["plan", str(m), "--out", str(plan_file)]) == 2
+    assert main(["plan", "--detailed-exitcode", str(m), "--out", str(plan_file)]) == 2
     data = json.loads(plan_file.read_text())
     edit(data)
     plan_file.write_text(json.dumps(data))

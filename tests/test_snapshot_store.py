@@ -96,7 +96,7 @@ def test_donor_snapshot_fallback_and_targets_parse():
      "donor.fallback: expected a non-empty list, got the string 'y'; fix: write e.g. fallback: "
      "[{host: root@gpu-2, venv: /root/venv}, {snapshot: ID}]"),
     ({"donor": DONOR | {"fallback": [{"snapshot": "a", "host": "b"}]}, "target": DONOR | {"host": "z"}},
-     "donor.fallback[0].host: unknown key; fix: remove it; allowed keys: snapshot"),
+     "donor.fallback[0].host: unknown key; fix: remove it; allowed keys: snapshot, ca"),
 ])
 def test_bad_source_and_target_keys(data, problem):
     with pytest.raises(ManifestError) as info:

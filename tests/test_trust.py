@@ -92,7 +92,7 @@ def test_a_plan_made_before_the_target_changed_is_refused_under_the_lock(pair, c
     monkeypatch.setattr(cli, "execute", racing)
     source = str(tmp_path / "m.yaml")
     if saved:
-        assert main(["plan", source, "--out", str(tmp_path / "p.json")]) == 2
+        assert main(["plan", "--detailed-exitcode", source, "--out", str(tmp_path / "p.json")]) == 2
         source = str(tmp_path / "p.json")
     capsys.readouterr()
     code = main(["apply", source, "--yes"])
@@ -179,7 +179,7 @@ def test_a_venv_path_with_a_control_character_is_refused(pair, capsys, venv):
 def test_a_saved_plan_made_with_a_relative_manifest_path_applies_from_another_folder(pair, capsys, monkeypatch):
     tmp_path = pair
     monkeypatch.chdir(tmp_path)
-    assert main(["plan", "m.yaml", "--out", "p.json"]) == 2
+    assert main(["plan", "--detailed-exitcode", "m.yaml", "--out", "p.json"]) == 2
     assert json.loads((tmp_path / "p.json").read_text())["manifest"] == str(tmp_path / "m.yaml")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -436,7 +436,7 @@ def _other_target(plan: dict, tmp_path: Path) -> None:
 def test_a_refused_saved_plan_writes_nothing_on_the_target(pair, capsys, edit, flag):
     """--resume / --rollback read only the plan's target, so only that edit concerns them."""
     tmp_path = pair
-    assert main(["plan", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "p.json")]) == 2
+    assert main(["plan", "--detailed-exitcode", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "p.json")]) == 2
     plan = json.loads((tmp_path / "p.json").read_text())
     edit(plan, tmp_path)
     (tmp_path / "p.json").write_text(json.dumps(plan))

@@ -43,15 +43,16 @@ class TransplantError(Exception):
     def __str__(self) -> str:
         return self.message
 
-    def render(self, *, max_mismatches: int = 50) -> Text:
+    def render(self, *, max_mismatches: int = 50, hint: bool = True) -> Text:
         """``error [<code>]: <message>``, the first ``max_mismatches`` files that differ, and
-        ``hint: <fix>``, as rich text; nothing of the message is read as markup."""
+        ``hint: <fix>`` (``hint`` False: without it, for a caller that prints it on its own line,
+        unwrapped), as rich text; nothing of the message is read as markup."""
         text = Text()
         text.append(f"error [{self.code}]: " if self.code else "error: ", style="bold red")
         text.append(self.message)
         for line in self.mismatches[:max_mismatches]:
             text.append(f"\n  {line}")
-        if self.hint:
+        if self.hint and hint:
             text.append("\nhint: ", style="bold")
             text.append(self.hint)
         return text

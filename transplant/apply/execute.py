@@ -117,6 +117,7 @@ def execute(
     orphan_at: int | None = None,
     donor_root: str | None = None,
     recipe: dict | None = None,
+    stager: Callable[..., tuple[int, int]] | None = None,
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
@@ -137,7 +138,8 @@ def execute(
     :param donor: connected donor host; :param target: connected target host.
     :param manifest_dir: folder the patch sources are relative to.
     :param state_dir: the controller's state folder (staging for relayed copies).
-    :param progress: called with (step name, bytes done, bytes in all).
+    :param progress: called with (step name, bytes done, bytes in all) while files are copied
+        (``files``, ``patches``), and with (``commit``, 0, 0) and (``check``, 0, 0) when those start.
     :param timeout: seconds for each transfer; None waits without limit.
     :param say: called with a line for each notice (a stale lock broken).
     :param break_lock: take the lock even when another controller holds it.
@@ -149,6 +151,10 @@ def execute(
     :param recipe: what the target's history keeps of where this state came from (the
         manifest as data, its patch files, the snapshot), for ``transplant status`` and
         ``transplant recover``; None records none.
+    :param stager: puts the donor files into the staging folder instead of rsync from ``donor``
+        (a registry snapshot: :meth:`transplant.donor.registry_snapshot.RegistrySource.stage`, called as
+        ``stager(target, venv, staged, paths, staging=, timeout=, say=)`` -> (bytes through the
+        controller, files)); None copies with rsync.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
         target is no longer the one the plan was made against (checked under the lock,
         before any write: a stale plan), the target lacks space or cannot be written (nothing changed), an earlier transaction
@@ -197,7 +203,7 @@ def execute(
             **({"recipe": recipe} if recipe is not None else {})}})
         try:
             moved, copied = _stage(plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir,
-                                   state_dir, progress, timeout)
+                                   state_dir, progress, timeout, stager=stager, say=say)
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
@@ -227,12 +233,16 @@ def execute(
         lap("transfer")
         extra = {key: value for key, value in (("crash_after", crash_after), ("orphan_at", orphan_at))
                  if value is not None}
+        if progress is not None:
+            progress("commit", 0, 0)
         try:
             done = txn.call(target, venv, "commit", {"id": txid, "lock": txid, **extra})
         except TransplantError as exc:
             raise TransplantError(f"{exc.message}\n(transaction {txid} is interrupted part-way through its commit)",
                                   hint=_FINISH.format(manifest=shlex.quote(plan.manifest))) from exc
         lap("commit")
+        if progress is not None:
+            progress("check", 0, 0)
         mismatches = txn.check_state(target, venv, expected)
         lap("check")
         outcome = "applied" if not mismatches else "differs"
@@ -265,7 +275,7 @@ def _refuse_stale(plan: Plan, target: Host) -> None:
     from transplant.core.inventory import TEXTS
 
     now = take_inventory(target, plan.target.venv, hash_patterns=plan.hash_patterns, files=plan.patch_files,
-                         texts=TEXTS)
+                         texts=TEXTS, hash_cache="venv")
     if now.fingerprint != plan.target.fingerprint:
         manifest = shlex.quote(plan.manifest)
         raise ApplyError(
@@ -297,7 +307,8 @@ def _begin_error(plan: Plan, reply: dict) -> ApplyError:
 
 
 def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
-           progress: Progress | None, timeout: float | None) -> tuple[int, int]:
+           progress: Progress | None, timeout: float | None, *, stager: Callable[..., tuple[int, int]] | None = None,
+           say: Callable[[str], None] = lambda _line: None) -> tuple[int, int]:
     """Copy the plan's new files into the transaction's staging folder on the target;
     returns (bytes on the wire, files)."""
     staging = state_dir / "staging"
@@ -308,7 +319,9 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
     def report(step: str) -> Callable[[int, int], None] | None:
         return None if progress is None else (lambda done, total: progress(step, done, total))
 
-    if donor_files:
+    if donor_files and stager is not None:
+        moved, copied = stager(target, plan.target.venv, staged, donor_files, staging=staging, timeout=timeout, say=say)
+    elif donor_files:
         result = copy_files(donor, donor_root, target, staged, donor_files, staging=staging,
                             progress=report("files"), timeout=timeout)
         moved, copied = result.bytes, len(donor_files)

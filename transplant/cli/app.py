@@ -1,7 +1,8 @@
 """The command line (face): parse arguments, call the library, map errors to exit codes.
 
-Exit codes: ``plan`` 0 nothing to change, 2 changes and no blocking finding, 3 blocked
-by an error finding; ``apply`` 0 done (or nothing to do, or ``--resume`` with nothing to
+Exit codes: ``plan`` 0 planned (with or without changes), 3 blocked by an error finding,
+and with ``--detailed-exitcode`` (as Terraform's ``-detailed-exitcode``) 2 for changes and no
+blocking finding; ``apply`` 0 done (or nothing to do, or ``--resume`` with nothing to
 resume), 3 blocked, 1 also for ``--rollback`` with nothing interrupted; ``verify`` 0 no
 stage failed, 3 a stage failed; ``clone`` 0 done, 3 done but a text file or symlink of the clone still
 names the old prefix; every command 1 when it could not do its job
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from transplant import __version__
 from transplant.cli.commands.apply import apply_command, history_command, rollback_command
@@ -88,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
     p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
     p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
+    p.add_argument("--detailed-exitcode", action="store_true",
+                   help="exit 2 when there are changes (0 none, 3 blocked, 1 failed), as Terraform's")
     fleet_options(p)
     p.set_defaults(func=plan_command)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
@@ -137,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
     n.set_defaults(func=_cmd_init)
     i = sub.add_parser("inventory", help="print what a venv holds")
-    i.add_argument("location", metavar="HOST:VENV", help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv")
+    i.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                   help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv, or a manifest (its target, "
+                        "reached with its ssh settings)")
     i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")
     i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
     i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
@@ -154,14 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_clone)
     s = sub.add_parser("snapshot", help="keep the donor's overlay set on the controller, for when the donor is gone")
     s.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
-    s.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
+    s.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/); with "
+                   "--list or --prune also a registry repository, oci://REGISTRY/REPO (--prune then takes tags)")
     s.add_argument("--list", action="store_true", help="list the snapshots in the store")
     s.add_argument("--prune", nargs="*", metavar="ID", help="remove these snapshots, then every stored file no "
                    "snapshot uses")
+    s.add_argument("--push", metavar="oci://REGISTRY/REPO:TAG",
+                   help="also push the snapshot to an OCI registry (one blob per distribution build)")
+    s.add_argument("--ca", metavar="PEM", help="CA bundle for the registry (default: the system CAs)")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=_cmd_snapshot)
     st = sub.add_parser("status", help="what was applied to a venv, from where, when, and what drifted since")
-    st.add_argument("location", metavar="HOST:VENV", help="e.g. root@gpu-07:/root/venv_sglang")
+    st.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                    help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh settings)")
     st.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
     st.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
     st.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
@@ -171,9 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the host to rebuild on (the venv defaults to the source's path)")
     rc.add_argument("--from", dest="source_host", metavar="HOST:VENV",
                     help="a venv whose history holds the state (its newest applied and verified transaction)")
-    rc.add_argument("--snapshot", metavar="ID|PATH",
+    rc.add_argument("--snapshot", metavar="ID|PATH|oci://REGISTRY/REPO:TAG",
                     help="a snapshot (without --from or --snapshot: the last state this controller saw verified, "
                          "from its host or, when that is gone, its snapshot; else the newest snapshot in the store)")
+    rc.add_argument("--ca", metavar="PEM", help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
     rc.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
     rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
     rc.add_argument("--force", action="store_true",
@@ -194,11 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
-    console = Console(file=stream, width=wide)
+    console = _Console(file=stream, width=wide)
     try:
-        return args.func(args, console)
+        code = args.func(args, console)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except TransplantError as exc:
-        console.print(exc.render(), highlight=False)
+        console.print(exc.render(hint=False), highlight=False)
+        if exc.hint:  # a command to paste: never wrapped by the console (the terminal may fold it, newline-free)
+            console.print(Text.assemble(("hint: ", "bold"), exc.hint), highlight=False, soft_wrap=True)
         if getattr(args, "json", False):
             print(json.dumps({"schema": "transplant.error/1", "error": exc.message, "hint": exc.hint,
                               "code": exc.code}))
@@ -206,3 +224,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return EXIT_INTERRUPTED
+
+
+class _Console(Console):
+    """rich's Console, but a closed pipe is raised to :func:`main` (rich would exit with 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (``transplant plan | head``): not an error, exit 0 quietly.
+
+    As the Python documentation (``signal``, "Note on SIGPIPE") recommends: point standard
+    output at /dev/null so that the interpreter's final flush does not fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured in tests)
+            pass
+    os.close(devnull)
+    return EXIT_OK

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -56,19 +56,10 @@ def findings_table(findings: Sequence[Finding], title: str = "findings") -> Tabl
 
 
 def print_plan(console: Console, plan: Plan) -> None:
-    """The plan table, its totals and its findings."""
-    console.print(plan_table(plan))
-    moving = [c for c in plan.changes if not c.is_noop]
-    files = sum(len(c.copy) for c in plan.changes)
-    removed = sum(len(c.remove) for c in plan.changes)
-    console.print(f"{len(moving)} changes: {files} files ({human_bytes(plan.copy_bytes)}) to copy, "
-                  f"{removed} to remove; {len(plan.changes) - len(moving)} unchanged")
-    if plan.findings:
-        console.print(findings_table(plan.findings))
-    blocking = plan.blocking
-    if blocking:
-        console.print(Text(f"{len(blocking)} error finding(s) block apply (use --force to apply anyway)",
-                           style="bold red"))
+    """The plan's changes, totals, findings and fixes, readable at any width (see :mod:`transplant.cli.planview`)."""
+    from transplant.cli.planview import print_plan_view
+
+    print_plan_view(console, plan)
 
 
 def stages_table(results: Sequence[StageResult], title: str) -> Table:
@@ -119,8 +110,9 @@ def inventory_table(inv: Inventory) -> Table:
     table = Table(title=f"{inv.label} (Python {inv.interpreter.version}, {inv.interpreter.machine}, "
                         f"glibc {inv.interpreter.glibc}; {inv.nvidia.reason or inv.nvidia.driver_version})",
                   title_justify="left")
-    for column in ("distribution", "version", "files", "bytes", "installer"):
-        table.add_column(column, justify="right" if column in ("files", "bytes") else "left")
+    for column in ("distribution", "version", "files", "bytes", "installer"):  # names and versions never wrap
+        table.add_column(column, justify="right" if column in ("files", "bytes") else "left",
+                         no_wrap=column != "installer")
     for d in inv.distributions:
         files = d.files
         size = sum(e.size or 0 for e in files.values())
@@ -129,8 +121,9 @@ def inventory_table(inv: Inventory) -> Table:
     return table
 
 
-def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Table:
-    """Transactions of a target: id, state, source, steps, and the events recorded for each.
+def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Group:
+    """Transactions of a target, then one line per transaction naming its source: id, state, paths (those it leaves, as ``status``
+    counts them; older records without them show their step count), and the events recorded for each.
 
     :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
         ``verified`` event carries ``ok`` (bool, written by :func:`transplant.recover.provenance.record_verified`)
@@ -141,8 +134,10 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
     :param where: the target, for the title.
     """
     table = Table(title=f"transactions in {where}", title_justify="left")
-    for column in ("id", "state", "source", "steps", "events"):
-        table.add_column(column)
+    longest = max((len(str(t["id"])) for t in transactions), default=2)
+    table.add_column("id", no_wrap=True, min_width=longest)  # an id is typed back whole (rollback --to ID)
+    for column in ("state", "paths", "events"):  # paths: the unit status counts
+        table.add_column(column, no_wrap=column in ("state", "paths"))
     by_id: dict[str, list[str]] = {}
     for event in events:
         if not isinstance(event, Mapping):
@@ -160,6 +155,8 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
             name = f"{name} by the host"
         by_id.setdefault(str(event.get("id")), []).append(f"{name} {stamp}")
     for t in transactions:
-        table.add_row(Text(str(t["id"])), Text(str(t["state"])), Text(str(t.get("source") or "")),
-                      str(t.get("steps", "")), Text(", ".join(by_id.get(str(t["id"]), []))))
-    return table
+        table.add_row(Text(str(t["id"])), Text(str(t["state"])),
+                      str(t.get("paths", t.get("steps", ""))), Text(", ".join(by_id.get(str(t["id"]), []))))
+    # the sources (a host and venv path each) below the table, whole: a path is never cut inside a cell
+    sources = [Text(f"{t['id']} from {t.get('source') or '?'}") for t in transactions]
+    return Group(table, *sources)

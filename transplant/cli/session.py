@@ -14,19 +14,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.plan import Plan
 from transplant.controller.documents import read_patch_files
 from transplant.donor.sources import Opened, open_donor
-from transplant.errors import TransplantError, UsageError
-from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.errors import HostError, TransplantError, UsageError
+from transplant.hosts.host import Host, SSHOptions, connect, side_error
 from transplant.pipeline import plan_target
 
 __all__ = ["Session", "ssh_options", "parse_location", "targets_of", "run_fleet_action", "refuse_inside_venvs",
-           "progress_bar", "crash_after", "orphan_at"]
+           "crash_after", "orphan_at"]
 
 
 def ssh_options(manifest: Manifest) -> SSHOptions:
@@ -39,7 +38,8 @@ def ssh_options(manifest: Manifest) -> SSHOptions:
         return path if path.is_absolute() else base / path
 
     return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
-                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys)
+                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys,
+                      config=resolve(manifest.ssh.config))
 
 
 class Session:
@@ -91,7 +91,10 @@ class Session:
         if side not in self._hosts:
             spec = getattr(self.manifest, side).host
             with self.console.status(f"connecting to the {side} {spec}"):
-                self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+                try:
+                    self._hosts[side] = self.stack.enter_context(connect(spec, self.ssh))
+                except HostError as exc:
+                    raise side_error(side, exc, spec) from None
         return self._hosts[side]
 
     def donor(self, *, quiet: bool = False) -> Opened:
@@ -174,11 +177,6 @@ def refuse_inside_venvs(path: str, manifest: Manifest) -> None:
         if end.host.is_local and (resolved == venv or venv in resolved.parents):
             raise TransplantError(f"--out {path}: that is inside the {side} venv {end.venv}",
                                   hint="save plans outside the venvs, e.g. --out plan.json")
-
-
-def progress_bar(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                    TimeElapsedColumn(), console=console, transient=True)
 
 
 def crash_after() -> int | None:

@@ -33,7 +33,7 @@ from transplant.hosts.host import Host
 from transplant.core.inventory import Inventory
 from transplant.hosts.probing import run_script, take_inventory
 from transplant.core.relocation import Leftovers, Relocation, check_clone_paths, check_venv_path, decide, outside_venv, judge, \
-    preflight
+    missing_parents, preflight
 from transplant.core.rules.venvfiles import editable_sources, pth_paths
 from transplant.hosts.transfer import copy_tree
 
@@ -214,6 +214,10 @@ def clone(
     if answer["dest_state"] == "venv":
         tell(f"removing the venv at {dest} (--replace)")
         _run(dst, ["rm", "-rf", "--one-file-system", "--", dst_venv], "remove the old destination venv", timeout)
+    made = missing_parents(dst_venv, answer.get("parent") or posixpath.dirname(dst_venv))
+    if made:
+        tell(f"creating the missing folder(s) above the destination: {', '.join(made)}")
+        _run(dst, ["mkdir", "-p", "--", made[-1]], "create the destination's parent folder", timeout)
     if answer["dest_state"] != "empty":  # outside the try: a folder made by someone else meanwhile is not ours
         _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
     method = "cp --reflink=auto" if same_host else "rsync -aH"
@@ -233,6 +237,8 @@ def clone(
             dst.run(["rm", "-rf", "--one-file-system", "--", dst_venv], timeout=timeout)
             if answer["dest_state"] == "empty":  # as it was
                 dst.run(["mkdir", "--", dst_venv], timeout=timeout)
+            for folder in reversed(made):  # the folders made above it, if still empty (rmdir removes nothing else)
+                dst.run(["rmdir", "--", folder], timeout=timeout)
         except TransplantError:
             pass
         if isinstance(exc, TransplantError):

@@ -86,6 +86,14 @@ class ElfFacts:
         or when the request did not ask.
     :ivar notes: parts of the file that were not read, and why (a compressed fatbin too
         large to inflate); the rules say these checks were not done.
+    :ivar versioned_undefined: needed file -> its undefined, non-weak dynamic symbols bound to
+        a symbol version of that file (the C runtime's and libstdc++'s left out), sorted; None
+        when not gathered (the request did not ask, or an older report).
+    :ivar numpy_abi: the NumPy C-API the file was built against, from the module its
+        ``_import_array()`` names: ``"1"`` (1.x headers), ``"2"`` (2.x headers), ``""`` (it
+        uses neither); None when not read.
+    :ivar ptx_isa: PTX entry name (``compute_90``) -> the newest PTX ISA version among its
+        entries (``"9.0"``), from the fatbin entry headers; empty when not read.
     """
 
     path: str
@@ -98,6 +106,9 @@ class ElfFacts:
     torch_undefined: tuple[str, ...] = ()
     device_code: tuple[DeviceCode, ...] = ()
     notes: tuple[str, ...] = ()
+    versioned_undefined: Mapping[str, tuple[str, ...]] | None = None
+    numpy_abi: str | None = None
+    ptx_isa: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +129,8 @@ class ElfReport:
     :ivar defined: symbol -> whether any of ``defined_in`` defines it (an answer to the
         request's ``defined`` query; empty when not asked).
     :ivar defined_in: the venv-relative libraries searched for ``defined``.
+    :ivar defined_by: venv-relative library -> the asked names it does not define (None when
+        it could not be read); empty when not asked.
     :ivar seconds: time the script took on the host.
     """
 
@@ -127,6 +140,7 @@ class ElfReport:
     defined: Mapping[str, bool] = field(default_factory=dict)
     defined_in: tuple[str, ...] = ()
     seconds: float = 0.0
+    defined_by: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
 
 
 def _fail(label: str, path: str, expected: str, value: Any) -> ProbeError:
@@ -191,7 +205,46 @@ def _facts(label: str, rel: str, obj: Any) -> ElfFacts:
         torch_undefined=tuple(sorted(_strings(label, obj.get("torch_undefined"), f"{path}.torch_undefined"))),
         device_code=_device_code(label, obj.get("device_code"), f"{path}.device_code"),
         notes=_strings(label, obj.get("notes"), f"{path}.notes"),
+        versioned_undefined=_versioned(label, obj.get("versioned_undefined"), f"{path}.versioned_undefined"),
+        numpy_abi=_numpy(label, obj.get("numpy_abi"), f"{path}.numpy_abi"),
+        ptx_isa=_ptx_isa(label, obj, path),
     )
+
+
+_ISA = re.compile(r"^\d+\.\d+$")
+
+
+def _ptx_isa(label: str, obj: dict, path: str) -> dict[str, str]:
+    """PTX ISA versions from the device code entries' ``isa`` (the host script) or a ``ptx_isa``
+    object (a recorded report), keyed by the entry name (``compute_90a``)."""
+    out: dict[str, str] = {}
+    raw = obj.get("ptx_isa") or {}
+    if not isinstance(raw, dict):
+        raise _fail(label, f"{path}.ptx_isa", "an object", raw)
+    items = list(raw.items())
+    for item in obj.get("device_code") or ():
+        if isinstance(item, dict) and item.get("kind") == "ptx" and item.get("isa") is not None:
+            items.append((f"compute_{item.get('arch')}{item.get('variant', '')}", item["isa"]))
+    for name, isa in items:
+        if not isinstance(isa, str) or not _ISA.match(isa):
+            raise _fail(label, f"{path}.ptx_isa[{name!r}]", "a version like '9.0'", isa)
+        out[name] = isa
+    return out
+
+
+def _numpy(label: str, value: Any, path: str) -> str | None:
+    if value is not None and value not in ("", "1", "2"):
+        raise _fail(label, path, "'1', '2', '' or null", value)
+    return value
+
+
+def _versioned(label: str, value: Any, path: str) -> dict[str, tuple[str, ...]] | None:
+    """``{file: [names]}`` of a report (``versioned_undefined``, ``defined_by``); None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _fail(label, path, "an object", value)
+    return {k: _strings(label, v, f"{path}[{k!r}]") for k, v in value.items()}
 
 
 def parse_elf_report(document: Any, *, label: str) -> ElfReport:
@@ -228,4 +281,14 @@ def parse_elf_report(document: Any, *, label: str) -> ElfReport:
         defined=dict(defined),
         defined_in=_strings(label, document.get("defined_in"), "defined_in"),
         seconds=float(seconds),
+        defined_by={k: (None if v is None else _strings(label, v, f"defined_by[{k!r}]"))
+                    for k, v in (_object(label, document.get("defined_by"), "defined_by")).items()},
     )
+
+
+def _object(label: str, value: Any, path: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(label, path, "an object", value)
+    return value

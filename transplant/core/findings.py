@@ -28,7 +28,13 @@ from transplant.core.rules.cudarules import cuda_major_findings, driver_findings
 from transplant.core.rules.env import EnvironmentAfter, pip
 from transplant.core.rules.families import lockstep_findings, torch_family_findings
 from transplant.core.rules.interpreter import interpreter_findings, platform_findings, python_abi_findings, unread_findings
+from transplant.core.rules.libcuda import libcuda_findings
 from transplant.core.rules.libtorch import libtorch_findings
+from transplant.core.rules.numpyabi import numpy_findings
+from transplant.core.rules.outside import outside_findings
+from transplant.core.rules.ptx import ptx_findings
+from transplant.core.rules.recordless import recordless_findings
+from transplant.core.rules.symbols import symbol_findings
 from transplant.core.rules.venvfiles import drift_findings, editable_findings, script_findings
 
 __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
@@ -36,7 +42,9 @@ __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
 #: The rules run on every plan, in order.
 RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_major_findings, torch_family_findings,
          lockstep_findings, libtorch_findings, driver_findings, gpu_arch_findings, editable_findings,
-         script_findings, drift_findings, unread_findings)
+         script_findings, drift_findings, unread_findings, recordless_findings,
+         symbol_findings, numpy_findings, libcuda_findings, outside_findings,
+         ptx_findings)
 
 _SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
 

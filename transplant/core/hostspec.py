@@ -48,12 +48,19 @@ class HostSpec:
         """Parse ``local`` or ``[user@]host[:port]``.
 
         :raises ValueError: the text is empty, has spaces or shell characters, a bad
-            user or host name, or a port outside 1..65535; the message says which.
+            user or host name, or a port outside 1..65535, ``local`` in another case (did you
+            mean ``local``), or a ``HOST:/path`` location where a host alone belongs; the message says which.
         """
         if not isinstance(text, str) or not text.strip():
             raise ValueError("expected 'local' or [user@]host[:port], got an empty value")
         if text == "local":
             return cls(hostname="local")
+        if text.strip().lower() == "local":
+            raise ValueError(f"{text!r} is not a host name; did you mean 'local' (the controller, in lower case)?")
+        head, slash, path = text.partition(":/")
+        if slash:
+            raise ValueError(f"{text!r} holds a venv path; the host is {head!r} alone and the path goes in 'venv' "
+                             f"(host: {head}, venv: /{path})")
         user, at, rest = text.rpartition("@")
         if at and not _USER.fullmatch(user):
             raise ValueError(f"bad user name {user!r} in {text!r}")

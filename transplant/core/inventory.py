@@ -14,6 +14,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -31,6 +32,7 @@ __all__ = [
     "Interpreter",
     "Gpu",
     "NvidiaFacts",
+    "LibcudaFacts",
     "Inventory",
     "parse_inventory",
     "inside_path",
@@ -137,9 +139,10 @@ class Distribution:
     record: tuple[FileEntry, ...] | None = None
     listing: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def files(self) -> dict[str, FileEntry]:
-        """RECORD entries inside the venv, keyed by prefix-relative path."""
+        """RECORD entries inside the venv, keyed by prefix-relative path (built once per
+        distribution; callers must not mutate the mapping)."""
         return {e.path: e for e in self.record or () if e.path is not None}
 
 
@@ -192,6 +195,24 @@ class NvidiaFacts:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LibcudaFacts:
+    """Where the host's JIT users find the driver library to link with ``-lcuda`` (as the probe's
+    own environment sees it; see ``_libcuda`` in :mod:`transplant.remote.probe`).
+
+    :ivar searched: the folders triton's ``libcuda_dirs`` would pass to the linker
+        (``TRITON_LIBCUDA_PATH``, else ``ldconfig -p``'s, else ``LD_LIBRARY_PATH``'s).
+    :ivar versioned: ``libcuda.so.1`` paths found there; :ivar unversioned: ``libcuda.so`` paths.
+    :ivar ldconfig: whether ``ldconfig -p`` ran; :ivar triton_libcuda_path: the variable's value.
+    """
+
+    searched: tuple[str, ...] = ()
+    versioned: tuple[str, ...] = ()
+    unversioned: tuple[str, ...] = ()
+    ldconfig: bool = False
+    triton_libcuda_path: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Inventory:
     """Everything the probe saw in one venv on one host.
 
@@ -206,6 +227,14 @@ class Inventory:
         when a file was too large or unreadable.
     :ivar elsewhere: absolute path -> whether it exists on the host (asked for).
     :ivar fingerprint: sha256 hex of the canonical document, to detect drift.
+    :ivar libcuda: where the host's JIT users find ``libcuda.so``; None when the probe did not
+        report it (an older probe document).
+    :ivar outside: distributions the venv's interpreter imports from folders outside the venv
+        (``*.pth`` path lines, ``include-system-site-packages``), metadata only (``record``
+        None), each ``dist_info`` an absolute path; sorted by name. Not part of
+        :attr:`distributions`: apply never writes or removes them.
+    :ivar outside_folders: absolute folder -> why it is on ``sys.path`` (``foo.pth in
+        lib/python3.11/site-packages``, ``include-system-site-packages = true``), in path order.
     """
 
     label: str
@@ -220,6 +249,9 @@ class Inventory:
     texts: Mapping[str, str | None] = field(default_factory=dict)
     elsewhere: Mapping[str, bool] = field(default_factory=dict)
     document: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    libcuda: LibcudaFacts | None = None
+    outside: tuple[Distribution, ...] = ()
+    outside_folders: Mapping[str, str] = field(default_factory=dict)
 
     def latest(self) -> dict[NormalizedName, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -267,20 +299,41 @@ class _Reader:
 
 def _fingerprint(document: Mapping[str, Any]) -> str:
     """sha256 hex over the parts of a probe document that describe content (not timings)."""
-    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere")}
+    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere", "hash_cache")}
 
-    def scrub(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: scrub(v) for k, v in value.items() if k != "mtime"}
-        if isinstance(value, list):
-            return [scrub(v) for v in value]
-        return value
-
-    text = json.dumps(scrub(stable), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(stable, sort_keys=True, separators=(",", ":"))
+    # Drop every ``"mtime":<number>`` member. In compact JSON ``,"`` and ``{"`` occur only
+    # around keys (a quote inside a string is always escaped), so no string value is touched.
+    text = _MTIME_FIRST.sub("{", _MTIME_LATER.sub("", text))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_NUMBER = r"(?:-?[0-9.eE+-]+|null|-?Infinity|NaN)"
+_MTIME_LATER = re.compile(r',"mtime":' + _NUMBER + r'(?=[,}])')
+_MTIME_FIRST = re.compile(r'\{"mtime":' + _NUMBER + r'(?:,(?=")|(?=\}))')
+
+
+#: The keys of a file entry and their exact JSON types, for the fast path below.
+_FILE_KEYS: dict[str, type] = {
+    "venv_path": str, "error": str, "record_hash": str, "record_size": int, "hash": str, "size": int,
+    "mode": int, "symlink": str, "head": str, "body_hash": str, "record_identity": str, "exists": bool}
+
+
 def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
+    if type(obj) is dict:
+        # Fast path (a real venv has about 110,000 entries): every value already has its exact
+        # JSON type, so the per-key checks of ``_Reader.get`` cannot fail.
+        get = obj.get
+        if all(v is None or type(v) is _FILE_KEYS.get(k, type(v)) for k, v in obj.items()):
+            venv_path = get("venv_path")
+            return FileEntry(
+                record_path=record_path,
+                path=inside_path(venv_path) if venv_path is not None else None,
+                record_hash=get("record_hash"), record_size=get("record_size"), exists=get("exists") is True,
+                hash=get("hash"), size=get("size"), mode=get("mode"), symlink=get("symlink"),
+                error="not a regular file" if get("not_a_file") else get("error"),
+                head=get("head"), body_hash=get("body_hash"), record_identity=get("record_identity"),
+            )
     venv_path = r.get(obj, "venv_path", path, str, optional=True)
     if venv_path is not None:
         venv_path = inside_path(venv_path)
@@ -488,4 +541,34 @@ def parse_inventory(document: Any, *, label: str) -> Inventory:
         texts={k: v for k, v in texts.items() if inside_path(k) == k},
         elsewhere=dict(elsewhere),
         document=document,
+        libcuda=_libcuda(r, r.get(host, "libcuda", "host", dict, optional=True)),
+        **_outside(r, r.get(document, "outside", "", list, optional=True) or []),
     )
+
+
+def _outside(r: _Reader, folders: list) -> dict[str, Any]:
+    """``outside`` and ``outside_folders`` from the probe's ``outside`` list."""
+    dists: list[Distribution] = []
+    where: dict[str, str] = {}
+    for i, item in enumerate(folders):
+        folder = r.get(item, "folder", f"outside[{i}]", str)
+        where[folder] = r.get(item, "why", f"outside[{i}]", str)
+        dists += [_distribution(r, d, f"outside[{i}].distributions[{j}]", folder)
+                  for j, d in enumerate(r.get(item, "distributions", f"outside[{i}]", list))]
+    return {"outside": tuple(sorted(dists, key=lambda d: (d.name, d.dist_info))), "outside_folders": where}
+
+
+def _libcuda(r: _Reader, obj: Any) -> LibcudaFacts | None:
+    """``host.libcuda`` of the probe (None in an older document)."""
+    if obj is None:
+        return None
+
+    def paths(key: str) -> tuple[str, ...]:
+        value = r.get(obj, key, "host.libcuda", list, optional=True) or []
+        if not all(isinstance(v, str) for v in value):
+            raise r.fail(f"host.libcuda.{key}", "a list of strings", value)
+        return tuple(value)
+
+    return LibcudaFacts(searched=paths("searched"), versioned=paths("versioned"), unversioned=paths("unversioned"),
+                        ldconfig=bool(r.get(obj, "ldconfig", "host.libcuda", bool, optional=True)),
+                        triton_libcuda_path=r.get(obj, "triton_libcuda_path", "host.libcuda", str, optional=True))

@@ -59,9 +59,12 @@ class Endpoint:
 @dataclass(frozen=True, kw_only=True)
 class SnapshotRef:
     """A snapshot playing the donor: ``path`` as the manifest writes it, an index file
-    (relative to the manifest's folder) or a snapshot id in the default store."""
+    (relative to the manifest's folder) or a snapshot id in the default store, or a registry
+    reference ``oci://REGISTRY/REPO:TAG`` / ``...@sha256:<hex>`` (see
+    :mod:`transplant.donor.registry_snapshot`); ``ca``: a CA bundle for that registry (None: system CAs)."""
 
     path: str
+    ca: str | None = None
 
     def __str__(self) -> str:
         return f"snapshot {self.path}"
@@ -78,6 +81,8 @@ class SSHSettings:
     known_hosts: str | None = None
     verify_host_keys: bool = True
     connect_timeout: float = 10.0
+    #: the ssh_config file (aliases, User, Port, IdentityFile, ProxyJump); None: ``$TRANSPLANT_SSH_CONFIG``, else ~/.ssh/config
+    config: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,13 +395,15 @@ def _source(c: _Checker, value: Any, key: str, *, fallback: bool = False) -> tup
         rest = {k: v for k, v in value.items() if not (fallback and k == "fallback")} if isinstance(value, dict) \
             else value
         return _endpoint(c, rest, key), extra
-    allowed = {"snapshot": "snapshot: snapshots/index/ID.json (or a snapshot id)"}
+    allowed = {"snapshot": "snapshot: snapshots/index/ID.json (or a snapshot id, or oci://REGISTRY/REPO:TAG)",
+               "ca": "ca: path/to/registry-ca.pem (a registry snapshot's CA bundle)"}
     if fallback:
         allowed["fallback"] = "fallback: [{host: root@gpu-2, venv: /root/venv}, {snapshot: ID}]"
     data = c.mapping(value, key, allowed)
     path = c.string(data["snapshot"], f"{key}.snapshot",
                     "give the snapshot's index file or id (transplant snapshot --list)")
-    return (SnapshotRef(path=path) if path is not None else None), data.get("fallback")
+    ca = c.string(data["ca"], f"{key}.ca", "give a PEM file of CA certificates") if "ca" in data else None
+    return (SnapshotRef(path=path, ca=ca) if path is not None else None), data.get("fallback")
 
 
 def _fallback(c: _Checker, value: Any) -> tuple[Endpoint | SnapshotRef, ...]:
@@ -437,10 +444,11 @@ def _ssh(c: _Checker, value: Any) -> SSHSettings:
         "known_hosts": "known_hosts: ~/.ssh/known_hosts",
         "verify_host_keys": "verify_host_keys: true",
         "connect_timeout": "connect_timeout: 10",
+        "config": "config: ~/.ssh/config",
     }
     data = c.mapping(value, "ssh", allowed)
     out: dict[str, Any] = {}
-    for name in ("identity_file", "known_hosts"):
+    for name in ("identity_file", "known_hosts", "config"):
         if name in data:
             out[name] = c.string(data[name], f"ssh.{name}", "give a file path")
     if "verify_host_keys" in data:

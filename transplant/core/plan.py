@@ -42,7 +42,9 @@ FINDING_CODES = (
     "driver-too-old", "gpu-arch-unsupported", "editable-install", "record-drift", "script-prefix",
     "interpreter-missing", "record-missing", "unsafe-path", "overlay-no-match", "overlay-target-only",
     "metadata-invalid", "remove-no-match", "accept-unused", "binary-unreadable", "file-owner-conflict",
-    "closure-unmet", "closure-excluded",
+    "closure-unmet", "closure-excluded", "target-record-missing",
+    "undefined-symbol", "numpy-abi-mismatch", "libcuda-unversioned-missing",
+    "outside-venv", "ptx-too-new",
 )
 #: Codes that neither ``accept:`` nor ``--force`` lets through: applying past them would leave
 #: the target in a state no installer can describe (a RECORD claiming another distribution's files).

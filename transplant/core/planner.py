@@ -341,7 +341,8 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
         on_target = sorted(n for n in target_names if fnmatchcase(n, pattern))
         where = f"; the target has {', '.join(on_target)}" if on_target else ""
         findings.append(Finding(
-            code="overlay-no-match", severity="warning" if is_glob else "error", dists=tuple(on_target),
+            # the entry itself when the target has nothing it matches: accept: [{dists: [ENTRY]}] can name it
+            code="overlay-no-match", severity="warning" if is_glob else "error", dists=tuple(on_target) or (pattern,),
             message=f"overlay entry {pattern!r} matches no distribution on the donor {donor.label}{where}",
             hint=f"remove {pattern!r} from overlay in {manifest.path}, or fix its spelling "
                  f"(names are compared after PEP 503 normalisation)",
@@ -539,6 +540,10 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     for name in removed:
         changes.append(_removal(name, target_by[name], owned_elsewhere | patched | arriving, findings))
         del after[name]
+    for folder in target.outside_folders:  # importable from outside the venv where the venv lacks the name
+        for dist in target.outside:
+            if dist.dist_info.startswith(folder.rstrip("/") + "/"):
+                after.setdefault(dist.name, dist)
     changes.sort(key=lambda c: c.name)
     changes.extend(_patch_changes(patches, target))
     env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after, removed=tuple(removed),

@@ -254,8 +254,8 @@ def preflight(
     """Whether a clone may start: (problems, warnings), each one line ``what; fix: how``.
 
     :param source: ``HOST:VENV`` of the source, :param dest: of the destination (for messages).
-    :param dest_venv: the destination venv's path; its parent folder must exist (a clone
-        writes nothing outside the venv, so it makes no folders above it).
+    :param dest_venv: the destination venv's path; missing folders above it are made by the
+        clone (:func:`missing_parents`), so only the nearest existing one must be writable.
     :param pyvenv_cfg: the source's ``pyvenv.cfg`` values (None: it has none).
     :param implementation: the source interpreter's (``cpython``); :param version: its ``3.11.7``.
     :param check: the host script's ``check`` answer from the destination's base interpreter,
@@ -308,10 +308,8 @@ def preflight(
                             + (", or pass --replace to delete that venv first" if state == "venv" else
                                " (--replace only deletes a venv: a folder whose pyvenv.cfg has a home key, not a "
                                "home folder or a mount point)"))
-        parent = posixpath.dirname(dest_venv)
-        if check.get("parent") != parent:
-            problems.append(f"the destination's parent folder {parent} does not exist (a clone makes no folder "
-                            f"outside its venv); fix: create it there (mkdir -p {parent}), or choose another path")
+        # a missing parent folder is made, as python -m venv, virtualenv and conda do (see missing_parents);
+        # the nearest folder that exists must be writable (checked below)
         free = check.get("free")
         if isinstance(free, int) and free < size + MARGIN and not (replace and state == "venv"):
             problems.append(f"the destination's filesystem at {check.get('parent')} has {_mib(free)} free; the "
@@ -344,3 +342,19 @@ def _mib(count: int) -> str:
 
 def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
+
+
+def missing_parents(dest_venv: str, existing: str) -> list[str]:
+    """The folders above ``dest_venv`` that a clone makes, outermost first, given ``existing``
+    (the nearest existing folder above it, the host script's ``check.parent``); [] when its
+    parent exists. As ``python -m venv`` (and virtualenv, conda) make them too.
+
+    >>> missing_parents("/srv/a/b/venv", "/srv")
+    ['/srv/a', '/srv/a/b']
+    """
+    out: list[str] = []
+    folder = posixpath.dirname(dest_venv)
+    while folder != existing and folder not in ("/", ""):
+        out.append(folder)
+        folder = posixpath.dirname(folder)
+    return out[::-1]

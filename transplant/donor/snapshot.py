@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import os
 import shutil
 import sys
@@ -155,7 +156,8 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[st
         manifest = replace(manifest, overlay=manifest.overlay + tuple(n for n in found.names
                                                                       if n not in manifest.overlay), closures=())
     say(f"probing the donor {manifest.donor} (hashing the overlaid distributions)")
-    inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout)
+    inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout,
+                               hash_cache="controller")
     names = selected_names(manifest.overlay, inventory)
     if not names:
         raise SnapshotError(f"{manifest.path}: the overlay {list(manifest.overlay)} selects no distribution on "
@@ -232,6 +234,9 @@ def resolve_path(reference: str, *, base: Path | None, store: Path) -> Path:
         path = base / path
     if path.is_file() or "/" in reference or reference.endswith(".json"):
         return path
+    beside = base / path if base is not None and not path.is_absolute() else path
+    if beside.is_dir():  # a store folder named bare (snapshot --out DIR wrote it): see _only_index
+        return beside
     return store / "index" / f"{reference}.json"
 
 
@@ -245,6 +250,8 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     store = store or default_store()
     where = resolve_path(path, base=base, store=store)
     listing = f"transplant snapshot --list --out {store}"
+    if where.is_dir():
+        where = _only_index(path, where)
     try:
         doc = json.loads(where.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -278,6 +285,29 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     except (KeyError, TypeError, ValueError, ProbeError) as exc:
         raise SnapshotError(f"snapshot {where}: damaged index ({type(exc).__name__}: {exc})",
                             hint="take the snapshot again") from None
+
+
+def _only_index(path: str, folder: Path) -> Path:
+    """The index file of the one snapshot a store folder holds (``snapshot --out DIR`` wrote
+    DIR; its ``index/`` folder is accepted too).
+
+    :raises SnapshotError: the folder is no store, or holds no snapshot or several (their ids listed).
+    """
+    index = folder if folder.name == "index" and not (folder / "index").is_dir() else folder / "index"
+    if not index.is_dir():
+        raise SnapshotError(f"snapshot {path}: {folder} is a folder but not a snapshot store (no index/ folder in it)",
+                            hint="name a snapshot id, a store's index/ID.json file, or the folder snapshot --out wrote")
+    found = sorted(index.glob("*.json"))
+    store = index.parent
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise SnapshotError(f"snapshot {path}: the store {store} holds no snapshot",
+                            hint="take one: transplant snapshot MANIFEST --out " + shlex.quote(str(store)))
+    ids = ", ".join(p.stem for p in found)
+    raise SnapshotError(f"snapshot {path}: the store {store} holds {len(found)} snapshots ({ids}); say which",
+                        hint=f"write donor: {{snapshot: {shlex.quote(str(found[-1]))}}} (the newest id), or list them: "
+                             f"transplant snapshot --list --out {shlex.quote(str(store))}")
 
 
 def _check_entries(files: Any, patches: Any) -> None:
@@ -440,7 +470,7 @@ class SnapshotSource:
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
         """:func:`transplant.hosts.elf_facts.read_elf_facts` on the view (the files written first)."""
-        wanted = list(files) + list((kwargs.get("defined") or ((), ()))[0])
+        wanted = list(files) + list((kwargs.get("defined") or ((), ()))[0]) + list(kwargs.get("defined_by") or {})
         host, root = self.files([p for p in wanted if p in self.snapshot.files])
         return read_elf_facts(host, root, files, **kwargs)
 

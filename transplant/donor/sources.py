@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from transplant.core.elf_facts import ElfReport
 from transplant.hosts.elf_facts import read_elf_facts
-from transplant.errors import NoDonorError, TransplantError
+from transplant.errors import HostError, NoDonorError, TransplantError
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory
@@ -69,7 +69,7 @@ class HostSource:
                   timeout: float | None = None, record: bool = True) -> Inventory:
         """The probe's inventory, the ``hash_patterns`` distributions hashed (``record`` False: metadata only)."""
         return take_inventory(self.host, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout,
-                              record=record)
+                              record=record, hash_cache="controller")
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
         """:func:`transplant.hosts.elf_facts.read_elf_facts` on the donor."""
@@ -109,6 +109,13 @@ class Opened:
 
 def _open_one(entry: Endpoint | SnapshotRef, manifest: Manifest, ssh: SSHOptions, stack: ExitStack,
               store: Path | None) -> tuple[Manifest, DonorSource, Host | None]:
+    if isinstance(entry, SnapshotRef) and entry.path.startswith("oci://"):
+        from transplant.donor.registry_snapshot import open_registry
+
+        source = stack.enter_context(open_registry(entry.path, ca=entry.ca, base=Path(manifest.path).resolve().parent))
+        snap = source.snapshot
+        donor = Endpoint(host=HostSpec.parse(snap.donor_host), venv=snap.donor_venv)
+        return dataclasses.replace(manifest, donor=donor), source, None
     if isinstance(entry, SnapshotRef):
         snap = load_snapshot(entry.path, base=Path(manifest.path).resolve().parent, store=store)
         source = stack.enter_context(SnapshotSource(snap))
@@ -139,6 +146,9 @@ def open_donor(manifest: Manifest, ssh: SSHOptions, stack: ExitStack, *, store: 
             effective, source, host = _open_one(entry, manifest, ssh, stack, store)
         except TransplantError as exc:
             if len(entries) == 1:
+                if isinstance(exc, HostError) and isinstance(entry, Endpoint):
+                    from transplant.hosts.host import side_error
+                    raise side_error(which, exc, entry.host) from None
                 raise
             line = f"{which} ({entry}) cannot be used: {exc.message.splitlines()[0]}"
             failed.append(line)

@@ -152,6 +152,9 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                         result.code = EXIT_OK
                         if plan.has_changes:
                             result.applied = apply_plan(plan, m, opened, host)
+                            pull = getattr(opened.source, "pulls", {}).get(host.label)
+                            if pull is not None:
+                                result.note = pull.line
                         else:
                             result.note = "nothing to change"
             if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):

@@ -7,7 +7,7 @@ The host needs no pyelftools: the controller sends the source of its own install
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import elftools
@@ -50,6 +50,9 @@ def read_elf_facts(
     defined: tuple[Sequence[str], Sequence[str]] | None = None,
     libstdcxx: bool = False,
     timeout: float | None = 600.0,
+    versioned_symbols: bool = False,
+    defined_by: Mapping[str, Sequence[str]] | None = None,
+    numpy_abi: bool = False,
 ) -> ElfReport:
     """Describe shared objects of a venv, reading them on its host with the venv's python.
 
@@ -64,6 +67,11 @@ def read_elf_facts(
     :param libstdcxx: report the ``libstdc++.so.6`` the venv's interpreter loads
         (``ElfReport.libstdcxx``, None when it cannot be loaded).
     :param timeout: seconds for the whole script; None waits without limit.
+    :param versioned_symbols: list each file's undefined symbols bound to a needed file's
+        symbol version (``ElfFacts.versioned_undefined``).
+    :param defined_by: ``{library: [names]}`` (venv-relative): answer which names each one
+        does not define (``ElfReport.defined_by``); None asks nothing.
+    :param numpy_abi: say which NumPy C-API each file was built against (``ElfFacts.numpy_abi``).
     :raises HostError: as :func:`transplant.hosts.probing.run_script` (host unreachable, python
         missing, script failed).
     :raises ProbeError: the reply is of another schema or malformed.
@@ -75,6 +83,9 @@ def read_elf_facts(
         "torch_symbols_skip": list(torch_symbols_skip),
         "device_code": device_code,
         "libstdcxx": libstdcxx,
+        "versioned_symbols": versioned_symbols,
+        "numpy_abi": numpy_abi,
+        "defined_by": {k: list(v) for k, v in (defined_by or {}).items()},
     }
     if defined is not None:
         libraries, symbols = defined

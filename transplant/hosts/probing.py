@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from transplant import remote
@@ -93,6 +96,7 @@ def take_inventory(
     texts: Sequence[str] = (),
     paths_exist: Sequence[str] = (),
     timeout: float | None = 600.0,
+    hash_cache: str | Mapping[str, Any] | None = None,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
 
@@ -105,12 +109,23 @@ def take_inventory(
         only, for dependency checks.
     :param texts: site-packages-relative small text files to read (``torch/version.py``).
     :param paths_exist: absolute paths on the host whose existence to report.
+    :param hash_cache: the probe's content-hash cache (``remote/probe.py``), so that a file
+        whose ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` is unchanged is not read
+        again: ``"venv"`` keeps it in the venv's state folder (``.transplant/cache``; for a
+        target, which transplant writes anyway), ``"controller"`` in the controller's state
+        folder (``hash-cache/``; for a donor, which is never written to), None not at all;
+        a mapping is sent as the probe's options (tests). ``TRANSPLANT_HASH_CACHE=0`` on the
+        controller turns it off everywhere.
     :raises HostError: as :func:`run_script`.
     :raises ProbeError: the report is of another schema or malformed.
     """
     request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
-               "record": record, "texts": list(texts), "paths_exist": list(paths_exist)}
+               "record": record, "texts": list(texts), "paths_exist": list(paths_exist),
+               "hash_cache": _cache_options(host, venv, hash_cache, bool(hash_patterns) or bool(files) or
+                                            bool(site_files))}
     document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
+    if hash_cache == "controller":
+        _keep_controller_cache(host, venv, document.get("hash_cache") if isinstance(document, dict) else None)
     label = f"{host.label}:{venv}"
     inventory = parse_inventory(document, label=label)
     if posixpath.normpath(inventory.interpreter.prefix) != posixpath.normpath(venv):
@@ -119,3 +134,52 @@ def take_inventory(
             hint="name the venv's own folder (the one with pyvenv.cfg), not a symlink to it",
         )
     return inventory
+
+
+def _controller_cache_path(host: Host, venv: str) -> Path:
+    """``<controller state>/hash-cache/<sha256 of "host label:venv">.json``."""
+    from transplant.controller.state import default_state_dir
+
+    key = hashlib.sha256(f"{host.label}:{posixpath.normpath(venv)}".encode()).hexdigest()[:32]
+    return default_state_dir() / "hash-cache" / f"{key}.json"
+
+
+def _cache_options(host: Host, venv: str, hash_cache: str | Mapping[str, Any] | None, hashing: bool) -> Any:
+    """The probe's ``hash_cache`` request option for :func:`take_inventory`'s ``hash_cache``."""
+    if os.environ.get("TRANSPLANT_HASH_CACHE", "1") == "0" or hash_cache is None or not hashing:
+        return False
+    if isinstance(hash_cache, Mapping):
+        return dict(hash_cache)
+    if hash_cache == "venv":
+        return {"enabled": True, "store": "venv"}
+    if hash_cache != "controller":
+        raise ValueError(f"hash_cache must be 'venv', 'controller', a mapping or None, not {hash_cache!r}")
+    known: dict[str, Any] = {}
+    try:
+        document = json.loads(_controller_cache_path(host, venv).read_text())
+        if isinstance(document, dict) and document.get("schema") == _CACHE_SCHEMA and \
+                isinstance(document.get("entries"), dict):
+            known = document["entries"]
+    except (OSError, ValueError):
+        known = {}  # absent or unreadable: this run rebuilds it
+    return {"enabled": True, "store": "reply", "known": known}
+
+
+def _keep_controller_cache(host: Host, venv: str, report: Any) -> None:
+    """Write the entries a ``store: reply`` probe returned (atomically; a failure only costs speed)."""
+    if not isinstance(report, dict) or not isinstance(report.get("entries"), dict):
+        return
+    entries = report.pop("entries")
+    if not report.get("misses"):
+        return  # nothing new: the file already holds every entry used
+    path = _controller_cache_path(host, venv)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"schema": _CACHE_SCHEMA, "entries": entries}, separators=(",", ":")))
+        os.replace(temporary, path)
+    except OSError:
+        return
+
+
+_CACHE_SCHEMA = "transplant.hashes/1"

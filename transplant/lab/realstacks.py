@@ -94,6 +94,8 @@ def elf_document(report: ElfReport) -> dict[str, Any]:
         files[rel] = item
     doc: dict[str, Any] = {"schema": ELF_SCHEMA, "files": files, "defined": dict(report.defined),
                            "defined_in": list(report.defined_in), "seconds": report.seconds}
+    if report.defined_by:
+        doc["defined_by"] = {k: None if v is None else list(v) for k, v in report.defined_by.items()}
     if report.libstdcxx is not None:
         doc["libstdcxx"] = {"path": report.libstdcxx.path, "versions": list(report.libstdcxx.versions)}
     return json.loads(json.dumps(doc))

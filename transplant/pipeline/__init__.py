@@ -46,16 +46,18 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
                say: Callable[[str], None] | None = None, break_lock: bool = False, crash_after: int | None = None,
                orphan_at: int | None = None) -> ApplyResult:
     """Carry out ``plan`` on ``target`` as one transaction (:func:`transplant.apply.execute.execute`), the
-    donor's files read from ``opened``'s source, the recipe of where the state came from recorded.
+    donor's files read from ``opened``'s source (a registry snapshot's source stages them on the
+    target itself: its ``stage``), the recipe of where the state came from recorded.
 
     :raises ApplyError: / :raises TransactionError: as ``execute`` (a stale plan, a lock held, a failed step).
     """
-    donor_host, donor_root = opened.source.files([cp.path for c in plan.changes for cp in c.copy
-                                                  if cp.source == "donor"])
+    stager = getattr(opened.source, "stage", None)  # a registry snapshot: each target pulls its files itself
+    donor_host, donor_root = (None, None) if stager else opened.source.files(
+        [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
     extra = {k: v for k, v in (("progress", progress), ("say", say)) if v is not None}
     return execute(plan, donor=donor_host, target=target, manifest_dir=Path(manifest.path).resolve().parent,
                    state_dir=default_state_dir(), donor_root=donor_root, recipe=make_recipe(manifest, plan, opened),
-                   break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, **extra)
+                   break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, stager=stager, **extra)
 
 
 def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSHOptions | None,

@@ -7,7 +7,9 @@
 3. The shared objects are read with pyelftools on each host, side by side: on the
    donor those of the overlaid distributions (with their device code when the target
    has GPUs), on the target those of the distributions that stay (and its libstdc++).
-4. The undefined libtorch symbols of every shared object linked to libtorch are
+4. The versioned symbols a moving object needs from a staying library, or the other way
+   round, are looked up in those libraries (:mod:`transplant.pipeline.symlookup`).
+5. The undefined libtorch symbols of every shared object linked to libtorch are
    looked up in the libraries of the torch the target holds after apply.
 """
 
@@ -29,6 +31,7 @@ from transplant.core.rules.libtorch import links_libtorch, torch_libraries
 from transplant.core.rules.venvfiles import editable_sources
 from transplant.core.inventory import TEXTS
 from transplant.donor.sources import DonorSource, as_source
+from transplant.pipeline.symlookup import look_up_symbols
 
 __all__ = ["Facts", "gather"]
 
@@ -137,11 +140,14 @@ def gather(
         refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
                            live, target_host)
     m = expand_closures(m, source, target_host, timeout=timeout, step=say)
-    say(f"probing the donor {m.donor} and the target {m.target} (hashing the overlaid distributions)")
+    # a snapshot donor is read, not probed: say which it is (its label names the snapshot and its donor)
+    what = f"probing the donor {m.donor}" if isinstance(live, Host) or not hasattr(source, "label") else \
+        f"reading {source.label}"
+    say(f"{what} and probing the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
-                        site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout)
+                        site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout, hash_cache="venv")
         donor, target = d.result(), t.result()
     names = selected_names(m.overlay, donor)
     removed = set(selected_names(m.remove, target)) - set(names)
@@ -158,10 +164,14 @@ def gather(
                  if is_shared_object(p)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         de = pool.submit(source.elf, _objects(moving), torch_symbols_skip=own_torch,
-                         device_code=bool(target.nvidia.gpus), timeout=timeout)
+                         device_code=bool(target.nvidia.gpus), versioned_symbols=True, numpy_abi=True,
+                         timeout=timeout)
         te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), torch_symbols_skip=own_torch,
-                         libstdcxx=True, timeout=timeout)
+                         libstdcxx=True, versioned_symbols=True, numpy_abi=True, timeout=timeout)
         donor_elf, target_elf = de.result(), te.result()
+    donor_elf, target_elf = look_up_symbols(donor, target, names, sorted(removed), donor_elf, target_elf,
+                                            donor_source=source, target_source=as_source(target_host, m.target.venv),
+                                            timeout=timeout, step=say)
     torch_side = "donor" if "torch" in names else "target"
     torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")  # type: ignore[call-overload]
     own = set(torch.files) if torch is not None else set()

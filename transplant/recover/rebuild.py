@@ -154,6 +154,7 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
         raise RecoverError(f"{where}: {len(status.drift)} applied file(s) changed since; it no longer holds the "
                            f"verified state: " + "; ".join(status.drift[:5]),
                            hint="recover from a snapshot instead, or add --force to take the files as they are")
+    recipe = _summed(record, applied, recipe, where)
     patches = recorded_patches(recipe, where)
     folder = _work(state_dir)
     if patches:
@@ -172,12 +173,45 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
     # the recipe is data read from the host: its ssh block never reaches the new manifest (a recorded
     # verify_host_keys: false or another known_hosts would lower the controller's own checks)
     path = _write(folder, recipe["manifest"], donor, target, dict(ssh))
+    summed = recipe.get("summed") or [applied["id"]]
+    held = f", with what the {len(summed) - 1} earlier transaction(s) {', '.join(summed[:-1])} left" \
+        if len(summed) > 1 else ""
     return Recovery(manifest=path, origin=f"transaction {applied['id']} of {where} (applied from "
-                                          f"{started.get('source', '?')}, verified)")
+                                          f"{started.get('source', '?')}, verified){held}")
 
 
-def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dict[str, str]) -> Recovery:
+def _summed(record: dict[str, Any], applied: dict[str, Any], newest: dict[str, Any], where: str) -> dict[str, Any]:
+    """The recipe of the state ``applied`` left: every committed transaction's recipe up to it,
+    summed (:func:`transplant.recover.recipesum.sum_recipes`).
+
+    :raises RecoverError: an earlier committed transaction has no recipe (applied by an older
+        transplant), so the state it left cannot be rebuilt.
+    """
+    from transplant.recover.provenance import committed
+    from transplant.recover.recipesum import sum_recipes
+
+    recipes = []
+    for t in committed(record):
+        if t["id"] > applied["id"]:
+            break
+        if t["id"] == applied["id"]:
+            recipes.append((t["id"], newest))
+            break
+        started = next((e for e in record["events"] if e.get("id") == t["id"] and e.get("event") == "started"), None)
+        recipe = (started or {}).get("recipe")
+        if not isinstance(recipe, dict) or not isinstance(recipe.get("manifest"), dict):
+            raise RecoverError(f"{where}: the earlier transaction {t['id']} has no recorded recipe (applied by an "
+                               f"older transplant), so the state it left cannot be rebuilt; recover from a snapshot")
+        recipes.append((t["id"], recipe))
+    return sum_recipes(recipes)
+
+
+def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dict[str, str],
+                  donor: dict[str, Any] | None = None) -> Recovery:
     """Write the recovery manifest that rebuilds ``snap`` (its manifest, its patches) on ``target``.
+
+    :param donor: the manifest's ``donor`` (a registry snapshot: ``{snapshot: oci://..., ca}``);
+        None: ``{snapshot: <snap's index file>}``.
 
     :raises StoreError: a patch file is missing from the store or fails its hash check.
     :raises RecoverError: the snapshot holds no manifest (an older or damaged index).
@@ -189,6 +223,6 @@ def from_snapshot(snap: Snapshot, target: Endpoint, state_dir: Path, *, ssh: dic
     folder = _work(state_dir)
     for p in snap.patches:
         cas.read_into(snap.store, p["hash"], _place(folder, p["local"]))
-    path = _write(folder, data, {"snapshot": str(snap.path.resolve())}, target,
+    path = _write(folder, data, donor or {"snapshot": str(snap.path.resolve())}, target,
                   _controller_ssh(data, str(snap.manifest.get("dir") or "."), ssh))
     return Recovery(manifest=path, origin=f"snapshot {snap.id} of {snap.donor_host}:{snap.donor_venv}")

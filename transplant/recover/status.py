@@ -56,6 +56,8 @@ class Status:
     checked: int
     unrecorded: tuple[str, ...] = ()
     completed: tuple[txn.Completed, ...] = ()
+    #: every applied path, bytecode included (the unit history's and the table's ``paths`` count)
+    applied_paths: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (schema ``transplant.status/1``)."""
@@ -130,4 +132,4 @@ def read_status(host: Host, venv: str, *, say: txn.Say = lambda _line: None, rec
     drift = txn.check_state(host, venv, checked) if checked else []
     return Status(where=f"{host.label}:{venv}", transactions=tuple(done), interrupted=interrupted,
                   drift=tuple(drift), checked=len(checked), unrecorded=tuple(txn.unrecorded(record)),
-                  completed=tuple(completed))
+                  completed=tuple(completed), applied_paths=len(expected))

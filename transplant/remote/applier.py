@@ -281,9 +281,13 @@ def _transactions(prefix):
         plan = _read_json(os.path.join(folder, "plan.json"), {})
         plan = plan if isinstance(plan, dict) else {}
         steps = plan.get("steps") if isinstance(plan.get("steps"), list) else []
+        after = _read_json(os.path.join(folder, "after.json"), None)
+        after = after if isinstance(after, dict) else None
+        # paths: what the transaction leaves (the unit ``status`` counts); steps: its put/del operations
+        paths = len(after) if after is not None else len({st.get("path") for st in steps if isinstance(st, dict)})
         out.append({"id": name, "state": _read_state(folder), "source": str(plan.get("source") or ""),
                     "created": plan.get("created") if isinstance(plan.get("created"), (int, float)) else None,
-                    "steps": len(steps)})
+                    "steps": len(steps), "paths": paths})
     return out
 
 

@@ -25,6 +25,13 @@ Request (one JSON object on standard input):
 * ``defined`` (optional): ``{"files": [venv-relative libs], "symbols": [names]}``: for
   each symbol, whether any of those libraries defines it in its dynamic symbol table.
 * ``libstdcxx`` (default false): report the ``libstdc++.so.6`` this interpreter loads.
+* ``versioned_symbols`` (default false): list each file's undefined, non-weak dynamic symbols
+  bound to a symbol version of a needed file other than the C runtime's
+  (``versioned_undefined``: ``{"libnvJitLink.so.12": ["__nvJitLinkAddData_12_8", ...]}``).
+* ``numpy_abi`` (default false): say which NumPy C-API each file was built against
+  (``numpy_abi``: ``"1"``, ``"2"`` or ``""``; see :func:`numpy_abi`).
+* ``defined_by`` (optional): ``{REL: [names]}``: for each venv-relative library, the names it
+  does not define (``null`` when it cannot be read).
 
 Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
 
@@ -33,9 +40,12 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
                      "soname": str|null, "needed": [...],
                      "version_needs": {"libc.so.6": ["GLIBC_2.2.5", ...]},
                      "torch_undefined": [...],
-                     "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f"}]}},
+                     "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f",
+                                      "isa": "9.0" (PTX entries: the PTX ISA version)}],
+                     "versioned_undefined": {NEEDED: [names]}|null, "numpy_abi": "1"|"2"|""|null}},
      "libstdcxx": {"path": "/usr/lib/.../libstdc++.so.6.0.30", "versions": ["GLIBCXX_3.4", ...]}|null,
-     "defined": {SYMBOL: bool}, "defined_in": [REL...], "seconds": float}
+     "defined": {SYMBOL: bool}, "defined_in": [REL...], "defined_by": {REL: [names]|null},
+     "seconds": float}
 
 Design rules: Python 3.9+, standard library plus the pyelftools source it is sent,
 never writes anything. The controller parses the reply with
@@ -256,7 +266,13 @@ def _container_entries(stream, position, stop, entries):
             return False
         if kind in FATBIN_KINDS and arch > 0:
             variant = "f" if flags & FLAG_FAMILY_SPECIFIC else "a" if flags & FLAG_ARCH_SPECIFIC else ""
-            entries.setdefault((kind, arch, variant), {"kind": FATBIN_KINDS[kind], "arch": arch, "variant": variant})
+            entry = entries.setdefault((kind, arch, variant),
+                                       {"kind": FATBIN_KINDS[kind], "arch": arch, "variant": variant})
+            if FATBIN_KINDS[kind] == "ptx" and fields[7] > 0:
+                # a PTX entry's header (major, minor) is its PTX ISA version, what cuobjdump prints as its
+                # "code version" and what its `.version` line says; read here, compressed or not
+                isa = (fields[7], fields[6])
+                entry["isa"] = "{}.{}".format(*max(isa, tuple(map(int, entry.get("isa", "0.0").split(".")))))
         position = following
     return position == stop
 
@@ -279,7 +295,7 @@ def device_code(elf, sections):
     return fatbin_entries(elf.stream, section["sh_offset"], section["sh_size"])
 
 
-def facts(elf, torch_symbols, want_device_code):
+def facts(elf, torch_symbols, want_device_code, want_versioned=False, want_numpy=False):
     """The reply object of one readable ELF file."""
     sections = sections_by_type(elf)
     soname, needed = dynamic_names(sections)
@@ -301,10 +317,12 @@ def facts(elf, torch_symbols, want_device_code):
         "torch_undefined": torch_undefined(sections) if torch_symbols and links_torch else [],
         "device_code": code,
         "notes": notes,
+        "versioned_undefined": versioned_undefined(elf, sections) if want_versioned else None,
+        "numpy_abi": numpy_abi(elf, sections) if want_numpy else None,
     }
 
 
-def describe(prefix, rel, torch_symbols=True, want_device_code=False):
+def describe(prefix, rel, torch_symbols=True, want_device_code=False, want_versioned=False, want_numpy=False):
     """Reply object for one venv-relative file; any failure becomes its ``error``."""
     full, refused = resolve(prefix, rel)
     if refused:
@@ -318,7 +336,7 @@ def describe(prefix, rel, torch_symbols=True, want_device_code=False):
     except Exception as exc:  # pyelftools raises many kinds on a damaged header
         return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
     try:
-        return facts(elf, torch_symbols, want_device_code)
+        return facts(elf, torch_symbols, want_device_code, want_versioned, want_numpy)
     except Exception as exc:
         return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
     finally:
@@ -368,6 +386,114 @@ def defined(prefix, files, symbols):
         searched.append(rel)
         answer.update(dict.fromkeys(found, True))
     return answer, searched
+
+
+#: Libraries of the C runtime and toolchain: their symbols are the platform rules' (glibc and
+#: libstdc++ symbol versions), never a venv library's, so versioned_undefined leaves them out.
+SYSTEM_LIBRARIES = re.compile(r"^(libc|libm|libdl|libpthread|librt|libutil|libresolv|libgcc_s|libstdc\+\+|libatomic|"
+                              r"libgomp|ld-linux[-\w.]*|ld64)\.so(\.\d+)*$")
+VERSYM_HIDDEN = 0x8000
+
+
+def versioned_undefined(elf, sections):
+    """{needed file: [names]}: the undefined, non-weak dynamic symbols bound to a version that
+    ``.gnu.version_r`` says a needed file (not a system library) provides, sorted.
+
+    Reads ``.dynsym`` and ``.gnu.version`` as raw arrays (pyelftools' per-symbol objects
+    take seconds on libtorch_cuda.so's 35,000 symbols); names come from the linked string table.
+    """
+    dynsym, versym, verneed = (sections.get(k) for k in ("SHT_DYNSYM", "SHT_GNU_versym", "SHT_GNU_verneed"))
+    if dynsym is None or versym is None or verneed is None:
+        return {}
+    owner = {}
+    for need, auxiliaries in verneed.iter_versions():
+        if SYSTEM_LIBRARIES.match(need.name or ""):
+            continue
+        for aux in auxiliaries:
+            owner[aux.entry["vna_other"]] = need.name
+    if not owner:
+        return {}
+    order = "<" if elf.little_endian else ">"
+    if elf.elfclass == 64:
+        entry, layout = struct.Struct(order + "IBBHQQ"), (0, 1, 3)
+    else:
+        entry, layout = struct.Struct(order + "IIIBBH"), (0, 3, 5)
+    table = dynsym.data()
+    count = len(table) // entry.size
+    raw = versym.data()
+    known = min(count, len(raw) // 2)
+    indexes = struct.unpack(order + "{}H".format(known), raw[:2 * known])
+    strings = elf.get_section(dynsym["sh_link"])
+    out = {}
+    for i, ndx in enumerate(indexes):
+        file = owner.get(ndx & ~VERSYM_HIDDEN)
+        if file is None:
+            continue
+        fields = entry.unpack_from(table, i * entry.size)
+        name_at, info, shndx = (fields[k] for k in layout)
+        if shndx != 0 or info >> 4 != 1:  # defined, or not STB_GLOBAL (weak, local)
+            continue
+        out.setdefault(file, set()).add(strings.get_string(name_at))
+    return {file: sorted(names) for file, names in sorted(out.items())}
+
+
+def defined_by(prefix, queries):
+    """{library: [names it does not define]} for ``{library: [names]}`` (venv-relative
+    libraries); None for a library that cannot be read."""
+    answer = {}
+    for rel, names in sorted(queries.items()):
+        full, refused = resolve(prefix, rel)
+        if refused:
+            answer[rel] = None
+            continue
+        try:
+            stream, elf = open_elf(full)
+        except Exception:
+            answer[rel] = None
+            continue
+        try:
+            found = defined_names(elf, set(names))
+            answer[rel] = sorted(set(names) - found)
+        except Exception:
+            answer[rel] = None
+        finally:
+            stream.close()
+    return answer
+
+
+#: The module NumPy's C-API headers import in ``_import_array()``: 2.x headers name
+#: ``numpy._core._multiarray_umath`` first (and fall back to the 1.x name), 1.x headers only
+#: ``numpy.core._multiarray_umath`` (numpy/_core/code_generators/generate_numpy_api.py).
+NUMPY_2 = b"numpy._core._multiarray_umath"
+NUMPY_1 = b"numpy.core._multiarray_umath"
+NUMPY_SCAN_MAX = 256 << 20  # bytes of read-only data read per file, at most
+NUMPY_CHUNK = 1 << 20
+
+
+def numpy_abi(elf, sections):
+    """``"2"`` when the file's read-only data names NumPy 2's C-API module, ``"1"`` when only
+    NumPy 1.x's, ``""`` when neither (or the file imports no module: no ``PyImport_ImportModule``
+    in ``.dynstr``). Reads ``.rodata*`` sections in chunks, at most :data:`NUMPY_SCAN_MAX` bytes."""
+    dynsym = sections.get("SHT_DYNSYM")
+    if dynsym is None:
+        return ""
+    strtab = elf.get_section(dynsym["sh_link"])
+    if strtab is None or strtab["sh_size"] > NUMPY_SCAN_MAX or b"PyImport_ImportModule" not in strtab.data():
+        return ""
+    found, budget, keep = set(), NUMPY_SCAN_MAX, len(NUMPY_2)
+    for section in elf.iter_sections():
+        if not section.name.startswith(".rodata") or section["sh_type"] != "SHT_PROGBITS":
+            continue
+        start, end, tail = section["sh_offset"], section["sh_offset"] + section["sh_size"], b""
+        while start < end and budget > 0:
+            elf.stream.seek(start)
+            chunk = elf.stream.read(min(NUMPY_CHUNK, end - start, budget))
+            if not chunk:
+                break
+            data = tail + chunk
+            found.update(n for n in (NUMPY_2, NUMPY_1) if n in data)
+            tail, start, budget = data[-keep:], start + len(chunk), budget - len(chunk)
+    return "2" if NUMPY_2 in found else "1" if NUMPY_1 in found else ""
 
 
 def loaded_path(prefix_name):
@@ -421,7 +547,10 @@ def main(argv):
     torch_symbols = request.get("torch_symbols", True)
     want_device_code = request.get("device_code", False)
     skip = set(request.get("torch_symbols_skip") or [])
-    files = {rel: describe(prefix, rel, torch_symbols and rel not in skip, want_device_code)
+    want_versioned = request.get("versioned_symbols", False)
+    want_numpy = request.get("numpy_abi", False)
+    files = {rel: describe(prefix, rel, torch_symbols and rel not in skip, want_device_code, want_versioned,
+                           want_numpy)
              for rel in request.get("files") or []}
     query = request.get("defined") or {}
     answer, searched = defined(prefix, query.get("files") or [], query.get("symbols") or [])
@@ -431,6 +560,7 @@ def main(argv):
         "libstdcxx": libstdcxx() if request.get("libstdcxx") else None,
         "defined": answer,
         "defined_in": searched,
+        "defined_by": defined_by(prefix, request.get("defined_by") or {}),
         "seconds": round(time.monotonic() - started, 6),
     }
     sys.stdout.write(json.dumps(reply) + "\n")

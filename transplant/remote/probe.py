@@ -24,9 +24,22 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   dist-info's RECORD, also report ``record_identity`` (:func:`record_identity`);
   ``texts`` always includes the ``*.pth``, ``*.egg-link`` and ``__editable__*.py``
   files at the top of site-packages.
+* ``outside`` lists the folders outside the venv the interpreter imports from (``*.pth``
+  path lines, ``include-system-site-packages``) with their distributions, metadata only
+  (:func:`_outside`); ``host.libcuda`` says where JIT users find ``libcuda.so``
+  (:func:`_libcuda`).
+
+* ``hash_cache`` (``--stdin`` only; default true, or ``{"enabled": bool, "min_bytes": int,
+  "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
+  (see :class:`_HashCache`), in ``<venv>/.transplant/cache/hashes.json`` (``store: venv``,
+  for targets) or on the controller (``store: reply``: the request carries the ``known``
+  entries and the reply returns this run's ``entries``; nothing is written on the host, for
+  donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
+  "written", "error"?, "entries"?}``.
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
-distributions it reports (the venv may be broken), never writes anything. The
+distributions it reports (the venv may be broken), writes nothing but its own hash cache
+in the venv's state folder, and only when asked to (a target's). The
 controller parses the output with :func:`transplant.core.inventory.parse_inventory`; it never
 imports this module's functions at run time on the controller.
 """
@@ -43,6 +56,7 @@ import posixpath
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -93,7 +107,14 @@ def _real(folder):
     """os.path.realpath, memoised per folder (a probe resolves the same folders thousands of times)."""
     real = _REALPATHS.get(folder)
     if real is None:
-        real = _REALPATHS[folder] = os.path.realpath(folder)
+        parent, name = os.path.split(folder)
+        if not os.path.isabs(folder) or not name or parent == folder or name in (os.curdir, os.pardir):
+            real = os.path.realpath(folder)
+        else:
+            # One lstat per folder: the parent's real path is memoised too.
+            candidate = os.path.join(_real(parent), name)
+            real = os.path.realpath(candidate) if os.path.islink(candidate) else candidate
+        _REALPATHS[folder] = real
     return real
 
 
@@ -104,9 +125,16 @@ def _inside(prefix, path):
     must stay inside the prefix: a symlinked folder pointing elsewhere counts as escaping.
     """
     norm = os.path.normpath(path)
-    rel = os.path.relpath(norm, prefix)
-    if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
-        return None
+    if os.path.isabs(norm) and os.path.isabs(prefix) and os.sep == "/":
+        # The common case, without relpath's abspath/commonprefix work per file.
+        base = os.path.normpath(prefix)
+        if not norm.startswith(base.rstrip("/") + "/"):
+            return None
+        rel = norm[len(base.rstrip("/")) + 1:]
+    else:
+        rel = os.path.relpath(norm, prefix)
+        if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            return None
     real_prefix = _real(prefix)
     parent = _real(os.path.dirname(norm))
     if parent != real_prefix and not parent.startswith(real_prefix + os.sep):
@@ -249,15 +277,134 @@ def _run_hash_jobs():
     jobs, _HASH_JOBS[:] = list(_HASH_JOBS), []
     if not jobs:
         return
+    cache = _HashCache(_OPTIONS.get("prefix"), _OPTIONS.get("hash_cache", True))
 
     def work(job):
-        return _script_facts(job[1]) if job[2] else (file_hash(job[1])[0], None, None)
+        entry, full, script = job
+        key = cache.key(full)
+        known = cache.get(entry["venv_path"], key)
+        if known is not None:
+            return known
+        facts = _script_facts(full) if script else (file_hash(full)[0], None, None)
+        cache.put(entry["venv_path"], key, facts, entry.get("size") or 0)
+        return facts
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
         for (entry, _, _), (digest, head, body) in zip(jobs, pool.map(work, jobs)):
             entry["hash"] = digest
             if head is not None:
                 entry["head"], entry["body_hash"] = head, body
+    _OPTIONS["hash_cache_report"] = cache.save()
+
+
+class _HashCache(object):
+    """Content hashes of the venv's files, kept in ``<venv>/.transplant/cache/hashes.json``.
+
+    An entry is reused only while the file's ``(st_dev, st_ino, st_size, st_mtime_ns,
+    st_ctime_ns)`` is unchanged, as git's index does; an entry whose mtime or ctime lies
+    within :data:`_RACY_NS` of the probe's start is not stored ("racily clean": a write in the
+    same clock tick would not change the key). The cache is written only when this run hashed
+    at least ``min_bytes`` (a request option, default 32 MiB: below that re-hashing is cheaper
+    than the write), never through a symlinked or escaping state folder, and any error
+    reading or writing it only turns it off for this run (reported in ``hash_cache``).
+    """
+
+    def __init__(self, prefix, options):
+        import threading
+
+        self.options = options if isinstance(options, dict) else {"enabled": bool(options)}
+        self.enabled = bool(self.options.get("enabled", True)) and prefix is not None
+        self.min_bytes = int(self.options.get("min_bytes", 32 << 20))
+        self.racy_ns = int(self.options.get("racy_ns", _RACY_NS))
+        self.started = time.time_ns()
+        self.lock = threading.Lock()
+        self.entries, self.fresh = {}, {}
+        self.hits = self.misses = self.hashed_bytes = 0
+        self.error = None
+        self.path, self.prefix = None, prefix
+        self.store = self.options.get("store", "venv")
+        if not self.enabled:
+            return
+        if self.store == "reply":
+            # The controller keeps this cache (a donor is never written to): it sends what it
+            # knows and takes back the entries of this run.
+            known = self.options.get("known")
+            self.entries = {k: v for k, v in (known if isinstance(known, dict) else {}).items()
+                            if isinstance(v, list) and len(v) == 8}
+            return
+        state = os.path.join(prefix, ".transplant")
+        if os.path.islink(state) or (os.path.exists(state) and _real(state) != os.path.join(_real(prefix), ".transplant")):
+            self.enabled, self.error = False, "the state folder is a symlink or leaves the venv"
+            return
+        self.path = os.path.join(state, "cache", "hashes.json")
+        try:
+            if os.path.isfile(self.path) and not os.path.islink(self.path):
+                with open(self.path, "r", encoding="utf-8") as handle:
+                    document = json.load(handle)
+                if isinstance(document, dict) and document.get("schema") == _HASH_SCHEMA:
+                    self.entries = {k: v for k, v in document.get("entries", {}).items()
+                                    if isinstance(v, list) and len(v) == 8}
+        except (OSError, ValueError) as exc:
+            self.error = "unreadable, rebuilt: {}".format(exc)[:200]
+
+    @staticmethod
+    def key(full):
+        try:
+            st = os.lstat(full)
+        except OSError:
+            return None
+        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def get(self, rel, key):
+        if not self.enabled or key is None:
+            return None
+        known = self.entries.get(rel)
+        with self.lock:
+            if known is not None and known[:5] == key:
+                self.hits += 1
+                self.fresh[rel] = known
+                return tuple(known[5:])
+            self.misses += 1
+        return None
+
+    def put(self, rel, key, facts, size):
+        if not self.enabled or key is None or facts[0] is None:
+            return
+        with self.lock:
+            self.hashed_bytes += size
+            if max(key[3], key[4]) < self.started - self.racy_ns:
+                self.fresh[rel] = key + list(facts)
+
+    def save(self):
+        report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "written": False}
+        if self.error:
+            report["error"] = self.error
+        if self.enabled and self.store == "reply":
+            report["entries"] = self.fresh
+            return report
+        if not self.enabled or self.hashed_bytes < self.min_bytes or not self.misses:
+            return report
+        merged = dict(self.entries)
+        merged.update(self.fresh)
+        folder = os.path.dirname(self.path)
+        try:
+            for part in (os.path.dirname(folder), folder):  # makedirs gives the mode to the leaf only
+                if not os.path.isdir(part):
+                    os.mkdir(part, 0o700)
+            if os.path.realpath(folder) != os.path.join(os.path.realpath(self.prefix), ".transplant", "cache"):
+                raise OSError("the cache folder is a symlink or leaves the venv")
+            temporary = "{}.{}.tmp".format(self.path, os.getpid())
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump({"schema": _HASH_SCHEMA, "entries": merged}, handle, separators=(",", ":"))
+            os.replace(temporary, self.path)
+            report["written"] = True
+        except OSError as exc:
+            report["error"] = "not written: {}".format(exc)[:200]
+        return report
+
+
+_HASH_SCHEMA = "transplant.hashes/1"
+_RACY_NS = 2 * 10 ** 9
 
 
 def _file_facts(full, hashed):
@@ -267,10 +414,10 @@ def _file_facts(full, hashed):
     except OSError:
         return {"exists": False}
     facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
-    if os.path.islink(full):
+    if stat.S_ISLNK(st.st_mode):
         facts["symlink"] = os.readlink(full)
         return facts
-    if not os.path.isfile(full):
+    if not stat.S_ISREG(st.st_mode):
         facts["not_a_file"] = True
         return facts
     facts["size"] = st.st_size
@@ -441,6 +588,96 @@ def _nvidia():
     }
 
 
+def _libcuda():
+    """Where a JIT user (triton's ``libcuda_dirs``) finds the driver library to link with
+    ``-lcuda``: ``TRITON_LIBCUDA_PATH`` if set, else the folders of ``libcuda.so*`` in
+    ``ldconfig -p``, else the ``LD_LIBRARY_PATH`` folders holding ``libcuda.so.1``. The link
+    needs the unversioned ``libcuda.so`` there. Returns ``{"searched": [folders], "versioned":
+    [libcuda.so.1 paths], "unversioned": [libcuda.so paths], "ldconfig": bool, "triton_libcuda_path":
+    str|None}`` as this process sees them (its environment, not a service's)."""
+    env_path = os.environ.get("TRITON_LIBCUDA_PATH") or None
+    folders, ran = [], False
+    for exe in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        if not os.path.exists(exe):
+            continue
+        try:
+            out = subprocess.run([exe, "-p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        ran = out.returncode == 0
+        for line in out.stdout.decode("utf-8", "replace").splitlines():
+            if "libcuda.so" in line and "=>" in line:
+                folders.append(os.path.dirname(line.split("=>", 1)[1].strip()))
+        break
+    if env_path:
+        folders = [env_path if os.path.isdir(env_path) else os.path.dirname(env_path)]
+    elif not folders:
+        folders = [f for f in (os.environ.get("LD_LIBRARY_PATH") or "").split(":")
+                   if f and os.path.exists(os.path.join(f, "libcuda.so.1"))]
+    searched = list(dict.fromkeys(folders))
+    return {
+        "searched": searched,
+        "versioned": [os.path.join(f, "libcuda.so.1") for f in searched if os.path.exists(os.path.join(f, "libcuda.so.1"))],
+        "unversioned": [os.path.join(f, "libcuda.so") for f in searched if os.path.exists(os.path.join(f, "libcuda.so"))],
+        "ldconfig": ran,
+        "triton_libcuda_path": env_path,
+    }
+
+
+def _pth_folders(folder):
+    """Folders the ``*.pth`` files at the top of ``folder`` add to ``sys.path``, as ``site``
+    does: each line that is not blank, a comment or an ``import`` line, joined to ``folder``,
+    when it is an existing folder; ``[(folder, pth file name)]``."""
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))
+    except OSError:
+        return out
+    for name in names:
+        text = _read_small(os.path.join(folder, name)) or ""
+        for line in text.splitlines():
+            line = line.rstrip()
+            if not line or line.startswith("#") or line.startswith(("import ", "import\t")):
+                continue
+            full = os.path.normpath(os.path.join(folder, line))
+            if os.path.isdir(full):
+                out.append((full, name))
+    return out
+
+
+def _outside(prefix, sites):
+    """Folders outside the venv whose distributions the venv's interpreter imports, and those
+    distributions (metadata only): the base interpreter's site-packages when pyvenv.cfg has
+    ``include-system-site-packages = true`` (``site.getsitepackages`` of the base prefix), and
+    the folders ``*.pth`` files add (in the venv's site-packages and in those folders, one level).
+    ``[{"folder", "why", "distributions": [...]}]`` in ``sys.path`` order."""
+    import site as site_module
+
+    found, seen = [], {os.path.realpath(s) for s in sites}
+    queue = [(f, "{} in {}".format(name, _inside(prefix, s) or s)) for s in sites for f, name in _pth_folders(s)]
+    cfg = _pyvenv_cfg(prefix) or {}
+    if cfg.get("include-system-site-packages", "").strip().lower() == "true":
+        base = getattr(sys, "base_prefix", sys.prefix)
+        try:
+            system = site_module.getsitepackages([base])
+        except Exception:  # noqa: BLE001 - an odd build of site: nothing found
+            system = []
+        for folder in system:
+            if os.path.isdir(folder):
+                queue.append((folder, "include-system-site-packages = true"))
+                queue.extend((f, "{} in {}".format(name, folder)) for f, name in _pth_folders(folder))
+    for folder, why in queue:
+        real = os.path.realpath(folder)
+        if real in seen or _inside(prefix, folder) is not None or len(found) >= 64:
+            continue
+        seen.add(real)
+        dists = _distributions(folder, prefix, [], with_record=False)
+        for d in dists:
+            d["site_packages"] = folder
+        found.append({"folder": folder, "why": why, "distributions": dists})
+    return found
+
+
 def _read_small(full):
     """Text of a small regular file (at most 64 KiB, not a symlink), or None."""
     try:
@@ -486,6 +723,7 @@ def _arguments(argv):
         _OPTIONS["record"] = bool(request.get("record", True))
         _OPTIONS["texts"] = [t for t in request.get("texts", []) if isinstance(t, str)]
         _OPTIONS["elsewhere"] = list(request.get("paths_exist", []))
+        _OPTIONS["hash_cache"] = request.get("hash_cache", True)
         return [normalize(p) for p in request.get("hash", [])], files
     patterns, files = [], []
     it = iter(argv)
@@ -510,6 +748,7 @@ def main(argv):
         if paths[key] not in sites:
             sites.append(paths[key])
     _OPTIONS["scripts"] = _inside(prefix, paths["scripts"]) or "bin"
+    _OPTIONS["prefix"] = prefix
     distributions = []
     for site in sites:
         distributions.extend(_distributions(site, prefix, patterns, _OPTIONS["record"]))
@@ -531,7 +770,8 @@ def main(argv):
                     extra[rel]["record_identity"] = identity
     document = {
         "schema": SCHEMA,
-        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia()},
+        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
+                 "libcuda": _libcuda()},
         "interpreter": _interpreter(prefix),
         "paths": {
             "prefix": prefix,
@@ -540,11 +780,14 @@ def main(argv):
             "scripts": _inside(prefix, paths["scripts"]),
         },
         "distributions": distributions,
+        "outside": _outside(prefix, sites),
         "files": extra,
         "texts": _texts(paths["purelib"], prefix, _OPTIONS.get("texts", [])),
         "elsewhere": _elsewhere(_OPTIONS.get("elsewhere", [])),
         "probe_seconds": round(time.time() - started, 3),
     }
+    if "hash_cache_report" in _OPTIONS:
+        document["hash_cache"] = _OPTIONS["hash_cache_report"]
     sys.stdout.write(json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n")
     return 0
 

@@ -1,12 +1,15 @@
 """Verify stage ``imports``: import each name and say its version and where it came from.
 
 Usage: ``<venv>/bin/python - NAME... < stage_imports.py``. Prints one JSON document:
-``{"imports": [{"name", "ok", "version", "file", "error", "seconds"}]}``. Stdlib only;
+``{"imports": [{"name", "ok", "version", "file", "outside", "error", "seconds"}]}``, where
+``outside`` is the ``sys.path`` folder a module came from when that is outside the venv
+(a ``.pth`` line, the system site-packages), else null. Stdlib only;
 runs in a fresh interpreter of the target venv with the manifest's environment.
 """
 
 import importlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -27,6 +30,18 @@ def _version(module, name):
     return None
 
 
+def _outside(path):
+    """The ``sys.path`` folder holding ``path`` when it lies outside the venv (``sys.prefix``), else None."""
+    if not path:
+        return None
+    real = os.path.realpath(path)
+    prefix = os.path.realpath(sys.prefix)
+    if real == prefix or real.startswith(prefix + os.sep):
+        return None
+    folders = sorted((os.path.realpath(p) for p in sys.path if p), key=len, reverse=True)
+    return next((f for f in folders if real.startswith(f + os.sep)), os.path.dirname(real))
+
+
 def main(names):
     results = []
     for name in names:
@@ -41,7 +56,8 @@ def main(names):
                             "seconds": round(time.monotonic() - started, 3)})
             continue
         results.append({"name": name, "ok": True, "version": _version(module, name),
-                        "file": getattr(module, "__file__", None), "error": None,
+                        "file": getattr(module, "__file__", None),
+                        "outside": _outside(getattr(module, "__file__", None)), "error": None,
                         "seconds": round(time.monotonic() - started, 3)})
     sys.stdout.write(json.dumps({"imports": results}) + "\n")
     return 0

@@ -11,7 +11,8 @@ loader is :class:`importlib.machinery.ExtensionFileLoader`), as real paths: Pyth
 those by path from ``sys.path``, the dynamic loader never looks them up by soname.
 
 Prints ``{"prefix", "prefix_real", "imported": [{"name", "ok", "error"}], "mapped":
-[real paths], "extension_modules": [real paths], "ld_library_path": [[entry, real]],
+[real paths], "extension_modules": [real paths], "beside_source": [[extension, source]],
+"ld_library_path": [[entry, real]],
 "ld_preload": [[entry, real]], "ld_so_conf": [[folder, real]]}``. Stdlib only, apart from
 the modules it imports.
 """
@@ -77,6 +78,17 @@ def _extension_modules():
     return sorted(paths)
 
 
+def _beside_source(extensions):
+    """[extension, source] for each extension module file with a ``<module>.py`` in its folder
+    (the import system tries extension modules first, so the ``.py`` is never imported)."""
+    pairs = []
+    for path in extensions:
+        source = os.path.join(os.path.dirname(path), os.path.basename(path).split(".", 1)[0] + ".py")
+        if os.path.isfile(source):
+            pairs.append([path, os.path.realpath(source)])
+    return pairs
+
+
 def main():
     request = json.loads(sys.stdin.read() or "{}")
     imported = []
@@ -89,12 +101,14 @@ def main():
     env = os.environ
     lib_path = env.get("LD_LIBRARY_PATH")
     preload = env.get("LD_PRELOAD")
+    extensions = _extension_modules()
     report = {
         "prefix": sys.prefix,
         "prefix_real": os.path.realpath(sys.prefix),
         "imported": imported,
         "mapped": _mapped(),
-        "extension_modules": _extension_modules(),
+        "extension_modules": extensions,
+        "beside_source": _beside_source(extensions),
         "ld_library_path": [[e, _real(e)] for e in lib_path.split(":")] if lib_path is not None else [],
         "ld_preload": [[e, _real(e)] for e in preload.replace(" ", ":").split(":") if e] if preload else [],
         "ld_so_conf": [[f, os.path.realpath(f)] for f in _ld_so_conf()],

@@ -10,11 +10,13 @@ Then sub-checks, each ``pass``, ``fail`` or ``skip`` with its reason: where trit
 GPU are present, a tiny triton kernel (``out = x * 2 + y`` over 4096 float32 values, exact);
 where sgl_kernel or flashinfer is importable and a GPU is present, its ``rmsnorm`` on a
 16x256 bfloat16 input against the same formula in float64 (bound 2e-2, bfloat16's
-round-off with headroom); without a GPU, or without the package, an honest skip.
+round-off with headroom); without a GPU, or without the package, an honest skip; where numpy
+is importable, a round trip through torch's NumPy bridge (``from_numpy``, ``Tensor.numpy``:
+fails under a NumPy major the torch was not built for).
 
 Prints ``{"ok", "device", "reason", "torch", "cuda", "checks": [{"name", "dtype",
 "rel_error", "bound", "ok"}], "subchecks": [{"name", "status", "reason"}]}``. Stdlib only
-apart from torch, triton, sgl_kernel and flashinfer, which it tests.
+apart from torch, triton, sgl_kernel, flashinfer and numpy, which it tests.
 """
 
 import importlib.util
@@ -74,7 +76,8 @@ def main(argv):
     check("mlp 256-512-256 forward", "float32", mlp, mlp_ref)
     if device == "cuda":
         torch.cuda.synchronize()
-    subchecks = [_triton(torch, device), _rmsnorm(torch, device, "sgl_kernel"), _rmsnorm(torch, device, "flashinfer")]
+    subchecks = [_triton(torch, device), _rmsnorm(torch, device, "sgl_kernel"), _rmsnorm(torch, device, "flashinfer"),
+                 _numpy_bridge(torch)]
     ok = all(c["ok"] for c in checks) and not any(s["status"] == "fail" for s in subchecks)
     return _report(ok=ok, device=device, reason=reason, checks=checks, subchecks=subchecks, **info)
 
@@ -150,6 +153,31 @@ def _rmsnorm(torch, device, package):
     if err > 2e-2:
         return _sub(name, "fail", "{} {}: relative error {:.2e} above the bound 2e-02".format(package, version, err))
     return _sub(name, "pass", "{} {}: 16x256 bfloat16, relative error {:.1e} <= 2e-02".format(package, version, err))
+
+
+def _numpy_bridge(torch):
+    """A round trip through torch's NumPy C-API bridge (``torch.from_numpy``, ``Tensor.numpy``):
+    a torch built against NumPy 1.x under NumPy 2 fails here ("Numpy is not available") even
+    where ``import torch`` only warned."""
+    name = "numpy bridge"
+    if importlib.util.find_spec("numpy") is None:
+        return _sub(name, "skip", "numpy is not installed")
+    import warnings
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import numpy
+            array = numpy.arange(6, dtype=numpy.float32).reshape(2, 3)
+            back = (torch.from_numpy(array) * 2).numpy()
+    except BaseException as exc:  # noqa: BLE001 - the failure is the finding
+        return _sub(name, "fail", "numpy {}: {}: {}".format(getattr(sys.modules.get("numpy"), "__version__", "?"),
+                                                           type(exc).__name__, str(exc)[:500]))
+    if back.tolist() != [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]] or str(back.dtype) != "float32":
+        return _sub(name, "fail", "numpy {}: torch.from_numpy(x) * 2 came back as {!r}".format(numpy.__version__, back))
+    noted = [str(w.message) for w in caught if "numpy" in str(w.message).lower()]
+    if noted:
+        return _sub(name, "fail", "numpy {}: the round trip warned: {}".format(numpy.__version__, noted[0][:300]))
+    return _sub(name, "pass", "numpy {}: torch.from_numpy and Tensor.numpy round trip, exact".format(numpy.__version__))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from transplant.hosts.host import Host
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import VerifySettings
 from transplant.hosts.probing import run_script, take_inventory
+from transplant.core.rules.recordless import judge_stale_modules, stale_extension_modules
 from transplant.verify.judges import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
 
 __all__ = ["run_stages", "donor_reader", "STAGES"]
@@ -126,6 +127,8 @@ def run_stages(
         skipped = "".join(f"; skipped {name} (verify.skip_imports: {why})" for name, why in settings.skip_imports.items())
 
         def imports() -> tuple[str, str, Mapping]:
+            if live is None:  # the interpreter stage failed and said why; that error is said once
+                return "skip", "the target's interpreter could not be run (see interpreter)", {}
             if not names:
                 return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
             report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
@@ -172,15 +175,18 @@ def run_stages(
             if live is None:
                 return "skip", "the target's inventory could not be read (see interpreter)", {}
             shipped = ladder.shared_objects(live.latest().values(), venv)
-            if not shipped:
-                return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
             modules = (["torch"] if "torch" in live.latest() else []) + [n for n in names if n != "torch"]
+            if not shipped and not modules:
+                return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
             if not modules:
                 return "skip", "nothing to import (no torch, no import names)", {}
             report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
                                 timeout=timeout)
-            status, reason = judges.judge_provenance(report, shipped)
-            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped),
+            stale = stale_extension_modules(report, live)
+            status, reason = judge_stale_modules(stale, venv) or (
+                judges.judge_provenance(report, shipped) if shipped else
+                ("skip", "the venv ships no shared libraries, so none can be shadowed"))
+            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped), "stale_modules": stale,
                                     "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
 
         run("library-provenance", provenance)
@@ -207,6 +213,8 @@ def run_stages(
         check = settings.server_args
         if check is None:
             return "skip", "no verify.server_args in the manifest", {}
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
         report = run_script(target, venv, "stage_server_args", [check.entry, json.dumps(wanted), *check.args],
                             env=env, timeout=timeout)
@@ -227,6 +235,8 @@ def run_stages(
     def smoke() -> tuple[str, str, Mapping]:
         if settings.smoke_device is None:
             return "skip", "no verify.smoke in the manifest", {}
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         report = run_script(target, venv, "stage_smoke", [settings.smoke_device], env=env, timeout=timeout)
         status, reason = judge_smoke(report)
         return status, reason, report
@@ -237,6 +247,8 @@ def run_stages(
         check = settings.serve
         if check is None:
             return "skip", "no verify.serve in the manifest", {}
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         request = {"command": list(check.command), "health": check.health, "path": check.path,
                    "body": dict(check.body), "config": dict(check.config) if check.config else None,
                    "deadline": check.timeout}
@@ -248,6 +260,8 @@ def run_stages(
     run("serve", serve)
 
     def jit() -> tuple[str, str, Mapping]:
+        if state["live"] is None:
+            return "skip", "the target's interpreter could not be run (see interpreter)", {}
         report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env, timeout=timeout)
         caches = report.get("caches", [])
         status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)

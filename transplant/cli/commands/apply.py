@@ -17,7 +17,7 @@ from rich.text import Text
 from transplant.apply import txn
 from transplant.apply.execute import check_plan_paths, new_transaction_id
 from transplant.cli.render import history_table, print_plan
-from transplant.cli.session import Session, crash_after, orphan_at, progress_bar, run_fleet_action, targets_of
+from transplant.cli.session import Session, crash_after, orphan_at, run_fleet_action, targets_of
 from transplant.controller.documents import load_manifest, load_plan
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
@@ -183,15 +183,12 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 console.print("nothing was changed")
                 return EXIT_FAIL
-        with progress_bar(console) as progress:
-            tasks: dict[str, int] = {}
+        from transplant.cli.progress import ByteProgress
 
-            def report(step: str, done: int, total: int) -> None:
-                if step not in tasks:
-                    tasks[step] = progress.add_task(f"copying {step}", total=total or None)
-                progress.update(tasks[step], completed=done, total=total or None)
-
-            result = apply_plan(plan, manifest, opened, session.host("target"), progress=report,
+        patch_bytes = sum(cp.size or 0 for c in plan.changes for cp in c.copy if cp.source == "patch")
+        with ByteProgress(console, plan.copy_bytes, {"files": plan.copy_bytes - patch_bytes,
+                                                     "patches": patch_bytes}) as bar:
+            result = apply_plan(plan, manifest, opened, session.host("target"), progress=bar.report,
                                 say=lambda line: console.print(line, markup=False), break_lock=args.break_lock,
                                 crash_after=crash_after(), orphan_at=orphan_at())
     relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
@@ -226,9 +223,15 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
             if interrupted:
                 raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
                                       hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
-            done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid,
-                            say=lambda line: console.print(line, markup=False),
-                            listing=f"transplant history {shlex.quote(args.manifest)}")
+            from transplant.cli.progress import step
+
+            with step(console, f"rolling back {manifest.target}") as update:
+                def say(line: str) -> None:
+                    console.print(line, markup=False)
+                    update(line)
+
+                done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid, say=say,
+                                listing=f"transplant history {shlex.quote(args.manifest)}")
         finally:
             txn.release(target, venv, txid)
     console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "

@@ -36,7 +36,8 @@ def clone_report(console: Console, result: CloneResult) -> None:
     """Print a clone's result: the copy, the edits by kind, warnings, and leftovers.
 
     Text files and symlinks that still name the old prefix are printed as an error (the
-    command exits 3); binary files as a warning with their names, bytecode counted apart.
+    command exits 3); binary files as a warning with their names; bytecode (which needs no
+    action) as a one-line note with its count.
     """
     r, left = result.relocation, result.leftovers
     kinds = Counter(e.kind for e in r.edits)
@@ -52,10 +53,9 @@ def clone_report(console: Console, result: CloneResult) -> None:
     if other:
         console.print(Text.assemble(("warning: ", "yellow"), f"{len(other)} binary file(s) still contain {r.old}: "
                                     f"{_names(other)}"))
-    if left.bytecode:
-        console.print(Text.assemble(("warning: ", "yellow"), f"{len(left.bytecode)} bytecode file(s) record "
-                                    f"{r.old} as their source path (Python corrects it at import): "
-                                    f"{_names(left.bytecode, 3)}"))
+    if left.bytecode:  # no action needed: a note, not a warning, and no file list
+        say(f"note: {len(left.bytecode)} bytecode file(s) record {r.old} as their source path; nothing to do, "
+            f"Python corrects it at import (--json lists them)")
     if left.errors:
         if left.text:
             console.print(Text.assemble(("error: ", "bold red"), f"{len(left.text)} text file(s) of the clone still "

@@ -159,7 +159,10 @@ def _build_all(console: Console, cache: Path) -> dict[str, Path]:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(role,)) for role in ("donor", "target")]
-    with console.status("building the demo venvs (torch 2.13.0 CPU, sglang, flashinfer; cached after the first run)"):
+    from transplant.cli.progress import step
+
+    with step(console, "building the demo venvs (torch 2.13.0 CPU, sglang, flashinfer; cached after the first run)",
+              count=lambda: f"{len(results)} of 2 built"):
         for t in threads:
             t.start()
         for t in threads:
@@ -271,7 +274,10 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
         else:
             os.environ["TRANSPLANT_STATE_DIR"] = state_before
         if own and not keep:
-            shutil.rmtree(work, ignore_errors=True)
+            from transplant.cli.progress import step
+
+            with step(console, f"removing the demo's work folder {work}"):
+                shutil.rmtree(work, ignore_errors=True)
     console.print(Rule("demo"))
     if keep or not own:
         console.print(f"work folder kept: {work} (manifests, patches, venvs); its hosts are stopped, so its manifests "

@@ -132,6 +132,8 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
             console.print(stages_table(r.stages, f"verify {r.target}"))
     console.print(fleet_table(action, results))
     code = fleet_exit(results)
+    if code == 2 and not getattr(args, "detailed_exitcode", False):
+        code = 0  # changes are a success of plan unless --detailed-exitcode asks for 2
     failed = [r for r in results if r.code not in (0, 2)]
     console.print(f"[bold green]{action}: all {len(results)} targets succeeded[/]" if not failed else
                   f"[bold red]{action}: {len(failed)} of {len(results)} targets did not succeed[/]")

@@ -47,4 +47,5 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
             console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
     if plan.blocking:
         return EXIT_BLOCKED
-    return EXIT_CHANGES if plan.has_changes or pending else EXIT_OK
+    changes = plan.has_changes or pending
+    return EXIT_CHANGES if changes and getattr(args, "detailed_exitcode", False) else EXIT_OK

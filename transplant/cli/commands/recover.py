@@ -106,12 +106,19 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
         with connect(where, options) as old, console.status(f"reading the history of {where}:{venv}"):
             return from_history(old, venv, target, default_state_dir(), ssh=mine, force=args.force), target
 
-    def by_snapshot(snap: Snapshot) -> tuple[Recovery, Endpoint]:
+    def by_snapshot(snap: Snapshot, donor: dict | None = None) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else snap.donor_venv)
-        return from_snapshot(snap, target, default_state_dir(), ssh=ssh), target
+        return from_snapshot(snap, target, default_state_dir(), ssh=ssh, donor=donor), target
 
     if args.source_host:
         recovery, target = by_history(*parse_location(args.source_host), SSHOptions.from_files(args.identity_file, args.known_hosts))
+    elif args.snapshot and args.snapshot.startswith("oci://"):  # each target pulls from the registry itself
+        from transplant.donor.registry_snapshot import open_registry
+
+        ca = str(Path(args.ca).absolute()) if getattr(args, "ca", None) else None
+        with open_registry(args.snapshot, ca=ca) as source:
+            recovery, target = by_snapshot(source.snapshot, {"snapshot": str(source.reference),
+                                                             **({"ca": ca} if ca else {})})
     elif args.snapshot:
         recovery, target = by_snapshot(load_snapshot(args.snapshot, store=store))
     else:

@@ -32,6 +32,14 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     """
     from transplant.donor.snapshot import capture, list_snapshots, prune
 
+    if (args.out or "").startswith("oci://") or getattr(args, "push", None):
+        from transplant.cli.commands.registry import check_registry_options
+
+        check_registry_options(args)
+    if (args.out or "").startswith("oci://"):
+        from transplant.cli.commands.registry import registry_list_or_prune
+
+        return registry_list_or_prune(args, console)
     store = Path(args.out) if args.out else default_store()
     if args.list or args.prune is not None:
         if args.manifest:
@@ -44,7 +52,12 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
                      "dists": list(s.dists), "files": len(s.files), "bytes": s.size} for s in snaps]},
                     indent=2, sort_keys=True))
             else:
+                if len(str(store)) > 40:
+                    console.print(f"store: {store}", soft_wrap=True, markup=False, highlight=False)
                 console.print(snapshots_table(snaps, str(store)))
+                from transplant.cli.reports import snapshot_dists
+                for line in snapshot_dists(snaps):
+                    console.print(line, highlight=False)
             return EXIT_OK
         removed, objects, freed = prune(store, args.prune)
         console.print(f"pruned {len(removed)} snapshot(s) and {objects} stored file(s) no snapshot uses "
@@ -59,13 +72,20 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     with ExitStack() as stack:
         with console.status(f"connecting to the donor {manifest.donor.host}"):
             donor = stack.enter_context(connect(manifest.donor.host, ssh_options(manifest)))
-        with console.status("snapshot") as status:
-            result = capture(manifest, donor, store, step=lambda line: status.update(line))
+        from transplant.cli.progress import step
+
+        with step(console, f"snapshot of {manifest.donor} into {store}") as update:
+            result = capture(manifest, donor, store, step=update)
     snap = result.snapshot
+    pushed = None
+    if getattr(args, "push", None):
+        from transplant.cli.commands.registry import push_snapshot
+
+        pushed = push_snapshot(snap, args, console)
     if args.json:
         print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
                           "fetched": result.fetched, "reused": result.reused, "bytes_read": result.bytes_read,
-                          "files": len(snap.files), "bytes": snap.size}, indent=2, sort_keys=True))
+                          "files": len(snap.files), "bytes": snap.size, **(pushed or {})}, indent=2, sort_keys=True))
     else:
         console.print(Text.assemble(("snapshot", "bold green"), (
             f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "

@@ -1,4 +1,4 @@
-"""``transplant status HOST:VENV`` (face): what was applied to a venv, from where, when, and what drifted."""
+"""``transplant status HOST:VENV|MANIFEST`` (face): what was applied to a venv, from where, when, and what drifted."""
 
 from __future__ import annotations
 
@@ -8,23 +8,23 @@ import json
 from rich.console import Console
 
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.cli.session import parse_location
-from transplant.hosts.host import SSHOptions, connect
+from transplant.cli.locations import resolve_location
+from transplant.hosts.host import connect
 from transplant.cli.reports import status_table
 
 __all__ = ["status_command"]
 
 
 def status_command(args: argparse.Namespace, console: Console) -> int:
-    """``transplant status HOST:VENV``: print what was applied there and the drift (see
+    """``transplant status HOST:VENV|MANIFEST``: print what was applied there and the drift (see
     :func:`transplant.recover.status.read_status`); returns 0, or 3 when applied files drifted.
 
     :raises TransplantError: a bad location, an unreachable host, unreadable records.
     """
     from transplant.recover.status import read_status
 
-    spec, venv = parse_location(args.location)
-    with connect(spec, SSHOptions.from_files(args.identity_file, args.known_hosts)) as host, console.status(f"reading {args.location}"):
+    spec, venv, options, label = resolve_location(args.location, args.identity_file, args.known_hosts)
+    with connect(spec, options) as host, console.status(f"reading {label}"):
         status = read_status(host, venv, say=lambda line: console.print(line, markup=False))
     for done in status.completed:
         console.print(done.describe(), markup=False)
@@ -42,10 +42,14 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
     for txid in status.interrupted:
         console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
                       f"apply --rollback")
+    skipped = status.applied_paths - status.checked
+    aside = (f" ({skipped} bytecode file(s) of the {status.applied_paths} applied paths are not compared: Python "
+             f"rewrites them at import)") if skipped > 0 else ""
     if status.drift:
-        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match:")
+        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match"
+                      f"{aside}:")
         for line in status.drift[:50]:
             console.print(f"  {line}", markup=False, highlight=False)
     elif status.transactions:
-        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied")
+        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied{aside}")
     return EXIT_BLOCKED if status.drift else EXIT_OK

@@ -221,22 +221,25 @@ def gpu_arch_findings(env: EnvironmentAfter) -> list[Finding]:
                      f"older (e.g. TORCH_CUDA_ARCH_LIST=\"{arch // 10}.{arch % 10}\"), and overlay that instead",
                 files=tuple(f.path for f in bad[:_SHOWN]),
             ))
-    need = runtime_cuda(cuda_evidence(env))
+    evidence = cuda_evidence(env)
+    need = runtime_cuda(evidence)
     if need is None:
         return out
+    # the distributions the finding is about: those whose CUDA build sets the runtime needed
+    builders = tuple(sorted({e.name for e in evidence if (e.major, e.minor if e.minor is not None else 0) == need}))
     for arch, gpu in sorted(caps.items()):
         first = arch_minimum_cuda(arch)
         dropped = [d for d in cuda_table()["arch_dropped"] if d["cuda_major"] <= need[0] and arch < d["below"]]
         if first is not None and need < first:
             out.append(Finding(
-                code="gpu-arch-unsupported", severity=severity(env, list(env.after), donor=False), dists=(),
+                code="gpu-arch-unsupported", severity=severity(env, list(env.after), donor=False), dists=builders,
                 message=f"the target's {gpu} (sm_{arch}) needs CUDA {first[0]}.{first[1]} or newer; the environment "
                         f"after apply is built for CUDA {need[0]}.{need[1]}",
                 hint=f"overlay builds for CUDA {first[0]}.{first[1]} or newer (e.g. torch +cu{first[0]}{first[1]})",
             ))
         elif dropped:
             out.append(Finding(
-                code="gpu-arch-unsupported", severity=severity(env, list(env.after), donor=False), dists=(),
+                code="gpu-arch-unsupported", severity=severity(env, list(env.after), donor=False), dists=builders,
                 message=f"CUDA {need[0]} dropped support for the target's {gpu} (sm_{arch})",
                 hint=f"overlay builds for CUDA {need[0] - 1}.x on this host",
             ))

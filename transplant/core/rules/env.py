@@ -77,12 +77,22 @@ class EnvironmentAfter:
         after apply it holds the incoming bytes, reported under the incoming distribution
         (the overlap itself is ``file-owner-conflict``).
         """
+        cached = self._objects.get(name)
+        if cached is None:
+            cached = self._objects[name] = self._read_objects(name)
+        return list(cached)
+
+    @cached_property
+    def _objects(self) -> dict[str, list[ElfFacts]]:
+        return {}
+
+    def _read_objects(self, name: str) -> list[ElfFacts]:
         dist, report = self.after.get(name), self.elf(name)  # type: ignore[call-overload]
         if dist is None or report is None:
             return []
         arriving = self.arriving if name not in self.overlaid else frozenset()
         return [report.files[p] for p in sorted(dist.files)
-                if is_shared_object(p) and p in report.files and p not in arriving]
+                if p in report.files and p not in arriving and is_shared_object(p)]
 
     @cached_property
     def arriving(self) -> frozenset[str]:

@@ -200,10 +200,16 @@ def script_findings(env: EnvironmentAfter) -> list[Finding]:
         scripts = sorted(p for p, e in dist.files.items()
                          if e.head is not None and rewritten_head(e.head, donor_prefix, target_prefix) is not None)
         if scripts:
+            # the interpreters the shebangs actually name (bin/python3, bin/python3.11...), not a guess
+            named = sorted({m.group(0) for p in scripts
+                            for m in [re.search(re.escape(donor_prefix) + r"/bin/[^\s\"'`$\\]+", dist.files[p].head or "")]
+                            if m}) or [f"{donor_prefix}/bin/python"]
+            theirs = ", ".join(named)
+            ours = ", ".join(target_prefix + n[len(donor_prefix):] for n in named)
             out.append(Finding(
                 code="script-prefix", severity="info", dists=(name,),
                 message=f"{describe(dist)}: {len(scripts)} console script(s) start with the donor's interpreter "
-                        f"{donor_prefix}/bin/python; apply rewrites their first line to {target_prefix}/bin/python",
+                        f"{theirs}; apply rewrites their first line to {ours}",
                 hint="nothing to do: apply rewrites them (and verify checks the result)",
                 files=tuple(scripts[:_SHOWN]),
             ))

@@ -1,0 +1,56 @@
+"""Where a command that reaches one venv finds it (face): ``HOST:VENV`` or a manifest.
+
+``status``, ``inventory`` (and ``verify``) accept either. Given a manifest, the venv is its
+target's and the SSH settings are the manifest's ``ssh:`` block (key, known_hosts, timeout,
+host-key checking), so a command reaches the host exactly as ``plan`` and ``apply`` do; the
+command line's ``--identity-file`` / ``--known-hosts`` still win where given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from transplant.hosts.host import SSHOptions
+from transplant.core.hostspec import HostSpec
+
+__all__ = ["is_location", "resolve_location"]
+
+
+def is_location(text: str) -> bool:
+    """Whether an argument is ``HOST:VENV`` (it holds ``:/`` and names no file) rather than a manifest."""
+    return ":/" in text and not os.path.exists(text)
+
+
+def resolve_location(text: str, identity_file: str | None = None,
+                     known_hosts: str | None = None) -> tuple[HostSpec, str, SSHOptions, str]:
+    """The host, venv, SSH settings and label (for messages) that ``text`` names.
+
+    :param text: ``HOST:VENV`` (``local:/srv/venv``, ``root@gpu:/root/venv``) or a manifest file.
+    :param identity_file: ``--identity-file``, or None; :param known_hosts: ``--known-hosts``, or None.
+    :raises UsageError: a bad ``HOST:VENV``; :raises ManifestError: an invalid manifest;
+        :raises TransplantError: a manifest whose target is given as several (``targets:``).
+    """
+    from transplant.cli.session import parse_location, ssh_options
+    from transplant.errors import UsageError
+    from transplant.controller.documents import load_manifest
+
+    if is_location(text):
+        spec, venv = parse_location(text)
+        return spec, venv, SSHOptions.from_files(identity_file, known_hosts), text
+    if not os.path.exists(text):
+        raise UsageError(f"{text!r}: neither a manifest file nor HOST:VENV",
+                         hint="give a manifest (its target is read), or e.g. local:/root/venv or root@gpu-07:/root/venv")
+    manifest = load_manifest(text)
+    if manifest.targets and len(manifest.targets) > 1:
+        raise UsageError(f"{text}: the manifest names {len(manifest.targets)} targets; this command reads one",
+                         hint="name it as HOST:VENV, e.g. " + str(manifest.targets[0]))
+    options = ssh_options(manifest)
+    if identity_file:
+        options = dataclasses.replace(options, identity_file=Path(identity_file))
+    if known_hosts:
+        options = dataclasses.replace(options, known_hosts=Path(known_hosts))
+    target = manifest.target
+    return target.host, target.venv, options, f"{target.host}:{target.venv}"
+

@@ -1,0 +1,131 @@
+"""Progress of long steps (face), on a terminal and off one (CI, a log file, ``| tee``).
+
+On a terminal a step shows a spinner and a byte transfer a bar (rich). Off a terminal rich
+shows nothing, so a step of minutes would be silent; there every step prints plain lines
+instead: when it starts, every :data:`EVERY` seconds how far it is, and when it ends with its
+seconds. A byte transfer's bar has a fixed total (the plan's bytes), its rate and the time
+left, and names the steps after the copy (the commit, the check) while they run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+__all__ = ["step", "ByteProgress", "EVERY"]
+
+#: Seconds between two plain progress lines off a terminal.
+EVERY = 30.0
+
+
+def _plain(console: Console, line: str) -> None:
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def step(console: Console, label: str, *, count: Callable[[], str] | None = None) -> Iterator[Callable[[str], None]]:
+    """Show ``label`` while the block runs; yields ``update(text)`` to say what it does now.
+
+    :param count: called for the periodic lines off a terminal (``"3 of 5 packages"``), or None.
+    Off a terminal: ``label ...`` at the start, ``label: <now> (<count>), N s`` every
+    :data:`EVERY` seconds, and ``label: done in N s`` (or ``failed after N s``) at the end.
+    """
+    started = time.monotonic()
+    if console.is_terminal:  # a spinner, what it does now, and the seconds so far
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True) as shown:
+            task = shown.add_task(label, total=None)
+            yield lambda text: shown.update(task, description=f"{label}: {text}")
+        return
+    now = {"text": ""}
+    stop = threading.Event()
+    _plain(console, f"{label} ...")
+
+    def tick() -> None:
+        while not stop.wait(EVERY):
+            extra = [now["text"]] if now["text"] else []
+            if count is not None:
+                extra.append(count())
+            _plain(console, f"{label}: {', '.join(extra) + ', ' if extra else ''}{time.monotonic() - started:.0f} s")
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    ok = False
+    try:
+        yield lambda text: now.__setitem__("text", text)
+        ok = True
+    finally:
+        stop.set()
+        ticker.join(timeout=1)
+        _plain(console, f"{label}: {'done in' if ok else 'failed after'} {time.monotonic() - started:.1f} s")
+
+
+class ByteProgress:
+    """apply's copy, then its commit and check: one bar of ``total`` bytes (fixed: the plan's).
+
+    ``report(step, done, total)`` is :func:`transplant.apply.execute`'s progress callback:
+    ``files`` and ``patches`` with rsync's own (done, total), which grows while rsync scans, so
+    it is mapped onto this bar's share of that step (``shares``); ``commit`` and ``check``
+    (0, 0) when those steps start. Use it as a context manager.
+
+    :param shares: bytes of each copy step (``{"files": donor bytes, "patches": patch bytes}``).
+    """
+
+    def __init__(self, console: Console, total: int, shares: dict[str, int]) -> None:
+        self.console, self.total, self.shares = console, max(total, 1), shares
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._progress: Progress | None = None
+        self._task = None
+        self._step = None
+
+    def __enter__(self) -> ByteProgress:
+        if self.console.is_terminal:
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                                      TransferSpeedColumn(), TimeRemainingColumn(), TimeElapsedColumn(),
+                                      console=self.console, transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task("copying", total=self.total)
+        else:
+            _plain(self.console, f"copying {self._human(self.total)} ...")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc_info)
+
+    @staticmethod
+    def _human(count: float) -> str:
+        from transplant.core.units import human_bytes
+        return human_bytes(int(count))
+
+    def report(self, step: str, done: int, total: int) -> None:
+        """The callback (see the class docstring)."""
+        if step in ("commit", "check"):
+            text = {"commit": "committing: renaming the staged files into place",
+                    "check": "checking every path against the plan"}[step]
+            if self._progress is not None:
+                self._progress.update(self._task, description=text, completed=self.total)
+            elif step != self._step:
+                _plain(self.console, f"{text} ...")
+            self._step = step
+            return
+        before = self.shares.get("files", 0) if step == "patches" else 0  # the patches are copied after the files
+        share = self.shares.get(step, 0)
+        completed = min(self.total, before + (share * done // total if total > 0 else 0))
+        if self._progress is not None:
+            self._progress.update(self._task, description=f"copying {step}", completed=completed)
+            return
+        now = time.monotonic()
+        if now - self._last >= EVERY:
+            self._last = now
+            seconds = now - self.started
+            rate = completed / seconds if seconds > 0 else 0
+            _plain(self.console, f"copying: {100 * completed // self.total}% ({self._human(completed)} of "
+                                 f"{self._human(self.total)}), {self._human(rate)}/s, {seconds:.0f} s")
