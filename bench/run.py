@@ -55,16 +55,27 @@ _MEASURE = ("import resource, subprocess, sys\n"
             "print('maxrss', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)\n")
 
 
-def _child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
-    """Run a process on the controller: (seconds, peak RSS in bytes of it and its children, stdout)."""
+def _measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str]:
+    """Run a process on the controller: (seconds, peak RSS in bytes of it and its children,
+    exit status, stdout then stderr)."""
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", _MEASURE, *argv], capture_output=True, env=env, cwd=ROOT, text=True)
     seconds = time.monotonic() - started
-    out = done.stdout
-    _, rss, code = out.rstrip().splitlines()[-1].split()
-    if int(code) not in (0, 2):
-        raise RuntimeError(f"{shlex.join(argv)} exited {code}:\n{out[-3000:]}{done.stderr[-2000:]}")
-    return seconds, int(rss) * 1024, out
+    lines = done.stdout.rstrip().splitlines()
+    if not lines or not lines[-1].startswith("maxrss "):
+        raise RuntimeError(f"{shlex.join(argv)}: the measuring wrapper failed:\n{done.stderr[-2000:]}")
+    _, rss, code = lines[-1].split()
+    return seconds, int(rss) * 1024, int(code), done.stdout + done.stderr
+
+
+def _child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    """:func:`_measured` for transplant commands that must exit 0 or 2: (seconds, peak RSS bytes, output).
+
+    :raises RuntimeError: any other exit status (the output's tail in the message)."""
+    seconds, rss, code, out = _measured(argv, env)
+    if code not in (0, 2):
+        raise RuntimeError(f"{shlex.join(argv)} exited {code}:\n{out[-5000:]}")
+    return seconds, rss, out
 
 
 def _on(host, argv: list[str], *, stdin: bytes | None = None) -> tuple[float, str]:
