@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +36,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-__all__ = ["DEFAULT_ROOT", "MARKER", "missing", "identical_distributions", "measure", "report", "main"]
+__all__ = ["DEFAULT_ROOT", "MARKER", "missing", "identical_distributions", "measure", "plan_summary", "report", "main"]
 
 DEFAULT_ROOT = Path.home() / ".cache" / "transplant" / "real"
 MARKER = ".transplant-real-complete"
@@ -62,15 +63,15 @@ def _site(venv: Path) -> Path:
 
 
 def identical_distributions(donor: Path, target: Path) -> list[str]:
-    """Names of the distributions whose dist-info folder (name and version) and RECORD are the
-    same bytes in both venvs, sorted: an overlay of them leaves nothing to change."""
+    """Names (normalised as PEP 503 does) of the distributions whose dist-info folder (name and
+    version) and RECORD are the same bytes in both venvs: an overlay of them leaves nothing to change."""
     names = []
     target_site = _site(target)
     for info in sorted(_site(donor).glob("*.dist-info")):
         other = target_site / info.name
         record, other_record = info / "RECORD", other / "RECORD"
         if other_record.is_file() and record.is_file() and record.read_bytes() == other_record.read_bytes():
-            names.append(info.name.rsplit("-", 1)[0])
+            names.append(re.sub(r"[-_.]+", "-", info.name[:-len(".dist-info")].rsplit("-", 1)[0]).lower())
     return names
 
 
@@ -82,8 +83,9 @@ def _pip(venv: Path) -> list[str]:
             "inspect"]
 
 
-def measure(root: Path, say=print) -> dict[str, tuple[float, int, int]]:
-    """Every measurement of the real pair: name -> (seconds, peak RSS in bytes, exit status).
+def measure(root: Path, say=print) -> dict[str, tuple[float, int, int, str]]:
+    """Every measurement of the real pair: name -> (seconds, peak RSS in bytes, exit status,
+    :func:`plan_summary` of a plan or "").
 
     :raises RuntimeError: a step could not run (its output in the message).
     """
@@ -95,25 +97,25 @@ def measure(root: Path, say=print) -> dict[str, tuple[float, int, int]]:
 
     donor, target = root / "donor", root / "target"
     work = Path(tempfile.mkdtemp(prefix="transplant-bench-real-", dir="/tmp"))
-    out: dict[str, tuple[float, int, int]] = {}
+    out: dict[str, tuple[float, int, int, str]] = {}
     try:
         env = {**os.environ, "TRANSPLANT_STATE_DIR": str(work / "state"), "COLUMNS": "200"}
         forward = work / "forward.yaml"
         subprocess.run([sys.executable, "-m", "transplant.lab.realstacks", "manifest", str(donor), str(target),
                         str(forward), "--calibrated"], check=True, cwd=ROOT)
-        same = [n for n in identical_distributions(donor, target)
-                if n.lower().replace("_", "-") not in {o.lower() for o in CALIBRATED_OVERLAY}]
+        same = [n for n in identical_distributions(donor, target) if n not in {o.lower() for o in CALIBRATED_OVERLAY}]
         noop = work / "noop.yaml"
         noop.write_text(yaml.safe_dump(manifest_data(str(donor), str(target), overlay=same, remove=[]),
                                        sort_keys=False))
         say(f"real pair at {root}: no-op overlay of {len(same)} identical distributions")
 
         def step(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
-            seconds, rss, code, _ = _measured(argv, env={**env, **(extra or {})})
-            out[name] = (seconds, rss, code)
-            say(f"  {name}: {seconds:.2f} s, {rss / 2**20:.0f} MiB, exit {code}")
+            seconds, rss, code, text = _measured(argv, env={**env, **(extra or {})})
+            what = plan_summary(text) if argv[:4] == plan[:4] else ""
+            out[name] = (seconds, rss, code, what)
+            say(f"  {name}: {seconds:.2f} s, {rss / 2**20:.0f} MiB, exit {code} {what}")
 
-        plan = [sys.executable, "-m", "transplant", "plan"]
+        plan = [sys.executable, "-m", "transplant", "plan", "--json"]
         step("inventory: transplant (metadata)", [sys.executable, "-m", "transplant", "inventory", f"local:{target}"])
         step("inventory: pip inspect", _pip(target))
         step("plan forward, no hash cache (cold)", [*plan, str(forward)], {"TRANSPLANT_HASH_CACHE": "0"})
@@ -126,12 +128,33 @@ def measure(root: Path, say=print) -> dict[str, tuple[float, int, int]]:
     return out
 
 
-def report(results: dict[str, tuple[float, int, int]], root: Path) -> str:
+def plan_summary(text: str) -> str:
+    """What a ``plan --json`` output says, in a few words: files to copy and to remove, the
+    blocking findings' codes (or why the output could not be read)."""
+    import json
+
+    start = text.find("{")
+    try:
+        plan, _ = json.JSONDecoder().raw_decode(text, start) if start >= 0 else (None, 0)
+    except ValueError as exc:
+        return f"(no plan document: {exc})"
+    if not isinstance(plan, dict):
+        return "(no plan document)"
+    changes = plan.get("changes", [])
+    copy = sum(len(c.get("copy", [])) for c in changes)
+    remove = sum(len(c.get("remove", [])) for c in changes)
+    blocking = sorted({f["code"] for f in plan.get("findings", []) if f.get("severity") == "error"
+                       and f.get("accepted") is None})
+    return f"{copy} file(s) to copy, {remove} to remove; blocking: {', '.join(blocking) or 'none'}"
+
+
+def report(results: dict[str, tuple[float, int, int, str]], root: Path) -> str:
     """The markdown section: every measurement, then each target of the issue met or missed."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## Real pair ({root}, measured {stamp}, one run each)", "",
-             "| measurement | seconds | peak RSS | exit |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {name} | {s:.2f} | {rss / 2**20:.0f} MiB | {code} |" for name, (s, rss, code) in results.items()]
+             "| measurement | seconds | peak RSS | exit | plan |", "| --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {name} | {s:.2f} | {rss / 2**20:.0f} MiB | {code} | {what} |"
+              for name, (s, rss, code, what) in results.items()]
     get = lambda name: results[name][0]  # noqa: E731
     plans = [v for k, v in results.items() if k.startswith("plan")]
     rows = [("inventory (metadata) no slower than pip inspect", get("inventory: transplant (metadata)"),

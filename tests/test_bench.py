@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+from bench.real import plan_summary
 from bench.workload import SITE, build_venv, differing_files, distributions
 from transplant.cli import main
 
@@ -23,9 +24,13 @@ def test_workload_plan_moves_exactly_the_differing_files(tmp_path, monkeypatch, 
         overlay: [torch, torchvision, triton, sgl-kernel, "nvidia-*"]
         """))
     assert main(["plan", str(m), "--json"]) == 2
-    plan = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    plan = json.loads(out)
     copied = sorted(c["path"] for change in plan["changes"] for c in change["copy"])
     paths, total = differing_files(scale)
+    removed = sum(len(change["remove"]) for change in plan["changes"])
+    assert removed > 0  # the target's own dist-info files of the versions that go
+    assert plan_summary(out + "maxrss 1 2\n") == f"{len(paths)} file(s) to copy, {removed} to remove; blocking: none"
     assert copied == sorted(f"{SITE}/{p}" for p in paths)
     assert total == sum(c["size"] for change in plan["changes"] for c in change["copy"]
                         if not c["path"].split("/")[-2].endswith(".dist-info"))
@@ -80,3 +85,17 @@ def test_real_workload_skips_with_its_reason(tmp_path, capsys):
                                  f"(no {MARKER}: its install did not finish)")
     (tmp_path / "target" / MARKER).write_text("")
     assert missing(tmp_path) is None  # the complete twin is measured
+
+
+def test_identical_distributions_are_the_no_op_overlay(tmp_path):
+    from bench.real import identical_distributions
+
+    for side, record in (("donor", "a,,\n"), ("target", "a,,\n")):
+        for name in ("rpds_py-2026.9.1", "torch-2.11.0"):
+            info = tmp_path / side / "lib/python3.11/site-packages" / f"{name}.dist-info"
+            info.mkdir(parents=True)
+            (info / "RECORD").write_text(record if name != "torch-2.11.0" or side == "donor" else "b,,\n")
+    info = tmp_path / "donor/lib/python3.11/site-packages/six-1.17.0.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text("a,,\n")  # the target lacks it
+    assert identical_distributions(tmp_path / "donor", tmp_path / "target") == ["rpds-py"]
