@@ -1,7 +1,11 @@
 """A synthetic serving-shaped venv for the benchmarks: ~300 distributions, ~60,000 files.
 
 A few large shared objects (libtorch, cuBLAS, cuDNN-like; hundreds of MB at scale 1) and
-many small Python files, about 2 GB in all at scale 1. The donor (+cu130) and the target
+many small Python files, about 2 GB in all at scale 1. The shared objects are real ELF
+(:mod:`bench.elfgen`: gcc-built bases with thousands of dynamic symbols, C++-mangled in
+libtorch's namespaces for the torch-like ones, versioned for the nvidia-like ones, grown to
+size by a ``.nv_fatbin`` section of SASS and PTX entries or a padding section), so the plan
+pays the ELF reading that dominates on real stacks. The donor (+cu130) and the target
 (+cu128) differ like the story's hosts: the torch family, the nvidia libraries and the
 kernel packages have other versions and other bytes; every other distribution is
 byte-identical. Distributions are written directly (dist-info with METADATA, WHEEL,
@@ -20,6 +24,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .elfgen import object_size, write_object
 
 __all__ = ["Dist", "distributions", "build_venv", "differing_files"]
 
@@ -87,8 +93,12 @@ def _write(site: Path, dist: Dist, version: str, seed: bytes) -> None:
     for rel, size in dist.files:
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        # small files: derived bytes (cheap, reproducible); large ones: random blocks
-        if size <= 64 * 1024:
+        # shared objects: real ELF (bench.elfgen), random section bodies; small files: derived bytes
+        if rel.endswith(".so"):
+            digest, written = write_object(path, rel, size)
+            writer.writerow([rel, "sha256=" + base64.urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode(),
+                             written])
+        elif size <= 64 * 1024:
             block = hashlib.sha512(seed + rel.encode()).digest()
             data = (block * (size // len(block) + 1))[:size]
             path.write_bytes(data)
@@ -141,15 +151,15 @@ def _tops(dist: Dist) -> list[str]:
 
 
 def differing_files(scale: float = 1.0) -> tuple[list[str], int]:
-    """Site-relative paths of the donor's files that differ from the target's (the large
-    shared objects of the differing distributions, their dist-info), and their bytes."""
+    """Site-relative paths of the donor's files that differ from the target's (the shared
+    objects of the differing distributions, their dist-info), and the shared objects' bytes."""
     paths, total = [], 0
     for dist in distributions(scale):
         if dist.differs:
             for rel, size in dist.files:
-                if size > 64 * 1024:
+                if rel.endswith(".so"):
                     paths.append(rel)
-                    total += size
+                    total += object_size(rel, size)
             info = f"{dist.name.replace('-', '_')}-{dist.donor_version}.dist-info"
             paths += [f"{info}/{name}" for name in ("METADATA", "WHEEL", "INSTALLER", "RECORD")]
     return paths, total

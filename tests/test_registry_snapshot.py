@@ -185,7 +185,7 @@ def test_donor_gone_apply_from_the_registry_controller_carries_no_file_bytes(reg
         fresh.mkdir()
         shutil.copytree(tmp_path / "patches", fresh / "patches")
         pinned = write_manifest(fresh, lab, donor=registry_donor(registry, pushed))
-        assert main(["plan", pinned, "--json"]) == 2
+        assert main(["plan", pinned, "--json", "--detailed-exitcode"]) == 2
         doc = json.loads(capsys.readouterr().out)
         assert pushed["pushed"] in doc["donor_source"]["source"]
         assert main(["apply", pinned, "--yes"]) == 0

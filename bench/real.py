@@ -1,0 +1,191 @@
+"""The real pair as a benchmark workload: the cached seed stacks, read only.
+
+Usage::
+
+    .venv/bin/python -m bench.real [--root ~/.cache/transplant/real] [--out FILE]
+
+``ROOT`` holds the ``donor`` and ``target`` venvs that ``scripts/real-stacks`` installs
+(about 11 GB and 50,000 files each), each finished only when it holds
+``.transplant-real-complete``; without both, the workload is skipped with the reason
+(exit 0). Nothing here writes to either venv: only plans run (a plan writes nothing but the
+target's content-hash cache in ``<target>/.transplant/cache``), and ``TRANSPLANT_STATE_DIR``
+is a temporary folder (the donor's hash cache lives there, then goes). Measured, one run
+each, as processes on this machine with their peak RSS:
+
+* ``transplant inventory local:<target>`` (metadata) against ``pip inspect`` of the same venv;
+* ``transplant plan`` of the calibrated forward manifest
+  (``python -m transplant.lab.realstacks manifest DONOR TARGET OUT --calibrated``): first
+  with ``TRANSPLANT_HASH_CACHE=0`` (no hash cache: every overlaid file hashed, the cold
+  case), then twice with the caches on (the first fills the donor's, the second is the warm
+  plan the issue's target names);
+* a no-op plan: the same pair with an overlay of the distributions that are byte-identical
+  on both sides (same dist-info name and RECORD) and no removals, so that nothing is left
+  to change, twice (the second with warm caches). A plan of a venv against itself is
+  refused by design, and the after-apply scenario needs a 5-minute clone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+__all__ = ["DEFAULT_ROOT", "MARKER", "missing", "identical_distributions", "measure", "plan_summary", "report", "main"]
+
+DEFAULT_ROOT = Path.home() / ".cache" / "transplant" / "real"
+MARKER = ".transplant-real-complete"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def missing(root: Path) -> str | None:
+    """Why the real pair under ``root`` cannot be measured (a sentence), or None when both
+    venvs are there and complete (``<venv>/bin/python`` and the marker file)."""
+    for side in ("donor", "target"):
+        venv = root / side
+        if not (venv / "bin" / "python").exists():
+            return f"no {side} venv at {venv} (scripts/real-stacks installs the real pair)"
+        if not (venv / MARKER).is_file():
+            return f"the {side} venv at {venv} is incomplete (no {MARKER}: its install did not finish)"
+    return None
+
+
+def _site(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if not found:
+        raise FileNotFoundError(f"{venv}: no lib/python3*/site-packages")
+    return found[0]
+
+
+def identical_distributions(donor: Path, target: Path) -> list[str]:
+    """Names (normalised as PEP 503 does) of the distributions whose dist-info folder (name and
+    version) and RECORD are the same bytes in both venvs: an overlay of them leaves nothing to change."""
+    names = []
+    target_site = _site(target)
+    for info in sorted(_site(donor).glob("*.dist-info")):
+        other = target_site / info.name
+        record, other_record = info / "RECORD", other / "RECORD"
+        if other_record.is_file() and record.is_file() and record.read_bytes() == other_record.read_bytes():
+            names.append(re.sub(r"[-_.]+", "-", info.name[:-len(".dist-info")].rsplit("-", 1)[0]).lower())
+    return names
+
+
+def _pip(venv: Path) -> list[str]:
+    """``pip inspect`` of ``venv``: its own pip when it has one, else this interpreter's with ``--python``."""
+    if list(_site(venv).glob("pip-*.dist-info")):
+        return [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "inspect"]
+    return [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(venv / "bin" / "python"),
+            "inspect"]
+
+
+def measure(root: Path, say=print) -> dict[str, tuple[float, int, int, str]]:
+    """Every measurement of the real pair: name -> (seconds, peak RSS in bytes, exit status,
+    :func:`plan_summary` of a plan or "").
+
+    :raises RuntimeError: a step could not run (its output in the message).
+    """
+    from transplant.lab.realstacks import CALIBRATED_OVERLAY, manifest_data
+
+    import yaml
+
+    from .run import _measured
+
+    donor, target = root / "donor", root / "target"
+    work = Path(tempfile.mkdtemp(prefix="transplant-bench-real-", dir="/tmp"))
+    out: dict[str, tuple[float, int, int, str]] = {}
+    try:
+        env = {**os.environ, "TRANSPLANT_STATE_DIR": str(work / "state"), "COLUMNS": "200"}
+        forward = work / "forward.yaml"
+        subprocess.run([sys.executable, "-m", "transplant.lab.realstacks", "manifest", str(donor), str(target),
+                        str(forward), "--calibrated"], check=True, cwd=ROOT)
+        same = [n for n in identical_distributions(donor, target) if n not in {o.lower() for o in CALIBRATED_OVERLAY}]
+        noop = work / "noop.yaml"
+        noop.write_text(yaml.safe_dump(manifest_data(str(donor), str(target), overlay=same, remove=[]),
+                                       sort_keys=False))
+        say(f"real pair at {root}: no-op overlay of {len(same)} identical distributions")
+
+        def step(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
+            seconds, rss, code, text = _measured(argv, env={**env, **(extra or {})})
+            what = plan_summary(text) if argv[:4] == plan[:4] else ""
+            out[name] = (seconds, rss, code, what)
+            say(f"  {name}: {seconds:.2f} s, {rss / 2**20:.0f} MiB, exit {code} {what}")
+
+        plan = [sys.executable, "-m", "transplant", "plan", "--json"]
+        step("inventory: transplant (metadata)", [sys.executable, "-m", "transplant", "inventory", f"local:{target}"])
+        step("inventory: pip inspect", _pip(target))
+        step("plan forward, no hash cache (cold)", [*plan, str(forward)], {"TRANSPLANT_HASH_CACHE": "0"})
+        step("plan forward, filling the hash caches", [*plan, str(forward)])
+        step("plan forward, warm hash caches", [*plan, str(forward)])
+        step("plan with nothing to change, first", [*plan, str(noop)])
+        step("plan with nothing to change, warm", [*plan, str(noop)])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def plan_summary(text: str) -> str:
+    """What a ``plan --json`` output says, in a few words: files to copy and to remove, the
+    blocking findings' codes (or why the output could not be read)."""
+    import json
+
+    start = text.find("{")
+    try:
+        plan, _ = json.JSONDecoder().raw_decode(text, start) if start >= 0 else (None, 0)
+    except ValueError as exc:
+        return f"(no plan document: {exc})"
+    if not isinstance(plan, dict):
+        return "(no plan document)"
+    changes = plan.get("changes", [])
+    copy = sum(len(c.get("copy", [])) for c in changes)
+    remove = sum(len(c.get("remove", [])) for c in changes)
+    blocking = sorted({f["code"] for f in plan.get("findings", []) if f.get("severity") == "error"
+                       and f.get("accepted") is None})
+    return f"{copy} file(s) to copy, {remove} to remove; blocking: {', '.join(blocking) or 'none'}"
+
+
+def report(results: dict[str, tuple[float, int, int, str]], root: Path) -> str:
+    """The markdown section: every measurement, then each target of the issue met or missed."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## Real pair ({root}, measured {stamp}, one run each)", "",
+             "| measurement | seconds | peak RSS | exit | plan |", "| --- | ---: | ---: | ---: | --- |"]
+    lines += [f"| {name} | {s:.2f} | {rss / 2**20:.0f} MiB | {code} | {what} |"
+              for name, (s, rss, code, what) in results.items()]
+    get = lambda name: results[name][0]  # noqa: E731
+    plans = [v for k, v in results.items() if k.startswith("plan")]
+    rows = [("inventory (metadata) no slower than pip inspect", get("inventory: transplant (metadata)"),
+             get("inventory: pip inspect"), "s"),
+            ("plan of the real pair at most 8 s (warm)", get("plan forward, warm hash caches"), 8.0, "s"),
+            ("plan's controller RSS at most 300 MB", max(v[1] for v in plans) / 1e6, 300.0, "MB"),
+            ("plan with nothing to change at most 1 s (warm)", get("plan with nothing to change, warm"), 1.0, "s")]
+    lines += ["", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
+    for name, got, limit, unit in rows:
+        lines.append(f"| {name} | {got:.2f} {unit} | {limit:.2f} {unit} | "
+                     f"{'yes' if got <= limit else f'no, by {got / limit:.2f}x'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure the real pair (or say why not); returns 0."""
+    parser = argparse.ArgumentParser(prog="python -m bench.real", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", default=str(DEFAULT_ROOT), help="folder holding the donor and target venvs")
+    parser.add_argument("--out", help="also write the markdown section to this file")
+    args = parser.parse_args(argv)
+    root = Path(args.root).expanduser()
+    why = missing(root)
+    if why is not None:
+        print(f"real pair: skipped: {why}")
+        return 0
+    section = report(measure(root), root)
+    print(section)
+    if args.out:
+        Path(args.out).write_text(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
