@@ -44,8 +44,8 @@ def test_synthetic_shared_objects_are_real_elf(tmp_path):
     from elftools.elf.elffile import ELFFile
 
     from bench.elfgen import object_size
-    from transplant.elfscan import read_elf_facts
-    from transplant.hosts import LocalHost
+    from transplant.hosts.elf_facts import read_elf_facts
+    from transplant.hosts.host import LocalHost
 
     scale = 0.002
     venv = build_venv(tmp_path / "donor", "donor", scale)
