@@ -386,7 +386,7 @@ def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
             if not sys.stdin.isatty():
                 raise TransplantError("apply needs confirmation and standard input is not a terminal",
                                       hint=f"add --yes: transplant apply {args.source} --yes")
-            answer = console.input(f"apply these changes to {plan.target.label}? [y/N] ")
+            answer = console.input(f"apply these changes to {plan.target.label}? \\[y/N] ")
             if answer.strip().lower() not in ("y", "yes"):
                 console.print("nothing was changed")
                 return EXIT_FAIL
@@ -425,7 +425,7 @@ def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
         if not args.yes and not sys.stdin.isatty():
             raise TransplantError("rollback needs confirmation and standard input is not a terminal",
                                   hint=f"add --yes: transplant rollback {shlex.quote(args.manifest)} --yes")
-        if not args.yes and console.input(f"roll back {manifest.target}? [y/N] ").strip().lower() not in ("y", "yes"):
+        if not args.yes and console.input(f"roll back {manifest.target}? \\[y/N] ").strip().lower() not in ("y", "yes"):
             console.print("nothing was changed")
             return EXIT_FAIL
         txid = new_transaction_id()
@@ -709,6 +709,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except EOFError:  # end of input at a [y/N] question (Ctrl-D): a "no"
+        console.print("no answer (end of input): nothing was changed", markup=False)
+        return EXIT_FAIL
 
 
 class _Console(Console):
