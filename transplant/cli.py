@@ -742,9 +742,12 @@ def _print_error(console: Console, exc: TransplantError) -> None:
     """``error: <message>``, the files that differ (apply), and ``hint: <fix>``; no markup from the text."""
     text = Text()
     text.append(f"error [{exc.code}]: " if exc.code else "error: ", style="bold red")
-    text.append(exc.message)
-    for line in getattr(exc, "mismatches", [])[:50]:
-        text.append(f"\n  {line}")
+    first, *problems = exc.message.split("\n")
+    text.append(first)
     console.print(text, highlight=False)
+    # the problem lines (a manifest's "- key: ...; fix: ...") carry snippets to paste: one line each,
+    # never wrapped by the console (the terminal may fold them, newline-free)
+    for line in problems + [f"  {line}" for line in getattr(exc, "mismatches", [])[:50]]:
+        console.print(Text(line), highlight=False, soft_wrap=True)
     if exc.hint:  # a command to paste: never wrapped by the console (the terminal may fold it, newline-free)
         console.print(Text.assemble(("hint: ", "bold"), exc.hint), highlight=False, soft_wrap=True)
