@@ -29,7 +29,7 @@ def test_demo_replays_the_story(lab):
     assert "invalid choice: 'DFLASH'" in out
     # act 2: the requirement finding, before anything is copied
     assert "sglang 0.5.23 requires flashinfer_python[cu13]==0.7.2, found 0.6.3" in out
-    assert "add 'flashinfer-python' to overlay (the donor has 0.7.2)" in out
+    assert "manifest-without-flashinfer.yaml, add: remove: [torchvision] overlay: [flashinfer-python]" in out
     assert "sglang family: the overlay moves sglang, sglang-kernel but not flashinfer-python" in out
     # act 3: the target's CUDA 12 runtime goes (remove:), the CPU-demo artifacts are accepted with
     # their reason, and a binary fact: torchvision 0.16.2's ops need libtorch symbols torch 2.13 lacks

@@ -9,6 +9,7 @@ import base64
 import json
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -379,3 +380,18 @@ def test_bearer_token_registry_push_and_the_target_pulls_with_a_token(reglab, tm
         assert main(["plan", m]) == 1
         out = " ".join(capsys.readouterr().out.split())
         assert "authentication failed with the credentials from the environment" in out
+
+
+@pytest.mark.parametrize("digest", ["sha256:../../escaped", "md5:" + "0" * 32, "sha256:" + "A" * 64])
+def test_the_target_side_puller_refuses_a_digest_that_is_not_sha256_hex(tmp_path, digest):
+    """The digest names a file in the cache folder: a crafted one must not reach the disk."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "transplant" / "remote" / "oci_pull.py"
+    request = {"blobs": [{"digest": digest, "size": 1, "files": [["lib/x.py", 0o644]]}],
+               "cache": str(tmp_path / "cache"), "dest": str(tmp_path / "dest"), "url": "https://127.0.0.1:9/v2/r"}
+    done = subprocess.run([sys.executable, "-I", str(script)], input=json.dumps(request), capture_output=True,
+                          text=True, timeout=60)
+    reply = json.loads(done.stdout)
+    assert reply["ok"] is False and "refusing the blob digest" in reply["error"]
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "escaped").exists()

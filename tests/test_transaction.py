@@ -97,6 +97,26 @@ def imports(venv: Path) -> str:
     return done.stdout.strip()
 
 
+def _wait_for_orphans(venv: Path, timeout: float = 300) -> None:
+    """Wait until no process runs the venv's interpreter (the killed controller's host script
+    goes on alone for a while, and on a loaded machine may only now start its transaction)."""
+    needle = f"{venv}/bin/python".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if needle in (entry / "cmdline").read_bytes():
+                        running.append(entry.name)
+                except OSError:
+                    continue
+        if not running:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"host scripts of {venv} still run after {timeout} s")
+
+
 def settle(world, venv: Path, how: str, capsys) -> str:
     """After a crash: an interrupted transaction must be finished or undone before anything
     else runs; returns which end state the target must now be in ('after' or 'before')."""
@@ -159,6 +179,7 @@ def test_controller_killed_at_a_random_moment(world, capsys, index):
     time.sleep(rng.uniform(0.4, 1.0) * world["seconds"])  # the first 40 % is start-up and planning
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    _wait_for_orphans(venv)
     end = settle(world, venv, "resume" if index % 2 else "rollback", capsys)
     assert snapshot(venv) == world[end]
     # a lock left by the dead controller is broken, and said so, by the next command

@@ -32,7 +32,7 @@ from transplant.cli.commands.verify import verify_command
 from transplant.cli.options import fleet_options
 from transplant.cli.session import parse_location
 from transplant.errors import TransplantError
-from transplant.exitcodes import EXIT_BLOCKED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
 
 __all__ = ["main", "EXIT_USAGE"]
 
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     except TransplantError as exc:
-        console.print(exc.render(hint=False), highlight=False)
+        _print_error(console, exc)
         if exc.hint:  # a command to paste: never wrapped by the console (the terminal may fold it, newline-free)
             console.print(Text.assemble(("hint: ", "bold"), exc.hint), highlight=False, soft_wrap=True)
         if getattr(args, "json", False):
@@ -224,6 +224,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return EXIT_INTERRUPTED
+    except EOFError:  # end of input at a [y/N] question (Ctrl-D): a "no"
+        console.print("no answer (end of input): nothing was changed", markup=False)
+        return EXIT_FAIL
+
+
+def _print_error(console: Console, exc: TransplantError) -> None:
+    """``error [<code>]: <message>``'s first line, then its problem lines and the files that differ.
+
+    The problem lines (a manifest's ``- key: ...; fix: ...``) carry snippets to paste: one line each,
+    never wrapped by the console (the terminal may fold them, newline-free)."""
+    first, *problems = exc.message.split("\n")
+    head = Text()
+    head.append(f"error [{exc.code}]: " if exc.code else "error: ", style="bold red")
+    head.append(first)
+    console.print(head, highlight=False)
+    for line in problems + [f"  {line}" for line in exc.mismatches[:50]]:
+        console.print(Text(line), highlight=False, soft_wrap=True)
 
 
 class _Console(Console):

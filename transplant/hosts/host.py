@@ -15,15 +15,11 @@ from __future__ import annotations
 
 import abc
 import logging
-import math
 import re
 import os
 import shlex
 import signal
-import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass

@@ -24,6 +24,7 @@ may relay instead; ``refused``: a digest did not match).
 import hashlib
 import json
 import os
+import re
 import posixpath
 import ssl
 import sys
@@ -37,6 +38,8 @@ BLOCK = 1 << 20
 class Stop(Exception):
     pass
 
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 
 def inside(path):
     normal = posixpath.normpath(path)
@@ -117,6 +120,10 @@ def main():
     req = json.loads(sys.stdin.read())
     state = {"received": 0, "resumed": 0, "cached": 0, "files": 0}
     for blob in req["blobs"]:
+        if not isinstance(blob.get("digest"), str) or not _DIGEST.match(blob["digest"]):
+            # the digest names a file in the cache folder: only the OCI sha256 form is taken
+            print(json.dumps({"ok": False, "error": "refusing the blob digest %r: not sha256:<64 hex>" % blob.get("digest")}))
+            return
         for path, _mode in blob["files"]:
             if not inside(path):
                 print(json.dumps({"ok": False, "error": "refusing the path %r: it leaves the venv" % path}))

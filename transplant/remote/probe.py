@@ -127,10 +127,10 @@ def _inside(prefix, path):
     norm = os.path.normpath(path)
     if os.path.isabs(norm) and os.path.isabs(prefix) and os.sep == "/":
         # The common case, without relpath's abspath/commonprefix work per file.
-        base = os.path.normpath(prefix)
-        if not norm.startswith(base.rstrip("/") + "/"):
+        base = os.path.normpath(prefix).rstrip("/") + "/"
+        if not norm.startswith(base):
             return None
-        rel = norm[len(base.rstrip("/")) + 1:]
+        rel = norm[len(base):]
     else:
         rel = os.path.relpath(norm, prefix)
         if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
@@ -328,9 +328,7 @@ class _HashCache(object):
         if self.store == "reply":
             # The controller keeps this cache (a donor is never written to): it sends what it
             # knows and takes back the entries of this run.
-            known = self.options.get("known")
-            self.entries = {k: v for k, v in (known if isinstance(known, dict) else {}).items()
-                            if isinstance(v, list) and len(v) == 8}
+            self.entries = _entries(self.options.get("known"))
             return
         state = os.path.join(prefix, ".transplant")
         if os.path.islink(state) or (os.path.exists(state) and _real(state) != os.path.join(_real(prefix), ".transplant")):
@@ -342,8 +340,7 @@ class _HashCache(object):
                 with open(self.path, "r", encoding="utf-8") as handle:
                     document = json.load(handle)
                 if isinstance(document, dict) and document.get("schema") == _HASH_SCHEMA:
-                    self.entries = {k: v for k, v in document.get("entries", {}).items()
-                                    if isinstance(v, list) and len(v) == 8}
+                    self.entries = _entries(document.get("entries"))
         except (OSError, ValueError) as exc:
             self.error = "unreadable, rebuilt: {}".format(exc)[:200]
 
@@ -404,6 +401,14 @@ class _HashCache(object):
 
 
 _HASH_SCHEMA = "transplant.hashes/1"
+
+
+def _entries(mapping):
+    """The well-formed entries of a hash cache (``rel: [dev, ino, size, mtime_ns, ctime_ns, hash,
+    head, body_hash]``); anything else is dropped (it is only re-hashed)."""
+    if not isinstance(mapping, dict):
+        return {}
+    return {k: v for k, v in mapping.items() if isinstance(v, list) and len(v) == 8}
 _RACY_NS = 2 * 10 ** 9
 
 

@@ -179,7 +179,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
             if not sys.stdin.isatty():
                 raise TransplantError("apply needs confirmation and standard input is not a terminal",
                                       hint=f"add --yes: transplant apply {args.source} --yes")
-            answer = console.input(f"apply these changes to {plan.target.label}? [y/N] ")
+            answer = console.input(f"apply these changes to {plan.target.label}? \\[y/N] ")
             if answer.strip().lower() not in ("y", "yes"):
                 console.print("nothing was changed")
                 return EXIT_FAIL
@@ -211,7 +211,7 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
         if not args.yes and not sys.stdin.isatty():
             raise TransplantError("rollback needs confirmation and standard input is not a terminal",
                                   hint=f"add --yes: transplant rollback {shlex.quote(args.manifest)} --yes")
-        if not args.yes and console.input(f"roll back {manifest.target}? [y/N] ").strip().lower() not in ("y", "yes"):
+        if not args.yes and console.input(f"roll back {manifest.target}? \\[y/N] ").strip().lower() not in ("y", "yes"):
             console.print("nothing was changed")
             return EXIT_FAIL
         txid = new_transaction_id()

@@ -108,7 +108,7 @@ def clone_base(args: argparse.Namespace, console: Console, manifest: Manifest, b
         if not sys.stdin.isatty():
             raise TransplantError("apply needs confirmation and standard input is not a terminal",
                                   hint=f"add --yes: transplant apply {shlex.quote(args.source)} --yes")
-        if console.input("clone it now (the overlay's plan is shown after)? [y/N] ").strip().lower() not in ("y", "yes"):
+        if console.input("clone it now (the overlay's plan is shown after)? \\[y/N] ").strip().lower() not in ("y", "yes"):
             raise TransplantError("nothing was changed: the clone was declined")
     with console.status("cloning target.base") as status:
         result = clone(base_host, base.venv, target_host, target.venv, state_dir=default_state_dir(),

@@ -115,7 +115,7 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
         planned = run_fleet("plan", manifest, targets, opened, ssh, jobs=jobs)
         _print_plans(console, planned)
         console.print(fleet_table("plan", planned))
-        if console.input(f"apply to these {len(targets)} targets? [y/N] ").strip().lower() not in ("y", "yes"):
+        if console.input(f"apply to these {len(targets)} targets? \\[y/N] ").strip().lower() not in ("y", "yes"):
             console.print("nothing was changed")
             return EXIT_FAIL
         # apply the plans that were shown (a target changed since is refused as stale), not later ones

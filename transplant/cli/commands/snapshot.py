@@ -91,5 +91,7 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
             f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "
             f"{len(snap.files)} files ({human_bytes(snap.size)}); {result.fetched} read from the donor "
             f"({human_bytes(result.bytes_read)} on the wire), {result.reused} already stored; in "
-            f"{result.seconds:.1f} s\nuse it as the donor: donor: {{snapshot: {snap.path}}}")))
+            f"{result.seconds:.1f} s")))
+        console.print("use it as the donor:")
+        console.print(f"  donor: {{snapshot: {snap.path}}}", markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK
