@@ -152,3 +152,32 @@ def test_the_check_fails_when_a_forbidden_import_is_added(tmp_path, module, line
     path.write_text(path.read_text(encoding="utf-8") + f"\n\ndef _injected():\n    {line}\n", encoding="utf-8")
     found = violations(copy)
     assert any(expected in v for v in found), found
+
+
+def error_classes_outside(root: Path) -> list[str]:
+    """Classes under ``root`` (the package folder) that derive from an ``...Error`` base, other than
+    in ``errors.py`` itself (issue 17: errors live in one module, each with its stable reference)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "errors.py" or rel.startswith("remote/"):  # host scripts raise stdlib errors only
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any(
+                    (isinstance(b, ast.Name) and b.id.endswith("Error")) or
+                    (isinstance(b, ast.Attribute) and b.attr.endswith("Error")) for b in node.bases):
+                found.append(f"{rel}: class {node.name}")
+    return found
+
+
+def test_every_error_class_lives_in_errors_with_its_own_reference(tmp_path):
+    import transplant.errors as errors
+    assert error_classes_outside(PACKAGE) == []
+    classes = [getattr(errors, name) for name in errors.__all__]
+    references = [cls.reference for cls in classes]
+    assert len(set(references)) == len(references), references
+    assert all(issubclass(cls, errors.TransplantError) for cls in classes)
+    # the scan sees a class added elsewhere
+    (tmp_path / "donor").mkdir()
+    (tmp_path / "donor" / "oci.py").write_text("class RegistryError(TransplantError):\n    pass\n")
+    assert error_classes_outside(tmp_path) == ["donor/oci.py: class RegistryError"]

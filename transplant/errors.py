@@ -15,7 +15,7 @@ from rich.text import Text
 
 __all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",
            "TransactionError", "NoDonorError", "StoreError", "SnapshotError", "RecoverError", "FleetError",
-           "UsageError"]
+           "UsageError", "RegistryError"]
 
 
 class TransplantError(Exception):
@@ -136,3 +136,19 @@ class UsageError(TransplantError):
     """A command-line mistake (exit code 64)."""
 
     reference = "usage"
+
+
+class RegistryError(TransplantError):
+    """A registry refused a request, could not be reached, or sent content that fails its digest.
+
+    :ivar status: the HTTP status (None when no answer came); :ivar unreachable: True when no
+        connection could be made (refused, no route, TLS failed, timed out).
+    """
+
+    reference = "registry-failed"
+
+    def __init__(self, message: str, *, hint: str | None = None, status: int | None = None,
+                 unreachable: bool = False) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.unreachable = unreachable

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from transplant.errors import TransplantError
+from transplant.errors import RegistryError
 
 __all__ = ["RegistryError", "Reference", "Credentials", "find_credentials", "Client", "parse_challenge",
            "is_oci", "MANIFEST_TYPE", "USER_VAR", "PASSWORD_VAR"]
@@ -45,20 +45,6 @@ _NAME = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _FORMS = "oci://REGISTRY[:PORT]/REPO:TAG or oci://REGISTRY[:PORT]/REPO@sha256:<64 hex>"
-
-
-class RegistryError(TransplantError):
-    """A registry refused a request, could not be reached, or sent content that fails its digest.
-
-    :ivar status: the HTTP status (None when no answer came); :ivar unreachable: True when no
-        connection could be made (refused, no route, TLS failed, timed out).
-    """
-
-    def __init__(self, message: str, *, hint: str | None = None, status: int | None = None,
-                 unreachable: bool = False) -> None:
-        super().__init__(message, hint=hint)
-        self.status = status
-        self.unreachable = unreachable
 
 
 def is_oci(text: str) -> bool:
