@@ -1,4 +1,4 @@
-"""The manifest, version 1: model and validation (pure core; :mod:`transplant.controller.documents` reads it).
+"""The manifest, version 1: model and validation (pure core; :mod:`transplant.controller.manifest_file` reads it).
 
 A manifest names the donor and target (host and venv), the distributions to overlay,
 the patch files, and the verify settings. :func:`parse_manifest` checks all of it and
