@@ -109,7 +109,8 @@ def _is(value: Any, types_: tuple[type, ...]) -> bool:
 
 
 def _names(types_: tuple[type, ...]) -> str:
-    return " or ".join(t.__name__ for t in types_)
+    """``str``, ``int or null``: what a tuple of accepted types expects."""
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types_)
 
 
 def member(obj: Any, name: str, path: str, types_: type | tuple[type, ...], *, optional: bool = False) -> Any:
