@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from transplant.core.decode import DecodeError, Decoder, Problems, member, strings
-from transplant.core.elf_facts import ELF_SCHEMA, DeviceCode, ElfFacts, ElfReport, LibraryVersions, parse_elf_report
+from transplant.core.elf_facts import ELF_SCHEMA, DeviceCode, LibraryVersions, parse_elf_report
 from transplant.core.inventory import Distribution, Inventory, parse_inventory
 from transplant.core.manifest import parse_manifest
 from transplant.core.plan import Change, FileCopy, Finding, Plan, Side, plan_from_dict
 from transplant.errors import ManifestError, PlanError, ProbeError
+from transplant.lab.realstacks import elf_document, untrim
 
 from inventory_docs import dist, document
 
@@ -257,12 +258,6 @@ def test_plan_round_trip() -> None:
     assert plan_from_dict(json.loads(json.dumps(plan.to_dict())), source="p") == plan
 
 
-def elf_document(report: ElfReport) -> dict:
-    """An ELF report back in the host script's JSON form (``ptx_isa`` as a recorded report keeps it)."""
-    doc = dataclasses.asdict(report)
-    return json.loads(json.dumps({**doc, "schema": ELF_SCHEMA}))
-
-
 def test_elf_report_round_trip() -> None:
     report = parse_elf_report(small_elf(), label="h")
     assert report.libstdcxx == LibraryVersions(path="/usr/lib/libstdc++.so.6", versions=("GLIBCXX_3.4",))
@@ -320,8 +315,6 @@ def test_inventory_round_trip() -> None:
 
 def test_round_trips_of_the_recorded_real_stack() -> None:
     """The real donor stack (about 110,000 file entries) and its ELF report survive the round trip."""
-    from transplant.lab.realstacks import untrim
-
     with gzip.open(DATA / "forward.json.gz", "rt", encoding="utf-8") as handle:
         recorded = json.load(handle)
     inv = parse_inventory(untrim(recorded["donor"]), label="donor")
