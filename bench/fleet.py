@@ -42,7 +42,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from transplant.controller.documents import load_manifest
+from transplant.controller.manifest_file import load_manifest
 from transplant.fleet.run import run_fleet, serve_from_snapshot
 from transplant.hosts.host import HostSpec, SSHOptions
 from transplant.lab import Lab

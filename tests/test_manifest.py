@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from transplant.errors import ManifestError
-from transplant.controller.documents import load_manifest
+from transplant.controller.manifest_file import load_manifest
 from transplant.core.manifest import normalize_pattern
 
 GOOD = """\

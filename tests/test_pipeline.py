@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from transplant.controller.documents import load_manifest
+from transplant.controller.manifest_file import load_manifest
 from transplant.donor.sources import open_donor
 from transplant.fleet.run import run_fleet
 from transplant.hosts.host import SSHOptions

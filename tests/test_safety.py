@@ -14,7 +14,7 @@ from inventory_docs import SITE as DOC_SITE, dist, document
 from transplant import remote
 from transplant.cli.app import main
 from transplant.errors import ManifestError
-from transplant.controller.documents import load_manifest
+from transplant.controller.manifest_file import load_manifest
 from transplant.core.inventory import parse_inventory
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.core.manifest import parse_manifest

@@ -313,7 +313,7 @@ def test_apply_through_a_pipe_shows_its_steps(world, tmp_path):
 
 def test_manifest_ssh_config_is_read_relative_to_the_manifest(tmp_path):
     from transplant.cli.session import ssh_options as _ssh_options
-    from transplant.controller.documents import load_manifest
+    from transplant.controller.manifest_file import load_manifest
 
     m = tmp_path / "m.yaml"
     m.write_text("version: 1\ndonor: {host: gpu-a, venv: /v}\ntarget: {host: gpu-b, venv: /v}\noverlay: [x]\n"

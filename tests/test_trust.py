@@ -122,7 +122,7 @@ def test_a_plan_made_before_the_target_changed_is_refused_under_the_lock(pair, c
 def test_recover_takes_no_ssh_setting_from_the_recorded_recipe(pair, capsys, recorded):
     """The recipe in the source's history.jsonl is data read from that host: its ``ssh`` block,
     whatever it says, never reaches the recovery manifest; the controller's settings do."""
-    from transplant.controller.documents import load_manifest
+    from transplant.controller.manifest_file import load_manifest
     from transplant.hosts.host import LocalHost
     from transplant.core.manifest import Endpoint
     from transplant.core.hostspec import HostSpec

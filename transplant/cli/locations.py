@@ -34,7 +34,7 @@ def resolve_location(text: str, identity_file: str | None = None,
     """
     from transplant.cli.session import parse_location, ssh_options
     from transplant.errors import UsageError
-    from transplant.controller.documents import load_manifest
+    from transplant.controller.manifest_file import load_manifest
 
     if is_location(text):
         spec, venv = parse_location(text)

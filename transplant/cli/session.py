@@ -18,7 +18,7 @@ from rich.console import Console
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.plan import Plan
-from transplant.controller.documents import read_patch_files
+from transplant.controller.patch_files import read_patch_files
 from transplant.donor.sources import Opened, open_donor
 from transplant.errors import HostError, TransplantError, UsageError
 from transplant.hosts.host import Host, SSHOptions, connect, side_error

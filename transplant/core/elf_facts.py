@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transplant.errors import ProbeError
+from transplant.core.decode import DecodeError, Decoder, entry_path, item_path, strings
 
 __all__ = [
     "ELF_SCHEMA",
@@ -143,112 +144,86 @@ class ElfReport:
     defined_by: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
 
 
-def _fail(label: str, path: str, expected: str, value: Any) -> ProbeError:
-    return ProbeError(f"{label}: ELF report key {path!r}: expected {expected}, got {value!r}",
+def _fail(label: str, exc: DecodeError) -> ProbeError:
+    return ProbeError(f"{label}: ELF report key {exc.path!r}: {exc.describe()}",
                       hint="the host script and controller versions may differ; reinstall transplant")
 
 
-def _strings(label: str, value: Any, path: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail(label, path, "a list of strings", value)
-    return tuple(value)
-
-
-def _opt(label: str, obj: dict, key: str, path: str, kind: type) -> Any:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _fail(label, f"{path}.{key}", kind.__name__, value)
-    return value
-
-
-def _device_code(label: str, value: Any, path: str) -> tuple[DeviceCode, ...]:
-    if value is None:
-        return ()
+def _device_code(value: Any, path: str, obj: Mapping[str, Any]) -> tuple[DeviceCode, ...]:
+    """``device_code``: the fatbin entries, deduplicated and sorted (an entry's ``isa`` is read by
+    :func:`_ptx_isa`)."""
     if not isinstance(value, list):
-        raise _fail(label, path, "a list", value)
+        raise DecodeError(path, "a list", value)
     out = []
     for i, item in enumerate(value):
-        where = f"{path}[{i}]"
+        where = item_path(path, i)
         if not isinstance(item, dict):
-            raise _fail(label, where, "an object", item)
+            raise DecodeError(where, "an object", item)
         kind, arch, variant = item.get("kind"), item.get("arch"), item.get("variant", "")
         if kind not in ("sass", "ptx"):
-            raise _fail(label, f"{where}.kind", "'sass' or 'ptx'", kind)
+            raise DecodeError(f"{where}.kind", "'sass' or 'ptx'", kind)
         if not isinstance(arch, int) or isinstance(arch, bool) or arch <= 0:
-            raise _fail(label, f"{where}.arch", "a positive int", arch)
+            raise DecodeError(f"{where}.arch", "a positive int", arch)
         if variant not in ("", "a", "f"):
-            raise _fail(label, f"{where}.variant", "'', 'a' or 'f'", variant)
+            raise DecodeError(f"{where}.variant", "'', 'a' or 'f'", variant)
         out.append(DeviceCode(kind=kind, arch=arch, variant=variant))
     return tuple(sorted(set(out), key=lambda d: (d.kind, d.arch, d.variant)))
-
-
-def _facts(label: str, rel: str, obj: Any) -> ElfFacts:
-    path = f"files[{rel!r}]"
-    if not isinstance(obj, dict):
-        raise _fail(label, path, "an object", obj)
-    needs_raw = obj.get("version_needs") or {}
-    if not isinstance(needs_raw, dict):
-        raise _fail(label, f"{path}.version_needs", "an object", needs_raw)
-    needs = {lib: _strings(label, names, f"{path}.version_needs[{lib!r}]") for lib, names in needs_raw.items()}
-    return ElfFacts(
-        path=rel,
-        error=_opt(label, obj, "error", path, str),
-        machine=_opt(label, obj, "machine", path, str),
-        elf_class=_opt(label, obj, "elf_class", path, int),
-        soname=_opt(label, obj, "soname", path, str),
-        needed=_strings(label, obj.get("needed"), f"{path}.needed"),
-        version_needs=needs,
-        torch_undefined=tuple(sorted(_strings(label, obj.get("torch_undefined"), f"{path}.torch_undefined"))),
-        device_code=_device_code(label, obj.get("device_code"), f"{path}.device_code"),
-        notes=_strings(label, obj.get("notes"), f"{path}.notes"),
-        versioned_undefined=_versioned(label, obj.get("versioned_undefined"), f"{path}.versioned_undefined"),
-        numpy_abi=_numpy(label, obj.get("numpy_abi"), f"{path}.numpy_abi"),
-        ptx_isa=_ptx_isa(label, obj, path),
-    )
 
 
 _ISA = re.compile(r"^\d+\.\d+$")
 
 
-def _ptx_isa(label: str, obj: dict, path: str) -> dict[str, str]:
+def _ptx_isa(value: Any, path: str, obj: Mapping[str, Any]) -> dict[str, str]:
     """PTX ISA versions from the device code entries' ``isa`` (the host script) or a ``ptx_isa``
     object (a recorded report), keyed by the entry name (``compute_90a``)."""
     out: dict[str, str] = {}
-    raw = obj.get("ptx_isa") or {}
+    raw = value or {}
     if not isinstance(raw, dict):
-        raise _fail(label, f"{path}.ptx_isa", "an object", raw)
+        raise DecodeError(path, "an object", raw)
     items = list(raw.items())
     for item in obj.get("device_code") or ():
         if isinstance(item, dict) and item.get("kind") == "ptx" and item.get("isa") is not None:
             items.append((f"compute_{item.get('arch')}{item.get('variant', '')}", item["isa"]))
     for name, isa in items:
         if not isinstance(isa, str) or not _ISA.match(isa):
-            raise _fail(label, f"{path}.ptx_isa[{name!r}]", "a version like '9.0'", isa)
+            raise DecodeError(entry_path(path, name), "a version like '9.0'", isa)
         out[name] = isa
     return out
 
 
-def _numpy(label: str, value: Any, path: str) -> str | None:
+def _numpy(value: Any, path: str, obj: Mapping[str, Any]) -> str | None:
     if value is not None and value not in ("", "1", "2"):
-        raise _fail(label, path, "'1', '2', '' or null", value)
+        raise DecodeError(path, "'1', '2', '' or null", value)
     return value
 
 
-def _versioned(label: str, value: Any, path: str) -> dict[str, tuple[str, ...]] | None:
-    """``{file: [names]}`` of a report (``versioned_undefined``, ``defined_by``); None stays None."""
-    if value is None:
-        return None
+def _sorted_strings(value: Any, path: str, obj: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted(strings(value, path)))
+
+
+_FACTS = Decoder(ElfFacts, unknown="ignore", null_default=True, fields={
+    "device_code": _device_code, "numpy_abi": _numpy, "torch_undefined": _sorted_strings,
+    "ptx_isa": _ptx_isa})
+
+
+def _files(value: Any, path: str, obj: Mapping[str, Any]) -> dict[str, ElfFacts]:
+    """``files``: venv-relative path -> facts, sorted by path; each entry's ``path`` is its key."""
     if not isinstance(value, dict):
-        raise _fail(label, path, "an object", value)
-    return {k: _strings(label, v, f"{path}[{k!r}]") for k, v in value.items()}
+        raise DecodeError(path, "an object", value)
+    # ``ptx_isa`` is read even when absent: the device code entries carry the PTX ISA versions
+    return {rel: _FACTS({**facts, "ptx_isa": facts.get("ptx_isa") or {}} if isinstance(facts, dict) else facts,
+                        entry_path(path, rel), path=rel)
+            for rel, facts in sorted(value.items())}
+
+
+_REPORT = Decoder(ElfReport, unknown="ignore", null_default=True, fields={"files": _files})
 
 
 def parse_elf_report(document: Any, *, label: str) -> ElfReport:
     """Build an :class:`ElfReport` from the decoded JSON the ``elf_facts`` script printed.
+
+    Decoded by :class:`transplant.core.decode.Decoder`: keys the model does not keep are
+    ignored, a null list or object is empty.
 
     :param label: where it came from (``host:venv``), for messages.
     :raises ProbeError: another schema, or a value of the wrong type (the message names
@@ -258,37 +233,7 @@ def parse_elf_report(document: Any, *, label: str) -> ElfReport:
         got = document.get("schema") if isinstance(document, dict) else type(document).__name__
         raise ProbeError(f"{label}: the ELF script reported schema {got!r}, expected {ELF_SCHEMA!r}",
                          hint="run the same transplant version on the controller and the hosts")
-    files_raw = document.get("files") or {}
-    if not isinstance(files_raw, dict):
-        raise _fail(label, "files", "an object", files_raw)
-    libstdcxx = None
-    raw = document.get("libstdcxx")
-    if raw is not None:
-        if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
-            raise _fail(label, "libstdcxx", "an object with a path", raw)
-        libstdcxx = LibraryVersions(path=raw["path"], versions=_strings(label, raw.get("versions"),
-                                                                          "libstdcxx.versions"))
-    defined = document.get("defined") or {}
-    if not isinstance(defined, dict) or not all(isinstance(v, bool) for v in defined.values()):
-        raise _fail(label, "defined", "an object of booleans", defined)
-    seconds = document.get("seconds", 0.0)
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
-        raise _fail(label, "seconds", "a number", seconds)
-    return ElfReport(
-        label=label,
-        files={rel: _facts(label, rel, obj) for rel, obj in sorted(files_raw.items())},
-        libstdcxx=libstdcxx,
-        defined=dict(defined),
-        defined_in=_strings(label, document.get("defined_in"), "defined_in"),
-        seconds=float(seconds),
-        defined_by={k: (None if v is None else _strings(label, v, f"defined_by[{k!r}]"))
-                    for k, v in (_object(label, document.get("defined_by"), "defined_by")).items()},
-    )
-
-
-def _object(label: str, value: Any, path: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _fail(label, path, "an object", value)
-    return value
+    try:
+        return _REPORT({**document, "files": document.get("files") or {}}, label=label)
+    except DecodeError as exc:
+        raise _fail(label, exc) from None

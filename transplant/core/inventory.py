@@ -2,8 +2,9 @@
 
 The model follows pip's ``pip inspect`` v1 report and extends it with RECORD entries
 checked against the disk, WHEEL tags, the interpreter's marker environment and the
-host's NVIDIA facts. :func:`parse_inventory` is the only way in; it reports the key path
-of any bad value (``distributions[3].record[0].size``).
+host's NVIDIA facts. :func:`parse_inventory` is the only way in, through the one decoder
+(:mod:`transplant.core.decode`); it reports the key path of any bad value
+(``distributions[3].record[0].size``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from transplant.errors import ProbeError
+from transplant.core.decode import DecodeError, Decoder, entry_path, item_path, member, strings
 
 __all__ = [
     "SCHEMA",
@@ -273,30 +275,6 @@ def newest(dists: list[Distribution]) -> Distribution:
     return max(dists, key=lambda d: (d.version is not None, d.version or Version("0")))
 
 
-class _Reader:
-    """Typed access to a JSON tree that reports the key path of a bad value."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, path: str, expected: str, value: Any) -> ProbeError:
-        return ProbeError(
-            f"{self.source}: inventory key {path!r}: expected {expected}, got {value!r}",
-            hint="the probe and controller versions may differ; reinstall transplant on the controller",
-        )
-
-    def get(self, obj: Any, key: str, path: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
-        if not isinstance(obj, dict):
-            raise self.fail(path, "an object", obj)
-        value = obj.get(key)
-        if value is None and optional:
-            return None
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise self.fail(f"{path}.{key}" if path else key, names, value)
-        return value
-
-
 def _fingerprint(document: Mapping[str, Any]) -> str:
     """sha256 hex over the parts of a probe document that describe content (not timings)."""
     stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere", "hash_cache")}
@@ -319,10 +297,15 @@ _FILE_KEYS: dict[str, type] = {
     "mode": int, "symlink": str, "head": str, "body_hash": str, "record_identity": str, "exists": bool}
 
 
-def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
+def _file_entry(obj: Any, path: str, record_path: str) -> FileEntry:
+    """One file entry of the probe (a RECORD row or an extra file) at key path ``path``.
+
+    :raises DecodeError: a value of another type than :data:`_FILE_KEYS` gives it.
+    """
     if type(obj) is dict:
-        # Fast path (a real venv has about 110,000 entries): every value already has its exact
-        # JSON type, so the per-key checks of ``_Reader.get`` cannot fail.
+        # Fast path (a real venv has about 110,000 entries): when every value has exactly the
+        # JSON type :data:`_FILE_KEYS` names (or is null), the checked path below would accept
+        # the entry as it is, so the same values are read without the per-key calls.
         get = obj.get
         if all(v is None or type(v) is _FILE_KEYS.get(k, type(v)) for k, v in obj.items()):
             venv_path = get("venv_path")
@@ -334,26 +317,26 @@ def _file_entry(r: _Reader, obj: Any, path: str, record_path: str) -> FileEntry:
                 error="not a regular file" if get("not_a_file") else get("error"),
                 head=get("head"), body_hash=get("body_hash"), record_identity=get("record_identity"),
             )
-    venv_path = r.get(obj, "venv_path", path, str, optional=True)
+    venv_path = member(obj, "venv_path", path, str, optional=True)
     if venv_path is not None:
         venv_path = inside_path(venv_path)
-    error = r.get(obj, "error", path, str, optional=True)
+    error = member(obj, "error", path, str, optional=True)
     if obj.get("not_a_file"):
         error = "not a regular file"
     return FileEntry(
         record_path=record_path,
         path=venv_path,
-        record_hash=r.get(obj, "record_hash", path, str, optional=True),
-        record_size=r.get(obj, "record_size", path, int, optional=True),
-        exists=bool(r.get(obj, "exists", path, bool, optional=True)),
-        hash=r.get(obj, "hash", path, str, optional=True),
-        size=r.get(obj, "size", path, int, optional=True),
-        mode=r.get(obj, "mode", path, int, optional=True),
-        symlink=r.get(obj, "symlink", path, str, optional=True),
+        record_hash=member(obj, "record_hash", path, str, optional=True),
+        record_size=member(obj, "record_size", path, int, optional=True),
+        exists=bool(member(obj, "exists", path, bool, optional=True)),
+        hash=member(obj, "hash", path, str, optional=True),
+        size=member(obj, "size", path, int, optional=True),
+        mode=member(obj, "mode", path, int, optional=True),
+        symlink=member(obj, "symlink", path, str, optional=True),
         error=error,
-        head=r.get(obj, "head", path, str, optional=True),
-        body_hash=r.get(obj, "body_hash", path, str, optional=True),
-        record_identity=r.get(obj, "record_identity", path, str, optional=True),
+        head=member(obj, "head", path, str, optional=True),
+        body_hash=member(obj, "body_hash", path, str, optional=True),
+        record_identity=member(obj, "record_identity", path, str, optional=True),
     )
 
 
@@ -395,11 +378,11 @@ def link_escapes(path: str, target: str) -> bool:
     return inside_path(posixpath.join(posixpath.dirname(path), target)) is None
 
 
-def _requirements(r: _Reader, texts: list[Any], path: str) -> tuple[tuple[Requirement, ...], tuple[str, ...]]:
+def _requirements(texts: list[Any], path: str) -> tuple[tuple[Requirement, ...], tuple[str, ...]]:
     good, bad = [], []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise r.fail(f"{path}[{i}]", "a string", text)
+            raise DecodeError(item_path(path, i), "a string", text)
         try:
             good.append(Requirement(text))
         except InvalidRequirement:
@@ -407,27 +390,28 @@ def _requirements(r: _Reader, texts: list[Any], path: str) -> tuple[tuple[Requir
     return tuple(good), tuple(bad)
 
 
-def _distribution(r: _Reader, obj: Any, path: str, site_default: str) -> Distribution:
-    name = r.get(obj, "name", path, str)
-    raw_version = r.get(obj, "version", path, str, optional=True)
+def _distribution(obj: Any, path: str, site_default: str) -> Distribution:
+    """One distribution of the probe (its wire shape is not :class:`Distribution`'s: explicit
+    per-field decoding, each value through :func:`transplant.core.decode.member`)."""
+    name = member(obj, "name", path, str)
+    raw_version = member(obj, "version", path, str, optional=True)
     try:
         version = Version(raw_version) if raw_version is not None else None
     except InvalidVersion:
         version = None
-    site = r.get(obj, "site_packages", path, str, optional=True) or site_default
-    dist_info = f"{site}/{r.get(obj, 'dist_info', path, str)}"
-    requires, bad = _requirements(r, r.get(obj, "requires_dist", path, list, optional=True) or [], f"{path}.requires_dist")
-    wheel = r.get(obj, "wheel", path, dict, optional=True) or {}
+    site = member(obj, "site_packages", path, str, optional=True) or site_default
+    dist_info = f"{site}/{member(obj, 'dist_info', path, str)}"
+    requires, bad = _requirements(member(obj, "requires_dist", path, list, optional=True) or [],
+                                  f"{path}.requires_dist")
+    wheel = member(obj, "wheel", path, dict, optional=True) or {}
     tags: list[Tag] = []
-    for i, text in enumerate(r.get(wheel, "tags", f"{path}.wheel", list, optional=True) or []):
-        if not isinstance(text, str):
-            raise r.fail(f"{path}.wheel.tags[{i}]", "a string", text)
+    for text in strings(member(wheel, "tags", f"{path}.wheel", list, optional=True), f"{path}.wheel.tags"):
         tags.extend(sorted(parse_tag(text), key=str))
-    record_raw = r.get(obj, "record", path, list, optional=True)
+    record_raw = member(obj, "record", path, list, optional=True)
     record = None
     if record_raw is not None:
         record = tuple(
-            _file_entry(r, e, f"{path}.record[{i}]", r.get(e, "path", f"{path}.record[{i}]", str))
+            _file_entry(e, f"{path}.record[{i}]", member(e, "path", f"{path}.record[{i}]", str))
             for i, e in enumerate(record_raw)
         )
     return Distribution(
@@ -436,139 +420,116 @@ def _distribution(r: _Reader, obj: Any, path: str, site_default: str) -> Distrib
         version=version,
         raw_version=raw_version,
         dist_info=dist_info,
-        metadata_present=bool(r.get(obj, "metadata_present", path, bool, optional=True)),
-        summary=r.get(obj, "summary", path, str, optional=True),
-        requires_python=r.get(obj, "requires_python", path, str, optional=True),
+        metadata_present=bool(member(obj, "metadata_present", path, bool, optional=True)),
+        summary=member(obj, "summary", path, str, optional=True),
+        requires_python=member(obj, "requires_python", path, str, optional=True),
         requires_dist=requires,
         bad_requirements=bad,
-        installer=r.get(obj, "installer", path, str, optional=True),
-        requested=bool(r.get(obj, "requested", path, bool, optional=True)),
-        direct_url=r.get(obj, "direct_url", path, dict, optional=True),
+        installer=member(obj, "installer", path, str, optional=True),
+        requested=bool(member(obj, "requested", path, bool, optional=True)),
+        direct_url=member(obj, "direct_url", path, dict, optional=True),
         wheel_tags=tuple(tags),
-        root_is_purelib=r.get(wheel, "root_is_purelib", f"{path}.wheel", bool, optional=True),
-        top_level=tuple(r.get(obj, "top_level", path, list, optional=True) or ()),
-        entry_points=r.get(obj, "entry_points", path, str, optional=True),
-        hashed=bool(r.get(obj, "hashed", path, bool, optional=True)),
+        root_is_purelib=member(wheel, "root_is_purelib", f"{path}.wheel", bool, optional=True),
+        top_level=tuple(member(obj, "top_level", path, list, optional=True) or ()),
+        entry_points=member(obj, "entry_points", path, str, optional=True),
+        hashed=bool(member(obj, "hashed", path, bool, optional=True)),
         record=record,
-        listing=tuple(n for n in r.get(obj, "listing", path, list, optional=True) or ()
+        listing=tuple(n for n in member(obj, "listing", path, list, optional=True) or ()
                       if isinstance(n, str) and "/" not in n and n not in (".", "..")),
     )
 
 
-def _nvidia(r: _Reader, obj: Any) -> NvidiaFacts:
-    gpus = tuple(
-        Gpu(
-            name=r.get(g, "name", f"host.nvidia.gpus[{i}]", str),
-            compute_capability=r.get(g, "compute_capability", f"host.nvidia.gpus[{i}]", str, optional=True),
-            memory_mib=r.get(g, "memory_mib", f"host.nvidia.gpus[{i}]", int, optional=True),
-        )
-        for i, g in enumerate(r.get(obj, "gpus", "host.nvidia", list, optional=True) or [])
-    )
-    return NvidiaFacts(
-        available=r.get(obj, "available", "host.nvidia", bool),
-        reason=r.get(obj, "reason", "host.nvidia", str, optional=True),
-        driver_version=r.get(obj, "driver_version", "host.nvidia", str, optional=True),
-        cuda_version=r.get(obj, "cuda_version", "host.nvidia", str, optional=True),
-        gpus=gpus,
-    )
+def _version(value: Any, path: str, obj: Mapping[str, Any]) -> Version:
+    if not isinstance(value, str):
+        raise DecodeError(path, "str", value)
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise DecodeError(path, "a Python version", value) from None
+
+
+#: The typed parts of the document whose wire shape is the model's (keys it does not keep are ignored,
+#: null is a field's default).
+_INTERPRETER = Decoder(Interpreter, unknown="ignore", fields={"version": _version})
+_NVIDIA = Decoder(NvidiaFacts, unknown="ignore", null_default=True)
+_LIBCUDA = Decoder(LibcudaFacts, unknown="ignore", null_default=True)
 
 
 def parse_inventory(document: Any, *, label: str) -> Inventory:
     """Build an :class:`Inventory` from the probe's JSON document (already decoded).
+
+    The parts shaped like the model (interpreter, NVIDIA and libcuda facts) are decoded by
+    :class:`transplant.core.decode.Decoder`; distributions and file entries, whose wire shape
+    differs, field by field with :func:`transplant.core.decode.member` (file entries through a
+    fast path that reads the same values once their exact JSON types are confirmed).
 
     :param document: the decoded JSON object the probe printed.
     :param label: where it came from, for messages (``host:venv``).
     :raises ProbeError: the schema is not ``transplant.inventory/1``, or a value has the
         wrong type; the message names the key path (``distributions[3].record[0].size``).
     """
-    r = _Reader(label)
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         got = document.get("schema") if isinstance(document, dict) else type(document).__name__
         raise ProbeError(
             f"{label}: the probe reported schema {got!r}, expected {SCHEMA!r}",
             hint="run the same transplant version on the controller and the hosts",
         )
-    interp = r.get(document, "interpreter", "", dict)
-    paths = r.get(document, "paths", "", dict)
-    site = r.get(paths, "purelib", "paths", str)
-    raw_version = r.get(interp, "version", "interpreter", str)
     try:
-        version = Version(raw_version)
-    except InvalidVersion as exc:
-        raise r.fail("interpreter.version", "a Python version", raw_version) from exc
-    interpreter = Interpreter(
-        executable=r.get(interp, "executable", "interpreter", str),
-        prefix=r.get(interp, "prefix", "interpreter", str),
-        version=version,
-        implementation=r.get(interp, "implementation", "interpreter", str),
-        abi_tag=r.get(interp, "abi_tag", "interpreter", str, optional=True),
-        soabi=r.get(interp, "soabi", "interpreter", str, optional=True),
-        ext_suffix=r.get(interp, "ext_suffix", "interpreter", str, optional=True),
-        machine=r.get(interp, "machine", "interpreter", str),
-        glibc=r.get(interp, "glibc", "interpreter", str, optional=True),
-        pyvenv_cfg=r.get(interp, "pyvenv_cfg", "interpreter", dict, optional=True),
-        home_exists=r.get(interp, "home_exists", "interpreter", bool, optional=True),
-        markers=r.get(interp, "markers", "interpreter", dict),
-    )
+        return _inventory(document, label)
+    except DecodeError as exc:
+        raise ProbeError(f"{label}: inventory key {exc.path!r}: {exc.describe()}",
+                         hint="the probe and controller versions may differ; reinstall transplant on the controller",
+                         ) from None
+
+
+def _inventory(document: dict, label: str) -> Inventory:
+    interpreter = _INTERPRETER(member(document, "interpreter", "", dict), "interpreter")
+    paths = member(document, "paths", "", dict)
+    site = member(paths, "purelib", "paths", str)
     dists = [
-        _distribution(r, d, f"distributions[{i}]", site)
-        for i, d in enumerate(r.get(document, "distributions", "", list))
+        _distribution(d, f"distributions[{i}]", site)
+        for i, d in enumerate(member(document, "distributions", "", list))
     ]
     dists.sort(key=lambda d: (d.name, d.dist_info))
     files = {
-        rel: _file_entry(r, facts, f"files[{rel!r}]", rel)
-        for rel, facts in (r.get(document, "files", "", dict, optional=True) or {}).items()
+        rel: _file_entry(facts, entry_path("files", rel), rel)
+        for rel, facts in (member(document, "files", "", dict, optional=True) or {}).items()
     }
-    host = r.get(document, "host", "", dict)
-    texts = r.get(document, "texts", "", dict, optional=True) or {}
+    host = member(document, "host", "", dict)
+    texts = member(document, "texts", "", dict, optional=True) or {}
     for rel, text in texts.items():
         if text is not None and not isinstance(text, str):
-            raise r.fail(f"texts[{rel!r}]", "a string or null", text)
-    elsewhere = r.get(document, "elsewhere", "", dict, optional=True) or {}
+            raise DecodeError(entry_path("texts", rel), "a string or null", text)
+    elsewhere = member(document, "elsewhere", "", dict, optional=True) or {}
     for where, exists in elsewhere.items():
         if not isinstance(exists, bool):
-            raise r.fail(f"elsewhere[{where!r}]", "a boolean", exists)
+            raise DecodeError(entry_path("elsewhere", where), "a boolean", exists)
+    libcuda = member(host, "libcuda", "host", dict, optional=True)
     return Inventory(
         label=label,
-        hostname=r.get(host, "hostname", "host", str),
+        hostname=member(host, "hostname", "host", str),
         interpreter=interpreter,
         site_packages=site,
-        scripts=r.get(paths, "scripts", "paths", str, optional=True) or "bin",
+        scripts=member(paths, "scripts", "paths", str, optional=True) or "bin",
         distributions=tuple(dists),
         files=files,
-        nvidia=_nvidia(r, r.get(host, "nvidia", "host", dict)),
+        nvidia=_NVIDIA(member(host, "nvidia", "host", dict), "host.nvidia"),
         fingerprint=_fingerprint(document),
         texts={k: v for k, v in texts.items() if inside_path(k) == k},
         elsewhere=dict(elsewhere),
         document=document,
-        libcuda=_libcuda(r, r.get(host, "libcuda", "host", dict, optional=True)),
-        **_outside(r, r.get(document, "outside", "", list, optional=True) or []),
+        libcuda=_LIBCUDA(libcuda, "host.libcuda") if libcuda is not None else None,
+        **_outside(member(document, "outside", "", list, optional=True) or []),
     )
 
 
-def _outside(r: _Reader, folders: list) -> dict[str, Any]:
+def _outside(folders: list) -> dict[str, Any]:
     """``outside`` and ``outside_folders`` from the probe's ``outside`` list."""
     dists: list[Distribution] = []
     where: dict[str, str] = {}
     for i, item in enumerate(folders):
-        folder = r.get(item, "folder", f"outside[{i}]", str)
-        where[folder] = r.get(item, "why", f"outside[{i}]", str)
-        dists += [_distribution(r, d, f"outside[{i}].distributions[{j}]", folder)
-                  for j, d in enumerate(r.get(item, "distributions", f"outside[{i}]", list))]
+        folder = member(item, "folder", f"outside[{i}]", str)
+        where[folder] = member(item, "why", f"outside[{i}]", str)
+        dists += [_distribution(d, f"outside[{i}].distributions[{j}]", folder)
+                  for j, d in enumerate(member(item, "distributions", f"outside[{i}]", list))]
     return {"outside": tuple(sorted(dists, key=lambda d: (d.name, d.dist_info))), "outside_folders": where}
-
-
-def _libcuda(r: _Reader, obj: Any) -> LibcudaFacts | None:
-    """``host.libcuda`` of the probe (None in an older document)."""
-    if obj is None:
-        return None
-
-    def paths(key: str) -> tuple[str, ...]:
-        value = r.get(obj, key, "host.libcuda", list, optional=True) or []
-        if not all(isinstance(v, str) for v in value):
-            raise r.fail(f"host.libcuda.{key}", "a list of strings", value)
-        return tuple(value)
-
-    return LibcudaFacts(searched=paths("searched"), versioned=paths("versioned"), unversioned=paths("unversioned"),
-                        ldconfig=bool(r.get(obj, "ldconfig", "host.libcuda", bool, optional=True)),
-                        triton_libcuda_path=r.get(obj, "triton_libcuda_path", "host.libcuda", str, optional=True))

@@ -1,9 +1,11 @@
-"""The manifest, version 1: model and validation (pure core; :mod:`transplant.controller.documents` reads it).
+"""The manifest, version 1: model and validation (pure core; :mod:`transplant.controller.manifest_file` reads it).
 
 A manifest names the donor and target (host and venv), the distributions to overlay,
 the patch files, and the verify settings. :func:`parse_manifest` checks all of it and
 raises one :class:`ManifestError` listing every problem with its key path
-(``patches[1].dest``), what was expected and the fix. Unknown keys are errors.
+(``patches[1].dest``), what was expected and the fix. Unknown keys are errors. Problems are
+collected by :class:`transplant.core.decode.Problems` (the one decoder's collecting mode: a
+person wants every problem at once); each key has its own check, message and fix.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from transplant.errors import ManifestError
+from transplant.core.decode import Problems, kind
 from transplant.core.hostspec import HostSpec
 
 __all__ = [
@@ -242,59 +245,6 @@ def normalize_pattern(pattern: str) -> str:
     return _SEPARATORS.sub("-", pattern).lower()
 
 
-class _Checker:
-    """Collects problems with key paths while reading the YAML tree."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def add(self, key: str, message: str, fix: str) -> None:
-        safe = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in key)
-        self.problems.append(f"{safe}: {message}; fix: {fix}")
-
-    def mapping(self, value: Any, key: str, allowed: Mapping[str, str], required: tuple[str, ...] = ()) -> dict:
-        if not isinstance(value, dict):
-            self.add(key or "(top level)", f"expected a mapping, got {_kind(value)}",
-                     f"write it as 'key: value' lines with the keys {', '.join(allowed)}")
-            return {}
-        for name in value:
-            if name not in allowed:
-                where = f"{key}.{name}" if key else str(name)
-                close = difflib.get_close_matches(str(name), list(allowed), n=1)
-                fix = f"did you mean {close[0]!r}?" if close else f"remove it; allowed keys: {', '.join(allowed)}"
-                self.add(where, "unknown key", fix)
-        for name in required:
-            if name not in value:
-                where = f"{key}.{name}" if key else name
-                self.add(where, "missing", f"add it: {allowed[name]}")
-        return value
-
-    def string(self, value: Any, key: str, fix: str) -> str | None:
-        if isinstance(value, str) and "\0" in value:
-            self.add(key, "contains a NUL character", fix)
-            return None
-        if isinstance(value, str) and value.strip():
-            return value
-        self.add(key, f"expected a non-empty string, got {_kind(value)}", fix)
-        return None
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"a boolean ({value})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
-
-
 _MAX_SECONDS = 86400
 
 
@@ -313,7 +263,7 @@ def _relative(path: str) -> str | None:
     return norm
 
 
-def _endpoint(c: _Checker, value: Any, key: str, *, base: bool = False) -> Endpoint | None:
+def _endpoint(c: Problems, value: Any, key: str, *, base: bool = False) -> Endpoint | None:
     allowed = {"host": 'host: root@gpu-07 (or "local")', "venv": "venv: /root/venv_sglang"}
     if base:
         allowed["base"] = "base: /root/venv_base (a venv on the target's host to clone first)"
@@ -354,13 +304,13 @@ def _endpoint(c: _Checker, value: Any, key: str, *, base: bool = False) -> Endpo
     return Endpoint(host=host, venv=venv)
 
 
-def _with_base(c: _Checker, target: Endpoint, value: Any, key: str) -> Endpoint | None:
+def _with_base(c: Problems, target: Endpoint, value: Any, key: str) -> Endpoint | None:
     """``target.base``: a path on the target's host, or ``{host, venv}``; both venvs must be
     clone paths (:func:`transplant.core.relocation.check_venv_path`) and not overlap on one host."""
     from transplant.core.relocation import check_clone_paths, check_venv_path
 
     if not isinstance(value, (str, dict)) or (isinstance(value, str) and not value.startswith("/")):
-        c.add(key, f"expected an absolute venv path or {{host, venv}}, got {_kind(value)}",
+        c.add(key, f"expected an absolute venv path or {{host, venv}}, got {kind(value)}",
               "write e.g. base: /root/venv_base (on the target's host) or base: {host: root@ct129, venv: /root/venv_base}")
         return None
     if isinstance(value, str):
@@ -387,7 +337,7 @@ def _with_base(c: _Checker, target: Endpoint, value: Any, key: str) -> Endpoint 
     return Endpoint(host=target.host, venv=target.venv, base=found)
 
 
-def _source(c: _Checker, value: Any, key: str, *, fallback: bool = False) -> tuple[Endpoint | SnapshotRef | None, Any]:
+def _source(c: Problems, value: Any, key: str, *, fallback: bool = False) -> tuple[Endpoint | SnapshotRef | None, Any]:
     """A donor source: ``{host, venv}`` or ``{snapshot}``; with ``fallback`` the key ``fallback`` is allowed
     and its value returned as the second item (None when absent)."""
     if not isinstance(value, dict) or "snapshot" not in value:
@@ -406,11 +356,11 @@ def _source(c: _Checker, value: Any, key: str, *, fallback: bool = False) -> tup
     return (SnapshotRef(path=path, ca=ca) if path is not None else None), data.get("fallback")
 
 
-def _fallback(c: _Checker, value: Any) -> tuple[Endpoint | SnapshotRef, ...]:
+def _fallback(c: Problems, value: Any) -> tuple[Endpoint | SnapshotRef, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not value:
-        c.add("donor.fallback", f"expected a non-empty list, got {_kind(value)}",
+        c.add("donor.fallback", f"expected a non-empty list, got {kind(value)}",
               "write e.g. fallback: [{host: root@gpu-2, venv: /root/venv}, {snapshot: ID}]")
         return ()
     out = []
@@ -421,9 +371,9 @@ def _fallback(c: _Checker, value: Any) -> tuple[Endpoint | SnapshotRef, ...]:
     return tuple(out)
 
 
-def _targets(c: _Checker, value: Any) -> tuple[Endpoint, ...]:
+def _targets(c: Problems, value: Any) -> tuple[Endpoint, ...]:
     if not isinstance(value, list) or not value:
-        c.add("targets", f"expected a non-empty list of {{host, venv}}, got {_kind(value)}",
+        c.add("targets", f"expected a non-empty list of {{host, venv}}, got {kind(value)}",
               "write e.g. targets: [{host: root@gpu-1, venv: /root/venv}, {host: root@gpu-2, venv: /root/venv}]")
         return ()
     out: list[Endpoint] = []
@@ -436,7 +386,7 @@ def _targets(c: _Checker, value: Any) -> tuple[Endpoint, ...]:
     return tuple(out)
 
 
-def _ssh(c: _Checker, value: Any) -> SSHSettings:
+def _ssh(c: Problems, value: Any) -> SSHSettings:
     if value is None:
         return SSHSettings()
     allowed = {
@@ -455,23 +405,23 @@ def _ssh(c: _Checker, value: Any) -> SSHSettings:
         if isinstance(data["verify_host_keys"], bool):
             out["verify_host_keys"] = data["verify_host_keys"]
         else:
-            c.add("ssh.verify_host_keys", f"expected true or false, got {_kind(data['verify_host_keys'])}",
+            c.add("ssh.verify_host_keys", f"expected true or false, got {kind(data['verify_host_keys'])}",
                   "write true (the default) or false")
     if "connect_timeout" in data:
         t = data["connect_timeout"]
         if _seconds(t):
             out["connect_timeout"] = float(t)
         else:
-            c.add("ssh.connect_timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {_kind(t)}",
+            c.add("ssh.connect_timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {kind(t)}",
                   "write e.g. 10")
     return SSHSettings(**{k: v for k, v in out.items() if v is not None})
 
 
-def _names(c: _Checker, value: Any, key: str, *, example: str, empty_ok: bool = False) -> tuple[str, ...]:
+def _names(c: Problems, value: Any, key: str, *, example: str, empty_ok: bool = False) -> tuple[str, ...]:
     """A list of distribution names or globs, PEP 503-normalised."""
     if not isinstance(value, list) or (not value and not empty_ok):
         c.add(key, f"expected a {'' if empty_ok else 'non-empty '}list of distribution names or globs, "
-                   f"got {_kind(value)}", f"write e.g. {key.rsplit('.', 1)[-1]}: {example}")
+                   f"got {kind(value)}", f"write e.g. {key.rsplit('.', 1)[-1]}: {example}")
         return ()
     out = []
     for i, item in enumerate(value):
@@ -481,7 +431,7 @@ def _names(c: _Checker, value: Any, key: str, *, example: str, empty_ok: bool = 
     return tuple(out)
 
 
-def _name(c: _Checker, item: Any, key: str) -> str | None:
+def _name(c: Problems, item: Any, key: str) -> str | None:
     """One distribution name or glob, PEP 503-normalised; None (and a problem) when it is not one."""
     text = c.string(item, key, 'write a distribution name or glob, e.g. "nvidia-*"')
     if text is None:
@@ -498,12 +448,12 @@ def _root_name(text: str) -> str:
     return text.split("[", 1)[0]
 
 
-def _overlay(c: _Checker, value: Any, path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _overlay(c: Problems, value: Any, path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``overlay``: names, globs and ``{closure: NAME}`` mappings -> (patterns, closure roots)."""
     example = '[torch, "nvidia-*", {closure: sglang}]'
     if not isinstance(value, list) or not value:
         c.add("overlay", f"expected a non-empty list of distribution names, globs or {{closure: NAME}}, got "
-                         f"{_kind(value)}", f"write e.g. overlay: {example} in {path}")
+                         f"{kind(value)}", f"write e.g. overlay: {example} in {path}")
         return (), ()
     plain: list[Any] = []
     closures: list[str] = []
@@ -544,12 +494,12 @@ def _overlay(c: _Checker, value: Any, path: str) -> tuple[tuple[str, ...], tuple
     return tuple(patterns), tuple(closures)
 
 
-def _accept(c: _Checker, value: Any, codes: tuple[str, ...]) -> tuple[Acceptance, ...]:
+def _accept(c: Problems, value: Any, codes: tuple[str, ...]) -> tuple[Acceptance, ...]:
     if value is None:
         return ()
     example = "[{code: lockstep-mismatch, dists: [flashinfer-jit-cache], reason: why}]"
     if not isinstance(value, list):
-        c.add("accept", f"expected a list, got {_kind(value)}", f"write e.g. accept: {example}")
+        c.add("accept", f"expected a list, got {kind(value)}", f"write e.g. accept: {example}")
         return ()
     allowed = {"code": "code: lockstep-mismatch", "dists": "dists: [flashinfer-jit-cache]",
                "reason": "reason: the demo runs a CPU build of torch"}
@@ -571,7 +521,7 @@ def _accept(c: _Checker, value: Any, codes: tuple[str, ...]) -> tuple[Acceptance
     return tuple(out)
 
 
-def _patch_path(c: _Checker, data: dict, key: str, name: str, root: str, fix: str) -> str | None:
+def _patch_path(c: Problems, data: dict, key: str, name: str, root: str, fix: str) -> str | None:
     """One of a patch's two paths, normalised and relative; a trailing ``/`` (a folder) is kept."""
     if name not in data:
         return None
@@ -585,11 +535,11 @@ def _patch_path(c: _Checker, data: dict, key: str, name: str, root: str, fix: st
     return path + "/" if text.endswith("/") else path
 
 
-def _patches(c: _Checker, value: Any) -> tuple[Patch, ...]:
+def _patches(c: Problems, value: Any) -> tuple[Patch, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        c.add("patches", f"expected a list, got {_kind(value)}",
+        c.add("patches", f"expected a list, got {kind(value)}",
               "write e.g. patches: [{source: patches/x.py, dest: sglang/x.py}]")
         return ()
     out = []
@@ -609,7 +559,7 @@ def _patches(c: _Checker, value: Any) -> tuple[Patch, ...]:
     return tuple(out)
 
 
-def _server_args(c: _Checker, value: Any) -> ServerArgsCheck | None:
+def _server_args(c: Problems, value: Any) -> ServerArgsCheck | None:
     allowed = {"entry": "entry: sglang.srt.server_args:prepare_server_args",
                "args": "args: [--model-path, /models/x]",
                "expect": "expect: {speculative_algorithm: DFLASH}",
@@ -627,25 +577,25 @@ def _server_args(c: _Checker, value: Any) -> ServerArgsCheck | None:
     args: list[str] = []
     if "args" in data:
         if not isinstance(data["args"], list):
-            c.add("verify.server_args.args", f"expected a list of strings, got {_kind(data['args'])}",
+            c.add("verify.server_args.args", f"expected a list of strings, got {kind(data['args'])}",
                   "write e.g. args: [--model-path, /dev/shm/model]")
         else:
             for i, a in enumerate(data["args"]):
                 if isinstance(a, bool) or not isinstance(a, (str, int, float)) or "\0" in str(a):
-                    c.add(f"verify.server_args.args[{i}]", f"expected a string without NUL, got {_kind(a)}", "quote it")
+                    c.add(f"verify.server_args.args[{i}]", f"expected a string without NUL, got {kind(a)}", "quote it")
                 else:
                     args.append(str(a))
     expect: dict[str, Any] = {}
     if "expect" in data:
         if not isinstance(data["expect"], dict):
-            c.add("verify.server_args.expect", f"expected a mapping, got {_kind(data['expect'])}",
+            c.add("verify.server_args.expect", f"expected a mapping, got {kind(data['expect'])}",
                   "write e.g. expect: {speculative_algorithm: DFLASH}")
         else:
             for k, v in data["expect"].items():
                 if not isinstance(k, str) or not k.isidentifier():
                     c.add(f"verify.server_args.expect.{k}", "expected an attribute name", "use the ServerArgs field name")
                 elif not (v is None or isinstance(v, (str, int, float, bool))):
-                    c.add(f"verify.server_args.expect.{k}", f"expected a scalar, got {_kind(v)}",
+                    c.add(f"verify.server_args.expect.{k}", f"expected a scalar, got {kind(v)}",
                           "compare one value per attribute")
                 else:
                     expect[k] = v
@@ -654,14 +604,14 @@ def _server_args(c: _Checker, value: Any) -> ServerArgsCheck | None:
         if isinstance(data["resolve"], bool):
             resolve = data["resolve"]
         else:
-            c.add("verify.server_args.resolve", f"expected true or false, got {_kind(data['resolve'])}",
+            c.add("verify.server_args.resolve", f"expected true or false, got {kind(data['resolve'])}",
                   "write resolve: true to run the framework's deeper resolution step too")
     if entry is None:
         return None
     return ServerArgsCheck(entry=entry, args=tuple(args), expect=expect, resolve=resolve)
 
 
-def _serve(c: _Checker, value: Any) -> ServeCheck | None:
+def _serve(c: Problems, value: Any) -> ServeCheck | None:
     allowed = {"command": "command: [python, -m, sglang.launch_server, --model-path, '{model}', --port, '{port}']",
                "health": "health: /health", "path": "path: /generate", "body": "body: {input_ids: [1, 2]}",
                "answer": "answer: output_ids", "max_tokens": "max_tokens: 4", "config": "config: {model_type: llama}",
@@ -672,7 +622,7 @@ def _serve(c: _Checker, value: Any) -> ServeCheck | None:
         cmd = data["command"]
         if not isinstance(cmd, list) or not cmd or not all(
                 isinstance(a, (str, int, float)) and not isinstance(a, bool) and "\0" not in str(a) for a in cmd):
-            c.add("verify.serve.command", f"expected a non-empty list of strings, got {_kind(cmd)}",
+            c.add("verify.serve.command", f"expected a non-empty list of strings, got {kind(cmd)}",
                   "write e.g. command: ['{python}', -m, sglang.launch_server, --model-path, '{model}', --port, '{port}']")
         else:
             out["command"] = tuple(str(a) for a in cmd)
@@ -688,23 +638,23 @@ def _serve(c: _Checker, value: Any) -> ServeCheck | None:
             if isinstance(data[key], dict):
                 out[key] = data[key]
             else:
-                c.add(f"verify.serve.{key}", f"expected a mapping, got {_kind(data[key])}", f"write e.g. {allowed[key]}")
+                c.add(f"verify.serve.{key}", f"expected a mapping, got {kind(data[key])}", f"write e.g. {allowed[key]}")
     if "max_tokens" in data:
         m = data["max_tokens"]
         if m is None or (isinstance(m, int) and not isinstance(m, bool) and m > 0):
             out["max_tokens"] = m
         else:
-            c.add("verify.serve.max_tokens", f"expected a positive whole number, got {_kind(m)}", "write e.g. max_tokens: 4")
+            c.add("verify.serve.max_tokens", f"expected a positive whole number, got {kind(m)}", "write e.g. max_tokens: 4")
     if "timeout" in data:
         if _seconds(data["timeout"]):
             out["timeout"] = float(data["timeout"])
         else:
             c.add("verify.serve.timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got "
-                  f"{_kind(data['timeout'])}", "write e.g. timeout: 600")
+                  f"{kind(data['timeout'])}", "write e.g. timeout: 600")
     return ServeCheck(**out) if "command" in out else None
 
 
-def _verify(c: _Checker, value: Any) -> VerifySettings:
+def _verify(c: Problems, value: Any) -> VerifySettings:
     if value is None:
         return VerifySettings()
     allowed = {"env": "env: {CUDA_VISIBLE_DEVICES: '0'}", "imports": "imports: [torch, sglang]",
@@ -717,23 +667,23 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
     env: dict[str, str] = {}
     if "env" in data:
         if not isinstance(data["env"], dict):
-            c.add("verify.env", f"expected a mapping, got {_kind(data['env'])}", "write e.g. env: {CUDA_VISIBLE_DEVICES: '1'}")
+            c.add("verify.env", f"expected a mapping, got {kind(data['env'])}", "write e.g. env: {CUDA_VISIBLE_DEVICES: '1'}")
         else:
             for k, v in data["env"].items():
                 if not isinstance(k, str) or not k or not (k.replace("_", "a").isalnum() and not k[0].isdigit()):
                     c.add(f"verify.env.{k}", "not an environment variable name", "use letters, digits and '_'")
                 elif isinstance(v, bool) or not isinstance(v, (str, int, float)) or "\0" in str(v):
-                    c.add(f"verify.env.{k}", f"expected a string without NUL, got {_kind(v)}", f"quote it: {k}: \"...\"")
+                    c.add(f"verify.env.{k}", f"expected a string without NUL, got {kind(v)}", f"quote it: {k}: \"...\"")
                 else:
                     env[k] = str(v)
     imports: list[str] = []
     if "imports" in data:
         if not isinstance(data["imports"], list):
-            c.add("verify.imports", f"expected a list, got {_kind(data['imports'])}", "write e.g. imports: [torch, sglang]")
+            c.add("verify.imports", f"expected a list, got {kind(data['imports'])}", "write e.g. imports: [torch, sglang]")
         else:
             for i, name in enumerate(data["imports"]):
                 if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
-                    c.add(f"verify.imports[{i}]", f"expected an import name, got {_kind(name)}", "write e.g. flashinfer")
+                    c.add(f"verify.imports[{i}]", f"expected an import name, got {kind(name)}", "write e.g. flashinfer")
                 else:
                     imports.append(name)
     server_args = _server_args(c, data["server_args"]) if "server_args" in data else None
@@ -744,7 +694,7 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
             if sm["device"] in SMOKE_DEVICES:
                 smoke = sm["device"]
             else:
-                c.add("verify.smoke.device", f"expected one of {', '.join(SMOKE_DEVICES)}, got {_kind(sm['device'])}",
+                c.add("verify.smoke.device", f"expected one of {', '.join(SMOKE_DEVICES)}, got {kind(sm['device'])}",
                       "write device: auto to use a GPU when there is one")
     timeout = 300.0
     if "timeout" in data:
@@ -752,14 +702,14 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
         if _seconds(t):
             timeout = float(t)
         else:
-            c.add("verify.timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {_kind(t)}",
+            c.add("verify.timeout", f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {kind(t)}",
                   "write e.g. timeout: 300")
     serve = _serve(c, data["serve"]) if "serve" in data else None
     skips: dict[str, str] = {}
     if "skip_imports" in data:
         example = "skip_imports: [{name: transformers, reason: travels without its dependencies here}]"
         if not isinstance(data["skip_imports"], list):
-            c.add("verify.skip_imports", f"expected a list, got {_kind(data['skip_imports'])}", f"write e.g. {example}")
+            c.add("verify.skip_imports", f"expected a list, got {kind(data['skip_imports'])}", f"write e.g. {example}")
         else:
             for i, item in enumerate(data["skip_imports"]):
                 key = f"verify.skip_imports[{i}]"
@@ -779,7 +729,7 @@ def _verify(c: _Checker, value: Any) -> VerifySettings:
         if text is not None and re.fullmatch(r"3\.\d+(\.\d+)?", text):
             python = text
         else:
-            c.add("verify.python", f"expected a version like \"3.11\", got {_kind(data['python'])}",
+            c.add("verify.python", f"expected a version like \"3.11\", got {kind(data['python'])}",
                   'write it quoted: python: "3.11"')
     return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout,
                           serve=serve, skip_imports=skips, python=python)
@@ -794,7 +744,7 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
         :data:`transplant.core.plan.FINDING_CODES`).
     :raises ManifestError: listing every problem, each as ``key: what; fix: how``.
     """
-    c = _Checker()
+    c = Problems()
     allowed = {
         "version": "version: 1",
         "donor": "donor: {host: root@ct129, venv: /root/venv_sglang}",
@@ -810,7 +760,7 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
     }
     top = c.mapping(data, "", allowed, required=("version", "donor", "overlay"))
     if "version" in top and (top["version"] != 1 or isinstance(top["version"], bool)):
-        c.add("version", f"expected 1, got {_kind(top['version'])}", "write version: 1 (the only manifest version)")
+        c.add("version", f"expected 1, got {kind(top['version'])}", "write version: 1 (the only manifest version)")
     donor, fallback_value = _source(c, top["donor"], "donor", fallback=True) if "donor" in top else (None, None)
     fallback = _fallback(c, fallback_value)
     targets: tuple[Endpoint, ...] = ()
@@ -847,8 +797,8 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
             where = "target" if "target" in top else f"targets[{i}]"
             which = "the donor" if same is donor else "a fallback donor"
             c.add(where, f"the target is {which} ({same})", "name another host or venv as the target")
-    if c.problems or donor is None or target is None:
-        raise ManifestError(path, c.problems or ["donor and target are required"])
+    if c.lines or donor is None or target is None:
+        raise ManifestError(path, c.lines or ["donor and target are required"])
     roots = overlay + tuple(r for r in (_root_name(x) for x in closures) if r not in overlay)
     verify = replace(verify, overlay=roots)
     return Manifest(path=path, donor=donor, target=target, ssh=ssh, overlay=overlay, patches=patches, verify=verify,

@@ -8,10 +8,11 @@ A :class:`Plan` is what ``transplant plan`` shows and ``--out`` saves as JSON
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from transplant.errors import PlanError
+from transplant.core.decode import DecodeError, Decoder
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -214,53 +215,9 @@ class Plan:
         return asdict(self)
 
 
-_SCALARS = {"str": (str,), "int": (int,), "str | None": (str, type(None)), "int | None": (int, type(None))}
-
-
-def _build(cls: type, data: Any, path: str, source: str) -> Any:
-    """Instantiate a plan dataclass from JSON, checking every field's type; errors name the key path."""
-    if not isinstance(data, Mapping):
-        raise PlanError(f"{source}: plan key {path!r}: expected an object, got {type(data).__name__}",
-                        hint=_REMAKE)
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise PlanError(f"{source}: plan key '{path}.{unknown[0]}': unknown key", hint=_REMAKE)
-    values: dict[str, Any] = {}
-    for name, f in known.items():
-        key = f"{path}.{name}"
-        if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:  # type: ignore[misc]
-                raise PlanError(f"{source}: plan key {key!r}: missing", hint=_REMAKE)
-            continue
-        value, kind = data[name], str(f.type)
-        if kind in _SCALARS:
-            if not isinstance(value, _SCALARS[kind]) or isinstance(value, bool):
-                raise PlanError(f"{source}: plan key {key!r}: expected {kind}, got {type(value).__name__}",
-                                hint=_REMAKE)
-        elif kind.startswith("tuple["):
-            if not isinstance(value, list):
-                raise PlanError(f"{source}: plan key {key!r}: expected a list, got {type(value).__name__}",
-                                hint=_REMAKE)
-            inner = kind[len("tuple["):-len(", ...]")]
-            if inner == "str":
-                bad = [i for i, v in enumerate(value) if not isinstance(v, str)]
-                if bad:
-                    raise PlanError(f"{source}: plan key '{key}[{bad[0]}]': expected a string", hint=_REMAKE)
-                value = tuple(value)
-            else:
-                value = tuple(_build(_CLASSES[inner], v, f"{key}[{i}]", source) for i, v in enumerate(value))
-        elif kind in _CLASSES:
-            value = _build(_CLASSES[kind], value, key, source)
-        values[name] = value
-    try:
-        return cls(**values)
-    except ValueError as exc:
-        raise PlanError(f"{source}: plan key {path!r}: {exc}", hint=_REMAKE) from None
-
-
 _REMAKE = "make a new one with: transplant plan MANIFEST --out plan.json"
-_CLASSES = {"Finding": Finding, "FileCopy": FileCopy, "Change": Change, "Side": Side}
+#: The plan's one decoder: every field typed by its annotation, unknown keys refused.
+_DECODE = Decoder(Plan, unknown="error")
 
 
 def plan_from_dict(data: Mapping[str, Any], *, source: str) -> Plan:
@@ -269,10 +226,15 @@ def plan_from_dict(data: Mapping[str, Any], *, source: str) -> Plan:
     Paths inside the plan are checked again by apply before anything is written.
 
     :param source: the file it came from, for messages.
-    :raises PlanError: another schema, or a missing, unknown or mistyped key (named by path).
+    :raises PlanError: another schema, or a missing, unknown or mistyped key (named by its
+        path, ``plan.changes[0].copy[1].hash``), decoded by :class:`transplant.core.decode.Decoder`.
     """
     if not isinstance(data, Mapping) or data.get("schema") != PLAN_SCHEMA:
         got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
         raise PlanError(f"{source}: not a transplant plan (schema {got!r}, expected {PLAN_SCHEMA!r})",
                         hint="make one with: transplant plan MANIFEST --out plan.json")
-    return _build(Plan, data, "plan", source)
+    try:
+        return _DECODE(data, "plan")
+    except DecodeError as exc:
+        raise PlanError(f"{source}: plan key {exc.path!r}: {exc.describe(got=lambda v: type(v).__name__)}",
+                        hint=_REMAKE) from None

@@ -43,7 +43,7 @@ from transplant.core.elf_facts import ElfReport
 from transplant.core.closure import closure
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.errors import ProbeError, SnapshotError
-from transplant.controller.documents import read_patch_files
+from transplant.controller.patch_files import read_patch_files
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory, inside_path, parse_inventory, protected_path

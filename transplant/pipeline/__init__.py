@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from transplant.apply.execute import ApplyResult, Progress, execute
-from transplant.controller.documents import read_patch_files
+from transplant.controller.patch_files import read_patch_files
 from transplant.controller.state import default_state_dir
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import Manifest, VerifySettings

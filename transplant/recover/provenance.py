@@ -18,7 +18,7 @@ import yaml
 
 from transplant.apply import txn
 from transplant.errors import TransplantError
-from transplant.controller.documents import read_patch_files
+from transplant.controller.patch_files import read_patch_files
 from transplant.hosts.host import Host, SSHOptions
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan

@@ -28,7 +28,7 @@ import yaml
 from transplant.donor import store as cas
 from transplant.apply import txn
 from transplant.errors import RecoverError
-from transplant.controller.documents import file_digest
+from transplant.controller.patch_files import file_digest
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.inventory import inside_path, protected_path
 from transplant.core.manifest import Endpoint

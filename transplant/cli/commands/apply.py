@@ -18,7 +18,8 @@ from transplant.apply import txn
 from transplant.apply.execute import check_plan_paths, new_transaction_id
 from transplant.cli.render import history_table, print_plan
 from transplant.cli.session import Session, crash_after, orphan_at, run_fleet_action, targets_of
-from transplant.controller.documents import load_manifest, load_plan
+from transplant.controller.manifest_file import load_manifest
+from transplant.controller.plan_file import load_plan
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
 from transplant.core.promised_state import drift, plan_differences

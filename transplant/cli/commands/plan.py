@@ -10,7 +10,8 @@ from rich.console import Console
 
 from transplant.cli.render import print_plan
 from transplant.cli.session import Session, refuse_inside_venvs, run_fleet_action, targets_of
-from transplant.controller.documents import check_plan_destination, load_manifest, save_plan
+from transplant.controller.manifest_file import load_manifest
+from transplant.controller.plan_file import check_plan_destination, save_plan
 from transplant.errors import UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_OK
 

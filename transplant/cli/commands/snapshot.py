@@ -16,7 +16,7 @@ from transplant.cli.session import ssh_options
 from transplant.errors import TransplantError
 from transplant.hosts.host import connect
 from transplant.core.manifest import Endpoint
-from transplant.controller.documents import load_manifest
+from transplant.controller.manifest_file import load_manifest
 from transplant.core.units import human_bytes
 from transplant.cli.reports import snapshots_table
 from transplant.donor.snapshot import default_store

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from transplant.errors import TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.controller.documents import load_manifest
+from transplant.controller.manifest_file import load_manifest
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.manifest import Manifest, VerifySettings
 from transplant.donor.sources import HostSource, Opened

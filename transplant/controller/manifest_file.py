@@ -1,0 +1,90 @@
+"""The manifest file: YAML read strictly (a key given twice is refused), bounded, then validated
+by :func:`transplant.core.manifest.parse_manifest` and its patch sources checked on disk (edge)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from transplant.controller.regular_file import NotRegular, read_regular
+from transplant.errors import ManifestError
+from transplant.core.manifest import Manifest, parse_manifest
+
+__all__ = ["MAX_MANIFEST_BYTES", "load_manifest"]
+
+
+#: the largest manifest read (bytes): a real one is a few KiB; YAML takes minutes over tens of MiB
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (YAML 1.2 says keys are unique)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                mark = key_node.start_mark
+                raise _DuplicateKey(f"(yaml): a key that is a {type(key).__name__} (line {mark.line + 1}, "
+                                    f"column {mark.column + 1}); fix: write plain names as keys (a '? [a, b]' "
+                                    f"complex key is not part of a manifest)")
+            if key in seen:
+                mark = key_node.start_mark
+                raise _DuplicateKey(f"(yaml): the key {key!r} is given twice (line {mark.line + 1}); "
+                                    f"fix: keep one of them")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_manifest(path: str | os.PathLike) -> Manifest:
+    """Read, safe-load and validate a manifest; check that every patch source exists.
+
+    :raises ManifestError: unreadable file, not a regular file (a FIFO is not waited on),
+        over :data:`MAX_MANIFEST_BYTES`, YAML syntax error (with line and column), a key
+        that is not a scalar, or any validation problem; nothing else has run when it is raised.
+    """
+    name = str(path)
+    try:
+        text = read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8")
+    except FileNotFoundError:
+        raise ManifestError(name, ["(file): not found; fix: give the path of an existing manifest, "
+                                   "e.g. manifests/seed-migration.yaml"]) from None
+    except NotRegular as exc:
+        raise ManifestError(name, [f"(file): {exc}; fix: give the path of the manifest file itself "
+                                   f"(a YAML file of at most {MAX_MANIFEST_BYTES // 1024} KiB)"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(name, [f"(file): cannot be read ({exc}); fix: check the path and permissions"]) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise ManifestError(name, ["(yaml): nested too deeply; fix: a manifest needs at most a few levels"]) from None
+    except _DuplicateKey as exc:
+        raise ManifestError(name, [str(exc)]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ManifestError(name, [f"(yaml): {problem} at {where}; fix: correct the YAML syntax there"]) from None
+    manifest = parse_manifest(data, path=name)
+    base = Path(path).resolve().parent
+    problems = []
+    for i, patch in enumerate(manifest.patches):
+        source = base / patch.source
+        if not source.exists():
+            problems.append(f"patches[{i}].source: {patch.source!r} does not exist (looked in {base}); "
+                            f"fix: create it or correct the path")
+        elif patch.source.endswith("/") and not source.is_dir():
+            problems.append(f"patches[{i}].source: {patch.source!r} is not a folder; fix: drop the trailing '/'")
+        elif not (base in source.resolve().parents):
+            problems.append(f"patches[{i}].source: {patch.source!r} resolves outside {base} (a symlink); "
+                            f"fix: copy the file beside the manifest")
+    if problems:
+        raise ManifestError(name, problems)
+    return manifest
