@@ -183,6 +183,19 @@ class Host(abc.ABC):
         :raises ValueError: an empty argv, NUL bytes, or a bad environment variable name.
         """
 
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` on the host and return at once, its standard input, output and error
+        pipes open (bytes), for a conversation (a host script session); the caller writes,
+        reads, and waits for it or kills it (:func:`kill_group`).
+
+        The process runs in a session of its own, so a signal to the controller's process
+        group does not reach it (an orphaned host script finishes its step).
+
+        :raises HostError: the program (or ``ssh``) cannot be started at all.
+        :raises ValueError: an empty argv, NUL bytes, or a bad environment variable name.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot start a process to talk to")
+
     @abc.abstractmethod
     def rsync_location(self, path: str) -> str:
         """The rsync argument for ``path`` on this host: ``path`` or ``[user@]host:path``."""
@@ -263,6 +276,16 @@ class LocalHost(Host):
             stderr=err,
             seconds=time.monotonic() - started,
         )
+
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` as a local subprocess with open pipes; see :meth:`Host.spawn`."""
+        items = _check_argv(argv)
+        extra = _check_env(env)
+        try:
+            return subprocess.Popen(items, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={**os.environ, **extra} if extra else None, start_new_session=True)
+        except OSError as exc:
+            raise HostError(f"local: cannot start {items[0]}: {exc.strerror or exc}") from None
 
     def rsync_location(self, path: str) -> str:
         """``path`` itself."""
