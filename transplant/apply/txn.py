@@ -42,12 +42,13 @@ Say = Callable[[str], None]
 
 #: The applier sessions open now, by (host, venv): every :func:`call` for that venv inside a
 #: :func:`session` block goes through its one process.
-_OPEN: dict[tuple[int, str], ScriptSession] = {}
+_OPEN: dict[tuple[str, str], ScriptSession] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def _key(host: Host, venv: str) -> tuple[int, str]:
-    return id(host), posixpath.normpath(venv)
+def _key(host: Host, venv: str) -> tuple[str, str]:
+    """A venv as the sessions know it: its host's label (one place, whichever object names it) and path."""
+    return host.label, posixpath.normpath(venv)
 
 
 def _enter(host: Host, venv: str) -> bool:
@@ -87,7 +88,7 @@ def session(host: Host, venv: str) -> Iterator[ScriptSession]:
 
 
 #: The sessions :func:`acquire` opened, closed by :func:`release`.
-_WITH_LOCK: set[tuple[int, str]] = set()
+_WITH_LOCK: set[tuple[str, str]] = set()
 
 
 def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: bool = True,
@@ -100,7 +101,7 @@ def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: b
     :raises HostError: as :func:`transplant.hosts.probing.run_script`.
     """
     with _OPEN_LOCK:
-        opened = _OPEN.get((id(host), posixpath.normpath(venv)))
+        opened = _OPEN.get(_key(host, venv))
     if opened is not None:
         reply = opened.request(op, request, timeout=timeout)
     else:

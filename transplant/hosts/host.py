@@ -191,7 +191,8 @@ class Host(abc.ABC):
         The process runs in a session of its own, so a signal to the controller's process
         group does not reach it (an orphaned host script finishes its step).
 
-        :raises HostError: the program (or ``ssh``) cannot be started at all.
+        :raises HostError: ``ssh`` cannot be started at all.
+        :raises OSError: a local program is missing or cannot be executed.
         :raises ValueError: an empty argv, NUL bytes, or a bad environment variable name.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot start a process to talk to")
@@ -278,14 +279,15 @@ class LocalHost(Host):
         )
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
-        """Start ``argv`` as a local subprocess with open pipes; see :meth:`Host.spawn`."""
+        """Start ``argv`` as a local subprocess with open pipes; see :meth:`Host.spawn`.
+
+        :raises OSError: the program is missing or cannot be executed (``FileNotFoundError``,
+            ``PermissionError``), where :meth:`run` reports exit status 127 or 126.
+        """
         items = _check_argv(argv)
         extra = _check_env(env)
-        try:
-            return subprocess.Popen(items, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env={**os.environ, **extra} if extra else None, start_new_session=True)
-        except OSError as exc:
-            raise HostError(f"local: cannot start {items[0]}: {exc.strerror or exc}") from None
+        return subprocess.Popen(items, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, **extra} if extra else None, start_new_session=True)
 
     def rsync_location(self, path: str) -> str:
         """``path`` itself."""

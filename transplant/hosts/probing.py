@@ -129,7 +129,12 @@ class ScriptSession:
         code = remote.source(self.script).decode()
         flags = ["-I", "-S"] if self.script in remote.ISOLATED else []
         self._buffer, self._stderr = b"", bytearray()
-        proc = self.host.spawn([self.python, *flags, "-c", code, "--session"])
+        try:
+            proc = self.host.spawn([self.python, *flags, "-c", code, "--session"])
+        except OSError as exc:  # a local interpreter that is missing: as a shell (and SSH) reports it
+            raise _no_reply(self.host, self.venv, self.script, self.python,
+                            127 if isinstance(exc, FileNotFoundError) else 126,
+                            f"{self.python}: {exc.strerror or 'No such file or directory'}".encode()) from None
         self.started += 1
         errors = self._stderr
 
