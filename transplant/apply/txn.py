@@ -15,8 +15,7 @@ from typing import Any
 
 from transplant.errors import TransactionError
 from transplant.hosts.host import Host
-from transplant.hosts.probing import ScriptSession, run_script, take_inventory
-from transplant.core.promised_state import state_mismatches
+from transplant.hosts.probing import ScriptSession, run_script
 
 __all__ = [
     "TransactionError",
@@ -332,9 +331,13 @@ def record_completed(host: Host, venv: str) -> list[Completed]:
 
 
 def check_state(host: Host, venv: str, expected: Mapping[str, str | None]) -> list[str]:
-    """Probe the paths of ``expected`` on the target; lines naming each one that differs."""
-    after = take_inventory(host, venv, files=sorted(expected), record=False)
-    return state_mismatches(expected, after)
+    """Hash the paths of ``expected`` on the target (the applier's ``state``, in the open
+    :func:`session`: no probe process of its own); lines naming each one that differs (content,
+    script head and body, RECORD rows, symlink target; None: must be absent).
+
+    :raises TransactionError: a path leaves the venv, or the target cannot be read.
+    """
+    return list(call(host, venv, "state", {"expect": dict(expected)})["differ"])
 
 
 def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after: int | None = None) -> str:

@@ -40,6 +40,8 @@ not exist before is removed. Operations:
   compares such a RECORD by its normalised identity (``record:...``, see :func:`record_identity`).
 * ``links`` ``{"id", "links": [{"path", "target"}]}``: repoint staged symlinks (absolute ones
   into the donor's prefix get the same path under this venv; never outside it).
+* ``state`` ``{"expect": {path: identity or null}}`` -> ``{"differ": [line, ...]}``: the live venv
+  against a recorded state (after a commit, rollback or resume; before a rollback), hash for hash.
 * ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
 * ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after, and ``committed_at``
@@ -518,6 +520,27 @@ def check(prefix, request):
             "differ": differ[:50]}
 
 
+def state(prefix, request):
+    """Compare the live venv with ``expect`` (path -> identity in the form :func:`_identity`
+    reads; None: the path must be absent): after a commit, a rollback or a resume, and before
+    a rollback (has anything changed since?). One line names each path that differs."""
+    differ = []
+    for rel, want in sorted((request.get("expect") or {}).items()):
+        full = _resolve(prefix, rel)
+        there = os.path.islink(full) or os.path.isfile(full)
+        if want is None:
+            if there:
+                differ.append("{}: should have been removed, still there".format(rel))
+        elif not there:
+            differ.append("{}: missing".format(rel))
+        else:
+            have = _identity(full, want, rel)
+            if have != want:
+                kind = "script" if want.startswith("script:") else "RECORD" if want.startswith("record:") else "content"
+                differ.append("{}: {} {} differs from the planned {}".format(rel, kind, have, want))
+    return {"ok": True, "error": None, "differ": differ}
+
+
 def _backup(full, backup):
     """Keep the current file (or symlink) at ``backup``: a hardlink, or a copy where links fail."""
     if os.path.lexists(backup):
@@ -773,7 +796,7 @@ commit, rollback, discard = _exclusive(_commit), _exclusive(_rollback), _exclusi
 
 OPERATIONS = {"lock": lock, "unlock": unlock, "break-lock": break_lock, "pending": pending, "begin": begin,
               "heads": heads, "records": records, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
-              "mark": mark, "record": record, "history": history, "check": check}
+              "mark": mark, "record": record, "history": history, "check": check, "state": state}
 
 
 def answer(prefix, name, request):
