@@ -165,7 +165,14 @@ class ScriptSession:
                 proc.stdin.flush()
             except (BrokenPipeError, OSError):
                 pass  # it died: the read below reports why
-            reply = self._read_line(proc, timeout)
+            try:
+                reply = self._read_line(proc, timeout)
+            except HostError:
+                raise
+            except BaseException:  # interrupted while waiting (Ctrl-C): stopped, as a one-off command is,
+                kill_group(proc)   # so that no late reply is ever read as the next request's
+                self._proc = None
+                raise
         return _document(self.label, self.script, reply.decode("utf-8", "replace"))
 
     def _read_line(self, proc: subprocess.Popen, timeout: float | None) -> bytes:
@@ -196,6 +203,10 @@ class ScriptSession:
             proc.wait(timeout=0.5)  # it is ending anyway (end of output)
         except subprocess.TimeoutExpired:
             kill_group(proc)
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
         self._proc = None
 
     def close(self, timeout: float = 30.0) -> None:
@@ -212,6 +223,7 @@ class ScriptSession:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 kill_group(proc)
+            self._drain.join(timeout=5)
             for stream in (proc.stdout, proc.stderr):
                 try:
                     stream.close()
