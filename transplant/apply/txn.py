@@ -4,20 +4,23 @@ and history, driving the ``applier`` host script (see :mod:`transplant.remote.ap
 from __future__ import annotations
 
 import os
+import posixpath
 import socket
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from transplant.errors import TransactionError
 from transplant.hosts.host import Host
-from transplant.hosts.probing import run_script, take_inventory
-from transplant.core.promised_state import state_mismatches
+from transplant.hosts.probing import ScriptSession, run_script
 
 __all__ = [
     "TransactionError",
     "Holder",
+    "session",
     "call",
     "acquire",
     "release",
@@ -36,15 +39,72 @@ __all__ = [
 Say = Callable[[str], None]
 
 
+#: The applier sessions open now, by (host, venv): every :func:`call` for that venv inside a
+#: :func:`session` block goes through its one process.
+_OPEN: dict[tuple[str, str], ScriptSession] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+def _key(host: Host, venv: str) -> tuple[str, str]:
+    """A venv as the sessions know it: its host's label (one place, whichever object names it) and path."""
+    return host.label, posixpath.normpath(venv)
+
+
+def _enter(host: Host, venv: str) -> bool:
+    """Open a session for ``venv`` unless one is open; True when this call opened it."""
+    with _OPEN_LOCK:
+        if _key(host, venv) in _OPEN:
+            return False
+        _OPEN[_key(host, venv)] = ScriptSession(host, venv, "applier")
+        return True
+
+
+def _leave(host: Host, venv: str) -> None:
+    with _OPEN_LOCK:
+        opened = _OPEN.pop(_key(host, venv), None)
+    if opened is not None:
+        opened.close()
+
+
+@contextmanager
+def session(host: Host, venv: str) -> Iterator[ScriptSession]:
+    """Send every applier operation on ``venv`` inside the block through one host script process
+    (:class:`transplant.hosts.probing.ScriptSession`): the applier is sent and its interpreter
+    started once, not once per step. A block inside another for the same host and venv (or
+    inside :func:`acquire` ... :func:`release`, which hold one session with the lock) uses the
+    outer one's process. On leaving, the process's input is closed and it exits; a controller
+    killed inside the block closes it too (the host script finishes the step it is in, and the
+    lock stays for the next command to judge, as with one process per step).
+    """
+    opened = _enter(host, venv)
+    try:
+        with _OPEN_LOCK:
+            current = _OPEN[_key(host, venv)]
+        yield current
+    finally:
+        if opened:
+            _leave(host, venv)
+
+
+#: The sessions :func:`acquire` opened, closed by :func:`release`.
+_WITH_LOCK: set[tuple[str, str]] = set()
+
+
 def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: bool = True,
          timeout: float | None = 3600.0) -> dict[str, Any]:
-    """Run one applier operation on the target and return its reply.
+    """Run one applier operation on the target and return its reply: through the open
+    :func:`session` for ``venv``, else in a process of its own.
 
     :param check: raise when the reply says ``ok: false``; False returns it for the caller.
     :raises TransactionError: the operation failed (with ``check``).
     :raises HostError: as :func:`transplant.hosts.probing.run_script`.
     """
-    reply = run_script(host, venv, "applier", [op], request=dict(request), timeout=timeout)
+    with _OPEN_LOCK:
+        opened = _OPEN.get(_key(host, venv))
+    if opened is not None:
+        reply = opened.request(op, request, timeout=timeout)
+    else:
+        reply = run_script(host, venv, "applier", [op], request=dict(request), timeout=timeout)
     if check and not reply.get("ok"):
         raise TransactionError(f"{host.label}:{venv}: {op} failed: {reply.get('error')}")
     return reply
@@ -106,8 +166,24 @@ def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_l
     another controller (or unreadable) is refused unless ``break_lock``; one whose holder
     still runs on this controller is refused even with ``break_lock``.
 
+    From here to :func:`release`, every operation on ``venv`` goes through one applier
+    process (:func:`session`), unless a session was open already.
+
     :raises TransactionError: the lock is held (the message names the holder and since when).
     """
+    opened = _enter(host, venv)
+    try:
+        _acquire(host, venv, txid, command, say=say, break_lock=break_lock)
+    except BaseException:
+        if opened:
+            _leave(host, venv)
+        raise
+    if opened:
+        with _OPEN_LOCK:
+            _WITH_LOCK.add(_key(host, venv))
+
+
+def _acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_lock: bool) -> None:
     request = {"id": txid, "controller": socket.gethostname(), "pid": os.getpid(), "command": command}
     label = f"{host.label}:{venv}"
     reply = call(host, venv, "lock", request, check=False)
@@ -139,8 +215,15 @@ def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_l
 
 
 def release(host: Host, venv: str, txid: str) -> None:
-    """Give the lock back (only if ``txid`` holds it)."""
-    call(host, venv, "unlock", {"id": txid}, check=False)
+    """Give the lock back (only if ``txid`` holds it), and end the session :func:`acquire` opened."""
+    try:
+        call(host, venv, "unlock", {"id": txid}, check=False)
+    finally:
+        with _OPEN_LOCK:
+            owned = _key(host, venv) in _WITH_LOCK
+            _WITH_LOCK.discard(_key(host, venv))
+        if owned:
+            _leave(host, venv)
 
 
 def interrupted(host: Host, venv: str, *, say: Say | None = None, wait: float = 600.0) -> list[dict[str, Any]]:
@@ -248,9 +331,13 @@ def record_completed(host: Host, venv: str) -> list[Completed]:
 
 
 def check_state(host: Host, venv: str, expected: Mapping[str, str | None]) -> list[str]:
-    """Probe the paths of ``expected`` on the target; lines naming each one that differs."""
-    after = take_inventory(host, venv, files=sorted(expected), record=False)
-    return state_mismatches(expected, after)
+    """Hash the paths of ``expected`` on the target (the applier's ``state``, in the open
+    :func:`session`: no probe process of its own); lines naming each one that differs (content,
+    script head and body, RECORD rows, symlink target; None: must be absent).
+
+    :raises TransactionError: a path leaves the venv, or the target cannot be read.
+    """
+    return list(call(host, venv, "state", {"expect": dict(expected)})["differ"])
 
 
 def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after: int | None = None) -> str:

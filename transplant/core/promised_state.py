@@ -1,13 +1,10 @@
-"""The state a plan promises, and how to compare a venv against it (pure core)."""
+"""The state a plan promises (pure core); the target is compared against it by the applier's ``state``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from transplant.core.inventory import FileEntry, Inventory
 from transplant.core.plan import Plan
 
-__all__ = ["expected_state", "state_mismatches", "drift", "plan_differences", "transaction_steps"]
+__all__ = ["expected_state", "drift", "plan_differences", "transaction_steps"]
 
 
 def expected_state(plan: Plan) -> dict[str, str | None]:
@@ -27,44 +24,6 @@ def expected_state(plan: Plan) -> dict[str, str | None]:
         for copy in change.copy:
             state[copy.path] = copy.identity
     return state
-
-
-def _lookup(inventory: Inventory) -> Mapping[str, FileEntry]:
-    entries: dict[str, FileEntry] = {}
-    for dist in inventory.distributions:
-        entries.update(dist.files)
-    entries.update({k: v for k, v in inventory.files.items() if v.path is not None})
-    return entries
-
-
-def state_mismatches(expected: Mapping[str, str | None], inventory: Inventory) -> list[str]:
-    """Lines naming each path whose state in ``inventory`` differs from ``expected``.
-
-    A path is checked against the hashed files of the inventory (RECORD entries of hashed
-    distributions and the explicitly probed files); a path the inventory cannot speak
-    for counts as a mismatch ("not seen").
-    """
-    seen = _lookup(inventory)
-    out = []
-    for path, want in sorted(expected.items()):
-        entry = seen.get(path)
-        if want is None:
-            if entry is not None and entry.exists:
-                out.append(f"{path}: should have been removed, still there")
-            continue
-        if entry is None:
-            out.append(f"{path}: not seen on the target after apply")
-        elif not entry.exists:
-            out.append(f"{path}: missing")
-        elif want.startswith("script:"):
-            if entry.script_identity != want:
-                out.append(f"{path}: script {entry.script_identity or entry.content} differs from the planned {want}")
-        elif want.startswith("record:"):
-            if entry.record_identity != want:
-                out.append(f"{path}: RECORD {entry.record_identity or entry.content} differs from the planned {want}")
-        elif entry.content != want:
-            out.append(f"{path}: content {entry.content} differs from the planned {want}")
-    return out
 
 
 def drift(plan: Plan, donor_fingerprint: str, target_fingerprint: str) -> list[str]:

@@ -25,8 +25,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko  # known_hosts lines are parsed with its HostKeyEntry
-
 from transplant.errors import HostError
 from transplant.core.hostspec import LOCAL, HostSpec
 
@@ -183,6 +181,20 @@ class Host(abc.ABC):
         :raises ValueError: an empty argv, NUL bytes, or a bad environment variable name.
         """
 
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` on the host and return at once, its standard input, output and error
+        pipes open (bytes), for a conversation (a host script session); the caller writes,
+        reads, and waits for it or kills it (:func:`kill_group`).
+
+        The process runs in a session of its own, so a signal to the controller's process
+        group does not reach it (an orphaned host script finishes its step).
+
+        :raises HostError: ``ssh`` cannot be started at all.
+        :raises OSError: a local program is missing or cannot be executed.
+        :raises ValueError: an empty argv, NUL bytes, or a bad environment variable name.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot start a process to talk to")
+
     @abc.abstractmethod
     def rsync_location(self, path: str) -> str:
         """The rsync argument for ``path`` on this host: ``path`` or ``[user@]host:path``."""
@@ -264,6 +276,17 @@ class LocalHost(Host):
             seconds=time.monotonic() - started,
         )
 
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` as a local subprocess with open pipes; see :meth:`Host.spawn`.
+
+        :raises OSError: the program is missing or cannot be executed (``FileNotFoundError``,
+            ``PermissionError``), where :meth:`run` reports exit status 127 or 126.
+        """
+        items = _check_argv(argv)
+        extra = _check_env(env)
+        return subprocess.Popen(items, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, **extra} if extra else None, start_new_session=True)
+
     def rsync_location(self, path: str) -> str:
         """``path`` itself."""
         return path
@@ -307,6 +330,8 @@ def read_known_hosts(path: Path) -> KnownHosts:
 
     :raises OSError: the file cannot be read.
     """
+    import paramiko  # known_hosts lines are parsed with its HostKeyEntry; imported here, as it costs 0.4 s
+
     entries, revoked, authorities = [], [], []
     with open(path, encoding="utf-8", errors="replace") as handle:
         for number, raw in enumerate(handle, 1):
@@ -334,6 +359,8 @@ def read_known_hosts(path: Path) -> KnownHosts:
 
 def _host_matches(entry, name: str) -> bool:
     """Whether a known_hosts entry's host patterns (plain, hashed ``|1|``, wildcards, ``!``) name ``name``."""
+    import paramiko
+
     hit = False
     for pattern in entry.hostnames:
         negated = pattern.startswith("!")

@@ -6,17 +6,21 @@ import hashlib
 import json
 import os
 import posixpath
+import selectors
 import shlex
+import subprocess
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from transplant import remote
 from transplant.errors import HostError, ProbeError
-from transplant.hosts.host import Host
+from transplant.hosts.host import Host, kill_group
 from transplant.core.inventory import Inventory, parse_inventory
 
-__all__ = ["venv_python", "run_script", "take_inventory"]
+__all__ = ["venv_python", "run_script", "ScriptSession", "take_inventory"]
 
 
 def venv_python(venv: str) -> str:
@@ -59,30 +63,172 @@ def run_script(
         argv, stdin = [python, *flags, "-c", code.decode(), *args], json.dumps(request).encode()
     result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
     lines = [line for line in result.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
-    missing = b"No such file" in result.stderr or b"not found" in result.stderr
-    if not lines and result.returncode in (126, 127) and missing and b"shared librar" not in result.stderr:
-        raise HostError(
+    if not lines:
+        raise _no_reply(host, venv, script, python, result.returncode, result.stderr)
+    return _document(label, script, lines[-1])
+
+
+def _no_reply(host: Host, venv: str, script: str, python: str, returncode: int | None, stderr: bytes) -> HostError:
+    """The error for a host script that printed no reply: the venv's python is missing, or it
+    failed (its stderr tail in the message)."""
+    label = f"{host.label}:{venv}"
+    missing = b"No such file" in stderr or b"not found" in stderr
+    if returncode in (126, 127) and missing and b"shared librar" not in stderr:
+        return HostError(
             f"{label}: {python} does not exist or points to nothing; is {venv} a venv on {host.label}?",
             hint=f"create it there ({shlex.join(['python3', '-m', 'venv', venv])}), repair it "
                  f"({shlex.join(['python3', '-m', 'venv', '--upgrade', venv])}), or correct the venv path",
             code="interpreter-missing",
         )
-    if not lines:
-        tail = result.stderr.decode("utf-8", "replace").strip()[-800:]
-        by_hand = shlex.join([python, "-c", "print(1)"])
-        if host.label != "local":
-            by_hand = f"ssh {shlex.quote(host.label)} {shlex.quote(by_hand)}"
-        raise HostError(
-            f"{label}: the {script} script failed in the venv's python (exit {result.returncode}): {tail}",
-            hint=f"check that the venv's python starts: {by_hand}",
-        )
+    tail = stderr.decode("utf-8", "replace").strip()[-800:]
+    by_hand = shlex.join([python, "-c", "print(1)"])
+    if host.label != "local":
+        by_hand = f"ssh {shlex.quote(host.label)} {shlex.quote(by_hand)}"
+    return HostError(
+        f"{label}: the {script} script failed in the venv's python (exit {returncode}): {tail}",
+        hint=f"check that the venv's python starts: {by_hand}",
+    )
+
+
+def _document(label: str, script: str, line: str) -> dict[str, Any]:
+    """The JSON object of a host script's reply line."""
     try:
-        document = json.loads(lines[-1])
+        document = json.loads(line)
     except ValueError as exc:
         raise HostError(f"{label}: the {script} script printed something that is not JSON ({exc})") from None
     if not isinstance(document, dict):
         raise HostError(f"{label}: the {script} script printed {type(document).__name__}, expected an object")
     return document
+
+
+class ScriptSession:
+    """One host script process that answers many requests: ``<python> -I -S -c <script>
+    --session`` on the host, one JSON line ``{"op", "request"}`` written per request and one
+    reply line read back (see :mod:`transplant.remote.applier`), so a transaction sends the
+    script and starts the interpreter once, not once per step.
+
+    The process starts at the first request; when it is gone (it crashed, or was killed by a
+    timeout) the next request starts a fresh one. :meth:`close` ends its input, so it exits.
+    Requests are sent one at a time (a lock serialises threads).
+
+    :ivar started: how many processes this session has started (1 for a session that never
+        lost its process).
+    """
+
+    def __init__(self, host: Host, venv: str, script: str = "applier", *, python: str | None = None) -> None:
+        self.host, self.venv, self.script = host, venv, script
+        self.python = python or venv_python(venv)
+        self.label = f"{host.label}:{venv}"
+        self.started = 0
+        self._proc: subprocess.Popen | None = None
+        self._buffer = b""
+        self._stderr = bytearray()
+        self._lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen:
+        code = remote.source(self.script).decode()
+        flags = ["-I", "-S"] if self.script in remote.ISOLATED else []
+        self._buffer, self._stderr = b"", bytearray()
+        try:
+            proc = self.host.spawn([self.python, *flags, "-c", code, "--session"])
+        except OSError as exc:  # a local interpreter that is missing: as a shell (and SSH) reports it
+            raise _no_reply(self.host, self.venv, self.script, self.python,
+                            127 if isinstance(exc, FileNotFoundError) else 126,
+                            f"{self.python}: {exc.strerror or 'No such file or directory'}".encode()) from None
+        self.started += 1
+        errors = self._stderr
+
+        def drain() -> None:  # its stderr, kept to the last 8 KiB, so the pipe never fills
+            for chunk in iter(lambda: proc.stderr.read1(1 << 14), b""):
+                errors.extend(chunk)
+                del errors[:-8192]
+
+        self._drain = threading.Thread(target=drain, daemon=True, name=f"stderr {self.label}")
+        self._drain.start()
+        self._proc = proc
+        return proc
+
+    def request(self, op: str, request: Mapping[str, Any], *, timeout: float | None = 3600.0) -> dict[str, Any]:
+        """Send one operation and return its reply.
+
+        :param timeout: seconds to wait for the reply; None waits without limit. Past it the
+            local process is killed (over SSH the remote one may finish its step on its own).
+        :raises HostError: the process could not start, died without replying (its stderr tail
+            in the message; the next request starts a fresh one), timed out, or replied with
+            something that is not a JSON object.
+        """
+        line = (json.dumps({"op": op, "request": dict(request)}) + "\n").encode()
+        with self._lock:
+            proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+            try:
+                proc.stdin.write(line)
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass  # it died: the read below reports why
+            try:
+                reply = self._read_line(proc, timeout)
+            except HostError:
+                raise
+            except BaseException:  # interrupted while waiting (Ctrl-C): stopped, as a one-off command is,
+                kill_group(proc)   # so that no late reply is ever read as the next request's
+                self._proc = None
+                raise
+        return _document(self.label, self.script, reply.decode("utf-8", "replace"))
+
+    def _read_line(self, proc: subprocess.Popen, timeout: float | None) -> bytes:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = proc.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._kill(proc)
+                    raise HostError(f"{self.label}: the {self.script} script gave no reply within {timeout:g} s "
+                                    f"and was stopped")
+                if not selector.select(left):
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    self._kill(proc)
+                    self._drain.join(timeout=5)
+                    raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode,
+                                    bytes(self._stderr))
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _kill(self, proc: subprocess.Popen) -> None:
+        try:
+            proc.wait(timeout=0.5)  # it is ending anyway (end of output)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        self._proc = None
+
+    def close(self, timeout: float = 30.0) -> None:
+        """End the process's input and wait for it to exit (killed after ``timeout`` seconds)."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is None:
+                return
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+            self._drain.join(timeout=5)
+            for stream in (proc.stdout, proc.stderr):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
 
 
 def take_inventory(

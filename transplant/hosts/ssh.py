@@ -284,6 +284,22 @@ class SSHHost(Host):
         return CommandResult(argv=items, returncode=proc.returncode, stdout=out, stderr=err,
                              seconds=time.monotonic() - started)
 
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Start ``argv`` on the SSH host over the master connection, pipes open; see
+        :meth:`Host.spawn`. Closing its standard input ends the remote command's input; killing
+        the local ``ssh`` leaves the remote command to notice on its own."""
+        items = _check_argv(argv)
+        extra = _check_env(env)
+        command_argv = ["env", *(f"{k}={v}" for k, v in extra.items()), *items] if extra else list(items)
+        self._ensure_master()
+        ssh = [*self._argv(), "-T", "--", self._destination(), shlex.join(command_argv)]
+        try:
+            return subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise HostError(f"{self.label}: cannot start ssh: {exc.strerror or exc}",
+                            hint="install the OpenSSH client (apt-get install openssh-client)") from None
+
     def _alive(self) -> bool:
         """Whether the master connection still answers (``ssh -O check``)."""
         done = subprocess.run([*self._argv(), "-O", "check", "--", self._destination()], capture_output=True,

@@ -2,6 +2,9 @@
 
 The controller runs ``<venv>/bin/python -I -S -c <this file's text> OP`` with a JSON
 request on standard input; it prints one JSON reply ``{"ok": bool, "error": str|null, ...}``.
+With ``--session`` instead of OP it serves many: one line ``{"op": OP, "request": {...}}`` in,
+one reply line out (the same replies, plus ``served``: how many this process answered), until
+its input ends; an apply, a rollback or a resume talks to one such process from start to end.
 Stdlib only, Python 3.9+.
 
 State lives in ``<venv>/.transplant/`` (mode 0700):
@@ -37,6 +40,8 @@ not exist before is removed. Operations:
   compares such a RECORD by its normalised identity (``record:...``, see :func:`record_identity`).
 * ``links`` ``{"id", "links": [{"path", "target"}]}``: repoint staged symlinks (absolute ones
   into the donor's prefix get the same path under this venv; never outside it).
+* ``state`` ``{"expect": {path: identity or null}}`` -> ``{"differ": [line, ...]}``: the live venv
+  against a recorded state (after a commit, rollback or resume; before a rollback), hash for hash.
 * ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
 * ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after, and ``committed_at``
@@ -46,6 +51,7 @@ Testing hooks: a request with ``"crash_after": N`` makes ``commit`` or ``rollbac
 process with SIGKILL before step N (a real crash at a chosen point, for the fault tests); with
 ``"orphan_at": N`` it waits before step N until the process that started it is gone (the test
 kills the controller there), then goes on alone, as a host script orphaned mid-commit does.
+``TRANSPLANT_APPLIER_LOG`` in the environment names a file where each process logs its start.
 """
 
 import csv
@@ -514,6 +520,27 @@ def check(prefix, request):
             "differ": differ[:50]}
 
 
+def state(prefix, request):
+    """Compare the live venv with ``expect`` (path -> identity in the form :func:`_identity`
+    reads; None: the path must be absent): after a commit, a rollback or a resume, and before
+    a rollback (has anything changed since?). One line names each path that differs."""
+    differ = []
+    for rel, want in sorted((request.get("expect") or {}).items()):
+        full = _resolve(prefix, rel)
+        there = os.path.islink(full) or os.path.isfile(full)
+        if want is None:
+            if there:
+                differ.append("{}: should have been removed, still there".format(rel))
+        elif not there:
+            differ.append("{}: missing".format(rel))
+        else:
+            have = _identity(full, want, rel)
+            if have != want:
+                kind = "script" if want.startswith("script:") else "RECORD" if want.startswith("record:") else "content"
+                differ.append("{}: {} {} differs from the planned {}".format(rel, kind, have, want))
+    return {"ok": True, "error": None, "differ": differ}
+
+
 def _backup(full, backup):
     """Keep the current file (or symlink) at ``backup``: a hardlink, or a copy where links fail."""
     if os.path.lexists(backup):
@@ -769,24 +796,81 @@ commit, rollback, discard = _exclusive(_commit), _exclusive(_rollback), _exclusi
 
 OPERATIONS = {"lock": lock, "unlock": unlock, "break-lock": break_lock, "pending": pending, "begin": begin,
               "heads": heads, "records": records, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
-              "mark": mark, "record": record, "history": history, "check": check}
+              "mark": mark, "record": record, "history": history, "check": check, "state": state}
+
+
+def answer(prefix, name, request):
+    """The reply to one operation: its own, or ``{"ok": false, "error"}`` (never a traceback)."""
+    op = OPERATIONS.get(name)
+    try:
+        if op is None:
+            raise Refused("unknown operation {!r}".format(name))
+        if not isinstance(request, dict):
+            raise Refused("refused: the request of {} is not a JSON object".format(name))
+        return op(prefix, request)
+    except Refused as exc:
+        return {"ok": False, "error": str(exc)}
+    except OSError as exc:
+        return {"ok": False, "error": "{}: {}".format(exc.filename or "", exc.strerror or exc), "errno": exc.errno}
+    except Exception as exc:  # a damaged state file must give an error, never a traceback
+        return {"ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]}
+
+
+def _say(reply):
+    """Write one reply line; False when the controller is gone (its end of the pipe closed)."""
+    try:
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        return False
+    return True
+
+
+def session(prefix):
+    """Answer one request per line of standard input (``{"op", "request"}``), one reply line
+    each, until the input ends (the controller closed it, or died: then a step under way has
+    finished first, and the lock stays for the next command to judge). A commit or rollback
+    runs to its end whatever happens to the input, as in the one-operation mode."""
+    served = 0
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            message = None
+        if not isinstance(message, dict):
+            reply = {"ok": False, "error": "refused: a session line is not a JSON object"}
+        else:
+            reply = answer(prefix, message.get("op"), message.get("request", {}))
+        served += 1
+        reply["served"] = served
+        if not _say(reply):
+            break
+    return 0
+
+
+def _log_start(argv):
+    """Testing hook: with ``TRANSPLANT_APPLIER_LOG`` set to a file, each process of this script
+    appends a line there (its pid and operation), so a test counts the processes an apply starts."""
+    where = os.environ.get("TRANSPLANT_APPLIER_LOG")
+    if where:
+        with open(where, "a", encoding="utf-8") as handle:
+            handle.write("{} {}\n".format(os.getpid(), argv[0] if argv else ""))
 
 
 def main(argv):
     prefix = venv_prefix()
+    _log_start(argv)
+    if argv[:1] == ["--session"]:
+        code = session(prefix)
+        try:
+            sys.stdout.close()
+        except OSError:
+            pass
+        return code
     request = json.load(sys.stdin)
-    op = OPERATIONS.get(argv[0] if argv else "")
-    try:
-        if op is None:
-            raise Refused("unknown operation {!r}".format(argv[0] if argv else ""))
-        reply = op(prefix, request)
-    except Refused as exc:
-        reply = {"ok": False, "error": str(exc)}
-    except OSError as exc:
-        reply = {"ok": False, "error": "{}: {}".format(exc.filename or "", exc.strerror or exc), "errno": exc.errno}
-    except Exception as exc:  # a damaged state file must give an error, never a traceback
-        reply = {"ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]}
-    sys.stdout.write(json.dumps(reply) + "\n")
+    _say(answer(prefix, argv[0] if argv else "", request))
     return 0
 
 

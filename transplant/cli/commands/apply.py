@@ -137,6 +137,8 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         if args.resume or args.rollback:
             if saved is not None:  # it only names the target: it must be its manifest's
                 _check_saved_plan(saved, manifest, source, sides=("target",))
+            # one applier process serves the whole command (the lock, the check, the transaction)
+            stack.enter_context(txn.session(session.host("target"), session.manifest.target.venv))
             if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback"):
                 return EXIT_OK
             # --resume of a transaction that was still staging: it was discarded; apply afresh
@@ -164,6 +166,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
                     f"{source}: refusing the plan: its hosts are unchanged, but its changes or findings are not "
                     f"what the manifest gives now (edited by hand, or made by another transplant version)",
                     hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
+        stack.enter_context(txn.session(session.host("target"), manifest.target.venv))  # one applier process
         _finish_interrupted(args, console, session, given.path, None)  # raises while one is interrupted
         print_plan(console, plan)
         if not plan.has_changes:
