@@ -132,6 +132,8 @@ class ElfReport:
     :ivar defined_by: venv-relative library -> the asked names it does not define (None when
         it could not be read); empty when not asked.
     :ivar seconds: time the script took on the host.
+    :ivar cache: the script's cache report (``{"enabled", "hits", "misses", "read": [venv-relative
+        files whose content it opened], "written"}``); empty when the script sent none.
     """
 
     label: str
@@ -141,6 +143,7 @@ class ElfReport:
     defined_in: tuple[str, ...] = ()
     seconds: float = 0.0
     defined_by: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
+    cache: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _fail(label: str, path: str, expected: str, value: Any) -> ProbeError:
@@ -283,6 +286,7 @@ def parse_elf_report(document: Any, *, label: str) -> ElfReport:
         seconds=float(seconds),
         defined_by={k: (None if v is None else _strings(label, v, f"defined_by[{k!r}]"))
                     for k, v in (_object(label, document.get("defined_by"), "defined_by")).items()},
+        cache={k: v for k, v in _object(label, document.get("cache"), "cache").items() if k != "entries"},
     )
 
 
