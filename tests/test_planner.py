@@ -235,6 +235,8 @@ def test_a_file_another_distribution_wrote_last_on_both_sides_is_not_carried():
 
     left = pair("fi 0.7 backend")
     assert not left.has_changes, [c.copy for c in left.changes]
+    assert not [f for f in left.findings if f.code == "record-drift"], "the other distribution's file is no drift"
     carried = pair("ext backend")  # the donor holds ext's own bytes: they move
     (change,) = [c for c in carried.changes if c.name == "ext"]
     assert [c.path for c in change.copy] == [f"{SITE}/build_backend.py"]
+    assert [f for f in carried.findings if f.code == "record-drift"], "the target's bytes are fi's: reported"

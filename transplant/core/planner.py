@@ -589,7 +589,8 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after, removed=tuple(removed),
                            patch_dests=frozenset(p.dest for p in patches), donor_elf=donor_elf, target_elf=target_elf,
                            manifest=manifest.path,
-                           changed=frozenset(c.name for c in changes if c.kind == "distribution" and not c.is_noop))
+                           changed=frozenset(c.name for c in changes if c.kind == "distribution" and not c.is_noop),
+                           left=frozenset(p for paths in leave.values() for p in paths))
     findings.extend(compatibility_findings(env))
     findings = _accept(manifest, findings)
     order = {"error": 0, "warning": 1, "info": 2}
