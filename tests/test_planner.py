@@ -240,3 +240,14 @@ def test_a_file_another_distribution_wrote_last_on_both_sides_is_not_carried():
     (change,) = [c for c in carried.changes if c.name == "ext"]
     assert [c.path for c in change.copy] == [f"{SITE}/build_backend.py"]
     assert [f for f in carried.findings if f.code == "record-drift"], "the target's bytes are fi's: reported"
+
+
+def test_to_dict_is_what_asdict_gives_in_the_same_key_order():
+    """The direct encoder replaces dataclasses.asdict: the same values, types and key order."""
+    from dataclasses import asdict
+
+    donor, target = seed_inventories()
+    result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang"]), donor, target, [PATCH])
+    assert result.findings and any(c.copy for c in result.changes)
+    assert result.to_dict() == asdict(result)
+    assert json.dumps(result.to_dict()) == json.dumps(asdict(result))
