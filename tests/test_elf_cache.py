@@ -118,3 +118,17 @@ def test_a_donor_cache_lives_on_the_controller(venv: Path, tmp_path: Path, monke
     assert second.cache["read"] == [] and second.files == first.files
     monkeypatch.setenv("TRANSPLANT_HASH_CACHE", "0")
     assert sorted(_read(venv, elf_cache="controller").cache["read"]) == [ALPHA, BETA]
+
+
+def test_a_bad_pyelftools_still_fails_when_a_file_must_be_read(venv: Path) -> None:
+    """pyelftools is imported only when a file must be opened: a run the cache answers whole
+    does not need it, one that reads a file reports the import error as before."""
+    from transplant.errors import HostError
+    from transplant.hosts.probing import run_script
+
+    _read(venv, elf_cache=VENV_STORE)
+    broken = {"modules": {"elftools/__init__.py": ""}, "files": [ALPHA, BETA], "cache": VENV_STORE}
+    answered = run_script(LocalHost(), str(venv), "elf_facts", request=broken)
+    assert answered["cache"]["read"] == [] and answered["files"][ALPHA]["soname"] == "libalpha.so.1"
+    with pytest.raises(HostError, match="cannot import the pyelftools sent with the request"):
+        run_script(LocalHost(), str(venv), "elf_facts", request={**broken, "files": [ALPHA, f"{SITE}/fx/new.so"]})

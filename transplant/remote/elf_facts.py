@@ -56,7 +56,8 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
      "cache": {"enabled", "hits", "misses", "read": [REL...], "written", "error"?, "entries"?}}
 
 ``cache.read`` lists every venv file whose content this run opened (the files the cache
-could not answer for).
+could not answer for). With a cache, the pyelftools sent is imported only when a file must be
+opened (a run the cache answers whole never compiles it); without one, at once.
 
 Design rules: Python 3.9+, standard library plus the pyelftools source it is sent,
 writes nothing but its own cache in the venv's state folder, and only when asked to (a target's). The controller parses the reply with
@@ -167,12 +168,33 @@ def resolve(prefix, rel):
     return full, None
 
 
+_PENDING = {"modules": None, "error": None}  # the request's pyelftools, imported on first use
+
+
+class ElftoolsUnavailable(Exception):
+    """The pyelftools sent with the request could not be imported (main reports it and exits 1)."""
+
+
+def _elftools():
+    """Import the request's pyelftools the first time a file must be opened: a run the cache
+    answers whole never compiles it (about 0.3 s per run)."""
+    if ELFFile is None and _PENDING["error"] is None and _PENDING["modules"] is not None:
+        try:
+            load_elftools(_PENDING["modules"])
+        except Exception as exc:
+            _PENDING["error"] = exc
+    if _PENDING["error"] is not None:
+        raise ElftoolsUnavailable(str(_PENDING["error"]))
+
+
 def open_elf(full):
     """(open binary stream, ELFFile) of a regular ELF file.
 
     :raises ValueError: not a regular file, or not ELF (the message says which).
     :raises OSError: missing or unreadable.
+    :raises ElftoolsUnavailable: the request's pyelftools does not import.
     """
+    _elftools()
     if not stat.S_ISREG(os.stat(full).st_mode):
         raise ValueError("not a regular file")
     stream = open(full, "rb")
@@ -706,15 +728,25 @@ def libstdcxx():
     return {"path": path, "versions": versions}
 
 
+def _unavailable():
+    exc = _PENDING["error"]
+    sys.stderr.write("elf_facts: cannot import the pyelftools sent with the request in Python {}: {}: {}\n"
+                     .format(".".join(map(str, sys.version_info[:3])), type(exc).__name__, exc))
+    return 1
+
+
 def main(argv):
     started = time.monotonic()
     request = json.load(sys.stdin)
-    try:
-        load_elftools(request.get("modules") or {})
-    except Exception as exc:
-        sys.stderr.write("elf_facts: cannot import the pyelftools sent with the request in Python {}: {}: {}\n"
-                         .format(".".join(map(str, sys.version_info[:3])), type(exc).__name__, exc))
-        return 1
+    _PENDING["modules"] = request.get("modules") or {}
+    if not request.get("cache"):
+        # without a cache every file is read: import at once, so that a bad pyelftools fails early
+        try:
+            _elftools()
+        except ElftoolsUnavailable:
+            pass  # reported below, before any reply
+    if _PENDING["error"] is not None:
+        return _unavailable()
     prefix = venv_prefix()
     torch_symbols = request.get("torch_symbols", True)
     want_device_code = request.get("device_code", False)
@@ -737,6 +769,8 @@ def main(argv):
         "seconds": round(time.monotonic() - started, 6),
     }
     reply["cache"] = cache.save()
+    if _PENDING["error"] is not None:
+        return _unavailable()
     sys.stdout.write(json.dumps(reply) + "\n")
     return 0
 
