@@ -215,3 +215,39 @@ def test_without_a_reference_every_unmet_requirement_is_an_error():
     markers = inv([], "x").interpreter.markers
     assert [f.severity for f in requirement_findings(after, markers, reference=[], venv="/v")] == ["error"]
     assert [f.severity for f in requirement_findings(after, markers, reference=[after], venv="/v")] == ["warning"]
+
+
+def test_a_file_another_distribution_wrote_last_on_both_sides_is_not_carried():
+    """A top-level file two distributions' RECORDs list, which the other one (staying, in
+    another version on each side) wrote last on both sides: an overlay of the first one,
+    identical on both sides, leaves it (the real pair's torch-c-dlpack-ext and flashinfer-python
+    ``build_backend.py``); the twin, where the donor's bytes are the overlaid one's own, copies it."""
+    ext = {"build_backend.py": "ext backend", "ext/__init__.py": "ext"}
+
+    def pair(donor_backend):
+        donor = inv([dist("ext", "1.0", ext, on_disk={"build_backend.py": donor_backend}),
+                     dist("fi", "0.7", {"build_backend.py": "fi 0.7 backend", "fi/__init__.py": "fi7"})],
+                    "d:/v", hostname="d")
+        target = inv([dist("ext", "1.0", ext, on_disk={"build_backend.py": "fi 0.6 backend"}),
+                      dist("fi", "0.6", {"build_backend.py": "fi 0.6 backend", "fi/__init__.py": "fi6"})],
+                     "t:/v", prefix=TARGET, hostname="t")
+        return plan(manifest(["ext"]), donor, target)
+
+    left = pair("fi 0.7 backend")
+    assert not left.has_changes, [c.copy for c in left.changes]
+    assert not [f for f in left.findings if f.code == "record-drift"], "the other distribution's file is no drift"
+    carried = pair("ext backend")  # the donor holds ext's own bytes: they move
+    (change,) = [c for c in carried.changes if c.name == "ext"]
+    assert [c.path for c in change.copy] == [f"{SITE}/build_backend.py"]
+    assert [f for f in carried.findings if f.code == "record-drift"], "the target's bytes are fi's: reported"
+
+
+def test_to_dict_is_what_asdict_gives_in_the_same_key_order():
+    """The direct encoder replaces dataclasses.asdict: the same values, types and key order."""
+    from dataclasses import asdict
+
+    donor, target = seed_inventories()
+    result = plan(manifest(["torch", "nvidia-*", "sglang-kernel", "sglang"]), donor, target, [PATCH])
+    assert result.findings and any(c.copy for c in result.changes)
+    assert result.to_dict() == asdict(result)
+    assert json.dumps(result.to_dict()) == json.dumps(asdict(result))

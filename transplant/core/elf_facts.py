@@ -133,6 +133,8 @@ class ElfReport:
     :ivar defined_by: venv-relative library -> the asked names it does not define (None when
         it could not be read); empty when not asked.
     :ivar seconds: time the script took on the host.
+    :ivar cache: the script's cache report (``{"enabled", "hits", "misses", "read": [venv-relative
+        files whose content it opened], "written"}``); empty when the script sent none.
     """
 
     label: str
@@ -142,6 +144,7 @@ class ElfReport:
     defined_in: tuple[str, ...] = ()
     seconds: float = 0.0
     defined_by: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
+    cache: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _fail(label: str, exc: DecodeError) -> ProbeError:
@@ -216,7 +219,15 @@ def _files(value: Any, path: str, obj: Mapping[str, Any]) -> dict[str, ElfFacts]
             for rel, facts in sorted(value.items())}
 
 
-_REPORT = Decoder(ElfReport, unknown="ignore", null_default=True, fields={"files": _files})
+def _cache(value: Any, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``cache``: the ELF script's cache counters (``read``: the files it opened), without the
+    entries it carries back for the controller to keep."""
+    if not isinstance(value, dict):
+        raise DecodeError(path, "an object", value)
+    return {k: v for k, v in value.items() if k != "entries"}
+
+
+_REPORT = Decoder(ElfReport, unknown="ignore", null_default=True, fields={"files": _files, "cache": _cache})
 
 
 def parse_elf_report(document: Any, *, label: str) -> ElfReport:

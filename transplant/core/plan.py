@@ -8,7 +8,7 @@ A :class:`Plan` is what ``transplant plan`` shows and ``--out`` saves as JSON
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from transplant.errors import PlanError
@@ -211,8 +211,25 @@ class Plan:
         return sum(c.bytes for c in self.changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (schema ``transplant.plan/1``), stable key order."""
-        return asdict(self)
+        """JSON-ready dict (schema ``transplant.plan/1``), stable key order: each dataclass's
+        fields in declaration order; the same as :func:`dataclasses.asdict`
+        gives, without its deep copy of every value (seconds on a 60,000-file plan)."""
+        return _encode(self)
+
+
+def _encode(value: Any) -> Any:
+    """A plan dataclass, tuple or scalar as JSON-ready data (what :func:`dataclasses.asdict` gives)."""
+    names = _FIELD_NAMES.get(type(value))
+    if names is not None:
+        return {name: _encode(getattr(value, name)) for name in names}
+    if type(value) is tuple:
+        return tuple(_encode(v) for v in value)
+    if type(value) is list:
+        return [_encode(v) for v in value]
+    return value
+
+
+_FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in (Plan, Finding, FileCopy, Change, Side)}
 
 
 _REMAKE = "make a new one with: transplant plan MANIFEST --out plan.json"

@@ -109,6 +109,7 @@ def _distribution_change(
     known: dict[str, FileEntry],
     findings: list[Finding],
     prefixes: tuple[str, str] = ("", ""),
+    leave: frozenset[str] = frozenset(),
 ) -> Change:
     old = newest(olds) if olds else None
     if new.record is None:
@@ -147,7 +148,7 @@ def _distribution_change(
     own_record: FileEntry | None = None  # decided once the scripts apply rewrites are known
     relocated: list[str] = []
     for path, entry in sorted(new.files.items()):
-        if path in patched or entry.error or protected_path(path):
+        if path in patched or entry.error or protected_path(path) or path in leave:
             continue
         if path == record_path and entry.exists and entry.record_identity is not None:
             own_record = entry
@@ -470,6 +471,44 @@ def _owner_conflicts(manifest: Manifest, names: list[NormalizedName], removed: l
     return out
 
 
+def _written_by_others(names: list[NormalizedName], removed: list[NormalizedName], donor: Inventory,
+                       target: Inventory) -> dict[NormalizedName, frozenset[str]]:
+    """{overlaid name: paths it lists that it does not carry}: a file that two distributions'
+    RECORDs list (a top-level ``build_backend.py`` both torch-c-dlpack-ext and flashinfer-python
+    install) and that, on both sides, the other one wrote last: on the donor its bytes match
+    the RECORD row of another donor distribution (not this one's), and on the target those of
+    a distribution that stays (its RECORD row). Copying it would write a staying distribution's
+    file with bytes its RECORD does not list (the donor's other version of it) while the
+    overlaid distribution's own bytes are on neither side. Only files hashed on both sides count.
+    """
+    moving = set(names) | set(removed)
+    donor_rows: dict[str, set[str]] = {}
+    for dist in donor.distributions:
+        for path, entry in dist.files.items():
+            if entry.record_hash is not None:
+                donor_rows.setdefault(path, set()).add(f"{dist.name}\0{entry.record_hash}")
+    on_target: dict[str, str] = {}
+    for dist in target.distributions:
+        for path, entry in dist.files.items():
+            if entry.content is not None:
+                on_target[path] = entry.content
+    staying_wrote = {path for dist in target.distributions if dist.name not in moving
+                     for path, entry in dist.files.items()
+                     if entry.record_hash is not None and on_target.get(path) == entry.record_hash}
+    donor_by = donor.by_name()
+    out: dict[NormalizedName, frozenset[str]] = {}
+    for name in names:
+        new = newest(donor_by[name])
+        left = frozenset(
+            path for path, entry in new.files.items()
+            if path in staying_wrote and entry.content is not None and entry.content != entry.record_hash
+            and any(row.split("\0", 1)[1] == entry.content for row in donor_rows.get(path, ())
+                    if row.split("\0", 1)[0] != name))
+        if left:
+            out[name] = left
+    return out
+
+
 def _accept(manifest: Manifest, findings: list[Finding]) -> list[Finding]:
     """Mark the findings the manifest's ``accept`` list names (with its reason); an entry
     that accepts nothing is reported (``accept-unused``, info), so a stale one is seen."""
@@ -528,10 +567,11 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     changes = []
     after: dict[NormalizedName, Distribution] = target.latest()
     prefixes = (donor.interpreter.prefix, target.interpreter.prefix)
+    leave = _written_by_others(names, removed, donor, target)
     for name in names:
         new = newest(donor_by[name])
         change = _distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
-                                      findings, prefixes)
+                                      findings, prefixes, leave.get(name, frozenset()))
         if name in needed_by:
             change = replace(change, reason=f"{change.reason}; needed by {needed_by[name]}")
         changes.append(change)
@@ -549,7 +589,8 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     env = EnvironmentAfter(donor=donor, target=target, overlaid=tuple(names), after=after, removed=tuple(removed),
                            patch_dests=frozenset(p.dest for p in patches), donor_elf=donor_elf, target_elf=target_elf,
                            manifest=manifest.path,
-                           changed=frozenset(c.name for c in changes if c.kind == "distribution" and not c.is_noop))
+                           changed=frozenset(c.name for c in changes if c.kind == "distribution" and not c.is_noop),
+                           left=frozenset(p for paths in leave.values() for p in paths))
     findings.extend(compatibility_findings(env))
     findings = _accept(manifest, findings)
     order = {"error": 0, "warning": 1, "info": 2}

@@ -72,7 +72,9 @@ class HostSource:
                               record=record, hash_cache="controller")
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
-        """:func:`transplant.hosts.elf_facts.read_elf_facts` on the donor."""
+        """:func:`transplant.hosts.elf_facts.read_elf_facts` on the donor (its ELF cache kept on the
+        controller unless ``elf_cache`` says otherwise: a donor is never written to)."""
+        kwargs.setdefault("elf_cache", "controller")
         return read_elf_facts(self.host, self.venv, files, **kwargs)
 
     def files(self, paths: Sequence[str]) -> tuple[Host, str]:

@@ -7,8 +7,13 @@ The host needs no pyelftools: the controller sends the source of its own install
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import elftools
 
@@ -53,6 +58,8 @@ def read_elf_facts(
     versioned_symbols: bool = False,
     defined_by: Mapping[str, Sequence[str]] | None = None,
     numpy_abi: bool = False,
+    elf_cache: str | Mapping[str, Any] | None = None,
+    hashes: Mapping[str, str] | None = None,
 ) -> ElfReport:
     """Describe shared objects of a venv, reading them on its host with the venv's python.
 
@@ -72,6 +79,14 @@ def read_elf_facts(
     :param defined_by: ``{library: [names]}`` (venv-relative): answer which names each one
         does not define (``ElfReport.defined_by``); None asks nothing.
     :param numpy_abi: say which NumPy C-API each file was built against (``ElfFacts.numpy_abi``).
+    :param elf_cache: the script's cache of ELF facts and symbol answers, keyed by each file's
+        content (``ElfCache`` in :mod:`transplant.remote.elf_facts`), so that a file whose bytes
+        did not change is not read again: ``"venv"`` keeps it in the venv's state folder
+        (``.transplant/cache/elf.json``; for a target), ``"controller"`` in the controller's
+        state folder (``elf-cache/``; for a donor, never written to), None not at all; a mapping
+        is sent as the script's option (tests). ``TRANSPLANT_HASH_CACHE=0`` turns it off too.
+    :param hashes: ``{file: "sha256=..."}``, content hashes the probe gave (the cache's key for
+        those files; the others are keyed by their stat tuple); None: none known.
     :raises HostError: as :func:`transplant.hosts.probing.run_script` (host unreachable, python
         missing, script failed).
     :raises ProbeError: the reply is of another schema or malformed.
@@ -90,5 +105,63 @@ def read_elf_facts(
     if defined is not None:
         libraries, symbols = defined
         request["defined"] = {"files": list(libraries), "symbols": list(symbols)}
+    request["cache"] = _cache_options(host, venv, elf_cache)
+    if request["cache"] and hashes:
+        request["hashes"] = dict(hashes)
     document = run_script(host, venv, "elf_facts", request=request, timeout=timeout)
+    if elf_cache == "controller":
+        _keep_controller_cache(host, venv, request["cache"], document.get("cache"))
     return parse_elf_report(document, label=f"{host.label}:{venv}")
+
+
+_CACHE_SCHEMA = "transplant.elfcache/1"
+_CACHE_MAX_ENTRIES = 20000  # as the script's CACHE_MAX_ENTRIES
+
+
+def _controller_cache_path(host: Host, venv: str) -> Path:
+    """``<controller state>/elf-cache/<sha256 of "host label:venv">.json``."""
+    from transplant.controller.state import default_state_dir
+
+    key = hashlib.sha256(f"{host.label}:{posixpath.normpath(venv)}".encode()).hexdigest()[:32]
+    return default_state_dir() / "elf-cache" / f"{key}.json"
+
+
+def _cache_options(host: Host, venv: str, elf_cache: str | Mapping[str, Any] | None) -> Any:
+    """The script's ``cache`` request option for :func:`read_elf_facts`'s ``elf_cache``."""
+    if os.environ.get("TRANSPLANT_HASH_CACHE", "1") == "0" or elf_cache is None:
+        return False
+    if isinstance(elf_cache, Mapping):
+        return dict(elf_cache)
+    if elf_cache == "venv":
+        return {"enabled": True, "store": "venv"}
+    if elf_cache != "controller":
+        raise ValueError(f"elf_cache must be 'venv', 'controller', a mapping or None, not {elf_cache!r}")
+    known: dict[str, Any] = {}
+    try:
+        document = json.loads(_controller_cache_path(host, venv).read_text())
+        if isinstance(document, dict) and document.get("schema") == _CACHE_SCHEMA and \
+                isinstance(document.get("entries"), dict):
+            known = document["entries"]
+    except (OSError, ValueError):
+        known = {}  # absent or unreadable: this run rebuilds it
+    return {"enabled": True, "store": "reply", "known": known}
+
+
+def _keep_controller_cache(host: Host, venv: str, sent: Any, report: Any) -> None:
+    """Merge the entries a ``store: reply`` run returned into the controller's file (atomically;
+    a failure only costs speed). Written only when the run read something."""
+    if not isinstance(report, dict) or not isinstance(report.get("entries"), dict):
+        return
+    fresh = report.pop("entries")
+    if not report.get("misses") and not report.get("read"):
+        return  # nothing new
+    known = sent.get("known") if isinstance(sent, dict) and isinstance(sent.get("known"), dict) else {}
+    merged = {**known, **fresh} if len(known) + len(fresh) <= _CACHE_MAX_ENTRIES else fresh
+    path = _controller_cache_path(host, venv)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"schema": _CACHE_SCHEMA, "entries": merged}, separators=(",", ":")))
+        os.replace(temporary, path)
+    except OSError:
+        return

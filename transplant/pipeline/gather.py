@@ -52,6 +52,12 @@ def _objects(dists: Sequence[Distribution]) -> list[str]:
                    if is_shared_object(p) and e.exists and e.symlink is None and not e.error})
 
 
+def _hashes(dists: Sequence[Distribution], files: Sequence[str]) -> dict[str, str]:
+    """``{file: "sha256=..."}`` for those of ``files`` the probe hashed (the ELF cache's keys)."""
+    wanted = set(files)
+    return {p: e.hash for d in dists for p, e in d.files.items() if p in wanted and e.hash}
+
+
 _IDENTITY = ("import os, sys\n"
              "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
              "except OSError:\n    boot = ''\n"
@@ -162,12 +168,16 @@ def gather(
     say("reading the shared objects on both hosts (pyelftools)")
     own_torch = [p for inv in (donor, target) for d in inv.distributions if d.name == "torch" for p in d.files
                  if is_shared_object(p)]
+    moving_objects, staying_objects = _objects(moving), _objects(staying)
+    # the ELF caches: the donor's on the controller (HostSource), the target's in its state folder
+    extra = {"hashes": _hashes(moving, moving_objects)} if isinstance(live, Host) else {}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        de = pool.submit(source.elf, _objects(moving), torch_symbols_skip=own_torch,
+        de = pool.submit(source.elf, moving_objects, torch_symbols_skip=own_torch,
                          device_code=bool(target.nvidia.gpus), versioned_symbols=True, numpy_abi=True,
-                         timeout=timeout)
-        te = pool.submit(read_elf_facts, target_host, m.target.venv, _objects(staying), torch_symbols_skip=own_torch,
-                         libstdcxx=True, versioned_symbols=True, numpy_abi=True, timeout=timeout)
+                         timeout=timeout, **extra)
+        te = pool.submit(read_elf_facts, target_host, m.target.venv, staying_objects, torch_symbols_skip=own_torch,
+                         libstdcxx=True, versioned_symbols=True, numpy_abi=True, timeout=timeout,
+                         elf_cache="venv", hashes=_hashes(staying, staying_objects))
         donor_elf, target_elf = de.result(), te.result()
     donor_elf, target_elf = look_up_symbols(donor, target, names, sorted(removed), donor_elf, target_elf,
                                             donor_source=source, target_source=as_source(target_host, m.target.venv),

@@ -32,6 +32,13 @@ Request (one JSON object on standard input):
   (``numpy_abi``: ``"1"``, ``"2"`` or ``""``; see :func:`numpy_abi`).
 * ``defined_by`` (optional): ``{REL: [names]}``: for each venv-relative library, the names it
   does not define (``null`` when it cannot be read).
+* ``cache`` (optional, default off): ``{"enabled": bool, "store": "venv"|"reply", "known": {...},
+  "racy_ns": int}``: reuse the facts of files whose content has not changed (:class:`ElfCache`),
+  kept in ``<venv>/.transplant/cache/elf.json`` (``store: venv``, for targets) or on the
+  controller (``store: reply``: the request carries the ``known`` entries, the reply returns the
+  entries of this run; nothing is written on the host, for donors). ``hashes``: ``{REL:
+  "sha256=..."}``, the content hashes the controller's probe already has for some files (the
+  cache's key for them).
 
 Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
 
@@ -45,10 +52,15 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
                      "versioned_undefined": {NEEDED: [names]}|null, "numpy_abi": "1"|"2"|""|null}},
      "libstdcxx": {"path": "/usr/lib/.../libstdc++.so.6.0.30", "versions": ["GLIBCXX_3.4", ...]}|null,
      "defined": {SYMBOL: bool}, "defined_in": [REL...], "defined_by": {REL: [names]|null},
-     "seconds": float}
+     "seconds": float,
+     "cache": {"enabled", "hits", "misses", "read": [REL...], "written", "error"?, "entries"?}}
+
+``cache.read`` lists every venv file whose content this run opened (the files the cache
+could not answer for). With a cache, the pyelftools sent is imported only when a file must be
+opened (a run the cache answers whole never compiles it); without one, at once.
 
 Design rules: Python 3.9+, standard library plus the pyelftools source it is sent,
-never writes anything. The controller parses the reply with
+writes nothing but its own cache in the venv's state folder, and only when asked to (a target's). The controller parses the reply with
 :func:`transplant.core.elf_facts.parse_elf_report`; it never imports this module.
 """
 
@@ -69,7 +81,8 @@ try:
 except ImportError:  # imported on the controller: the shared module beside this script
     from ._common import venv_prefix
 
-__all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_entries", "defined", "libstdcxx", "main"]
+__all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_entries", "defined", "libstdcxx", "ElfCache",
+           "main"]
 
 SCHEMA = "transplant.elf/1"
 ORIGIN = "<transplant>/"
@@ -155,12 +168,33 @@ def resolve(prefix, rel):
     return full, None
 
 
+_PENDING = {"modules": None, "error": None}  # the request's pyelftools, imported on first use
+
+
+class ElftoolsUnavailable(Exception):
+    """The pyelftools sent with the request could not be imported (main reports it and exits 1)."""
+
+
+def _elftools():
+    """Import the request's pyelftools the first time a file must be opened: a run the cache
+    answers whole never compiles it (about 0.3 s per run)."""
+    if ELFFile is None and _PENDING["error"] is None and _PENDING["modules"] is not None:
+        try:
+            load_elftools(_PENDING["modules"])
+        except Exception as exc:
+            _PENDING["error"] = exc
+    if _PENDING["error"] is not None:
+        raise ElftoolsUnavailable(str(_PENDING["error"]))
+
+
 def open_elf(full):
     """(open binary stream, ELFFile) of a regular ELF file.
 
     :raises ValueError: not a regular file, or not ELF (the message says which).
     :raises OSError: missing or unreadable.
+    :raises ElftoolsUnavailable: the request's pyelftools does not import.
     """
+    _elftools()
     if not stat.S_ISREG(os.stat(full).st_mode):
         raise ValueError("not a regular file")
     stream = open(full, "rb")
@@ -322,11 +356,30 @@ def facts(elf, torch_symbols, want_device_code, want_versioned=False, want_numpy
     }
 
 
-def describe(prefix, rel, torch_symbols=True, want_device_code=False, want_versioned=False, want_numpy=False):
-    """Reply object for one venv-relative file; any failure becomes its ``error``."""
+def describe(prefix, rel, torch_symbols=True, want_device_code=False, want_versioned=False, want_numpy=False,
+             cache=None):
+    """Reply object for one venv-relative file; any failure becomes its ``error``.
+
+    With a :class:`ElfCache`, a file whose content key is known is not opened; the facts of a
+    file read whole (no error) are kept under its key."""
     full, refused = resolve(prefix, rel)
     if refused:
         return {"error": refused}
+    cache = cache or ElfCache(prefix, None)
+    what = "facts:t{:d}d{:d}v{:d}n{:d}".format(bool(torch_symbols), bool(want_device_code), bool(want_versioned),
+                                                bool(want_numpy))
+    key = cache.key(rel, full, what)
+    known = cache.get(key)
+    if isinstance(known, dict):
+        return known
+    cache.opened(rel)
+    reply = _describe(full, torch_symbols, want_device_code, want_versioned, want_numpy)
+    if reply.get("error") is None:
+        cache.put(key, reply, full)
+    return reply
+
+
+def _describe(full, torch_symbols, want_device_code, want_versioned, want_numpy):
     try:
         stream, elf = open_elf(full)
     except OSError as exc:
@@ -364,28 +417,47 @@ def defined_names(elf, wanted):
     return {s.name for s in dynsym.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s.name in wanted}
 
 
-def defined(prefix, files, symbols):
+def defined(prefix, files, symbols, cache=None):
     """({symbol: defined by any of files}, [files searched: existing ELF files])."""
     answer = {name: False for name in symbols}
     searched = []
     for rel in files:
-        full, refused = resolve(prefix, rel)
-        if refused:
-            continue
-        try:
-            stream, elf = open_elf(full)
-        except Exception:
-            continue
         wanted = {name for name, found in answer.items() if not found}
-        try:
-            found = defined_names(elf, wanted) if wanted else set()
-        except Exception:
+        found = _defined_in(prefix, rel, wanted, cache or ElfCache(prefix, None))
+        if found is None:
             continue
-        finally:
-            stream.close()
         searched.append(rel)
         answer.update(dict.fromkeys(found, True))
     return answer, searched
+
+
+def _defined_in(prefix, rel, wanted, cache):
+    """The names of ``wanted`` that the library ``rel`` defines, or None when it cannot be read.
+
+    The answers are kept per name under the library's content key: a name asked before is not
+    looked up again, and the library is opened only for names never asked."""
+    full, refused = resolve(prefix, rel)
+    if refused:
+        return None
+    key = cache.key(rel, full, "symbols")
+    known = cache.get(key)
+    known = dict(known) if isinstance(known, dict) else {}
+    unknown = {name for name in wanted if name not in known}
+    if unknown:
+        cache.opened(rel)
+        try:
+            stream, elf = open_elf(full)
+        except Exception:
+            return None
+        try:
+            found = defined_names(elf, unknown)
+        except Exception:
+            return None
+        finally:
+            stream.close()
+        known.update((name, name in found) for name in unknown)
+        cache.put(key, known, full)
+    return {name for name in wanted if known.get(name)}
 
 
 #: Libraries of the C runtime and toolchain: their symbols are the platform rules' (glibc and
@@ -437,28 +509,150 @@ def versioned_undefined(elf, sections):
     return {file: sorted(names) for file, names in sorted(out.items())}
 
 
-def defined_by(prefix, queries):
+def defined_by(prefix, queries, cache=None):
     """{library: [names it does not define]} for ``{library: [names]}`` (venv-relative
     libraries); None for a library that cannot be read."""
     answer = {}
     for rel, names in sorted(queries.items()):
-        full, refused = resolve(prefix, rel)
-        if refused:
-            answer[rel] = None
-            continue
-        try:
-            stream, elf = open_elf(full)
-        except Exception:
-            answer[rel] = None
-            continue
-        try:
-            found = defined_names(elf, set(names))
-            answer[rel] = sorted(set(names) - found)
-        except Exception:
-            answer[rel] = None
-        finally:
-            stream.close()
+        found = _defined_in(prefix, rel, set(names), cache or ElfCache(prefix, None))
+        answer[rel] = None if found is None else sorted(set(names) - found)
     return answer
+
+
+CACHE_SCHEMA = "transplant.elfcache/1"
+RACY_NS = 2 * 10 ** 9
+CACHE_MAX_ENTRIES = 20000  # a venv has a few hundred to a few thousand shared objects
+
+
+class ElfCache(object):
+    """Facts of shared objects kept from one run to the next, keyed by the file's content.
+
+    The key of a file is the content hash the controller sends for it (``hashes``: the probe's,
+    itself cached by ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)``), else that stat
+    tuple itself (as git's index and the probe's hash cache do), followed by what was asked
+    (``facts:`` with the request's flags, or ``symbols``: the names looked up and whether the
+    file defines each). Changed bytes give another hash or another stat tuple: a miss, and the
+    file is read again. A file whose mtime or ctime lies within ``racy_ns`` of this run's start,
+    or that changed while it was read, is not stored ("racily clean", see the probe's hash
+    cache). The venv store is written only when this run missed (every entry kept, up to
+    :data:`CACHE_MAX_ENTRIES`, then only this run's), never through a symlinked or
+    escaping state folder; any error reading or writing it only turns it off for this run.
+    """
+
+    def __init__(self, prefix, options, hashes=None):
+        self.options = options if isinstance(options, dict) else {"enabled": bool(options)}
+        self.enabled = bool(options) and bool(self.options.get("enabled", True)) and prefix is not None
+        self.store = self.options.get("store", "venv")
+        self.racy_ns = int(self.options.get("racy_ns", RACY_NS))
+        self.started = time.time_ns()
+        self.hashes = hashes if isinstance(hashes, dict) else {}
+        self.entries, self.fresh = {}, {}
+        self.hits = self.misses = 0
+        self.read = []
+        self.error = None
+        self.path, self.prefix = None, prefix
+        if not self.enabled:
+            return
+        if self.store == "reply":
+            known = self.options.get("known")
+            self.entries = dict(known) if isinstance(known, dict) else {}
+            return
+        state = os.path.join(prefix, ".transplant")
+        if os.path.islink(state) or (os.path.exists(state) and
+                                     os.path.realpath(state) != os.path.join(os.path.realpath(prefix), ".transplant")):
+            self.enabled, self.error = False, "the state folder is a symlink or leaves the venv"
+            return
+        self.path = os.path.join(state, "cache", "elf.json")
+        try:
+            if os.path.isfile(self.path) and not os.path.islink(self.path):
+                with open(self.path, "r", encoding="utf-8") as handle:
+                    document = json.load(handle)
+                if isinstance(document, dict) and document.get("schema") == CACHE_SCHEMA and \
+                        isinstance(document.get("entries"), dict):
+                    self.entries = document["entries"]
+        except (OSError, ValueError) as exc:
+            self.error = "unreadable, rebuilt: {}".format(exc)[:200]
+
+    @staticmethod
+    def _stat(full):
+        try:
+            st = os.stat(full)
+        except OSError:
+            return None
+        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def key(self, rel, full, what):
+        """``<content>|<what>``, or None when the file cannot be keyed (missing) or the cache is off."""
+        if not self.enabled:
+            return None
+        digest = self.hashes.get(rel)
+        if isinstance(digest, str) and digest.startswith("sha256="):
+            return "{}|{}".format(digest, what)
+        st = self._stat(full)
+        if st is None:
+            return None
+        return "stat:{}|{}".format(":".join(map(str, st)), what)
+
+    def get(self, key):
+        """The value kept under ``key`` (counted as a hit), or None (a miss)."""
+        if key is None:
+            return None
+        value = self.entries.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.fresh[key] = value
+        return value
+
+    def opened(self, rel):
+        """Count ``rel`` as read (its content opened) in this run."""
+        if rel not in self.read:
+            self.read.append(rel)
+
+    def put(self, key, value, full):
+        """Keep ``value`` under ``key`` unless the file is racily clean or changed since it was keyed."""
+        if key is None:
+            return
+        st = self._stat(full)
+        if st is None or max(st[3], st[4]) >= self.started - self.racy_ns:
+            return
+        if key.startswith("stat:") and key[len("stat:"):].split("|", 1)[0] != ":".join(map(str, st)):
+            return
+        self.entries[key] = value
+        self.fresh[key] = value
+
+    def save(self):
+        """The reply's ``cache`` report; writes the venv store when this run read something."""
+        report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "read": list(self.read),
+                  "written": False}
+        if self.error:
+            report["error"] = self.error
+        if not self.enabled:
+            return report
+        if self.store == "reply":
+            report["entries"] = self.fresh
+            return report
+        if not self.misses:
+            return report
+        folder = os.path.dirname(self.path)
+        try:
+            for part in (os.path.dirname(folder), folder):
+                if not os.path.isdir(part):
+                    os.mkdir(part, 0o700)
+            if os.path.realpath(folder) != os.path.join(os.path.realpath(self.prefix), ".transplant", "cache"):
+                raise OSError("the cache folder is a symlink or leaves the venv")
+            temporary = "{}.{}.tmp".format(self.path, os.getpid())
+            # every entry kept (one plan asks facts, then symbols, in separate runs); past
+            # CACHE_MAX_ENTRIES only this run's, so that keys of bytes long gone do not pile up
+            kept = self.entries if len(self.entries) <= CACHE_MAX_ENTRIES else self.fresh
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump({"schema": CACHE_SCHEMA, "entries": kept}, handle, separators=(",", ":"))
+            os.replace(temporary, self.path)
+            report["written"] = True
+        except OSError as exc:
+            report["error"] = "not written: {}".format(exc)[:200]
+        return report
 
 
 #: The module NumPy's C-API headers import in ``_import_array()``: 2.x headers name
@@ -534,35 +728,49 @@ def libstdcxx():
     return {"path": path, "versions": versions}
 
 
+def _unavailable():
+    exc = _PENDING["error"]
+    sys.stderr.write("elf_facts: cannot import the pyelftools sent with the request in Python {}: {}: {}\n"
+                     .format(".".join(map(str, sys.version_info[:3])), type(exc).__name__, exc))
+    return 1
+
+
 def main(argv):
     started = time.monotonic()
     request = json.load(sys.stdin)
-    try:
-        load_elftools(request.get("modules") or {})
-    except Exception as exc:
-        sys.stderr.write("elf_facts: cannot import the pyelftools sent with the request in Python {}: {}: {}\n"
-                         .format(".".join(map(str, sys.version_info[:3])), type(exc).__name__, exc))
-        return 1
+    _PENDING["modules"] = request.get("modules") or {}
+    if not request.get("cache"):
+        # without a cache every file is read: import at once, so that a bad pyelftools fails early
+        try:
+            _elftools()
+        except ElftoolsUnavailable:
+            pass  # reported below, before any reply
+    if _PENDING["error"] is not None:
+        return _unavailable()
     prefix = venv_prefix()
     torch_symbols = request.get("torch_symbols", True)
     want_device_code = request.get("device_code", False)
     skip = set(request.get("torch_symbols_skip") or [])
     want_versioned = request.get("versioned_symbols", False)
     want_numpy = request.get("numpy_abi", False)
+    cache = ElfCache(prefix, request.get("cache"), request.get("hashes"))
     files = {rel: describe(prefix, rel, torch_symbols and rel not in skip, want_device_code, want_versioned,
-                           want_numpy)
+                           want_numpy, cache)
              for rel in request.get("files") or []}
     query = request.get("defined") or {}
-    answer, searched = defined(prefix, query.get("files") or [], query.get("symbols") or [])
+    answer, searched = defined(prefix, query.get("files") or [], query.get("symbols") or [], cache)
     reply = {
         "schema": SCHEMA,
         "files": files,
         "libstdcxx": libstdcxx() if request.get("libstdcxx") else None,
         "defined": answer,
         "defined_in": searched,
-        "defined_by": defined_by(prefix, request.get("defined_by") or {}),
+        "defined_by": defined_by(prefix, request.get("defined_by") or {}, cache),
         "seconds": round(time.monotonic() - started, 6),
     }
+    reply["cache"] = cache.save()
+    if _PENDING["error"] is not None:
+        return _unavailable()
     sys.stdout.write(json.dumps(reply) + "\n")
     return 0
 

@@ -35,7 +35,8 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   for targets) or on the controller (``store: reply``: the request carries the ``known``
   entries and the reply returns this run's ``entries``; nothing is written on the host, for
   donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
-  "written", "error"?, "entries"?}``.
+  "written", "error"?, "entries"?}`` (``entries`` only from a ``store: reply`` run that hashed
+  something: otherwise the controller's file already holds every entry used).
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), writes nothing but its own hash cache
@@ -118,6 +119,9 @@ def _real(folder):
     return real
 
 
+_BASES = {}  # prefix -> its normalised form with one trailing "/" ("" for a relative prefix)
+
+
 def _inside(prefix, path):
     """Path relative to prefix (POSIX), or None when it escapes the prefix.
 
@@ -125,9 +129,11 @@ def _inside(prefix, path):
     must stay inside the prefix: a symlinked folder pointing elsewhere counts as escaping.
     """
     norm = os.path.normpath(path)
-    if os.path.isabs(norm) and os.path.isabs(prefix) and os.sep == "/":
+    base = _BASES.get(prefix)
+    if base is None:
+        base = _BASES[prefix] = os.path.normpath(prefix).rstrip("/") + "/" if os.path.isabs(prefix) else ""
+    if base and os.sep == "/" and norm.startswith("/"):
         # The common case, without relpath's abspath/commonprefix work per file.
-        base = os.path.normpath(prefix).rstrip("/") + "/"
         if not norm.startswith(base):
             return None
         rel = norm[len(base):]
@@ -205,10 +211,13 @@ def _record(dist_dir, site, prefix, hashed):
             "record_size": record_size,
         }
         if entry["venv_path"] is not None:
-            entry.update(_file_facts(full, False))
+            facts, st = _file_facts_stat(full)
+            entry.update(facts)
             if hashed and "size" in entry:
                 script = entry["venv_path"].startswith(_OPTIONS["scripts"] + "/")
-                _HASH_JOBS.append((entry, full, script))
+                # the lstat just taken is the hash cache's key: no second lstat per file
+                _HASH_JOBS.append((entry, full, script, [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                                          st.st_ctime_ns]))
         entries.append(entry)
     own = _inside(prefix, os.path.join(dist_dir, "RECORD")) if hashed else None
     for entry in entries:
@@ -279,21 +288,31 @@ def _run_hash_jobs():
         return
     cache = _HashCache(_OPTIONS.get("prefix"), _OPTIONS.get("hash_cache", True))
 
-    def work(job):
-        entry, full, script = job
-        key = cache.key(full)
+    def fill(entry, facts):
+        digest, head, body = facts
+        entry["hash"] = digest
+        if head is not None:
+            entry["head"], entry["body_hash"] = head, body
+
+    # the cache's answers first, in this thread (a thread per known file costs more than the lookup)
+    misses = []
+    for entry, full, script, key in jobs:
         known = cache.get(entry["venv_path"], key)
         if known is not None:
-            return known
+            fill(entry, known)
+        else:
+            misses.append((entry, full, script, key))
+
+    def work(job):
+        entry, full, script, key = job
         facts = _script_facts(full) if script else (file_hash(full)[0], None, None)
         cache.put(entry["venv_path"], key, facts, entry.get("size") or 0)
         return facts
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        for (entry, _, _), (digest, head, body) in zip(jobs, pool.map(work, jobs)):
-            entry["hash"] = digest
-            if head is not None:
-                entry["head"], entry["body_hash"] = head, body
+    if misses:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            for job, facts in zip(misses, pool.map(work, misses)):
+                fill(job[0], facts)
     _OPTIONS["hash_cache_report"] = cache.save()
 
 
@@ -344,14 +363,6 @@ class _HashCache(object):
         except (OSError, ValueError) as exc:
             self.error = "unreadable, rebuilt: {}".format(exc)[:200]
 
-    @staticmethod
-    def key(full):
-        try:
-            st = os.lstat(full)
-        except OSError:
-            return None
-        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
     def get(self, rel, key):
         if not self.enabled or key is None:
             return None
@@ -377,7 +388,8 @@ class _HashCache(object):
         if self.error:
             report["error"] = self.error
         if self.enabled and self.store == "reply":
-            report["entries"] = self.fresh
+            if self.misses:  # with none, the controller's file already holds every entry used
+                report["entries"] = self.fresh
             return report
         if not self.enabled or self.hashed_bytes < self.min_bytes or not self.misses:
             return report
@@ -414,21 +426,27 @@ _RACY_NS = 2 * 10 ** 9
 
 def _file_facts(full, hashed):
     """Presence, kind, mode and (when hashed) content facts of one file."""
+    facts, _ = _file_facts_stat(full)
+    if hashed and "size" in facts:
+        facts["hash"], _ = file_hash(full)
+    return facts
+
+
+def _file_facts_stat(full):
+    """(presence, kind, mode and size facts of one file, its ``os.lstat`` result or None)."""
     try:
         st = os.lstat(full)
     except OSError:
-        return {"exists": False}
+        return {"exists": False}, None
     facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
     if stat.S_ISLNK(st.st_mode):
         facts["symlink"] = os.readlink(full)
-        return facts
+        return facts, st
     if not stat.S_ISREG(st.st_mode):
         facts["not_a_file"] = True
-        return facts
+        return facts, st
     facts["size"] = st.st_size
-    if hashed:
-        facts["hash"], _ = file_hash(full)
-    return facts
+    return facts, st
 
 
 def _direct_url(dist_dir):

@@ -35,6 +35,8 @@ class EnvironmentAfter:
     :ivar changed: the names whose files apply copies or removes (from the plan's changes);
         None (rules tested on plain data) derives it from versions: added, removed, another
         version, or another dist-info folder.
+    :ivar left: venv-relative paths overlaid distributions list but do not carry: another
+        distribution wrote them last on both sides (``_written_by_others`` in the planner).
     """
 
     donor: Inventory
@@ -48,6 +50,7 @@ class EnvironmentAfter:
     manifest: str = "the manifest"
     before: Mapping[NormalizedName, Distribution] = field(default_factory=dict)
     changed: frozenset[str] | None = None
+    left: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.before:

@@ -263,10 +263,12 @@ def drift_findings(env: EnvironmentAfter) -> list[Finding]:
 
     On the target, a console script that is the donor's relocated by apply (its shebang
     rewritten for the target's prefix, :func:`_relocated_here`) is not a local edit and is
-    not reported; apply sets its RECORD row to the file as written."""
+    not reported; apply sets its RECORD row to the file as written. Files the planner leaves
+    (``env.left``: another distribution wrote them last, on both sides) are not reported either."""
     out = []
-    donor_skip = {f"{env.donor.site_packages}/{d}" for d in env.patch_dests}
-    target_skip = {f"{env.target.site_packages}/{d}" for d in env.patch_dests}
+    # a file another distribution wrote last on both sides (env.left) is that one's, not drift
+    donor_skip = {f"{env.donor.site_packages}/{d}" for d in env.patch_dests} | env.left
+    target_skip = {f"{env.target.site_packages}/{d}" for d in env.patch_dests} | env.left
     for name in env.overlaid:
         dist = env.after[name]
         changed, _ = _drifted(dist, donor_skip)
