@@ -111,7 +111,6 @@ def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
     source is kept as it is.
 
     :param reporter: passed to :func:`capture` (its steps, the bytes read from the donor).
-
     :raises HostError: the donor could not be read; :raises SnapshotError: as :func:`capture`.
     """
     if not isinstance(opened.source, HostSource):
