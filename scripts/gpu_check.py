@@ -43,6 +43,7 @@ from rich.console import Console  # noqa: E402
 from transplant.hosts.host import HostSpec, connect  # noqa: E402
 from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings  # noqa: E402
 from transplant.hosts.probing import take_inventory  # noqa: E402
+from transplant.cli.progress import Shown  # noqa: E402
 from transplant.cli.render import stages_table, verify_json, verify_junit  # noqa: E402
 from transplant.verify.judges import overall_ok  # noqa: E402
 from transplant.verify.runner import run_stages  # noqa: E402
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 serve=ServeCheck(command=SERVE, timeout=args.timeout) if sglang else None)
             with console.status("verifying") as status:
                 results = run_stages(settings, target=host, venv=venv,
-                                     announce=lambda name: status.update(f"gpu-check: {name}"))
+                                     reporter=Shown(step=lambda name: status.update(f"gpu-check: {name}")))
     label = f"local:{venv}"
     console.print(stages_table(results, f"gpu-check {label}"))
     by = {r.name: r for r in results}

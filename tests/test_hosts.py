@@ -12,6 +12,7 @@ import pytest
 from transplant.errors import HostError
 from transplant.hosts.host import LOCAL, HostSpec, LocalHost, SSHHost, SSHOptions, connect
 from transplant.hosts.transfer import TransferResult, check_relpath, copy_files
+from transplant.reporting import RecordingReporter
 
 # -- HostSpec (pure) -------------------------------------------------------------------
 
@@ -237,11 +238,12 @@ def test_copy_local_to_ssh(lab, lab_connect, tmp_path):
     relpaths = _tree(src, files)
     (src / "bin/tool").chmod(0o755)
     (src / "not-listed").write_bytes(b"stays home")
-    seen = []
+    recorded = RecordingReporter()
     result = copy_files(
         LocalHost(), str(src), lab_connect("target"), "/srv/l2s/venv", relpaths,
-        staging=tmp_path / "staging", progress=lambda done, total: seen.append((done, total)),
+        staging=tmp_path / "staging", reporter=recorded,
     )  # fmt: skip
+    seen = [e[1:] for e in recorded.events if e[0] == "progress"]
     assert isinstance(result, TransferResult)
     assert result.files == 3
     assert result.bytes >= 300_000

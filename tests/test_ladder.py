@@ -23,7 +23,8 @@ from transplant.hosts.host import HostSpec, connect
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.core.manifest import ServeCheck, VerifySettings
 from transplant.hosts.probing import take_inventory
-from transplant.verify.runner import run_stages
+from transplant.reporting import RecordingReporter
+from transplant.verify.runner import STAGES, run_stages
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
@@ -153,12 +154,15 @@ def _by_name(results):
 
 def test_sound_venv_passes_each_stage_and_skips_what_has_no_settings(built, local, tmp_path):
     settings = VerifySettings(overlay=("fakecuda",), env=_env(built, tmp_path), timeout=120)
-    seen = []
-    results = run_stages(settings, target=local, venv=built["good"], announce=seen.append)
+    recorded = RecordingReporter()
+    results = run_stages(settings, target=local, venv=built["good"], reporter=recorded)
+    seen = recorded.steps()
     by = _by_name(results)
     assert [r.name for r in results] == ["interpreter", "imports", "native-load", "library-provenance", "requirements",
                                          "server-args", "smoke", "serve", "jit-caches"]
     assert seen == [r.name for r in results]
+    done = [e[1:] for e in recorded.events if e[0] == "progress"]
+    assert [d for d, _ in done] == sorted(d for d, _ in done) and done[-1] == (len(STAGES), len(STAGES))
     assert by["interpreter"].status == "pass" and "no donor interpreter to compare with" in by["interpreter"].reason
     # the import name comes from fakecuda's RECORD (the wheel has no top_level.txt)
     assert by["imports"].reason == "1 imports: fakecuda 1.0"

@@ -8,7 +8,7 @@ count too):
 - the pure core (``transplant.core`` and the verify ladder's pure modules) imports only the core,
   ``transplant.errors`` and the host scripts' stdlib-only shared module (RECORD's hash form, pip's
   script head: one definition for both sides);
-- ``transplant.errors`` and ``transplant.exitcodes`` import only ``transplant.errors``;
+- ``transplant.errors``, ``transplant.exitcodes`` and ``transplant.reporting`` import only ``transplant.errors``;
 - no edge imports the face (``transplant.cli``);
 - no import circle between the packages (``transplant.core``, ``transplant.hosts``, ...).
 
@@ -31,7 +31,7 @@ PACKAGE = Path(transplant.__file__).parent
 
 #: Modules of the pure core outside ``transplant.core``: plain data in, plain data out.
 PURE = ("transplant.core", "transplant.verify.judges", "transplant.verify.ladder")
-BASE = ("transplant.errors", "transplant.exitcodes")
+BASE = ("transplant.errors", "transplant.exitcodes", "transplant.reporting")
 
 
 def _module(path: Path, root: Path) -> str:

@@ -189,7 +189,7 @@ def test_controller_killed_at_a_random_moment(world, capsys, index):
 
 def test_a_live_lock_is_refused_with_who_holds_it(world, capsys):
     venv, m = world["target"]("locked")
-    txn.acquire(LocalHost(), str(venv), "20260101T000000Z-feedbeef", "transplant apply other.yaml", say=print)
+    txn.acquire(LocalHost(), str(venv), "20260101T000000Z-feedbeef", "transplant apply other.yaml")
     try:
         assert main(["apply", m, "--yes"]) == 1
         out = " ".join(capsys.readouterr().out.split())

@@ -29,11 +29,9 @@ from transplant.core.plan import Plan
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
 from transplant.hosts.transfer import copy_files
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "new_transaction_id"]
-
-Progress = Callable[[str, int, int], None]
-
 
 @dataclass(frozen=True, kw_only=True)
 class ApplyResult:
@@ -109,9 +107,8 @@ def execute(
     target: Host,
     manifest_dir: Path,
     state_dir: Path,
-    progress: Progress | None = None,
+    reporter: Reporter = QUIET,
     timeout: float | None = None,
-    say: Callable[[str], None] = lambda _line: None,
     break_lock: bool = False,
     crash_after: int | None = None,
     orphan_at: int | None = None,
@@ -122,7 +119,7 @@ def execute(
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
     Lock the target; record the outcome of a commit its host script completed after its
-    controller died (:func:`transplant.apply.txn.record_completed`, said through ``say``); refuse
+    controller died (:func:`transplant.apply.txn.record_completed`, said through ``reporter``); refuse
     while an earlier transaction there is interrupted, and refuse a
     stale plan (the target, probed again as the plan read it, has another fingerprint); check free
     space and writability and record the state before (nothing is written before these
@@ -138,10 +135,10 @@ def execute(
     :param donor: connected donor host; :param target: connected target host.
     :param manifest_dir: folder the patch sources are relative to.
     :param state_dir: the controller's state folder (staging for relayed copies).
-    :param progress: called with (step name, bytes done, bytes in all) while files are copied
-        (``files``, ``patches``), and with (``commit``, 0, 0) and (``check``, 0, 0) when those start.
+    :param reporter: told the steps ``files`` and ``patches`` (each with its bytes done of all
+        while rsync copies it; only those that copy something), ``commit`` and ``check`` as they
+        start, and a note for each notice (a stale lock broken, a commit completed earlier).
     :param timeout: seconds for each transfer; None waits without limit.
-    :param say: called with a line for each notice (a stale lock broken).
     :param break_lock: take the lock even when another controller holds it.
     :param crash_after: testing hook: the commit kills itself (SIGKILL) before that step.
     :param orphan_at: testing hook: the commit waits before that step until this process is
@@ -153,7 +150,7 @@ def execute(
         ``transplant recover``; None records none.
     :param stager: puts the donor files into the staging folder instead of rsync from ``donor``
         (a registry snapshot: :meth:`transplant.donor.registry_snapshot.RegistrySource.stage`, called as
-        ``stager(target, venv, staged, paths, staging=, timeout=, say=)`` -> (bytes through the
+        ``stager(target, venv, staged, paths, staging=, timeout=, reporter=)`` -> (bytes through the
         controller, files)); None copies with rsync.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
         target is no longer the one the plan was made against (checked under the lock,
@@ -179,11 +176,11 @@ def execute(
         steps.append((name, now - mark))
         mark = now
 
-    txn.acquire(target, venv, txid, f"transplant apply {plan.manifest}", say=say, break_lock=break_lock)
+    txn.acquire(target, venv, txid, f"transplant apply {plan.manifest}", reporter=reporter, break_lock=break_lock)
     try:
         pending = txn.interrupted(target, venv)
         for completed in txn.record_completed(target, venv):
-            say(completed.describe())
+            reporter.note(completed.describe())
         if pending:
             raise ApplyError(
                 f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
@@ -203,7 +200,7 @@ def execute(
             **({"recipe": recipe} if recipe is not None else {})}})
         try:
             moved, copied = _stage(plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir,
-                                   state_dir, progress, timeout, stager=stager, say=say)
+                                   state_dir, reporter, timeout, stager=stager)
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
@@ -233,16 +230,14 @@ def execute(
         lap("transfer")
         extra = {key: value for key, value in (("crash_after", crash_after), ("orphan_at", orphan_at))
                  if value is not None}
-        if progress is not None:
-            progress("commit", 0, 0)
+        reporter.step("commit")
         try:
             done = txn.call(target, venv, "commit", {"id": txid, "lock": txid, **extra})
         except TransplantError as exc:
             raise TransplantError(f"{exc.message}\n(transaction {txid} is interrupted part-way through its commit)",
                                   hint=_FINISH.format(manifest=shlex.quote(plan.manifest))) from exc
         lap("commit")
-        if progress is not None:
-            progress("check", 0, 0)
+        reporter.step("check")
         mismatches = txn.check_state(target, venv, expected)
         lap("check")
         outcome = "applied" if not mismatches else "differs"
@@ -307,8 +302,8 @@ def _begin_error(plan: Plan, reply: dict) -> ApplyError:
 
 
 def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
-           progress: Progress | None, timeout: float | None, *, stager: Callable[..., tuple[int, int]] | None = None,
-           say: Callable[[str], None] = lambda _line: None) -> tuple[int, int]:
+           reporter: Reporter, timeout: float | None, *,
+           stager: Callable[..., tuple[int, int]] | None = None) -> tuple[int, int]:
     """Copy the plan's new files into the transaction's staging folder on the target;
     returns (bytes on the wire, files)."""
     staging = state_dir / "staging"
@@ -316,21 +311,20 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
     donor_files = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
     moved = copied = 0
 
-    def report(step: str) -> Callable[[int, int], None] | None:
-        return None if progress is None else (lambda done, total: progress(step, done, total))
-
     if donor_files and stager is not None:
-        moved, copied = stager(target, plan.target.venv, staged, donor_files, staging=staging, timeout=timeout, say=say)
+        moved, copied = stager(target, plan.target.venv, staged, donor_files, staging=staging, timeout=timeout, reporter=reporter)
     elif donor_files:
+        reporter.step("files")
         result = copy_files(donor, donor_root, target, staged, donor_files, staging=staging,
-                            progress=report("files"), timeout=timeout)
+                            reporter=reporter, timeout=timeout)
         moved, copied = result.bytes, len(donor_files)
     patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))
     try:
         patch_paths = _stage_patches(plan, manifest_dir, patch_dir)
         if patch_paths:
+            reporter.step("patches")
             result = copy_files(LocalHost(), str(patch_dir), target, staged, patch_paths, staging=staging,
-                                progress=report("patches"), timeout=timeout)
+                                reporter=reporter, timeout=timeout)
             moved += result.bytes
             copied += len(patch_paths)
     finally:

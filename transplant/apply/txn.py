@@ -8,7 +8,7 @@ import posixpath
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 from transplant.errors import TransactionError
 from transplant.hosts.host import Host
 from transplant.hosts.probing import ScriptSession, run_script
+from transplant.reporting import QUIET, Reporter
 
 __all__ = [
     "TransactionError",
@@ -36,7 +37,6 @@ __all__ = [
     "undo",
 ]
 
-Say = Callable[[str], None]
 
 
 #: The applier sessions open now, by (host, venv): every :func:`call` for that venv inside a
@@ -159,7 +159,8 @@ def _holder(raw: Any) -> Holder | None:
                   command=text(raw.get("command")), alive=alive)
 
 
-def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_lock: bool = False) -> None:
+def acquire(host: Host, venv: str, txid: str, command: str, *, reporter: Reporter = QUIET,
+            break_lock: bool = False) -> None:
     """Take the target's lock for transaction ``txid``.
 
     A lock whose holder ran on this controller and is gone is broken, and said so; one from
@@ -169,11 +170,12 @@ def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_l
     From here to :func:`release`, every operation on ``venv`` goes through one applier
     process (:func:`session`), unless a session was open already.
 
+    :param reporter: told a note when a lock is broken.
     :raises TransactionError: the lock is held (the message names the holder and since when).
     """
     opened = _enter(host, venv)
     try:
-        _acquire(host, venv, txid, command, say=say, break_lock=break_lock)
+        _acquire(host, venv, txid, command, reporter=reporter, break_lock=break_lock)
     except BaseException:
         if opened:
             _leave(host, venv)
@@ -183,7 +185,7 @@ def acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_l
             _WITH_LOCK.add(_key(host, venv))
 
 
-def _acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_lock: bool) -> None:
+def _acquire(host: Host, venv: str, txid: str, command: str, *, reporter: Reporter, break_lock: bool) -> None:
     request = {"id": txid, "controller": socket.gethostname(), "pid": os.getpid(), "command": command}
     label = f"{host.label}:{venv}"
     reply = call(host, venv, "lock", request, check=False)
@@ -200,7 +202,7 @@ def _acquire(host: Host, venv: str, txid: str, command: str, *, say: Say, break_
             hint=f"wait for it to finish, or stop it first (kill {holder.pid}), then run the command again")
     if (holder is not None and holder.alive is False) or break_lock:
         why = "its holder is gone" if holder is not None and holder.alive is False else "--break-lock was given"
-        say(f"breaking the lock of {label} ({why}): {holder.describe() if holder else 'an unreadable lock file'}")
+        reporter.note(f"breaking the lock of {label} ({why}): {holder.describe() if holder else 'an unreadable lock file'}")
         broke = call(host, venv, "break-lock", {"expect": holder.id if holder else None}, check=False)
         if broke.get("ok") and call(host, venv, "lock", request, check=False).get("ok"):
             return
@@ -226,16 +228,18 @@ def release(host: Host, venv: str, txid: str) -> None:
             _leave(host, venv)
 
 
-def interrupted(host: Host, venv: str, *, say: Say | None = None, wait: float = 600.0) -> list[dict[str, Any]]:
+def interrupted(host: Host, venv: str, *, reporter: Reporter = QUIET, wait: float = 600.0) -> list[dict[str, Any]]:
     """Transactions on the target that started and did not end (``staging``, ``committing``,
     ``rolling-back``), oldest first.
 
     A commit or rollback still running there (its controller died, the host script lives
     on) is waited for first, up to ``wait`` seconds, so nothing races it.
 
+    :param reporter: told a note, once, when it waits.
     :raises TransactionError: it still runs after ``wait`` seconds.
     """
     deadline = time.monotonic() + wait
+    said = False
     while True:
         reply = call(host, venv, "pending", {})
         if reply.get("active") is None:
@@ -243,9 +247,9 @@ def interrupted(host: Host, venv: str, *, say: Say | None = None, wait: float = 
         if time.monotonic() > deadline:
             raise TransactionError(f"{host.label}:{venv}: a commit or rollback (pid {reply['active']}) is still "
                                    f"running there after {wait:g} s", hint="wait for it, then run the command again")
-        if say is not None:
-            say(f"waiting for the commit or rollback still running on {host.label} (pid {reply['active']})")
-            say = None
+        if not said:
+            reporter.note(f"waiting for the commit or rollback still running on {host.label} (pid {reply['active']})")
+            said = True
         time.sleep(0.5)
 
 
@@ -385,7 +389,7 @@ def history(host: Host, venv: str) -> dict[str, Any]:
     return {"transactions": reply.get("transactions", []), "events": reply.get("events", [])}
 
 
-def undo(host: Host, venv: str, *, to: str | None, say: Say, lock: str, force: bool = False,
+def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, lock: str, force: bool = False,
          listing: str = "transplant history MANIFEST") -> list[str]:
     """Roll back committed transactions, newest first: the newest one (``to`` None), or every
     one after ``to``, so the target returns to the state recorded before them, hash for hash.
@@ -393,6 +397,8 @@ def undo(host: Host, venv: str, *, to: str | None, say: Say, lock: str, force: b
     Before undoing one, its files must still be as it left them (else another change
     happened since: refused unless ``force``).
 
+    :param reporter: told a step ``rolling back <id>`` as each starts, then the transactions
+        rolled back of all chosen (items).
     :param listing: the command that lists the transactions, for the hint.
     :returns: the ids rolled back.
     :raises TransactionError: ``to`` is unknown, nothing to roll back, the target drifted,
@@ -417,7 +423,8 @@ def undo(host: Host, venv: str, *, to: str | None, say: Say, lock: str, force: b
             raise TransactionError(
                 f"{label}: transaction {txid}'s files changed since it was applied; rolling it back would lose that",
                 hint="look at the files listed; add --force to roll back anyway", mismatches=drifted)
-        say(f"rolling back {txid}")
+        reporter.step(f"rolling back {txid}")
         finish(host, venv, txid, "rollback", lock=lock)
         done.append(txid)
+        reporter.progress(len(done), len(chosen))
     return done

@@ -5,6 +5,10 @@ shows nothing, so a step of minutes would be silent; there every step prints pla
 instead: when it starts, every :data:`EVERY` seconds how far it is, and when it ends with its
 seconds. A byte transfer's bar has a fixed total (the plan's bytes), its rate and the time
 left, and names the steps after the copy (the commit, the check) while they run.
+
+Both are the face's side of the one reporting protocol (:class:`transplant.reporting.Reporter`):
+:class:`Shown` sends an edge's notes and steps where a command shows them (a printed line, a
+spinner's text), :class:`ByteProgress` is apply's reporter (the bar).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 
-__all__ = ["step", "ByteProgress", "EVERY"]
+__all__ = ["step", "Shown", "printer", "ByteProgress", "EVERY"]
 
 #: Seconds between two plain progress lines off a terminal.
 EVERY = 30.0
@@ -26,6 +30,32 @@ EVERY = 30.0
 
 def _plain(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def printer(console: Console, **options: object) -> Callable[[str], None]:
+    """``line -> console.print(line, markup=False, **options)``: a note or step as a plain line."""
+    return lambda line: console.print(line, markup=False, **options)  # type: ignore[arg-type]
+
+
+class Shown:
+    """A :class:`transplant.reporting.Reporter` for one command: each note goes to ``note`` and
+    each step's name to ``step`` (a printer, a spinner's ``update``), or nowhere when None;
+    progress is not shown (the spinner counts seconds; apply's bytes are :class:`ByteProgress`'s).
+    """
+
+    def __init__(self, *, note: Callable[[str], None] | None = None, step: Callable[[str], None] | None = None):
+        self._note, self._step = note, step
+
+    def note(self, text: str) -> None:
+        if self._note is not None:
+            self._note(text)
+
+    def step(self, name: str) -> None:
+        if self._step is not None:
+            self._step(name)
+
+    def progress(self, done: int, total: int) -> None:
+        pass
 
 
 @contextmanager
@@ -69,10 +99,11 @@ def step(console: Console, label: str, *, count: Callable[[], str] | None = None
 class ByteProgress:
     """apply's copy, then its commit and check: one bar of ``total`` bytes (fixed: the plan's).
 
-    ``report(step, done, total)`` is :func:`transplant.apply.execute`'s progress callback:
-    ``files`` and ``patches`` with rsync's own (done, total), which grows while rsync scans, so
-    it is mapped onto this bar's share of that step (``shares``); ``commit`` and ``check``
-    (0, 0) when those steps start. Use it as a context manager.
+    The reporter :func:`transplant.apply.execute` is given (:class:`transplant.reporting.Reporter`):
+    the steps ``files`` and ``patches`` with rsync's own (done, total), which grows while rsync
+    scans, so it is mapped onto this bar's share of that step (``shares``); the steps ``commit``
+    and ``check`` as they start; each note printed as a line. Each call comes down to
+    ``report(step, done, total)`` (commit and check with (0, 0)). Use it as a context manager.
 
     :param shares: bytes of each copy step (``{"files": donor bytes, "patches": patch bytes}``).
     """
@@ -84,6 +115,7 @@ class ByteProgress:
         self._progress: Progress | None = None
         self._task = None
         self._step = None
+        self._current = ""  # the step the protocol's progress belongs to
 
     def __enter__(self) -> ByteProgress:
         if self.console.is_terminal:
@@ -104,6 +136,20 @@ class ByteProgress:
     def _human(count: float) -> str:
         from transplant.core.units import human_bytes
         return human_bytes(int(count))
+
+    def note(self, text: str) -> None:
+        """A notice (a stale lock broken, a registry pull), printed as a line."""
+        self.console.print(text, markup=False)
+
+    def step(self, name: str) -> None:
+        """``files``, ``patches`` (their bytes follow), ``commit``, ``check``."""
+        self._current = name
+        if name in ("commit", "check"):
+            self.report(name, 0, 0)
+
+    def progress(self, done: int, total: int) -> None:
+        """Bytes of the current copy step."""
+        self.report(self._current, done, total)
 
     def report(self, step: str, done: int, total: int) -> None:
         """The callback (see the class docstring)."""

@@ -100,9 +100,11 @@ class Session:
     def donor(self, *, quiet: bool = False) -> Opened:
         """Open the donor source (the manifest's donor, else its first fallback that works) and say which."""
         if self._donor is None:
-            say = (lambda line: self.console.print(line, style="yellow", markup=False, highlight=False))
+            from transplant.cli.progress import Shown, printer
+
+            shown = Shown(note=printer(self.console, style="yellow", highlight=False))
             with self.console.status("opening the donor"):
-                self._donor = open_donor(self.manifest, self.ssh, self.stack, say=say)
+                self._donor = open_donor(self.manifest, self.ssh, self.stack, reporter=shown)
             self.manifest = self._donor.manifest
             if not quiet:
                 self.console.print(f"donor source: {self._donor.source.label} ({self._donor.why})", markup=False,
@@ -118,8 +120,10 @@ class Session:
         if self.clone_pending():  # plan against the base: the clone will hold its files
             assert m.target.base is not None
             m, target_host = replace(m, target=m.target.base), self.base_host()
+        from transplant.cli.progress import Shown
+
         with self.console.status("probing") as status:
-            return plan_target(m, source, target_host, patches=patches, step=lambda line: status.update(line))
+            return plan_target(m, source, target_host, patches=patches, reporter=Shown(step=status.update))
 
 
 def parse_location(text: str) -> tuple[HostSpec, str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import posixpath
 import shlex
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +35,12 @@ from transplant.core.relocation import Leftovers, Relocation, check_clone_paths,
     missing_parents, preflight
 from transplant.core.rules.venvfiles import editable_sources, pth_paths
 from transplant.hosts.transfer import copy_tree
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["CloneResult", "clone", "venv_exists", "STATE"]
 
 #: transplant's state folder inside a venv; never copied into a clone.
 STATE = ".transplant"
-
-Say = Callable[[str], None]
-
 
 @dataclass(frozen=True, kw_only=True)
 class CloneResult:
@@ -162,7 +159,7 @@ def clone(
     *,
     state_dir: Path,
     replace: bool = False,
-    say: Say | None = None,
+    reporter: Reporter = QUIET,
     timeout: float | None = 3600.0,
 ) -> CloneResult:
     """Clone ``src:src_venv`` to ``dst:dst_venv`` and relocate it, as the module docstring says.
@@ -172,7 +169,8 @@ def clone(
     :param state_dir: the controller's state folder (the relay between two SSH hosts).
     :param replace: delete a venv (a folder holding ``pyvenv.cfg``) at the destination first;
         without it an existing non-empty destination is refused.
-    :param say: called with a line per step, or None.
+    :param reporter: told a line per step as it starts, a note per warning, and the bytes
+        copied (``rsync``, between two hosts).
     :param timeout: seconds for each host command and for the copy.
     :returns: what was done and what the clone still names of the old prefix (the caller
         decides whether leftovers fail the command).
@@ -182,7 +180,6 @@ def clone(
     :raises HostError: a host could not be reached.
     """
     started = time.monotonic()
-    tell = say or (lambda _line: None)
     same_host = src is dst or (src.spec == dst.spec)
     try:
         check_venv_path(src_venv, "the source venv")
@@ -193,11 +190,11 @@ def clone(
                               hint="give absolute, normalised paths: transplant clone HOST:/path/venv HOST:/new/venv"
                               ) from None
     source, dest = _label(src, src_venv), _label(dst, dst_venv)
-    tell(f"reading the source {source}")
+    reporter.step(f"reading the source {source}")
     facts = _read_source(src, src_venv, timeout)
     scanned, interp = facts.scan, facts.inventory.interpreter
     relocation = decide(facts.prefix, dst_venv, scanned)
-    tell(f"checking the destination {dest}")
+    reporter.step(f"checking the destination {dest}")
     home = (interp.pyvenv_cfg or {}).get("home")
     wanted = sorted(set(facts.editable) | set(facts.pth) | {e["target"] for e in scanned["external"]})
     answer, tried = _destination_check(dst, dst_venv, home, interp.minor, wanted, scanned.get("identity"), timeout)
@@ -209,19 +206,19 @@ def clone(
         raise TransplantError(f"cannot clone {source} to {dest}; nothing was copied:\n"
                               + "\n".join(f"  - {p}" for p in problems))
     for line in warnings:
-        tell(f"warning: {line}")
+        reporter.note(f"warning: {line}")
     assert answer is not None  # no problems means the destination answered
     if answer["dest_state"] == "venv":
-        tell(f"removing the venv at {dest} (--replace)")
+        reporter.step(f"removing the venv at {dest} (--replace)")
         _run(dst, ["rm", "-rf", "--one-file-system", "--", dst_venv], "remove the old destination venv", timeout)
     made = missing_parents(dst_venv, answer.get("parent") or posixpath.dirname(dst_venv))
     if made:
-        tell(f"creating the missing folder(s) above the destination: {', '.join(made)}")
+        reporter.step(f"creating the missing folder(s) above the destination: {', '.join(made)}")
         _run(dst, ["mkdir", "-p", "--", made[-1]], "create the destination's parent folder", timeout)
     if answer["dest_state"] != "empty":  # outside the try: a folder made by someone else meanwhile is not ours
         _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
     method = "cp --reflink=auto" if same_host else "rsync -aH"
-    tell(f"copying {scanned['files']} files ({method})")
+    reporter.step(f"copying {scanned['files']} files ({method})")
     try:
         if same_host:
             entries = [posixpath.join(src_venv, name) for name in scanned["top"]]
@@ -229,8 +226,8 @@ def clone(
                 _run(dst, ["cp", "-a", "--reflink=auto", "-t", dst_venv, "--", *entries], "copy the venv", timeout)
         else:
             copy_tree(src, src_venv, dst, dst_venv, staging=Path(state_dir) / "relay", exclude=(STATE,),
-                      timeout=timeout)
-        tell(f"relocating {len(relocation.edits)} file(s) and {len(relocation.links)} symlink(s) to {dst_venv}")
+                      reporter=reporter, timeout=timeout)
+        reporter.step(f"relocating {len(relocation.edits)} file(s) and {len(relocation.links)} symlink(s) to {dst_venv}")
         done = _relocate_call(dst, dst_venv, "relocate", relocation.to_request(dst_venv), timeout=timeout)
     except BaseException as exc:
         try:

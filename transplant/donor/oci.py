@@ -27,12 +27,13 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from transplant.errors import RegistryError
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["RegistryError", "Reference", "Credentials", "find_credentials", "Client", "parse_challenge",
            "is_oci", "MANIFEST_TYPE", "USER_VAR", "PASSWORD_VAR"]
@@ -360,10 +361,12 @@ class Client:
         check_digest(data, digest, f"{self.ref}: blob")
         return data
 
-    def fetch_blob(self, digest: str, dest: Path, *, progress: Callable[[int], None] | None = None) -> int:
+    def fetch_blob(self, digest: str, dest: Path, *, reporter: Reporter = QUIET) -> int:
         """Download blob ``digest`` to ``dest``, resuming a partial ``dest`` with a Range request,
         and verify its sha256; a blob that fails is removed.
 
+        :param reporter: its ``progress`` told (bytes of the blob in ``dest``, the blob's size in
+            bytes; 0 when the registry does not say) after each block.
         :returns: bytes received now.
         :raises RegistryError: unreachable, missing, or a digest mismatch (tampered or damaged).
         """
@@ -371,12 +374,14 @@ class Client:
         headers = {"Range": f"bytes={have}-"} if have else {}
         response = self._open("GET", f"{self.base}/blobs/{digest}", headers=headers, ok=(200, 206))
         got = 0
+        length = response.headers.get("Content-Length") or ""
+        start = have if response.status == 206 else 0  # a 200 sends the whole blob again
+        size = start + int(length) if length.isdigit() else 0
         with response, open(dest, "ab" if response.status == 206 else "wb") as out:
             for block in iter(lambda: response.read(_BLOCK), b""):
                 out.write(block)
                 got += len(block)
-                if progress:
-                    progress(got)
+                reporter.progress(start + got, size)
         self.bytes_received += got
         found = "sha256:" + file_sha256(dest)
         if found != digest:

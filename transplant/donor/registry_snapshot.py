@@ -25,7 +25,7 @@ import shutil
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from transplant.hosts.probing import run_script
 from transplant.donor.registry_elf import answer, precompute
 from transplant.donor.snapshot import Snapshot, SnapshotError, SnapshotSource, load_snapshot
 from transplant.hosts.transfer import copy_files
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "DIST_TYPE", "PATCHES_TYPE", "ELF_TYPE", "PushResult", "push", "open_registry",
            "RegistrySource", "client_for", "list_registry", "prune_registry", "layer_files", "cache_store"]
@@ -114,14 +115,15 @@ class PushResult:
     seconds: float
 
 
-def push(snap: Snapshot, reference: Reference, client: Client, *, say: Callable[[str], None] | None = None) -> PushResult:
+def push(snap: Snapshot, reference: Reference, client: Client, *, reporter: Reporter = QUIET) -> PushResult:
     """Push a local snapshot to ``reference`` (which must name a tag).
 
+    :param reporter: told each layer as it is sent (a step: its name, whether it was uploaded,
+        its size and digest) with the layers done of all (items), then the ELF facts' step.
     :raises RegistryError: the registry refused or could not be reached (a partial push leaves
         only blobs, never a tag on an incomplete manifest).
     :raises SnapshotError: the reference has no tag; :raises StoreError: a stored file is missing.
     """
-    say = say or (lambda _line: None)
     if reference.tag is None:
         raise SnapshotError(f"{reference}: a push needs a tag (oci://REGISTRY/REPO:TAG); a digest is what the push "
                             f"returns", hint="add a tag, e.g. :" + snap.id.lower())
@@ -148,13 +150,14 @@ def push(snap: Snapshot, reference: Reference, client: Client, *, say: Callable[
             path = tmp / "layer.tar"
             digest, size = _write_tar(entries, path)
             got = client.upload_blob(path, digest)
-            say(f"{name}: {'uploaded' if got else 'already in the registry'} ({size} bytes, {digest[:19]})")
+            reporter.step(f"{name}: {'uploaded' if got else 'already in the registry'} ({size} bytes, {digest[:19]})")
+            reporter.progress(len(layers) + 1, len(groups))
             sent += got
             uploaded += bool(got)
             present += not got
             path.unlink()
             layers.append({"mediaType": media, "digest": digest, "size": size, "annotations": notes})
-        say("reading the ELF facts of the shared objects once, for plans from the registry")
+        reporter.step("reading the ELF facts of the shared objects once, for plans from the registry")
         (tmp / "elf.json").write_text(json.dumps(precompute(snap), sort_keys=True))
         digest = "sha256:" + file_sha256(tmp / "elf.json")
         got = client.upload_blob(tmp / "elf.json", digest)
@@ -327,12 +330,14 @@ class RegistrySource(SnapshotSource):
         return super().elf(files, **kwargs)
 
     def stage(self, target: Host, venv: str, staged: str, paths: Sequence[str], *, staging: Path,
-              timeout: float | None = None, say: Callable[[str], None] = lambda _line: None) -> tuple[int, int]:
+              timeout: float | None = None, reporter: Reporter = QUIET) -> tuple[int, int]:
         """Put ``paths`` (venv-relative) into the transaction's staging folder ``staged`` on
         ``target``: pulled there from the registry by the ``oci_pull`` host script (resuming a
         partial blob kept in ``<venv>/.transplant/blobs``), else, when the target cannot reach
         the registry, relayed through the controller (rsync from the cache).
 
+        :param reporter: told a note (a line) saying how the files came: pulled straight from the
+            registry, or relayed because the target cannot reach it.
         :returns: (bytes through the controller, files staged): 0 bytes for a direct pull.
         :raises RegistryError: the pull was refused (credentials, a digest mismatch) or stopped
             part-way; the verified part is kept for the next apply.
@@ -371,7 +376,7 @@ class RegistrySource(SnapshotSource):
                     f"carried none of them")
             self._note(target, _Pull("registry", registry_bytes=int(reply.get("received") or 0),
                                      resumed=int(reply.get("resumed") or 0), line=line))
-            say(line)
+            reporter.note(line)
             return 0, len(paths)
         if not reply.get("unreachable"):
             kept = f" ({reply.get('received', 0)} bytes verified so far are kept; apply again to resume)" \
@@ -381,7 +386,7 @@ class RegistrySource(SnapshotSource):
                                 "apply again (a partial pull resumes)")
         line = (f"{target.label} cannot reach the registry {registry} ({reply.get('error')}); relaying the files "
                 f"through the controller instead")
-        say(line)
+        reporter.note(line)
         host, root = self.files(paths)
         result = copy_files(host, root, target, staged, list(paths), staging=staging, timeout=timeout)
         self._note(target, _Pull("relay", relay_bytes=result.bytes, line=line))

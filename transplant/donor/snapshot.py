@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from transplant.core.planner import selected_names
 from transplant.core.inventory import TEXTS
 from transplant.hosts.probing import take_inventory
 from transplant.hosts.transfer import copy_files
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "capture", "load_snapshot",
            "list_snapshots", "prune", "default_store", "SnapshotSource", "TEXTS"]
@@ -128,34 +129,34 @@ def _wanted(inventory: Inventory, names: Sequence[str]) -> dict[str, dict[str, A
     return out
 
 
-def capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[str], None] | None = None,
+def capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter = QUIET,
             timeout: float | None = 600.0) -> CaptureResult:
     """Snapshot the donor's overlay set and the manifest's patches into ``store``.
 
     :param donor: the connected donor host (``manifest.donor`` names its venv).
     :param store: the store folder (created if missing).
+    :param reporter: told each step (a line) as it starts, and the bytes read from the donor.
     :raises HostError: the donor could not be reached or rsync failed (nothing is indexed).
     :raises SnapshotError: the overlay selects nothing, or a file changed while it was read.
     """
     with cas.locked(store, exclusive=False):
-        return _capture(manifest, donor, store, step=step, timeout=timeout)
+        return _capture(manifest, donor, store, reporter=reporter, timeout=timeout)
 
 
-def _capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[str], None] | None,
+def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter,
              timeout: float | None) -> CaptureResult:
-    say = step or (lambda _line: None)
     started = time.monotonic()
     venv = manifest.donor.venv
     if manifest.closures:
         # no target here: the closure against an empty target, every donor distribution the roots
         # reach (a superset of what any target's plan selects)
-        say(f"reading the donor's metadata for the overlay closure(s) {', '.join(manifest.closures)}")
+        reporter.step(f"reading the donor's metadata for the overlay closure(s) {', '.join(manifest.closures)}")
         meta = take_inventory(donor, venv, record=False, timeout=timeout)
         found = closure(manifest.closures, meta.latest(), {}, meta.interpreter.markers, overlay=manifest.overlay,
                         exclude=manifest.exclude)
         manifest = replace(manifest, overlay=manifest.overlay + tuple(n for n in found.names
                                                                       if n not in manifest.overlay), closures=())
-    say(f"probing the donor {manifest.donor} (hashing the overlaid distributions)")
+    reporter.step(f"probing the donor {manifest.donor} (hashing the overlaid distributions)")
     inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout,
                                hash_cache="controller")
     names = selected_names(manifest.overlay, inventory)
@@ -174,11 +175,11 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, step: Callable[[st
             by_hash.setdefault(facts["hash"], path)
     bytes_read = 0
     if by_hash:
-        say(f"reading {len(by_hash)} file(s) from the donor")
+        reporter.step(f"reading {len(by_hash)} file(s) from the donor")
         incoming = cas.new_tmp(store)
         try:
             result = copy_files(donor, venv, LocalHost(), str(incoming), sorted(by_hash.values()),
-                                staging=store / "tmp", timeout=timeout)
+                                staging=store / "tmp", reporter=reporter, timeout=timeout)
             bytes_read = result.bytes
             for digest, path in by_hash.items():
                 try:

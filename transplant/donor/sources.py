@@ -10,7 +10,7 @@ controller. :func:`open_donor` tries the manifest's ``donor`` and then each
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from transplant.core.inventory import Inventory
 from transplant.core.manifest import Endpoint, Manifest, SnapshotRef
 from transplant.hosts.probing import take_inventory
 from transplant.donor.snapshot import SnapshotSource, load_snapshot
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["DonorSource", "HostSource", "Opened", "open_donor", "as_source", "NoDonorError"]
 
@@ -128,7 +129,7 @@ def _open_one(entry: Endpoint | SnapshotRef, manifest: Manifest, ssh: SSHOptions
 
 
 def open_donor(manifest: Manifest, ssh: SSHOptions, stack: ExitStack, *, store: Path | None = None,
-               say: Callable[[str], None] | None = None) -> Opened:
+               reporter: Reporter = QUIET) -> Opened:
     """Open the manifest's donor, or the first ``donor.fallback`` that works.
 
     A host is used when it can be reached (the SSH connection opens; a venv that is not
@@ -137,7 +138,7 @@ def open_donor(manifest: Manifest, ssh: SSHOptions, stack: ExitStack, *, store: 
 
     :param stack: connections and snapshot views are closed with it.
     :param store: the default snapshot store (None: the state folder's).
-    :param say: called with a line for each source that failed.
+    :param reporter: told a note (a line) for each source that failed.
     :raises NoDonorError: none could be used; each reason is listed. Without fallbacks, the
         donor's own error (HostError, SnapshotError) is raised as it is.
     """
@@ -154,8 +155,7 @@ def open_donor(manifest: Manifest, ssh: SSHOptions, stack: ExitStack, *, store: 
                 raise
             line = f"{which} ({entry}) cannot be used: {exc.message.splitlines()[0]}"
             failed.append(line)
-            if say is not None:
-                say(line)
+            reporter.note(line)
             continue
         if not failed:
             why = "the manifest's donor" + (" (a snapshot)" if isinstance(entry, SnapshotRef) else "")

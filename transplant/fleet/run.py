@@ -32,6 +32,7 @@ from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
 from transplant.hosts.host import SSHOptions, connect
 from transplant.pipeline import apply_plan, plan_target, verify_target
 from transplant.verify.judges import StageResult
+from transplant.reporting import QUIET, Prefixed, Reporter
 
 __all__ = ["TargetResult", "DonorRead", "FleetError", "check_fleet", "serve_from_snapshot", "run_target", "run_fleet",
            "fleet_exit"]
@@ -105,15 +106,16 @@ class DonorRead:
 
 
 def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
-                        step: Callable[[str], None] | None = None) -> tuple[Opened, DonorRead]:
+                        reporter: Reporter = QUIET) -> tuple[Opened, DonorRead]:
     """A live donor is captured once into ``store`` and replaced by that snapshot; a snapshot
     source is kept as it is.
 
+    :param reporter: passed to :func:`capture` (its steps, the bytes read from the donor).
     :raises HostError: the donor could not be read; :raises SnapshotError: as :func:`capture`.
     """
     if not isinstance(opened.source, HostSource):
         return opened, DonorRead(snapshot=str(getattr(opened.source, "snapshot").path))
-    result = capture(opened.manifest, opened.source.host, store, step=step)
+    result = capture(opened.manifest, opened.source.host, store, reporter=reporter)
     source = stack.enter_context(SnapshotSource(result.snapshot))
     read = DonorRead(bytes=result.bytes_read, files=result.fetched, snapshot=str(result.snapshot.path))
     why = f"{opened.why}; captured once as snapshot {result.snapshot.id}, which serves every target"
@@ -122,7 +124,8 @@ def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
 
 def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened, ssh: SSHOptions, *,
                force: bool = False, verify_after: bool = False,
-               donor_inventory: Callable[[], Inventory | None] | None = None, plan: Plan | None = None) -> TargetResult:
+               donor_inventory: Callable[[], Inventory | None] | None = None, plan: Plan | None = None,
+               reporter: Reporter = QUIET) -> TargetResult:
     """Plan, apply or verify one target (``action``: ``plan``, ``apply`` or ``verify``) with the
     steps of :mod:`transplant.pipeline`.
 
@@ -130,6 +133,7 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
     :param donor_inventory: for verify, the donor's inventory (read once for the fleet).
     :param plan: for apply, the plan shown to (and confirmed by) the user; None plans afresh.
         Apply refuses it as stale when the target changed since (``transplant.apply.execute``).
+    :param reporter: told this target's steps, progress and notes (plan, apply, verify).
     :returns: the result; errors are caught into it, never raised.
     """
     started = time.monotonic()
@@ -139,7 +143,7 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
         with connect(target.host, ssh) as host:
             if action in ("plan", "apply"):
                 if plan is None:
-                    plan = plan_target(m, opened.source, host)
+                    plan = plan_target(m, opened.source, host, reporter=reporter)
                 result.plan = plan
                 result.code = EXIT_BLOCKED if plan.blocking else EXIT_CHANGES if plan.has_changes else EXIT_OK
                 if action == "apply":
@@ -151,14 +155,15 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                     else:
                         result.code = EXIT_OK
                         if plan.has_changes:
-                            result.applied = apply_plan(plan, m, opened, host)
+                            result.applied = apply_plan(plan, m, opened, host, reporter=reporter)
                             pull = getattr(opened.source, "pulls", {}).get(host.label)
                             if pull is not None:
                                 result.note = pull.line
                         else:
                             result.note = "nothing to change"
             if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):
-                result.stages, ok = verify_target(m.verify, host, target.venv, ssh=ssh, donor_inventory=donor_inventory)
+                result.stages, ok = verify_target(m.verify, host, target.venv, ssh=ssh, donor_inventory=donor_inventory,
+                                                  reporter=reporter)
                 result.code = EXIT_OK if ok else EXIT_BLOCKED
     except TransplantError as exc:
         result.code, result.error, result.hint = EXIT_FAIL, exc.message, exc.hint
@@ -173,11 +178,14 @@ def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], open
               jobs: int = 4, force: bool = False, verify_after: bool = False,
               donor_inventory: Callable[[], Inventory | None] | None = None,
               done: Callable[[TargetResult], None] | None = None,
-              plans: Mapping[Endpoint, Plan] | None = None) -> list[TargetResult]:
+              plans: Mapping[Endpoint, Plan] | None = None, reporter: Reporter = QUIET) -> list[TargetResult]:
     """:func:`run_target` for every target, at most ``jobs`` at a time; results in ``targets`` order.
 
     :param done: called (from a worker thread, one call at a time) as each target finishes.
     :param plans: for apply, the plan of each target as it was shown (see ``run_target``'s ``plan``).
+    :param reporter: told every target's reports, each note and step prefixed with the target
+        (``HOST:VENV: ``, :class:`transplant.reporting.Prefixed`); targets run side by side, so
+        their reports interleave.
     :raises FleetError: as :func:`check_fleet` (nothing ran).
     """
     workers = check_fleet(targets, [], jobs)
@@ -185,7 +193,8 @@ def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], open
 
     def one(target: Endpoint) -> TargetResult:
         res = run_target(action, manifest, target, opened, ssh, force=force, verify_after=verify_after,
-                         donor_inventory=donor_inventory, plan=(plans or {}).get(target))
+                         donor_inventory=donor_inventory, plan=(plans or {}).get(target),
+                         reporter=reporter if reporter is QUIET else Prefixed(reporter, f"{target}: "))
         if done is not None:
             with lock:
                 done(res)

@@ -28,16 +28,15 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from transplant.errors import HostError, TransplantError
 from transplant.hosts.host import Host, LocalHost, kill_group
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["TransferResult", "copy_files", "copy_tree", "check_relpath", "clean_dead_relays", "relay_prefix"]
-
-ProgressCallback = Callable[[int, int], None]
 
 _RSYNC_OPTIONS = (
     "-a",
@@ -108,7 +107,7 @@ def copy_files(
     relpaths: Sequence[str],
     *,
     staging: Path,
-    progress: ProgressCallback | None = None,
+    reporter: Reporter = QUIET,
     timeout: float | None = None,
 ) -> TransferResult:
     """Copy ``src_root/<relpath>`` to ``dst_root/<relpath>`` for each relpath, with rsync.
@@ -124,8 +123,8 @@ def copy_files(
     :param staging: folder on the controller for the SSH to SSH relay; created if missing,
         a fresh subfolder is used and removed afterwards (other copies do not use it). Relay
         folders that dead controllers left there are removed first (:func:`clean_dead_relays`).
-    :param progress: called with (bytes done, bytes in all) as rsync reports progress,
-        then once with (total, total) at the end. Until rsync's final statistics the total
+    :param reporter: its ``progress`` is told (bytes done, bytes in all) as rsync reports
+        progress, then once (total, total) at the end. Until rsync's final statistics the total
         is estimated from its percentage. A relay counts each leg as half.
     :param timeout: seconds for the whole copy; None waits without limit.
     :returns: files and bytes moved, and the time taken.
@@ -141,7 +140,7 @@ def copy_files(
     if not paths:
         return TransferResult(files=0, bytes=0, seconds=0.0)
     listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
-    return _one_or_two_legs(src, src_root, dst, dst_root, listing, _RSYNC_OPTIONS, staging, progress, timeout)
+    return _one_or_two_legs(src, src_root, dst, dst_root, listing, _RSYNC_OPTIONS, staging, reporter, timeout)
 
 
 _RELAY = re.compile(r"relay-([1-9][0-9]{0,9})-([0-9a-f]{8})-[A-Za-z0-9_]{1,32}")
@@ -209,7 +208,7 @@ def _one_or_two_legs(
     listing: bytes,
     options: Sequence[str],
     staging: Path,
-    progress: ProgressCallback | None,
+    reporter: Reporter,
     timeout: float | None,
 ) -> TransferResult:
     """One rsync when a side is the controller; else two, relayed through a fresh folder
@@ -219,15 +218,15 @@ def _one_or_two_legs(
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     if src.rsync_rsh() is None or dst.rsync_rsh() is None:
-        stats = _rsync(src, src_root, dst, dst_root, listing, progress, (0, 1), deadline, timeout, options)
+        stats = _rsync(src, src_root, dst, dst_root, listing, reporter, (0, 1), deadline, timeout, options)
         return TransferResult(files=stats.files, bytes=stats.wire, seconds=time.monotonic() - started)
     staging = Path(staging)
     staging.mkdir(parents=True, exist_ok=True)
     relay = tempfile.mkdtemp(prefix=relay_prefix(), dir=staging)
     try:
         controller = LocalHost()
-        first = _rsync(src, src_root, controller, relay, listing, progress, (0, 2), deadline, timeout, options)
-        second = _rsync(controller, relay, dst, dst_root, listing, progress, (1, 2), deadline, timeout, options)
+        first = _rsync(src, src_root, controller, relay, listing, reporter, (0, 2), deadline, timeout, options)
+        second = _rsync(controller, relay, dst, dst_root, listing, reporter, (1, 2), deadline, timeout, options)
     finally:
         shutil.rmtree(relay, ignore_errors=True)
     return TransferResult(files=second.files, bytes=first.wire + second.wire, seconds=time.monotonic() - started)
@@ -241,7 +240,7 @@ def copy_tree(
     *,
     staging: Path,
     exclude: Sequence[str] = (),
-    progress: ProgressCallback | None = None,
+    reporter: Reporter = QUIET,
     timeout: float | None = None,
 ) -> TransferResult:
     """Copy the tree ``src_root`` to ``dst_root`` with ``rsync -aH``: modes, times, symlinks
@@ -264,7 +263,7 @@ def copy_tree(
         if not name or "/" in name or name in (".", "..") or any(c in name for c in "*?[\\"):
             raise ValueError(f"exclude must be a plain name, got {name!r}")
         options.append(f"--exclude=/{name}")
-    return _one_or_two_legs(src, src_root, dst, dst_root, b"", options, staging, progress, timeout)
+    return _one_or_two_legs(src, src_root, dst, dst_root, b"", options, staging, reporter, timeout)
 
 
 def _rsync_env() -> dict[str, str]:
@@ -289,7 +288,7 @@ def _rsync(
     dst: Host,
     dst_root: str,
     listing: bytes,
-    progress: ProgressCallback | None,
+    reporter: Reporter,
     leg: tuple[int, int],
     deadline: float | None,
     timeout: float | None,
@@ -325,8 +324,8 @@ def _rsync(
     index, legs = leg
 
     def report(done: int, total: int) -> None:
-        if progress is not None and total > 0:
-            progress((index * total + min(done, total)) // legs, total)
+        if total > 0:
+            reporter.progress((index * total + min(done, total)) // legs, total)
 
     def read_stdout() -> None:
         pending = b""
@@ -335,7 +334,7 @@ def _rsync(
             if not chunk:
                 break
             stdout.append(chunk)
-            if progress is None:
+            if reporter is QUIET:  # nobody listens: skip parsing
                 continue
             pending += chunk
             *lines, pending = re.split(rb"[\r\n]", pending)

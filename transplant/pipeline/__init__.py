@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from transplant.apply.execute import ApplyResult, Progress, execute
+from transplant.apply.execute import ApplyResult, execute
 from transplant.controller.patch_files import read_patch_files
 from transplant.controller.state import default_state_dir
 from transplant.core.inventory import Inventory
@@ -23,41 +23,42 @@ from transplant.pipeline.gather import gather
 from transplant.hosts.host import Host, SSHOptions
 from transplant.verify.judges import StageResult, overall_ok
 from transplant.verify.runner import run_stages
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["plan_target", "apply_plan", "verify_target"]
 
 
 def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
-                step: Callable[[str], None] | None = None) -> Plan:
+                reporter: Reporter = QUIET) -> Plan:
     """Gather the facts of the donor ``source`` and the ``target`` host (:func:`transplant.pipeline.gather.gather`)
     and plan (:func:`transplant.core.planner.plan`).
 
     :param patches: the manifest's patch files, when already read; None reads them.
-    :param step: called with a short line as each read starts, or None.
+    :param reporter: told a short line (a step) as each read starts.
     :raises TransplantError: as ``gather`` and the planner raise (an unreachable host, a bad probe).
     """
     patches = read_patch_files(manifest) if patches is None else patches
-    facts = gather(manifest, source, target, patches, step=step)
+    facts = gather(manifest, source, target, patches, reporter=reporter)
     return make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
                      target_elf=facts.target_elf)
 
 
-def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, progress: Progress | None = None,
-               say: Callable[[str], None] | None = None, break_lock: bool = False, crash_after: int | None = None,
+def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, reporter: Reporter = QUIET,
+               break_lock: bool = False, crash_after: int | None = None,
                orphan_at: int | None = None) -> ApplyResult:
     """Carry out ``plan`` on ``target`` as one transaction (:func:`transplant.apply.execute.execute`), the
     donor's files read from ``opened``'s source (a registry snapshot's source stages them on the
     target itself: its ``stage``), the recipe of where the state came from recorded.
 
+    :param reporter: passed to ``execute`` (its steps, the bytes copied, its notes).
     :raises ApplyError: / :raises TransactionError: as ``execute`` (a stale plan, a lock held, a failed step).
     """
     stager = getattr(opened.source, "stage", None)  # a registry snapshot: each target pulls its files itself
     donor_host, donor_root = (None, None) if stager else opened.source.files(
         [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
-    extra = {k: v for k, v in (("progress", progress), ("say", say)) if v is not None}
     return execute(plan, donor=donor_host, target=target, manifest_dir=Path(manifest.path).resolve().parent,
                    state_dir=default_state_dir(), donor_root=donor_root, recipe=make_recipe(manifest, plan, opened),
-                   break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, stager=stager, **extra)
+                   break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, stager=stager, reporter=reporter)
 
 
 def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSHOptions | None,
@@ -67,7 +68,7 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     when ``record`` is true, record the verdict in the target's history and the controller's
     verified log.
 
-    :param stages: passed on to ``run_stages`` (``announce``, ``clear_jit_caches``, ``donor_run``).
+    :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``).
     :returns: the stage results and whether no stage failed.
     """
     results = run_stages(settings, target=target, venv=venv, donor_inventory=donor_inventory, **stages)

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -28,6 +28,7 @@ from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.planner import PatchFile, selected_names
 from transplant.hosts.probing import take_inventory
 from transplant.core.rules.libtorch import links_libtorch, torch_libraries
+from transplant.reporting import QUIET, Reporter
 from transplant.core.rules.venvfiles import editable_sources
 from transplant.core.inventory import TEXTS
 from transplant.donor.sources import DonorSource, as_source
@@ -96,7 +97,7 @@ def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) 
 
 
 def expand_closures(manifest: Manifest, source: DonorSource, target_host: Host, *, timeout: float | None = 600.0,
-                    step: Callable[[str], None] | None = None) -> Manifest:
+                    reporter: Reporter = QUIET) -> Manifest:
     """The manifest with its closures computed from a metadata-only probe of both venvs
     (versions and Requires-Dist, no RECORD read, nothing hashed: a few seconds even on a
     200-distribution venv), so the hashing probe that follows hashes exactly the closure's
@@ -110,8 +111,7 @@ def expand_closures(manifest: Manifest, source: DonorSource, target_host: Host, 
     """
     if not manifest.closures:
         return manifest
-    if step is not None:
-        step(f"reading both venvs' metadata for the overlay closure(s) {', '.join(manifest.closures)}")
+    reporter.step(f"reading both venvs' metadata for the overlay closure(s) {', '.join(manifest.closures)}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=(), timeout=timeout, record=False)
         t = pool.submit(take_inventory, target_host, manifest.target.venv, record=False, timeout=timeout)
@@ -125,31 +125,30 @@ def gather(
     target_host: Host,
     patches: Sequence[PatchFile] = (),
     *,
-    step: Callable[[str], None] | None = None,
+    reporter: Reporter = QUIET,
     timeout: float | None = 600.0,
 ) -> Facts:
     """Probe both venvs and read their shared objects, as the module docstring says.
 
     :param donor_host: the connected donor host, or a donor source (a snapshot: see
         :mod:`transplant.donor.sources`).
-    :param step: called with a line describing each step (for a spinner), or None.
+    :param reporter: told each step as it starts (a line, for a spinner).
     :param timeout: seconds for each host script.
     :raises TransplantError: the target is the donor's venv under another name (device and inode).
     :raises HostError: a host could not be reached or a script failed there.
     :raises ProbeError: a host script reported something malformed.
     """
-    say = step or (lambda _line: None)
     m = manifest
     source = as_source(donor_host, m.donor.venv)
     live = getattr(source, "host", None)  # a host donor (a snapshot has none): it must not be the target
     if isinstance(live, Host):
         refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
                            live, target_host)
-    m = expand_closures(m, source, target_host, timeout=timeout, step=say)
+    m = expand_closures(m, source, target_host, timeout=timeout, reporter=reporter)
     # a snapshot donor is read, not probed: say which it is (its label names the snapshot and its donor)
     what = f"probing the donor {m.donor}" if isinstance(live, Host) or not hasattr(source, "label") else \
         f"reading {source.label}"
-    say(f"{what} and probing the target {m.target} (hashing the overlaid distributions)")
+    reporter.step(f"{what} and probing the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
@@ -160,12 +159,12 @@ def gather(
     donor_latest = donor.latest()
     sources = sorted({p for n in names for p in editable_sources(donor_latest[n], donor)})
     if sources:
-        say(f"checking {len(sources)} editable source folder(s) on the target")
+        reporter.step(f"checking {len(sources)} editable source folder(s) on the target")
         seen = take_inventory(target_host, m.target.venv, record=False, paths_exist=sources, timeout=timeout)
         target = replace(target, elsewhere=seen.elsewhere)
     moving = [donor_latest[n] for n in names]
     staying = [d for d in target.distributions if d.name not in names and d.name not in removed]
-    say("reading the shared objects on both hosts (pyelftools)")
+    reporter.step("reading the shared objects on both hosts (pyelftools)")
     own_torch = [p for inv in (donor, target) for d in inv.distributions if d.name == "torch" for p in d.files
                  if is_shared_object(p)]
     moving_objects, staying_objects = _objects(moving), _objects(staying)
@@ -181,7 +180,7 @@ def gather(
         donor_elf, target_elf = de.result(), te.result()
     donor_elf, target_elf = look_up_symbols(donor, target, names, sorted(removed), donor_elf, target_elf,
                                             donor_source=source, target_source=as_source(target_host, m.target.venv),
-                                            timeout=timeout, step=say)
+                                            timeout=timeout, reporter=reporter)
     torch_side = "donor" if "torch" in names else "target"
     torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")  # type: ignore[call-overload]
     own = set(torch.files) if torch is not None else set()
@@ -190,7 +189,7 @@ def gather(
                      for s in f.torch_undefined})
     libraries = torch_libraries(torch)
     if wanted and libraries:
-        say(f"looking up {len(wanted)} libtorch symbol(s) in the {torch_side}'s torch")
+        reporter.step(f"looking up {len(wanted)} libtorch symbol(s) in the {torch_side}'s torch")
         lookup = source if torch_side == "donor" else as_source(target_host, m.target.venv)
         answer = lookup.elf([], torch_symbols=False, defined=(libraries, wanted), timeout=timeout)
         found = {"defined": answer.defined, "defined_in": answer.defined_in}

@@ -8,7 +8,7 @@ and the target side by side and returns the two reports with the answers in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -19,6 +19,7 @@ from transplant.core.inventory import Inventory
 from transplant.core.rules.env import EnvironmentAfter
 from transplant.core.rules.symbols import symbol_queries
 from transplant.donor.sources import DonorSource
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["look_up_symbols"]
 
@@ -26,7 +27,7 @@ __all__ = ["look_up_symbols"]
 def look_up_symbols(donor: Inventory, target: Inventory, names: Sequence[NormalizedName],
                     removed: Sequence[NormalizedName], donor_elf: ElfReport, target_elf: ElfReport, *,
                     donor_source: DonorSource, target_source: DonorSource, timeout: float | None = 600.0,
-                    step: Callable[[str], None] | None = None) -> tuple[ElfReport, ElfReport]:
+                    reporter: Reporter = QUIET) -> tuple[ElfReport, ElfReport]:
     """(donor report, target report) with ``defined_by`` answered for every library a moving
     object needs from a staying one or the other way round (:func:`symbol_queries`); the
     reports unchanged when nothing is to be asked.
@@ -45,9 +46,8 @@ def look_up_symbols(donor: Inventory, target: Inventory, names: Sequence[Normali
     queries = symbol_queries(env)
     if not queries["donor"] and not queries["target"]:
         return donor_elf, target_elf
-    if step is not None:
-        count = sum(len(q) for q in queries.values())
-        step(f"looking up versioned symbols in {count} librar{'y' if count == 1 else 'ies'} on both hosts")
+    count = sum(len(q) for q in queries.values())
+    reporter.step(f"looking up versioned symbols in {count} librar{'y' if count == 1 else 'ies'} on both hosts")
 
     def ask(source: DonorSource, query: dict[str, list[str]], report: ElfReport) -> ElfReport:
         if not query:

@@ -22,6 +22,7 @@ from transplant.apply import txn
 from transplant.hosts.host import Host
 from transplant.core.planner import pyc_source
 from transplant.recover.provenance import committed
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["Applied", "Status", "read_status"]
 
@@ -78,7 +79,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _record_completed(host: Host, venv: str, say: txn.Say) -> list[txn.Completed]:
+def _record_completed(host: Host, venv: str, reporter: Reporter) -> list[txn.Completed]:
     """Under the target's lock, record the outcome of commits completed by the host; nothing
     (and no lock taken) when none lacks one, or when another apply holds the lock or runs."""
     from transplant.apply.execute import new_transaction_id
@@ -87,7 +88,7 @@ def _record_completed(host: Host, venv: str, say: txn.Say) -> list[txn.Completed
         return []
     txid = new_transaction_id()
     try:
-        txn.acquire(host, venv, txid, "transplant status", say=say)
+        txn.acquire(host, venv, txid, "transplant status", reporter=reporter)
     except txn.TransactionError:
         return []  # a live apply (or another controller's) holds it: that one records it
     try:
@@ -99,16 +100,16 @@ def _record_completed(host: Host, venv: str, say: txn.Say) -> list[txn.Completed
         txn.release(host, venv, txid)
 
 
-def read_status(host: Host, venv: str, *, say: txn.Say = lambda _line: None, record: bool = True) -> Status:
+def read_status(host: Host, venv: str, *, reporter: Reporter = QUIET, record: bool = True) -> Status:
     """Read the target's records and hash the paths its transactions left; first record the
     outcome of commits a host script completed after its controller died.
 
-    :param say: called with a line for each notice (a dead holder's lock broken).
+    :param reporter: told a note for each notice (a dead holder's lock broken).
     :param record: False reads only: such commits are then listed in ``unrecorded``.
     :raises HostError: the host cannot be reached or the venv's python does not start.
     :raises TransactionError: a committed transaction's records are damaged.
     """
-    completed = _record_completed(host, venv, say) if record else []
+    completed = _record_completed(host, venv, reporter) if record else []
     record = txn.history(host, venv)
     events = record["events"]
     done = []

@@ -27,10 +27,10 @@ from transplant.core.manifest import VerifySettings
 from transplant.hosts.probing import run_script, take_inventory
 from transplant.core.rules.recordless import judge_stale_modules, stale_extension_modules
 from transplant.verify.judges import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
+from transplant.reporting import QUIET, Reporter
 
 __all__ = ["run_stages", "donor_reader", "STAGES"]
 
-Announce = Callable[[str], None]
 #: The ladder's stages, in the order they run.
 STAGES = ("interpreter", "imports", "native-load", "library-provenance", "requirements", "server-args",
           "server-args-resolve", "smoke", "serve", "jit-caches")
@@ -64,7 +64,7 @@ def run_stages(
     target: Host,
     venv: str,
     donor_inventory: Callable[[], Inventory | None] | None = None,
-    announce: Announce | None = None,
+    reporter: Reporter = QUIET,
     clear_jit_caches: bool = False,
     donor_run: DonorRun | None = None,
 ) -> list[StageResult]:
@@ -78,7 +78,9 @@ def run_stages(
         and ``major.minor``) and of ``requirements``: an unmet requirement fails only when
         the donor's environment satisfies it; one the donor cannot meet either is a warning.
         Without a donor nothing can be compared, so every unmet requirement fails.
-    :param announce: called with each stage's name before it runs (for progress).
+    :param reporter: told each stage's name as a step before it runs, then after it how far
+        down the ladder it is (the stage's place in :data:`STAGES` of all of them: items; a
+        stage that does not apply is passed over, so the last one reports all).
     :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
         (only those folders).
     :param donor_run: runs a host script in the donor's venv (``(script, args, request) ->
@@ -98,9 +100,9 @@ def run_stages(
     state: dict[str, Any] = {"live": None, "donor": None, "names": list(settings.imports)}
 
     def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> None:
-        if announce:
-            announce(name)
+        reporter.step(name)
         results.append(_timed(name, body))
+        reporter.progress(STAGES.index(name) + 1, len(STAGES))  # how far down the ladder
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         donor_future = pool.submit(donor_inventory) if donor_inventory else None

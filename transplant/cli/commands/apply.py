@@ -16,6 +16,7 @@ from rich.text import Text
 
 from transplant.apply import txn
 from transplant.apply.execute import check_plan_paths, new_transaction_id
+from transplant.cli.progress import Shown, printer
 from transplant.cli.render import history_table, print_plan
 from transplant.cli.session import Session, crash_after, orphan_at, run_fleet_action, targets_of
 from transplant.controller.manifest_file import load_manifest
@@ -49,7 +50,7 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
     """
     m = session.manifest
     target = session.host("target")
-    say = (lambda line: console.print(line, markup=False))
+    say = printer(console)
     quoted = shlex.quote(manifest_path)
     pending: list[dict] = []
     completed: list[txn.Completed] = []
@@ -57,10 +58,10 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
     if txn.has_state(target, m.target.venv):
         txid = new_transaction_id()
         # under the lock: a transaction another apply is running now is not "interrupted"
-        txn.acquire(target, m.target.venv, txid, f"transplant apply --{how or 'check'}", say=say,
+        txn.acquire(target, m.target.venv, txid, f"transplant apply --{how or 'check'}", reporter=Shown(note=say),
                     break_lock=args.break_lock)
         try:
-            pending = txn.interrupted(target, m.target.venv, say=say)  # waits for a host script still running
+            pending = txn.interrupted(target, m.target.venv, reporter=Shown(note=say))  # waits for a host script still running
             completed = txn.record_completed(target, m.target.venv)
             for done in completed:
                 say(done.describe())
@@ -192,8 +193,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         patch_bytes = sum(cp.size or 0 for c in plan.changes for cp in c.copy if cp.source == "patch")
         with ByteProgress(console, plan.copy_bytes, {"files": plan.copy_bytes - patch_bytes,
                                                      "patches": patch_bytes}) as bar:
-            result = apply_plan(plan, manifest, opened, session.host("target"), progress=bar.report,
-                                say=lambda line: console.print(line, markup=False), break_lock=args.break_lock,
+            result = apply_plan(plan, manifest, opened, session.host("target"), reporter=bar, break_lock=args.break_lock,
                                 crash_after=crash_after(), orphan_at=orphan_at())
     relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
         manifest.donor.host.is_local or manifest.target.host.is_local) else ""
@@ -219,7 +219,7 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
             console.print("nothing was changed")
             return EXIT_FAIL
         txid = new_transaction_id()
-        txn.acquire(target, venv, txid, "transplant rollback", say=lambda line: console.print(line, markup=False))
+        txn.acquire(target, venv, txid, "transplant rollback", reporter=Shown(note=printer(console)))
         try:
             interrupted = txn.interrupted(target, venv)
             for completed in txn.record_completed(target, venv):
@@ -234,7 +234,7 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
                     console.print(line, markup=False)
                     update(line)
 
-                done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid, say=say,
+                done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid, reporter=Shown(step=say),
                                 listing=f"transplant history {shlex.quote(args.manifest)}")
         finally:
             txn.release(target, venv, txid)

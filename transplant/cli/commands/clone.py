@@ -14,6 +14,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.text import Text
 
+from transplant.cli.progress import Shown
 from transplant.controller.state import default_state_dir
 from transplant.clone.cloning import CloneResult, clone
 from transplant.errors import TransplantError
@@ -85,7 +86,7 @@ def clone_command(args: argparse.Namespace, console: Console,
         dst = src if dst_spec == src_spec else stack.enter_context(connect(dst_spec, options))
         with console.status("cloning") as status:
             result = clone(src, src_venv, dst, dst_venv, state_dir=default_state_dir(), replace=args.replace,
-                           say=lambda line: status.update(line))
+                           reporter=Shown(note=status.update, step=status.update))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -112,7 +113,7 @@ def clone_base(args: argparse.Namespace, console: Console, manifest: Manifest, b
             raise TransplantError("nothing was changed: the clone was declined")
     with console.status("cloning target.base") as status:
         result = clone(base_host, base.venv, target_host, target.venv, state_dir=default_state_dir(),
-                       say=lambda line: status.update(line))
+                       reporter=Shown(note=status.update, step=status.update))
     clone_report(console, result)
     if result.leftovers.errors:
         raise TransplantError(f"the clone {target} still names {base.venv} in files transplant cannot rewrite "

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from transplant.cli.progress import Shown
 from transplant.errors import TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
 from transplant.fleet.run import DonorRead, TargetResult, check_fleet, fleet_exit, run_fleet, serve_from_snapshot
@@ -105,7 +106,7 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
     else:
         with console.status("reading the donor once") as status:
             opened, read = serve_from_snapshot(opened, default_store(), stack,
-                                               step=lambda line: status.update(line))
+                                               reporter=Shown(step=status.update))
     console.print(f"donor source: {opened.source.label} ({opened.why}); read from the donor: {read.files} file(s), "
                   f"{human_bytes(read.bytes)}", markup=False, highlight=False)
     if action == "apply" and not args.yes:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from transplant.cli.progress import Shown
 from transplant.errors import TransplantError
 from transplant.pipeline.gather import gather
 from transplant.hosts.host import SSHOptions, connect
@@ -77,7 +78,7 @@ def init_command(args: argparse.Namespace, console: Console,
         manifest = parse_manifest(_with_ssh(first.data, args), path=path)
         status = console.status("gathering what plan reads for the draft")
         with status:
-            facts = gather(manifest, dhost, thost, step=lambda line: status.update(line))
+            facts = gather(manifest, dhost, thost, reporter=Shown(step=status.update))
         final = draft(facts.donor, facts.target, names, donor_at=donor_at, target_at=target_at, path=path,
                       donor_elf=facts.donor_elf, target_elf=facts.target_elf)
     data = _with_ssh(final.data, args)

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from transplant.cli.progress import Shown
 from transplant.errors import UsageError
 from transplant.exitcodes import EXIT_OK
 from transplant.donor.oci import Reference
@@ -63,7 +64,7 @@ def push_snapshot(snap: Snapshot, args: argparse.Namespace, console: Console) ->
     ref = Reference.parse(args.push)
     client = client_for(ref, _ca(args))
     with console.status(f"pushing to {ref}") as status:
-        result = push(snap, ref, client, say=lambda line: status.update(line))
+        result = push(snap, ref, client, reporter=Shown(step=status.update))
     if not args.json:
         console.print(f"pushed {snap.id} to {result.reference}: {human_bytes(result.bytes_uploaded)} uploaded, "
                       f"{result.uploaded} blob(s) sent, {result.present} already in the registry; use it as the "

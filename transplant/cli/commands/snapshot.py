@@ -72,10 +72,10 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     with ExitStack() as stack:
         with console.status(f"connecting to the donor {manifest.donor.host}"):
             donor = stack.enter_context(connect(manifest.donor.host, ssh_options(manifest)))
-        from transplant.cli.progress import step
+        from transplant.cli.progress import Shown, step
 
         with step(console, f"snapshot of {manifest.donor} into {store}") as update:
-            result = capture(manifest, donor, store, step=update)
+            result = capture(manifest, donor, store, reporter=Shown(step=update))
     snap = result.snapshot
     pushed = None
     if getattr(args, "push", None):

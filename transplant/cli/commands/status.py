@@ -21,11 +21,12 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
 
     :raises TransplantError: a bad location, an unreachable host, unreadable records.
     """
+    from transplant.cli.progress import Shown, printer
     from transplant.recover.status import read_status
 
     spec, venv, options, label = resolve_location(args.location, args.identity_file, args.known_hosts)
     with connect(spec, options) as host, console.status(f"reading {label}"):
-        status = read_status(host, venv, say=lambda line: console.print(line, markup=False))
+        status = read_status(host, venv, reporter=Shown(note=printer(console)))
     for done in status.completed:
         console.print(done.describe(), markup=False)
     if args.json:
