@@ -27,7 +27,8 @@ import transplant
 from transplant.apply import txn
 from transplant.apply.execute import new_transaction_id
 from transplant.clone.cloning import clone
-from transplant.controller.documents import load_manifest, read_patch_files
+from transplant.controller.manifest_file import load_manifest
+from transplant.controller.patch_files import read_patch_files
 from transplant.donor.snapshot import capture
 from transplant.donor.sources import open_donor
 from transplant.fleet.run import run_fleet
