@@ -7,10 +7,6 @@ The host needs no pyelftools: the controller sends the source of its own install
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import os
-import posixpath
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +15,7 @@ import elftools
 
 from transplant.core.elf_facts import ElfReport, parse_elf_report
 from transplant.hosts.host import Host
+from transplant.hosts.controller_cache import ControllerCache
 from transplant.hosts.probing import run_script
 
 __all__ = ["read_elf_facts", "elftools_sources"]
@@ -118,33 +115,18 @@ _CACHE_SCHEMA = "transplant.elfcache/1"
 _CACHE_MAX_ENTRIES = 20000  # as the script's CACHE_MAX_ENTRIES
 
 
+#: The ELF facts a donor's script returns, kept on the controller (nothing is written in a donor).
+_CONTROLLER_CACHE = ControllerCache("elf-cache", _CACHE_SCHEMA, "elf_cache")
+
+
 def _controller_cache_path(host: Host, venv: str) -> Path:
     """``<controller state>/elf-cache/<sha256 of "host label:venv">.json``."""
-    from transplant.controller.state import default_state_dir
-
-    key = hashlib.sha256(f"{host.label}:{posixpath.normpath(venv)}".encode()).hexdigest()[:32]
-    return default_state_dir() / "elf-cache" / f"{key}.json"
+    return _CONTROLLER_CACHE.path(host, venv)
 
 
 def _cache_options(host: Host, venv: str, elf_cache: str | Mapping[str, Any] | None) -> Any:
     """The script's ``cache`` request option for :func:`read_elf_facts`'s ``elf_cache``."""
-    if os.environ.get("TRANSPLANT_HASH_CACHE", "1") == "0" or elf_cache is None:
-        return False
-    if isinstance(elf_cache, Mapping):
-        return dict(elf_cache)
-    if elf_cache == "venv":
-        return {"enabled": True, "store": "venv"}
-    if elf_cache != "controller":
-        raise ValueError(f"elf_cache must be 'venv', 'controller', a mapping or None, not {elf_cache!r}")
-    known: dict[str, Any] = {}
-    try:
-        document = json.loads(_controller_cache_path(host, venv).read_text())
-        if isinstance(document, dict) and document.get("schema") == _CACHE_SCHEMA and \
-                isinstance(document.get("entries"), dict):
-            known = document["entries"]
-    except (OSError, ValueError):
-        known = {}  # absent or unreadable: this run rebuilds it
-    return {"enabled": True, "store": "reply", "known": known}
+    return _CONTROLLER_CACHE.options(host, venv, elf_cache)
 
 
 def _keep_controller_cache(host: Host, venv: str, sent: Any, report: Any) -> None:
@@ -157,11 +139,4 @@ def _keep_controller_cache(host: Host, venv: str, sent: Any, report: Any) -> Non
         return  # nothing new
     known = sent.get("known") if isinstance(sent, dict) and isinstance(sent.get("known"), dict) else {}
     merged = {**known, **fresh} if len(known) + len(fresh) <= _CACHE_MAX_ENTRIES else fresh
-    path = _controller_cache_path(host, venv)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"schema": _CACHE_SCHEMA, "entries": merged}, separators=(",", ":")))
-        os.replace(temporary, path)
-    except OSError:
-        return
+    _CONTROLLER_CACHE.write(host, venv, merged)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import posixpath
@@ -17,6 +16,7 @@ from typing import Any
 
 from transplant import remote
 from transplant.errors import HostError, ProbeError
+from transplant.hosts.controller_cache import ControllerCache
 from transplant.hosts.host import Host, kill_group
 from transplant.core.inventory import Inventory, parse_inventory
 
@@ -284,31 +284,12 @@ def take_inventory(
 
 def _controller_cache_path(host: Host, venv: str) -> Path:
     """``<controller state>/hash-cache/<sha256 of "host label:venv">.json``."""
-    from transplant.controller.state import default_state_dir
-
-    key = hashlib.sha256(f"{host.label}:{posixpath.normpath(venv)}".encode()).hexdigest()[:32]
-    return default_state_dir() / "hash-cache" / f"{key}.json"
+    return _CONTROLLER_CACHE.path(host, venv)
 
 
 def _cache_options(host: Host, venv: str, hash_cache: str | Mapping[str, Any] | None, hashing: bool) -> Any:
     """The probe's ``hash_cache`` request option for :func:`take_inventory`'s ``hash_cache``."""
-    if os.environ.get("TRANSPLANT_HASH_CACHE", "1") == "0" or hash_cache is None or not hashing:
-        return False
-    if isinstance(hash_cache, Mapping):
-        return dict(hash_cache)
-    if hash_cache == "venv":
-        return {"enabled": True, "store": "venv"}
-    if hash_cache != "controller":
-        raise ValueError(f"hash_cache must be 'venv', 'controller', a mapping or None, not {hash_cache!r}")
-    known: dict[str, Any] = {}
-    try:
-        document = json.loads(_controller_cache_path(host, venv).read_text())
-        if isinstance(document, dict) and document.get("schema") == _CACHE_SCHEMA and \
-                isinstance(document.get("entries"), dict):
-            known = document["entries"]
-    except (OSError, ValueError):
-        known = {}  # absent or unreadable: this run rebuilds it
-    return {"enabled": True, "store": "reply", "known": known}
+    return _CONTROLLER_CACHE.options(host, venv, hash_cache if hashing else None)
 
 
 def _keep_controller_cache(host: Host, venv: str, report: Any) -> None:
@@ -318,14 +299,9 @@ def _keep_controller_cache(host: Host, venv: str, report: Any) -> None:
     entries = report.pop("entries")
     if not report.get("misses"):
         return  # nothing new: the file already holds every entry used
-    path = _controller_cache_path(host, venv)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"schema": _CACHE_SCHEMA, "entries": entries}, separators=(",", ":")))
-        os.replace(temporary, path)
-    except OSError:
-        return
+    _CONTROLLER_CACHE.write(host, venv, entries)
 
 
 _CACHE_SCHEMA = "transplant.hashes/1"
+#: The content hashes a donor's probe returns, kept on the controller (nothing is written in a donor).
+_CONTROLLER_CACHE = ControllerCache("hash-cache", _CACHE_SCHEMA, "hash_cache")
