@@ -29,7 +29,7 @@ from transplant.cli.commands.apply import apply_command, history_command, rollba
 from transplant.cli.commands.inventory import inventory_command
 from transplant.cli.commands.plan import plan_command
 from transplant.cli.commands.verify import verify_command
-from transplant.cli.options import fleet_options
+from transplant.cli.options import fleet_options, ssh_options
 from transplant.cli.session import parse_location
 from transplant.errors import TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
@@ -127,8 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "distributions providing them are checked too)")
     v.add_argument("--clear-jit-caches", action="store_true",
                    help="remove the triton, flashinfer and torch-inductor cache folders of the target's user")
-    v.add_argument("--identity-file", help="SSH private key, for HOST:VENV (default: ssh-agent and ~/.ssh/id_*)")
-    v.add_argument("--known-hosts", help="known_hosts file, for HOST:VENV (default ~/.ssh/known_hosts)")
+    ssh_options(v, what=", for HOST:VENV")
     fleet_options(v)
     v.set_defaults(func=verify_command)
     n = sub.add_parser("init", help="probe a donor and a target and write a starting manifest")
@@ -137,8 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--overlay", action="append", metavar="NAME",
                    help="a distribution to bring with what it needs (a closure), or a glob (default: sglang)")
     n.add_argument("--out", required=True, metavar="FILE", help="the manifest to write (never overwritten)")
-    n.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
-    n.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
+    ssh_options(n)
     n.set_defaults(func=_cmd_init)
     i = sub.add_parser("inventory", help="print what a venv holds")
     i.add_argument("location", metavar="HOST:VENV|MANIFEST",
@@ -146,8 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "reached with its ssh settings)")
     i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")
     i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
-    i.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
-    i.add_argument("--known-hosts", help="known_hosts file to check the host key against (default ~/.ssh/known_hosts)")
+    ssh_options(i)
     i.set_defaults(func=inventory_command)
     c = sub.add_parser("clone", help="copy a venv to another path or host and rewrite what names its old prefix")
     c.add_argument("source", metavar="SRC_HOST:VENV", help="the venv to clone, e.g. local:/srv/venv_base")
@@ -155,8 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--replace", action="store_true",
                    help="delete a venv (a folder holding pyvenv.cfg) already at the destination first")
     c.add_argument("--json", action="store_true", help="print the result (schema transplant.clone/1)")
-    c.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
-    c.add_argument("--known-hosts", help="known_hosts file to check host keys against (default ~/.ssh/known_hosts)")
+    ssh_options(c)
     c.set_defaults(func=_cmd_clone)
     s = sub.add_parser("snapshot", help="keep the donor's overlay set on the controller, for when the donor is gone")
     s.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
@@ -174,8 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("location", metavar="HOST:VENV|MANIFEST",
                     help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh settings)")
     st.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
-    st.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
-    st.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
+    ssh_options(st)
     st.set_defaults(func=_cmd_status)
     rc = sub.add_parser("recover", help="rebuild the last verified state on a new host: plan, apply, verify")
     rc.add_argument("--target", required=True, metavar="HOST[:VENV]",
@@ -190,8 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
     rc.add_argument("--force", action="store_true",
                     help="go on despite error findings, or a source whose applied files drifted")
-    rc.add_argument("--identity-file", help="SSH private key (default: ssh-agent and ~/.ssh/id_*)")
-    rc.add_argument("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")
+    ssh_options(rc)
     rc.set_defaults(func=_cmd_recover)
     d = sub.add_parser("demo", help="replay the seed story on loopback test hosts, then rebuild a host with the donor gone")
     d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")

@@ -9,13 +9,21 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-__all__ = ["fleet_options", "CommandOptions"]
+__all__ = ["fleet_options", "ssh_options", "CommandOptions"]
 
 
 def fleet_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", action="append", metavar="HOST:VENV",
                    help="a target (repeat for several; replaces the manifest's target / targets)")
     p.add_argument("--jobs", type=int, default=4, metavar="N", help="targets worked on at a time (default 4)")
+
+
+def ssh_options(p: argparse.ArgumentParser, *, what: str = "") -> None:
+    """``--identity-file`` and ``--known-hosts``, for a command that reaches hosts over SSH;
+    ``what`` says which of its arguments they serve (``", for HOST:VENV"``), when not all."""
+    p.add_argument("--identity-file", help=f"SSH private key{what} (default: ssh-agent and ~/.ssh/id_*)")
+    p.add_argument("--known-hosts", help=f"known_hosts file to check host keys against{what} "
+                   "(default ~/.ssh/known_hosts)")
 
 
 @dataclass(kw_only=True)
