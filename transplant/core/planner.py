@@ -117,8 +117,7 @@ def _distribution_change(
             code="record-missing", severity="error", dists=(name,),
             message=f"{new.display_name} {new.raw_version} on the donor has no readable RECORD (missing, a symlink, "
                     f"or not CSV), so its files are unknown; it is not moved and the target's copy stays",
-            hint=f"reinstall it on the donor from its wheel: <donor venv>/bin/python -m pip install --force-reinstall "
-                 f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
+            hint=_reinstall_on_donor(new),
         ))
         return Change(kind="distribution", name=name, action="keep", reason="not moved: no readable RECORD on the donor",
                       from_version=old.raw_version if old else None, to_version=new.raw_version)
@@ -139,8 +138,7 @@ def _distribution_change(
             code="unsafe-path", severity="error", dists=(name,),
             message=f"{new.display_name} {new.raw_version} on the donor lists {len(unsafe)} path(s) that leave the "
                     f"venv (RECORD rows or symlinks); they are never copied",
-            hint=f"reinstall it on the donor from its wheel: <donor venv>/bin/python -m pip install --force-reinstall "
-                 f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
+            hint=_reinstall_on_donor(new),
             files=tuple(sorted(unsafe)[:20]),
         ))
     broken = [f"{e.record_path}: {e.error}" for e in new.record or () if e.error]
@@ -262,6 +260,13 @@ def _record_copy(record: FileEntry, relocated: list[str], copied: set[str],
             and not copied.intersection(relocated) and all(row_right(p) for p in relocated)):
         return None
     return wanted
+
+
+def _reinstall_on_donor(dist: Distribution) -> str:
+    """The hint for a donor distribution whose files cannot be known or trusted: reinstall it
+    from its wheel (pip's ``--force-reinstall`` rewrites its files and RECORD)."""
+    return (f"reinstall it on the donor from its wheel: <donor venv>/bin/python -m pip install --force-reinstall "
+            f"{shlex.quote(f'{dist.display_name}=={dist.raw_version}')}")
 
 
 def _relinked(link: str | None, path: str, prefixes: tuple[str, str]) -> str | None:
