@@ -64,8 +64,12 @@ def _manifest(path: Path, donor: str, target: str, venv_donor: str, venv_target:
     return path
 
 
-def measure(runs: int, ssh: bool, say=print) -> dict[str, tuple[float, float]]:
-    """name -> (median seconds, applier processes per run, or 0 where none run)."""
+def measure(runs: int, ssh: bool, say=print, profile: Path | None = None) -> dict[str, tuple[float, float]]:
+    """name -> (median seconds, applier processes per run, or 0 where none run).
+
+    :param profile: a folder: each transplant run is run under cProfile, its profile written there
+        (``local-1.prof``, ``ssh-1.prof``...; read them with ``python -m pstats``); None profiles nothing.
+    """
     work = Path(tempfile.mkdtemp(prefix="transplant-small-", dir="/tmp"))
     out: dict[str, tuple[float, float]] = {}
     log = work / "applier.log"
@@ -77,11 +81,14 @@ def measure(runs: int, ssh: bool, say=print) -> dict[str, tuple[float, float]]:
 
         def apply_runs(name: str, manifest: Path, target: Path) -> None:
             seconds, counts = [], []
-            for _ in range(runs):
+            for run in range(runs):
                 shutil.rmtree(target, ignore_errors=True)
                 subprocess.run(["cp", "-a", str(pristine), str(target)], check=True)
                 log.unlink(missing_ok=True)
-                seconds.append(_timed([sys.executable, "-m", "transplant", "apply", str(manifest), "--yes"], env))
+                profiled = [] if profile is None else [
+                    "-m", "cProfile", "-o", str(profile / f"{'ssh' if 'SSH' in name else 'local'}-{run + 1}.prof")]
+                seconds.append(_timed([sys.executable, *profiled, "-m", "transplant", "apply", str(manifest), "--yes"],
+                                      env))
                 counts.append(len(log.read_text().splitlines()) if log.exists() else 0)
             out[name] = (statistics.median(seconds), statistics.median(counts))
             say(f"  {name}: {out[name][0]:.2f} s" + ("" if "SSH" in name else f", {out[name][1]:g} applier processes"))
@@ -133,8 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (the median is reported)")
     parser.add_argument("--ssh", action=argparse.BooleanOptionalAction, default=True,
                         help="also over loopback SSH (needs sshd; see transplant.lab)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="run each transplant apply under cProfile, its profile written into DIR")
     args = parser.parse_args(argv)
-    print(table(measure(args.runs, args.ssh), args.runs))
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    print(table(measure(args.runs, args.ssh, profile=args.profile), args.runs))
     return 0
 
 

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,15 +179,19 @@ def execute(
 
     txn.acquire(target, venv, txid, f"transplant apply {plan.manifest}", reporter=reporter, break_lock=break_lock)
     try:
-        pending = txn.interrupted(target, venv)
-        for completed in txn.record_completed(target, venv):
-            reporter.note(completed.describe())
-        if pending:
-            raise ApplyError(
-                f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
-                f"finish it or undo it first",
-                hint=f"transplant apply {shlex.quote(plan.manifest)} --resume   (or --rollback)")
-        _refuse_stale(plan, target)
+        # under the lock, the stale-plan probe (its own host script) runs while the applier answers
+        # whether a transaction is interrupted: two round trips side by side, not one after the other
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            stale = pool.submit(_refuse_stale, plan, target)
+            pending = txn.interrupted(target, venv)
+            for completed in txn.record_completed(target, venv):
+                reporter.note(completed.describe())
+            if pending:
+                raise ApplyError(
+                    f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
+                    f"finish it or undo it first",
+                    hint=f"transplant apply {shlex.quote(plan.manifest)} --resume   (or --rollback)")
+            stale.result()
         expected = expected_state(plan)
         order = transaction_steps(plan)
         reply = txn.call(target, venv, "begin", {

@@ -28,7 +28,6 @@ from transplant import __version__
 from transplant.cli.commands.apply import apply_command, history_command, rollback_command
 from transplant.cli.commands.inventory import inventory_command
 from transplant.cli.commands.plan import plan_command
-from transplant.cli.commands.verify import verify_command
 from transplant.cli.options import fleet_options, ssh_options
 from transplant.cli.session import parse_location
 from transplant.errors import TransplantError
@@ -42,6 +41,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own exit code 2 would read as "changes"
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from transplant.cli.commands.verify import verify_command  # the verify ladder: off the other commands' path
+
+    return verify_command(args, console)
 
 
 def _cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -129,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remove the triton, flashinfer and torch-inductor cache folders of the target's user")
     ssh_options(v, what=", for HOST:VENV")
     fleet_options(v)
-    v.set_defaults(func=verify_command)
+    v.set_defaults(func=_cmd_verify)
     n = sub.add_parser("init", help="probe a donor and a target and write a starting manifest")
     n.add_argument("--donor", required=True, metavar="HOST:VENV", help="the venv that works, e.g. root@ct129:/root/venv")
     n.add_argument("--target", required=True, metavar="HOST:VENV", help="the venv to bring it to")

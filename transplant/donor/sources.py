@@ -24,7 +24,6 @@ from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import Endpoint, Manifest, SnapshotRef
 from transplant.hosts.probing import take_inventory
-from transplant.donor.snapshot import SnapshotSource, load_snapshot
 from transplant.reporting import QUIET, Reporter
 
 __all__ = ["DonorSource", "HostSource", "Opened", "open_donor", "as_source", "NoDonorError"]
@@ -120,6 +119,8 @@ def _open_one(entry: Endpoint | SnapshotRef, manifest: Manifest, ssh: SSHOptions
         donor = Endpoint(host=HostSpec.parse(snap.donor_host), venv=snap.donor_venv)
         return dataclasses.replace(manifest, donor=donor), source, None
     if isinstance(entry, SnapshotRef):
+        from transplant.donor.snapshot import SnapshotSource, load_snapshot  # only a snapshot donor needs it
+
         snap = load_snapshot(entry.path, base=Path(manifest.path).resolve().parent, store=store)
         source = stack.enter_context(SnapshotSource(snap))
         donor = Endpoint(host=HostSpec.parse(snap.donor_host), venv=snap.donor_venv)

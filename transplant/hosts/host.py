@@ -21,7 +21,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +202,19 @@ class Host(abc.ABC):
     @abc.abstractmethod
     def rsync_rsh(self) -> str | None:
         """The value for ``rsync -e`` that reaches this host, quoted for rsync; None for local."""
+
+    def remembered(self, key: tuple, compute: Callable[[], object]) -> object:
+        """``compute()``'s answer for ``key``, computed once per connection (so once per command: a
+        command opens each host once) and kept for the connection's life: for facts of the host that
+        a command asks more than once and that do not change while it runs (a venv folder's identity).
+
+        :param key: hashable, names the fact and its arguments (``("venv-identity", venv)``).
+        :raises: whatever ``compute`` raises (nothing is remembered then: the next call asks again).
+        """
+        facts = self.__dict__.setdefault("_remembered", {})
+        if key not in facts:
+            facts[key] = compute()
+        return facts[key]
 
     def close(self) -> None:
         """Release the connection, if any; the host may not be used afterwards."""

@@ -22,7 +22,6 @@ from transplant.donor.sources import DonorSource, Opened
 from transplant.pipeline.gather import gather
 from transplant.hosts.host import Host, SSHOptions
 from transplant.verify.judges import StageResult, overall_ok
-from transplant.verify.runner import run_stages
 from transplant.reporting import QUIET, Reporter
 
 __all__ = ["plan_target", "apply_plan", "verify_target"]
@@ -71,6 +70,8 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``).
     :returns: the stage results and whether no stage failed.
     """
+    from transplant.verify.runner import run_stages  # the verify ladder: an apply without --verify needs none
+
     results = run_stages(settings, target=target, venv=venv, donor_inventory=donor_inventory, **stages)
     ok = overall_ok(results)
     if record:

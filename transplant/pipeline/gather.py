@@ -62,20 +62,33 @@ def _hashes(dists: Sequence[Distribution], files: Sequence[str]) -> dict[str, st
 _IDENTITY = ("import os, sys\n"
              "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
              "except OSError:\n    boot = ''\n"
-             "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n")
+             "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n"
+             "log = os.environ.get('TRANSPLANT_SCRIPT_LOG')\n"
+             "if log:\n    open(log, 'a').write('identity %s\\n' % sys.argv[1])\n")
 
 
 def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[str, int, int] | None:
     """(boot id, device, inode) of the folder ``venv`` on ``host``, symlinks followed: two spellings
     of one folder (a symlink, a bind mount, another host name for the same machine) give the same
-    triple. None when it cannot be told (no boot id, the venv's python does not run)."""
+    triple. None when it cannot be told (no boot id, the venv's python does not run).
+
+    Asked once per connection (:meth:`Host.remembered`): the apply command checks it before its
+    plan and the plan's gathering checks it again; the second answer is the first one, not another
+    interpreter start on the host. ``TRANSPLANT_SCRIPT_LOG`` in the host's environment names a file
+    where each run of the identity script appends a line (a testing hook, as the applier's).
+
+    :raises HostError: the host cannot be reached.
+    """
     from transplant.hosts.probing import venv_python
 
-    result = host.run([venv_python(venv), "-I", "-S", "-c", _IDENTITY, venv], timeout=timeout)
-    words = result.stdout.decode("ascii", "replace").split()
-    if not result.ok or len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
-        return None
-    return words[0], int(words[1]), int(words[2])
+    def ask() -> tuple[str, int, int] | None:
+        result = host.run([venv_python(venv), "-I", "-S", "-c", _IDENTITY, venv], timeout=timeout)
+        words = result.stdout.decode("ascii", "replace").split()
+        if not result.ok or len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
+            return None
+        return words[0], int(words[1]), int(words[2])
+
+    return host.remembered(("venv-identity", venv), ask)  # type: ignore[return-value]  # type: ignore[return-value]
 
 
 def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
@@ -86,8 +99,10 @@ def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) 
     """
     from transplant.errors import TransplantError
 
-    mine = venv_identity(donor_host, manifest.donor.venv)
-    theirs = venv_identity(target_host, manifest.target.venv)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two hosts, two interpreter starts: side by side
+        asked = pool.submit(venv_identity, donor_host, manifest.donor.venv)
+        theirs = venv_identity(target_host, manifest.target.venv)
+        mine = asked.result()
     if mine is not None and mine == theirs:
         raise TransplantError(
             f"{manifest.path}: the target {manifest.target} is the donor {manifest.donor} under another name (the "
