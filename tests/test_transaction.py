@@ -272,6 +272,26 @@ def test_history_and_rollback_to_an_earlier_state(world, capsys):
     assert "rolled-back" in capsys.readouterr().out
 
 
+def test_rollback_to_that_stops_midway_says_what_it_already_rolled_back(world, capsys):
+    import json
+
+    venv, m = world["target"]("midway")
+    assert main(["apply", m, "--yes"]) == 0                      # A
+    _apply_with_patch(m, "PATCHED = 2\n")                       # B
+    (venv / SITE / "alpha" / "patched.py").write_text("EDITED = 9\n")  # a hand edit after B
+    _apply_with_patch(m, "PATCHED = 3\n")                       # C (its before is the hand edit)
+    capsys.readouterr()
+    assert main(["history", m, "--json"]) == 0
+    first, b, c = [t["id"] for t in json.loads(capsys.readouterr().out)["transactions"]]
+    assert main(["rollback", m, "--yes", "--to", first]) == 1   # C undone, then B finds the hand edit
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"transaction {b}'s files changed since it was applied" in out
+    assert f"already rolled back: {c} (the target is now as it was before {c}, with {b} still applied)" in out
+    assert (venv / SITE / "alpha" / "patched.py").read_text() == "EDITED = 9\n"
+    states = {t["id"]: t["state"] for t in txn.history(LocalHost(), str(venv))["transactions"]}
+    assert states == {first: "committed", b: "committed", c: "rolled-back"}
+
+
 def test_rollback_refuses_when_files_changed_since(world, capsys):
     venv, m = world["target"]("drifted")
     assert main(["apply", m, "--yes"]) == 0
@@ -280,6 +300,7 @@ def test_rollback_refuses_when_files_changed_since(world, capsys):
     assert main(["rollback", m, "--yes"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "files changed since it was applied" in out and "alpha/new.py" in out
+    assert "nothing was rolled back" in out
 
 
 def test_symlinks_stay_symlinks_and_absolute_ones_into_the_donor_are_repointed(tmp_path, monkeypatch):

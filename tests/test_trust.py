@@ -218,6 +218,24 @@ def test_break_lock_refuses_a_live_holder_on_this_controller(pair, capsys, holde
         assert "breaking the lock" in capsys.readouterr().out
 
 
+def test_rollback_takes_break_lock_as_its_hint_says(pair, capsys):
+    tmp_path = pair
+    target = tmp_path / "target"
+    before = tree(target)
+    assert main(["apply", str(tmp_path / "m.yaml"), "--yes"]) == 0
+    # a lock left by a controller on another machine (its holder cannot be checked from here)
+    (target / ".transplant" / "lock").write_text(json.dumps({
+        "id": "20260101T000000Z-0000beef", "controller": "another-machine", "pid": 4242, "since": 1,
+        "command": "transplant apply other.yaml"}))
+    capsys.readouterr()
+    assert main(["rollback", str(tmp_path / "m.yaml"), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "is locked by another apply" in out and "add --break-lock" in out
+    assert main(["rollback", str(tmp_path / "m.yaml"), "--yes", "--break-lock"]) == 0
+    assert "breaking the lock" in capsys.readouterr().out
+    assert tree(target) == before
+
+
 # -- 5, 6. hostile files: one clear error, quickly, and nothing written ------------------------------
 
 def _fifo(path: Path) -> None:

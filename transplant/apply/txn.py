@@ -420,8 +420,12 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
         info = call(host, venv, "txn", {"id": txid})
         drifted = check_state(host, venv, info["after"])
         if drifted and not force:
+            so_far = ("; nothing was rolled back" if not done else
+                      f"; already rolled back: {', '.join(done)} (the target is now as it was before "
+                      f"{done[-1]}, with {txid} still applied)")
             raise TransactionError(
-                f"{label}: transaction {txid}'s files changed since it was applied; rolling it back would lose that",
+                f"{label}: transaction {txid}'s files changed since it was applied; rolling it back would lose "
+                f"that{so_far}",
                 hint="look at the files listed; add --force to roll back anyway", mismatches=drifted)
         reporter.step(f"rolling back {txid}")
         finish(host, venv, txid, "rollback", lock=lock)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -117,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
     r.add_argument("--force", action="store_true", help="roll back even if files changed since the transaction")
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    r.add_argument("--break-lock", action="store_true",
+                   help="take the target's lock even if another controller holds it (only when that one is gone)")
     r.set_defaults(func=rollback_command)
     h = sub.add_parser("history", help="list the transactions recorded in the target venv")
     h.add_argument("manifest", help="the manifest whose target to read")
@@ -222,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code_for(exc)
     except KeyboardInterrupt:
         console.print("interrupted")
+        if args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
+            # a transaction that had begun stays on the target, and the next apply refuses to start over it
+            source = shlex.quote(args.source)
+            console.print(Text(f"if the target's transaction had begun: transplant apply {source} --resume "
+                               f"finishes it, --rollback undoes it (transplant apply {source} --yes says which "
+                               f"is needed)"), highlight=False, soft_wrap=True)
         return EXIT_INTERRUPTED
     except EOFError:  # end of input at a [y/N] question (Ctrl-D): a "no"
         console.print("no answer (end of input): nothing was changed", markup=False)

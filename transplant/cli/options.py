@@ -15,7 +15,18 @@ __all__ = ["fleet_options", "ssh_options", "CommandOptions"]
 def fleet_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", action="append", metavar="HOST:VENV",
                    help="a target (repeat for several; replaces the manifest's target / targets)")
-    p.add_argument("--jobs", type=int, default=4, metavar="N", help="targets worked on at a time (default 4)")
+    p.add_argument("--jobs", type=_positive, default=4, metavar="N", help="targets worked on at a time (default 4)")
+
+
+def _positive(text: str) -> int:
+    """``--jobs``: a whole number of at least 1 (argparse turns the error into a usage error, exit 64)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value}")
+    return value
 
 
 def ssh_options(p: argparse.ArgumentParser, *, what: str = "") -> None:

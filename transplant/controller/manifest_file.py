@@ -43,6 +43,13 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _looks_like_location(text: str) -> bool:
+    """Whether a path that does not exist reads as ``HOST:VENV`` (``local:/srv/venv``,
+    ``root@gpu-07:/root/venv``): a word before the first colon, then an absolute path."""
+    host, sep, venv = text.partition(":")
+    return bool(sep and host and "/" not in host and venv.startswith("/"))
+
+
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read, safe-load and validate a manifest; check that every patch source exists.
 
@@ -54,6 +61,10 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
     try:
         text = read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8")
     except FileNotFoundError:
+        if _looks_like_location(name):
+            raise ManifestError(name, ["(file): not found, and this command takes a manifest, not HOST:VENV; fix: "
+                                       "give the path of the manifest that names this target (HOST:VENV is taken "
+                                       "by plan/apply/verify --target, status, inventory, init and clone)"]) from None
         raise ManifestError(name, ["(file): not found; fix: give the path of an existing manifest, "
                                    "e.g. manifests/seed-migration.yaml"]) from None
     except NotRegular as exc:

@@ -219,7 +219,8 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
             console.print("nothing was changed")
             return EXIT_FAIL
         txid = new_transaction_id()
-        txn.acquire(target, venv, txid, "transplant rollback", reporter=Shown(note=printer(console)))
+        txn.acquire(target, venv, txid, "transplant rollback", reporter=Shown(note=printer(console)),
+                    break_lock=args.break_lock)
         try:
             interrupted = txn.interrupted(target, venv)
             for completed in txn.record_completed(target, venv):

@@ -97,7 +97,8 @@ def init_command(args: argparse.Namespace, console: Console,
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     left = [f for f in final.findings if f.severity == "error"]
-    console.print(f"wrote {out} in {time.monotonic() - started:.0f} s: overlay {len(data['overlay'])} entr(ies), "
+    console.print(f"wrote {out} in {time.monotonic() - started:.0f} s: overlay {len(data['overlay'])} "
+                  f"{'entry' if len(data['overlay']) == 1 else 'entries'}, "
                   f"remove {len(data.get('remove', []))}, verify imports {len(data['verify']['imports'])}",
                   highlight=False)
     for f in left:

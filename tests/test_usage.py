@@ -1,0 +1,52 @@
+"""Usage mistakes a new user made (found trying the tool from its README): each is refused with a
+clear message and the usage exit code, and nothing runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from transplant.cli.app import main
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3", "two"])
+def test_jobs_must_be_a_whole_number_of_at_least_one(jobs, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(tmp_path / "m.yaml"), "--jobs", jobs])
+    assert exited.value.code == 64
+    assert "--jobs: expected a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_jobs_of_one_or_more_is_taken(tmp_path, capsys):
+    # parsing passes; the missing manifest is the next (and only) complaint
+    assert main(["plan", str(tmp_path / "m.yaml"), "--jobs", "2"]) == 1
+    assert "not found; fix: give the path of an existing manifest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["history", "rollback"])
+def test_a_manifest_command_given_host_venv_says_it_takes_a_manifest(command, capsys):
+    assert main([command, "local:/no/such/venv-for-this-test"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "this command takes a manifest, not HOST:VENV" in out
+
+
+def test_a_missing_manifest_path_is_not_taken_for_host_venv(tmp_path, capsys):
+    assert main(["history", str(tmp_path / "gone.yaml")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "not found; fix: give the path of an existing manifest" in out and "HOST:VENV" not in out
+
+
+def test_an_apply_stopped_by_ctrl_c_says_how_to_finish_or_undo(tmp_path, capsys, monkeypatch):
+    import transplant.cli.app as app
+
+    def interrupted(args, console):  # Ctrl-C while the command runs
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app, "apply_command", interrupted)
+    m = str(tmp_path / "my manifest.yaml")
+    assert app.main(["apply", m, "--yes"]) == 130
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("interrupted")
+    assert f"transplant apply '{m}' --resume finishes it, --rollback undoes it" in out
+    # the same stop during --resume names nothing more to do
+    assert app.main(["apply", m, "--resume"]) == 130
+    assert capsys.readouterr().out.strip() == "interrupted"
