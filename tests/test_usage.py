@@ -3,6 +3,8 @@ clear message and the usage exit code, and nothing runs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from transplant.cli.app import main
@@ -50,3 +52,16 @@ def test_an_apply_stopped_by_ctrl_c_says_how_to_finish_or_undo(tmp_path, capsys,
     # the same stop during --resume names nothing more to do
     assert app.main(["apply", m, "--resume"]) == 130
     assert capsys.readouterr().out.strip() == "interrupted"
+
+
+def test_apply_json_with_one_target_is_a_usage_error_before_anything_runs(tmp_path, capsys):
+    m = tmp_path / "m.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'donor'}}}\n"
+                 f"target: {{host: local, venv: {tmp_path / 'target'}}}\noverlay: [foo]\n")
+    assert main(["apply", str(m), "--yes", "--json"]) == 64
+    captured = capsys.readouterr()
+    text = " ".join((captured.out + captured.err).split())
+    assert "apply --json prints a fleet's report" in text and f"transplant plan {m} --json" in text
+    # standard output carries the error as JSON (as for every --json command), never an empty success
+    assert json.loads(captured.out)["schema"] == "transplant.error/1"
+    assert not (tmp_path / "target").exists()

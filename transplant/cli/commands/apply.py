@@ -129,6 +129,10 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         if args.resume or args.rollback or args.break_lock:
             raise UsageError("--resume, --rollback and --break-lock act on one target; name it with --target")
         return run_fleet_action("apply", args, console, manifest, targets)
+    if args.json:  # before anything runs: a script asking for JSON must not get an apply without it
+        raise UsageError("apply --json prints a fleet's report (several targets); with one target, "
+                         f"'transplant plan {shlex.quote(args.source)} --json' prints the plan and "
+                         f"'transplant history {shlex.quote(manifest.path)} --json' the transaction it applied")
     with ExitStack() as stack:
         session = Session(manifest, console, stack)
         if saved is None and not (args.resume or args.rollback) and session.clone_pending():
