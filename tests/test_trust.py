@@ -236,6 +236,20 @@ def test_rollback_takes_break_lock_as_its_hint_says(pair, capsys):
     assert tree(target) == before
 
 
+def test_a_saved_plan_whose_manifest_is_gone_names_the_plan(pair, capsys):
+    tmp_path = pair
+    target = tmp_path / "target"
+    before = tree(target)
+    assert main(["plan", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "p.json")]) == 0
+    (tmp_path / "m.yaml").rename(tmp_path / "moved.yaml")
+    capsys.readouterr()
+    assert main(["apply", str(tmp_path / "p.json"), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{tmp_path / 'p.json'} was planned from this manifest: {tmp_path / 'm.yaml'}" in out
+    assert "not found" in out and f"--out {tmp_path / 'p.json'}" in out
+    assert tree(target) == before
+
+
 # -- 5, 6. hostile files: one clear error, quickly, and nothing written ------------------------------
 
 def _fifo(path: Path) -> None:

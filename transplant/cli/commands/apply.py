@@ -25,7 +25,7 @@ from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
 from transplant.core.promised_state import drift, plan_differences
 from transplant.core.units import human_bytes
-from transplant.errors import TransplantError, UsageError
+from transplant.errors import ManifestError, TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
 from transplant.pipeline import apply_plan
 
@@ -121,7 +121,13 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         if args.target:
             raise UsageError("a saved plan is for its own target; --target goes with a manifest")
         saved = load_plan(source)
-        manifest = load_manifest(saved.manifest)
+        try:
+            manifest = load_manifest(saved.manifest)
+        except ManifestError as exc:  # say which plan led here: the user named the plan, not the manifest
+            exc.message = f"{source} was planned from this manifest: {exc.message}"
+            exc.hint = exc.hint or (f"restore {saved.manifest}, or plan again from the manifest you use now: "
+                                    f"transplant plan MANIFEST --out {source}")
+            raise
     else:
         manifest = load_manifest(source)
     manifest, targets = targets_of(args, manifest)
