@@ -65,3 +65,11 @@ def test_apply_json_with_one_target_is_a_usage_error_before_anything_runs(tmp_pa
     # standard output carries the error as JSON (as for every --json command), never an empty success
     assert json.loads(captured.out)["schema"] == "transplant.error/1"
     assert not (tmp_path / "target").exists()
+
+
+def test_a_target_venv_that_is_a_file_is_named_so(tmp_path, capsys):
+    (tmp_path / "target").write_text("not a venv\n")
+    assert main(["inventory", f"local:{tmp_path / 'target'}"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{tmp_path / 'target'} (or a folder on the way to" in out and "is a file, not a venv folder" in out
+    assert (tmp_path / "target").read_text() == "not a venv\n"

@@ -80,6 +80,12 @@ def _no_reply(host: Host, venv: str, script: str, python: str, returncode: int |
                  f"({shlex.join(['python3', '-m', 'venv', '--upgrade', venv])}), or correct the venv path",
             code="interpreter-missing",
         )
+    if returncode in (126, 127) and b"Not a directory" in stderr:
+        return HostError(
+            f"{label}: {venv} (or a folder on the way to {python}) is a file, not a venv folder, on {host.label}",
+            hint="name the venv's own folder (the one with pyvenv.cfg and bin/python)",
+            code="interpreter-missing",
+        )
     tail = stderr.decode("utf-8", "replace").strip()[-800:]
     by_hand = shlex.join([python, "-c", "print(1)"])
     if host.label != "local":
