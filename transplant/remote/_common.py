@@ -98,3 +98,24 @@ def record_identity(data, site, scripts):
         canonical.append(row)
     text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
     return "record:" + record_hash(text.encode("ascii"))
+
+
+def write_venv_cache(prefix, path, schema, entries):
+    """Write a host script's cache document ``{"schema": schema, "entries": entries}`` to ``path``
+    in the venv's ``.transplant/cache`` folder, atomically (a temporary file renamed over it).
+
+    The two folders are made with mode 0700 where absent; a cache folder that is a symlink or
+    resolves outside ``<prefix>/.transplant/cache`` is refused, so nothing is written outside the venv.
+
+    :raises OSError: the folder cannot be made or is refused, or the file cannot be written.
+    """
+    folder = os.path.dirname(path)
+    for part in (os.path.dirname(folder), folder):  # makedirs gives the mode to the leaf only
+        if not os.path.isdir(part):
+            os.mkdir(part, 0o700)
+    if os.path.realpath(folder) != os.path.join(os.path.realpath(prefix), ".transplant", "cache"):
+        raise OSError("the cache folder is a symlink or leaves the venv")
+    temporary = "{}.{}.tmp".format(path, os.getpid())
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump({"schema": schema, "entries": entries}, handle, separators=(",", ":"))
+    os.replace(temporary, path)

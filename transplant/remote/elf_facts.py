@@ -77,9 +77,9 @@ import sys
 import time
 
 try:
-    from _transplant_common import venv_prefix
+    from _transplant_common import venv_prefix, write_venv_cache
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import venv_prefix
+    from ._common import venv_prefix, write_venv_cache
 
 __all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_entries", "defined", "libstdcxx", "ElfCache",
            "main"]
@@ -635,20 +635,11 @@ class ElfCache(object):
             return report
         if not self.misses:
             return report
-        folder = os.path.dirname(self.path)
         try:
-            for part in (os.path.dirname(folder), folder):
-                if not os.path.isdir(part):
-                    os.mkdir(part, 0o700)
-            if os.path.realpath(folder) != os.path.join(os.path.realpath(self.prefix), ".transplant", "cache"):
-                raise OSError("the cache folder is a symlink or leaves the venv")
-            temporary = "{}.{}.tmp".format(self.path, os.getpid())
             # every entry kept (one plan asks facts, then symbols, in separate runs); past
             # CACHE_MAX_ENTRIES only this run's, so that keys of bytes long gone do not pile up
             kept = self.entries if len(self.entries) <= CACHE_MAX_ENTRIES else self.fresh
-            with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump({"schema": CACHE_SCHEMA, "entries": kept}, handle, separators=(",", ":"))
-            os.replace(temporary, self.path)
+            write_venv_cache(self.prefix, self.path, CACHE_SCHEMA, kept)
             report["written"] = True
         except OSError as exc:
             report["error"] = "not written: {}".format(exc)[:200]

@@ -64,9 +64,11 @@ import sysconfig
 import time
 
 try:
-    from _transplant_common import record_hash as _digest, record_hash_of, record_identity, script_head, venv_prefix
+    from _transplant_common import (record_hash as _digest, record_hash_of, record_identity, script_head,
+                                    venv_prefix, write_venv_cache)
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import record_hash as _digest, record_hash_of, record_identity, script_head, venv_prefix
+    from ._common import (record_hash as _digest, record_hash_of, record_identity, script_head, venv_prefix,
+                          write_venv_cache)
 
 SCHEMA = "transplant.inventory/1"
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -395,17 +397,8 @@ class _HashCache(object):
             return report
         merged = dict(self.entries)
         merged.update(self.fresh)
-        folder = os.path.dirname(self.path)
         try:
-            for part in (os.path.dirname(folder), folder):  # makedirs gives the mode to the leaf only
-                if not os.path.isdir(part):
-                    os.mkdir(part, 0o700)
-            if os.path.realpath(folder) != os.path.join(os.path.realpath(self.prefix), ".transplant", "cache"):
-                raise OSError("the cache folder is a symlink or leaves the venv")
-            temporary = "{}.{}.tmp".format(self.path, os.getpid())
-            with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump({"schema": _HASH_SCHEMA, "entries": merged}, handle, separators=(",", ":"))
-            os.replace(temporary, self.path)
+            write_venv_cache(self.prefix, self.path, _HASH_SCHEMA, merged)
             report["written"] = True
         except OSError as exc:
             report["error"] = "not written: {}".format(exc)[:200]
