@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 
-
 #: The applier sessions open now, by (host, venv): every :func:`call` for that venv inside a
 #: :func:`session` block goes through its one process.
 _OPEN: dict[tuple[str, str], ScriptSession] = {}

@@ -54,9 +54,7 @@ def run_script(
     python = python or venv_python(venv)
     label = f"{host.label}:{venv}"
     code = remote.source(script)
-    # the probe, the ELF reader and the applier run isolated: no site (a .pth file is code the
-    # venv would run), no PYTHON* variables, no user site-packages
-    flags = ["-I", "-S"] if script in remote.ISOLATED else []
+    flags = _isolation(script)
     if request is None:
         argv, stdin = [python, *flags, "-", *args], code
     else:
@@ -66,6 +64,13 @@ def run_script(
     if not lines:
         raise _no_reply(host, venv, script, python, result.returncode, result.stderr)
     return _document(label, script, lines[-1])
+
+
+def _isolation(script: str) -> list[str]:
+    """The interpreter flags a host script runs with: ``-I -S`` for those of :data:`remote.ISOLATED`
+    (no site, whose .pth files are code the venv would run; no PYTHON* variables; no user
+    site-packages), none for the others."""
+    return ["-I", "-S"] if script in remote.ISOLATED else []
 
 
 def _no_reply(host: Host, venv: str, script: str, python: str, returncode: int | None, stderr: bytes) -> HostError:
@@ -133,7 +138,7 @@ class ScriptSession:
 
     def _start(self) -> subprocess.Popen:
         code = remote.source(self.script).decode()
-        flags = ["-I", "-S"] if self.script in remote.ISOLATED else []
+        flags = _isolation(self.script)
         self._buffer, self._stderr = b"", bytearray()
         try:
             proc = self.host.spawn([self.python, *flags, "-c", code, "--session"])

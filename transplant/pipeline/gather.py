@@ -88,7 +88,7 @@ def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[
             return None
         return words[0], int(words[1]), int(words[2])
 
-    return host.remembered(("venv-identity", venv), ask)  # type: ignore[return-value]  # type: ignore[return-value]
+    return host.remembered(("venv-identity", venv), ask)  # type: ignore[return-value]
 
 
 def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
