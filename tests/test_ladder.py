@@ -24,7 +24,7 @@ from transplant.lab.wheels import build_wheel, make_venv
 from transplant.core.manifest import ServeCheck, VerifySettings
 from transplant.hosts.probing import take_inventory
 from transplant.reporting import RecordingReporter
-from transplant.verify.runner import STAGES, run_stages
+from transplant.verify.runner import GROUP, STAGES, run_stages
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
@@ -160,7 +160,10 @@ def test_sound_venv_passes_each_stage_and_skips_what_has_no_settings(built, loca
     by = _by_name(results)
     assert [r.name for r in results] == ["interpreter", "imports", "native-load", "library-provenance", "requirements",
                                          "server-args", "smoke", "serve", "jit-caches"]
-    assert seen == [r.name for r in results]
+    # the independent stages overlap, so their steps come in the order they start: each once, between
+    # interpreter and smoke (jit-caches only looks here, so it is one of them)
+    assert seen[0] == "interpreter" and seen[-2:] == ["smoke", "serve"]
+    assert sorted(seen[1:-2]) == sorted(GROUP)
     done = [e[1:] for e in recorded.events if e[0] == "progress"]
     assert [d for d, _ in done] == sorted(d for d, _ in done) and done[-1] == (len(STAGES), len(STAGES))
     assert by["interpreter"].status == "pass" and "no donor interpreter to compare with" in by["interpreter"].reason

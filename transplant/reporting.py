@@ -7,7 +7,8 @@ them once for a terminal and off one. Edges never print and never import the fac
 - :meth:`Reporter.note`: a line the operator should read (a stale lock broken, a donor source
   that failed): printed as is, kept in a log.
 - :meth:`Reporter.step`: the named step now running (``files``, ``commit``, ``check``, a verify
-  stage, "probing the target ..."); it ends when the next one starts or the call returns. A
+  stage, "probing the target ..."); it ends when the next one starts or the call returns (verify's
+  independent stages overlap: there each step names one more stage running, from its thread). A
   plain call rather than a context manager: every edge today names its steps as it goes, and the
   face shows only the current one (a spinner's text, a bar's label), so a begin/end pair would add
   nothing shown and would re-indent every edge.

@@ -41,18 +41,23 @@ class Shown:
     """A :class:`transplant.reporting.Reporter` for one command: each note goes to ``note`` and
     each step's name to ``step`` (a printer, a spinner's ``update``), or nowhere when None;
     progress is not shown (the spinner counts seconds; apply's bytes are :class:`ByteProgress`'s).
+    Safe to call from several threads (verify's stages overlap): one call at a time reaches
+    ``note`` and ``step``, so two lines never interleave.
     """
 
     def __init__(self, *, note: Callable[[str], None] | None = None, step: Callable[[str], None] | None = None):
         self._note, self._step = note, step
+        self._lock = threading.Lock()
 
     def note(self, text: str) -> None:
         if self._note is not None:
-            self._note(text)
+            with self._lock:
+                self._note(text)
 
     def step(self, name: str) -> None:
         if self._step is not None:
-            self._step(name)
+            with self._lock:
+                self._step(name)
 
     def progress(self, done: int, total: int) -> None:
         pass

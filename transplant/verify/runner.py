@@ -6,12 +6,19 @@ Each stage runs in a fresh interpreter of the target venv with the manifest's
 ``interpreter``, ``imports``, ``native-load``, ``library-provenance``, ``requirements``,
 ``server-args`` (and ``server-args-resolve`` when asked for), ``smoke``, ``serve``,
 ``jit-caches``. A stage that has nothing to check is a skip with its reason, never a pass.
+
+``interpreter`` runs first (it takes the live inventory the others read); then the stages
+that do not depend on each other (:data:`GROUP`) run at once, each its own host process, at
+most :data:`PARALLEL` at a time; then ``smoke`` and ``serve`` one after the other (they use
+the GPU and a port). The results are in the order of :data:`STAGES` whatever order they
+finish in.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -29,11 +36,25 @@ from transplant.core.rules.recordless import judge_stale_modules, stale_extensio
 from transplant.verify.judges import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
 from transplant.reporting import QUIET, Reporter
 
-__all__ = ["run_stages", "donor_reader", "STAGES"]
+__all__ = ["run_stages", "donor_reader", "STAGES", "GROUP", "PARALLEL"]
 
-#: The ladder's stages, in the order they run.
+#: The ladder's stages, in the order of its results.
 STAGES = ("interpreter", "imports", "native-load", "library-provenance", "requirements", "server-args",
           "server-args-resolve", "smoke", "serve", "jit-caches")
+
+#: The stages that run at once after ``interpreter``: each reads only the live inventory (and
+#: the donor's) and runs its own host process, which neither writes nor holds anything the
+#: others use. ``server-args-resolve`` is judged from ``server-args``' report. ``jit-caches``
+#: is one of them only when it just looks; with ``clear_jit_caches`` it runs last, alone, as it
+#: removes folders the other stages' imports (and the server of ``serve``) may be writing.
+GROUP = ("imports", "native-load", "library-provenance", "requirements", "server-args", "jit-caches")
+
+#: How many stages of :data:`GROUP` run at a time by default: the three that import torch
+#: (``imports``, ``native-load``, ``library-provenance``) and one light one. Not the
+#: controller's core count: the stages run on the target, whose cores the controller does not
+#: know before the inventory, and on a host with fewer cores the processes share them at no
+#: cost beyond their memory (about 1 GB each with torch imported).
+PARALLEL = 4
 
 
 def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
@@ -67,6 +88,7 @@ def run_stages(
     reporter: Reporter = QUIET,
     clear_jit_caches: bool = False,
     donor_run: DonorRun | None = None,
+    parallel: int = PARALLEL,
 ) -> list[StageResult]:
     """Run every verify stage and return their results in order (see :data:`STAGES`).
 
@@ -77,12 +99,15 @@ def run_stages(
         compare with. It is the reference of the ``interpreter`` stage (same implementation
         and ``major.minor``) and of ``requirements``: an unmet requirement fails only when
         the donor's environment satisfies it; one the donor cannot meet either is a warning.
-        Without a donor nothing can be compared, so every unmet requirement fails.
-    :param reporter: told each stage's name as a step before it runs, then after it how far
-        down the ladder it is (the stage's place in :data:`STAGES` of all of them: items; a
-        stage that does not apply is passed over, so the last one reports all).
+        Without a donor nothing can be compared, so every unmet requirement fails. It is read
+        in a thread of its own while the target's inventory is taken.
+    :param reporter: told each stage's name as a step when it starts, and after each stage
+        ends how many of :data:`STAGES` have ended (``done`` of ``len(STAGES)`` items; a stage
+        that does not apply is passed over, so the last report is all of them). The stages of
+        :data:`GROUP` overlap, so their steps come from several threads, in the order they
+        start, and one step's start does not end the one before; ``done`` never goes down.
     :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
-        (only those folders).
+        (only those folders); the stage then runs last, alone.
     :param donor_run: runs a host script in the donor's venv (``(script, args, request) ->
         report``, with ``{venv}`` in a request path standing for the donor's prefix), or None
         when the donor cannot run code (a snapshot, unreachable). Import names derived from
@@ -90,19 +115,34 @@ def run_stages(
         there too: one that fails the same way on the donor is what the donor runs, a
         warning in a passing stage, not a fault of the transplant
         (:func:`transplant.verify.ladder.donor_shared_imports`, ``donor_shared_objects``). A name
-        ``verify.imports`` lists is the operator's assertion and fails regardless.
+        ``verify.imports`` lists is the operator's assertion and fails regardless. It is called
+        from several threads at once.
+    :param parallel: how many stages of :data:`GROUP` run at a time (at least 1; 1 runs them
+        one after the other, in the ladder's order).
+    :raises ValueError: ``parallel`` below 1.
     A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
     a missing interpreter) is a fail with that reason; the other stages still run.
     """
+    if parallel < 1:
+        raise ValueError(f"parallel must be at least 1, not {parallel}")
     env = dict(settings.env)
     timeout = settings.timeout
-    results: list[StageResult] = []
-    state: dict[str, Any] = {"live": None, "donor": None, "names": list(settings.imports)}
+    results: dict[str, StageResult] = {}
+    lock = threading.Lock()
+    state: dict[str, Any] = {"live": None, "ended": 0}
 
-    def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> None:
+    def finish(*done: StageResult, passed: int = 0) -> None:
+        """Keep the results and report how many stages have ended (``passed``: stages passed over)."""
+        with lock:  # the count and its report together, so that ``done`` never goes down
+            results.update((r.name, r) for r in done)
+            state["ended"] += len(done) + passed
+            reporter.progress(state["ended"], len(STAGES))
+
+    def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
         reporter.step(name)
-        results.append(_timed(name, body))
-        reporter.progress(STAGES.index(name) + 1, len(STAGES))  # how far down the ladder
+        result = _timed(name, body)
+        finish(result)
+        return result
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         donor_future = pool.submit(donor_inventory) if donor_inventory else None
@@ -147,8 +187,6 @@ def run_stages(
             return status, reason + skipped, {**report, "derived_from": [d.display_name for d in dists],
                                               "skipped": dict(settings.skip_imports)}
 
-        run("imports", imports)
-
         def native() -> tuple[str, str, Mapping]:
             if live is None:
                 return "skip", "the target's inventory could not be read (see interpreter)", {}
@@ -171,8 +209,6 @@ def run_stages(
                                                      donor_shared=shared)
             return status, reason, report
 
-        run("native-load", native)
-
         def provenance() -> tuple[str, str, Mapping]:
             if live is None:
                 return "skip", "the target's inventory could not be read (see interpreter)", {}
@@ -191,8 +227,6 @@ def run_stages(
             return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped), "stale_modules": stale,
                                     "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
 
-        run("library-provenance", provenance)
-
         def requirements() -> tuple[str, str, Mapping]:
             if live is None:
                 return "skip", "the target's inventory could not be read (see interpreter)", {}
@@ -207,37 +241,57 @@ def run_stages(
                 reason += " (no donor to compare with, so every unmet requirement counts)"
             return status, reason, {"findings": [asdict(f) for f in findings]}
 
-        run("requirements", requirements)
+        resolved: dict[str, Any] = {}
+        resolving = settings.server_args is not None and settings.server_args.resolve
 
-    resolved: dict[str, Any] = {}
+        def server_args() -> tuple[str, str, Mapping]:
+            check = settings.server_args
+            if check is None:
+                return "skip", "no verify.server_args in the manifest", {}
+            if live is None:
+                return "skip", "the target's interpreter could not be run (see interpreter)", {}
+            wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
+            report = run_script(target, venv, "stage_server_args", [check.entry, json.dumps(wanted), *check.args],
+                                env=env, timeout=timeout)
+            resolved.update(report.get("resolve") or {})
+            status, reason = judge_server_args(check.expect, report)
+            return status, reason, report
 
-    def server_args() -> tuple[str, str, Mapping]:
-        check = settings.server_args
-        if check is None:
-            return "skip", "no verify.server_args in the manifest", {}
-        if state["live"] is None:
-            return "skip", "the target's interpreter could not be run (see interpreter)", {}
-        wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
-        report = run_script(target, venv, "stage_server_args", [check.entry, json.dumps(wanted), *check.args],
-                            env=env, timeout=timeout)
-        resolved.update(report.get("resolve") or {})
-        status, reason = judge_server_args(check.expect, report)
-        return status, reason, report
+        def server_args_stages() -> None:
+            reporter.step("server-args")
+            started = _timed("server-args", server_args)
+            if not resolving:
+                finish(started, passed=1)  # server-args-resolve, not asked for, is passed over
+                return
+            if resolved:
+                status, reason = judges.judge_resolve(resolved)
+            else:
+                status, reason = "skip", f"not run: the arguments did not parse ({started.status})"
+            finish(started, StageResult(name="server-args-resolve", status=status, reason=reason,
+                                        seconds=float(resolved.get("seconds") or 0.0), details=resolved))
 
-    run("server-args", server_args)
-    if settings.server_args is not None and settings.server_args.resolve:
-        started = results[-1]
-        if resolved:
-            status, reason = judges.judge_resolve(resolved)
-        else:
-            status, reason = "skip", f"not run: the arguments did not parse ({started.status})"
-        results.append(StageResult(name="server-args-resolve", status=status, reason=reason,
-                                   seconds=float(resolved.get("seconds") or 0.0), details=resolved))
+        def jit() -> tuple[str, str, Mapping]:
+            if live is None:
+                return "skip", "the target's interpreter could not be run (see interpreter)", {}
+            report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env,
+                                timeout=timeout)
+            caches = report.get("caches", [])
+            status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
+            return status, reason, report
+
+        group: list[Callable[[], object]] = [lambda: run("imports", imports), lambda: run("native-load", native),
+                                             lambda: run("library-provenance", provenance),
+                                             lambda: run("requirements", requirements), server_args_stages]
+        if not clear_jit_caches:
+            group.append(lambda: run("jit-caches", jit))
+        with ThreadPoolExecutor(max_workers=min(parallel, len(group)), thread_name_prefix="verify") as stages:
+            for future in [stages.submit(each) for each in group]:
+                future.result()  # a stage's own failure is its result; this raises only a bug's error
 
     def smoke() -> tuple[str, str, Mapping]:
         if settings.smoke_device is None:
             return "skip", "no verify.smoke in the manifest", {}
-        if state["live"] is None:
+        if live is None:
             return "skip", "the target's interpreter could not be run (see interpreter)", {}
         report = run_script(target, venv, "stage_smoke", [settings.smoke_device], env=env, timeout=timeout)
         status, reason = judge_smoke(report)
@@ -249,7 +303,7 @@ def run_stages(
         check = settings.serve
         if check is None:
             return "skip", "no verify.serve in the manifest", {}
-        if state["live"] is None:
+        if live is None:
             return "skip", "the target's interpreter could not be run (see interpreter)", {}
         request = {"command": list(check.command), "health": check.health, "path": check.path,
                    "body": dict(check.body), "config": dict(check.config) if check.config else None,
@@ -260,17 +314,9 @@ def run_stages(
         return status, reason, report
 
     run("serve", serve)
-
-    def jit() -> tuple[str, str, Mapping]:
-        if state["live"] is None:
-            return "skip", "the target's interpreter could not be run (see interpreter)", {}
-        report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env, timeout=timeout)
-        caches = report.get("caches", [])
-        status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
-        return status, reason, report
-
-    run("jit-caches", jit)
-    return results
+    if clear_jit_caches:
+        run("jit-caches", jit)
+    return [results[name] for name in STAGES if name in results]
 
 
 #: Runs a host script in the donor's venv: ``(script, args, request) -> report``; a request's

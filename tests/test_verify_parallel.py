@@ -1,0 +1,170 @@
+"""The verify ladder's independent stages run at once, in real venvs on this machine.
+
+Overlap is proven without timing: the ``imports`` stage imports a module that waits for a
+file the ``server-args`` stage's parser writes, and that parser waits for the file the import
+writes (a rendezvous with a bounded wait): run one after the other, the first to run gives up
+and fails. Each host process's start and end are recorded by a :class:`LocalHost` that notes
+them around the real command (the commands themselves run unchanged), to show that ``smoke``
+and ``serve`` still run alone, one after the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from transplant import remote
+from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings
+from transplant.hosts.host import LocalHost
+from transplant.lab.wheels import build_wheel, make_venv
+from transplant.reporting import RecordingReporter
+from transplant.verify.runner import GROUP, STAGES, run_stages
+
+#: Imported by the ``imports`` (and ``library-provenance``) stage: says it is there, then waits
+#: for a ``server-args`` process to say the same.
+MEET_A = textwrap.dedent('''\
+    import os, time
+    _dir = os.environ["MEET_DIR"]
+    open(os.path.join(_dir, "a-%d" % os.getpid()), "w").close()
+    _deadline = time.monotonic() + float(os.environ["MEET_WAIT"])
+    while not any(n.startswith("b-") for n in os.listdir(_dir)):
+        if time.monotonic() > _deadline:
+            raise ImportError("no server-args process ran at the same time")
+        time.sleep(0.02)
+    __version__ = "1.0"
+    ''')
+
+#: The ``server-args`` stage's parser: says it is there, waits for an importing process.
+MEET_B = textwrap.dedent('''\
+    import os, time, types
+
+    def parse(argv):
+        folder = os.environ["MEET_DIR"]
+        open(os.path.join(folder, "b-%d" % os.getpid()), "w").close()
+        deadline = time.monotonic() + float(os.environ["MEET_WAIT"])
+        while not any(n.startswith("a-") for n in os.listdir(folder)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no imports process ran at the same time")
+            time.sleep(0.02)
+        return types.SimpleNamespace(port=int(argv[argv.index("--port") + 1]))
+
+    def crash(argv):
+        os._exit(9)
+    ''')
+
+
+class Timed(LocalHost):
+    """This machine, noting which host script each command ran and when it started and ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[tuple[str, float, float]] = []
+        self._lock = threading.Lock()
+
+    def run(self, argv, *, stdin=None, env=None, timeout=None):
+        started = time.monotonic()
+        try:
+            return super().run(argv, stdin=stdin, env=env, timeout=timeout)
+        finally:
+            with self._lock:
+                self.runs.append((_script(argv, stdin), started, time.monotonic()))
+
+    def span(self, script: str) -> tuple[float, float]:
+        found = [(s, e) for name, s, e in self.runs if name == script]
+        assert len(found) == 1, (script, self.runs)
+        return found[0]
+
+
+def _script(argv, stdin) -> str:
+    for name in remote.SCRIPTS:
+        code = remote.source(name)
+        if stdin == code or code.decode() in argv:
+            return name
+    return "?"
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("parallel")
+    wheel = build_wheel(root / "wheels", "meet", "1.0", {"meet_a/__init__.py": MEET_A, "meet_b.py": MEET_B,
+                                                        "plain/__init__.py": "__version__ = '2.0'\n"})
+    return str(make_venv(root / "venv", [wheel]))
+
+
+def _settings(tmp_path: Path, wait: float, **changes) -> VerifySettings:
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    env = {"MEET_DIR": str(meet), "MEET_WAIT": str(wait), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    check = ServerArgsCheck(entry="meet_b:parse", args=("--port", "30000"), expect={"port": 30000})
+    return VerifySettings(imports=("meet_a",), server_args=check, env=env, timeout=120, **changes)
+
+
+def test_independent_stages_run_at_once(venv, tmp_path):
+    host = Timed()
+    recorded = RecordingReporter()
+    results = run_stages(_settings(tmp_path, wait=60), target=host, venv=venv, reporter=recorded)
+    by = {r.name: r for r in results}
+    assert by["imports"].status == "pass", by["imports"].reason
+    assert by["server-args"].status == "pass" and by["server-args"].reason == "parsed; 30000 (port)"
+    assert by["library-provenance"].details["imported"] == [{"name": "meet_a", "ok": True, "error": None}]
+    assert [r.name for r in results] == [n for n in STAGES if n != "server-args-resolve"]  # the ladder's order
+    imports, parser = host.span("stage_imports"), host.span("stage_server_args")
+    assert imports[0] < parser[1] and parser[0] < imports[1], "the two processes overlapped"
+    done = [e[1:] for e in recorded.events if e[0] == "progress"]
+    counts = [d for d, _ in done]  # one report per stage ended (server-args with its passed-over resolve: two)
+    assert counts == sorted(set(counts)) and len(counts) == len(results) and done[-1] == (len(STAGES), len(STAGES))
+
+
+def test_one_at_a_time_the_rendezvous_fails(venv, tmp_path):
+    """The twin, run as the ladder ran before (parallel=1): the import waits for a parser that
+    has not started, and fails; the parser then finds the import's file and passes."""
+    by = {r.name: r for r in run_stages(_settings(tmp_path, wait=1), target=LocalHost(), venv=venv, parallel=1)}
+    assert by["imports"].status == "fail" and "no server-args process ran at the same time" in by["imports"].reason
+    assert by["server-args"].status == "pass"
+
+
+def test_a_failing_stage_stops_none_and_smoke_and_serve_run_alone_after_the_rest(venv, tmp_path):
+    serve = ServeCheck(command=("{python}", "-c", "import sys; sys.exit(3)", "{port}"), timeout=30)
+    settings = _settings(tmp_path, wait=0, smoke_device="cpu", serve=serve)
+    settings = dataclasses.replace(settings, imports=("plain",),
+                                   server_args=ServerArgsCheck(entry="meet_b:crash", args=(), expect={}))
+    host = Timed()
+    results = run_stages(settings, target=host, venv=venv)
+    by = {r.name: r for r in results}
+    assert [r.name for r in results] == [n for n in STAGES if n != "server-args-resolve"]
+    assert by["server-args"].status == "fail" and "script failed in the venv's python (exit 9)" in by["server-args"].reason
+    assert by["imports"].status == "pass" and by["imports"].reason == "1 imports: plain 2.0"
+    assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"
+    # smoke has no torch to run and the server exits at once: both ran, and failed, after the others
+    assert by["smoke"].status == "fail" and "No module named 'torch'" in by["smoke"].reason
+    assert by["serve"].status == "fail" and "exited with code 3" in by["serve"].reason
+    smoke, served = host.span("stage_smoke"), host.span("stage_serve")
+    others = [(s, e) for name, s, e in host.runs if name not in ("stage_smoke", "stage_serve")]
+    assert len(others) == 5  # the probe, imports, provenance, server-args, jit-caches (no shared objects to load)
+    assert all(e <= smoke[0] for _, e in others) and smoke[1] <= served[0]
+
+
+def test_clearing_jit_caches_runs_that_stage_last_and_alone(venv, tmp_path):
+    settings = _settings(tmp_path, wait=60)
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "kernel.json").write_text("{}")
+    host = Timed()
+    recorded = RecordingReporter()
+    results = run_stages(settings, target=host, venv=venv, clear_jit_caches=True, reporter=recorded)
+    assert [r.name for r in results][-1] == "jit-caches" and recorded.steps()[-1] == "jit-caches"
+    assert sorted(recorded.steps()[1:-3]) == sorted(set(GROUP) - {"jit-caches"})
+    jit = host.span("stage_jit")
+    assert all(e <= jit[0] for name, _, e in host.runs if name != "stage_jit")
+    assert not (tmp_path / "triton").exists(), results[-1].reason
+    assert (tmp_path / "meet").is_dir(), "nothing but the cache folder was removed"
+
+
+def test_parallel_below_one_is_refused(venv, tmp_path):
+    with pytest.raises(ValueError, match="at least 1"):
+        run_stages(_settings(tmp_path, wait=0), target=LocalHost(), venv=venv, parallel=0)
