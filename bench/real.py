@@ -21,7 +21,12 @@ each, as processes on this machine with their peak RSS:
 * a no-op plan: the same pair with an overlay of the distributions that are byte-identical
   on both sides (same dist-info name and RECORD) and no removals, so that nothing is left
   to change, twice (the second with warm caches). A plan of a venv against itself is
-  refused by design, and the after-apply scenario needs a 5-minute clone.
+  refused by design, and the after-apply scenario needs a 5-minute clone;
+* ``transplant verify local:<venv> --imports torch,sglang,flashinfer,sgl_kernel`` of each
+  venv as it is (as the real test tier does): without a manifest nothing is recorded, the JIT
+  caches are only looked at, and the stages' interpreters run with
+  ``PYTHONDONTWRITEBYTECODE=1``, so nothing is written into either venv. ``--verify-only``
+  measures these two alone.
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-__all__ = ["DEFAULT_ROOT", "MARKER", "missing", "identical_distributions", "measure", "plan_summary", "report", "main"]
+__all__ = ["DEFAULT_ROOT", "MARKER", "VERIFY_IMPORTS", "missing", "identical_distributions", "measure", "plan_summary",
+           "verify_summary", "report", "main"]
 
 DEFAULT_ROOT = Path.home() / ".cache" / "transplant" / "real"
 MARKER = ".transplant-real-complete"
 ROOT = Path(__file__).resolve().parent.parent
+#: What verify imports on each side (the real test tier's list).
+VERIFY_IMPORTS = "torch,sglang,flashinfer,sgl_kernel"
 
 
 def missing(root: Path) -> str | None:
@@ -83,9 +91,11 @@ def _pip(venv: Path) -> list[str]:
             "inspect"]
 
 
-def measure(root: Path, say=print) -> dict[str, tuple[float, int, int, str]]:
+def measure(root: Path, say=print, *, verify_only: bool = False) -> dict[str, tuple[float, int, int, str]]:
     """Every measurement of the real pair: name -> (seconds, peak RSS in bytes, exit status,
-    :func:`plan_summary` of a plan or "").
+    :func:`plan_summary` of a plan, :func:`verify_summary` of a verify, or "").
+
+    :param verify_only: measure only the verify of each side.
 
     :raises RuntimeError: a step could not run (its output in the message).
     """
@@ -99,7 +109,21 @@ def measure(root: Path, say=print) -> dict[str, tuple[float, int, int, str]]:
     work = Path(tempfile.mkdtemp(prefix="transplant-bench-real-", dir="/tmp"))
     out: dict[str, tuple[float, int, int, str]] = {}
     try:
-        env = {**os.environ, "TRANSPLANT_STATE_DIR": str(work / "state"), "COLUMNS": "200"}
+        env = {**os.environ, "TRANSPLANT_STATE_DIR": str(work / "state"), "COLUMNS": "200",
+               "PYTHONDONTWRITEBYTECODE": "1"}
+
+        def step(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
+            seconds, rss, code, text = _measured(argv, env={**env, **(extra or {})})
+            what = plan_summary(text) if argv[:4] == plan[:4] else verify_summary(text) if argv[:4] == verify else ""
+            out[name] = (seconds, rss, code, what)
+            say(f"  {name}: {seconds:.2f} s, {rss / 2**20:.0f} MiB, exit {code} {what}")
+
+        plan = [sys.executable, "-m", "transplant", "plan", "--json"]
+        verify = [sys.executable, "-m", "transplant", "verify"]
+        for side, venv in (("target", target), ("donor", donor)):
+            step(f"verify: {side}", [*verify, f"local:{venv}", "--imports", VERIFY_IMPORTS, "--json"])
+        if verify_only:
+            return out
         forward = work / "forward.yaml"
         subprocess.run([sys.executable, "-m", "transplant.lab.realstacks", "manifest", str(donor), str(target),
                         str(forward), "--calibrated"], check=True, cwd=ROOT)
@@ -108,14 +132,6 @@ def measure(root: Path, say=print) -> dict[str, tuple[float, int, int, str]]:
         noop.write_text(yaml.safe_dump(manifest_data(str(donor), str(target), overlay=same, remove=[]),
                                        sort_keys=False))
         say(f"real pair at {root}: no-op overlay of {len(same)} identical distributions")
-
-        def step(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
-            seconds, rss, code, text = _measured(argv, env={**env, **(extra or {})})
-            what = plan_summary(text) if argv[:4] == plan[:4] else ""
-            out[name] = (seconds, rss, code, what)
-            say(f"  {name}: {seconds:.2f} s, {rss / 2**20:.0f} MiB, exit {code} {what}")
-
-        plan = [sys.executable, "-m", "transplant", "plan", "--json"]
         step("inventory: transplant (metadata)", [sys.executable, "-m", "transplant", "inventory", f"local:{target}"])
         step("inventory: pip inspect", _pip(target))
         step("plan forward, no hash cache (cold)", [*plan, str(forward)], {"TRANSPLANT_HASH_CACHE": "0"})
@@ -148,20 +164,41 @@ def plan_summary(text: str) -> str:
     return f"{copy} file(s) to copy, {remove} to remove; blocking: {', '.join(blocking) or 'none'}"
 
 
+def verify_summary(text: str) -> str:
+    """What a ``verify --json`` output says, in a few words: each stage that ran with its
+    seconds (a failed one marked), or why the output could not be read."""
+    import json
+
+    start = text.find("{")
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text, start) if start >= 0 else (None, 0)
+    except ValueError as exc:
+        return f"(no verify document: {exc})"
+    if not isinstance(doc, dict) or not isinstance(doc.get("stages"), list):
+        return "(no verify document)"
+    ran = [f"{s['name']} {s['seconds']:.1f} s" + (" FAILED" if s["status"] == "fail" else "")
+           for s in doc["stages"] if s.get("status") != "skip"]
+    return ", ".join(ran) or "every stage skipped"
+
+
 def report(results: dict[str, tuple[float, int, int, str]], root: Path) -> str:
     """The markdown section: every measurement, then each target of the issue met or missed."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"## Real pair ({root}, measured {stamp}, one run each)", "",
-             "| measurement | seconds | peak RSS | exit | plan |", "| --- | ---: | ---: | ---: | --- |"]
+    lines = [f"## Real pair ({root}, measured {stamp}, load average {os.getloadavg()[0]:.1f}, one run each)", "",
+             "| measurement | seconds | peak RSS | exit | plan or stages |", "| --- | ---: | ---: | ---: | --- |"]
     lines += [f"| {name} | {s:.2f} | {rss / 2**20:.0f} MiB | {code} | {what} |"
               for name, (s, rss, code, what) in results.items()]
     get = lambda name: results[name][0]  # noqa: E731
     plans = [v for k, v in results.items() if k.startswith("plan")]
-    rows = [("inventory (metadata) no slower than pip inspect", get("inventory: transplant (metadata)"),
-             get("inventory: pip inspect"), "s"),
-            ("plan of the real pair at most 8 s (warm)", get("plan forward, warm hash caches"), 8.0, "s"),
-            ("plan's controller RSS at most 300 MB", max(v[1] for v in plans) / 1e6, 300.0, "MB"),
-            ("plan with nothing to change at most 1 s (warm)", get("plan with nothing to change, warm"), 1.0, "s")]
+    rows = []
+    if plans:
+        rows = [("inventory (metadata) no slower than pip inspect", get("inventory: transplant (metadata)"),
+                 get("inventory: pip inspect"), "s"),
+                ("plan of the real pair at most 8 s (warm)", get("plan forward, warm hash caches"), 8.0, "s"),
+                ("plan's controller RSS at most 300 MB", max(v[1] for v in plans) / 1e6, 300.0, "MB"),
+                ("plan with nothing to change at most 1 s (warm)", get("plan with nothing to change, warm"), 1.0, "s")]
+    rows += [(f"verify of the real {side} at most 15 s", get(f"verify: {side}"), 15.0, "s")
+             for side in ("target", "donor") if f"verify: {side}" in results]
     lines += ["", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
     for name, got, limit, unit in rows:
         lines.append(f"| {name} | {got:.2f} {unit} | {limit:.2f} {unit} | "
@@ -174,13 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.real", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default=str(DEFAULT_ROOT), help="folder holding the donor and target venvs")
     parser.add_argument("--out", help="also write the markdown section to this file")
+    parser.add_argument("--verify-only", action="store_true", help="measure only the verify of each venv")
     args = parser.parse_args(argv)
     root = Path(args.root).expanduser()
     why = missing(root)
     if why is not None:
         print(f"real pair: skipped: {why}")
         return 0
-    section = report(measure(root), root)
+    section = report(measure(root, verify_only=args.verify_only), root)
     print(section)
     if args.out:
         Path(args.out).write_text(section)

@@ -99,3 +99,21 @@ def test_identical_distributions_are_the_no_op_overlay(tmp_path):
     info.mkdir()
     (info / "RECORD").write_text("a,,\n")  # the target lacks it
     assert identical_distributions(tmp_path / "donor", tmp_path / "target") == ["rpds-py"]
+
+
+def test_verify_summary_and_the_verify_rows_of_the_report(tmp_path):
+    from bench.real import report, verify_summary
+    from transplant.cli.render import verify_json
+    from transplant.verify.judges import StageResult
+
+    stages = [StageResult(name=name, status=status, reason="why", seconds=seconds, details={})
+              for name, status, seconds in (("interpreter", "pass", 8.46), ("imports", "fail", 11.23),
+                                            ("smoke", "skip", 0.0))]
+    text = "noise before\n" + verify_json(stages, "local:/v")
+    assert verify_summary(text) == "interpreter 8.5 s, imports 11.2 s FAILED"
+    assert verify_summary("Traceback ...").startswith("(no verify document")
+    section = report({"verify: target": (14.2, 2**30, 0, "interpreter 8.5 s"),
+                      "verify: donor": (31.0, 2**30, 0, "imports 20.0 s")}, tmp_path)
+    assert "| verify of the real target at most 15 s | 14.20 s | 15.00 s | yes |" in section
+    assert "| verify of the real donor at most 15 s | 31.00 s | 15.00 s | no, by 2.07x |" in section
+    assert "plan of the real pair" not in section  # not measured (--verify-only): no row

@@ -21,6 +21,7 @@ import pytest
 from transplant import remote
 from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings
 from transplant.hosts.host import LocalHost
+from transplant.hosts.probing import run_script
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.reporting import RecordingReporter
 from transplant.verify.runner import GROUP, STAGES, run_stages
@@ -92,7 +93,8 @@ def _script(argv, stdin) -> str:
 def venv(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("parallel")
     wheel = build_wheel(root / "wheels", "meet", "1.0", {"meet_a/__init__.py": MEET_A, "meet_b.py": MEET_B,
-                                                        "plain/__init__.py": "__version__ = '2.0'\n"})
+                                                        "plain/__init__.py": "__version__ = '2.0'\n",
+                                                        "crash_now.py": "import os\nos._exit(7)\n"})
     return str(make_venv(root / "venv", [wheel]))
 
 
@@ -114,6 +116,7 @@ def test_independent_stages_run_at_once(venv, tmp_path):
     assert by["server-args"].status == "pass" and by["server-args"].reason == "parsed; 30000 (port)"
     assert by["library-provenance"].details["imported"] == [{"name": "meet_a", "ok": True, "error": None}]
     assert [r.name for r in results] == [n for n in STAGES if n != "server-args-resolve"]  # the ladder's order
+    assert "stage_provenance" not in [name for name, _, _ in host.runs], "one process imported for both stages"
     imports, parser = host.span("stage_imports"), host.span("stage_server_args")
     assert imports[0] < parser[1] and parser[0] < imports[1], "the two processes overlapped"
     done = [e[1:] for e in recorded.events if e[0] == "progress"]
@@ -146,7 +149,7 @@ def test_a_failing_stage_stops_none_and_smoke_and_serve_run_alone_after_the_rest
     assert by["serve"].status == "fail" and "exited with code 3" in by["serve"].reason
     smoke, served = host.span("stage_smoke"), host.span("stage_serve")
     others = [(s, e) for name, s, e in host.runs if name not in ("stage_smoke", "stage_serve")]
-    assert len(others) == 5  # the probe, imports, provenance, server-args, jit-caches (no shared objects to load)
+    assert len(others) == 4  # the probe, imports with provenance, server-args, jit-caches (no shared objects to load)
     assert all(e <= smoke[0] for _, e in others) and smoke[1] <= served[0]
 
 
@@ -168,3 +171,25 @@ def test_clearing_jit_caches_runs_that_stage_last_and_alone(venv, tmp_path):
 def test_parallel_below_one_is_refused(venv, tmp_path):
     with pytest.raises(ValueError, match="at least 1"):
         run_stages(_settings(tmp_path, wait=0), target=LocalHost(), venv=venv, parallel=0)
+
+
+def test_the_shared_process_reports_what_the_provenance_script_alone_reports(venv):
+    alone = run_script(LocalHost(), venv, "stage_provenance", request={"modules": ["plain", "json"]})
+    request = {"provenance": {"modules": ["plain", "json"], "source": remote.source("stage_provenance").decode()}}
+    both = run_script(LocalHost(), venv, "stage_imports", ["plain"], request=request)
+    assert [i["name"] for i in both["imports"]] == ["plain"] and both["imports"][0]["ok"]
+    shared = both["provenance"]
+    assert shared["imported"] == alone["imported"] == [{"name": "plain", "ok": True, "error": None},
+                                                       {"name": "json", "ok": True, "error": None}]
+    assert sorted(shared) == sorted(alone)
+    for key in ("prefix", "ld_library_path", "ld_preload", "ld_so_conf"):
+        assert shared[key] == alone[key], key
+    assert set(alone["mapped"]) <= set(shared["mapped"]) and set(alone["extension_modules"]) <= set(shared["extension_modules"])
+
+
+def test_when_the_shared_process_dies_both_stages_fail_with_its_reason_and_the_rest_run(venv, tmp_path):
+    settings = dataclasses.replace(_settings(tmp_path, wait=0), imports=("crash_now",), server_args=None)
+    by = {r.name: r for r in run_stages(settings, target=LocalHost(), venv=venv)}
+    assert by["imports"].status == "fail" and "(exit 7)" in by["imports"].reason
+    assert by["library-provenance"].status == "fail" and by["library-provenance"].reason == by["imports"].reason
+    assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"

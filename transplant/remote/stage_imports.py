@@ -5,6 +5,12 @@ Usage: ``<venv>/bin/python - NAME... < stage_imports.py``. Prints one JSON docum
 ``outside`` is the ``sys.path`` folder a module came from when that is outside the venv
 (a ``.pth`` line, the system site-packages), else null. Stdlib only;
 runs in a fresh interpreter of the target venv with the manifest's environment.
+
+Or ``<venv>/bin/python -c SOURCE NAME... < request.json`` with ``{"provenance": {"modules":
+[...], "source": TEXT}}``, TEXT being ``stage_provenance.py``: after the names, the modules
+not imported yet are imported too, and the document also holds ``"provenance"``, that
+script's report of this process (its ``facts``), so that the ``library-provenance`` stage
+needs no second interpreter to import the same torch.
 """
 
 import importlib
@@ -42,7 +48,7 @@ def _outside(path):
     return next((f for f in folders if real.startswith(f + os.sep)), os.path.dirname(real))
 
 
-def main(names):
+def main(names, request):
     results = []
     for name in names:
         started = time.monotonic()
@@ -59,9 +65,32 @@ def main(names):
                         "file": getattr(module, "__file__", None),
                         "outside": _outside(getattr(module, "__file__", None)), "error": None,
                         "seconds": round(time.monotonic() - started, 3)})
-    sys.stdout.write(json.dumps({"imports": results}) + "\n")
+    document = {"imports": results}
+    if request.get("provenance"):
+        document["provenance"] = _provenance(request["provenance"], results)
+    sys.stdout.write(json.dumps(document) + "\n")
     return 0
 
 
+def _provenance(request, results):
+    """``stage_provenance``'s report of this process, its ``modules`` imported (those not yet
+    imported here, in its order; each one's outcome as it was here)."""
+    done = {r["name"]: {"name": r["name"], "ok": r["ok"], "error": r["error"] and r["error"][:500]} for r in results}
+    imported = []
+    for name in request.get("modules", []):
+        if name not in done:
+            try:
+                __import__(name)
+                done[name] = {"name": name, "ok": True, "error": None}
+            except BaseException as exc:  # noqa: BLE001 - recorded; the imports stage judges it
+                done[name] = {"name": name, "ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]}
+        imported.append(done[name])
+    script = {"__name__": "_transplant_stage_provenance"}
+    exec(compile(request["source"], "stage_provenance.py", "exec"), script)  # noqa: S102 - transplant's own script
+    return script["facts"](imported)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # with a request, the script came with -c and the request is on stdin; with "-", stdin was the script
+    _stdin = sys.stdin.read() if not sys.argv[0] == "-" else ""
+    sys.exit(main(sys.argv[1:], json.loads(_stdin or "{}")))

@@ -98,6 +98,14 @@ def main():
             imported.append({"name": name, "ok": True, "error": None})
         except BaseException as exc:  # noqa: BLE001 - recorded; the imports stage judges it
             imported.append({"name": name, "ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]})
+    sys.stdout.write(json.dumps(facts(imported)) + "\n")
+    return 0
+
+
+def facts(imported):
+    """The report (see the module docstring) of this process as it is now, after the imports
+    ``imported`` (``[{"name", "ok", "error"}]``) says it tried. ``stage_imports`` calls it too,
+    after its own imports, so that one process serves both stages."""
     env = os.environ
     lib_path = env.get("LD_LIBRARY_PATH")
     preload = env.get("LD_PRELOAD")
@@ -113,8 +121,7 @@ def main():
         "ld_preload": [[e, _real(e)] for e in preload.replace(" ", ":").split(":") if e] if preload else [],
         "ld_so_conf": [[f, os.path.realpath(f)] for f in _ld_so_conf()],
     }
-    sys.stdout.write(json.dumps(report) + "\n")
-    return 0
+    return report
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
+from transplant import remote
 from transplant.verify import judges, ladder
 from transplant.core.findings import requirement_findings
 from transplant.errors import HostError, ProbeError, TransplantError
@@ -57,8 +58,10 @@ GROUP = ("imports", "native-load", "library-provenance", "requirements", "server
 PARALLEL = 4
 
 
-def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
-    started = time.monotonic()
+def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]], started: float | None = None) -> StageResult:
+    """Run a stage's body: its result, or a fail naming the host error it raised; ``seconds``
+    from ``started`` (a :func:`time.monotonic` value; None: now)."""
+    started = time.monotonic() if started is None else started
     try:
         status, reason, details = body()
     except (HostError, ProbeError) as exc:
@@ -168,12 +171,25 @@ def run_stages(
                  if n not in settings.skip_imports]
         skipped = "".join(f"; skipped {name} (verify.skip_imports: {why})" for name, why in settings.skip_imports.items())
 
+        shipped = ladder.shared_objects(live.latest().values(), venv) if live is not None else []
+        modules = (["torch"] if live is not None and "torch" in live.latest() else []) + [n for n in names if n != "torch"]
+        # one process imports the names, then what library-provenance imports besides (torch), and
+        # reports both: two interpreters importing the same torch would cost twice its import
+        sharing = live is not None and bool(names)
+        joint: dict[str, Any] = {}
+
         def imports() -> tuple[str, str, Mapping]:
             if live is None:  # the interpreter stage failed and said why; that error is said once
                 return "skip", "the target's interpreter could not be run (see interpreter)", {}
             if not names:
                 return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
-            report = run_script(target, venv, "stage_imports", names, env=env, timeout=timeout)
+            request = {"provenance": {"modules": modules, "source": remote.source("stage_provenance").decode()}}
+            try:
+                report = run_script(target, venv, "stage_imports", names, request=request, env=env, timeout=timeout)
+            except (HostError, ProbeError) as exc:
+                joint["error"] = exc  # library-provenance fails with the same reason
+                raise
+            joint["provenance"] = report.pop("provenance", None)
             driver = live.nvidia.available if live is not None else True
             status, reason = judge_imports(report, driver=driver)
             if status == "fail" and donor_run is not None:
@@ -212,14 +228,16 @@ def run_stages(
         def provenance() -> tuple[str, str, Mapping]:
             if live is None:
                 return "skip", "the target's inventory could not be read (see interpreter)", {}
-            shipped = ladder.shared_objects(live.latest().values(), venv)
-            modules = (["torch"] if "torch" in live.latest() else []) + [n for n in names if n != "torch"]
             if not shipped and not modules:
                 return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
             if not modules:
                 return "skip", "nothing to import (no torch, no import names)", {}
-            report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
-                                timeout=timeout)
+            if "error" in joint:
+                raise joint["error"]
+            report = joint.get("provenance")
+            if not isinstance(report, dict):  # not shared, or the imports script answered without it
+                report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
+                                    timeout=timeout)
             stale = stale_extension_modules(report, live)
             status, reason = judge_stale_modules(stale, venv) or (
                 judges.judge_provenance(report, shipped) if shipped else
@@ -279,9 +297,17 @@ def run_stages(
             status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
             return status, reason, report
 
-        group: list[Callable[[], object]] = [lambda: run("imports", imports), lambda: run("native-load", native),
-                                             lambda: run("library-provenance", provenance),
-                                             lambda: run("requirements", requirements), server_args_stages]
+        def imports_and_provenance() -> None:
+            started = time.monotonic()
+            reporter.step("imports")
+            reporter.step("library-provenance")
+            finish(_timed("imports", imports, started))
+            finish(_timed("library-provenance", provenance, started))
+
+        group: list[Callable[[], object]] = [
+            *([imports_and_provenance] if sharing else
+              [lambda: run("imports", imports), lambda: run("library-provenance", provenance)]),
+            lambda: run("native-load", native), lambda: run("requirements", requirements), server_args_stages]
         if not clear_jit_caches:
             group.append(lambda: run("jit-caches", jit))
         with ThreadPoolExecutor(max_workers=min(parallel, len(group)), thread_name_prefix="verify") as stages:
