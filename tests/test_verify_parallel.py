@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from transplant import remote
+from transplant.cli.progress import StagesShown
 from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings
 from transplant.hosts.host import LocalHost
 from transplant.hosts.probing import run_script
@@ -138,9 +139,17 @@ def test_a_failing_stage_stops_none_and_smoke_and_serve_run_alone_after_the_rest
     settings = dataclasses.replace(settings, imports=("plain",),
                                    server_args=ServerArgsCheck(entry="meet_b:crash", args=(), expect={}))
     host = Timed()
-    results = run_stages(settings, target=host, venv=venv)
+    lines: list[str] = []
+    results = run_stages(settings, target=host, venv=venv, reporter=StagesShown(lines.append, "verify"))
     by = {r.name: r for r in results}
     assert [r.name for r in results] == [n for n in STAGES if n != "server-args-resolve"]
+    # the command's spinner names the stages running at once, and how many have ended
+    assert lines[:2] == ["verify: interpreter", "verify: interpreter (1 of 10 done)"]
+    assert lines[-4:] == ["verify: smoke (8 of 10 done)", "verify: smoke (9 of 10 done)", "verify: serve (9 of 10 done)",
+                          "verify: serve (10 of 10 done)"]
+    group = lines[-5]  # the last line before smoke: every stage of the group, the first two started together
+    assert group.startswith("verify: imports, library-provenance, ") and group.endswith(" (8 of 10 done)")
+    assert sorted(group[len("verify: "):-len(" (8 of 10 done)")].split(", ")) == sorted(GROUP)
     assert by["server-args"].status == "fail" and "script failed in the venv's python (exit 9)" in by["server-args"].reason
     assert by["imports"].status == "pass" and by["imports"].reason == "1 imports: plain 2.0"
     assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"

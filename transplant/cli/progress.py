@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 
-__all__ = ["step", "Shown", "printer", "ByteProgress", "EVERY"]
+__all__ = ["step", "Shown", "StagesShown", "printer", "ByteProgress", "EVERY"]
 
 #: Seconds between two plain progress lines off a terminal.
 EVERY = 30.0
@@ -61,6 +61,44 @@ class Shown:
 
     def progress(self, done: int, total: int) -> None:
         pass
+
+
+class StagesShown:
+    """A :class:`transplant.reporting.Reporter` for steps that overlap (verify's stages): each
+    step and each progress sends ``update`` one line naming the steps started since the last
+    time all started ones had ended, and how many of all have ended
+    (``verify: imports, native-load (1 of 10 done)``). Safe to call from several threads.
+
+    :param update: where the line goes (a spinner's ``update``).
+    :param label: the line's start (``verify``).
+    """
+
+    def __init__(self, update: Callable[[str], None], label: str) -> None:
+        self._update, self._label = update, label
+        self._lock = threading.Lock()
+        self._started: list[str] = []
+        self._done, self._total, self._ended = 0, 0, 0
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            self._update(text)
+
+    def step(self, name: str) -> None:
+        with self._lock:
+            if self._ended >= len(self._started):  # all that ran have ended: a new round
+                self._started, self._ended = [], 0
+            self._started.append(name)
+            self._show()
+
+    def progress(self, done: int, total: int) -> None:
+        with self._lock:
+            self._ended += 1
+            self._done, self._total = done, total
+            self._show()
+
+    def _show(self) -> None:
+        count = f" ({self._done} of {self._total} done)" if self._total else ""
+        self._update(f"{self._label}: {', '.join(self._started)}{count}")
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from transplant.cli.progress import Shown
+from transplant.cli.progress import StagesShown
 from transplant.errors import TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
 from transplant.controller.manifest_file import load_manifest
@@ -133,7 +133,7 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
         with console.status("verifying") as status:  # a manifest's target records the verdict
             results, _ = verify_target(settings, target, venv, ssh=session.ssh if manifest is not None else None,
                                        record=manifest is not None, donor_inventory=donor,
-                                       reporter=Shown(step=lambda name: status.update(f"verify: {name}")),
+                                       reporter=StagesShown(status.update, "verify"),
                                        clear_jit_caches=clear, donor_run=donor_run)
     if junit:
         try:
