@@ -101,7 +101,7 @@ def venv(tmp_path_factory) -> str:
 
 def _settings(tmp_path: Path, wait: float, **changes) -> VerifySettings:
     meet = tmp_path / "meet"
-    meet.mkdir()
+    meet.mkdir(parents=True)
     env = {"MEET_DIR": str(meet), "MEET_WAIT": str(wait), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
            "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     check = ServerArgsCheck(entry="meet_b:parse", args=("--port", "30000"), expect={"port": 30000})
@@ -147,9 +147,11 @@ def test_a_failing_stage_stops_none_and_smoke_and_serve_run_alone_after_the_rest
     assert lines[:2] == ["verify: interpreter", "verify: interpreter (1 of 10 done)"]
     assert lines[-4:] == ["verify: smoke (8 of 10 done)", "verify: smoke (9 of 10 done)", "verify: serve (9 of 10 done)",
                           "verify: serve (10 of 10 done)"]
-    group = lines[-5]  # the last line before smoke: every stage of the group, the first two started together
-    assert group.startswith("verify: imports, library-provenance, ") and group.endswith(" (8 of 10 done)")
-    assert sorted(group[len("verify: "):-len(" (8 of 10 done)")].split(", ")) == sorted(GROUP)
+    # between them, the group's stages, each named while it runs (how many share a line depends on
+    # which end before the others start); imports and library-provenance always together
+    named = {name for line in lines[2:-4] for name in line[len("verify: "):].split(" (")[0].split(", ")}
+    assert named == set(GROUP) and lines[-5].endswith(" (8 of 10 done)")
+    assert any("imports, library-provenance" in line for line in lines)
     assert by["server-args"].status == "fail" and "script failed in the venv's python (exit 9)" in by["server-args"].reason
     assert by["imports"].status == "pass" and by["imports"].reason == "1 imports: plain 2.0"
     assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"
@@ -202,3 +204,45 @@ def test_when_the_shared_process_dies_both_stages_fail_with_its_reason_and_the_r
     assert by["imports"].status == "fail" and "(exit 7)" in by["imports"].reason
     assert by["library-provenance"].status == "fail" and by["library-provenance"].reason == by["imports"].reason
     assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"
+
+
+class ProbeWaits(Timed):
+    """:class:`Timed`, whose inventory probe starts only once an imports process has started
+    (or ``wait`` seconds have passed): ``saw`` says which."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__()
+        self.wait, self.saw, self.imports = wait, None, threading.Event()
+
+    def run(self, argv, *, stdin=None, env=None, timeout=None):
+        script = _script(argv, stdin)
+        if script == "stage_imports":
+            self.imports.set()
+        elif script == "probe" and self.saw is None:
+            self.saw = self.imports.wait(self.wait)
+        return super().run(argv, stdin=stdin, env=env, timeout=timeout)
+
+
+def test_without_an_overlay_the_imports_process_starts_beside_the_inventory(venv, tmp_path):
+    host = ProbeWaits(wait=60)
+    by = {r.name: r for r in run_stages(_settings(tmp_path, wait=60), target=host, venv=venv)}
+    assert host.saw is True, "the imports process started while the inventory was still to be taken"
+    assert by["interpreter"].status == by["imports"].status == by["server-args"].status == "pass"
+    assert by["library-provenance"].details["imported"] == [{"name": "meet_a", "ok": True, "error": None}]
+    assert [name for name, _, _ in host.runs].count("stage_imports") == 1
+    assert "stage_provenance" not in [name for name, _, _ in host.runs]
+    # one at a time, nothing starts early (the twin)
+    one = ProbeWaits(wait=0.5)
+    run_stages(_settings(tmp_path / "one", wait=0), target=one, venv=venv, parallel=1)
+    assert one.saw is False
+
+
+def test_a_wrong_guess_about_torch_runs_the_provenance_script_on_its_own(venv, tmp_path):
+    """torch named but not installed: the early process imports it (and fails); the inventory has
+    no torch, so library-provenance's modules are other than those it imported: it runs again alone."""
+    host = Timed()
+    settings = dataclasses.replace(_settings(tmp_path, wait=0), imports=("plain", "torch"), server_args=None)
+    by = {r.name: r for r in run_stages(settings, target=host, venv=venv)}
+    assert by["imports"].status == "fail" and "No module named 'torch'" in by["imports"].reason
+    assert [name for name, _, _ in host.runs].count("stage_provenance") == 1
+    assert by["library-provenance"].details["imported"] == [{"name": "plain", "ok": True, "error": None}]

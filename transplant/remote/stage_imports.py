@@ -7,13 +7,15 @@ Usage: ``<venv>/bin/python - NAME... < stage_imports.py``. Prints one JSON docum
 runs in a fresh interpreter of the target venv with the manifest's environment.
 
 Or ``<venv>/bin/python -c SOURCE NAME... < request.json`` with ``{"provenance": {"modules":
-[...], "source": TEXT}}``, TEXT being ``stage_provenance.py``: after the names, the modules
-not imported yet are imported too, and the document also holds ``"provenance"``, that
-script's report of this process (its ``facts``), so that the ``library-provenance`` stage
-needs no second interpreter to import the same torch.
+[...], "optional": [...], "source": TEXT}}``, TEXT being ``stage_provenance.py``: after the
+names, the modules not imported yet are imported too (one of ``optional`` only when
+``importlib.util.find_spec`` finds it: it is left out of ``imported`` otherwise), and the
+document also holds ``"provenance"``, that script's report of this process (its ``facts``),
+so that the ``library-provenance`` stage needs no second interpreter to import the same torch.
 """
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -76,8 +78,11 @@ def _provenance(request, results):
     """``stage_provenance``'s report of this process, its ``modules`` imported (those not yet
     imported here, in its order; each one's outcome as it was here)."""
     done = {r["name"]: {"name": r["name"], "ok": r["ok"], "error": r["error"] and r["error"][:500]} for r in results}
+    optional = set(request.get("optional") or ())
     imported = []
     for name in request.get("modules", []):
+        if name not in done and name in optional and importlib.util.find_spec(name) is None:
+            continue  # not installed here: not imported, as the controller asks when it does not know yet
         if name not in done:
             try:
                 __import__(name)

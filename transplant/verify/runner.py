@@ -147,8 +147,22 @@ def run_stages(
         finish(result)
         return result
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    def imports_and_facts(names: list[str], modules: list[str], optional: list[str]) -> dict[str, Any]:
+        """The imports script's report of ``names``, with the provenance script's ``facts`` after
+        ``modules`` (``optional`` ones only where installed) under ``"provenance"``."""
+        request = {"provenance": {"modules": modules, "optional": optional,
+                                  "source": remote.source("stage_provenance").decode()}}
+        return run_script(target, venv, "stage_imports", names, request=request, env=env, timeout=timeout)
+
+    # Without an overlay the import names do not depend on the inventory: their process starts now,
+    # beside the inventory's (torch among the provenance modules only if it is installed; the
+    # inventory then says whether that was the right guess, see provenance below)
+    early_names = [n for n in ladder.import_names([], settings.imports) if n not in settings.skip_imports]
+    early_start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
         donor_future = pool.submit(donor_inventory) if donor_inventory else None
+        early = pool.submit(imports_and_facts, early_names, ["torch"] + [n for n in early_names if n != "torch"],
+                            ["torch"]) if early_names and not settings.overlay and parallel > 1 else None
 
         def donor() -> Inventory | None:
             return donor_future.result() if donor_future else None
@@ -183,9 +197,9 @@ def run_stages(
                 return "skip", "the target's interpreter could not be run (see interpreter)", {}
             if not names:
                 return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
-            request = {"provenance": {"modules": modules, "source": remote.source("stage_provenance").decode()}}
             try:
-                report = run_script(target, venv, "stage_imports", names, request=request, env=env, timeout=timeout)
+                report = early.result() if early is not None and names == early_names else \
+                    imports_and_facts(names, modules, [])
             except (HostError, ProbeError) as exc:
                 joint["error"] = exc  # library-provenance fails with the same reason
                 raise
@@ -235,7 +249,8 @@ def run_stages(
             if "error" in joint:
                 raise joint["error"]
             report = joint.get("provenance")
-            if not isinstance(report, dict):  # not shared, or the imports script answered without it
+            if not isinstance(report, dict) or [i.get("name") for i in report.get("imported", [])] != modules:
+                # not shared, answered without it, or it guessed wrong whether torch is installed
                 report = run_script(target, venv, "stage_provenance", request={"modules": modules}, env=env,
                                     timeout=timeout)
             stale = stale_extension_modules(report, live)
@@ -298,7 +313,7 @@ def run_stages(
             return status, reason, report
 
         def imports_and_provenance() -> None:
-            started = time.monotonic()
+            started = early_start if early is not None else time.monotonic()
             reporter.step("imports")
             reporter.step("library-provenance")
             finish(_timed("imports", imports, started))
