@@ -11,7 +11,10 @@ Each stage runs in a fresh interpreter of the target venv with the manifest's
 that do not depend on each other (:data:`GROUP`) run at once, each its own host process, at
 most :data:`PARALLEL` at a time; then ``smoke`` and ``serve`` one after the other (they use
 the GPU and a port). The results are in the order of :data:`STAGES` whatever order they
-finish in.
+finish in. ``imports`` and ``library-provenance`` share one interpreter (the imports script
+imports the names, then torch, then reports the provenance script's facts): torch is imported
+once. Without an overlay the import names need no inventory, so that interpreter starts beside
+the inventory's, and both stages' seconds count from then.
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ def run_stages(
         ``verify.imports`` lists is the operator's assertion and fails regardless. It is called
         from several threads at once.
     :param parallel: how many stages of :data:`GROUP` run at a time (at least 1; 1 runs them
-        one after the other, in the ladder's order).
+        one after the other, in the ladder's order, and starts nothing beside the inventory).
     :raises ValueError: ``parallel`` below 1.
     A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
     a missing interpreter) is a fail with that reason; the other stages still run.
@@ -186,7 +189,8 @@ def run_stages(
         skipped = "".join(f"; skipped {name} (verify.skip_imports: {why})" for name, why in settings.skip_imports.items())
 
         shipped = ladder.shared_objects(live.latest().values(), venv) if live is not None else []
-        modules = (["torch"] if live is not None and "torch" in live.latest() else []) + [n for n in names if n != "torch"]
+        torch = ["torch"] if live is not None and "torch" in live.latest() else []
+        modules = torch + [n for n in names if n != "torch"]
         # one process imports the names, then what library-provenance imports besides (torch), and
         # reports both: two interpreters importing the same torch would cost twice its import
         sharing = live is not None and bool(names)
