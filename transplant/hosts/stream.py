@@ -99,7 +99,7 @@ def stream_files(
     *,
     src_python: str | None = None,
     dst_python: str | None = None,
-    compress: bool = False,
+    compress: bool | str = False,
     total: int = 0,
     reporter: Reporter = QUIET,
     timeout: float | None = None,
@@ -118,7 +118,8 @@ def stream_files(
     :param src_python: / :param dst_python: the interpreter (3.9+, stdlib only) that runs the
         host script on that side; None: this process's own for a :class:`LocalHost`, required for
         an SSH host (a venv's ``bin/python``).
-    :param compress: compress the stream (:func:`compression_for` says how); False sends it plain.
+    :param compress: True compresses the stream (:func:`compression_for` says how), ``"zstd"`` or
+        ``"zlib"`` with that one; False sends it plain.
     :param total: the bytes the files hold (from the plan), for ``reporter``; 0 when not known.
     :param reporter: its ``progress`` is told (bytes written on ``dst``, ``total``) at most five
         times a second, then once at the end.
@@ -142,7 +143,9 @@ def stream_files(
         return TransferResult(files=0, bytes=0, seconds=0.0, how="stream")
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
-    mode = compression_for(src, dst) if compress else "none"
+    if compress not in (True, False, "zstd", "zlib"):
+        raise ValueError(f"compress must be True, False, 'zstd' or 'zlib', got {compress!r}")
+    mode = compress if isinstance(compress, str) else compression_for(src, dst) if compress else "none"
     flags = ["-I", "-S"]
     send = [_python(src, src_python), *flags, "-c", remote.source("stream_send").decode(), src_root, "--compress", mode]
     receive = [_python(dst, dst_python), *flags, "-c", remote.source("stream_receive").decode(), dst_root,
