@@ -281,3 +281,66 @@ def test_the_final_check_trusts_committed_files_renamed_unchanged_and_catches_a_
         differ = txn.check_state(host, path, expected, known=verified)
         assert len(differ) == 1 and differ[0].startswith("lib/pkg/m1.py: content sha256=")
         assert txn.call(host, path, "state", {"expect": expected, "known": verified})["trusted"] == len(files) - 1
+
+
+# -- apply: the stream by default, rsync as the fallback, said in the output ----------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A donor venv with alpha 2.0 and a pristine target with alpha 1.0; ``target(name)`` copies the
+    pristine one and writes its manifest (with a patch)."""
+    from transplant.lab.wheels import build_wheel, make_venv
+
+    base = tmp_path_factory.mktemp("pair")
+    new = build_wheel(base / "w", "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", "alpha/big.bin": "z" * 200_000})
+    old = build_wheel(base / "w1", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
+    donor, pristine = make_venv(base / "donor", [new]), make_venv(base / "pristine", [old])
+    (base / "patches").mkdir()
+    (base / "patches" / "p.py").write_text("P = 1\n")
+
+    def target(name: str) -> tuple[Path, str]:
+        venv = base / name
+        subprocess.run(["cp", "-a", str(pristine), str(venv)], check=True)
+        manifest = base / f"{name}.yaml"
+        manifest.write_text(f"version: 1\ndonor: {{host: local, venv: {donor}}}\ntarget: {{host: local, venv: {venv}}}\n"
+                            f"overlay: [alpha]\npatches:\n  - {{source: patches/p.py, dest: alpha/p.py}}\n")
+        return venv, str(manifest)
+
+    return target
+
+
+def _applied(capsys, manifest: str) -> str:
+    from transplant.cli.app import main
+
+    assert main(["apply", manifest, "--yes"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_apply_streams_by_default_and_says_so(pair, capsys, monkeypatch):
+    monkeypatch.delenv("TRANSPLANT_TRANSFER", raising=False)
+    venv, manifest = pair("streamed")
+    out = _applied(capsys, manifest)
+    assert "files: streamed on this machine" in out and "hashed as written" in out
+    assert "patches: streamed on this machine" in out
+    assert (venv / "lib/python3.11/site-packages/alpha/p.py").read_text() == "P = 1\n"
+    assert "(streamed on this machine," in out  # the closing line says which path the bytes took
+
+
+def test_apply_with_rsync_chosen_copies_with_rsync(pair, capsys, monkeypatch):
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", "rsync")
+    venv, manifest = pair("rsynced")
+    out = _applied(capsys, manifest)
+    assert "files: copied with rsync" in out and "(TRANSPLANT_TRANSFER=rsync)" in out and "streamed" not in out
+    assert (venv / "lib/python3.11/site-packages/alpha/__init__.py").read_text() == "V = 2\n"
+
+
+def test_a_bad_transfer_setting_is_a_clear_error(pair, capsys, monkeypatch):
+    from transplant.cli.app import main
+
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", "scp")
+    venv, manifest = pair("badly")
+    assert main(["apply", manifest, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "TRANSPLANT_TRANSFER='scp': not a way to copy files" in out and "Traceback" not in out
+    assert (venv / "lib/python3.11/site-packages/alpha/__init__.py").read_text() == "V = 1\n"
