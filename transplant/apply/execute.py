@@ -41,7 +41,9 @@ __all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "new_tran
 @dataclass(frozen=True, kw_only=True)
 class ApplyResult:
     """What apply did: files and bytes copied (bytes as they crossed the wire), files removed, seconds,
-    ``steps``: (step name, seconds) for the transfer, the removals and the final check, and
+    ``steps``: (step name, seconds) for ``prepare`` (lock, stale-plan probe, begin), ``transfer`` (the
+    copy), ``staged check`` (script heads, RECORD rows, links, the staged files against the plan),
+    ``commit`` and ``check``, and
     ``transfer``: how the donor's files moved, in words (``streamed ... through the controller``;
     empty when none moved or a registry stager staged them)."""
 
@@ -218,10 +220,12 @@ def execute(
             "id": txid, "event": "started", "time": time.time(), "source": f"donor {plan.donor.label}",
             "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint,
             **({"recipe": recipe} if recipe is not None else {})}})
+        lap("prepare")
         try:
             moved, copied, written, transfer = _stage(
                 plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir, state_dir, reporter,
                 timeout, stager=stager, compress=compress)
+            lap("transfer")
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
@@ -248,7 +252,7 @@ def execute(
                                 f"files were discarded and the live venv did not change)", hint=exc.hint,
                                  mismatches=getattr(exc, "mismatches", None)) from exc
             raise
-        lap("transfer")
+        lap("staged check")
         extra = {key: value for key, value in (("crash_after", crash_after), ("orphan_at", orphan_at))
                  if value is not None}
         reporter.step("commit")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from transplant import remote
 from transplant.errors import HostError
@@ -103,6 +103,7 @@ def stream_files(
     total: int = 0,
     reporter: Reporter = QUIET,
     timeout: float | None = None,
+    link: Callable[[int, int], None] | None = None,
 ) -> TransferResult:
     """Copy ``src_root/<relpath>`` to ``dst_root/<relpath>`` for each relpath, as one stream.
 
@@ -124,6 +125,11 @@ def stream_files(
     :param reporter: its ``progress`` is told (bytes written on ``dst``, ``total``) at most five
         times a second, then once at the end.
     :param timeout: seconds for the whole copy; None waits without limit.
+    :param link: None (always, but in the benchmark): the sender's output is the receiver's input
+        and the kernel moves the bytes. A function ``link(source_fd, sink_fd)`` that copies from
+        one to the other until the end of the source: the controller copies the stream through it
+        on a thread of its own (the benchmark's rate-limited copy stands for a slow link); both
+        descriptors are closed after it returns.
     :returns: files written, ``bytes``: the stream's length as it crossed each wire (compressed
         when compressed; the same bytes cross both wires of an SSH to SSH stream and count once),
         seconds, ``how`` ``stream``, ``compression``, and ``written``: path -> (RECORD-form sha256
@@ -152,20 +158,30 @@ def stream_files(
                "--compress", mode]
     listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
     sides: list[_Side] = []
-    read_end, write_end = os.pipe()
-    _grow(read_end)
+    first_read, first_write = os.pipe()
+    _grow(first_read)
+    if link is None:  # sender -> pipe -> receiver
+        receiver_in, sender_out, relay = first_read, first_write, []
+    else:  # sender -> first pipe -> link (on the controller) -> second pipe -> receiver
+        second_read, second_write = os.pipe()
+        _grow(second_read)
+        receiver_in, sender_out, relay = second_read, first_write, [first_read, second_write]
     try:
-        sides.append(_Side("receiving", dst, dst_root, _spawn(dst, receive, "receiving", dst_root, stdin=read_end)))
-        sides.append(_Side("sending", src, src_root, _spawn(src, send, "sending", src_root, stdout=write_end)))
+        sides.append(_Side("receiving", dst, dst_root, _spawn(dst, receive, "receiving", dst_root, stdin=receiver_in)))
+        sides.append(_Side("sending", src, src_root, _spawn(src, send, "sending", src_root, stdout=sender_out)))
     except BaseException:
         for side in sides:
             kill_group(side.proc)
+        for fd in relay:
+            os.close(fd)
         raise
     finally:
-        os.close(read_end)
-        os.close(write_end)
+        os.close(receiver_in)
+        os.close(sender_out)
     receiver, sender = sides
     threads = _watch(sender, receiver, listing, total, reporter)
+    if link is not None:
+        threads.append(_linked(link, *relay))
     try:
         _wait(sides, deadline, timeout, src, dst)
     except BaseException:
@@ -188,6 +204,23 @@ def stream_files(
     reporter.progress(done, max(total, done))
     return TransferResult(files=len(written), bytes=wire, seconds=time.monotonic() - started, how="stream",
                           compression=None if mode == "none" else mode, written=written)
+
+
+def _linked(link: Callable[[int, int], None], source: int, sink: int) -> threading.Thread:
+    """Start a thread that runs ``link(source, sink)``, then closes both."""
+
+    def run() -> None:
+        try:
+            link(source, sink)
+        except OSError:
+            pass  # a side stopped: its own error says why
+        finally:
+            os.close(source)
+            os.close(sink)
+
+    thread = threading.Thread(target=run, daemon=True, name="stream link")
+    thread.start()
+    return thread
 
 
 def _spawn(host: Host, argv: list[str], name: str, root: str, **fds: int) -> subprocess.Popen:
