@@ -16,7 +16,7 @@ from transplant import remote
 from transplant.apply import txn
 from transplant.errors import HostError
 from transplant.hosts.host import LocalHost
-from transplant.hosts.stream import StreamUnavailable, stream_files
+from transplant.hosts.stream import UNAVAILABLE, stream_files
 from transplant.remote._common import FRAME, STREAM_MAGIC, record_hash
 from transplant.reporting import RecordingReporter
 
@@ -210,18 +210,20 @@ def test_a_stream_cut_inside_a_file_leaves_no_temporary_file(tmp_path):
 
 def test_a_side_that_cannot_start_is_unavailable_not_a_failure(tmp_path):
     _tree(tmp_path / "src", {"f": b"x"})
-    with pytest.raises(StreamUnavailable):
+    with pytest.raises(HostError) as caught:
         stream_files(LocalHost(), str(tmp_path / "src"), LocalHost(), str(tmp_path / "dst"), ["f"],
                      src_python=str(tmp_path / "no-python"))
+    assert caught.value.code == UNAVAILABLE and "could not start" in str(caught.value)
     assert not (tmp_path / "dst/f").exists()
 
 
 @hosts
 def test_an_ssh_side_without_its_interpreter_is_unavailable(lab, lab_connect, tmp_path):
     _tree(tmp_path / "src", {"f": b"x"})
-    with pytest.raises(StreamUnavailable, match="could not start its interpreter"):
+    with pytest.raises(HostError, match="could not start its interpreter") as caught:
         stream_files(LocalHost(), str(tmp_path / "src"), lab_connect("target"), "/srv/nopython", ["f"],
                      dst_python="/srv/no-such-venv/bin/python")
+    assert caught.value.code == UNAVAILABLE
 
 
 # -- single-pass hashing: the applier's check and state take the receiver's hashes --------------------

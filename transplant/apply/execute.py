@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from transplant.errors import ApplyError, TransplantError
+from transplant.errors import ApplyError, HostError, TransplantError
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.inventory import inside_path, protected_path
 from transplant.hosts.probing import take_inventory
@@ -31,7 +31,7 @@ from transplant.core.plan import Plan
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
 from transplant.hosts.probing import venv_python
-from transplant.hosts.stream import StreamUnavailable, stream_files
+from transplant.hosts.stream import UNAVAILABLE, stream_files
 from transplant.hosts.transfer import TransferResult, copy_files
 from transplant.core.units import human_bytes
 from transplant.reporting import QUIET, Reporter
@@ -392,7 +392,9 @@ def _transfer(what: str, how: str, src: Host, src_root: str, src_python: str | N
             return stream_files(src, src_root, target, staged, paths, src_python=src_python,
                                 dst_python=None if isinstance(target, LocalHost) else target_python,
                                 compress=compress, total=total, reporter=reporter, timeout=timeout)
-        except StreamUnavailable as exc:
+        except HostError as exc:
+            if exc.code != UNAVAILABLE:
+                raise
             reporter.note(f"{what}: the stream could not start ({exc.message}); copying with rsync instead")
     return copy_files(src, src_root, target, staged, paths, staging=staging, reporter=reporter, timeout=timeout)
 

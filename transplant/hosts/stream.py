@@ -32,16 +32,17 @@ from transplant.hosts.host import Host, LocalHost, kill_group
 from transplant.hosts.transfer import TransferResult, check_relpath
 from transplant.reporting import QUIET, Reporter
 
-__all__ = ["StreamUnavailable", "stream_files", "compression_for"]
+__all__ = ["UNAVAILABLE", "stream_files", "compression_for"]
 
 #: Seconds the other side gets to finish once one side failed, before it is killed.
 _GRACE = 10.0
 _PIPE_SIZE = 1 << 20
 
 
-class StreamUnavailable(HostError):
-    """The stream could not start on one side (no interpreter there, ``ssh`` or the program
-    could not be started): nothing was written, and the caller may copy with rsync instead."""
+#: The ``code`` of the :class:`HostError` for a stream that could not start on one side (no
+#: interpreter there, ``ssh`` or the program could not be started): nothing was written, and the
+#: caller may copy with rsync instead.
+UNAVAILABLE = "stream-unavailable"
 
 
 def compression_for(src: Host, dst: Host) -> str:
@@ -136,7 +137,7 @@ def stream_files(
         or ``symlink:<text>``, size, st_dev, st_ino, st_mtime_ns) of each file as written.
     :raises ValueError: a relpath is absolute or escapes the root; a root is not absolute; no
         interpreter for an SSH side.
-    :raises StreamUnavailable: a side could not start (nothing was written).
+    :raises HostError: with ``code`` :data:`UNAVAILABLE`: a side could not start (nothing was written).
     :raises HostError: a side failed (which one, its exit status and the tail of its standard
         error are in the message: a file that vanished, a path refused) or ran past ``timeout``;
         both sides are stopped then.
@@ -227,10 +228,11 @@ def _spawn(host: Host, argv: list[str], name: str, root: str, **fds: int) -> sub
     try:
         return host.spawn(argv, **fds)
     except OSError as exc:  # a local interpreter that is missing
-        raise StreamUnavailable(f"stream: the {name} side ({host.label}:{root}) could not start {argv[0]}: "
-                                f"{exc.strerror or exc}") from None
+        raise HostError(f"stream: the {name} side ({host.label}:{root}) could not start {argv[0]}: "
+                        f"{exc.strerror or exc}", code=UNAVAILABLE) from None
     except HostError as exc:
-        raise StreamUnavailable(f"stream: the {name} side could not start: {exc.message}", hint=exc.hint) from None
+        raise HostError(f"stream: the {name} side could not start: {exc.message}", hint=exc.hint,
+                        code=UNAVAILABLE) from None
 
 
 def _watch(sender: _Side, receiver: _Side, listing: bytes, total: int, reporter: Reporter) -> list[threading.Thread]:
@@ -323,8 +325,8 @@ def _raise_failure(sender: _Side, receiver: _Side, reply: dict | None) -> None:
     for side, code in ((sender, send_code), (receiver, receive_code)):
         said = side.error_text()
         if code in (126, 127) and ("No such file" in said or "not found" in said or "Permission denied" in said):
-            raise StreamUnavailable(f"stream: the {side.name} side ({side.where}) could not start its interpreter "
-                                    f"(exit {code}): {said}")
+            raise HostError(f"stream: the {side.name} side ({side.where}) could not start its interpreter "
+                            f"(exit {code}): {said}", code=UNAVAILABLE)
     receiver_error = (reply or {}).get("error") or receiver.error_text() or f"exit status {receive_code}"
     sender_caused = send_code != 0 and (reply is None or reply.get("eof") or "the sending side stopped" in
                                         str(receiver_error) or receive_code == 0)
