@@ -294,6 +294,22 @@ def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[
         repeat("transplant apply", apply_then_noops)
         out[TRANSFER_STEP] = _median(transfers)
         say(f"  {TRANSFER_STEP}: {out[TRANSFER_STEP][0]:.2f} s")
+        relayed: list[tuple] = []
+
+        def apply_with_rsync() -> tuple:
+            bench.reset()
+            saved, bench.env = bench.env, {**bench.env, "TRANSPLANT_TRANSFER": "rsync"}
+            try:
+                done = bench.transplant("apply", "--yes")
+            finally:
+                bench.env = saved
+            relayed.append((bench.steps.get("transfer", 0.0), done[1], None))
+            return done
+
+        repeat("transplant apply, TRANSPLANT_TRANSFER=rsync (the relay, before)", apply_with_rsync)
+        out[RELAY_STEP] = _median(relayed)
+        bench.reset()
+        bench.transplant("apply", "--yes")  # the no-op rows below start from the applied state
         repeat("transplant plan (no-op)", lambda: bench.transplant("plan", "--json"))
         repeat("transplant apply (no-op)", lambda: bench.transplant("apply", "--yes"))
     if wanted("rsync"):
@@ -317,6 +333,7 @@ def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[
 
 FLOOR = "tar piped over ssh into tar (differing files: the floor)"
 TRANSFER_STEP = "transplant apply: its transfer step (the stream, hashed as written)"
+RELAY_STEP = "transplant apply, TRANSPLANT_TRANSFER=rsync: its transfer step (the relay)"
 
 
 def _machine() -> str:
