@@ -346,3 +346,14 @@ def test_a_bad_transfer_setting_is_a_clear_error(pair, capsys, monkeypatch):
     out = " ".join(capsys.readouterr().out.split())
     assert "TRANSPLANT_TRANSFER='scp': not a way to copy files" in out and "Traceback" not in out
     assert (venv / "lib/python3.11/site-packages/alpha/__init__.py").read_text() == "V = 1\n"
+
+
+def test_apply_compress_compresses_the_stream_and_says_how(pair, capsys, monkeypatch):
+    from transplant.cli.app import main
+
+    monkeypatch.delenv("TRANSPLANT_TRANSFER", raising=False)
+    venv, manifest = pair("compressed")
+    assert main(["apply", manifest, "--yes", "--compress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "files: streamed on this machine" in out and "zstd-compressed to" in out
+    assert (venv / "lib/python3.11/site-packages/alpha/big.bin").read_text() == "z" * 200_000
