@@ -357,3 +357,37 @@ def test_apply_compress_compresses_the_stream_and_says_how(pair, capsys, monkeyp
     out = " ".join(capsys.readouterr().out.split())
     assert "files: streamed on this machine" in out and "zstd-compressed to" in out
     assert (venv / "lib/python3.11/site-packages/alpha/big.bin").read_text() == "z" * 200_000
+
+
+@hosts
+def test_a_file_that_vanished_on_an_ssh_donor_names_that_host(lab, lab_connect):
+    donor = lab.hosts["donor"]
+    donor.run(["sh", "-c", "rm -rf /srv/vanish && mkdir -p /srv/vanish/a && echo 1 > /srv/vanish/a/one.py"])
+    lab.hosts["target"].run(["rm", "-rf", "/srv/vanished"])
+    with pytest.raises(HostError) as caught:
+        stream_files(lab_connect("donor"), "/srv/vanish", lab_connect("target"), "/srv/vanished",
+                     ["a/one.py", "a/two.py"], src_python=_python(), dst_python=_python())
+    assert str(caught.value).startswith(f"stream from {donor.spec}:/srv/vanish: the sending side failed (exit 1)")
+    assert "a/two.py: no such file" in str(caught.value)
+    assert _leftovers(lab.hosts["target"].path("/srv/vanished")) == []
+
+
+def test_a_stream_past_its_timeout_is_stopped_on_both_sides(tmp_path):
+    import threading
+
+    listed = _tree(tmp_path / "src", {"f.bin": os.urandom(4 << 20)})
+    release = threading.Event()
+
+    def stuck(source: int, sink: int) -> None:  # a link that stops carrying bytes inside the file
+        carried = 0
+        while carried < 1 << 20:
+            data = os.read(source, (1 << 20) - carried)
+            carried += os.write(sink, data)
+        release.wait(60)
+
+    with pytest.raises(HostError, match="timed out after 1 s and was stopped"):
+        stream_files(LocalHost(), str(tmp_path / "src"), LocalHost(), str(tmp_path / "dst"), listed, timeout=1,
+                     link=stuck)
+    release.set()
+    # the receiver was inside the file: it removed its temporary file on the way out
+    assert not (tmp_path / "dst/f.bin").exists() and _leftovers(tmp_path / "dst") == []

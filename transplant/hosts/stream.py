@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from transplant import remote
 from transplant.errors import HostError
-from transplant.hosts.host import Host, LocalHost, kill_group
+from transplant.hosts.host import Host, LocalHost
 from transplant.hosts.transfer import TransferResult, check_relpath
 from transplant.reporting import QUIET, Reporter
 
@@ -172,7 +173,7 @@ def stream_files(
         sides.append(_Side("sending", src, src_root, _spawn(src, send, "sending", src_root, stdout=sender_out)))
     except BaseException:
         for side in sides:
-            kill_group(side.proc)
+            _stop(side.proc)
         for fd in relay:
             os.close(fd)
         raise
@@ -187,7 +188,7 @@ def stream_files(
         _wait(sides, deadline, timeout, src, dst)
     except BaseException:
         for side in sides:
-            kill_group(side.proc)
+            _stop(side.proc)
         raise
     finally:
         for thread in threads:
@@ -205,6 +206,24 @@ def stream_files(
     reporter.progress(done, max(total, done))
     return TransferResult(files=len(written), bytes=wire, seconds=time.monotonic() - started, how="stream",
                           compression=None if mode == "none" else mode, written=written)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a side's process group: SIGTERM first (a local receiver then removes the file it was
+    writing; over SSH the remote side sees its input end and does the same), SIGKILL after 2 s;
+    reaped. Its pipes are left to the threads reading them."""
+    for how, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, how)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _linked(link: Callable[[int, int], None], source: int, sink: int) -> threading.Thread:
@@ -295,11 +314,11 @@ def _wait(sides: list[_Side], deadline: float | None, timeout: float | None, src
             failed_at = now
         if failed_at is not None and now - failed_at > _GRACE:
             for side in running:
-                kill_group(side.proc)
+                _stop(side.proc)
             return
         if deadline is not None and now > deadline:
             for side in sides:
-                kill_group(side.proc)
+                _stop(side.proc)
             raise HostError(f"stream from {src.label} to {dst.label} timed out after {timeout:g} s and was stopped")
         time.sleep(0.02)
 

@@ -29,7 +29,7 @@ input through ``zstd -dc`` started here by argv. Stdlib only, Python 3.9+.
 import hashlib
 import json
 import os
-import stat
+import signal
 import subprocess
 import sys
 import time
@@ -282,7 +282,16 @@ def _options(argv):
     raise Refused("usage: stream_receive ROOT [--compress none|zlib|zstd]")
 
 
+class Stopped(Refused):
+    """SIGTERM: the controller stops this side (a timeout, Ctrl-C, the other side failed)."""
+
+
+def _stopped(signum, frame):
+    raise Stopped("stopped by the controller (signal {})".format(signum))
+
+
 def main(argv):
+    signal.signal(signal.SIGTERM, _stopped)  # the file being written is removed on the way out
     progress = _Progress()
     try:
         root, mode = _options(argv)
