@@ -22,7 +22,8 @@ and one at the end. Last, one JSON line on standard output: ``{"ok": true, "erro
 symlink's hash is ``symlink:<text>``; the stat fields are those of the file as written, which a
 rename keeps; ``wire``: bytes read from standard input, null with zstd), or ``{"ok": false,
 "error": ..., "eof": bool}`` with exit status 1 (``eof``: the input ended before the end frame,
-the sender's side failed). ``--compress zlib`` reads one zlib stream; ``zstd`` reads standard
+the sender's side failed). SIGTERM (the controller stopping this side) is an error like any
+other: the file being written is removed first. ``--compress zlib`` reads one zlib stream; ``zstd`` reads standard
 input through ``zstd -dc`` started here by argv. Stdlib only, Python 3.9+.
 """
 
