@@ -162,7 +162,20 @@ class Bench:
         self.steps = {name: float(sec) for name, sec in re.findall(r"(prepare|transfer|staged check|commit|check) "
                                                                     r"([\d.]+) s", text)}
         units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-        return seconds, int(float(moved.group(1)) * units[moved.group(2)]) if moved else None, rss
+        exact = self.moved() if command == "apply" and moved else None  # the printed figure is rounded
+        return seconds, exact or (int(float(moved.group(1)) * units[moved.group(2)]) if moved else None), rss
+
+    def moved(self) -> int | None:
+        """The bytes on the wire of the target's last applied transaction, exactly (its history entry)."""
+        try:
+            lines = self.target.path(f"{VENV}/.transplant/history.jsonl").read_text().splitlines()
+        except OSError:
+            return None
+        for line in reversed(lines):
+            entry = json.loads(line)
+            if entry.get("event") == "applied":
+                return entry.get("bytes_moved")
+        return None
 
     def throttled(self, rate: float, compress: bool | str, files: list[str], root: str) -> tuple[float, int, None]:
         """Stream ``files`` (relative to ``root`` on the controller) to the target host through a

@@ -327,6 +327,8 @@ def test_apply_streams_by_default_and_says_so(pair, capsys, monkeypatch):
     assert "patches: streamed on this machine" in out
     assert (venv / "lib/python3.11/site-packages/alpha/p.py").read_text() == "P = 1\n"
     assert "(streamed on this machine," in out  # the closing line says which path the bytes took
+    applied = [e for e in txn.history(LocalHost(), str(venv))["events"] if e["event"] == "applied"][-1]
+    assert 200_000 < applied["bytes_moved"] < 200_000 + 20_000  # the stream's length, recorded exactly
 
 
 def test_apply_with_rsync_chosen_copies_with_rsync(pair, capsys, monkeypatch):

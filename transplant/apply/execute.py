@@ -269,7 +269,7 @@ def execute(
         if mismatches:  # keep it interrupted: --rollback undoes it, --resume retries
             txn.call(target, venv, "mark", {"id": txid, "state": "committing"})
         txn.call(target, venv, "record", {"entry": {
-            "id": txid, "event": outcome, "time": time.time(), "files_copied": copied,
+            "id": txid, "event": outcome, "time": time.time(), "files_copied": copied, "bytes_moved": moved,
             "files_removed": done.get("removed", 0)}})
     finally:
         txn.release(target, venv, txid)

@@ -102,7 +102,7 @@ class _Input:
             size -= len(piece)
         return b"".join(parts)
 
-    def copy(self, fd, size, digest, progress, rel):
+    def copy(self, fd, size, digest, meter, rel):
         while size:
             if not self.chunk and not self._fill():
                 raise EndOfInput("the stream ended inside {} ({} bytes missing)".format(rel, size))
@@ -113,7 +113,7 @@ class _Input:
             taken = min(size, len(self.chunk))
             self.chunk = self.chunk[taken:]
             size -= taken
-            progress.add(taken)
+            meter.add(taken)
 
     def at_end(self):
         return not self.chunk and not self._fill()
@@ -198,13 +198,13 @@ def _temporary(name):
     return ".{}.tp-{}-{}.tmp".format(name[:64], os.getpid(), _SERIAL[0])
 
 
-def _write_file(folder, name, mode, size, mtime_ns, stream, progress, rel):
+def _write_file(folder, name, mode, size, mtime_ns, stream, meter, rel):
     """Write ``size`` bytes of the stream to ``name`` in ``folder`` (a temporary name, renamed); its entry."""
     temporary = _temporary(name)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=folder)
     try:
         digest = hashlib.sha256()
-        stream.copy(fd, size, digest, progress, rel)
+        stream.copy(fd, size, digest, meter, rel)
         os.fchmod(fd, mode & 0o7777)
         os.utime(fd, ns=(time.time_ns(), mtime_ns))
         info = os.fstat(fd)
@@ -238,7 +238,7 @@ def _write_link(folder, name, text, mtime_ns):
     return ["symlink:" + os.fsdecode(text), len(text), info.st_dev, info.st_ino, info.st_mtime_ns]
 
 
-def receive(root, stream, progress):
+def receive(root, stream, meter):
     """Write every entry of the stream under ``root``; returns {path: entry}."""
     if stream.exact(len(STREAM_MAGIC), "its first line") != STREAM_MAGIC:
         raise Refused("the input is not a transplant file stream")
@@ -261,7 +261,7 @@ def receive(root, stream, progress):
                 raise Refused(str(exc))
             folder, name = folders.parent(rel)
             if kind == b"F":
-                files[rel] = _write_file(folder, name, mode, size, mtime_ns, stream, progress, rel)
+                files[rel] = _write_file(folder, name, mode, size, mtime_ns, stream, meter, rel)
             elif kind == b"L":
                 if size > 1 << 16:
                     raise Refused("{}: a symlink text of {} bytes".format(rel, size))
@@ -293,11 +293,11 @@ def _stopped(signum, frame):
 
 def main(argv):
     signal.signal(signal.SIGTERM, _stopped)  # the file being written is removed on the way out
-    progress = _Progress()
+    meter = _Progress()
     try:
         root, mode = _options(argv)
         stream = _Input(mode)
-        files = receive(root, stream, progress)
+        files = receive(root, stream, meter)
         stream.close()
     except (Refused, OSError, ValueError, UnicodeError) as exc:
         if isinstance(exc, OSError) and not isinstance(exc, Refused):
@@ -307,9 +307,9 @@ def main(argv):
         sys.stderr.write("stream_receive: {}\n".format(message))
         sys.stdout.write(json.dumps({"ok": False, "error": message, "eof": isinstance(exc, EndOfInput)}) + "\n")
         return 1
-    progress.say()
+    meter.say()
     sys.stdout.write(json.dumps({"ok": True, "error": None, "files": files, "entries": len(files),
-                                 "bytes": progress.done, "wire": stream.wire}) + "\n")
+                                 "bytes": meter.done, "wire": stream.wire}) + "\n")
     return 0
 
 
