@@ -326,7 +326,7 @@ def test_apply_streams_by_default_and_says_so(pair, capsys, monkeypatch):
     assert "files: streamed on this machine" in out and "hashed as written" in out
     assert "patches: streamed on this machine" in out
     assert (venv / "lib/python3.11/site-packages/alpha/p.py").read_text() == "P = 1\n"
-    assert "(streamed on this machine," in out  # the closing line says which path the bytes took
+    assert "on the wire (streamed on this machine)," in out  # the closing line says which path the bytes took
     applied = [e for e in txn.history(LocalHost(), str(venv))["events"] if e["event"] == "applied"][-1]
     assert 200_000 < applied["bytes_moved"] < 200_000 + 20_000  # the stream's length, recorded exactly
 

@@ -360,9 +360,11 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         moved += result.bytes
         copied += len(paths)
         written.update({path: list(entry) for path, entry in result.written.items()})
-        said = _described(result, src, target) + (f" ({TRANSFER_ENV}=rsync)" if how == "rsync" else "")
-        reporter.note(f"{what}: {said}")
-        return said
+        way, amounts = _described(result, src, target)
+        if how == "rsync":
+            way += f" ({TRANSFER_ENV}=rsync)"
+        reporter.note(f"{what}: {way}, {amounts}")
+        return way
 
     if donor_files and stager is not None:
         moved, copied = stager(target, plan.target.venv, staged, donor_files, staging=staging, timeout=timeout, reporter=reporter)
@@ -399,13 +401,13 @@ def _transfer(what: str, how: str, src: Host, src_root: str, src_python: str | N
     return copy_files(src, src_root, target, staged, paths, staging=staging, reporter=reporter, timeout=timeout)
 
 
-def _described(result: TransferResult, src: Host, dst: Host) -> str:
-    """How a copy went, in words: the way the bytes took, how many, compressed or not."""
+def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
+    """How a copy went, in words: (the way the bytes took, how many and whether compressed)."""
     local_src, local_dst = isinstance(src, LocalHost), isinstance(dst, LocalHost)
     if result.how == "rsync":
         way = ("copied with rsync, relayed through a folder on the controller's disk (each byte crossed twice)"
                if not (local_src or local_dst) else "copied with rsync")
-        return f"{way}, {human_bytes(result.bytes)} on the wire"
+        return way, f"{human_bytes(result.bytes)} on the wire"
     if local_src and local_dst:
         way = "streamed on this machine"
     elif local_src:
@@ -416,7 +418,7 @@ def _described(result: TransferResult, src: Host, dst: Host) -> str:
         way = (f"streamed {src.label} -> {dst.label} through the controller (both legs at once, no controller "
                f"disk)")
     size = sum(entry[1] for entry in result.written.values())
-    said = f"{way}, {human_bytes(size)} in {result.files} files"
+    amounts = f"{human_bytes(size)} in {result.files} files"
     if result.compression:
-        said += f", {result.compression}-compressed to {human_bytes(result.bytes)} on the wire"
-    return said + ", hashed as written"
+        amounts += f", {result.compression}-compressed to {human_bytes(result.bytes)} on the wire"
+    return way, amounts + ", hashed as written"
