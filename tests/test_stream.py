@@ -393,3 +393,25 @@ def test_a_stream_past_its_timeout_is_stopped_on_both_sides(tmp_path):
     release.set()
     # the receiver was inside the file: it removed its temporary file on the way out
     assert not (tmp_path / "dst/f.bin").exists() and _leftovers(tmp_path / "dst") == []
+
+
+@hosts
+def test_ssh_to_local_streams_into_the_controller(lab, lab_connect, tmp_path):
+    lab.hosts["donor"].run(["sh", "-c", "rm -rf /srv/s2l && mkdir -p /srv/s2l/a && printf hello > /srv/s2l/a/f"])
+    result = stream_files(lab_connect("donor"), "/srv/s2l", LocalHost(), str(tmp_path / "out"), ["a/f"],
+                          src_python=_python())
+    assert (tmp_path / "out/a/f").read_bytes() == b"hello"
+    assert result.written["a/f"][:2] == (record_hash(b"hello"), 5) and result.files == 1
+
+
+def test_a_stream_that_cannot_start_falls_back_to_rsync_and_says_so(tmp_path):
+    from transplant.apply.execute import _transfer
+
+    listed = _tree(tmp_path / "src", {"a/f.py": b"F = 1\n"})
+    recorded = RecordingReporter()
+    result = _transfer("files", "stream", LocalHost(), str(tmp_path / "src"), str(tmp_path / "no-python"),
+                       LocalHost(), str(tmp_path / "staged"), listed, staging=tmp_path / "state", total=6,
+                       reporter=recorded, timeout=60, compress=False, target_python="unused")
+    assert result.how == "rsync" and (tmp_path / "staged/a/f.py").read_bytes() == b"F = 1\n"
+    assert recorded.notes()[0].startswith("files: the stream could not start (stream: the sending side")
+    assert recorded.notes()[0].endswith("; copying with rsync instead")
