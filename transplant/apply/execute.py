@@ -3,8 +3,9 @@
 The target is locked; new files are staged inside the venv's state folder
 (``<venv>/.transplant/txn/<id>/staged``) and only then renamed into place, in the order
 of :func:`transplant.core.promised_state.transaction_steps` (per distribution the dist-info last), each
-replaced or removed file kept as a hardlink backup; last, every path the plan touched is
-hashed again and must equal the planned state hash for hash. An interrupted transaction
+replaced or removed file kept as a hardlink backup; last, every path the plan touched must
+equal the planned state hash for hash (a file streamed in is hashed once, as it is written, and
+taken at that hash while its stat identity holds: see :func:`_stage` and the applier's ``check``). An interrupted transaction
 is finished (``--resume``) or undone (``--rollback``) by :mod:`transplant.apply.txn`; every
 transaction stays recorded in ``<venv>/.transplant/`` for ``transplant history`` and
 ``transplant rollback``.
