@@ -153,12 +153,45 @@ class Bench:
         return size / seconds
 
     def transplant(self, command: str, *extra: str) -> tuple[float, int | None, int]:
-        """A transplant command on the controller: (seconds, bytes on the wire or None, peak RSS bytes)."""
+        """A transplant command on the controller: (seconds, bytes on the wire or None, peak RSS bytes).
+        An apply's own steps (``transfer 12.3 s``...) are kept in ``self.steps``."""
         seconds, rss, out = _child([sys.executable, "-m", "transplant", command, str(self.manifest), *extra],
                                    env=self.env)
-        moved = re.search(r"([\d.]+) (B|KiB|MiB|GiB) on the wire", " ".join(out.split()))
+        text = " ".join(out.split())
+        moved = re.search(r"([\d.]+) (B|KiB|MiB|GiB) on the wire", text)
+        self.steps = {name: float(sec) for name, sec in re.findall(r"(prepare|transfer|staged check|commit|check) "
+                                                                    r"([\d.]+) s", text)}
         units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-        return seconds, int(float(moved.group(1)) * units[moved.group(2)]) if moved else None, rss
+        exact = self.moved() if command == "apply" and moved else None  # the printed figure is rounded
+        return seconds, exact or (int(float(moved.group(1)) * units[moved.group(2)]) if moved else None), rss
+
+    def moved(self) -> int | None:
+        """The bytes on the wire of the target's last applied transaction, exactly (its history entry)."""
+        try:
+            lines = self.target.path(f"{VENV}/.transplant/history.jsonl").read_text().splitlines()
+        except OSError:
+            return None
+        for line in reversed(lines):
+            entry = json.loads(line)
+            if entry.get("event") == "applied":
+                return entry.get("bytes_moved")
+        return None
+
+    def throttled(self, rate: float, compress: bool | str, files: list[str], root: str) -> tuple[float, int, None]:
+        """Stream ``files`` (relative to ``root`` on the controller) to the target host through a
+        link that carries at most ``rate`` bytes a second (a rate-limited copy on the controller:
+        a bench-only stand-in for a slow WAN or VPN), compressed or not: (seconds, bytes on the wire)."""
+        from transplant.hosts.host import HostSpec, SSHOptions, LocalHost, connect
+        from transplant.hosts.stream import stream_files
+
+        self.target.run(["rm", "-rf", "/srv/throttled"])
+        options = SSHOptions(identity_file=self.lab.identity_file, known_hosts=self.lab.known_hosts)
+        with connect(HostSpec.parse(str(self.target.spec)), options) as target:
+            result = stream_files(LocalHost(), root, target, "/srv/throttled", files, compress=compress,
+                                  dst_python=getattr(sys, "_base_executable", sys.executable),
+                                  link=lambda source, sink: _slow_copy(source, sink, rate))
+        self.target.run(["rm", "-rf", "/srv/throttled"])
+        return result.seconds, result.bytes, None
 
     def rsync(self, *options: str, files: bool = False) -> tuple[float, int, None]:
         """rsync from the donor to the target (whole site-packages, or ``files``: the differing ones)."""
@@ -182,6 +215,49 @@ class Bench:
         return seconds, self.diff_bytes, None
 
 
+def _slow_copy(source: int, sink: int, rate: float) -> None:
+    """Copy ``source`` to ``sink`` until its end, at most ``rate`` bytes a second (bench only)."""
+    started, sent = time.monotonic(), 0
+    while True:
+        data = os.read(source, 1 << 16)
+        if not data:
+            return
+        view = memoryview(data)
+        while view:
+            view = view[os.write(sink, view):]
+        sent += len(data)
+        ahead = sent / rate - (time.monotonic() - started)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+#: The link rate of the throttled comparison, bytes a second.
+SLOW_LINK = 20e6
+#: How many bytes the throttled comparison streams.
+SLOW_SAMPLE = 160 << 20
+
+
+def slow_sample() -> tuple[str, list[str], str]:
+    """(root, files, what) for the throttled comparison: real shared objects and Python sources of
+    the cached real donor (read only) when present, about :data:`SLOW_SAMPLE` bytes; else None."""
+    from bench.real import DEFAULT_ROOT
+
+    site = next(iter(sorted((DEFAULT_ROOT / "donor" / "lib").glob("python3*/site-packages"))), None)
+    if site is None:
+        return "", [], ""
+    picked, size = [], 0
+    for pattern in ("nvidia/cu13/lib/libcublas.so*", "torch/lib/libc10*.so", "torch/lib/libtorch_python.so",
+                    "torch/**/*.py", "sglang/**/*.py"):
+        for path in sorted(site.glob(pattern)):
+            if size >= SLOW_SAMPLE:
+                break
+            if path.is_file() and not path.is_symlink():
+                picked.append(str(path.relative_to(site)))
+                size += path.stat().st_size
+    return str(site), picked, f"{len(picked)} files of the real donor ({size / 2**20:.0f} MiB: cuBLAS, c10, " \
+                              f"torch_python, torch and sglang sources)"
+
+
 def _median(runs: list[tuple]) -> tuple[float, int | None, int | None]:
     seconds = statistics.median(r[0] for r in runs)
     moved = [r[1] for r in runs if r[1] is not None]
@@ -189,9 +265,15 @@ def _median(runs: list[tuple]) -> tuple[float, int | None, int | None]:
     return seconds, (int(statistics.median(moved)) if moved else None), (max(rss) if rss else None)
 
 
-def measure(bench: Bench, runs: int, say) -> dict[str, tuple]:
-    """Every measurement at one scale: name -> (median seconds, bytes moved, peak RSS)."""
+#: The groups of measurements ``--only`` chooses from.
+GROUPS = ("inventory", "plan", "apply", "rsync", "floor", "slow-link")
+
+
+def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[str, tuple]:
+    """The measurements at one scale (``only``: those groups of :data:`GROUPS`; None: all):
+    name -> (median seconds, bytes moved, peak RSS)."""
     out: dict[str, tuple] = {}
+    wanted = (lambda group: only is None or group in only)  # noqa: E731
 
     def repeat(name: str, body, reset: bool = False) -> None:
         results = []
@@ -203,28 +285,68 @@ def measure(bench: Bench, runs: int, say) -> dict[str, tuple]:
         say(f"  {name}: {out[name][0]:.2f} s")
 
     bench.reset()
-    repeat("inventory: transplant probe (metadata)", lambda: bench.probe(False))
-    repeat("inventory: pip inspect", lambda: bench.pip("inspect"))
-    repeat("inventory: pip list", lambda: bench.pip("list"))
-    repeat("inventory: transplant probe (every file hashed)", lambda: bench.probe(True))
-    out["disk read (dd, warm)"] = (bench.read_speed(), None, None)
-    out["venv bytes"] = (float(sum(p.stat().st_size for p in bench.target.path(VENV).rglob("*")
-                                   if p.is_file() and not p.is_symlink())), None, None)
-    repeat("transplant plan (cold)", lambda: bench.transplant("plan", "--json"), reset=True)
+    if wanted("inventory"):
+        repeat("inventory: transplant probe (metadata)", lambda: bench.probe(False))
+        repeat("inventory: pip inspect", lambda: bench.pip("inspect"))
+        repeat("inventory: pip list", lambda: bench.pip("list"))
+        repeat("inventory: transplant probe (every file hashed)", lambda: bench.probe(True))
+        out["disk read (dd, warm)"] = (bench.read_speed(), None, None)
+        out["venv bytes"] = (float(sum(p.stat().st_size for p in bench.target.path(VENV).rglob("*")
+                                       if p.is_file() and not p.is_symlink())), None, None)
+    if wanted("plan"):
+        repeat("transplant plan (cold)", lambda: bench.transplant("plan", "--json"), reset=True)
+    if wanted("apply"):
+        transfers: list[tuple] = []
 
-    def apply_then_noops() -> tuple:
+        def apply_then_noops() -> tuple:
+            bench.reset()
+            done = bench.transplant("apply", "--yes")
+            transfers.append((bench.steps.get("transfer", 0.0), done[1], None))
+            return done
+
+        repeat("transplant apply", apply_then_noops)
+        out[TRANSFER_STEP] = _median(transfers)
+        say(f"  {TRANSFER_STEP}: {out[TRANSFER_STEP][0]:.2f} s")
+        relayed: list[tuple] = []
+
+        def apply_with_rsync() -> tuple:
+            bench.reset()
+            saved, bench.env = bench.env, {**bench.env, "TRANSPLANT_TRANSFER": "rsync"}
+            try:
+                done = bench.transplant("apply", "--yes")
+            finally:
+                bench.env = saved
+            relayed.append((bench.steps.get("transfer", 0.0), done[1], None))
+            return done
+
+        repeat("transplant apply, TRANSPLANT_TRANSFER=rsync (the relay, before)", apply_with_rsync)
+        out[RELAY_STEP] = _median(relayed)
         bench.reset()
-        return bench.transplant("apply", "--yes")
-
-    repeat("transplant apply", apply_then_noops)
-    repeat("transplant plan (no-op)", lambda: bench.transplant("plan", "--json"))
-    repeat("transplant apply (no-op)", lambda: bench.transplant("apply", "--yes"))
-    repeat("rsync -a (whole site-packages)", lambda: bench.rsync(), reset=True)
-    repeat("rsync -a --checksum", lambda: bench.rsync("--checksum"), reset=True)
-    repeat("rsync --files-from (differing files)", lambda: bench.rsync(files=True), reset=True)
-    repeat("rsync --files-from --whole-file", lambda: bench.rsync("--whole-file", files=True), reset=True)
-    repeat("tar piped over ssh into tar (differing files: the floor)", bench.tar, reset=True)
+        bench.transplant("apply", "--yes")  # the no-op rows below start from the applied state
+        repeat("transplant plan (no-op)", lambda: bench.transplant("plan", "--json"))
+        repeat("transplant apply (no-op)", lambda: bench.transplant("apply", "--yes"))
+    if wanted("rsync"):
+        repeat("rsync -a (whole site-packages)", lambda: bench.rsync(), reset=True)
+        repeat("rsync -a --checksum", lambda: bench.rsync("--checksum"), reset=True)
+        repeat("rsync --files-from (differing files)", lambda: bench.rsync(files=True), reset=True)
+        repeat("rsync --files-from --whole-file", lambda: bench.rsync("--whole-file", files=True), reset=True)
+    if wanted("floor") or wanted("apply"):
+        repeat(FLOOR, bench.tar, reset=True)
+    if wanted("slow-link"):
+        root, files, what = slow_sample()
+        if files:
+            say(f"  slow link: {what}, at {SLOW_LINK / 1e6:g} MB/s")
+            for name, how in (("plain", False), ("zstd", "zstd"), ("zlib", "zlib")):
+                repeat(f"slow link {SLOW_LINK / 1e6:g} MB/s: stream, {name}",
+                       lambda how=how: bench.throttled(SLOW_LINK, how, files, root))
+        else:
+            say("  slow link: skipped (no real donor under ~/.cache/transplant/real to sample)")
     return out
+
+
+FLOOR = "tar piped over ssh into tar (differing files: the floor)"
+TRANSFER_STEP = "transplant apply: its transfer step (the stream, hashed as written)"
+RELAY_STEP = "transplant apply, TRANSPLANT_TRANSFER=rsync: its transfer step (the relay)"
 
 
 def _machine() -> str:
@@ -240,7 +362,7 @@ def table(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int], 
     """The markdown report: per scale, each measurement with its ratio to the baselines, then the targets."""
     lines = [f"Machine: {_machine()}.", f"Medians of {runs} runs. Generated by `.venv/bin/python -m bench.run`.", ""]
     for scale, r in results.items():
-        floor = r["tar piped over ssh into tar (differing files: the floor)"][0]
+        floor = r.get(FLOOR, (None,))[0]
         lines += [f"## Scale {scale:g} (differing bytes {diff_bytes[scale] / 2**20:.0f} MiB)", "",
                   "| measurement | seconds | bytes moved | x tar floor | peak controller RSS |",
                   "| --- | ---: | ---: | ---: | ---: |"]
@@ -251,7 +373,7 @@ def table(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int], 
             if name == "venv bytes":
                 lines.append(f"| target venv size | {seconds / 2**30:.2f} GiB | | | |")
                 continue
-            ratio = f"{seconds / floor:.2f}" if not name.startswith("inventory") else ""
+            ratio = f"{seconds / floor:.2f}" if floor and not name.startswith(("inventory", "slow link")) else ""
             lines.append(f"| {name} | {seconds:.2f} | {'' if moved is None else f'{moved / 2**20:.0f} MiB'} | {ratio} | "
                          f"{'' if rss is None else f'{rss / 2**20:.0f} MiB'} |")
         lines.append("")
@@ -274,6 +396,8 @@ def _growth(results: dict[float, dict[str, tuple]]) -> list[str]:
     out = ["", "## Growth with scale", "", "| measurement | " + " | ".join(f"scale {s:g}" for s in scales) + " |",
            "| --- |" + " ---: |" * len(scales)]
     for name in GROWTH:
+        if any(name not in results[s] for s in scales):
+            continue
         cells = [f"{results[s][name][0]:.2f} s ({results[s][name][0] / results[first][name][0]:.1f}x)"
                  for s in scales]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -285,19 +409,26 @@ def _targets(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int
     r = results[scale]
     get = lambda name: r[name][0]  # noqa: E731
     rows = [
-        ("inventory (metadata) no slower than pip inspect", get("inventory: transplant probe (metadata)"),
-         get("inventory: pip inspect"), "s"),
-        ("no-op plan at most 1 s", get("transplant plan (no-op)"), 1.0, "s"),
-        ("apply within 1.2x of the tar floor", get("transplant apply"),
-         1.2 * get("tar piped over ssh into tar (differing files: the floor)"), "s"),
-        ("apply moves at most 1.01x the differing bytes", (r["transplant apply"][1] or 0) / 2**20,
-         1.01 * diff_bytes[scale] / 2**20, "MiB"),
-        ("controller memory at most 300 MiB", max(v[2] or 0 for v in r.values()) / 2**20, 300, "MiB"),
+        ("inventory (metadata) no slower than pip inspect", lambda: get("inventory: transplant probe (metadata)"),
+         lambda: get("inventory: pip inspect"), "s"),
+        ("no-op plan at most 1 s", lambda: get("transplant plan (no-op)"), lambda: 1.0, "s"),
+        ("apply within 1.2x of the tar floor", lambda: get("transplant apply"), lambda: 1.2 * get(FLOOR), "s"),
+        ("apply's transfer step within 1.2x of the tar floor", lambda: get(TRANSFER_STEP), lambda: 1.2 * get(FLOOR),
+         "s"),
+        ("apply moves at most 1.01x the differing bytes", lambda: (r["transplant apply"][1] or 0) / 2**20,
+         lambda: 1.01 * diff_bytes[scale] / 2**20, "MiB"),
+        ("controller memory at most 300 MiB", lambda: max(v[2] or 0 for v in r.values()) / 2**20, lambda: 300, "MiB"),
     ]
     out = [f"## Targets (scale {scale:g})", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
-    for name, got, limit, unit in rows:
+    for name, measured, limited, unit in rows:
+        try:
+            got, limit = measured(), limited()
+        except KeyError:  # not measured in this run (--only)
+            continue
         out.append(f"| {name} | {got:.2f} {unit} | {limit:.2f} {unit} | "
                    f"{'yes' if got <= limit else f'no, by {got / limit:.2f}x'} |")
+    if "inventory: transplant probe (every file hashed)" not in r:
+        return out
     hashed = r["inventory: transplant probe (every file hashed)"][0]
     read = r["disk read (dd, warm)"][0]
     size = r["venv bytes"][0]
@@ -312,7 +443,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scales", default="1,2,4", help="comma-separated scale factors (1: about 2 GB)")
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (the median is reported)")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="where to write the report")
+    parser.add_argument("--only", help=f"comma-separated groups to measure, of {', '.join(GROUPS)} (apply brings "
+                                       f"the floor along); default: all")
     args = parser.parse_args(argv)
+    only = None
+    if args.only:
+        only = {g.strip() for g in args.only.split(",") if g.strip()}
+        unknown = only - set(GROUPS)
+        if unknown:
+            parser.error(f"--only: unknown group(s) {', '.join(sorted(unknown))}; choose from {', '.join(GROUPS)}")
     scales = [float(s) for s in args.scales.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="transplant-bench-", dir="/tmp"))
     results: dict[float, dict[str, tuple]] = {}
@@ -322,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             for scale in scales:
                 bench = Bench(lab, scale, workdir)
                 print(f"scale {scale:g}: building the venvs ({bench.build():.0f} s)", flush=True)
-                results[scale] = measure(bench, args.runs, lambda line: print(line, flush=True))
+                results[scale] = measure(bench, args.runs, lambda line: print(line, flush=True), only)
                 diff[scale] = bench.diff_bytes
                 report = "# Benchmarks\n\n" + table(results, diff, args.runs)
                 Path(args.out).write_text(report)

@@ -140,7 +140,9 @@ def test_plan_apply_and_rollback_report_their_steps_and_monotone_bytes(world):
     assert files and monotone(files) and files[-1][0] == files[-1][1] > 30 * 4000, files
     patches = applied.progress_of("patches")
     assert patches and monotone(patches) and patches[-1] == (len("PATCHED = True\n"),) * 2
-    assert applied.progress_of("commit") == [] and applied.notes() == []
+    assert applied.progress_of("commit") == []
+    assert [note.split(": ")[0] for note in applied.notes()] == ["files", "patches"]  # how each copy went
+    assert applied.notes()[0].startswith("files: streamed on this machine")
     assert (world / "target" / SITE / "alpha" / "patched.py").exists() and result.files_copied > 30
 
     txid = new_transaction_id()

@@ -80,14 +80,14 @@ def test_donor_sshd_killed_during_the_transfer(hosts, tmp_path, capsys):
         deadline = time.monotonic() + 120
         while not (staged.exists() and any(staged.iterdir())) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.3)  # rsync is reading the donor now
+        time.sleep(0.3)  # the stream is reading the donor now
         lab.hosts["donor"].stop_sshd()
         runner.join(300)
     finally:
         lab.hosts["donor"].start_sshd()
     out = " ".join(capsys.readouterr().out.split())
     assert result["code"] == 1, out
-    assert "rsync" in out and "failed" in out
+    assert f"stream from {lab.hosts['donor'].spec}:{DONOR}: the sending side failed" in out, out
     assert "was aborted before its commit: its staged files were discarded and the live venv did not change" in out
     assert snapshot(target, TARGET) == before, "the live venv never changed"
     ends = {t["id"]: t["state"] for t in txn.history(_target(lab), TARGET)["transactions"]}

@@ -3,8 +3,9 @@
 The target is locked; new files are staged inside the venv's state folder
 (``<venv>/.transplant/txn/<id>/staged``) and only then renamed into place, in the order
 of :func:`transplant.core.promised_state.transaction_steps` (per distribution the dist-info last), each
-replaced or removed file kept as a hardlink backup; last, every path the plan touched is
-hashed again and must equal the planned state hash for hash. An interrupted transaction
+replaced or removed file kept as a hardlink backup; last, every path the plan touched must
+equal the planned state hash for hash (a file streamed in is hashed once, as it is written, and
+taken at that hash while its stat identity holds: see :func:`_stage` and the applier's ``check``). An interrupted transaction
 is finished (``--resume``) or undone (``--rollback``) by :mod:`transplant.apply.txn`; every
 transaction stays recorded in ``<venv>/.transplant/`` for ``transplant history`` and
 ``transplant rollback``.
@@ -12,6 +13,7 @@ transaction stays recorded in ``<venv>/.transplant/`` for ``transplant history``
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import tempfile
@@ -22,22 +24,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from transplant.errors import ApplyError, TransplantError
+from transplant.errors import ApplyError, HostError, TransplantError
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.inventory import inside_path, protected_path
 from transplant.hosts.probing import take_inventory
 from transplant.core.plan import Plan
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
-from transplant.hosts.transfer import copy_files
+from transplant.hosts.probing import venv_python
+from transplant.hosts.stream import UNAVAILABLE, stream_files
+from transplant.hosts.transfer import TransferResult, copy_files
+from transplant.core.units import human_bytes
 from transplant.reporting import QUIET, Reporter
 
 __all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "new_transaction_id"]
 
 @dataclass(frozen=True, kw_only=True)
 class ApplyResult:
-    """What apply did: files and bytes copied (bytes as rsync moved them), files removed, seconds,
-    and ``steps``: (step name, seconds) for the transfer, the removals and the final check."""
+    """What apply did: files and bytes copied (bytes as they crossed the wire), files removed, seconds,
+    ``steps``: (step name, seconds) for ``prepare`` (lock, stale-plan probe, begin), ``transfer`` (the
+    copy), ``staged check`` (script heads, RECORD rows, links, the staged files against the plan),
+    ``commit`` and ``check``, and
+    ``transfer``: how the donor's files moved, in words (``streamed ... through the controller``;
+    empty when none moved or a registry stager staged them)."""
 
     transaction: str
     files_copied: int
@@ -45,6 +54,7 @@ class ApplyResult:
     files_removed: int
     seconds: float
     steps: tuple[tuple[str, float], ...] = ()
+    transfer: str = ""
 
 
 def check_plan_paths(plan: Plan, manifest_dir: Path) -> None:
@@ -116,6 +126,7 @@ def execute(
     donor_root: str | None = None,
     recipe: dict | None = None,
     stager: Callable[..., tuple[int, int]] | None = None,
+    compress: bool = False,
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
@@ -125,11 +136,14 @@ def execute(
     stale plan (the target, probed again as the plan read it, has another fingerprint); check free
     space and writability and record the state before (nothing is written before these
     pass); copy every new file into the transaction's staging folder inside the venv's
-    state folder (rsync); rewrite console-script shebangs there, and set those scripts'
+    state folder (one stream from the donor, hashed as it is written: :func:`transplant.hosts.stream.stream_files`;
+    rsync where the stream cannot start or ``TRANSPLANT_TRANSFER=rsync``); rewrite console-script shebangs there, and set those scripts'
     rows in their staged RECORD to the files as written (sha256 and size); then commit: the
     ordered renames and removals of :func:`transplant.core.promised_state.transaction_steps`, each
-    replaced or removed file kept as a hardlink backup. Last, every touched path is
-    hashed again and must equal the plan. A failure before the commit discards the
+    replaced or removed file kept as a hardlink backup. Last, every touched path must equal the
+    plan. A streamed file is hashed once, by the receiver as it writes it: the staged check and the
+    final one take that hash for a file whose stat identity has not changed since (see the
+    applier's ``check`` and ``state``), and hash every other. A failure before the commit discards the
     staging (the live venv never changed); a failure during it leaves a transaction that
     ``apply --resume`` finishes or ``apply --rollback`` undoes.
 
@@ -137,8 +151,10 @@ def execute(
     :param manifest_dir: folder the patch sources are relative to.
     :param state_dir: the controller's state folder (staging for relayed copies).
     :param reporter: told the steps ``files`` and ``patches`` (each with its bytes done of all
-        while rsync copies it; only those that copy something), ``commit`` and ``check`` as they
-        start, and a note for each notice (a stale lock broken, a commit completed earlier).
+        while it is copied; only those that copy something), ``commit`` and ``check`` as they
+        start, a note saying how each copy went (streamed, which way, how many bytes, compressed
+        or not; or rsync and why), and a note for each notice (a stale lock broken, a commit
+        completed earlier).
     :param timeout: seconds for each transfer; None waits without limit.
     :param break_lock: take the lock even when another controller holds it.
     :param crash_after: testing hook: the commit kills itself (SIGKILL) before that step.
@@ -152,7 +168,9 @@ def execute(
     :param stager: puts the donor files into the staging folder instead of rsync from ``donor``
         (a registry snapshot: :meth:`transplant.donor.registry_snapshot.RegistrySource.stage`, called as
         ``stager(target, venv, staged, paths, staging=, timeout=, reporter=)`` -> (bytes through the
-        controller, files)); None copies with rsync.
+        controller, files)); None streams the files from ``donor``.
+    :param compress: compress the stream (zstd where both hosts have it, else zlib): for a slow
+        link between the controller and a host; False sends it plain.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
         target is no longer the one the plan was made against (checked under the lock,
         before any write: a stale plan), the target lacks space or cannot be written (nothing changed), an earlier transaction
@@ -203,9 +221,12 @@ def execute(
             "id": txid, "event": "started", "time": time.time(), "source": f"donor {plan.donor.label}",
             "plan_donor": plan.donor.fingerprint, "plan_target": plan.target.fingerprint,
             **({"recipe": recipe} if recipe is not None else {})}})
+        lap("prepare")
         try:
-            moved, copied = _stage(plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir,
-                                   state_dir, reporter, timeout, stager=stager)
+            moved, copied, written, transfer = _stage(
+                plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir, state_dir, reporter,
+                timeout, stager=stager, compress=compress)
+            lap("transfer")
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
@@ -218,7 +239,7 @@ def execute(
             if links:
                 txn.call(target, venv, "links", {"id": txid, "links": links})
             puts = {p: want for p, want in expected.items() if want is not None}
-            checked = txn.call(target, venv, "check", {"id": txid, "expect": puts}, check=False)
+            checked = txn.call(target, venv, "check", {"id": txid, "expect": puts, "written": written}, check=False)
             if not checked.get("ok"):
                 raise ApplyError(f"{plan.target.label}: {checked.get('error')}: the donor (or a patch) changed "
                                  f"between plan and copy", hint="plan again, then apply",
@@ -232,7 +253,7 @@ def execute(
                                 f"files were discarded and the live venv did not change)", hint=exc.hint,
                                  mismatches=getattr(exc, "mismatches", None)) from exc
             raise
-        lap("transfer")
+        lap("staged check")
         extra = {key: value for key, value in (("crash_after", crash_after), ("orphan_at", orphan_at))
                  if value is not None}
         reporter.step("commit")
@@ -243,13 +264,13 @@ def execute(
                                   hint=_FINISH.format(manifest=shlex.quote(plan.manifest))) from exc
         lap("commit")
         reporter.step("check")
-        mismatches = txn.check_state(target, venv, expected)
+        mismatches = txn.check_state(target, venv, expected, known=checked.get("verified"))
         lap("check")
         outcome = "applied" if not mismatches else "differs"
         if mismatches:  # keep it interrupted: --rollback undoes it, --resume retries
             txn.call(target, venv, "mark", {"id": txid, "state": "committing"})
         txn.call(target, venv, "record", {"entry": {
-            "id": txid, "event": outcome, "time": time.time(), "files_copied": copied,
+            "id": txid, "event": outcome, "time": time.time(), "files_copied": copied, "bytes_moved": moved,
             "files_removed": done.get("removed", 0)}})
     finally:
         txn.release(target, venv, txid)
@@ -259,7 +280,7 @@ def execute(
             f"stays open", hint=_FINISH.format(manifest=shlex.quote(plan.manifest)), mismatches=mismatches)
     return ApplyResult(transaction=txid, files_copied=copied, bytes_moved=moved,
                        files_removed=int(done.get("removed", 0)), seconds=time.monotonic() - started,
-                       steps=tuple(steps))
+                       steps=tuple(steps), transfer=transfer)
 
 
 def _refuse_stale(plan: Plan, target: Host) -> None:
@@ -306,33 +327,99 @@ def _begin_error(plan: Plan, reply: dict) -> ApplyError:
                       f"changed")
 
 
+#: The environment variable that chooses how apply copies files: ``stream`` (the default) or ``rsync``.
+TRANSFER_ENV = "TRANSPLANT_TRANSFER"
+
+
 def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
-           reporter: Reporter, timeout: float | None, *,
-           stager: Callable[..., tuple[int, int]] | None = None) -> tuple[int, int]:
-    """Copy the plan's new files into the transaction's staging folder on the target;
-    returns (bytes on the wire, files)."""
+           reporter: Reporter, timeout: float | None, *, stager: Callable[..., tuple[int, int]] | None = None,
+           compress: bool = False) -> tuple[int, int, dict[str, list], str]:
+    """Copy the plan's new files into the transaction's staging folder on the target.
+
+    :returns: (bytes on the wire, files, path -> ``[sha256, size, st_dev, st_ino, st_mtime_ns]`` of
+        each file a stream wrote (for the applier's ``check``; empty for rsync), how the donor's
+        files moved in words).
+    :raises ApplyError: ``TRANSPLANT_TRANSFER`` names no known way.
+    """
+    how = os.environ.get(TRANSFER_ENV, "") or "stream"
+    if how not in ("stream", "rsync"):
+        raise ApplyError(f"environment variable {TRANSFER_ENV}={how!r}: not a way to copy files",
+                         hint=f"set it to stream (the default) or rsync, or unset it: unset {TRANSFER_ENV}")
     staging = state_dir / "staging"
     staging.mkdir(parents=True, exist_ok=True)
-    donor_files = [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"]
+    donor_copies = [cp for c in plan.changes for cp in c.copy if cp.source == "donor"]
+    donor_files = [cp.path for cp in donor_copies]
     moved = copied = 0
+    written: dict[str, list] = {}
+    transfer = ""
+
+    def move(what: str, src: Host, src_root: str, src_python: str | None, paths: list[str], total: int) -> str:
+        nonlocal moved, copied
+        result = _transfer(what, how, src, src_root, src_python, target, staged, paths, staging=staging, total=total,
+                           reporter=reporter, timeout=timeout, compress=compress, target_python=venv_python(
+                               plan.target.venv))
+        moved += result.bytes
+        copied += len(paths)
+        written.update({path: list(entry) for path, entry in result.written.items()})
+        way, amounts = _described(result, src, target)
+        if how == "rsync":
+            way += f" ({TRANSFER_ENV}=rsync)"
+        reporter.note(f"{what}: {way}, {amounts}")
+        return way
 
     if donor_files and stager is not None:
         moved, copied = stager(target, plan.target.venv, staged, donor_files, staging=staging, timeout=timeout, reporter=reporter)
     elif donor_files:
         reporter.step("files")
-        result = copy_files(donor, donor_root, target, staged, donor_files, staging=staging,
-                            reporter=reporter, timeout=timeout)
-        moved, copied = result.bytes, len(donor_files)
+        transfer = move("files", donor, donor_root, None if isinstance(donor, LocalHost) else venv_python(
+            plan.donor.venv), donor_files, sum(cp.size or 0 for cp in donor_copies))
     patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))
     try:
         patch_paths = _stage_patches(plan, manifest_dir, patch_dir)
         if patch_paths:
             reporter.step("patches")
-            result = copy_files(LocalHost(), str(patch_dir), target, staged, patch_paths, staging=staging,
-                                reporter=reporter, timeout=timeout)
-            moved += result.bytes
-            copied += len(patch_paths)
+            move("patches", LocalHost(), str(patch_dir), None, patch_paths,
+                 sum((patch_dir / p).stat().st_size for p in patch_paths))
     finally:
         shutil.rmtree(patch_dir, ignore_errors=True)
-    return moved, copied
+    return moved, copied, written, transfer
 
+
+def _transfer(what: str, how: str, src: Host, src_root: str, src_python: str | None, target: Host, staged: str,
+              paths: list[str], *, staging: Path, total: int, reporter: Reporter, timeout: float | None,
+              compress: bool, target_python: str) -> TransferResult:
+    """One copy into the staged folder: the stream, or rsync when ``how`` says so or the stream
+    cannot start (said through ``reporter``)."""
+    if how == "stream":
+        try:
+            return stream_files(src, src_root, target, staged, paths, src_python=src_python,
+                                dst_python=None if isinstance(target, LocalHost) else target_python,
+                                compress=compress, total=total, reporter=reporter, timeout=timeout)
+        except HostError as exc:
+            if exc.code != UNAVAILABLE:
+                raise
+            reporter.note(f"{what}: the stream could not start ({exc.message}); copying with rsync instead")
+    return copy_files(src, src_root, target, staged, paths, staging=staging, reporter=reporter, timeout=timeout)
+
+
+def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
+    """How a copy went, in words: (the way the bytes took, how many and whether compressed)."""
+    local_src, local_dst = isinstance(src, LocalHost), isinstance(dst, LocalHost)
+    if result.how == "rsync":
+        way = ("copied with rsync, relayed through a folder on the controller's disk (each byte crossed twice)"
+               if not (local_src or local_dst) else "copied with rsync")
+        return way, f"{human_bytes(result.bytes)} on the wire"
+    if local_src and local_dst:
+        way = "streamed on this machine"
+    elif local_src:
+        way = f"streamed from the controller to {dst.label}"
+    elif local_dst:
+        way = f"streamed from {src.label} to the controller"
+    else:
+        way = (f"streamed {src.label} -> {dst.label} through the controller (both legs at once, no controller "
+               f"disk)")
+    size = sum(entry[1] for entry in result.written.values())
+    amounts = f"{human_bytes(size)} in {result.files} files"
+    if result.compression:
+        amounts += f", {result.compression}-compressed to {human_bytes(result.bytes)} on the wire"
+    return way, amounts + ", hashed as written"

@@ -333,14 +333,21 @@ def record_completed(host: Host, venv: str) -> list[Completed]:
     return done
 
 
-def check_state(host: Host, venv: str, expected: Mapping[str, str | None]) -> list[str]:
+def check_state(host: Host, venv: str, expected: Mapping[str, str | None], *,
+                known: Mapping[str, list] | None = None) -> list[str]:
     """Hash the paths of ``expected`` on the target (the applier's ``state``, in the open
     :func:`session`: no probe process of its own); lines naming each one that differs (content,
     script head and body, RECORD rows, symlink target; None: must be absent).
 
+    :param known: path -> ``[identity, st_dev, st_ino, st_size, st_mtime_ns]`` as the applier's
+        ``check`` verified the staged file (its ``verified``): a live file with that same stat
+        identity is not hashed again (the commit's rename keeps it); None hashes every path.
     :raises TransactionError: a path leaves the venv, or the target cannot be read.
     """
-    return list(call(host, venv, "state", {"expect": dict(expected)})["differ"])
+    request: dict[str, Any] = {"expect": dict(expected)}
+    if known:
+        request["known"] = dict(known)
+    return list(call(host, venv, "state", request)["differ"])
 
 
 def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after: int | None = None) -> str:

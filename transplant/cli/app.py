@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
     a.add_argument("--verify", action="store_true", help="verify each target after applying to it")
+    a.add_argument("--compress", action="store_true",
+                   help="compress the file stream (zstd where both hosts have it, else zlib): for a slow link "
+                        "between the controller and a host; one target only")
     a.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
     fleet_options(a)
     a.set_defaults(func=apply_command)

@@ -181,13 +181,19 @@ class Host(abc.ABC):
         :raises ValueError: an empty argv, NUL bytes, or a bad environment variable name.
         """
 
-    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
+              stdout: int | None = None) -> subprocess.Popen:
         """Start ``argv`` on the host and return at once, its standard input, output and error
         pipes open (bytes), for a conversation (a host script session); the caller writes,
         reads, and waits for it or kills it (:func:`kill_group`).
 
         The process runs in a session of its own, so a signal to the controller's process
         group does not reach it (an orphaned host script finishes its step).
+
+        :param stdin: a file descriptor (an ``os.pipe`` end) to use as its standard input
+            instead of a new pipe (then ``Popen.stdin`` is None); over SSH it is the local
+            ``ssh``'s, which carries it to the remote command. The caller closes its own copy.
+        :param stdout: likewise for standard output (``Popen.stdout`` is None then).
 
         :raises HostError: ``ssh`` cannot be started at all.
         :raises OSError: a local program is missing or cannot be executed.
@@ -289,7 +295,8 @@ class LocalHost(Host):
             seconds=time.monotonic() - started,
         )
 
-    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
+              stdout: int | None = None) -> subprocess.Popen:
         """Start ``argv`` as a local subprocess with open pipes; see :meth:`Host.spawn`.
 
         :raises OSError: the program is missing or cannot be executed (``FileNotFoundError``,
@@ -297,7 +304,8 @@ class LocalHost(Host):
         """
         items = _check_argv(argv)
         extra = _check_env(env)
-        return subprocess.Popen(items, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        return subprocess.Popen(items, stdin=subprocess.PIPE if stdin is None else stdin,
+                                stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE,
                                 env={**os.environ, **extra} if extra else None, start_new_session=True)
 
     def rsync_location(self, path: str) -> str:

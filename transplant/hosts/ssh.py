@@ -284,7 +284,8 @@ class SSHHost(Host):
         return CommandResult(argv=items, returncode=proc.returncode, stdout=out, stderr=err,
                              seconds=time.monotonic() - started)
 
-    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
+              stdout: int | None = None) -> subprocess.Popen:
         """Start ``argv`` on the SSH host over the master connection, pipes open; see
         :meth:`Host.spawn`. Closing its standard input ends the remote command's input; killing
         the local ``ssh`` leaves the remote command to notice on its own."""
@@ -294,7 +295,8 @@ class SSHHost(Host):
         self._ensure_master()
         ssh = [*self._argv(), "-T", "--", self._destination(), shlex.join(command_argv)]
         try:
-            return subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            return subprocess.Popen(ssh, stdin=subprocess.PIPE if stdin is None else stdin,
+                                    stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except OSError as exc:
             raise HostError(f"{self.label}: cannot start ssh: {exc.strerror or exc}",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import posixpath
 import re
 import shutil
 import socket
@@ -28,11 +27,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transplant.errors import HostError, TransplantError
+from transplant.remote._common import normal_relpath
 from transplant.hosts.host import Host, LocalHost, kill_group
 from transplant.reporting import QUIET, Reporter
 
@@ -70,11 +70,20 @@ class TransferResult:
         pulls; the sum of both legs for an SSH to SSH relay. Delta transfer makes it
         smaller than the files' size when the destination holds similar files.
     :ivar seconds: wall-clock time of the whole copy, in seconds.
+    :ivar how: ``rsync`` (:func:`copy_files`, :func:`copy_tree`) or ``stream``
+        (:func:`transplant.hosts.stream.stream_files`: ``bytes`` is then the stream's length,
+        which crossed each wire once, compressed when ``compression`` says so).
+    :ivar compression: ``zstd`` or ``zlib`` when the stream was compressed; None otherwise.
+    :ivar written: for a stream, path -> (RECORD-form sha256 or ``symlink:<text>``, size in
+        bytes, st_dev, st_ino, st_mtime_ns) of each file as the receiver wrote it; empty for rsync.
     """
 
     files: int
     bytes: int
     seconds: float
+    how: str = "rsync"
+    compression: str | None = None
+    written: Mapping[str, tuple] = field(default_factory=dict)
 
 
 def check_relpath(relpath: str) -> str:
@@ -87,16 +96,7 @@ def check_relpath(relpath: str) -> str:
     """
     if not isinstance(relpath, str):
         raise TypeError(f"relative paths must be str, got {type(relpath).__name__}: {relpath!r}")
-    if not relpath or "\0" in relpath:
-        raise ValueError(f"bad relative path {relpath!r}: empty or contains NUL")
-    if relpath.startswith("/"):
-        raise ValueError(f"refusing absolute path {relpath!r}: paths must be relative to the root")
-    normal = posixpath.normpath(relpath)
-    if normal == ".":
-        raise ValueError(f"refusing {relpath!r}: it names the root itself, not a file in it")
-    if normal == ".." or normal.startswith("../"):
-        raise ValueError(f"refusing {relpath!r}: it escapes the root")
-    return normal
+    return normal_relpath(relpath)  # the stream's host scripts check with this same function
 
 
 def copy_files(

@@ -13,12 +13,13 @@ from importlib import resources
 __all__ = ["source", "SCRIPTS", "ISOLATED", "SHARED_MODULE"]
 
 SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "stage_native",
-           "stage_provenance", "stage_serve", "stage_jit", "relocate", "oci_pull")
+           "stage_provenance", "stage_serve", "stage_jit", "relocate", "oci_pull",
+           "stream_send", "stream_receive")
 
 
 #: Scripts that only read (or write files) and never import the venv's distributions: they run
 #: with ``-I -S``, so none of the venv's ``.pth`` code runs and nothing is written there.
-ISOLATED = ("probe", "elf_facts", "applier", "relocate", "oci_pull")
+ISOLATED = ("probe", "elf_facts", "applier", "relocate", "oci_pull", "stream_send", "stream_receive")
 
 
 def source(name: str) -> bytes:

@@ -1,4 +1,4 @@
-"""What the host scripts share (stdlib only, Python 3.9+): RECORD's hash form, pip's script head, the venv.
+"""What the host scripts share (stdlib only, Python 3.9+): RECORD's hash form, pip's script head, the venv, the file stream's frames.
 
 Not a host script itself: :func:`transplant.remote.source` sends this module's source ahead of
 every script that imports it (as ``_transplant_common``), the way the ELF reader's request
@@ -12,6 +12,7 @@ import io
 import json
 import os
 import posixpath
+import struct
 import sys
 
 #: The second line of pip's ``#!/bin/sh`` form of a console script (pip's ``_build_shebang``,
@@ -119,3 +120,32 @@ def write_venv_cache(prefix, path, schema, entries):
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump({"schema": schema, "entries": entries}, handle, separators=(",", ":"))
     os.replace(temporary, path)
+
+
+def normal_relpath(relpath):
+    """Normalise a path relative to a root and refuse one that leaves it (the rules of
+    :func:`transplant.hosts.transfer.check_relpath`, shared with the stream's host scripts).
+
+    :param relpath: POSIX path (str); inner ``..`` that stays inside the root is folded away.
+    :returns: the normalised path.
+    :raises ValueError: empty, absolute, NUL, the root itself, or escapes the root.
+    """
+    if not relpath or "\0" in relpath:
+        raise ValueError("bad relative path {!r}: empty or contains NUL".format(relpath))
+    if relpath.startswith("/"):
+        raise ValueError("refusing absolute path {!r}: paths must be relative to the root".format(relpath))
+    normal = posixpath.normpath(relpath)
+    if normal == ".":
+        raise ValueError("refusing {!r}: it names the root itself, not a file in it".format(relpath))
+    if normal == ".." or normal.startswith("../"):
+        raise ValueError("refusing {!r}: it escapes the root".format(relpath))
+    return normal
+
+
+#: The file stream of ``stream_send.py`` / ``stream_receive.py``: this magic, then frames. A frame
+#: is FRAME (kind, path length, mode, size, mtime_ns), then the path (UTF-8, surrogateescape),
+#: then ``size`` bytes: the file's content (kind ``F``), the link text (``L``), an error message
+#: (``X``: the sender could not read that path; the stream ends there); kind ``E`` ends the
+#: stream, its size the number of entries sent, with no path and no bytes.
+STREAM_MAGIC = b"TRANSPLANT-STREAM/1\n"
+FRAME = struct.Struct(">cHIQq")

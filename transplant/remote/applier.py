@@ -14,7 +14,7 @@ State lives in ``<venv>/.transplant/`` (mode 0700):
 * ``txn/<id>/``: ``plan.json`` (the ordered steps), ``state`` (``staging``,
   ``committing``, ``committed``, ``rolled-back``, ``aborted``), ``before.json`` and
   ``after.json`` (path -> content identity before and after), ``journal.jsonl``
-  (progress), ``staged/`` (the new files, copied here by rsync first, so a live path is
+  (progress), ``staged/`` (the new files, streamed or copied here by rsync first, so a live path is
   only ever changed by a rename on the same filesystem) and ``backup/`` (each replaced
   or removed file, hardlinked, so a backup costs no copy and other hardlinks of a
   replaced file keep their bytes).
@@ -40,8 +40,12 @@ not exist before is removed. Operations:
   compares such a RECORD by its normalised identity (``record:...``, see :func:`record_identity`).
 * ``links`` ``{"id", "links": [{"path", "target"}]}``: repoint staged symlinks (absolute ones
   into the donor's prefix get the same path under this venv; never outside it).
-* ``state`` ``{"expect": {path: identity or null}}`` -> ``{"differ": [line, ...]}``: the live venv
-  against a recorded state (after a commit, rollback or resume; before a rollback), hash for hash.
+* ``check`` ``{"id", "expect", "written"}`` -> ``{"differ", "verified", ...}``: the staged files against
+  the plan; a file the stream's receiver hashed as it wrote it, unchanged since (stat identity), is
+  not read again (see :func:`check`).
+* ``state`` ``{"expect": {path: identity or null}, "known"}`` -> ``{"differ": [line, ...]}``: the live venv
+  against a recorded state (after a commit, rollback or resume; before a rollback), hash for hash;
+  ``known`` spares the files ``check`` verified and the commit renamed unchanged (see :func:`state`).
 * ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
 * ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after, and ``committed_at``
@@ -63,6 +67,7 @@ import os
 import posixpath
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -364,8 +369,8 @@ def begin(prefix, request):
         return {"ok": False, "error": "cannot write {} place(s) in the venv: {}".format(
             len(problems), "; ".join(problems[:5])), "unwritable": problems}
     needed = int(request.get("bytes") or 0) + _MARGIN
-    stat = os.statvfs(prefix)
-    free = stat.f_bavail * stat.f_frsize
+    fs = os.statvfs(prefix)
+    free = fs.f_bavail * fs.f_frsize
     if free < needed:
         return {"ok": False, "error": "not enough space", "needed": needed, "free": free}
     os.makedirs(os.path.join(folder, "staged"), mode=0o700)
@@ -504,27 +509,83 @@ def _identity(full, want, rel):
         return _content(full)
 
 
+def _stat_key(full):
+    """``[st_dev, st_ino, st_size, st_mtime_ns]`` of a regular file (``lstat``: never followed);
+    None for anything else or nothing.
+
+    ctime is left out on purpose: a rename sets the inode's ctime on Linux filesystems (ext4,
+    xfs, btrfs), so a committed file's ctime never equals the one it had staged, while its
+    device, inode, size and mtime stay. Any write changes the mtime (the receiver set it to the
+    donor's, in the past), and a file rewritten by rename (``heads``, ``records``) gets a new inode.
+    What this cannot see is a same-size rewrite whose mtime is then set back (``touch -d``):
+    the trade git's index makes with the same fields.
+    """
+    try:
+        info = os.lstat(full)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns]
+
+
+def _known(entry, key):
+    """Whether ``entry`` (``[identity, st_dev, st_ino, st_size, st_mtime_ns]``) names the file whose
+    :func:`_stat_key` is ``key``."""
+    return (key is not None and isinstance(entry, list) and len(entry) == 5 and isinstance(entry[0], str)
+            and entry[1:] == key)
+
+
 def check(prefix, request):
     """Compare every staged file with the plan before the commit (``expect``: path ->
     identity); a donor file that changed between plan and copy is caught here, while the
-    live venv is still untouched."""
+    live venv is still untouched.
+
+    ``written`` (optional): path -> ``[sha256, size, st_dev, st_ino, st_mtime_ns]`` as the stream's
+    receiver wrote the file, hashing its bytes as they came (``stream_receive.py``). A staged
+    regular file planned as a plain ``sha256=`` whose stat identity (:func:`_stat_key`) still
+    equals the receiver's is taken at the receiver's hash, not read again; any other (a file
+    ``heads`` or ``records`` rewrote, one whose stat differs, a symlink, a RECORD) is hashed.
+
+    Reply: ``differ`` (lines, at most 50), ``trusted`` and ``hashed`` (files taken at the
+    receiver's hash and files read), and ``verified``: path -> ``[identity, st_dev, st_ino,
+    st_size, st_mtime_ns]`` of each staged regular file that matched, for ``state``'s ``known``
+    after the commit (a rename keeps all four).
+    """
     staged = _real_folder(os.path.join(_txn_dir(prefix, request.get("id")), "staged"))
-    differ = []
+    written = request.get("written") or {}
+    differ, verified, trusted, hashed = [], {}, 0, 0
     for rel, want in sorted((request.get("expect") or {}).items()):
         _resolve(prefix, rel)
         full = _under(staged, rel)
-        have = _identity(full, want, rel) if os.path.lexists(full) else None
+        key = _stat_key(full)
+        entry = written.get(rel)
+        if (isinstance(want, str) and want.startswith("sha256=") and isinstance(entry, list) and len(entry) == 5
+                and _known([entry[0], entry[2], entry[3], entry[1], entry[4]], key)):
+            have = entry[0]
+            trusted += 1
+        else:
+            have = _identity(full, want, rel) if os.path.lexists(full) else None
+            hashed += key is not None
         if have != want:
             differ.append("{}: staged {} , planned {}".format(rel, have, want))
+        elif key is not None:
+            verified[rel] = [have] + key
     return {"ok": not differ, "error": "{} staged file(s) differ from the plan".format(len(differ)) if differ else None,
-            "differ": differ[:50]}
+            "differ": differ[:50], "trusted": trusted, "hashed": hashed, "verified": verified}
 
 
 def state(prefix, request):
     """Compare the live venv with ``expect`` (path -> identity in the form :func:`_identity`
     reads; None: the path must be absent): after a commit, a rollback or a resume, and before
-    a rollback (has anything changed since?). One line names each path that differs."""
-    differ = []
+    a rollback (has anything changed since?). One line names each path that differs.
+
+    ``known`` (optional): path -> ``[identity, st_dev, st_ino, st_size, st_mtime_ns]``, ``check``'s
+    ``verified``: a live regular file whose stat identity (:func:`_stat_key`) equals the one it
+    had staged, with the planned identity, is not hashed again (the commit renamed it, which
+    keeps all four). Reply: ``differ``, and ``trusted`` (files taken at their known identity)."""
+    differ, trusted = [], 0
+    known = request.get("known") or {}
     for rel, want in sorted((request.get("expect") or {}).items()):
         full = _resolve(prefix, rel)
         there = os.path.islink(full) or os.path.isfile(full)
@@ -533,12 +594,14 @@ def state(prefix, request):
                 differ.append("{}: should have been removed, still there".format(rel))
         elif not there:
             differ.append("{}: missing".format(rel))
+        elif isinstance(known.get(rel), list) and known[rel][:1] == [want] and _known(known[rel], _stat_key(full)):
+            trusted += 1
         else:
             have = _identity(full, want, rel)
             if have != want:
                 kind = "script" if want.startswith("script:") else "RECORD" if want.startswith("record:") else "content"
                 differ.append("{}: {} {} differs from the planned {}".format(rel, kind, have, want))
-    return {"ok": True, "error": None, "differ": differ}
+    return {"ok": True, "error": None, "differ": differ, "trusted": trusted}
 
 
 def _backup(full, backup):

@@ -132,8 +132,9 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         manifest = load_manifest(source)
     manifest, targets = targets_of(args, manifest)
     if len(targets) > 1:
-        if args.resume or args.rollback or args.break_lock:
-            raise UsageError("--resume, --rollback and --break-lock act on one target; name it with --target")
+        if args.resume or args.rollback or args.break_lock or getattr(args, "compress", False):
+            raise UsageError("--resume, --rollback, --break-lock and --compress act on one target; name it with "
+                             "--target")
         return run_fleet_action("apply", args, console, manifest, targets)
     if args.json:  # before anything runs: a script asking for JSON must not get an apply without it
         raise UsageError("apply --json prints a fleet's report (several targets); with one target, "
@@ -204,9 +205,9 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         with ByteProgress(console, plan.copy_bytes, {"files": plan.copy_bytes - patch_bytes,
                                                      "patches": patch_bytes}) as bar:
             result = apply_plan(plan, manifest, opened, session.host("target"), reporter=bar, break_lock=args.break_lock,
-                                crash_after=crash_after(), orphan_at=orphan_at())
-    relayed = " (relayed through the controller, so each byte crossed twice)" if opened.host is not None and not (
-        manifest.donor.host.is_local or manifest.target.host.is_local) else ""
+                                crash_after=crash_after(), orphan_at=orphan_at(),
+                                compress=getattr(args, "compress", False))
+    relayed = f" ({result.transfer})" if result.transfer else ""
     console.print(Text.assemble(("applied", "bold green"), (
         f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
         f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "

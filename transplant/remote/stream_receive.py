@@ -1,0 +1,317 @@
+"""Receive a framed file stream on standard input and write it under a folder, hashing as it writes.
+
+The target side of a stream transfer: run as ``python -I -S -c <this file> ROOT [--compress
+MODE]`` on the host to write to, standard input being what ``stream_send.py`` writes (its
+standard output, connected by the controller). Each entry is written under ROOT (the
+transaction's staged folder), created if missing:
+
+* its path is checked with the rules of ``check_relpath`` (``_common.normal_relpath``); one that
+  leaves ROOT is refused;
+* folders on the way are opened one by one relative to their parent with ``O_NOFOLLOW`` (and
+  made, mode 0755, where missing), so a symlink planted inside ROOT is refused, never followed;
+* a file is written to a temporary name in its folder (``O_EXCL | O_NOFOLLOW``), its mode and
+  mtime set as the sender's, then renamed over its name (a symlink there is replaced, not
+  followed); a symlink is made the same way. A failure removes the temporary file, so nothing is
+  left half-written or half-renamed; entries finished before it stay (the caller discards them);
+* while the bytes are written their sha256 is computed (RECORD's ``sha256=<urlsafe b64>`` form,
+  ``_common.record_hash_of``): the file is never read back.
+
+Progress: ``transplant-progress <bytes written>`` lines on standard error, at most five a second,
+and one at the end. Last, one JSON line on standard output: ``{"ok": true, "error": null,
+"files": {path: [hash, size, st_dev, st_ino, st_mtime_ns]}, "entries", "bytes", "wire"}`` (a
+symlink's hash is ``symlink:<text>``; the stat fields are those of the file as written, which a
+rename keeps; ``wire``: bytes read from standard input, null with zstd), or ``{"ok": false,
+"error": ..., "eof": bool}`` with exit status 1 (``eof``: the input ended before the end frame,
+the sender's side failed). SIGTERM (the controller stopping this side) is an error like any
+other: the file being written is removed first. ``--compress zlib`` reads one zlib stream; ``zstd`` reads standard
+input through ``zstd -dc`` started here by argv. Stdlib only, Python 3.9+.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+
+try:
+    from _transplant_common import FRAME, STREAM_MAGIC, normal_relpath, record_hash_of
+except ImportError:  # imported on the controller: the shared module beside this script
+    from ._common import FRAME, STREAM_MAGIC, normal_relpath, record_hash_of
+
+_CHUNK = 1 << 20
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+
+
+class Refused(Exception):
+    """The stream cannot be written; the message says why."""
+
+
+class EndOfInput(Refused):
+    """The input ended before the stream's end frame (the sender failed or was stopped)."""
+
+
+class _Input:
+    """Standard input as plain frames, a zlib stream, or through a ``zstd -dc`` process."""
+
+    def __init__(self, mode):
+        self.fd, self.proc, self.wire = 0, None, 0
+        self.zlib = zlib.decompressobj() if mode == "zlib" else None
+        self.pending = b""
+        if mode == "zstd":
+            self.proc = subprocess.Popen(["zstd", "-dc", "-q"], stdout=subprocess.PIPE)  # reads our standard input
+            self.fd, self.wire = self.proc.stdout.fileno(), None
+        self.chunk = memoryview(b"")
+
+    def _fill(self):
+        """Next plain bytes into ``chunk``; False at the end of the input."""
+        while True:
+            if self.zlib is not None and self.pending:
+                data = self.zlib.decompress(self.pending, 4 * _CHUNK)
+                self.pending = self.zlib.unconsumed_tail
+                if data:
+                    self.chunk = memoryview(data)
+                    return True
+                continue
+            data = os.read(self.fd, _CHUNK)
+            if not data:
+                if self.zlib is not None:
+                    tail = self.zlib.flush()
+                    if tail:
+                        self.chunk = memoryview(tail)
+                        return True
+                return False
+            if self.wire is not None:
+                self.wire += len(data)
+            if self.zlib is None:
+                self.chunk = memoryview(data)
+                return True
+            self.pending = data
+
+    def exact(self, size, what):
+        parts = []
+        while size:
+            if not self.chunk and not self._fill():
+                raise EndOfInput("the stream ended inside {}".format(what))
+            piece = self.chunk[:size]
+            parts.append(bytes(piece))
+            self.chunk = self.chunk[len(piece):]
+            size -= len(piece)
+        return b"".join(parts)
+
+    def copy(self, fd, size, digest, meter, rel):
+        while size:
+            if not self.chunk and not self._fill():
+                raise EndOfInput("the stream ended inside {} ({} bytes missing)".format(rel, size))
+            piece = self.chunk[:size]
+            digest.update(piece)
+            while piece:
+                piece = piece[os.write(fd, piece):]
+            taken = min(size, len(self.chunk))
+            self.chunk = self.chunk[taken:]
+            size -= taken
+            meter.add(taken)
+
+    def at_end(self):
+        return not self.chunk and not self._fill()
+
+    def close(self):
+        if self.proc is not None:
+            code = self.proc.wait()
+            if code != 0:
+                raise Refused("zstd -dc failed (exit {})".format(code))
+
+
+class _Progress:
+    """Bytes written, said on standard error at most five times a second."""
+
+    def __init__(self):
+        self.done, self.said = 0, 0.0
+
+    def add(self, count):
+        self.done += count
+        now = time.monotonic()
+        if now - self.said >= 0.2:
+            self.say()
+            self.said = now
+
+    def say(self):
+        sys.stderr.write("transplant-progress {}\n".format(self.done))
+        sys.stderr.flush()
+
+
+class _Folders:
+    """Folder descriptors under the root, each opened relative to its parent with O_NOFOLLOW."""
+
+    def __init__(self, root):
+        os.makedirs(root, exist_ok=True)
+        self.root = os.open(root, _DIR_FLAGS)
+        self.open = {}
+
+    def parent(self, rel):
+        """(descriptor of ``rel``'s folder, its last name); folders made where missing."""
+        parts = rel.split("/")
+        where, fd = "", self.root
+        for name in parts[:-1]:
+            where = where + "/" + name if where else name
+            known = self.open.get(where)
+            if known is None:
+                known = self._open(fd, name, where)
+                if len(self.open) >= 256:
+                    self.close_some()
+                self.open[where] = known
+            fd = known
+        return fd, parts[-1]
+
+    def _open(self, parent, name, where):
+        for _ in range(2):
+            try:
+                return os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=parent)
+                except FileExistsError:
+                    pass
+            except OSError as exc:
+                raise Refused("refusing to write through {}: it is a symlink or not a folder inside the staged "
+                              "folder ({})".format(where, exc.strerror))
+        raise Refused("cannot make the folder {}".format(where))
+
+    def close_some(self):
+        for fd in self.open.values():
+            os.close(fd)
+        self.open.clear()
+
+    def close(self):
+        self.close_some()
+        os.close(self.root)
+
+
+_SERIAL = [0]
+
+
+def _temporary(name):
+    _SERIAL[0] += 1
+    return ".{}.tp-{}-{}.tmp".format(name[:64], os.getpid(), _SERIAL[0])
+
+
+def _write_file(folder, name, mode, size, mtime_ns, stream, meter, rel):
+    """Write ``size`` bytes of the stream to ``name`` in ``folder`` (a temporary name, renamed); its entry."""
+    temporary = _temporary(name)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=folder)
+    try:
+        digest = hashlib.sha256()
+        stream.copy(fd, size, digest, meter, rel)
+        os.fchmod(fd, mode & 0o7777)
+        os.utime(fd, ns=(time.time_ns(), mtime_ns))
+        info = os.fstat(fd)
+        os.close(fd)
+        fd = -1
+        os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(temporary, dir_fd=folder)
+        except OSError:
+            pass
+        raise
+    return [record_hash_of(digest.digest()), size, info.st_dev, info.st_ino, info.st_mtime_ns]
+
+
+def _write_link(folder, name, text, mtime_ns):
+    temporary = _temporary(name)
+    os.symlink(text, temporary, dir_fd=folder)
+    try:
+        os.utime(temporary, ns=(time.time_ns(), mtime_ns), dir_fd=folder, follow_symlinks=False)
+        info = os.lstat(temporary, dir_fd=folder)
+        os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        try:
+            os.unlink(temporary, dir_fd=folder)
+        except OSError:
+            pass
+        raise
+    return ["symlink:" + os.fsdecode(text), len(text), info.st_dev, info.st_ino, info.st_mtime_ns]
+
+
+def receive(root, stream, meter):
+    """Write every entry of the stream under ``root``; returns {path: entry}."""
+    if stream.exact(len(STREAM_MAGIC), "its first line") != STREAM_MAGIC:
+        raise Refused("the input is not a transplant file stream")
+    folders = _Folders(root)
+    files = {}
+    try:
+        while True:
+            kind, length, mode, size, mtime_ns = FRAME.unpack(stream.exact(FRAME.size, "a frame header"))
+            rel = stream.exact(length, "a path").decode("utf-8", "surrogateescape")
+            if kind == b"E":
+                if size != len(files):
+                    raise Refused("the stream ended after {} entries, its end frame says {}".format(len(files), size))
+                break
+            if kind == b"X":
+                said = stream.exact(min(size, 1 << 16), "an error message").decode("utf-8", "replace")
+                raise Refused("the sending side stopped at {}: {}".format(rel, said))
+            try:
+                rel = normal_relpath(rel)
+            except ValueError as exc:
+                raise Refused(str(exc))
+            folder, name = folders.parent(rel)
+            if kind == b"F":
+                files[rel] = _write_file(folder, name, mode, size, mtime_ns, stream, meter, rel)
+            elif kind == b"L":
+                if size > 1 << 16:
+                    raise Refused("{}: a symlink text of {} bytes".format(rel, size))
+                files[rel] = _write_link(folder, name, stream.exact(size, rel), mtime_ns)
+            else:
+                raise Refused("unknown frame kind {!r} at {}".format(kind, rel))
+        if not stream.at_end():
+            raise Refused("bytes after the stream's end frame")
+    finally:
+        folders.close()
+    return files
+
+
+def _options(argv):
+    if len(argv) == 1 and not argv[0].startswith("-"):
+        return argv[0], "none"
+    if len(argv) == 3 and argv[1] == "--compress" and argv[2] in ("none", "zlib", "zstd"):
+        return argv[0], argv[2]
+    raise Refused("usage: stream_receive ROOT [--compress none|zlib|zstd]")
+
+
+class Stopped(Refused):
+    """SIGTERM: the controller stops this side (a timeout, Ctrl-C, the other side failed)."""
+
+
+def _stopped(signum, frame):
+    raise Stopped("stopped by the controller (signal {})".format(signum))
+
+
+def main(argv):
+    signal.signal(signal.SIGTERM, _stopped)  # the file being written is removed on the way out
+    meter = _Progress()
+    try:
+        root, mode = _options(argv)
+        stream = _Input(mode)
+        files = receive(root, stream, meter)
+        stream.close()
+    except (Refused, OSError, ValueError, UnicodeError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, Refused):
+            message = "{}: {}".format(exc.filename, exc.strerror) if exc.filename else str(exc)
+        else:
+            message = str(exc)
+        sys.stderr.write("stream_receive: {}\n".format(message))
+        sys.stdout.write(json.dumps({"ok": False, "error": message, "eof": isinstance(exc, EndOfInput)}) + "\n")
+        return 1
+    meter.say()
+    sys.stdout.write(json.dumps({"ok": True, "error": None, "files": files, "entries": len(files),
+                                 "bytes": meter.done, "wire": stream.wire}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
