@@ -249,11 +249,12 @@ def take_inventory(
     hash_patterns: Sequence[str] = (),
     files: Sequence[str] = (),
     site_files: Sequence[str] = (),
-    record: bool = True,
+    record: bool | str = True,
     texts: Sequence[str] = (),
     paths_exist: Sequence[str] = (),
     timeout: float | None = 600.0,
     hash_cache: str | Mapping[str, Any] | None = None,
+    compact: bool = True,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
 
@@ -263,7 +264,13 @@ def take_inventory(
     :param site_files: site-packages-relative paths to hash as well (patch destinations);
         they are reported by their venv-relative path.
     :param record: False skips RECORD files (``Distribution.record`` is None): metadata
-        only, for dependency checks.
+        only, for dependency checks; ``"summary"`` reads RECORD alone, no file on disk, and
+        gives per distribution ``record_files`` and ``record_bytes`` (``record`` None).
+    :param compact: ask for the probe's compact form (RECORD rows as lists, no ``mtime``:
+        about a third of the bytes to print, decode and keep); False keeps the form of
+        ``transplant inventory --json --files``. The parsed inventory is the same either way,
+        but the fingerprint is of the document as sent, so compare fingerprints only between
+        probes of the same form.
     :param texts: site-packages-relative small text files to read (``torch/version.py``).
     :param paths_exist: absolute paths on the host whose existence to report.
     :param hash_cache: the probe's content-hash cache (``remote/probe.py``), so that a file
@@ -277,7 +284,7 @@ def take_inventory(
     :raises ProbeError: the report is of another schema or malformed.
     """
     request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
-               "record": record, "texts": list(texts), "paths_exist": list(paths_exist),
+               "record": record, "texts": list(texts), "paths_exist": list(paths_exist), "compact": compact,
                "hash_cache": _cache_options(host, venv, hash_cache, bool(hash_patterns) or bool(files) or
                                             bool(site_files))}
     document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
