@@ -16,7 +16,13 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 * ``--file RELPATH`` (repeatable): a path relative to the venv prefix to hash, present
   or not (used for patch destinations); with ``--stdin``, ``site_files`` names such paths
   relative to site-packages instead, and ``"record": false`` skips RECORD (metadata only,
-  for dependency checks); ``texts`` names site-packages-relative text files to return
+  for dependency checks), ``"record": "summary"`` reads RECORD alone and reports per
+  distribution ``record_summary``: ``{"files": rows inside the venv (by name), "bytes": the sum
+  of their RECORD size column}`` with ``record`` null (no file on disk looked at: what
+  ``transplant inventory`` shows); ``"compact": true`` gives each RECORD entry as a list of
+  :data:`COLUMNS` (trailing nulls left out; ``venv_path`` 1 for ``<site_packages>/<path>``,
+  ``hash`` 1 for a hash equal to ``record_hash``; no ``mtime``) and the document
+  ``record_columns``: about 40 % of the bytes, for the controller's plans; ``texts`` names site-packages-relative text files to return
   (``torch/version.py``), and ``paths_exist`` absolute paths whose existence to report
   (editable installs' source folders).
 * Files of hashed distributions in the scripts folder also report ``head`` (shebang)
@@ -293,6 +299,9 @@ COLUMNS = ("path", "venv_path", "record_hash", "record_size", "exists", "size", 
            "error", "hash", "head", "body_hash", "record_identity")
 
 
+_RARE = frozenset(COLUMNS[7:])
+
+
 def _compact(entries, site_rel):
     """RECORD entries (dicts) as rows: lists of :data:`COLUMNS`' values with the trailing nulls
     left out, ``venv_path`` 1 when it is ``<site_rel>/<path>`` and ``hash`` 1 when it equals
@@ -307,8 +316,10 @@ def _compact(entries, site_rel):
         if digest is not None and digest == get("record_hash"):
             digest = 1
         row = [entry["path"], venv_path, get("record_hash"), get("record_size"), get("exists"), get("size"),
-               get("mode"), get("symlink"), get("not_a_file"), get("error"), digest, get("head"),
-               get("body_hash"), get("record_identity")]
+               get("mode")]
+        if not _RARE.isdisjoint(entry):  # a symlink, not a file, an error, hashed: the other columns
+            row += [get("symlink"), get("not_a_file"), get("error"), digest, get("head"), get("body_hash"),
+                    get("record_identity")]
         while row[-1] is None:
             row.pop()
         rows.append(row)
