@@ -164,3 +164,19 @@ def test_take_inventory_asks_for_the_compact_form(venv: Path) -> None:
     assert inv.document.get("record_columns") == list(COLUMNS)
     full = take_inventory(LocalHost(), str(venv), hash_patterns=["alpha"], compact=False)
     assert "record_columns" not in full.document and full.distributions == inv.distributions
+
+
+def test_the_compact_form_expands_to_the_full_form_and_trims_for_fixtures(venv: Path) -> None:
+    from transplant.core.inventory import expanded
+    from transplant.lab.realstacks import trim, untrim
+
+    full = _full(venv, hash=["alpha"])
+    compact = _full(venv, hash=["alpha"], compact=True)
+    wide = expanded(compact)
+    assert "record_columns" not in wide and all(isinstance(e, dict) for d in wide["distributions"]
+                                                for e in d["record"] or ())
+    reference = parse_inventory(full, label="x")
+    assert parse_inventory(wide, label="x").distributions == reference.distributions
+    # a fixture recorded from a plan's (compact) document reads back as the full form's does
+    assert parse_inventory(untrim(trim(compact)), label="x").distributions == \
+        parse_inventory(untrim(trim(full)), label="x").distributions

@@ -37,6 +37,8 @@ __all__ = [
     "LibcudaFacts",
     "Inventory",
     "parse_inventory",
+    "expanded",
+    "COLUMNS",
     "inside_path",
     "link_escapes",
     "newest",
@@ -413,6 +415,36 @@ def _row_entry(row: Any, path: str, site: str | None) -> FileEntry:
         exists=exists is True, hash=digest, size=size, mode=mode, symlink=symlink,
         error="not a regular file" if not_a_file else error, head=head, body_hash=body_hash,
         record_identity=identity)
+
+
+def expanded(document: Mapping[str, Any]) -> dict[str, Any]:
+    """A probe document with its compact RECORD rows (``record_columns``) written as the dict
+    entries of the full form (``venv_path`` and ``hash`` given as 1 spelled out, null columns
+    left out but ``venv_path``, ``record_hash`` and ``record_size``); a full-form document is
+    returned as a shallow copy. Nothing is checked: :func:`parse_inventory` reads both forms.
+    """
+    doc = dict(document)
+    if doc.pop("record_columns", None) is None:
+        return doc
+    purelib = (doc.get("paths") or {}).get("purelib")
+    dists = []
+    for d in doc.get("distributions") or []:
+        d = dict(d)
+        site = d.get("site_packages") or purelib
+        if isinstance(d.get("record"), list):
+            entries = []
+            for row in d["record"]:
+                entry = {"venv_path": None, "record_hash": None, "record_size": None}
+                entry.update((k, v) for k, v in zip(COLUMNS, row) if v is not None)
+                if entry["venv_path"] == 1:
+                    entry["venv_path"] = f"{site}/{entry['path']}"
+                if entry.get("hash") == 1:
+                    entry["hash"] = entry["record_hash"]
+                entries.append(entry)
+            d["record"] = entries
+        dists.append(d)
+    doc["distributions"] = dists
+    return doc
 
 
 def inside_path(path: str) -> str | None:
