@@ -38,6 +38,7 @@ __all__ = [
     "Inventory",
     "parse_inventory",
     "expanded",
+    "KeptDocument",
     "COLUMNS",
     "inside_path",
     "link_escapes",
@@ -415,6 +416,39 @@ def _row_entry(row: Any, path: str, site: str | None) -> FileEntry:
         exists=exists is True, hash=digest, size=size, mode=mode, symlink=symlink,
         error="not a regular file" if not_a_file else error, head=head, body_hash=body_hash,
         record_identity=identity)
+
+
+class KeptDocument(Mapping[str, Any]):
+    """A probe document kept as the JSON text it came in, decoded only when read (a snapshot,
+    a fixture): the decoded tree of a large venv's document takes several times the memory of
+    its text, and a plan needs none of it once the inventory is parsed.
+
+    A read-only mapping (``dict(kept)`` for a dict); ``hash_cache.entries`` (the hashes a donor
+    returned for the controller's cache, kept there) is left out of the decoded document.
+    """
+
+    __slots__ = ("_text", "_value")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._value: dict[str, Any] | None = None
+
+    def _decoded(self) -> dict[str, Any]:
+        if self._value is None:
+            value = json.loads(self._text)
+            if isinstance(value, dict) and isinstance(value.get("hash_cache"), dict):
+                value["hash_cache"].pop("entries", None)
+            self._value = value if isinstance(value, dict) else {}
+        return self._value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._decoded()[key]
+
+    def __iter__(self):
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
 
 
 def expanded(document: Mapping[str, Any]) -> dict[str, Any]:
