@@ -180,3 +180,44 @@ def test_the_compact_form_expands_to_the_full_form_and_trims_for_fixtures(venv: 
     # a fixture recorded from a plan's (compact) document reads back as the full form's does
     assert parse_inventory(untrim(trim(compact)), label="x").distributions == \
         parse_inventory(untrim(trim(full)), label="x").distributions
+
+
+def test_a_plans_inventory_keeps_its_document_as_text_and_reads_it_back(venv: Path, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    from transplant.core.inventory import KeptDocument
+
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    inv = take_inventory(LocalHost(), str(venv), hash_patterns=["alpha"], hash_cache="controller")
+    assert isinstance(inv.document, KeptDocument)
+    kept = dict(inv.document)
+    assert kept["schema"] == "transplant.inventory/1" and kept["record_columns"] == list(COLUMNS)
+    assert "entries" not in kept.get("hash_cache", {})  # the donor's hashes went to the controller's cache
+    assert parse_inventory(kept, label="again").distributions == inv.distributions
+    assert parse_inventory(kept, label="again").fingerprint == inv.fingerprint
+    assert json.loads(json.dumps(kept)) == kept
+
+
+@pytest.mark.parametrize("out, line", [
+    (b"", None), (b"\n \n", None), (b'{"a":1}', '{"a":1}'), (b'warning\n{"a":1}\n\n', '{"a":1}'),
+    (b'x\r\n{"b":2}\r\n', '{"b":2}'), (b'one\x0ctwo\n', "two"), ("x\u2028{}\n".encode(), "{}"), (b'\xff{}\n', "\ufffd{}"),
+])
+def test_the_reply_line_is_the_last_line_that_is_not_blank(out: bytes, line) -> None:
+    from transplant.hosts.probing import _last_line
+
+    assert _last_line(out) == line
+
+
+def test_a_donor_cache_keeps_the_entries_of_other_distributions(venv: Path) -> None:
+    """A plan of other distributions must not drop the kept hashes of the last plan's (they
+    were all hashed again by the next plan of the first manifest)."""
+    other = {"lib/python3.11/site-packages/beta/x.py": [1, 2, 3, 4, 5, "sha256=beta", None, None]}
+    request = {"hash": ["alpha"], "hash_cache": {"store": "reply", "known": other, "racy_ns": 0}}
+    reply = run_script(LocalHost(), str(venv), "probe", ["--stdin"], request=request)
+    entries = reply["hash_cache"]["entries"]
+    assert reply["hash_cache"]["misses"] > 0
+    assert entries["lib/python3.11/site-packages/beta/x.py"] == other["lib/python3.11/site-packages/beta/x.py"]
+    assert any(path.endswith("alpha/__init__.py") for path in entries)
+    # the fault-free twin: a run with nothing new returns no entries (the controller's file holds them)
+    again = run_script(LocalHost(), str(venv), "probe", ["--stdin"],
+                       request={"hash": ["alpha"], "hash_cache": {"store": "reply", "known": entries, "racy_ns": 0}})
+    assert again["hash_cache"]["misses"] == 0 and "entries" not in again["hash_cache"]

@@ -39,8 +39,8 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
   (see :class:`_HashCache`), in ``<venv>/.transplant/cache/hashes.json`` (``store: venv``,
   for targets) or on the controller (``store: reply``: the request carries the ``known``
-  entries and the reply returns this run's ``entries``; nothing is written on the host, for
-  donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
+  entries and the reply returns them with this run's added as ``entries``; nothing is written
+  on the host, for donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
   "written", "error"?, "entries"?}`` (``entries`` only from a ``store: reply`` run that hashed
   something: otherwise the controller's file already holds every entry used).
 
@@ -487,7 +487,11 @@ class _HashCache(object):
             report["error"] = self.error
         if self.enabled and self.store == "reply":
             if self.misses:  # with none, the controller's file already holds every entry used
-                report["entries"] = self.fresh
+                # what the controller sent, with this run's entries added (as the venv's store
+                # merges): a plan of other distributions keeps those of the last one
+                merged = dict(self.entries)
+                merged.update(self.fresh)
+                report["entries"] = merged
             return report
         if not self.enabled or self.hashed_bytes < self.min_bytes or not self.misses:
             return report
