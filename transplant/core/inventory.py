@@ -13,6 +13,7 @@ import hashlib
 import json
 import posixpath
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -424,18 +425,19 @@ class KeptDocument(Mapping[str, Any]):
     its text, and a plan needs none of it once the inventory is parsed.
 
     A read-only mapping (``dict(kept)`` for a dict); ``hash_cache.entries`` (the hashes a donor
-    returned for the controller's cache, kept there) is left out of the decoded document.
+    returned for the controller's cache, kept there) is left out of the decoded document. The
+    text is kept compressed (zlib, level 1: a fifth of its size, in about 0.1 s for 15 MB).
     """
 
-    __slots__ = ("_text", "_value")
+    __slots__ = ("_packed", "_value")
 
     def __init__(self, text: str) -> None:
-        self._text = text
+        self._packed = zlib.compress(text.encode("utf-8"), 1)
         self._value: dict[str, Any] | None = None
 
     def _decoded(self) -> dict[str, Any]:
         if self._value is None:
-            value = json.loads(self._text)
+            value = json.loads(zlib.decompress(self._packed))
             if isinstance(value, dict) and isinstance(value.get("hash_cache"), dict):
                 value["hash_cache"].pop("entries", None)
             self._value = value if isinstance(value, dict) else {}
