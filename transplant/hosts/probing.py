@@ -63,12 +63,13 @@ def _reply_line(
     script: str,
     args: Sequence[str] = (),
     *,
-    request: Mapping[str, Any] | None = None,
+    request: Mapping[str, Any] | bytes | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = 600.0,
     python: str | None = None,
 ) -> str:
-    """:func:`run_script`'s reply as the text of the line the script printed, not decoded.
+    """:func:`run_script`'s reply as the text of the line the script printed, not decoded;
+    ``request`` may be given already encoded (JSON bytes).
 
     :raises HostError: as :func:`run_script` (but for a reply that is not JSON).
     """
@@ -78,7 +79,8 @@ def _reply_line(
     if request is None:
         argv, stdin = [python, *flags, "-", *args], code
     else:
-        argv, stdin = [python, *flags, "-c", code.decode(), *args], json.dumps(request).encode()
+        stdin = request if isinstance(request, bytes) else json.dumps(request).encode()
+        argv = [python, *flags, "-c", code.decode(), *args]
     result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
     del stdin
     line = _last_line(result.stdout)
@@ -327,8 +329,12 @@ def take_inventory(
                "hash_cache": _cache_options(host, venv, hash_cache, bool(hash_patterns) or bool(files) or
                                             bool(site_files))}
     label = f"{host.label}:{venv}"
-    line = _reply_line(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
-    del request  # a donor's request carries its known hashes: not kept while the reply is parsed
+    # a donor's request carries its known hashes (tens of MB as objects): only its text is kept
+    # while the probe runs and its reply is parsed
+    encoded = json.dumps(request).encode()
+    del request
+    line = _reply_line(host, venv, "probe", ["--stdin"], request=encoded, timeout=timeout)
+    del encoded
     # One reply decoded and parsed at a time (a plan probes both venvs on two threads): the
     # work holds the GIL anyway, and so only one decoded tree is ever in memory.
     with _PARSING:
