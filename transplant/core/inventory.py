@@ -238,7 +238,10 @@ class Inventory:
         for, plus site-packages' ``*.pth``, ``*.egg-link``, ``__editable__*.py``); None
         when a file was too large or unreadable.
     :ivar elsewhere: absolute path -> whether it exists on the host (asked for).
-    :ivar fingerprint: sha256 hex of the canonical document, to detect drift.
+    :ivar fingerprint: sha256 hex of the canonical document, to detect drift (of the document
+        as the probe sent it: a compact and a full probe of one venv differ).
+    :ivar document: the probe's document: the decoded dict, or for a plan's probe (compact) a
+        :class:`KeptDocument` that decodes its text when read.
     :ivar libcuda: where the host's JIT users find ``libcuda.so``; None when the probe did not
         report it (an older probe document).
     :ivar outside: distributions the venv's interpreter imports from folders outside the venv
