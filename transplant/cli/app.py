@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "reached with its ssh settings)")
     i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1)")
     i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
+    i.add_argument("--files", action="store_true",
+                   help="look at every RECORD file on disk (exists, size, mode) and list each in --json; without "
+                        "it, files and bytes are counted from RECORD alone, as fast as pip inspect")
     ssh_options(i)
     i.set_defaults(func=inventory_command)
     c = sub.add_parser("clone", help="copy a venv to another path or host and rewrite what names its old prefix")

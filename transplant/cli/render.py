@@ -106,7 +106,10 @@ def verify_junit(results: Sequence[StageResult], target: str) -> str:
 
 
 def inventory_table(inv: Inventory) -> Table:
-    """One row per distribution: name, version, files in RECORD, bytes on disk (if known), installer."""
+    """One row per distribution: name, version, files in RECORD, bytes, installer.
+
+    Files are the RECORD rows inside the venv; bytes are those files' sizes on disk when the
+    probe looked at them, else the sum of RECORD's size column (a summary: ``record_files``)."""
     table = Table(title=f"{inv.label} (Python {inv.interpreter.version}, {inv.interpreter.machine}, "
                         f"glibc {inv.interpreter.glibc}; {inv.nvidia.reason or inv.nvidia.driver_version})",
                   title_justify="left")
@@ -114,9 +117,11 @@ def inventory_table(inv: Inventory) -> Table:
         table.add_column(column, justify="right" if column in ("files", "bytes") else "left",
                          no_wrap=column != "installer")
     for d in inv.distributions:
-        files = d.files
-        size = sum(e.size or 0 for e in files.values())
-        table.add_row(Text(d.display_name), Text(d.raw_version or "?"), str(len(files)), human_bytes(size),
+        if d.record is None and d.record_files is not None:
+            count, size = d.record_files, d.record_bytes or 0
+        else:
+            count, size = len(d.files), sum(e.size or 0 for e in d.files.values())
+        table.add_row(Text(d.display_name), Text(d.raw_version or "?"), str(count), human_bytes(size),
                       Text(d.installer or "-"))
     return table
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import posixpath
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,6 +38,9 @@ __all__ = [
     "LibcudaFacts",
     "Inventory",
     "parse_inventory",
+    "expanded",
+    "KeptDocument",
+    "COLUMNS",
     "inside_path",
     "link_escapes",
     "newest",
@@ -50,7 +54,7 @@ SCHEMA = "transplant.inventory/1"
 TEXTS = ("torch/version.py",)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FileEntry:
     """One file of a distribution: what RECORD says and what the disk holds.
 
@@ -114,7 +118,11 @@ class Distribution:
     :ivar version: the version, local label included (``2.11.0+cu130``); None when
         METADATA is missing or its version is not PEP 440.
     :ivar dist_info: path of the dist-info folder relative to the venv prefix.
-    :ivar record: the RECORD entries, or None when there is no RECORD.
+    :ivar record: the RECORD entries, or None when there is no RECORD (or the probe was asked
+        for a summary).
+    :ivar record_files: with a summary (the probe's ``record: "summary"``), how many RECORD rows
+        lie inside the venv; :ivar record_bytes: the sum of their RECORD size column (rows
+        without one, RECORD itself and most ``.pyc``, count 0); both None otherwise.
     :ivar hashed: whether the probe hashed the files on disk (``FileEntry.hash`` set).
     :ivar listing: names of the regular files in the dist-info folder as found on disk
         (RECORD may not list them all, or be missing).
@@ -139,6 +147,8 @@ class Distribution:
     entry_points: str | None = None
     hashed: bool = False
     record: tuple[FileEntry, ...] | None = None
+    record_files: int | None = None
+    record_bytes: int | None = None
     listing: tuple[str, ...] = ()
 
     @cached_property
@@ -228,7 +238,10 @@ class Inventory:
         for, plus site-packages' ``*.pth``, ``*.egg-link``, ``__editable__*.py``); None
         when a file was too large or unreadable.
     :ivar elsewhere: absolute path -> whether it exists on the host (asked for).
-    :ivar fingerprint: sha256 hex of the canonical document, to detect drift.
+    :ivar fingerprint: sha256 hex of the canonical document, to detect drift (of the document
+        as the probe sent it: a compact and a full probe of one venv differ).
+    :ivar document: the probe's document: the decoded dict, or for a plan's probe (compact) a
+        :class:`KeptDocument` that decodes its text when read.
     :ivar libcuda: where the host's JIT users find ``libcuda.so``; None when the probe did not
         report it (an older probe document).
     :ivar outside: distributions the venv's interpreter imports from folders outside the venv
@@ -340,6 +353,139 @@ def _file_entry(obj: Any, path: str, record_path: str) -> FileEntry:
     )
 
 
+#: The columns of a RECORD row in the probe's compact form (``"compact": true``; the document's
+#: ``record_columns``), in order; a row leaves out its trailing nulls.
+COLUMNS = ("path", "venv_path", "record_hash", "record_size", "exists", "size", "mode", "symlink", "not_a_file",
+           "error", "hash", "head", "body_hash", "record_identity")
+_NONE = type(None)
+#: Each column's allowed JSON types: ``venv_path`` and ``hash`` may also be the number 1 ("as
+#: ``<site_packages>/<path>``", "as ``record_hash``").
+_COLUMN_TYPES: tuple[tuple[type, ...], ...] = (
+    (str,), (str, _NONE, int), (str, _NONE), (int, _NONE), (bool, _NONE), (int, _NONE), (int, _NONE), (str, _NONE),
+    (bool, _NONE), (str, _NONE), (str, _NONE, int), (str, _NONE), (str, _NONE), (str, _NONE))
+_COLUMN_NAMES = {str: "str", int: "int", bool: "bool", _NONE: "null"}
+#: Row shapes (the tuple of the values' types) already checked against :data:`_COLUMN_TYPES`.
+_GOOD_SHAPES: set[tuple[type, ...]] = set()
+_PADDING = (None,) * len(COLUMNS)
+
+
+def _check_row(row: list, path: str) -> None:
+    """Check a compact row's values against :data:`_COLUMN_TYPES`.
+
+    :raises DecodeError: naming ``path.<column>`` (the key the dict form would have), or
+        ``path`` when the row is empty or longer than :data:`COLUMNS`.
+    """
+    if not row or len(row) > len(COLUMNS):
+        raise DecodeError(path, f"a list of 1 to {len(COLUMNS)} values ({', '.join(COLUMNS)})", row)
+    for column, allowed, value in zip(COLUMNS, _COLUMN_TYPES, row):
+        if type(value) not in allowed:
+            raise DecodeError(f"{path}.{column}", " or ".join(_COLUMN_NAMES[t] for t in allowed), value)
+        if type(value) is int and column in ("venv_path", "hash") and value != 1:
+            raise DecodeError(f"{path}.{column}", "a string, null or 1", value)
+
+
+def _plain(rel: str) -> bool:
+    """Whether a relative POSIX path is already normal (as the probe's ``_plain``): then
+    :func:`inside_path` of it is itself."""
+    return (rel[:1] not in ("/", ".", "") and rel[-1] != "/" and "/." not in rel and "//" not in rel
+            and "\0" not in rel)
+
+
+def _row_entry(row: Any, path: str, site: str | None) -> FileEntry:
+    """One RECORD row of the compact form at key path ``path``; ``site`` is the distribution's
+    site-packages (venv-relative, normal; None when it is not), which a ``venv_path`` of 1 is under.
+
+    :raises DecodeError: a value of another type than :data:`_COLUMN_TYPES` allows.
+    """
+    if type(row) is not list:
+        raise DecodeError(path, "a list", row)
+    shape = tuple(map(type, row))
+    if shape not in _GOOD_SHAPES or (len(row) > 1 and type(row[1]) is int and row[1] != 1) or \
+            (len(row) > 10 and type(row[10]) is int and row[10] != 1):
+        _check_row(row, path)
+        _GOOD_SHAPES.add(shape)
+    (record_path, venv_path, record_hash, record_size, exists, size, mode, symlink, not_a_file, error, digest, head,
+     body_hash, identity) = row + list(_PADDING[len(row):]) if len(row) < len(COLUMNS) else row
+    if venv_path == 1 and type(venv_path) is int:
+        if site is None:
+            raise DecodeError(f"{path}.venv_path", "a string or null (the distribution's site_packages is not "
+                                                   "a normal venv-relative path)", venv_path)
+        venv_path = f"{site}/{record_path}" if _plain(record_path) else inside_path(f"{site}/{record_path}")
+    elif venv_path is not None:
+        venv_path = inside_path(venv_path)
+    if digest == 1 and type(digest) is int:
+        digest = record_hash
+    return FileEntry(
+        record_path=record_path, path=venv_path, record_hash=record_hash, record_size=record_size,
+        exists=exists is True, hash=digest, size=size, mode=mode, symlink=symlink,
+        error="not a regular file" if not_a_file else error, head=head, body_hash=body_hash,
+        record_identity=identity)
+
+
+class KeptDocument(Mapping[str, Any]):
+    """A probe document kept as the JSON text it came in, decoded only when read (a snapshot,
+    a fixture): the decoded tree of a large venv's document takes several times the memory of
+    its text, and a plan needs none of it once the inventory is parsed.
+
+    A read-only mapping (``dict(kept)`` for a dict); ``hash_cache.entries`` (the hashes a donor
+    returned for the controller's cache, kept there) is left out of the decoded document. The
+    text is kept compressed (zlib, level 1: a fifth of its size, in about 0.1 s for 15 MB).
+    """
+
+    __slots__ = ("_packed", "_value")
+
+    def __init__(self, text: str) -> None:
+        self._packed = zlib.compress(text.encode("utf-8"), 1)
+        self._value: dict[str, Any] | None = None
+
+    def _decoded(self) -> dict[str, Any]:
+        if self._value is None:
+            value = json.loads(zlib.decompress(self._packed))
+            if isinstance(value, dict) and isinstance(value.get("hash_cache"), dict):
+                value["hash_cache"].pop("entries", None)
+            self._value = value if isinstance(value, dict) else {}
+        return self._value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._decoded()[key]
+
+    def __iter__(self):
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+
+def expanded(document: Mapping[str, Any]) -> dict[str, Any]:
+    """A probe document with its compact RECORD rows (``record_columns``) written as the dict
+    entries of the full form (``venv_path`` and ``hash`` given as 1 spelled out, null columns
+    left out but ``venv_path``, ``record_hash`` and ``record_size``); a full-form document is
+    returned as a shallow copy. Nothing is checked: :func:`parse_inventory` reads both forms.
+    """
+    doc = dict(document)
+    if doc.pop("record_columns", None) is None:
+        return doc
+    purelib = (doc.get("paths") or {}).get("purelib")
+    dists = []
+    for d in doc.get("distributions") or []:
+        d = dict(d)
+        site = d.get("site_packages") or purelib
+        if isinstance(d.get("record"), list):
+            entries = []
+            for row in d["record"]:
+                entry = {"venv_path": None, "record_hash": None, "record_size": None}
+                entry.update((k, v) for k, v in zip(COLUMNS, row) if v is not None)
+                if entry["venv_path"] == 1:
+                    entry["venv_path"] = f"{site}/{entry['path']}"
+                if entry.get("hash") == 1:
+                    entry["hash"] = entry["record_hash"]
+                entries.append(entry)
+            d["record"] = entries
+        dists.append(d)
+    doc["distributions"] = dists
+    return doc
+
+
 def inside_path(path: str) -> str | None:
     """Normalise a POSIX path relative to a root; None when it is absolute, empty or leaves the root.
 
@@ -390,9 +536,10 @@ def _requirements(texts: list[Any], path: str) -> tuple[tuple[Requirement, ...],
     return tuple(good), tuple(bad)
 
 
-def _distribution(obj: Any, path: str, site_default: str) -> Distribution:
+def _distribution(obj: Any, path: str, site_default: str, compact: bool = False) -> Distribution:
     """One distribution of the probe (its wire shape is not :class:`Distribution`'s: explicit
-    per-field decoding, each value through :func:`transplant.core.decode.member`)."""
+    per-field decoding, each value through :func:`transplant.core.decode.member`); ``compact``:
+    its RECORD rows are lists of :data:`COLUMNS` (the document has ``record_columns``)."""
     name = member(obj, "name", path, str)
     raw_version = member(obj, "version", path, str, optional=True)
     try:
@@ -409,11 +556,15 @@ def _distribution(obj: Any, path: str, site_default: str) -> Distribution:
         tags.extend(sorted(parse_tag(text), key=str))
     record_raw = member(obj, "record", path, list, optional=True)
     record = None
-    if record_raw is not None:
+    if record_raw is not None and compact:
+        own_site = site if inside_path(site) == site else None
+        record = tuple(_row_entry(e, f"{path}.record[{i}]", own_site) for i, e in enumerate(record_raw))
+    elif record_raw is not None:
         record = tuple(
             _file_entry(e, f"{path}.record[{i}]", member(e, "path", f"{path}.record[{i}]", str))
             for i, e in enumerate(record_raw)
         )
+    summary = member(obj, "record_summary", path, dict, optional=True)
     return Distribution(
         name=canonicalize_name(name),
         display_name=name,
@@ -434,6 +585,8 @@ def _distribution(obj: Any, path: str, site_default: str) -> Distribution:
         entry_points=member(obj, "entry_points", path, str, optional=True),
         hashed=bool(member(obj, "hashed", path, bool, optional=True)),
         record=record,
+        record_files=member(summary, "files", f"{path}.record_summary", int) if summary is not None else None,
+        record_bytes=member(summary, "bytes", f"{path}.record_summary", int) if summary is not None else None,
         listing=tuple(n for n in member(obj, "listing", path, list, optional=True) or ()
                       if isinstance(n, str) and "/" not in n and n not in (".", "..")),
     )
@@ -486,8 +639,11 @@ def _inventory(document: dict, label: str) -> Inventory:
     interpreter = _INTERPRETER(member(document, "interpreter", "", dict), "interpreter")
     paths = member(document, "paths", "", dict)
     site = member(paths, "purelib", "paths", str)
+    columns = member(document, "record_columns", "", list, optional=True)
+    if columns is not None and tuple(columns) != COLUMNS:
+        raise DecodeError("record_columns", f"the list {list(COLUMNS)}", columns)
     dists = [
-        _distribution(d, f"distributions[{i}]", site)
+        _distribution(d, f"distributions[{i}]", site, compact=columns is not None)
         for i, d in enumerate(member(document, "distributions", "", list))
     ]
     dists.sort(key=lambda d: (d.name, d.dist_info))

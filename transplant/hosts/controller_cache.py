@@ -78,7 +78,9 @@ class ControllerCache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({"schema": self.schema, "entries": dict(entries)}, separators=(",", ":")))
+            with temporary.open("w") as handle:  # encoded as it is written: tens of MB for a large donor
+                json.dump({"schema": self.schema, "entries": entries if isinstance(entries, dict) else dict(entries)},
+                          handle, separators=(",", ":"))
             os.replace(temporary, path)
         except OSError:
             return

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import selectors
 import shlex
 import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from transplant import remote
 from transplant.errors import HostError, ProbeError
 from transplant.hosts.controller_cache import ControllerCache
 from transplant.hosts.host import Host, kill_group
-from transplant.core.inventory import Inventory, parse_inventory
+from transplant.core.inventory import Inventory, KeptDocument, parse_inventory
 
 __all__ = ["venv_python", "run_script", "ScriptSession", "take_inventory"]
 
@@ -51,19 +53,58 @@ def run_script(
     :raises HostError: the host cannot be reached, the venv's python is missing or does
         not start, or the script printed no JSON (its stderr tail is in the message).
     """
+    line = _reply_line(host, venv, script, args, request=request, env=env, timeout=timeout, python=python)
+    return _document(f"{host.label}:{venv}", script, line)
+
+
+def _reply_line(
+    host: Host,
+    venv: str,
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    request: Mapping[str, Any] | bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 600.0,
+    python: str | None = None,
+) -> str:
+    """:func:`run_script`'s reply as the text of the line the script printed, not decoded;
+    ``request`` may be given already encoded (JSON bytes).
+
+    :raises HostError: as :func:`run_script` (but for a reply that is not JSON).
+    """
     python = python or venv_python(venv)
-    label = f"{host.label}:{venv}"
     code = remote.source(script)
     flags = _isolation(script)
     if request is None:
         argv, stdin = [python, *flags, "-", *args], code
     else:
-        argv, stdin = [python, *flags, "-c", code.decode(), *args], json.dumps(request).encode()
+        stdin = request if isinstance(request, bytes) else json.dumps(request).encode()
+        argv = [python, *flags, "-c", code.decode(), *args]
     result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
-    lines = [line for line in result.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
-    if not lines:
+    del stdin
+    line = _last_line(result.stdout)
+    if line is None:
         raise _no_reply(host, venv, script, python, result.returncode, result.stderr)
-    return _document(label, script, lines[-1])
+    return line
+
+
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _last_line(out: bytes) -> str | None:
+    """The last line of ``out`` that is not blank (as ``str.splitlines`` splits the UTF-8 text,
+    errors replaced), or None when there is none; the reply of a large venv's probe is one
+    line of tens of MB, so it is cut from the bytes without splitting (or copying) the rest."""
+    end = len(out)
+    while end and out[end - 1] in b" \t\r\n\x0b\x0c":
+        end -= 1
+    start = out.rfind(b"\n", 0, end) + 1
+    tail = str(memoryview(out)[start:end], "utf-8", "replace")
+    if tail.strip() and _OTHER_BREAKS.search(tail) is None:
+        return tail
+    lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1] if lines else None
 
 
 def _isolation(script: str) -> list[str]:
@@ -249,11 +290,12 @@ def take_inventory(
     hash_patterns: Sequence[str] = (),
     files: Sequence[str] = (),
     site_files: Sequence[str] = (),
-    record: bool = True,
+    record: bool | str = True,
     texts: Sequence[str] = (),
     paths_exist: Sequence[str] = (),
     timeout: float | None = 600.0,
     hash_cache: str | Mapping[str, Any] | None = None,
+    compact: bool = True,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
 
@@ -263,7 +305,13 @@ def take_inventory(
     :param site_files: site-packages-relative paths to hash as well (patch destinations);
         they are reported by their venv-relative path.
     :param record: False skips RECORD files (``Distribution.record`` is None): metadata
-        only, for dependency checks.
+        only, for dependency checks; ``"summary"`` reads RECORD alone, no file on disk, and
+        gives per distribution ``record_files`` and ``record_bytes`` (``record`` None).
+    :param compact: ask for the probe's compact form (RECORD rows as lists, no ``mtime``:
+        about a third of the bytes to print, decode and keep); False keeps the form of
+        ``transplant inventory --json --files``. The parsed inventory is the same either way,
+        but the fingerprint is of the document as sent, so compare fingerprints only between
+        probes of the same form.
     :param texts: site-packages-relative small text files to read (``torch/version.py``).
     :param paths_exist: absolute paths on the host whose existence to report.
     :param hash_cache: the probe's content-hash cache (``remote/probe.py``), so that a file
@@ -277,20 +325,37 @@ def take_inventory(
     :raises ProbeError: the report is of another schema or malformed.
     """
     request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
-               "record": record, "texts": list(texts), "paths_exist": list(paths_exist),
+               "record": record, "texts": list(texts), "paths_exist": list(paths_exist), "compact": compact,
                "hash_cache": _cache_options(host, venv, hash_cache, bool(hash_patterns) or bool(files) or
                                             bool(site_files))}
-    document = run_script(host, venv, "probe", ["--stdin"], request=request, timeout=timeout)
-    if hash_cache == "controller":
-        _keep_controller_cache(host, venv, document.get("hash_cache") if isinstance(document, dict) else None)
     label = f"{host.label}:{venv}"
-    inventory = parse_inventory(document, label=label)
+    # a donor's request carries its known hashes (tens of MB as objects): only its text is kept
+    # while the probe runs and its reply is parsed
+    encoded = json.dumps(request).encode()
+    del request
+    line = _reply_line(host, venv, "probe", ["--stdin"], request=encoded, timeout=timeout)
+    del encoded
+    # One reply decoded and parsed at a time (a plan probes both venvs on two threads): the
+    # work holds the GIL anyway, and so only one decoded tree is ever in memory.
+    with _PARSING:
+        document = _document(label, "probe", line)
+        if hash_cache == "controller":
+            _keep_controller_cache(host, venv, document.get("hash_cache") if isinstance(document, dict) else None)
+        inventory = parse_inventory(document, label=label)
+        if compact:
+            # a plan's inventory keeps its document as text: the decoded tree (several times the
+            # memory) goes as soon as it is parsed
+            del document
+            inventory = replace(inventory, document=KeptDocument(line))
     if posixpath.normpath(inventory.interpreter.prefix) != posixpath.normpath(venv):
         raise ProbeError(
             f"{label}: {venv_python(venv)} runs in {inventory.interpreter.prefix}, not in {venv}",
             hint="name the venv's own folder (the one with pyvenv.cfg), not a symlink to it",
         )
     return inventory
+
+
+_PARSING = threading.Lock()
 
 
 def _controller_cache_path(host: Host, venv: str) -> Path:

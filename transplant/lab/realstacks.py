@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from transplant.core.elf_facts import ELF_SCHEMA, ElfReport, parse_elf_report
-from transplant.core.inventory import Inventory, parse_inventory
+from transplant.core.inventory import Inventory, expanded, parse_inventory
 from transplant.core.manifest import Manifest, parse_manifest
 
 __all__ = ["SCHEMA", "OVERLAY", "REVERSE_OVERLAY", "REMOVE", "CALIBRATED_OVERLAY", "CALIBRATED_REMOVE", "SERVER_ARGS", "scenario_manifest", "elf_document", "record",
@@ -141,8 +141,8 @@ _DROP = ("mtime", "mode")
 
 def _map_entries(document: Mapping[str, Any], entry: Callable[[Mapping[str, Any]], dict[str, Any]]) -> dict[str, Any]:
     """A copy of a probe document with ``entry`` applied to every file entry (RECORD rows and
-    the extra ``files``)."""
-    doc = json.loads(json.dumps(document))
+    the extra ``files``); a compact document (``record_columns``) is expanded first."""
+    doc = expanded(json.loads(json.dumps(dict(document))))
     for d in doc["distributions"]:
         if d.get("record") is not None:
             d["record"] = [entry(e) for e in d["record"]]

@@ -16,7 +16,13 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 * ``--file RELPATH`` (repeatable): a path relative to the venv prefix to hash, present
   or not (used for patch destinations); with ``--stdin``, ``site_files`` names such paths
   relative to site-packages instead, and ``"record": false`` skips RECORD (metadata only,
-  for dependency checks); ``texts`` names site-packages-relative text files to return
+  for dependency checks), ``"record": "summary"`` reads RECORD alone and reports per
+  distribution ``record_summary``: ``{"files": rows inside the venv (by name), "bytes": the sum
+  of their RECORD size column}`` with ``record`` null (no file on disk looked at: what
+  ``transplant inventory`` shows); ``"compact": true`` gives each RECORD entry as a list of
+  :data:`COLUMNS` (trailing nulls left out; ``venv_path`` 1 for ``<site_packages>/<path>``,
+  ``hash`` 1 for a hash equal to ``record_hash``; no ``mtime``) and the document
+  ``record_columns``: about 40 % of the bytes, for the controller's plans; ``texts`` names site-packages-relative text files to return
   (``torch/version.py``), and ``paths_exist`` absolute paths whose existence to report
   (editable installs' source folders).
 * Files of hashed distributions in the scripts folder also report ``head`` (shebang)
@@ -33,8 +39,8 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
   (see :class:`_HashCache`), in ``<venv>/.transplant/cache/hashes.json`` (``store: venv``,
   for targets) or on the controller (``store: reply``: the request carries the ``known``
-  entries and the reply returns this run's ``entries``; nothing is written on the host, for
-  donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
+  entries and the reply returns them with this run's added as ``entries``; nothing is written
+  on the host, for donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
   "written", "error"?, "entries"?}`` (``entries`` only from a ``store: reply`` run that hashed
   something: otherwise the controller's file already holds every entry used).
 
@@ -186,7 +192,51 @@ def _wheel(text):
     }
 
 
-def _record(dist_dir, site, prefix, hashed):
+def _plain(rel):
+    """Whether a RECORD path is relative and already normal (no empty, ``.`` or ``..`` part, no
+    part starting with a dot, no trailing slash): then ``normpath(join(site, rel))`` is
+    ``site + "/" + rel``, with no path arithmetic. A path that is not plain takes the general
+    route (:func:`_inside`), which gives the same answers, only slower."""
+    return (rel[0] != "/" and rel[0] != "." and rel[-1] != "/" and "/." not in rel and "//" not in rel
+            and "\0" not in rel)
+
+
+_FOLDERS = {}  # (prefix, folder) -> whether a file there stays inside the prefix (see _row_path)
+
+
+def _row_path(prefix, site, site_rel, rel):
+    """(full path, venv-relative POSIX path or None) of a RECORD row ``rel`` of ``site``: exactly
+    ``full = normpath(join(site, rel))`` and ``_inside(prefix, full)``.
+
+    For a plain ``rel`` (:func:`_plain`) in a site-packages inside the prefix (``site_rel`` not
+    None, ``site`` normalised) the lexical check cannot fail, so :func:`_inside`'s answer
+    depends only on the real location of the file's folder: it is asked once per folder (a
+    symlinked folder leaving the venv still escapes) and the relative path is a concatenation.
+    """
+    if site_rel is not None and _plain(rel):
+        full = site + "/" + rel
+        folder = full[:full.rfind("/")]
+        ok = _FOLDERS.get((prefix, folder))
+        if ok is None:
+            ok = _FOLDERS[(prefix, folder)] = _inside(prefix, full) is not None
+        return full, (site_rel + "/" + rel if ok else None)
+    full = os.path.normpath(os.path.join(site, rel))
+    return full, _inside(prefix, full)
+
+
+def _lexical(prefix, path):
+    """Whether ``normpath(path)`` lies strictly inside ``prefix``, by the names alone (symlinks
+    are not looked at: for counts, never for what is read or written)."""
+    norm = os.path.normpath(path)
+    base = os.path.normpath(prefix).rstrip("/") + "/"
+    return norm.startswith(base) and len(norm) > len(base)
+
+
+def _record(dist_dir, site, prefix, hashed, summary=False):
+    """The RECORD entries of a distribution (dicts in the probe's wire form), or None when it
+    has no readable RECORD; with ``summary``, ``{"files": rows inside the venv, "bytes": sum of
+    their RECORD size column}`` instead, from RECORD alone (no file or folder on disk is looked
+    at: "inside" by the names, :func:`_lexical`)."""
     text = _read(os.path.join(dist_dir, "RECORD"))
     if text is None:
         return None
@@ -194,8 +244,13 @@ def _record(dist_dir, site, prefix, hashed):
     try:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error as exc:
+        if summary:
+            return {"files": 0, "bytes": 0, "error": "RECORD is not valid CSV: {}".format(exc)[:300]}
         return [{"path": "", "venv_path": None, "record_hash": None, "record_size": None,
                  "error": "RECORD is not valid CSV: {}".format(exc)[:300]}]
+    norm_site = os.path.normpath(site)
+    site_rel = _inside(prefix, norm_site)
+    count = total = 0
     for row in rows:
         if not row or not row[0]:
             continue
@@ -205,29 +260,70 @@ def _record(dist_dir, site, prefix, hashed):
             record_size = int(row[2]) if len(row) > 2 and row[2] else None
         except ValueError:
             record_size = None
-        full = os.path.normpath(os.path.join(site, rel))
+        if summary:
+            # lexically inside: a summary looks at no file or folder on disk
+            if (site_rel is not None and _plain(rel)) or _lexical(prefix, os.path.join(norm_site, rel)):
+                count += 1
+                total += record_size or 0
+            continue
+        full, venv_path = _row_path(prefix, norm_site, site_rel, rel)
         entry = {
             "path": rel,
-            "venv_path": _inside(prefix, full),
+            "venv_path": venv_path,
             "record_hash": record_hash,
             "record_size": record_size,
         }
-        if entry["venv_path"] is not None:
+        if venv_path is not None:
             facts, st = _file_facts_stat(full)
             entry.update(facts)
             if hashed and "size" in entry:
-                script = entry["venv_path"].startswith(_OPTIONS["scripts"] + "/")
+                script = venv_path.startswith(_OPTIONS["scripts"] + "/")
                 # the lstat just taken is the hash cache's key: no second lstat per file
                 _HASH_JOBS.append((entry, full, script, [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                                                           st.st_ctime_ns]))
         entries.append(entry)
+    if summary:
+        return {"files": count, "bytes": total}
     own = _inside(prefix, os.path.join(dist_dir, "RECORD")) if hashed else None
-    for entry in entries:
-        if own is not None and entry["venv_path"] == own and entry.get("size") is not None:
-            identity = _record_identity_of(os.path.join(dist_dir, "RECORD"), own)
-            if identity is not None:
-                entry["record_identity"] = identity
+    if own is not None:
+        for entry in entries:
+            if entry["venv_path"] == own and entry.get("size") is not None:
+                identity = _record_identity_of(os.path.join(dist_dir, "RECORD"), own)
+                if identity is not None:
+                    entry["record_identity"] = identity
     return entries
+
+
+#: The columns of a RECORD row in the compact form (``"compact": true``), in order.
+COLUMNS = ("path", "venv_path", "record_hash", "record_size", "exists", "size", "mode", "symlink", "not_a_file",
+           "error", "hash", "head", "body_hash", "record_identity")
+
+
+_RARE = frozenset(COLUMNS[7:])
+
+
+def _compact(entries, site_rel):
+    """RECORD entries (dicts) as rows: lists of :data:`COLUMNS`' values with the trailing nulls
+    left out, ``venv_path`` 1 when it is ``<site_rel>/<path>`` and ``hash`` 1 when it equals
+    ``record_hash``; ``mtime`` is left out (nothing on the controller reads it)."""
+    rows = []
+    prefix = (site_rel + "/") if site_rel is not None else None
+    for entry in entries:
+        get = entry.get
+        venv_path, digest = get("venv_path"), get("hash")
+        if venv_path is not None and prefix is not None and venv_path == prefix + entry["path"]:
+            venv_path = 1
+        if digest is not None and digest == get("record_hash"):
+            digest = 1
+        row = [entry["path"], venv_path, get("record_hash"), get("record_size"), get("exists"), get("size"),
+               get("mode")]
+        if not _RARE.isdisjoint(entry):  # a symlink, not a file, an error, hashed: the other columns
+            row += [get("symlink"), get("not_a_file"), get("error"), digest, get("head"), get("body_hash"),
+                    get("record_identity")]
+        while row[-1] is None:
+            row.pop()
+        rows.append(row)
+    return rows
 
 
 def _is_record(rel):
@@ -391,7 +487,11 @@ class _HashCache(object):
             report["error"] = self.error
         if self.enabled and self.store == "reply":
             if self.misses:  # with none, the controller's file already holds every entry used
-                report["entries"] = self.fresh
+                # what the controller sent, with this run's entries added (as the venv's store
+                # merges): a plan of other distributions keeps those of the last one
+                merged = dict(self.entries)
+                merged.update(self.fresh)
+                report["entries"] = merged
             return report
         if not self.enabled or self.hashed_bytes < self.min_bytes or not self.misses:
             return report
@@ -502,8 +602,10 @@ def _distributions(site, prefix, patterns, with_record=True):
             "entry_points": _read(os.path.join(dist_dir, "entry_points.txt")),
             "hashed": hashed,
             "listing": _listing(dist_dir),
-            "record": _record(dist_dir, site, prefix, hashed) if with_record else None,
+            "record": _record(dist_dir, site, prefix, hashed) if with_record is True else None,
         })
+        if with_record == "summary":
+            found[-1]["record_summary"] = _record(dist_dir, site, prefix, False, summary=True)
     return found
 
 
@@ -736,7 +838,9 @@ def _arguments(argv):
         files = list(request.get("files", []))
         for rel in request.get("site_files", []):
             files.append(os.path.relpath(os.path.join(site, rel), prefix).replace(os.sep, "/"))
-        _OPTIONS["record"] = bool(request.get("record", True))
+        record = request.get("record", True)
+        _OPTIONS["record"] = "summary" if record == "summary" else bool(record)
+        _OPTIONS["compact"] = request.get("compact") is True
         _OPTIONS["texts"] = [t for t in request.get("texts", []) if isinstance(t, str)]
         _OPTIONS["elsewhere"] = list(request.get("paths_exist", []))
         _OPTIONS["hash_cache"] = request.get("hash_cache", True)
@@ -804,6 +908,11 @@ def main(argv):
     }
     if "hash_cache_report" in _OPTIONS:
         document["hash_cache"] = _OPTIONS["hash_cache_report"]
+    if _OPTIONS.get("compact"):
+        document["record_columns"] = list(COLUMNS)
+        for dist in distributions:
+            if dist["record"] is not None:
+                dist["record"] = _compact(dist["record"], dist["site_packages"])
     sys.stdout.write(json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n")
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from contextlib import ExitStack
 
 from rich.console import Console
@@ -41,7 +42,9 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
     if args.out:
         save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
-        print(json.dumps({**plan.to_dict(), "donor_source": opened.to_dict()}, indent=2, sort_keys=True))
+        # written as it is encoded: a plan of a large venv is tens of MB of text, never held whole
+        json.dump({**plan.to_dict(), "donor_source": opened.to_dict()}, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
     else:
         print_plan(console, plan)
         if args.out:
