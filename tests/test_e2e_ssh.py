@@ -93,8 +93,8 @@ def test_plan_apply_verify_over_ssh(hosts, tmp_path, capsys):
     assert main(["apply", str(plan_file), "--yes"]) == 0
     said = " ".join(capsys.readouterr().out.split())
     donor_label, target_label = lab.hosts["donor"].spec, lab.hosts["target"].spec
-    assert f"files: streamed {donor_label} -> {target_label} through the controller (both legs at once, no " \
-           f"controller disk)" in said and "hashed as written" in said
+    assert f"files: streamed {donor_label} -> {target_label} through the controller, both legs at once, no " \
+           f"controller disk" in said and "hashed as written" in said
     assert f"patches: streamed from the controller to {target_label}" in said
     assert not (target_site / "alpha" / "old.py").exists()
     assert (target_site / "alpha" / "new.py").read_text() == "NEW = 1\n"

@@ -335,7 +335,8 @@ def test_apply_with_rsync_chosen_copies_with_rsync(pair, capsys, monkeypatch):
     monkeypatch.setenv("TRANSPLANT_TRANSFER", "rsync")
     venv, manifest = pair("rsynced")
     out = _applied(capsys, manifest)
-    assert "files: copied with rsync" in out and "(TRANSPLANT_TRANSFER=rsync)" in out and "streamed" not in out
+    assert "files: copied with rsync" in out and "as TRANSPLANT_TRANSFER=rsync asks" in out and "streamed" not in out
+    assert "(copied with rsync, as TRANSPLANT_TRANSFER=rsync asks)" in out  # the closing line: no nested brackets
     assert (venv / "lib/python3.11/site-packages/alpha/__init__.py").read_text() == "V = 2\n"
 
 
@@ -348,6 +349,17 @@ def test_a_bad_transfer_setting_is_a_clear_error(pair, capsys, monkeypatch):
     out = " ".join(capsys.readouterr().out.split())
     assert "TRANSPLANT_TRANSFER='scp': not a way to copy files" in out and "Traceback" not in out
     assert (venv / "lib/python3.11/site-packages/alpha/__init__.py").read_text() == "V = 1\n"
+    assert not (venv / ".transplant").exists()  # said before the lock: no transaction begun, none recorded
+
+
+def test_compress_with_rsync_says_it_did_not_compress(pair, capsys, monkeypatch):
+    from transplant.cli.app import main
+
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", "rsync")
+    venv, manifest = pair("rsync-compress")
+    assert main(["apply", manifest, "--yes", "--compress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "files: copied with rsync" in out and "not compressed (--compress applies to the stream only)" in out
 
 
 def test_apply_compress_compresses_the_stream_and_says_how(pair, capsys, monkeypatch):

@@ -387,6 +387,31 @@ def test_a_damaged_state_counts_as_interrupted(world, capsys):
     assert snapshot(venv) == world["before"]
 
 
+def test_a_begin_stopped_part_way_leaves_no_transaction_and_the_next_apply_goes_on(world, capsys):
+    """A begin killed between making its folders and writing plan.json (seen once by Ctrl-C) left a
+    transaction no command could finish or undo; begin now builds the folder under a '.begin-' name
+    and renames it whole, and the next begin removes what a stopped one left."""
+    venv, m = world["target"]("stopped-begin")
+    txn_root = venv / ".transplant" / "txn"
+    left = txn_root / ".begin-20261201T000000Z-deadbeef"  # what a begin killed before its rename leaves
+    (left / "staged").mkdir(parents=True)
+    (left / "backup").mkdir()
+    (left / "before.json").write_text("{}")
+    outside = world["base"] / "stopped-begin-outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "keep").write_text("keep")
+    (txn_root / ".begin-20261201T000000Z-symlink").symlink_to(outside)  # never followed nor removed
+    assert txn.interrupted(LocalHost(), str(venv)) == []  # not a transaction: nothing to finish
+    capsys.readouterr()
+    assert main(["apply", m, "--yes"]) == 0, capsys.readouterr().out
+    assert snapshot(venv) == world["after"]
+    assert not left.exists() and (outside / "keep").read_text() == "keep"
+    names = sorted(p.name for p in txn_root.iterdir())
+    [done] = txn.history(LocalHost(), str(venv))["transactions"]
+    assert names == sorted([done["id"], ".begin-20261201T000000Z-symlink"])  # no '.begin-' of its own left
+    assert (txn_root / done["id"] / "plan.json").is_file()
+
+
 @pytest.mark.parametrize("content", ["[1, 2, 3]", "not json", '{"id": "x", "since": 1e300, "pid": 1180591620717411303424}'])
 def test_a_garbled_lock_is_reported_not_a_traceback(world, capsys, content):
     venv, m = world["target"]("garbled-lock")

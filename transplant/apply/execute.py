@@ -179,6 +179,7 @@ def execute(
     :raises HostError: a host could not be reached or rsync failed (nothing changed).
     """
     check_plan_paths(plan, manifest_dir)
+    transfer_way()  # a bad TRANSPLANT_TRANSFER is said before the lock, the probe or the transaction
     if plan.refused:
         first = plan.refused[0]
         raise ApplyError(f"{plan.target.label}: apply refused, whatever --force or accept: say: {first.message}",
@@ -241,7 +242,12 @@ def execute(
             puts = {p: want for p, want in expected.items() if want is not None}
             checked = txn.call(target, venv, "check", {"id": txid, "expect": puts, "written": written}, check=False)
             if not checked.get("ok"):
-                raise ApplyError(f"{plan.target.label}: {checked.get('error')}: the donor (or a patch) changed "
+                error = str(checked.get("error"))
+                if "leads outside the transaction's folder" in error:  # the target's own staging was tampered with
+                    raise ApplyError(f"{plan.target.label}: {error}: something on the target changed the "
+                                     f"transaction's staged folder during the copy",
+                                     hint=f"find what writes in {venv}/.transplant on the target, then apply again")
+                raise ApplyError(f"{plan.target.label}: {error}: the donor (or a patch) changed "
                                  f"between plan and copy", hint="plan again, then apply",
                                  mismatches=list(checked.get("differ") or []))
         except BaseException as exc:
@@ -341,10 +347,7 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         files moved in words).
     :raises ApplyError: ``TRANSPLANT_TRANSFER`` names no known way.
     """
-    how = os.environ.get(TRANSFER_ENV, "") or "stream"
-    if how not in ("stream", "rsync"):
-        raise ApplyError(f"environment variable {TRANSFER_ENV}={how!r}: not a way to copy files",
-                         hint=f"set it to stream (the default) or rsync, or unset it: unset {TRANSFER_ENV}")
+    how = transfer_way()
     staging = state_dir / "staging"
     staging.mkdir(parents=True, exist_ok=True)
     donor_copies = [cp for c in plan.changes for cp in c.copy if cp.source == "donor"]
@@ -363,7 +366,9 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         written.update({path: list(entry) for path, entry in result.written.items()})
         way, amounts = _described(result, src, target)
         if how == "rsync":
-            way += f" ({TRANSFER_ENV}=rsync)"
+            way += f", as {TRANSFER_ENV}=rsync asks"
+        if compress and result.how == "rsync":
+            amounts += ", not compressed (--compress applies to the stream only)"
         reporter.note(f"{what}: {way}, {amounts}")
         return way
 
@@ -383,6 +388,19 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
     finally:
         shutil.rmtree(patch_dir, ignore_errors=True)
     return moved, copied, written, transfer
+
+
+def transfer_way() -> str:
+    """How apply copies files, from ``TRANSPLANT_TRANSFER``: ``stream`` (unset or empty: the
+    default) or ``rsync``.
+
+    :raises ApplyError: it names another way (checked before anything is locked or written).
+    """
+    how = os.environ.get(TRANSFER_ENV, "") or "stream"
+    if how not in ("stream", "rsync"):
+        raise ApplyError(f"environment variable {TRANSFER_ENV}={how!r}: not a way to copy files",
+                         hint=f"set it to stream (the default) or rsync, or unset it: unset {TRANSFER_ENV}")
+    return how
 
 
 def _transfer(what: str, how: str, src: Host, src_root: str, src_python: str | None, target: Host, staged: str,
@@ -406,7 +424,7 @@ def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
     """How a copy went, in words: (the way the bytes took, how many and whether compressed)."""
     local_src, local_dst = isinstance(src, LocalHost), isinstance(dst, LocalHost)
     if result.how == "rsync":
-        way = ("copied with rsync, relayed through a folder on the controller's disk (each byte crossed twice)"
+        way = ("copied with rsync, relayed through a folder on the controller's disk, each byte crossing twice"
                if not (local_src or local_dst) else "copied with rsync")
         return way, f"{human_bytes(result.bytes)} on the wire"
     if local_src and local_dst:
@@ -416,8 +434,7 @@ def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
     elif local_dst:
         way = f"streamed from {src.label} to the controller"
     else:
-        way = (f"streamed {src.label} -> {dst.label} through the controller (both legs at once, no controller "
-               f"disk)")
+        way = f"streamed {src.label} -> {dst.label} through the controller, both legs at once, no controller disk"
     size = sum(entry[1] for entry in result.written.values())
     amounts = f"{human_bytes(size)} in {result.files} files"
     if result.compression:

@@ -351,9 +351,11 @@ def _raise_failure(sender: _Side, receiver: _Side, reply: dict | None) -> None:
                                         str(receiver_error) or receive_code == 0)
     if sender_caused or (send_code != 0 and received):
         said = sender.error_text() or f"it ended with exit status {send_code}"
-        hint = _ssh_hint(sender, send_code)
+        hint = _ssh_hint(sender, send_code) or "if the source changed since the plan (a file gone or rewritten), plan again, then apply"
+        echoed = "the sending side stopped" in str(receiver_error)  # the receiver only repeats the sender's words
         raise HostError(f"stream from {sender.where}: the sending side failed (exit {send_code}): {said}"
-                        + ("" if received else f"\n(the receiving side on {receiver.host.label}: {receiver_error})"),
+                        + ("" if received or echoed else
+                           f"\n(the receiving side on {receiver.host.label}: {receiver_error})"),
                         hint=hint)
     raise HostError(f"stream to {receiver.where}: the receiving side failed (exit {receive_code}): {receiver_error}",
                     hint=_ssh_hint(receiver, receive_code))

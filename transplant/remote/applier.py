@@ -287,8 +287,8 @@ def _transactions(prefix):
     out = []
     for name in names:
         folder = os.path.join(root, name)
-        if not os.path.isdir(folder) or os.path.islink(folder):
-            continue
+        if name.startswith(".") or not os.path.isdir(folder) or os.path.islink(folder):
+            continue  # a '.begin-' folder is a begin that never finished: no transaction
         plan = _read_json(os.path.join(folder, "plan.json"), {})
         plan = plan if isinstance(plan, dict) else {}
         steps = plan.get("steps") if isinstance(plan.get("steps"), list) else []
@@ -328,6 +328,26 @@ def pending(prefix, request):
     held = _read_json(os.path.join(_state_dir(prefix), "lock"))
     return {"ok": True, "error": None, "lock": held if isinstance(held, dict) else None,
             "interrupted": interrupted, "active": active(prefix), "exists": True}
+
+
+_BEGIN = ".begin-"
+
+
+def _remove_unfinished_begins(root):
+    """Remove the ``.begin-<id>`` folders under the transactions' folder ``root``: each is a
+    begin that stopped before its rename (nothing in the live venv was touched by it). Only
+    real folders of that name are removed (``lstat``: a symlink is never followed nor removed)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            if name.startswith(_BEGIN) and stat.S_ISDIR(os.lstat(path).st_mode):
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _writable_problems(prefix, steps):
@@ -373,14 +393,22 @@ def begin(prefix, request):
     free = fs.f_bavail * fs.f_frsize
     if free < needed:
         return {"ok": False, "error": "not enough space", "needed": needed, "free": free}
-    os.makedirs(os.path.join(folder, "staged"), mode=0o700)
-    os.makedirs(os.path.join(folder, "backup"), mode=0o700)
+    if os.path.lexists(folder):
+        raise Refused("refused: transaction {} already exists".format(txid))
+    # built whole under a name no transaction has (ids never start with a dot), then renamed into
+    # place: a begin stopped part-way (Ctrl-C, a kill) leaves no transaction without its plan.json
+    # (one that no command could finish or undo), only a '.begin-' folder the next begin removes
+    _remove_unfinished_begins(os.path.dirname(folder))
+    building = os.path.join(os.path.dirname(folder), _BEGIN + txid)
+    os.makedirs(os.path.join(building, "staged"), mode=0o700)
+    os.makedirs(os.path.join(building, "backup"), mode=0o700)
     before = {s["path"]: _content(_resolve(prefix, s["path"])) for s in steps}
-    _write_json(os.path.join(folder, "before.json"), before)
-    _write_json(os.path.join(folder, "after.json"), request.get("after") or {})
-    _write_json(os.path.join(folder, "plan.json"), {"id": txid, "source": request.get("source"),
-                                                    "created": time.time(), "steps": steps})
-    _set_state(folder, "staging")
+    _write_json(os.path.join(building, "before.json"), before)
+    _write_json(os.path.join(building, "after.json"), request.get("after") or {})
+    _write_json(os.path.join(building, "plan.json"), {"id": txid, "source": request.get("source"),
+                                                      "created": time.time(), "steps": steps})
+    _set_state(building, "staging")
+    os.rename(building, folder)
     return {"ok": True, "error": None, "free": free, "needed": needed,
             "staged": os.path.join(folder, "staged")}
 
