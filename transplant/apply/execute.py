@@ -179,7 +179,7 @@ def execute(
     :raises HostError: a host could not be reached or rsync failed (nothing changed).
     """
     check_plan_paths(plan, manifest_dir)
-    transfer_way()  # a bad TRANSPLANT_TRANSFER is said before the lock, the probe or the transaction
+    how = transfer_way()  # a bad TRANSPLANT_TRANSFER is said before the lock, the probe or the transaction
     if plan.refused:
         first = plan.refused[0]
         raise ApplyError(f"{plan.target.label}: apply refused, whatever --force or accept: say: {first.message}",
@@ -226,7 +226,7 @@ def execute(
         try:
             moved, copied, written, transfer = _stage(
                 plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir, state_dir, reporter,
-                timeout, stager=stager, compress=compress)
+                timeout, how=how, stager=stager, compress=compress)
             lap("transfer")
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
@@ -338,16 +338,16 @@ TRANSFER_ENV = "TRANSPLANT_TRANSFER"
 
 
 def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
-           reporter: Reporter, timeout: float | None, *, stager: Callable[..., tuple[int, int]] | None = None,
+           reporter: Reporter, timeout: float | None, *, how: str, stager: Callable[..., tuple[int, int]] | None = None,
            compress: bool = False) -> tuple[int, int, dict[str, list], str]:
     """Copy the plan's new files into the transaction's staging folder on the target.
 
     :returns: (bytes on the wire, files, path -> ``[sha256, size, st_dev, st_ino, st_mtime_ns]`` of
         each file a stream wrote (for the applier's ``check``; empty for rsync), how the donor's
         files moved in words).
-    :raises ApplyError: ``TRANSPLANT_TRANSFER`` names no known way.
+
+    :param how: ``stream`` or ``rsync``, as :func:`transfer_way` read it once for the apply.
     """
-    how = transfer_way()
     staging = state_dir / "staging"
     staging.mkdir(parents=True, exist_ok=True)
     donor_copies = [cp for c in plan.changes for cp in c.copy if cp.source == "donor"]
