@@ -25,6 +25,19 @@ rename keeps; ``wire``: bytes read from standard input, null with zstd), or ``{"
 the sender's side failed). SIGTERM (the controller stopping this side) is an error like any
 other: the file being written is removed first. ``--compress zlib`` reads one zlib stream; ``zstd`` reads standard
 input through ``zstd -dc`` started here by argv. Stdlib only, Python 3.9+.
+
+The direct transfer (``ROOT [--compress MODE] --known-hosts PATH LINES --from-ssh SSH-ARGV...``): this
+side fetches the stream itself. It writes ``LINES`` (the donor's host key lines, pinned by the
+controller) to ``PATH``, a new file (``O_EXCL | O_NOFOLLOW``, mode 0600) that must lie beside ROOT
+(in the transaction's folder); reads the NUL-separated list of paths from standard input up to an
+empty name (two NULs in a row); starts ``SSH-ARGV`` (an ``ssh`` to the donor that runs
+``stream_send``; an argv, no shell here) with that list as its standard input, and reads the stream
+from its standard output. Once the stream's first line arrived it says ``transplant-connected`` on
+standard error (the controller then stops the agent that let ``ssh`` log in). Standard input stays
+open: its end (the controller gone or stopping this side) stops the transfer. The reply gains
+``"sender": {"code", "said", "sent"}`` (the ``ssh``'s exit status, the tail of its standard error,
+the sender's ``transplant-sent`` figures) and, on failure, ``"unavailable": true`` when no byte of the
+stream came (``ssh`` could not connect, log in or start the sender: nothing was written but PATH).
 """
 
 import hashlib
@@ -33,6 +46,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 
@@ -57,12 +71,13 @@ class EndOfInput(Refused):
 class _Input:
     """Standard input as plain frames, a zlib stream, or through a ``zstd -dc`` process."""
 
-    def __init__(self, mode):
-        self.fd, self.proc, self.wire = 0, None, 0
+    def __init__(self, mode, source=0):
+        self.fd, self.proc, self.wire = source, None, 0
         self.zlib = zlib.decompressobj() if mode == "zlib" else None
         self.pending = b""
         if mode == "zstd":
-            self.proc = subprocess.Popen(["zstd", "-dc", "-q"], stdout=subprocess.PIPE)  # reads our standard input
+            # reads ``source``: our standard input, or the direct transfer's ssh
+            self.proc = subprocess.Popen(["zstd", "-dc", "-q"], stdin=source, stdout=subprocess.PIPE)
             self.fd, self.wire = self.proc.stdout.fileno(), None
         self.chunk = memoryview(b"")
 
@@ -238,10 +253,14 @@ def _write_link(folder, name, text, mtime_ns):
     return ["symlink:" + os.fsdecode(text), len(text), info.st_dev, info.st_ino, info.st_mtime_ns]
 
 
-def receive(root, stream, meter):
+def receive(root, stream, meter, pull=None):
     """Write every entry of the stream under ``root``; returns {path: entry}."""
     if stream.exact(len(STREAM_MAGIC), "its first line") != STREAM_MAGIC:
         raise Refused("the input is not a transplant file stream")
+    if pull is not None:
+        pull.connected = True
+        sys.stderr.write("transplant-connected\n")
+        sys.stderr.flush()
     folders = _Folders(root)
     files = {}
     try:
@@ -275,7 +294,110 @@ def receive(root, stream, meter):
     return files
 
 
+class Unavailable(Refused):
+    """The direct transfer could not start (no ``ssh`` here); nothing was written."""
+
+
+class _Pull:
+    """The direct transfer's ``ssh`` to the donor (see the module docstring)."""
+
+    def __init__(self, root, known, lines, ssh):
+        self.connected, self.finished, self.proc = False, False, None
+        self.tail, self.sent = bytearray(), None
+        here = os.path.dirname(os.path.normpath(root))
+        if not os.path.isabs(known) or os.path.dirname(os.path.normpath(known)) != here or \
+                os.path.normpath(known) == os.path.normpath(root):
+            raise Refused("the pinned known_hosts file {} must lie beside {}".format(known, root))
+        fd = os.open(known, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600)
+        try:
+            data = lines.encode("utf-8")
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+        listing = bytearray()
+        while not listing.endswith(b"\0\0"):
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                raise Refused("the list of paths ended without its closing empty name")
+            listing.extend(chunk)
+        if listing.index(b"\0\0") != len(listing) - 2:
+            raise Refused("bytes after the list of paths")
+        try:
+            self.proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         close_fds=True)
+        except OSError as exc:
+            raise Unavailable("cannot start {} on this host: {}".format(ssh[0], exc.strerror or exc))
+        self.fd = self.proc.stdout.fileno()
+        for target, args in ((self._feed, (bytes(listing[:-1]),)), (self._errors, ()), (self._watch, ())):
+            threading.Thread(target=target, args=args, daemon=True).start()
+
+    def _feed(self, listing):
+        try:
+            self.proc.stdin.write(listing)
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def _errors(self):
+        for line in iter(self.proc.stderr.readline, b""):
+            if line.startswith(b"transplant-sent "):
+                try:
+                    self.sent = json.loads(line[len(b"transplant-sent "):])
+                except ValueError:
+                    pass
+            else:
+                self.tail.extend(line)
+                del self.tail[:-4096]
+
+    def _watch(self):
+        """Our standard input's end before the transfer finished: the controller is gone, stop."""
+        try:
+            while os.read(0, 1 << 12):
+                pass
+        except OSError:
+            pass
+        if not self.finished:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def said(self):
+        return self.tail.decode("utf-8", "replace").strip()[-2000:]
+
+    def finish(self):
+        """Wait for ``ssh``; Refused when it (the sender) failed although the stream was whole."""
+        code = self.proc.wait()
+        self.finished = True
+        if code != 0:
+            raise Refused("the sending side ended with exit status {}: {}".format(code, self.said()))
+
+    def stop(self):
+        self.finished = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def report(self):
+        code = None if self.proc is None else self.proc.poll()
+        return {"code": code, "said": self.said(), "sent": self.sent}
+
+
 def _options(argv):
+    """(root, compression, pull: None or (known_hosts path, its lines, ssh argv))."""
+    pull = None
+    if "--from-ssh" in argv:
+        at = argv.index("--from-ssh")
+        argv, ssh = argv[:at], argv[at + 1:]
+        if len(argv) < 3 or argv[-3] != "--known-hosts" or not ssh:
+            raise Refused("usage: stream_receive ROOT [--compress MODE] --known-hosts PATH LINES --from-ssh ARGV...")
+        pull, argv = (argv[-2], argv[-1], ssh), argv[:-3]
+    return _plain_options(argv) + (pull,)
+
+
+def _plain_options(argv):
     if len(argv) == 1 and not argv[0].startswith("-"):
         return argv[0], "none"
     if len(argv) == 3 and argv[1] == "--compress" and argv[2] in ("none", "zlib", "zstd"):
@@ -294,22 +416,36 @@ def _stopped(signum, frame):
 def main(argv):
     signal.signal(signal.SIGTERM, _stopped)  # the file being written is removed on the way out
     meter = _Progress()
+    pull = None
     try:
-        root, mode = _options(argv)
-        stream = _Input(mode)
-        files = receive(root, stream, meter)
+        root, mode, pulling = _options(argv)
+        if pulling is not None:
+            pull = _Pull(root, *pulling)
+        stream = _Input(mode, 0 if pull is None else pull.fd)
+        files = receive(root, stream, meter, pull)
         stream.close()
+        if pull is not None:
+            pull.finish()
     except (Refused, OSError, ValueError, UnicodeError) as exc:
         if isinstance(exc, OSError) and not isinstance(exc, Refused):
             message = "{}: {}".format(exc.filename, exc.strerror) if exc.filename else str(exc)
         else:
             message = str(exc)
+        reply = {"ok": False, "error": message, "eof": isinstance(exc, EndOfInput)}
+        if pull is not None:
+            pull.stop()
+            reply.update(sender=pull.report(), unavailable=not pull.connected and not isinstance(exc, Stopped))
+        elif isinstance(exc, Unavailable):
+            reply["unavailable"] = True
         sys.stderr.write("stream_receive: {}\n".format(message))
-        sys.stdout.write(json.dumps({"ok": False, "error": message, "eof": isinstance(exc, EndOfInput)}) + "\n")
+        sys.stdout.write(json.dumps(reply) + "\n")
         return 1
     meter.say()
-    sys.stdout.write(json.dumps({"ok": True, "error": None, "files": files, "entries": len(files),
-                                 "bytes": meter.done, "wire": stream.wire}) + "\n")
+    reply = {"ok": True, "error": None, "files": files, "entries": len(files), "bytes": meter.done,
+             "wire": stream.wire}
+    if pull is not None:
+        reply["sender"] = pull.report()
+    sys.stdout.write(json.dumps(reply) + "\n")
     return 0
 
 

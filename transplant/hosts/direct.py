@@ -1,0 +1,320 @@
+"""SSH to SSH without the controller in the way: the target pulls the files from the donor (edge).
+
+The relay (:func:`transplant.hosts.stream.stream_files`) runs the sender and the receiver and
+joins them with a pipe on the controller: every byte is decrypted and encrypted again there. Here
+the controller starts only the receiver, on the target, over a connection of its own, and the
+receiver starts ``ssh <donor> python stream_send ...`` itself (``stream_receive --from-ssh``):
+the donor's bytes cross one wire, donor to target, and the controller carries only the list of
+paths and the reply.
+
+What lets the target log in to the donor, and what it trusts (:func:`route`):
+
+* authentication: a private agent on the controller holding only the identity file the donor
+  connection uses, with a lifetime (:class:`transplant.hosts.agent.ScopedAgent`), forwarded to the
+  target on that one connection only (``ForwardAgent=<socket>``, OpenSSH 8.2+;
+  ``ControlPath=none``: never the shared master) and stopped as soon as the stream has begun (the
+  login is done then), or when the transfer ends in any way;
+* the donor's host key: the lines the controller's own known_hosts files hold for the donor, as
+  the controller connects to it (``ssh -G``'s host name, port, ``HostKeyAlias``; found with
+  ``ssh-keygen -F``), written only in the transaction's folder on the target (``PATH`` beside
+  ``staged/``), and the target's ``ssh`` reads no ssh_config of the target (``-F /dev/null``) and
+  checks strictly against that file alone (``StrictHostKeyChecking=yes``, ``GlobalKnownHostsFile
+  /dev/null``, ``BatchMode=yes``), connecting to the host name, port and user the controller
+  resolved, forwarding nothing further (``-a -x``, ``ClearAllForwardings``).
+
+Not direct (the relay instead, the reason said): a donor reached with no identity file of its own
+(the operator's agent, certificates), through ``ProxyJump``/``ProxyCommand``, with host key
+checking off, or with no key line found; donor and target the same SSH server. A direct transfer
+that cannot start (the target cannot reach the donor, login refused, no ``ssh`` there: no byte of
+the stream came, nothing written) raises ``HostError`` with code
+:data:`transplant.hosts.stream.UNAVAILABLE`, and the caller relays.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from transplant import remote
+from transplant.errors import HostError
+from transplant.hosts.agent import AgentUnavailable, ScopedAgent
+from transplant.hosts.host import Host
+from transplant.hosts.ssh import SSHHost
+from transplant.hosts.stream import UNAVAILABLE, _Side, _stop, _reply, compression_for
+from transplant.hosts.transfer import TransferResult, check_relpath
+from transplant.reporting import QUIET, Reporter
+
+__all__ = ["Route", "route", "stream_direct", "pin_path", "DIRECT_MIN_BYTES"]
+
+#: Below this many bytes the relay is used unless direct is forced: direct's two extra SSH
+#: handshakes (controller -> target, target -> donor) and the agent cost about 0.3-0.5 s on a
+#: loopback lab (measured, BENCHMARKS.md), which the relay's per-byte cost repays only above
+#: some tens of MiB.
+DIRECT_MIN_BYTES = 64 << 20
+#: Name of the pinned known_hosts file in the transaction's folder (beside ``staged/``).
+PIN_NAME = "donor-known-hosts"
+_UNSAFE = set(" \t\n\"'\\")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the target reaches the donor, as the controller does.
+
+    :ivar hostname: / :ivar port: / :ivar user: ``ssh -G``'s answer for the donor.
+    :ivar key_alias: its ``HostKeyAlias``, or None.
+    :ivar pinned: the donor's host key lines (known_hosts form, newline-terminated).
+    :ivar identity: the identity file the donor connection uses (added to the scoped agent).
+    :ivar connect_timeout: seconds, as the controller's.
+    """
+
+    hostname: str
+    port: int
+    user: str
+    key_alias: str | None
+    pinned: str
+    identity: Path
+    connect_timeout: float
+
+
+def pin_path(staged: str) -> str:
+    """The pinned known_hosts file of a transaction whose staged folder is ``staged`` (absolute)."""
+    return posixpath.join(posixpath.dirname(posixpath.normpath(staged)), PIN_NAME)
+
+
+def _keys_for(name: str, files: Sequence[str]) -> str:
+    """The known_hosts lines of ``files`` that match ``name`` (``ssh-keygen -F``: hashed names and
+    markers included), comment lines dropped; "" when none."""
+    lines: list[str] = []
+    for file in files:
+        path = Path(file).expanduser()
+        if str(path) == "/dev/null" or not path.is_file():
+            continue
+        found = subprocess.run(["ssh-keygen", "-F", name, "-f", str(path)], capture_output=True, timeout=30)
+        for line in found.stdout.decode("utf-8", "replace").splitlines():
+            if line.strip() and not line.startswith("#") and line not in lines:
+                lines.append(line)
+    return "".join(line + "\n" for line in lines)
+
+
+def route(donor: Host, target: Host) -> tuple[Route | None, str]:
+    """Whether the target can pull from the donor directly, and why not.
+
+    :returns: (the route, "") or (None, the reason in words, for the relay's note); ("" with None:
+        not an SSH to SSH copy at all).
+    :raises HostError: ``ssh -G`` or ``ssh-keygen`` cannot run (both ship with the OpenSSH client).
+    """
+    if not (isinstance(donor, SSHHost) and isinstance(target, SSHHost)):
+        return None, ""
+    opts = donor.options
+    if not opts.verify_host_keys:
+        return None, "host key checking is off for the donor (ssh.verify_host_keys: false), and the target is " \
+                     "never let connect unchecked"
+    if opts.identity_file is None:
+        return None, "the donor connection names no identity file (the operator's agent or ssh_config keys), so " \
+                     "there is no single key to lend the target"
+    try:
+        seen, other = donor.resolved(), target.resolved()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HostError(f"{donor.label}: ssh -G failed: {exc}") from None
+    for key, what in (("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")):
+        if seen.get(key, "none") not in ("", "none"):
+            return None, f"the donor is reached through {what} {seen[key]}, which the target may not reach"
+    hostname, port = seen.get("hostname") or donor.spec.hostname, int(seen.get("port") or 22)
+    user = seen.get("user") or ""
+    if (hostname, port) == (other.get("hostname"), int(other.get("port") or 22)):
+        return None, "donor and target are the same SSH server"
+    alias = seen.get("hostkeyalias")
+    alias = None if alias in (None, "", "none") else alias
+    name = alias or (hostname if port == 22 else f"[{hostname}]:{port}")
+    files = (seen.get("userknownhostsfile", "") + " " + seen.get("globalknownhostsfile", "")).split()
+    pinned = _keys_for(name, files)
+    if not pinned:
+        return None, f"no host key line for {name} in {', '.join(files) or 'the known_hosts files'} to pin"
+    identity = Path(opts.identity_file).expanduser().absolute()
+    for value in (hostname, user, alias or ""):
+        if value.startswith("-") or _UNSAFE & set(value):
+            return None, f"the donor's resolved name {value!r} cannot be passed to ssh safely"
+    return Route(hostname, port, user, alias, pinned, identity, opts.connect_timeout), ""
+
+
+def _pull_argv(r: Route, pin: str, send: list[str]) -> list[str]:
+    """The ``ssh`` the receiver runs on the target: strict checks against the pinned file only."""
+    argv = ["ssh", "-F", "/dev/null", "-T", "-a", "-x", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={pin.replace('%', '%%')}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "CheckHostIP=no", "-o", "UpdateHostKeys=no", "-o", "ControlMaster=no", "-o", "ControlPath=none",
+            "-o", "ClearAllForwardings=yes", "-o", "PermitLocalCommand=no", "-o", "PasswordAuthentication=no",
+            "-o", "KbdInteractiveAuthentication=no", "-o", f"ConnectTimeout={max(1, math.ceil(r.connect_timeout))}",
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-p", str(r.port)]
+    if r.key_alias:
+        argv += ["-o", f"HostKeyAlias={r.key_alias}"]
+    if r.user:
+        argv += ["-l", r.user]
+    return [*argv, "--", r.hostname, shlex.join(send)]
+
+
+def stream_direct(
+    donor: SSHHost,
+    donor_root: str,
+    target: SSHHost,
+    dst_root: str,
+    relpaths: Sequence[str],
+    *,
+    route: Route,
+    state_dir: Path,
+    pin: str,
+    src_python: str,
+    dst_python: str,
+    compress: bool | str = False,
+    total: int = 0,
+    reporter: Reporter = QUIET,
+    timeout: float | None = None,
+) -> TransferResult:
+    """Copy ``donor_root/<relpath>`` to ``dst_root/<relpath>`` on the target, the target pulling.
+
+    The same files, checks and reply as :func:`transplant.hosts.stream.stream_files` (each file
+    written under a temporary name and renamed, hashed as written), but the bytes go donor ->
+    target only (see the module docstring).
+
+    :param route: from :func:`route`. :param pin: where the target writes the pinned known_hosts
+        lines (absolute; must lie beside ``dst_root``: :func:`pin_path`).
+    :param state_dir: the controller's state folder (the scoped agent's socket lives under it).
+    :param src_python: / :param dst_python: the interpreters on the donor / the target.
+    :param compress: as for ``stream_files``: the stream is compressed between donor and target.
+    :param total: / :param reporter: / :param timeout: as for ``stream_files`` (seconds, None: no limit).
+    :returns: as ``stream_files``, with ``how`` ``direct``.
+    :raises ValueError: a relpath or root refused (as ``stream_files``).
+    :raises HostError: with code ``UNAVAILABLE``: the direct path could not start (agent, target
+        could not reach or log in to the donor, no ``ssh`` on the target; nothing was written but
+        the pinned file); otherwise a side failed or the timeout passed (both stopped).
+    """
+    for root in (donor_root, dst_root, pin):
+        if not root.startswith("/"):
+            raise ValueError(f"root folders must be absolute paths, got {root!r}")
+    paths = list(dict.fromkeys(check_relpath(p) for p in relpaths))
+    if not paths:
+        return TransferResult(files=0, bytes=0, seconds=0.0, how="direct")
+    started = time.monotonic()
+    if compress not in (True, False, "zstd", "zlib"):
+        raise ValueError(f"compress must be True, False, 'zstd' or 'zlib', got {compress!r}")
+    mode = compress if isinstance(compress, str) else compression_for(donor, target) if compress else "none"
+    send = [src_python, "-I", "-S", "-c", remote.source("stream_send").decode(), donor_root, "--compress", mode]
+    receive = [dst_python, "-I", "-S", "-c", remote.source("stream_receive").decode(), dst_root, "--compress", mode,
+               "--known-hosts", pin, route.pinned, "--from-ssh", *_pull_argv(route, pin, send)]
+    listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths) + b"\0"
+    lifetime = math.ceil(route.connect_timeout * 3 + 30)  # long enough for two logins, then it ends anyway
+    agent = ScopedAgent(state_dir, route.identity, lifetime)
+    try:
+        try:
+            agent.start()
+        except AgentUnavailable as exc:
+            raise HostError(f"direct: {exc}", code=UNAVAILABLE) from None
+        try:
+            proc = target.spawn_forwarding(receive, agent.socket)
+        except HostError as exc:
+            raise HostError(f"direct: the receiving side could not start: {exc.message}", code=UNAVAILABLE) from None
+        side = _Side("receiving", target, dst_root, proc)
+        threads = _watch(side, listing, total, reporter, agent.close)
+        deadline = None if timeout is None else started + timeout
+        try:
+            while proc.poll() is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    _stop(proc)
+                    raise HostError(f"direct stream from {donor.label} to {target.label} timed out after "
+                                    f"{timeout:g} s and was stopped")
+                time.sleep(0.02)
+        except BaseException:
+            _stop(proc)
+            raise
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            for thread in threads:
+                thread.join(5)
+    finally:
+        agent.close()
+    reply = _reply(side)
+    return _result(reply, side, donor, donor_root, target, paths, mode, total, reporter, started)
+
+
+def _watch(side: _Side, listing: bytes, total: int, reporter: Reporter, connected) -> list[threading.Thread]:
+    """Threads, started, that write the listing to the receiver (its standard input left open: its
+    end tells the receiver the controller stopped), read its standard error (progress lines, the
+    ``transplant-connected`` line, which calls ``connected()``; the rest kept as its tail) and its reply."""
+    proc = side.proc
+    side.connected = False
+
+    def feed() -> None:
+        try:
+            proc.stdin.write(listing)
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def errors() -> None:
+        for line in iter(proc.stderr.readline, b""):
+            if line.startswith(b"transplant-progress "):
+                try:
+                    done = int(line.split()[1])
+                except (IndexError, ValueError):
+                    continue
+                reporter.progress(min(done, total) if total else done, total)
+            elif line.strip() == b"transplant-connected":
+                side.connected = True
+                connected()
+            else:
+                side.tail.extend(line)
+                del side.tail[:-8192]
+
+    def reply() -> None:
+        for chunk in iter(lambda: proc.stdout.read1(1 << 20), b""):
+            side.out.extend(chunk)
+
+    threads = [threading.Thread(target=body, daemon=True, name=f"direct {body.__name__}")
+               for body in (feed, errors, reply)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _result(reply: dict | None, side: _Side, donor: Host, donor_root: str, target: Host, paths: list[str], mode: str,
+            total: int, reporter: Reporter, started: float) -> TransferResult:
+    where = f"{donor.label}:{donor_root}"
+    if reply is None:
+        said = side.error_text() or f"exit status {side.proc.returncode}"
+        code = side.proc.returncode
+        if code in (126, 127) or (code == 255 and not side.connected):
+            raise HostError(f"direct: the receiving side on {target.label} could not start (exit {code}): {said}",
+                            code=UNAVAILABLE)
+        raise HostError(f"direct stream to {side.where}: the receiving side failed (exit {code}): {said}")
+    sender = reply.get("sender") or {}
+    if not reply.get("ok"):
+        error = str(reply.get("error"))
+        if reply.get("unavailable"):
+            raise HostError(f"{target.label} could not pull from {donor.label}: {error}"
+                            + (f" ({sender.get('said')})" if sender.get("said") else ""), code=UNAVAILABLE)
+        if sender.get("code") not in (0, None):
+            said = sender.get("said") or error
+            raise HostError(f"stream from {where} (pulled by {target.label}): the sending side failed "
+                            f"(exit {sender.get('code')}): {said}",
+                            hint="if the source changed since the plan (a file gone or rewritten), plan again, then apply")
+        raise HostError(f"stream to {side.where} (pulling from {donor.label}): the receiving side failed: {error}")
+    written = {rel: tuple(entry) for rel, entry in (reply.get("files") or {}).items()}
+    missing = [p for p in paths if p not in written]
+    if missing:
+        raise HostError(f"stream to {side.where}: {len(missing)} listed files were not written, first {missing[0]}")
+    wire = (sender.get("sent") or {}).get("wire")
+    if not isinstance(wire, int):
+        wire = reply.get("wire") or 0
+    done = int(reply.get("bytes") or 0)
+    reporter.progress(done, max(total, done))
+    return TransferResult(files=len(written), bytes=wire, seconds=time.monotonic() - started, how="direct",
+                          compression=None if mode == "none" else mode, written=written)
