@@ -4,6 +4,7 @@ real ssh, ssh-agent and venvs; nothing mocked."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from transplant.errors import HostError
+from transplant.hosts.agent import ScopedAgent
 from transplant.hosts.direct import pin_path, route, stream_direct
 from transplant.hosts.stream import UNAVAILABLE
 from transplant.remote._common import record_hash
@@ -71,3 +73,186 @@ def test_direct_moves_the_files_hash_for_hash_and_leaves_no_agent(lab, lab_conne
     pinned = lab.hosts["target"].path("/srv/direct/txn/donor-known-hosts").read_text()
     assert pinned.split()[1:3] == (lab.hosts["donor"].folder / "ssh_host_ed25519_key.pub").read_text().split()[:2]
     assert _agents(tmp_path) == []
+
+
+@hosts
+def test_a_wrong_pinned_key_is_refused_and_nothing_is_written(lab, lab_connect, tmp_path):
+    listed = _donor_tree(lab, "/srv/direct-wrong")
+    donor, target = lab_connect("donor"), lab_connect("target")
+    way, _ = route(donor, target)
+    other = (lab.hosts["target"].folder / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    name = way.pinned.split()[0]
+    wrong = dataclasses.replace(way, pinned=f"{name} {other[0]} {other[1]}\n")  # the target's key, named as the donor
+    staged = "/srv/direct-wrong/txn/staged"
+    with pytest.raises(HostError) as caught:
+        stream_direct(donor, "/srv/direct-wrong/venv", target, staged, listed, route=wrong, state_dir=tmp_path,
+                      pin=pin_path(staged), src_python=_python(), dst_python=_python())
+    assert caught.value.code == UNAVAILABLE
+    assert "Host key verification failed" in caught.value.message or "host key" in caught.value.message.lower()
+    assert list(lab.hosts["target"].path(staged).iterdir()) == []  # not one file came
+    assert _agents(tmp_path) == []
+
+
+@hosts
+def test_a_sender_failing_mid_stream_is_an_error_and_leaves_no_agent(lab, lab_connect, tmp_path):
+    listed = _donor_tree(lab, "/srv/direct-vanish")
+    donor, target = lab_connect("donor"), lab_connect("target")
+    way, _ = route(donor, target)
+    staged = "/srv/direct-vanish/txn/staged"
+    with pytest.raises(HostError) as caught:
+        stream_direct(donor, "/srv/direct-vanish/venv", target, staged, [*listed, "gone/away.py"], route=way,
+                      state_dir=tmp_path, pin=pin_path(staged), src_python=_python(), dst_python=_python())
+    assert caught.value.code != UNAVAILABLE  # it had started: not the relay's to retry
+    assert "gone/away.py" in caught.value.message and "sending side" in caught.value.message
+    assert [p for p in lab.hosts["target"].path(staged).rglob("*") if ".tp-" in p.name] == []
+    assert _agents(tmp_path) == []
+
+
+@hosts
+def test_no_direct_route_without_host_key_checking_or_identity(lab, lab_connect, tmp_path, monkeypatch):
+    target = lab_connect("target")
+    unchecked = lab_connect("donor", verify_host_keys=False)
+    way, why = route(unchecked, target)
+    assert way is None and "host key checking is off" in why
+    with ScopedAgent(tmp_path, lab.identity_file, 60) as operators:  # the operator's own agent logs in
+        monkeypatch.setenv("SSH_AUTH_SOCK", operators.socket)
+        way, why = route(lab_connect("donor", identity_file=None), target)
+    assert way is None and "no identity file" in why
+    way, why = route(lab_connect("donor"), target)  # the twin: the suite's settings
+    assert way is not None and why == ""
+
+
+# -- apply: which path, said in the output; the fallback when the target cannot reach the donor ----------
+
+SITE = "lib/python3.11/site-packages"
+
+
+def _install(host, venv: str, wheels: list[Path]) -> None:
+    host.run(["rm", "-rf", venv])
+    host.run([_python(), "-m", "venv", "--without-pip", venv])
+    host.run([_python(), "-m", "pip", "--python", f"{venv}/bin/python", "install", "-q", "--no-index", "--no-deps",
+              "--disable-pip-version-check", *map(str, wheels)])
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    from transplant.lab.wheels import build_wheel
+
+    base = tmp_path_factory.mktemp("direct-wheels")
+    blob = os.urandom(600_000).hex()
+    return (build_wheel(base, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", "alpha/blob.txt": blob}),
+            build_wheel(base / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"}))
+
+
+def _pair(lab, wheels, top: str, tmp_path: Path) -> str:
+    _install(lab.hosts["donor"], f"{top}/donor", [wheels[0]])
+    _install(lab.hosts["target"], f"{top}/target", [wheels[1]])
+    manifest = tmp_path / "direct.yaml"
+    manifest.write_text(f"version: 1\ndonor: {{host: \"{lab.hosts['donor'].spec}\", venv: {top}/donor}}\n"
+                        f"target: {{host: \"{lab.hosts['target'].spec}\", venv: {top}/target}}\n"
+                        f"ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}}}\n"
+                        f"overlay: [alpha]\n")
+    return str(manifest)
+
+
+def _apply(capsys, manifest: str) -> str:
+    from transplant.cli.app import main
+
+    assert main(["apply", manifest, "--yes"]) == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def _files(host, venv: str) -> dict[str, str]:
+    root = host.path(f"{venv}/{SITE}/alpha")
+    return {p.name: record_hash(p.read_bytes()) for p in sorted(root.iterdir()) if p.is_file()}
+
+
+def _state() -> Path:
+    return Path(os.environ["TRANSPLANT_STATE_DIR"])
+
+
+@hosts
+def test_apply_pulls_directly_and_says_so(lab, wheels, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", "direct")
+    manifest = _pair(lab, wheels, "/srv/direct-apply", tmp_path)
+    home = Path("~/.ssh/known_hosts").expanduser()
+    before = home.read_bytes() if home.exists() else None
+    out = _apply(capsys, manifest)
+    assert "directly" in out and "pulled from" in out and "nothing through the controller" in out
+    assert "as TRANSPLANT_TRANSFER=direct asks" in out
+    donor, target = lab.hosts["donor"], lab.hosts["target"]
+    assert _files(target, "/srv/direct-apply/target") == _files(donor, "/srv/direct-apply/donor")
+    # the donor's key was pinned in the transaction's folder on the target, and nowhere else
+    pins = list(target.path("/srv/direct-apply/target/.transplant").rglob("donor-known-hosts"))
+    assert len(pins) == 1 and pins[0].parent.parent.name == "txn"
+    donor_key = (donor.folder / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    assert donor_key in pins[0].read_text() and oct(pins[0].stat().st_mode & 0o777) == "0o600"
+    assert (home.read_bytes() if home.exists() else None) == before  # the shared ~/.ssh untouched
+    assert _agents(_state()) == []
+
+
+@hosts
+def test_a_small_apply_relays_and_says_why(lab, wheels, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRANSPLANT_TRANSFER", raising=False)
+    manifest = _pair(lab, wheels, "/srv/direct-small", tmp_path)
+    out = _apply(capsys, manifest)
+    assert "through the controller" in out and "not direct:" in out and "TRANSPLANT_TRANSFER=direct forces it" in out
+    assert _files(lab.hosts["target"], "/srv/direct-small/target") == _files(lab.hosts["donor"], "/srv/direct-small/donor")
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """A lab of its own whose target's sshd forwards no agent (``AllowAgentForwarding no``, as hardened
+    hosts have it): the target cannot log in to the donor."""
+    import shutil
+    import tempfile
+
+    from transplant.lab import Lab
+
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    folder = Path(tempfile.mkdtemp(prefix="transplant-lab-", dir="/tmp"))
+    try:
+        with Lab(folder, ("donor", "target")) as running:
+            host = running.hosts["target"]
+            host.stop_sshd()
+            host.sshd_config.write_text(host.sshd_config.read_text() + "AllowAgentForwarding no\n")
+            host.start_sshd()
+            yield running
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@hosts
+def test_a_target_that_cannot_log_in_to_the_donor_relays_and_says_why(guarded, wheels, tmp_path, capsys,
+                                                                       monkeypatch):
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", "direct")
+    manifest = _pair(guarded, wheels, "/srv/direct-guarded", tmp_path)
+    out = _apply(capsys, manifest)
+    assert "the direct copy could not start" in out and "relaying through the controller" in out
+    assert "Permission denied" in out
+    assert "through the controller, both legs at once" in out and "(not direct: it could not start" in out
+    assert _files(guarded.hosts["target"], "/srv/direct-guarded/target") == \
+        _files(guarded.hosts["donor"], "/srv/direct-guarded/donor")
+    assert _agents(_state()) == []
+
+
+@hosts
+@pytest.mark.parametrize("method", ["zlib", "zstd"])
+def test_a_compressed_direct_stream_is_compressed_between_donor_and_target(lab, lab_connect, tmp_path, method):
+    import shutil
+
+    if method == "zstd" and shutil.which("zstd") is None:
+        pytest.skip("no zstd program on this machine (the lab hosts share its /usr)")
+    top = f"/srv/direct-{method}"
+    listed = _donor_tree(lab, top)
+    lab.hosts["donor"].path(f"{top}/venv/text.txt").write_bytes(b"compressible " * 100_000)
+    donor, target = lab_connect("donor"), lab_connect("target")
+    way, _ = route(donor, target)
+    staged = f"{top}/txn/staged"
+    result = stream_direct(donor, f"{top}/venv", target, staged, [*listed, "text.txt"], route=way, state_dir=tmp_path,
+                           pin=pin_path(staged), src_python=_python(), dst_python=_python(), compress=method)
+    assert result.how == "direct" and result.compression == method
+    assert lab.hosts["target"].path(f"{staged}/text.txt").read_bytes() == b"compressible " * 100_000
+    assert result.bytes < sum(len(d) for d in FILES.values()) + 1_300_000 // 4  # the text shrank on the wire

@@ -421,7 +421,7 @@ def test_a_stream_that_cannot_start_falls_back_to_rsync_and_says_so(tmp_path):
 
     listed = _tree(tmp_path / "src", {"a/f.py": b"F = 1\n"})
     recorded = RecordingReporter()
-    result = _transfer("files", "stream", LocalHost(), str(tmp_path / "src"), str(tmp_path / "no-python"),
+    result, _ = _transfer("files", "stream", LocalHost(), str(tmp_path / "src"), str(tmp_path / "no-python"),
                        LocalHost(), str(tmp_path / "staged"), listed, staging=tmp_path / "state", total=6,
                        reporter=recorded, timeout=60, compress=False, target_python="unused")
     assert result.how == "rsync" and (tmp_path / "staged/a/f.py").read_bytes() == b"F = 1\n"

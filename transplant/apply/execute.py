@@ -333,8 +333,11 @@ def _begin_error(plan: Plan, reply: dict) -> ApplyError:
                       f"changed")
 
 
-#: The environment variable that chooses how apply copies files: ``stream`` (the default) or ``rsync``.
+#: The environment variable that chooses how apply copies files: ``stream`` (the default: direct SSH to
+#: SSH where it can and is worth it, else the relay stream), ``direct``, ``relay`` or ``rsync``.
 TRANSFER_ENV = "TRANSPLANT_TRANSFER"
+#: Its values (:func:`transfer_way`).
+TRANSFER_WAYS = ("stream", "direct", "relay", "rsync")
 
 
 def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
@@ -346,7 +349,7 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         each file a stream wrote (for the applier's ``check``; empty for rsync), how the donor's
         files moved in words).
 
-    :param how: ``stream`` or ``rsync``, as :func:`transfer_way` read it once for the apply.
+    :param how: one of :data:`TRANSFER_WAYS`, as :func:`transfer_way` read it once for the apply.
     """
     staging = state_dir / "staging"
     staging.mkdir(parents=True, exist_ok=True)
@@ -358,15 +361,17 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
 
     def move(what: str, src: Host, src_root: str, src_python: str | None, paths: list[str], total: int) -> str:
         nonlocal moved, copied
-        result = _transfer(what, how, src, src_root, src_python, target, staged, paths, staging=staging, total=total,
-                           reporter=reporter, timeout=timeout, compress=compress, target_python=venv_python(
-                               plan.target.venv))
+        result, why = _transfer(what, how, src, src_root, src_python, target, staged, paths, staging=staging,
+                                total=total, reporter=reporter, timeout=timeout, compress=compress,
+                                target_python=venv_python(plan.target.venv), state_dir=state_dir)
         moved += result.bytes
         copied += len(paths)
         written.update({path: list(entry) for path, entry in result.written.items()})
         way, amounts = _described(result, src, target)
-        if how == "rsync":
-            way += f", as {TRANSFER_ENV}=rsync asks"
+        if how in ("rsync", "relay", "direct") and why is None:
+            way += f", as {TRANSFER_ENV}={how} asks"
+        elif why:
+            way += f" (not direct: {why})"
         if compress and result.how == "rsync":
             amounts += ", not compressed (--compress applies to the stream only)"
         reporter.note(f"{what}: {way}, {amounts}")
@@ -391,33 +396,80 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
 
 
 def transfer_way() -> str:
-    """How apply copies files, from ``TRANSPLANT_TRANSFER``: ``stream`` (unset or empty: the
-    default) or ``rsync``.
+    """How apply copies files, from ``TRANSPLANT_TRANSFER``: ``stream`` (unset or empty: the default:
+    SSH to SSH the target pulls from the donor directly when it can and the files hold at least
+    :data:`transplant.hosts.direct.DIRECT_MIN_BYTES`, else the stream relayed through the controller),
+    ``direct`` (direct whenever it can, whatever the size), ``relay`` (always the relayed stream) or
+    ``rsync``.
 
     :raises ApplyError: it names another way (checked before anything is locked or written).
     """
     how = os.environ.get(TRANSFER_ENV, "") or "stream"
-    if how not in ("stream", "rsync"):
+    if how not in TRANSFER_WAYS:
         raise ApplyError(f"environment variable {TRANSFER_ENV}={how!r}: not a way to copy files",
-                         hint=f"set it to stream (the default) or rsync, or unset it: unset {TRANSFER_ENV}")
+                         hint=f"set it to stream (the default), direct, relay or rsync, or unset it: unset {TRANSFER_ENV}")
     return how
 
 
 def _transfer(what: str, how: str, src: Host, src_root: str, src_python: str | None, target: Host, staged: str,
               paths: list[str], *, staging: Path, total: int, reporter: Reporter, timeout: float | None,
-              compress: bool, target_python: str) -> TransferResult:
-    """One copy into the staged folder: the stream, or rsync when ``how`` says so or the stream
-    cannot start (said through ``reporter``)."""
-    if how == "stream":
+              compress: bool, target_python: str, state_dir: Path | None = None) -> tuple[TransferResult, str | None]:
+    """One copy into the staged folder: direct SSH to SSH (:mod:`transplant.hosts.direct`) when ``how``
+    allows it, the relayed stream, or rsync when ``how`` says so or the stream cannot start (said
+    through ``reporter``).
+
+    :returns: (what moved, why the copy is not direct: None when direct was not a question: not SSH
+        to SSH, or ``how`` chose the way).
+    """
+    why = None
+    if how in ("stream", "direct") and state_dir is not None and src_python is not None:
+        why, result = _direct(what, how, src, src_root, src_python, target, staged, paths, total=total,
+                              reporter=reporter, timeout=timeout, compress=compress, target_python=target_python,
+                              state_dir=state_dir)
+        if result is not None:
+            return result, None
+    if how != "rsync":
         try:
             return stream_files(src, src_root, target, staged, paths, src_python=src_python,
                                 dst_python=None if isinstance(target, LocalHost) else target_python,
-                                compress=compress, total=total, reporter=reporter, timeout=timeout)
+                                compress=compress, total=total, reporter=reporter, timeout=timeout), why
         except HostError as exc:
             if exc.code != UNAVAILABLE:
                 raise
             reporter.note(f"{what}: the stream could not start ({exc.message}); copying with rsync instead")
-    return copy_files(src, src_root, target, staged, paths, staging=staging, reporter=reporter, timeout=timeout)
+    return copy_files(src, src_root, target, staged, paths, staging=staging, reporter=reporter, timeout=timeout), why
+
+
+def _direct(what: str, how: str, src: Host, src_root: str, src_python: str, target: Host, staged: str,
+            paths: list[str], *, total: int, reporter: Reporter, timeout: float | None, compress: bool,
+            target_python: str, state_dir: Path) -> tuple[str | None, TransferResult | None]:
+    """Try the direct SSH to SSH copy (:func:`transplant.hosts.direct.stream_direct`).
+
+    :returns: (None, what moved); or (why not, in words, None): the relay follows; or (None, None):
+        donor and target are not both SSH hosts, so direct is no question.
+    :raises HostError: the direct copy started and failed (not the relay's to retry: files may be written).
+    """
+    from transplant.hosts import direct
+    from transplant.hosts.ssh import SSHHost
+
+    if not (isinstance(src, SSHHost) and isinstance(target, SSHHost)):
+        return None, None
+    if how == "stream" and total < direct.DIRECT_MIN_BYTES:  # decided before any ssh -G: a small apply pays nothing
+        return (f"{human_bytes(total)} is under {human_bytes(direct.DIRECT_MIN_BYTES)}, where the relay costs less "
+                f"than direct's extra connections; {TRANSFER_ENV}=direct forces it"), None
+    way, why = direct.route(src, target)
+    if way is None:
+        return why, None
+    try:
+        return None, direct.stream_direct(src, src_root, target, staged, paths, route=way, state_dir=state_dir,
+                                          pin=direct.pin_path(staged), src_python=src_python,
+                                          dst_python=target_python, compress=compress, total=total,
+                                          reporter=reporter, timeout=timeout)
+    except HostError as exc:
+        if exc.code != UNAVAILABLE:
+            raise
+        reporter.note(f"{what}: the direct copy could not start ({exc.message}); relaying through the controller")
+        return f"it could not start: {exc.message}", None
 
 
 def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
@@ -427,7 +479,10 @@ def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
         way = ("copied with rsync, relayed through a folder on the controller's disk, each byte crossing twice"
                if not (local_src or local_dst) else "copied with rsync")
         return way, f"{human_bytes(result.bytes)} on the wire"
-    if local_src and local_dst:
+    if result.how == "direct":
+        way = (f"streamed {src.label} -> {dst.label} directly: {dst.label} pulled from {src.label} over its own ssh "
+               f"(a scoped agent, the donor's pinned host key), nothing through the controller")
+    elif local_src and local_dst:
         way = "streamed on this machine"
     elif local_src:
         way = f"streamed from the controller to {dst.label}"

@@ -53,11 +53,12 @@ from transplant.reporting import QUIET, Reporter
 
 __all__ = ["Route", "route", "stream_direct", "pin_path", "DIRECT_MIN_BYTES"]
 
-#: Below this many bytes the relay is used unless direct is forced: direct's two extra SSH
-#: handshakes (controller -> target, target -> donor) and the agent cost about 0.3-0.5 s on a
-#: loopback lab (measured, BENCHMARKS.md), which the relay's per-byte cost repays only above
-#: some tens of MiB.
-DIRECT_MIN_BYTES = 64 << 20
+#: Below this many bytes the relay is used unless direct is forced: direct's two fresh SSH
+#: handshakes (controller -> target, target -> donor; the relay rides the master connections) and
+#: the agent cost 1.2-1.5 s on the loaded 2-core loopback lab, which its saving per byte (no
+#: decryption and encryption again on the controller) repays from about 100 MB there (measured:
+#: BENCHMARKS.md, "Direct or relayed"). A real network to a remote controller favours direct sooner.
+DIRECT_MIN_BYTES = 100 << 20
 #: Name of the pinned known_hosts file in the transaction's folder (beside ``staged/``).
 PIN_NAME = "donor-known-hosts"
 _UNSAFE = set(" \t\n\"'\\")
