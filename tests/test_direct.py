@@ -256,3 +256,26 @@ def test_a_compressed_direct_stream_is_compressed_between_donor_and_target(lab, 
     assert result.how == "direct" and result.compression == method
     assert lab.hosts["target"].path(f"{staged}/text.txt").read_bytes() == b"compressible " * 100_000
     assert result.bytes < sum(len(d) for d in FILES.values()) + 1_300_000 // 4  # the text shrank on the wire
+
+
+def _login_with_agent(lab, name: str, socket: str) -> int:
+    """``ssh`` from the controller to a lab host with only the agent's keys (no identity file)."""
+    import subprocess
+
+    host = lab.hosts[name]
+    argv = ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", f"IdentityAgent={socket}", "-o",
+            "IdentityFile=/dev/null", "-o", f"UserKnownHostsFile={lab.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-p", str(host.port), f"root@{host.address}", "true"]
+    return subprocess.run(argv, capture_output=True, timeout=60).returncode
+
+
+@hosts
+def test_the_lent_key_signs_only_for_the_transfers_hops(lab, lab_connect, tmp_path):
+    way, _ = route(lab_connect("donor"), lab_connect("target"))
+    assert way.hops[1].startswith(way.hops[0] + ">root@")
+    with ScopedAgent(tmp_path, lab.identity_file, 60, constraints=way.hops, hostkeys=way.hop_keys) as lent:
+        assert _login_with_agent(lab, "target", lent.socket) == 0  # the first hop: the controller to the target
+        assert _login_with_agent(lab, "donor", lent.socket) == 255  # the donor only through the target
+    with ScopedAgent(tmp_path, lab.identity_file, 60) as unrestricted:  # the twin: no constraint, the donor logs in
+        assert _login_with_agent(lab, "donor", unrestricted.socket) == 0
+    assert _agents(tmp_path) == []

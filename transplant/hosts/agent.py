@@ -6,11 +6,15 @@ and without forwarding the operator's own agent (all of its keys): :class:`Scope
 an ``ssh-agent`` of its own on a socket in a fresh 0700 folder under the controller's state
 folder, adds only that identity file with a lifetime (``ssh-add -t``), and is stopped, and its
 folder removed, when the transfer ends (success, error or Ctrl-C: a ``with`` block), or as soon
-as the target's connection to the donor is up (:meth:`ScopedAgent.close` is idempotent).
+as the target's connection to the donor is up (:meth:`ScopedAgent.close` is idempotent). The key
+can be restricted to hops (``ssh-add -h``, OpenSSH 8.9+ destination constraints): the agent then
+signs only for a login to the target from here and for a login from the target to the donor, each
+hop's host key checked by the agent itself against the lines given (``-H``).
 If the controller dies without cleaning up, the agent gets SIGTERM from the kernel
 (``PR_SET_PDEATHSIG``) and the key's lifetime ends anyway.
 
-Sources: ssh-agent(1) (``-D`` foreground, ``-a`` socket path), ssh-add(1) (``-t`` lifetime),
+Sources: ssh-agent(1) (``-D`` foreground, ``-a`` socket path), ssh-add(1) (``-t`` lifetime, ``-h``
+destination constraints ``[user@]dst`` and ``src>[user@]dst``, ``-H`` their known hosts file),
 ssh(1) (``SSH_ASKPASS_REQUIRE=never``: a key that needs a passphrase fails instead of asking).
 """
 
@@ -51,13 +55,19 @@ class ScopedAgent:
         ``<state_dir>/agents/`` and removed by :meth:`close`.
     :param identity: the private key file to add (the one the donor connection uses).
     :param lifetime: seconds the key stays usable in the agent (``ssh-add -t``), at least 1.
+    :param constraints: ``ssh-add -h`` destination constraints (host names as in known_hosts:
+        ``[host]:port`` off port 22); empty: the key is usable for any host.
+    :param hostkeys: known_hosts lines naming every host of ``constraints`` (written to the agent's
+        folder and given as ``-H``); ignored without constraints.
     :ivar socket: the agent's socket path (set by :meth:`start`).
     :raises AgentUnavailable: (from :meth:`start`) ``ssh-agent``/``ssh-add`` missing, the socket
         path too long, the agent did not come up, or the key was refused (a passphrase, say).
     """
 
-    def __init__(self, state_dir: Path, identity: Path, lifetime: int) -> None:
+    def __init__(self, state_dir: Path, identity: Path, lifetime: int, *, constraints: tuple[str, ...] = (),
+                 hostkeys: str = "") -> None:
         self.state_dir, self.identity, self.lifetime = Path(state_dir), Path(identity), max(1, int(lifetime))
+        self.constraints, self.hostkeys = tuple(constraints), hostkeys
         self.folder: Path | None = None
         self.socket: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -100,7 +110,12 @@ class ScopedAgent:
         self.socket = socket
         env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "SSH_ASKPASS", "SSH_AUTH_SOCK")}
         env.update(SSH_AUTH_SOCK=socket, SSH_ASKPASS_REQUIRE="never")
-        added = subprocess.run(["ssh-add", "-q", "-t", str(self.lifetime), "--", str(self.identity)], env=env,
+        limits: list[str] = []
+        if self.constraints:
+            known = self.folder / "hosts"
+            known.write_text(self.hostkeys, encoding="utf-8")
+            limits = ["-H", str(known), *(arg for hop in self.constraints for arg in ("-h", hop))]
+        added = subprocess.run(["ssh-add", "-q", *limits, "-t", str(self.lifetime), "--", str(self.identity)], env=env,
                                stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         if added.returncode != 0:
             said = added.stderr.decode("utf-8", "replace").strip().splitlines()

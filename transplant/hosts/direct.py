@@ -10,7 +10,10 @@ paths and the reply.
 What lets the target log in to the donor, and what it trusts (:func:`route`):
 
 * authentication: a private agent on the controller holding only the identity file the donor
-  connection uses, with a lifetime (:class:`transplant.hosts.agent.ScopedAgent`), forwarded to the
+  connection uses, with a lifetime, restricted to two hops (``ssh-add -h``: a login to the target
+  from the controller, and from the target to the donor as the donor's user; each hop's host key
+  checked by the agent; OpenSSH 8.9+ on the controller and as the target's ``ssh``)
+  (:class:`transplant.hosts.agent.ScopedAgent`), forwarded to the
   target on that one connection only (``ForwardAgent=<socket>``, OpenSSH 8.2+;
   ``ControlPath=none``: never the shared master) and stopped as soon as the stream has begun (the
   login is done then), or when the transfer ends in any way;
@@ -73,6 +76,8 @@ class Route:
     :ivar pinned: the donor's host key lines (known_hosts form, newline-terminated).
     :ivar identity: the identity file the donor connection uses (added to the scoped agent).
     :ivar connect_timeout: seconds, as the controller's.
+    :ivar hops: the agent's destination constraints: the target, then target ``>`` user@donor.
+    :ivar hop_keys: known_hosts lines of the target and the donor, for those constraints.
     """
 
     hostname: str
@@ -82,6 +87,8 @@ class Route:
     pinned: str
     identity: Path
     connect_timeout: float
+    hops: tuple[str, ...] = ()
+    hop_keys: str = ""
 
 
 def pin_path(staged: str) -> str:
@@ -102,6 +109,18 @@ def _keys_for(name: str, files: Sequence[str]) -> str:
             if line.strip() and not line.startswith("#") and line not in lines:
                 lines.append(line)
     return "".join(line + "\n" for line in lines)
+
+
+def _known_name(resolved: dict[str, str], fallback: str) -> tuple[str, str, int, str | None]:
+    """(name in known_hosts, host name, port, HostKeyAlias or None) of ``ssh -G``'s answer."""
+    hostname, port = resolved.get("hostname") or fallback, int(resolved.get("port") or 22)
+    alias = resolved.get("hostkeyalias")
+    alias = None if alias in (None, "", "none") else alias
+    return alias or (hostname if port == 22 else f"[{hostname}]:{port}"), hostname, port, alias
+
+
+def _files(resolved: dict[str, str]) -> list[str]:
+    return (resolved.get("userknownhostsfile", "") + " " + resolved.get("globalknownhostsfile", "")).split()
 
 
 def route(donor: Host, target: Host) -> tuple[Route | None, str]:
@@ -127,22 +146,27 @@ def route(donor: Host, target: Host) -> tuple[Route | None, str]:
     for key, what in (("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")):
         if seen.get(key, "none") not in ("", "none"):
             return None, f"the donor is reached through {what} {seen[key]}, which the target may not reach"
-    hostname, port = seen.get("hostname") or donor.spec.hostname, int(seen.get("port") or 22)
+    name, hostname, port, alias = _known_name(seen, donor.spec.hostname)
     user = seen.get("user") or ""
+    there, *_ = _known_name(other, target.spec.hostname)
     if (hostname, port) == (other.get("hostname"), int(other.get("port") or 22)):
         return None, "donor and target are the same SSH server"
-    alias = seen.get("hostkeyalias")
-    alias = None if alias in (None, "", "none") else alias
-    name = alias or (hostname if port == 22 else f"[{hostname}]:{port}")
-    files = (seen.get("userknownhostsfile", "") + " " + seen.get("globalknownhostsfile", "")).split()
+    files = _files(seen)
     pinned = _keys_for(name, files)
     if not pinned:
         return None, f"no host key line for {name} in {', '.join(files) or 'the known_hosts files'} to pin"
+    target_keys = _keys_for(there, _files(other)) if target.options.verify_host_keys else ""
+    if not target_keys:
+        return None, f"no host key line for the target {there} to restrict the lent key to"
+    for value in (there, name):
+        if ">" in value or "@" in value or "," in value:
+            return None, f"the host name {value!r} cannot be used in an agent key constraint"
     identity = Path(opts.identity_file).expanduser().absolute()
     for value in (hostname, user, alias or ""):
         if value.startswith("-") or _UNSAFE & set(value):
             return None, f"the donor's resolved name {value!r} cannot be passed to ssh safely"
-    return Route(hostname, port, user, alias, pinned, identity, opts.connect_timeout), ""
+    hops = (there, f"{there}>{user + '@' if user else ''}{name}")
+    return Route(hostname, port, user, alias, pinned, identity, opts.connect_timeout, hops, target_keys + pinned), ""
 
 
 def _pull_argv(r: Route, pin: str, send: list[str]) -> list[str]:
@@ -210,7 +234,7 @@ def stream_direct(
                "--known-hosts", pin, route.pinned, "--from-ssh", *_pull_argv(route, pin, send)]
     listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths) + b"\0"
     lifetime = math.ceil(route.connect_timeout * 3 + 30)  # long enough for two logins, then it ends anyway
-    agent = ScopedAgent(state_dir, route.identity, lifetime)
+    agent = ScopedAgent(state_dir, route.identity, lifetime, constraints=route.hops, hostkeys=route.hop_keys)
     try:
         try:
             agent.start()
