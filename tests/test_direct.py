@@ -279,3 +279,36 @@ def test_the_lent_key_signs_only_for_the_transfers_hops(lab, lab_connect, tmp_pa
     with ScopedAgent(tmp_path, lab.identity_file, 60) as unrestricted:  # the twin: no constraint, the donor logs in
         assert _login_with_agent(lab, "donor", unrestricted.socket) == 0
     assert _agents(tmp_path) == []
+
+
+def _receivers(staged: str) -> list[int]:
+    """Processes on this machine (the lab hosts share it) whose command line names ``staged``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if staged.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@hosts
+def test_a_direct_stream_past_its_timeout_stops_on_the_target_and_leaves_no_agent(lab, lab_connect, tmp_path):
+    import time
+
+    listed = _donor_tree(lab, "/srv/direct-slow")
+    lab.hosts["donor"].run(["truncate", "-s", "3G", "/srv/direct-slow/venv/huge.bin"])
+    donor, target = lab_connect("donor"), lab_connect("target")
+    way, _ = route(donor, target)
+    staged = "/srv/direct-slow/txn/staged"
+    with pytest.raises(HostError, match="timed out"):
+        stream_direct(donor, "/srv/direct-slow/venv", target, staged, [*listed, "huge.bin"], route=way,
+                      state_dir=tmp_path, pin=pin_path(staged), src_python=_python(), dst_python=_python(), timeout=4)
+    assert _agents(tmp_path) == []
+    deadline = time.monotonic() + 20
+    while _receivers(staged) and time.monotonic() < deadline:  # the receiver saw its input end and stopped
+        time.sleep(0.2)
+    assert _receivers(staged) == []
+    assert [p for p in lab.hosts["target"].path(staged).rglob("*") if ".tp-" in p.name] == []

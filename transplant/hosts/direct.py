@@ -127,11 +127,17 @@ def route(donor: Host, target: Host) -> tuple[Route | None, str]:
     """Whether the target can pull from the donor directly, and why not.
 
     :returns: (the route, "") or (None, the reason in words, for the relay's note); ("" with None:
-        not an SSH to SSH copy at all).
-    :raises HostError: ``ssh -G`` or ``ssh-keygen`` cannot run (both ship with the OpenSSH client).
+        not an SSH to SSH copy at all). ``ssh -G`` or ``ssh-keygen`` that cannot run is a reason too.
     """
     if not (isinstance(donor, SSHHost) and isinstance(target, SSHHost)):
         return None, ""
+    try:
+        return _route(donor, target)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"the controller's OpenSSH tools could not say how to reach the donor ({exc})"
+
+
+def _route(donor: SSHHost, target: SSHHost) -> tuple[Route | None, str]:
     opts = donor.options
     if not opts.verify_host_keys:
         return None, "host key checking is off for the donor (ssh.verify_host_keys: false), and the target is " \
@@ -139,10 +145,7 @@ def route(donor: Host, target: Host) -> tuple[Route | None, str]:
     if opts.identity_file is None:
         return None, "the donor connection names no identity file (the operator's agent or ssh_config keys), so " \
                      "there is no single key to lend the target"
-    try:
-        seen, other = donor.resolved(), target.resolved()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HostError(f"{donor.label}: ssh -G failed: {exc}") from None
+    seen, other = donor.resolved(), target.resolved()
     for key, what in (("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")):
         if seen.get(key, "none") not in ("", "none"):
             return None, f"the donor is reached through {what} {seen[key]}, which the target may not reach"
