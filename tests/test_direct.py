@@ -312,3 +312,22 @@ def test_a_direct_stream_past_its_timeout_stops_on_the_target_and_leaves_no_agen
         time.sleep(0.2)
     assert _receivers(staged) == []
     assert [p for p in lab.hosts["target"].path(staged).rglob("*") if ".tp-" in p.name] == []
+
+
+@pytest.mark.parametrize("value, way", [("", "stream"), ("stream", "stream"), ("direct", "direct"),
+                                        ("relay", "relay"), ("rsync", "rsync")])
+def test_each_transfer_way_can_be_chosen(monkeypatch, value, way):
+    from transplant.apply.execute import transfer_way
+
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", value)
+    assert transfer_way() == way
+
+
+def test_a_transfer_way_that_is_none_is_a_usage_error(monkeypatch):
+    from transplant.apply.execute import transfer_way
+    from transplant.errors import ApplyError
+
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", "pull")
+    with pytest.raises(ApplyError) as caught:
+        transfer_way()
+    assert "TRANSPLANT_TRANSFER='pull'" in caught.value.message and "direct, relay or rsync" in caught.value.hint

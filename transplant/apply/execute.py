@@ -368,10 +368,11 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         copied += len(paths)
         written.update({path: list(entry) for path, entry in result.written.items()})
         way, amounts = _described(result, src, target)
-        if how in ("rsync", "relay", "direct") and why is None:
-            way += f", as {TRANSFER_ENV}={how} asks"
-        elif why:
+        if why:
             way += f" (not direct: {why})"
+        elif how == "rsync" or (how == "direct" and result.how == "direct") or (
+                how == "relay" and not isinstance(src, LocalHost) and not isinstance(target, LocalHost)):
+            way += f", as {TRANSFER_ENV}={how} asks"
         if compress and result.how == "rsync":
             amounts += ", not compressed (--compress applies to the stream only)"
         reporter.note(f"{what}: {way}, {amounts}")

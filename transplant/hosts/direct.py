@@ -218,7 +218,8 @@ def stream_direct(
     :param total: / :param reporter: / :param timeout: as for ``stream_files`` (seconds, None: no limit).
     :returns: as ``stream_files``, with ``how`` ``direct``.
     :raises ValueError: a relpath or root refused (as ``stream_files``).
-    :raises HostError: with code ``UNAVAILABLE``: the direct path could not start (agent, target
+    :raises HostError: with code ``UNAVAILABLE``: the direct path could not start (a blank in
+        ``pin``'s path, the agent, the target
         could not reach or log in to the donor, no ``ssh`` on the target; nothing was written but
         the pinned file); otherwise a side failed or the timeout passed (both stopped).
     """
@@ -228,6 +229,9 @@ def stream_direct(
     paths = list(dict.fromkeys(check_relpath(p) for p in relpaths))
     if not paths:
         return TransferResult(files=0, bytes=0, seconds=0.0, how="direct")
+    if _UNSAFE & set(pin):  # ssh would read UserKnownHostsFile as several files
+        raise HostError(f"direct: the pinned file's path {pin!r} holds a blank or a quote, which ssh's "
+                        f"UserKnownHostsFile cannot take", code=UNAVAILABLE)
     started = time.monotonic()
     if compress not in (True, False, "zstd", "zlib"):
         raise ValueError(f"compress must be True, False, 'zstd' or 'zlib', got {compress!r}")
