@@ -331,3 +331,12 @@ def test_a_transfer_way_that_is_none_is_a_usage_error(monkeypatch):
     with pytest.raises(ApplyError) as caught:
         transfer_way()
     assert "TRANSPLANT_TRANSFER='pull'" in caught.value.message and "direct, relay or rsync" in caught.value.hint
+
+
+@hosts
+def test_a_donor_behind_a_jump_host_is_relayed(lab, lab_connect, tmp_path):
+    donor, jump = lab.hosts["donor"], lab.hosts["target"]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {donor.address}\n  ProxyJump root@{jump.address}:{jump.port}\n")
+    way, why = route(lab_connect("donor", config=config), lab_connect("target"))
+    assert way is None and "ProxyJump" in why
