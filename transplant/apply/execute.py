@@ -137,6 +137,7 @@ def execute(
     space and writability and record the state before (nothing is written before these
     pass); copy every new file into the transaction's staging folder inside the venv's
     state folder (one stream from the donor, hashed as it is written: :func:`transplant.hosts.stream.stream_files`;
+    between two SSH hosts, 100 MiB or more, the target pulls it directly: :mod:`transplant.hosts.direct`;
     rsync where the stream cannot start or ``TRANSPLANT_TRANSFER=rsync``); rewrite console-script shebangs there, and set those scripts'
     rows in their staged RECORD to the files as written (sha256 and size); then commit: the
     ordered renames and removals of :func:`transplant.core.promised_state.transaction_steps`, each
