@@ -170,9 +170,13 @@ def recall(key: str, source: object, target: Host, venv: str) -> Recalled | None
 
 def remember(key: str, plan: Plan, started: float, *, source: object, target: Host, venv: str,
              donor_inputs: Any, target_inputs: Any, target_extra: Sequence[str]) -> bool:
-    """Keep ``plan`` for ``key`` (atomically: a temporary file renamed over the last one), when
-    both probes reported trustworthy inputs and a fingerprint taken now equals each probe's
-    digest (nothing changed while the plan was made). A failure only costs the next plan's speed.
+    """Keep ``plan`` for ``key`` (atomically: a temporary file renamed over the last one), with
+    each probe's digest, when both probes reported trustworthy inputs (``racy`` false). A change
+    after the probe stat'ed an input (while the plan read it, or later) gives it another ctime
+    (it is older than the racy window), so the next fingerprint differs: nothing is checked
+    again here but the ``target_extra`` paths, whose identities the probe did not note (one
+    fingerprint of those alone, no input re-stat'ed; not kept when one is as recent as the probe).
+    A failure only costs the next plan's speed.
 
     :param started: when the plan's gathering started (seconds since the epoch), shown by the
         next plan that reuses it.
@@ -181,24 +185,26 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
     :param target_extra: absolute paths on the target the plan read outside the probe's inputs.
     :returns: whether a memo was written.
     """
-    live = _donor_id(source) is not None and _donor_id(source).startswith("host ")  # type: ignore[union-attr]
-    wanted = [("target", target_inputs)] + ([("donor", donor_inputs)] if live else [])
+    donor = _donor_id(source)
+    wanted = [("target", target_inputs)] + ([("donor", donor_inputs)] if donor and donor.startswith("host ") else [])
     if any(not isinstance(i, dict) or i.get("racy") is not False or not isinstance(i.get("paths"), str)
-           for _, i in wanted):
+           or not isinstance(i.get("digest"), str) for _, i in wanted):
         return False
     memo: dict[str, Any] = {"schema": MEMO_SCHEMA, "key": key, "planned_at": started, "donor": None}
     for side, inputs in wanted:
         memo[side] = {"paths": inputs["paths"], "digest": inputs["digest"],
                       "extra_paths": sorted(set(target_extra)) if side == "target" else []}
-    sides = _sides(memo, source, target, venv)
     try:
-        answers = _ask(sides)
+        answer = run_script(target, venv, "probe", ["--stdin"], request={"fingerprint": {
+            "paths": "", "extra": memo["target"]["extra_paths"], "since_ns": target_inputs.get("started_ns")}},
+            timeout=120.0)
     except TransplantError:
         return False
-    for (_, _, side), answer in zip(sides, answers):
-        if answer.get("inputs") != side["digest"]:
-            return False  # a venv changed while the plan was made: nothing to trust
-        side["extra"] = answer.get("extra")
+    if answer.get("extra_racy") is not False or not isinstance(answer.get("extra"), str):
+        return False
+    memo["target"]["extra"] = answer["extra"]
+    if memo.get("donor") is not None:
+        memo["donor"]["extra"] = _NO_EXTRA
     memo["plan"] = plan.to_dict()
     path = _path(key)
     try:
@@ -210,6 +216,10 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
     except OSError:
         return False
     return True
+
+
+#: The ``extra`` digest of a fingerprint given no extra paths (the probe's ``_digest_of({}, [])``).
+_NO_EXTRA = hashlib.sha256(b"{}").hexdigest()
 
 
 def planned_when(at: float) -> str:

@@ -387,14 +387,48 @@ def _note(path, st=_UNSET):
     return None
 
 
-def _digest_of(facts, paths, identities):
-    """sha256 hex over the non-file ``facts`` (canonical JSON) and each path (sorted) with its
-    identity; both the full probe and :func:`_fingerprint` compute a digest this way."""
+def _digest_of(facts, lines):
+    """sha256 hex over the non-file ``facts`` (canonical JSON) and the inputs' ``lines`` (each
+    :func:`_input_line`, in the order of their sorted paths); both the full probe and
+    :func:`_fingerprint` compute a digest this way."""
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, separators=(",", ":")).encode())
-    for path in paths:
-        digest.update(path.encode("utf-8", "surrogateescape") + b"\0" +
-                      json.dumps(identities[path]).encode() + b"\n")
+    digest.update("\n".join(lines).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
+
+
+_LINE = "%s\0%d %d %d %d %d %d"
+
+
+def _input_line(path, identity):
+    """An input as text: its path, a NUL, and its identity (:func:`_identity`) as six decimal
+    numbers, or ``-`` for an absent path."""
+    return path + "\0-" if identity is None else _LINE % ((path,) + tuple(identity))
+
+
+def _stat_lines(paths):
+    """:func:`_input_line` of each path as it is now (lstat), in order, on a few threads (lstat
+    releases the GIL; a large venv has tens of thousands of inputs)."""
+    lstat = os.lstat
+
+    def chunk(part):
+        lines = []
+        for path in part:
+            try:
+                st = lstat(path)
+            except (OSError, ValueError):
+                lines.append(path + "\0-")
+                continue
+            lines.append(_LINE % (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
+        return lines
+
+    size = 4096
+    parts = [paths[i:i + size] for i in range(0, len(paths), size)]
+    if len(parts) < 2 or _WORKERS < 2:
+        return [line for part in parts for line in chunk(part)]
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        return [line for lines in pool.map(chunk, parts) for line in lines]
 
 
 def _non_file_facts(prefix, paths, host, interpreter):
@@ -419,6 +453,9 @@ def _pack(paths):
 
 
 def _unpack(text):
+    """The paths :func:`_pack` packed (none for an empty text)."""
+    if not text:
+        return []
     import base64
     import zlib
 
@@ -434,7 +471,9 @@ def _inputs_report(started_ns, facts):
     paths = sorted(_INPUTS)
     limit = started_ns - _RACY_NS
     racy = any(i is not None and max(i[3], i[4]) >= limit for i in _INPUTS.values())
-    return {"digest": _digest_of(facts, paths, _INPUTS), "count": len(paths), "paths": _pack(paths), "racy": racy}
+    lines = [_input_line(path, _INPUTS[path]) for path in paths]
+    return {"digest": _digest_of(facts, lines), "count": len(paths), "paths": _pack(paths), "racy": racy,
+            "started_ns": started_ns}
 
 
 def _fingerprint(request):
@@ -442,27 +481,27 @@ def _fingerprint(request):
     ``inputs.paths``) and recompute the non-file facts: ``{"schema", "inputs": digest (equal to
     the full probe's while nothing changed), "count", "extra": digest over ``extra`` (absolute
     paths outside the probe's inputs, stat'ed following symlinks: the libstdc++ the ELF script
-    found, editable sources)}``. Reads no file's content."""
+    found, editable sources), "extra_racy": whether one of those was written within
+    :data:`_RACY_NS` of ``since_ns`` (the probe's ``started_ns``, this host's clock) or after}``.
+    Reads no file's content."""
     prefix = venv_prefix()
     paths = venv_paths(prefix)
-    identities = {}
     names = _unpack(request.get("paths") or "")
-    for path in names:
-        try:
-            identities[path] = _identity(os.lstat(path))
-        except (OSError, ValueError):
-            identities[path] = None
+    lines = _stat_lines(names)
     rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
     facts = _non_file_facts(prefix, rel, _host_facts(), _interpreter(prefix))
-    extra = {}
-    for path in request.get("extra") or []:
-        if isinstance(path, str):
-            try:
-                extra[path] = _identity(os.stat(path))
-            except (OSError, ValueError):
-                extra[path] = None
-    return {"schema": "transplant.fingerprint/1", "inputs": _digest_of(facts, names, identities),
-            "count": len(names), "extra": _digest_of({}, sorted(extra), extra)}
+    extra, racy = [], False
+    since = request.get("since_ns")
+    for path in sorted(p for p in request.get("extra") or [] if isinstance(p, str)):
+        try:
+            st = os.stat(path)  # followed: where it leads counts
+        except (OSError, ValueError):
+            extra.append(_input_line(path, None))
+            continue
+        extra.append(_input_line(path, _identity(st)))
+        racy = racy or (isinstance(since, int) and max(st.st_mtime_ns, st.st_ctime_ns) >= since - _RACY_NS)
+    return {"schema": "transplant.fingerprint/1", "inputs": _digest_of(facts, lines),
+            "count": len(names), "extra": _digest_of({}, extra), "extra_racy": racy}
 
 
 def _log(what):
