@@ -147,3 +147,15 @@ def test_a_change_makes_the_next_plan_a_full_one_that_sees_it(pair, capsys, chan
     else:
         assert ran[:4] == ["fingerprint", "fingerprint", "probe", "probe"], "asked, then a full plan"
     assert after != first, "the full plan sees the change"
+
+
+def test_a_snapshot_donor_is_keyed_by_its_id_and_only_the_target_is_asked(pair, capsys):
+    assert main(["snapshot", str(pair / "m.yaml"), "--json"]) == 0
+    snap = json.loads(capsys.readouterr().out)["id"]
+    m = pair / "m.yaml"
+    m.write_text(m.read_text().replace(f"{{host: local, venv: {pair / 'donor'}}}", f"{{snapshot: {snap}}}"))
+    first, _, ran = plan(pair, capsys)
+    assert ran.count("probe") == 1, ran  # the target's: the snapshot is read, not probed
+    second, err, ran = plan(pair, capsys)
+    assert ran == ["fingerprint"] and "nothing changed on either venv" in err
+    assert second == first
