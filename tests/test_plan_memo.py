@@ -159,3 +159,22 @@ def test_a_snapshot_donor_is_keyed_by_its_id_and_only_the_target_is_asked(pair, 
     second, err, ran = plan(pair, capsys)
     assert ran == ["fingerprint"] and "nothing changed on either venv" in err
     assert second == first
+
+
+def test_a_large_plan_is_not_kept_and_old_memos_are_pruned(pair, capsys, monkeypatch):
+    import transplant.pipeline.memo as memo
+
+    monkeypatch.setattr(memo, "MAX_KEPT_FILES", 0)  # foo's change copies files: over the limit
+    plan(pair, capsys)
+    assert not list((pair / "state" / "plan-memo").glob("*.json"))
+    assert plan(pair, capsys)[2].count("probe") == 2
+    monkeypatch.setattr(memo, "MAX_KEPT_FILES", 5000)
+    folder = pair / "state" / "plan-memo"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(memo.MAX_MEMOS + 3):
+        (folder / f"old{i:02}.json").write_text("{}")
+        os.utime(folder / f"old{i:02}.json", (1000 + i, 1000 + i))
+    plan(pair, capsys)
+    left = sorted(p.name for p in folder.glob("*.json"))
+    assert len(left) == memo.MAX_MEMOS and "old00.json" not in left and f"old{memo.MAX_MEMOS + 2}.json" in left
+    assert memo_hit(plan(pair, capsys)[2]), "the newest (this plan's) was kept"

@@ -183,8 +183,11 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
     :param donor_inputs: the donor probe's ``Inventory.inputs``; None for a snapshot donor.
     :param target_inputs: the target probe's.
     :param target_extra: absolute paths on the target the plan read outside the probe's inputs.
-    :returns: whether a memo was written.
+    :returns: whether a memo was written (not for a plan copying or removing more than
+        :data:`MAX_KEPT_FILES` files).
     """
+    if sum(len(c.copy) + len(c.remove) for c in plan.changes) > MAX_KEPT_FILES:
+        return False  # encoding a large plan twice costs the plan more than a memo saves the next one
     donor = _donor_id(source)
     wanted = [("target", target_inputs)] + ([("donor", donor_inputs)] if donor and donor.startswith("host ") else [])
     if any(not isinstance(i, dict) or i.get("racy") is not False or not isinstance(i.get("paths"), str)
@@ -215,7 +218,20 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
         os.replace(temporary, path)
     except OSError:
         return False
+    try:
+        kept = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[MAX_MEMOS:]:  # the memos of other manifests, targets and transplant versions
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass  # another plan pruned it first
     return True
+
+
+#: A plan that copies or removes more files than this is not kept (the real pair's forward plan,
+#: 44,863 files, would take seconds more to encode and keep than it saves).
+MAX_KEPT_FILES = 5000
+#: How many memos the state folder keeps (the newest).
+MAX_MEMOS = 16
 
 
 #: The ``extra`` digest of a fingerprint given no extra paths (the probe's ``_digest_of({}, [])``).
