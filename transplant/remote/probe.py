@@ -355,8 +355,8 @@ def _record_identity_of(full, rel):
     return record_identity(data, posixpath.dirname(posixpath.dirname(rel)), _OPTIONS["scripts"])
 
 
-#: The probe's inputs (``"inputs": true`` in the request): absolute path -> the identity
-#: (:func:`_identity`) of the lstat taken when the probe first looked at it (None: absent),
+#: The probe's inputs (``"inputs": true`` in the request): absolute path -> the ``os.lstat``
+#: result taken when the probe first looked at it (None: absent; see :func:`_identity`),
 #: noted where the file is read, stat'ed or listed (like a compiler's depfile); None: not noted.
 _INPUTS = None
 
@@ -367,7 +367,7 @@ def _identity(st):
     removed; ctime changes on any write, chmod or rename and cannot be set back); None: absent."""
     if st is None:
         return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
 _UNSET = object()
@@ -383,7 +383,7 @@ def _note(path, st=_UNSET):
             st = os.lstat(path)
         except (OSError, ValueError):
             st = None
-    _INPUTS[path] = _identity(st)
+    _INPUTS[path] = st
     return None
 
 
@@ -402,7 +402,7 @@ _LINE = "%s\0%d %d %d %d %d %d"
 def _input_line(path, identity):
     """An input as text: its path, a NUL, and its identity (:func:`_identity`) as six decimal
     numbers, or ``-`` for an absent path."""
-    return path + "\0-" if identity is None else _LINE % ((path,) + tuple(identity))
+    return path + "\0-" if identity is None else _LINE % ((path,) + identity)
 
 
 def _stat_lines(paths):
@@ -470,8 +470,8 @@ def _inputs_report(started_ns, facts):
     memo must not trust this probe)."""
     paths = sorted(_INPUTS)
     limit = started_ns - _RACY_NS
-    racy = any(i is not None and max(i[3], i[4]) >= limit for i in _INPUTS.values())
-    lines = [_input_line(path, _INPUTS[path]) for path in paths]
+    racy = any(st is not None and max(st.st_mtime_ns, st.st_ctime_ns) >= limit for st in _INPUTS.values())
+    lines = [_input_line(path, _identity(_INPUTS[path])) for path in paths]
     return {"digest": _digest_of(facts, lines), "count": len(paths), "paths": _pack(paths), "racy": racy,
             "started_ns": started_ns}
 
@@ -702,9 +702,11 @@ def _file_facts_stat(full):
     try:
         st = os.lstat(full)
     except OSError:
-        _note(full, None)
+        st = None
+    if _INPUTS is not None and full not in _INPUTS:
+        _INPUTS[full] = st  # as _note, inline: once per RECORD row
+    if st is None:
         return {"exists": False}, None
-    _note(full, st)
     facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
     if stat.S_ISLNK(st.st_mode):
         facts["symlink"] = os.readlink(full)
