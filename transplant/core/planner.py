@@ -501,27 +501,22 @@ def _written_by_others(names: list[NormalizedName], removed: list[NormalizedName
     paths = {path for found in candidates.values() for path, _ in found}
     moving = set(names) | set(removed)
     on_target: dict[str, str] = {}
-    for dist in target.distributions:  # in order: the last distribution listing a path wins, as before
-        files = dist.files
-        for path in paths:
-            entry = files.get(path)
-            if entry is not None and entry.content is not None:
+    for dist in target.distributions:  # in order: the last distribution listing a path wins
+        for path, entry in dist.files.items():
+            if path in paths and entry.content is not None:
                 on_target[path] = entry.content
-    staying_wrote = set()
-    for dist in target.distributions:
-        if dist.name in moving:
-            continue
-        for path in paths:
-            entry = dist.files.get(path)
-            if entry is not None and entry.record_hash is not None and on_target.get(path) == entry.record_hash:
-                staying_wrote.add(path)
+    staying_wrote = {path for dist in target.distributions if dist.name not in moving
+                     for path, entry in dist.files.items()
+                     if path in on_target and entry.record_hash is not None and on_target[path] == entry.record_hash}
+    donor_rows: dict[str, set[tuple[str, str]]] = {}
+    for dist in donor.distributions:
+        for path, entry in dist.files.items():
+            if path in staying_wrote and entry.record_hash is not None:
+                donor_rows.setdefault(path, set()).add((dist.name, entry.record_hash))
     out: dict[NormalizedName, frozenset[str]] = {}
     for name, found in candidates.items():
-        left = frozenset(
-            path for path, content in found
-            if path in staying_wrote
-            and any(dist.name != name and (row := dist.files.get(path)) is not None and row.record_hash == content
-                    for dist in donor.distributions))
+        left = frozenset(path for path, content in found if path in staying_wrote
+                         and any(other != name and digest == content for other, digest in donor_rows.get(path, ())))
         if left:
             out[name] = left
     return out
