@@ -178,3 +178,42 @@ def test_a_large_plan_is_not_kept_and_old_memos_are_pruned(pair, capsys, monkeyp
     left = sorted(p.name for p in folder.glob("*.json"))
     assert len(left) == memo.MAX_MEMOS and "old00.json" not in left and f"old{memo.MAX_MEMOS + 2}.json" in left
     assert memo_hit(plan(pair, capsys)[2]), "the newest (this plan's) was kept"
+
+
+def test_over_ssh_the_memo_is_used_until_the_target_changes(lab, tmp_path, capsys, monkeypatch):
+    """Both hosts over loopback SSH: the fingerprints travel as the probe's requests do."""
+    import sys
+
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
+    venv, python = "/srv/memo-venv", getattr(sys, "_base_executable", sys.executable)
+    wheels = tmp_path / "wheels"
+    sets = {"donor": [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n"})],
+            "target": [build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n"})]}
+    for name, wheel_set in sets.items():
+        host = lab.hosts[name]
+        host.run(["rm", "-rf", venv])
+        host.run([python, "-m", "venv", "--without-pip", venv])
+        host.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                  "--target", f"{venv}/{SITE}", *map(str, wheel_set)])
+    m = tmp_path / "m.yaml"
+    m.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: "{lab.hosts['donor'].spec}", venv: {venv}}}
+        target: {{host: "{lab.hosts['target'].spec}", venv: {venv}}}
+        ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}}}
+        overlay: [foo]
+        """))
+    time.sleep(2.1)  # older than the probe's racy window
+
+    def run() -> tuple[str, str]:
+        assert main(["plan", str(m), "--json"]) == 0
+        return capsys.readouterr()
+
+    first, err = run()
+    assert "nothing changed" not in err
+    second, err = run()
+    assert "nothing changed on either venv since the plan of" in err and second == first
+    lab.hosts["target"].path(f"{venv}/{SITE}/foo/__init__.py").chmod(0o600)
+    third, err = run()
+    assert "nothing changed" not in err and third != first
