@@ -487,9 +487,14 @@ def _fingerprint(request):
     prefix = venv_prefix()
     paths = venv_paths(prefix)
     names = _unpack(request.get("paths") or "")
-    lines = _stat_lines(names)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        host = pool.submit(_host_facts)  # nvidia-smi and ldconfig run while the inputs are stat'ed
+        lines = _stat_lines(names)
+        host = host.result()
     rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
-    facts = _non_file_facts(prefix, rel, _host_facts(), _interpreter(prefix))
+    facts = _non_file_facts(prefix, rel, host, _interpreter(prefix))
     extra, racy = [], False
     since = request.get("since_ns")
     for path in sorted(p for p in request.get("extra") or [] if isinstance(p, str)):
