@@ -160,7 +160,9 @@ def recall(key: str, source: object, target: Host, venv: str) -> Recalled | None
     except (OSError, ValueError, KeyError, TypeError, TransplantError):
         return None
     for (_, _, side), answer in zip(sides, answers):
-        if answer.get("inputs") != side.get("digest") or answer.get("extra") != side.get("extra"):
+        if answer.get("inputs") != side.get("digest"):
+            return None
+        if side.get("extra_paths") and answer.get("extra") != side.get("extra"):
             return None
     try:
         return Recalled(plan_from_dict(memo["plan"], source=str(path)), float(memo["planned_at"]))
@@ -206,8 +208,6 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
     if answer.get("extra_racy") is not False or not isinstance(answer.get("extra"), str):
         return False
     memo["target"]["extra"] = answer["extra"]
-    if memo.get("donor") is not None:
-        memo["donor"]["extra"] = _NO_EXTRA
     memo["plan"] = plan.to_dict()
     path = _path(key)
     try:
@@ -232,10 +232,6 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
 MAX_KEPT_FILES = 5000
 #: How many memos the state folder keeps (the newest).
 MAX_MEMOS = 16
-
-
-#: The ``extra`` digest of a fingerprint given no extra paths (the probe's ``_digest_of({}, [])``).
-_NO_EXTRA = hashlib.sha256(b"{}").hexdigest()
 
 
 def planned_when(at: float) -> str:

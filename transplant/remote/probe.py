@@ -45,12 +45,12 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   something: otherwise the controller's file already holds every entry used).
 
 * ``inputs`` (``--stdin`` only; true to ask): the document reports ``inputs``: ``{"digest",
-  "count", "paths", "racy"}``, the probe's inputs (every file and folder whose content or listing
-  it read or stat'ed, noted where it looks: :func:`_note`) as a sha256 over their lstat
-  identities and the non-file facts (:func:`_digest_of`), their paths packed
-  (:func:`_pack`), and whether one was written too recently to be trusted. A request
-  ``{"fingerprint": {"paths": <those paths>, "extra": [...]}}`` re-stats them and prints only the
-  digest (:func:`_fingerprint`): well under a second where the full probe takes several.
+  "count", "paths", "racy", "started_ns"}``, the probe's inputs (every file and folder whose
+  content or listing it read or stat'ed, noted where it looks: :func:`_note`) as a sha256 over
+  their lstat identities and the non-file facts (:class:`_Inputs`), their paths packed, and
+  whether one was written too recently to be trusted. A request ``{"fingerprint": {"paths":
+  <those paths>, "extra": [...], "since_ns": ...}}`` re-stats them and prints only the digest
+  (:func:`_fingerprint`): well under a second where the full probe takes several.
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), writes nothing but its own hash cache
@@ -355,19 +355,71 @@ def _record_identity_of(full, rel):
     return record_identity(data, posixpath.dirname(posixpath.dirname(rel)), _OPTIONS["scripts"])
 
 
-#: The probe's inputs (``"inputs": true`` in the request): absolute path -> the ``os.lstat``
-#: result taken when the probe first looked at it (None: absent; see :func:`_identity`),
-#: noted where the file is read, stat'ed or listed (like a compiler's depfile); None: not noted.
+class _Inputs(object):
+    """The inputs of one probe, as it looks at them: each noted path (in the order noted; a path
+    looked at twice is noted twice) goes into a running sha256 with its identity text
+    (:func:`_identity_text`) and into a compressed list of paths, so that nothing per file is
+    kept in memory. The fingerprint mode feeds the same paths, in the same order, with their
+    identities now: while nothing changed the two digests are equal.
+
+    ``racy`` is set when an input's mtime or ctime is at least ``limit_ns`` (the probe's start
+    less :data:`_RACY_NS`, this host's clock): a write in the same clock tick as its lstat would
+    leave its identity unchanged, so a memo must not trust this probe.
+    """
+
+    def __init__(self, limit_ns=None):
+        import zlib
+
+        self.digest = hashlib.sha256()
+        self.packer = zlib.compressobj(6)
+        self.packed = []
+        self.count = 0
+        self.limit_ns = limit_ns
+        self.racy = False
+
+    def add(self, path, text):
+        """Note ``path`` with its identity text."""
+        self.digest.update((path + "\0" + text + "\n").encode("utf-8", "surrogateescape"))
+        self.packed.append(self.packer.compress((path + "\0").encode("utf-8", "surrogateescape")))
+        self.count += 1
+
+    def note(self, path, st):
+        """Note ``path`` with its lstat result ``st`` (None: absent)."""
+        self.add(path, _identity_text(st))
+        if st is not None and self.limit_ns is not None and \
+                (st.st_mtime_ns >= self.limit_ns or st.st_ctime_ns >= self.limit_ns):
+            self.racy = True
+
+    def finish(self, facts):
+        """The hex digest, with the non-file ``facts`` (canonical JSON) after the paths."""
+        self.digest.update(b"\1" + json.dumps(facts, sort_keys=True, separators=(",", ":")).encode())
+        return self.digest.hexdigest()
+
+    def report(self, facts):
+        """The document's ``inputs``: ``{"digest", "count", "paths" (NUL-terminated, zlib,
+        base64), "racy", "started_ns"}``."""
+        import base64
+
+        digest = self.finish(facts)
+        self.packed.append(self.packer.flush())
+        return {"digest": digest, "count": self.count, "paths": base64.b64encode(b"".join(self.packed)).decode("ascii"),
+                "racy": self.racy, "started_ns": self.limit_ns + _RACY_NS}
+
+
+#: The probe's inputs (``"inputs": true`` in the request; see :class:`_Inputs`): noted where a
+#: file is read, stat'ed or listed (like a compiler's depfile); None: not noted.
 _INPUTS = None
+_ID = "%d %d %d %d %d %d"
 
 
-def _identity(st):
-    """What of an ``os.lstat`` result shows a change: ``[st_dev, st_ino, st_size, st_mtime_ns,
-    st_ctime_ns, st_mode]`` (a folder's mtime and ctime change when an entry is added or
-    removed; ctime changes on any write, chmod or rename and cannot be set back); None: absent."""
+def _identity_text(st):
+    """What of an ``os.lstat`` result shows a change, as text: ``st_dev st_ino st_size
+    st_mtime_ns st_ctime_ns st_mode`` (a folder's mtime and ctime change when an entry is added
+    or removed; ctime changes on any write, chmod or rename and cannot be set back); ``-`` for
+    None (absent)."""
     if st is None:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        return "-"
+    return _ID % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
 _UNSET = object()
@@ -375,60 +427,53 @@ _UNSET = object()
 
 def _note(path, st=_UNSET):
     """Note ``path`` as an input of this probe with its lstat (``st`` when the caller has just
-    taken it; None when it is absent), once: the first look counts. Returns None."""
-    if _INPUTS is None or path in _INPUTS:
+    taken it; None when it is absent). Returns None."""
+    if _INPUTS is None:
         return None
     if st is _UNSET:
         try:
             st = os.lstat(path)
         except (OSError, ValueError):
             st = None
-    _INPUTS[path] = st
+    _INPUTS.note(path, st)
     return None
 
 
-def _digest_of(facts, lines):
-    """sha256 hex over the non-file ``facts`` (canonical JSON) and the inputs' ``lines`` (each
-    :func:`_input_line`, in the order of their sorted paths); both the full probe and
-    :func:`_fingerprint` compute a digest this way."""
-    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, separators=(",", ":")).encode())
-    digest.update("\n".join(lines).encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()
-
-
-_LINE = "%s\0%d %d %d %d %d %d"
-
-
-def _input_line(path, identity):
-    """An input as text: its path, a NUL, and its identity (:func:`_identity`) as six decimal
-    numbers, or ``-`` for an absent path."""
-    return path + "\0-" if identity is None else _LINE % ((path,) + identity)
-
-
-def _stat_lines(paths):
-    """:func:`_input_line` of each path as it is now (lstat), in order, on a few threads (lstat
-    releases the GIL; a large venv has tens of thousands of inputs)."""
+def _stat_texts(paths):
+    """:func:`_identity_text` of each path as it is now (lstat), in order, on a few threads
+    (lstat releases the GIL; a large venv has tens of thousands of inputs)."""
     lstat = os.lstat
 
     def chunk(part):
-        lines = []
+        texts = []
         for path in part:
             try:
                 st = lstat(path)
             except (OSError, ValueError):
-                lines.append(path + "\0-")
+                texts.append("-")
                 continue
-            lines.append(_LINE % (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
-        return lines
+            texts.append(_ID % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
+        return texts
 
     size = 4096
     parts = [paths[i:i + size] for i in range(0, len(paths), size)]
     if len(parts) < 2 or _WORKERS < 2:
-        return [line for part in parts for line in chunk(part)]
+        return [text for part in parts for text in chunk(part)]
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        return [line for lines in pool.map(chunk, parts) for line in lines]
+        return [text for texts in pool.map(chunk, parts) for text in texts]
+
+
+def _unpack(text):
+    """The paths an inputs report packed, in order (none for an empty text)."""
+    if not text:
+        return []
+    import base64
+    import zlib
+
+    joined = zlib.decompress(base64.b64decode(text)).decode("utf-8", "surrogateescape")
+    return joined.split("\0")[:-1]
 
 
 def _non_file_facts(prefix, paths, host, interpreter):
@@ -441,39 +486,6 @@ def _non_file_facts(prefix, paths, host, interpreter):
 def _host_facts():
     return {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
             "libcuda": _libcuda()}
-
-
-def _pack(paths):
-    """The sorted input paths as one text: NUL-separated, zlib-compressed, base64."""
-    import base64
-    import zlib
-
-    joined = "\0".join(paths).encode("utf-8", "surrogateescape")
-    return base64.b64encode(zlib.compress(joined, 6)).decode("ascii")
-
-
-def _unpack(text):
-    """The paths :func:`_pack` packed (none for an empty text)."""
-    if not text:
-        return []
-    import base64
-    import zlib
-
-    joined = zlib.decompress(base64.b64decode(text)).decode("utf-8", "surrogateescape")
-    return joined.split("\0") if joined else []
-
-
-def _inputs_report(started_ns, facts):
-    """The ``inputs`` member of a document: ``{"digest", "count", "paths" (:func:`_pack`), "racy"}``;
-    ``racy`` is true when an input's mtime or ctime lies within :data:`_RACY_NS` of the probe's
-    start or after it (a write in the same clock tick would leave its identity unchanged, so a
-    memo must not trust this probe)."""
-    paths = sorted(_INPUTS)
-    limit = started_ns - _RACY_NS
-    racy = any(st is not None and max(st.st_mtime_ns, st.st_ctime_ns) >= limit for st in _INPUTS.values())
-    lines = [_input_line(path, _identity(_INPUTS[path])) for path in paths]
-    return {"digest": _digest_of(facts, lines), "count": len(paths), "paths": _pack(paths), "racy": racy,
-            "started_ns": started_ns}
 
 
 def _fingerprint(request):
@@ -491,22 +503,23 @@ def _fingerprint(request):
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         host = pool.submit(_host_facts)  # nvidia-smi and ldconfig run while the inputs are stat'ed
-        lines = _stat_lines(names)
+        texts = _stat_texts(names)
         host = host.result()
+    now = _Inputs()
+    for path, text in zip(names, texts):
+        now.add(path, text)
     rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
     facts = _non_file_facts(prefix, rel, host, _interpreter(prefix))
-    extra, racy = [], False
     since = request.get("since_ns")
+    extra = _Inputs(since - _RACY_NS if isinstance(since, int) else None)
     for path in sorted(p for p in request.get("extra") or [] if isinstance(p, str)):
         try:
             st = os.stat(path)  # followed: where it leads counts
         except (OSError, ValueError):
-            extra.append(_input_line(path, None))
-            continue
-        extra.append(_input_line(path, _identity(st)))
-        racy = racy or (isinstance(since, int) and max(st.st_mtime_ns, st.st_ctime_ns) >= since - _RACY_NS)
-    return {"schema": "transplant.fingerprint/1", "inputs": _digest_of(facts, lines),
-            "count": len(names), "extra": _digest_of({}, extra), "extra_racy": racy}
+            st = None
+        extra.note(path, st)
+    return {"schema": "transplant.fingerprint/1", "inputs": now.finish(facts), "count": len(names),
+            "extra": extra.finish({}), "extra_racy": extra.racy}
 
 
 def _log(what):
@@ -708,8 +721,8 @@ def _file_facts_stat(full):
         st = os.lstat(full)
     except OSError:
         st = None
-    if _INPUTS is not None and full not in _INPUTS:
-        _INPUTS[full] = st  # as _note, inline: once per RECORD row
+    if _INPUTS is not None:
+        _INPUTS.note(full, st)
     if st is None:
         return {"exists": False}, None
     facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
@@ -1025,7 +1038,7 @@ def _arguments(argv):
         if isinstance(request.get("fingerprint"), dict):
             return request["fingerprint"], None
         if request.get("inputs") is True:
-            _INPUTS = {}
+            _INPUTS = _Inputs(time.time_ns() - _RACY_NS)
         prefix = venv_prefix()
         site = venv_paths(prefix)["purelib"]
         files = list(request.get("files", []))
@@ -1052,7 +1065,7 @@ def _arguments(argv):
 
 def main(argv):
     """Print the inventory document of the running interpreter's venv; return 0."""
-    started, started_ns = time.time(), time.time_ns()
+    started = time.time()
     patterns, files = _arguments(argv)
     if files is None:  # the fingerprint mode: patterns is its request
         _log("fingerprint")
@@ -1108,7 +1121,7 @@ def main(argv):
     if "hash_cache_report" in _OPTIONS:
         document["hash_cache"] = _OPTIONS["hash_cache_report"]
     if _INPUTS is not None:
-        document["inputs"] = _inputs_report(started_ns, _non_file_facts(prefix, rel, host, interpreter))
+        document["inputs"] = _INPUTS.report(_non_file_facts(prefix, rel, host, interpreter))
     if _OPTIONS.get("compact"):
         document["record_columns"] = list(COLUMNS)
         for dist in distributions:
