@@ -367,21 +367,32 @@ class _Inputs(object):
     leave its identity unchanged, so a memo must not trust this probe.
     """
 
-    def __init__(self, limit_ns=None):
+    def __init__(self, limit_ns=None, pack=True):
         import zlib
 
         self.digest = hashlib.sha256()
-        self.packer = zlib.compressobj(6)
+        self.packer = zlib.compressobj(6) if pack else None
         self.packed = []
+        self.pending = []
         self.count = 0
         self.limit_ns = limit_ns
         self.racy = False
 
     def add(self, path, text):
-        """Note ``path`` with its identity text."""
-        self.digest.update((path + "\0" + text + "\n").encode("utf-8", "surrogateescape"))
-        self.packed.append(self.packer.compress((path + "\0").encode("utf-8", "surrogateescape")))
+        """Note ``path`` with its identity text (buffered: hashed and packed a few thousand at a time)."""
+        self.pending.append(path)
+        self.pending.append(text)
         self.count += 1
+        if len(self.pending) >= 8192:
+            self._flush()
+
+    def _flush(self):
+        pending, self.pending = self.pending, []
+        paths = pending[0::2]
+        lines = "".join(path + "\0" + text + "\n" for path, text in zip(paths, pending[1::2]))
+        self.digest.update(lines.encode("utf-8", "surrogateescape"))
+        if self.packer is not None:
+            self.packed.append(self.packer.compress(("\0".join(paths) + "\0").encode("utf-8", "surrogateescape")))
 
     def note(self, path, st):
         """Note ``path`` with its lstat result ``st`` (None: absent)."""
@@ -392,6 +403,7 @@ class _Inputs(object):
 
     def finish(self, facts):
         """The hex digest, with the non-file ``facts`` (canonical JSON) after the paths."""
+        self._flush()
         self.digest.update(b"\1" + json.dumps(facts, sort_keys=True, separators=(",", ":")).encode())
         return self.digest.hexdigest()
 
@@ -440,8 +452,8 @@ def _note(path, st=_UNSET):
 
 
 def _stat_texts(paths):
-    """:func:`_identity_text` of each path as it is now (lstat), in order, on a few threads
-    (lstat releases the GIL; a large venv has tens of thousands of inputs)."""
+    """:func:`_identity_text` of each path as it is now (lstat), in order (one thread: more
+    contend for the GIL the formatting holds, measured slower)."""
     lstat = os.lstat
 
     def chunk(part):
@@ -455,14 +467,7 @@ def _stat_texts(paths):
             texts.append(_ID % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
         return texts
 
-    size = 4096
-    parts = [paths[i:i + size] for i in range(0, len(paths), size)]
-    if len(parts) < 2 or _WORKERS < 2:
-        return [text for part in parts for text in chunk(part)]
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        return [text for texts in pool.map(chunk, parts) for text in texts]
+    return chunk(paths)
 
 
 def _unpack(text):
@@ -505,7 +510,7 @@ def _fingerprint(request):
         host = pool.submit(_host_facts)  # nvidia-smi and ldconfig run while the inputs are stat'ed
         texts = _stat_texts(names)
         host = host.result()
-    now = _Inputs()
+    now = _Inputs(pack=False)
     for path, text in zip(names, texts):
         now.add(path, text)
     rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
