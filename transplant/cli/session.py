@@ -111,8 +111,11 @@ class Session:
                                    highlight=False)
         return self._donor
 
-    def plan(self) -> Plan:
-        """Gather facts from the donor and the target (see :mod:`transplant.pipeline.gather`), and plan."""
+    def plan(self, *, memo: bool = False) -> Plan:
+        """Gather facts from the donor and the target (see :mod:`transplant.pipeline.gather`), and plan.
+
+        :param memo: reuse the last plan when neither venv changed since (``plan_target``'s ``memo``).
+        """
         source = self.donor().source
         m = self.manifest
         patches = read_patch_files(m)
@@ -120,10 +123,11 @@ class Session:
         if self.clone_pending():  # plan against the base: the clone will hold its files
             assert m.target.base is not None
             m, target_host = replace(m, target=m.target.base), self.base_host()
-        from transplant.cli.progress import Shown
+        from transplant.cli.progress import Shown, printer
 
         with self.console.status("probing") as status:
-            return plan_target(m, source, target_host, patches=patches, reporter=Shown(step=status.update))
+            return plan_target(m, source, target_host, patches=patches, memo=memo,
+                               reporter=Shown(step=status.update, note=printer(self.console, highlight=False)))
 
 
 def parse_location(text: str) -> tuple[HostSpec, str]:

@@ -250,6 +250,9 @@ class Inventory:
         :attr:`distributions`: apply never writes or removes them.
     :ivar outside_folders: absolute folder -> why it is on ``sys.path`` (``foo.pth in
         lib/python3.11/site-packages``, ``include-system-site-packages = true``), in path order.
+    :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
+        "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
+        None otherwise. Not part of the fingerprint.
     """
 
     label: str
@@ -267,6 +270,7 @@ class Inventory:
     libcuda: LibcudaFacts | None = None
     outside: tuple[Distribution, ...] = ()
     outside_folders: Mapping[str, str] = field(default_factory=dict)
+    inputs: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def latest(self) -> dict[NormalizedName, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -290,7 +294,7 @@ def newest(dists: list[Distribution]) -> Distribution:
 
 def _fingerprint(document: Mapping[str, Any]) -> str:
     """sha256 hex over the parts of a probe document that describe content (not timings)."""
-    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere", "hash_cache")}
+    stable = {k: v for k, v in document.items() if k not in ("probe_seconds", "elsewhere", "hash_cache", "inputs")}
 
     text = json.dumps(stable, sort_keys=True, separators=(",", ":"))
     # Drop every ``"mtime":<number>`` member. In compact JSON ``,"`` and ``{"`` occur only
@@ -443,6 +447,8 @@ class KeptDocument(Mapping[str, Any]):
             value = json.loads(zlib.decompress(self._packed))
             if isinstance(value, dict) and isinstance(value.get("hash_cache"), dict):
                 value["hash_cache"].pop("entries", None)
+            if isinstance(value, dict):
+                value.pop("inputs", None)  # the plan memo's (Inventory.inputs), not a fact of the venv
             self._value = value if isinstance(value, dict) else {}
         return self._value
 

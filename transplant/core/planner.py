@@ -486,29 +486,37 @@ def _written_by_others(names: list[NormalizedName], removed: list[NormalizedName
     file with bytes its RECORD does not list (the donor's other version of it) while the
     overlaid distribution's own bytes are on neither side. Only files hashed on both sides count.
     """
+    donor_by = donor.by_name()
+    # Only a file whose donor bytes differ from its own RECORD row can qualify: few or none, so the
+    # other distributions' rows are looked up for those paths alone (not every file of both venvs).
+    candidates: dict[NormalizedName, list[tuple[str, str]]] = {}
+    for name in names:
+        new = newest(donor_by[name])
+        found = [(path, entry.content) for path, entry in new.files.items()
+                 if entry.content is not None and entry.content != entry.record_hash]
+        if found:
+            candidates[name] = found
+    if not candidates:
+        return {}
+    paths = {path for found in candidates.values() for path, _ in found}
     moving = set(names) | set(removed)
-    donor_rows: dict[str, set[str]] = {}
-    for dist in donor.distributions:
-        for path, entry in dist.files.items():
-            if entry.record_hash is not None:
-                donor_rows.setdefault(path, set()).add(f"{dist.name}\0{entry.record_hash}")
     on_target: dict[str, str] = {}
-    for dist in target.distributions:
+    for dist in target.distributions:  # in order: the last distribution listing a path wins
         for path, entry in dist.files.items():
-            if entry.content is not None:
+            if path in paths and entry.content is not None:
                 on_target[path] = entry.content
     staying_wrote = {path for dist in target.distributions if dist.name not in moving
                      for path, entry in dist.files.items()
-                     if entry.record_hash is not None and on_target.get(path) == entry.record_hash}
-    donor_by = donor.by_name()
+                     if path in on_target and entry.record_hash is not None and on_target[path] == entry.record_hash}
+    donor_rows: dict[str, set[tuple[str, str]]] = {}
+    for dist in donor.distributions:
+        for path, entry in dist.files.items():
+            if path in staying_wrote and entry.record_hash is not None:
+                donor_rows.setdefault(path, set()).add((dist.name, entry.record_hash))
     out: dict[NormalizedName, frozenset[str]] = {}
-    for name in names:
-        new = newest(donor_by[name])
-        left = frozenset(
-            path for path, entry in new.files.items()
-            if path in staying_wrote and entry.content is not None and entry.content != entry.record_hash
-            and any(row.split("\0", 1)[1] == entry.content for row in donor_rows.get(path, ())
-                    if row.split("\0", 1)[0] != name))
+    for name, found in candidates.items():
+        left = frozenset(path for path, content in found if path in staying_wrote
+                         and any(other != name and digest == content for other, digest in donor_rows.get(path, ())))
         if left:
             out[name] = left
     return out

@@ -66,10 +66,11 @@ class HostSource:
         self.label = f"{host.label}:{venv}"
 
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None, record: bool = True) -> Inventory:
-        """The probe's inventory, the ``hash_patterns`` distributions hashed (``record`` False: metadata only)."""
+                  timeout: float | None = None, record: bool = True, inputs: bool = False) -> Inventory:
+        """The probe's inventory, the ``hash_patterns`` distributions hashed (``record`` False: metadata
+        only; ``inputs``: with the probe's inputs digest, :func:`take_inventory`'s)."""
         return take_inventory(self.host, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout,
-                              record=record, hash_cache="controller")
+                              record=record, hash_cache="controller", inputs=inputs)
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
         """:func:`transplant.hosts.elf_facts.read_elf_facts` on the donor (its ELF cache kept on the

@@ -296,6 +296,7 @@ def take_inventory(
     timeout: float | None = 600.0,
     hash_cache: str | Mapping[str, Any] | None = None,
     compact: bool = True,
+    inputs: bool = False,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
 
@@ -321,11 +322,14 @@ def take_inventory(
         folder (``hash-cache/``; for a donor, which is never written to), None not at all;
         a mapping is sent as the probe's options (tests). ``TRANSPLANT_HASH_CACHE=0`` on the
         controller turns it off everywhere.
+    :param inputs: ask the probe for its inputs' digest (``Inventory.inputs``; for the plan
+        memo, :mod:`transplant.pipeline.memo`); False: None.
     :raises HostError: as :func:`run_script`.
     :raises ProbeError: the report is of another schema or malformed.
     """
     request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
                "record": record, "texts": list(texts), "paths_exist": list(paths_exist), "compact": compact,
+               "inputs": inputs,
                "hash_cache": _cache_options(host, venv, hash_cache, bool(hash_patterns) or bool(files) or
                                             bool(site_files))}
     label = f"{host.label}:{venv}"
@@ -341,7 +345,10 @@ def take_inventory(
         document = _document(label, "probe", line)
         if hash_cache == "controller":
             _keep_controller_cache(host, venv, document.get("hash_cache") if isinstance(document, dict) else None)
+        noted = document.pop("inputs", None) if isinstance(document, dict) else None
         inventory = parse_inventory(document, label=label)
+        if isinstance(noted, dict):
+            inventory = replace(inventory, inputs=noted)
         if compact:
             # a plan's inventory keeps its document as text: the decoded tree (several times the
             # memory) goes as soon as it is parsed

@@ -28,18 +28,39 @@ __all__ = ["plan_target", "apply_plan", "verify_target"]
 
 
 def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
-                reporter: Reporter = QUIET) -> Plan:
+                reporter: Reporter = QUIET, memo: bool = False) -> Plan:
     """Gather the facts of the donor ``source`` and the ``target`` host (:func:`transplant.pipeline.gather.gather`)
     and plan (:func:`transplant.core.planner.plan`).
 
     :param patches: the manifest's patch files, when already read; None reads them.
-    :param reporter: told a short line (a step) as each read starts.
+    :param reporter: told a short line (a step) as each read starts, and (a note) when the plan
+        memo's plan is reused.
+    :param memo: use and keep the plan memo (:mod:`transplant.pipeline.memo`): when neither venv
+        changed since the last plan of the same key, that plan is returned without reading
+        anything again. Off when the controller's ``TRANSPLANT_PLAN_MEMO`` is ``0``.
     :raises TransplantError: as ``gather`` and the planner raise (an unreachable host, a bad probe).
     """
+    from transplant.pipeline import memo as memos
+
     patches = read_patch_files(manifest) if patches is None else patches
-    facts = gather(manifest, source, target, patches, reporter=reporter)
-    return make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
+    key = memos.memo_key(manifest, source, target, patches) if memo and memos.memo_enabled() else None
+    if key is not None:
+        reporter.step("asking both venvs whether anything changed since the last plan")
+        recalled = memos.recall(key, source, target, manifest.target.venv)
+        if recalled is not None:
+            reporter.note(f"nothing changed on either venv since the plan of {memos.planned_when(recalled.planned_at)}"
+                          f"; nothing was read again (TRANSPLANT_PLAN_MEMO=0 plans afresh)")
+            return recalled.plan
+    started = time.time()
+    facts = gather(manifest, source, target, patches, reporter=reporter, inputs=key is not None)
+    plan = make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
                      target_elf=facts.target_elf)
+    if key is not None:
+        libstdcxx = facts.target_elf.libstdcxx
+        extra = [*facts.target.elsewhere, *([libstdcxx.path] if libstdcxx is not None and libstdcxx.path else [])]
+        memos.remember(key, plan, started, source=source, target=target, venv=manifest.target.venv,
+                       donor_inputs=facts.donor.inputs, target_inputs=facts.target.inputs, target_extra=extra)
+    return plan
 
 
 def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, reporter: Reporter = QUIET,

@@ -142,6 +142,7 @@ def gather(
     *,
     reporter: Reporter = QUIET,
     timeout: float | None = 600.0,
+    inputs: bool = False,
 ) -> Facts:
     """Probe both venvs and read their shared objects, as the module docstring says.
 
@@ -149,6 +150,8 @@ def gather(
         :mod:`transplant.donor.sources`).
     :param reporter: told each step as it starts (a line, for a spinner).
     :param timeout: seconds for each host script.
+    :param inputs: ask both probes for their inputs' digest (``Inventory.inputs``, for the plan
+        memo: :mod:`transplant.pipeline.memo`; a snapshot donor has none).
     :raises TransplantError: the target is the donor's venv under another name (device and inode).
     :raises HostError: a host could not be reached or a script failed there.
     :raises ProbeError: a host script reported something malformed.
@@ -165,9 +168,11 @@ def gather(
         f"reading {source.label}"
     reporter.step(f"{what} and probing the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout)
+        noted = {"inputs": True} if inputs and isinstance(live, Host) else {}
+        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout, **noted)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
-                        site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout, hash_cache="venv")
+                        site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout, hash_cache="venv",
+                        inputs=inputs)
         donor, target = d.result(), t.result()
     names = selected_names(m.overlay, donor)
     removed = set(selected_names(m.remove, target)) - set(names)

@@ -44,6 +44,14 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   "written", "error"?, "entries"?}`` (``entries`` only from a ``store: reply`` run that hashed
   something: otherwise the controller's file already holds every entry used).
 
+* ``inputs`` (``--stdin`` only; true to ask): the document reports ``inputs``: ``{"digest",
+  "count", "paths", "racy", "started_ns"}``, the probe's inputs (every file and folder whose
+  content or listing it read or stat'ed, noted where it looks: :func:`_note`) as a sha256 over
+  their lstat identities and the non-file facts (:class:`_Inputs`), their paths packed, and
+  whether one was written too recently to be trusted. A request ``{"fingerprint": {"paths":
+  <those paths>, "extra": [...], "since_ns": ...}}`` re-stats them and prints only the digest
+  (:func:`_fingerprint`): well under a second where the full probe takes several.
+
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), writes nothing but its own hash cache
 in the venv's state folder, and only when asked to (a target's). The
@@ -158,6 +166,7 @@ def _inside(prefix, path):
 
 def _read(path):
     """Text of a metadata file, or None when absent, unreadable, or a symlink."""
+    _note(path)
     if os.path.islink(path):
         return None
     try:
@@ -335,6 +344,7 @@ def _is_record(rel):
 def _record_identity_of(full, rel):
     """:func:`record_identity` of the RECORD at ``full`` (venv-relative ``rel``), or None when
     it cannot be read (or is larger than 256 MiB) or does not parse."""
+    _note(full)
     try:
         if os.path.islink(full) or os.path.getsize(full) > _RECORD_MAX:
             return None
@@ -343,6 +353,190 @@ def _record_identity_of(full, rel):
     except OSError:
         return None
     return record_identity(data, posixpath.dirname(posixpath.dirname(rel)), _OPTIONS["scripts"])
+
+
+class _Inputs(object):
+    """The inputs of one probe, as it looks at them: each noted path (in the order noted; a path
+    looked at twice is noted twice) goes into a running sha256 with its identity text
+    (:func:`_identity_text`) and into a compressed list of paths, so that nothing per file is
+    kept in memory. The fingerprint mode feeds the same paths, in the same order, with their
+    identities now: while nothing changed the two digests are equal.
+
+    ``racy`` is set when an input's mtime or ctime is at least ``limit_ns`` (the probe's start
+    less :data:`_RACY_NS`, this host's clock): a write in the same clock tick as its lstat would
+    leave its identity unchanged, so a memo must not trust this probe.
+    """
+
+    def __init__(self, limit_ns=None, pack=True):
+        import zlib
+
+        self.digest = hashlib.sha256()
+        self.packer = zlib.compressobj(6) if pack else None
+        self.packed = []
+        self.pending = []
+        self.count = 0
+        self.limit_ns = limit_ns
+        self.racy = False
+
+    def add(self, path, text):
+        """Note ``path`` with its identity text (buffered: hashed and packed a few thousand at a time)."""
+        self.pending.append(path)
+        self.pending.append(text)
+        self.count += 1
+        if len(self.pending) >= 8192:
+            self._flush()
+
+    def _flush(self):
+        pending, self.pending = self.pending, []
+        paths = pending[0::2]
+        lines = "".join(path + "\0" + text + "\n" for path, text in zip(paths, pending[1::2]))
+        self.digest.update(lines.encode("utf-8", "surrogateescape"))
+        if self.packer is not None:
+            self.packed.append(self.packer.compress(("\0".join(paths) + "\0").encode("utf-8", "surrogateescape")))
+
+    def note(self, path, st):
+        """Note ``path`` with its lstat result ``st`` (None: absent)."""
+        self.add(path, _identity_text(st))
+        if st is not None and self.limit_ns is not None and \
+                (st.st_mtime_ns >= self.limit_ns or st.st_ctime_ns >= self.limit_ns):
+            self.racy = True
+
+    def finish(self, facts):
+        """The hex digest, with the non-file ``facts`` (canonical JSON) after the paths."""
+        self._flush()
+        self.digest.update(b"\1" + json.dumps(facts, sort_keys=True, separators=(",", ":")).encode())
+        return self.digest.hexdigest()
+
+    def report(self, facts):
+        """The document's ``inputs``: ``{"digest", "count", "paths" (NUL-terminated, zlib,
+        base64), "racy", "started_ns"}``."""
+        import base64
+
+        digest = self.finish(facts)
+        self.packed.append(self.packer.flush())
+        return {"digest": digest, "count": self.count, "paths": base64.b64encode(b"".join(self.packed)).decode("ascii"),
+                "racy": self.racy, "started_ns": self.limit_ns + _RACY_NS}
+
+
+#: The probe's inputs (``"inputs": true`` in the request; see :class:`_Inputs`): noted where a
+#: file is read, stat'ed or listed (like a compiler's depfile); None: not noted.
+_INPUTS = None
+_ID = "%d %d %d %d %d %d"
+
+
+def _identity_text(st):
+    """What of an ``os.lstat`` result shows a change, as text: ``st_dev st_ino st_size
+    st_mtime_ns st_ctime_ns st_mode`` (a folder's mtime and ctime change when an entry is added
+    or removed; ctime changes on any write, chmod or rename and cannot be set back); ``-`` for
+    None (absent)."""
+    if st is None:
+        return "-"
+    return _ID % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+_UNSET = object()
+
+
+def _note(path, st=_UNSET):
+    """Note ``path`` as an input of this probe with its lstat (``st`` when the caller has just
+    taken it; None when it is absent). Returns None."""
+    if _INPUTS is None:
+        return None
+    if st is _UNSET:
+        try:
+            st = os.lstat(path)
+        except (OSError, ValueError):
+            st = None
+    _INPUTS.note(path, st)
+    return None
+
+
+def _stat_texts(paths):
+    """:func:`_identity_text` of each path as it is now (lstat), in order (one thread: more
+    contend for the GIL the formatting holds, measured slower)."""
+    lstat = os.lstat
+
+    def chunk(part):
+        texts = []
+        for path in part:
+            try:
+                st = lstat(path)
+            except (OSError, ValueError):
+                texts.append("-")
+                continue
+            texts.append(_ID % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
+        return texts
+
+    return chunk(paths)
+
+
+def _unpack(text):
+    """The paths an inputs report packed, in order (none for an empty text)."""
+    if not text:
+        return []
+    import base64
+    import zlib
+
+    joined = zlib.decompress(base64.b64decode(text)).decode("utf-8", "surrogateescape")
+    return joined.split("\0")[:-1]
+
+
+def _non_file_facts(prefix, paths, host, interpreter):
+    """What the probe reports that is not read from a noted file: the host section (hostname,
+    NVIDIA, libcuda), the interpreter (version, glibc, markers...) and the venv's paths."""
+    return {"host": host, "interpreter": interpreter, "prefix": prefix,
+            "paths": [paths["purelib"], paths["platlib"], paths["scripts"]]}
+
+
+def _host_facts():
+    return {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
+            "libcuda": _libcuda()}
+
+
+def _fingerprint(request):
+    """The ``fingerprint`` mode: re-stat the inputs a full probe noted (``paths``, as its
+    ``inputs.paths``) and recompute the non-file facts: ``{"schema", "inputs": digest (equal to
+    the full probe's while nothing changed), "count", "extra": digest over ``extra`` (absolute
+    paths outside the probe's inputs, stat'ed following symlinks: the libstdc++ the ELF script
+    found, editable sources), "extra_racy": whether one of those was written within
+    :data:`_RACY_NS` of ``since_ns`` (the probe's ``started_ns``, this host's clock) or after}``.
+    Reads no file's content."""
+    prefix = venv_prefix()
+    paths = venv_paths(prefix)
+    names = _unpack(request.get("paths") or "")
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        host = pool.submit(_host_facts)  # nvidia-smi and ldconfig run while the inputs are stat'ed
+        texts = _stat_texts(names)
+        host = host.result()
+    now = _Inputs(pack=False)
+    for path, text in zip(names, texts):
+        now.add(path, text)
+    rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
+    facts = _non_file_facts(prefix, rel, host, _interpreter(prefix))
+    since = request.get("since_ns")
+    extra = _Inputs(since - _RACY_NS if isinstance(since, int) else None)
+    for path in sorted(p for p in request.get("extra") or [] if isinstance(p, str)):
+        try:
+            st = os.stat(path)  # followed: where it leads counts
+        except (OSError, ValueError):
+            st = None
+        extra.note(path, st)
+    return {"schema": "transplant.fingerprint/1", "inputs": now.finish(facts), "count": len(names),
+            "extra": extra.finish({}), "extra_racy": extra.racy}
+
+
+def _log(what):
+    """Append ``<what> <prefix>`` to the file ``TRANSPLANT_SCRIPT_LOG`` names in the host's
+    environment, when set (a testing hook, as the identity script's and the applier's)."""
+    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
+    if log:
+        try:
+            with open(log, "a") as handle:
+                handle.write("{} {}\n".format(what, venv_prefix()))
+        except OSError:
+            pass
 
 
 _HASH_JOBS = []
@@ -526,10 +720,15 @@ def _file_facts(full, hashed):
 
 
 def _file_facts_stat(full):
-    """(presence, kind, mode and size facts of one file, its ``os.lstat`` result or None)."""
+    """(presence, kind, mode and size facts of one file, its ``os.lstat`` result or None); the
+    lstat is noted as an input (:func:`_note`)."""
     try:
         st = os.lstat(full)
     except OSError:
+        st = None
+    if _INPUTS is not None:
+        _INPUTS.note(full, st)
+    if st is None:
         return {"exists": False}, None
     facts = {"exists": True, "mode": st.st_mode & 0o7777, "mtime": st.st_mtime}
     if stat.S_ISLNK(st.st_mode):
@@ -546,6 +745,7 @@ def _direct_url(dist_dir):
     """PEP 610 ``direct_url.json`` as an object; ``{"unreadable": true}`` when it is not a
     JSON object (or larger than 64 KiB); None when absent."""
     path = os.path.join(dist_dir, "direct_url.json")
+    _note(path)
     if not os.path.lexists(path):
         return None
     text = _read_small(path)
@@ -558,6 +758,7 @@ def _direct_url(dist_dir):
 
 def _listing(dist_dir):
     """Names of the regular files directly in a dist-info folder (sorted, at most 200)."""
+    _note(dist_dir)
     try:
         names = sorted(os.listdir(dist_dir))
     except OSError:
@@ -567,6 +768,7 @@ def _listing(dist_dir):
 
 def _distributions(site, prefix, patterns, with_record=True):
     found = []
+    _note(site)
     try:
         names = sorted(os.listdir(site))
     except OSError:
@@ -575,6 +777,7 @@ def _distributions(site, prefix, patterns, with_record=True):
         if not (entry.endswith(".dist-info") or entry.endswith(".egg-info")):
             continue
         dist_dir = os.path.join(site, entry)
+        _note(dist_dir)
         if not os.path.isdir(dist_dir):
             continue
         metadata = _metadata(_read(os.path.join(dist_dir, "METADATA"))
@@ -595,7 +798,7 @@ def _distributions(site, prefix, patterns, with_record=True):
             "requires_python": (metadata or {}).get("requires_python"),
             "requires_dist": (metadata or {}).get("requires_dist", []),
             "installer": installer.strip() if installer else None,
-            "requested": os.path.exists(os.path.join(dist_dir, "REQUESTED")),
+            "requested": _note(os.path.join(dist_dir, "REQUESTED")) or os.path.exists(os.path.join(dist_dir, "REQUESTED")),
             "direct_url": _direct_url(dist_dir),
             "wheel": _wheel(_read(os.path.join(dist_dir, "WHEEL"))),
             "top_level": [t for t in (top_level or "").split() if t],
@@ -747,6 +950,7 @@ def _pth_folders(folder):
     does: each line that is not blank, a comment or an ``import`` line, joined to ``folder``,
     when it is an existing folder; ``[(folder, pth file name)]``."""
     out = []
+    _note(folder)
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))
     except OSError:
@@ -798,6 +1002,7 @@ def _outside(prefix, sites):
 
 def _read_small(full):
     """Text of a small regular file (at most 64 KiB, not a symlink), or None."""
+    _note(full)
     try:
         if os.path.islink(full) or not os.path.isfile(full) or os.path.getsize(full) > _TEXT_MAX:
             return None
@@ -811,6 +1016,7 @@ def _texts(site, prefix, requested):
     every ``*.pth``, ``*.egg-link`` and ``__editable__*.py`` file at the top of
     site-packages (they map import names to folders elsewhere); larger files give None."""
     names = list(requested)
+    _note(site)
     try:
         names += sorted(n for n in os.listdir(site)
                         if n.endswith((".pth", ".egg-link")) or (n.startswith("__editable__") and n.endswith(".py")))
@@ -831,8 +1037,13 @@ def _elsewhere(paths):
 
 
 def _arguments(argv):
+    global _INPUTS
     if argv == ["--stdin"]:
         request = json.load(sys.stdin)
+        if isinstance(request.get("fingerprint"), dict):
+            return request["fingerprint"], None
+        if request.get("inputs") is True:
+            _INPUTS = _Inputs(time.time_ns() - _RACY_NS)
         prefix = venv_prefix()
         site = venv_paths(prefix)["purelib"]
         files = list(request.get("files", []))
@@ -861,6 +1072,11 @@ def main(argv):
     """Print the inventory document of the running interpreter's venv; return 0."""
     started = time.time()
     patterns, files = _arguments(argv)
+    if files is None:  # the fingerprint mode: patterns is its request
+        _log("fingerprint")
+        sys.stdout.write(json.dumps(_fingerprint(patterns), sort_keys=True, separators=(",", ":")) + "\n")
+        return 0
+    _log("probe")
     prefix = venv_prefix()
     paths = venv_paths(prefix)
     sites = []
@@ -888,16 +1104,17 @@ def main(argv):
                 identity = _record_identity_of(full, inside)
                 if identity is not None:
                     extra[rel]["record_identity"] = identity
+    host, interpreter = _host_facts(), _interpreter(prefix)
+    rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
     document = {
         "schema": SCHEMA,
-        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
-                 "libcuda": _libcuda()},
-        "interpreter": _interpreter(prefix),
+        "host": host,
+        "interpreter": interpreter,
         "paths": {
             "prefix": prefix,
-            "purelib": _inside(prefix, paths["purelib"]),
-            "platlib": _inside(prefix, paths["platlib"]),
-            "scripts": _inside(prefix, paths["scripts"]),
+            "purelib": rel["purelib"],
+            "platlib": rel["platlib"],
+            "scripts": rel["scripts"],
         },
         "distributions": distributions,
         "outside": _outside(prefix, sites),
@@ -908,6 +1125,8 @@ def main(argv):
     }
     if "hash_cache_report" in _OPTIONS:
         document["hash_cache"] = _OPTIONS["hash_cache_report"]
+    if _INPUTS is not None:
+        document["inputs"] = _INPUTS.report(_non_file_facts(prefix, rel, host, interpreter))
     if _OPTIONS.get("compact"):
         document["record_columns"] = list(COLUMNS)
         for dist in distributions:

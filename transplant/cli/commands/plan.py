@@ -34,7 +34,7 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
         if pending and args.out:
             from transplant.cli.commands.clone import saved_plan_refusal
             raise saved_plan_refusal(manifest)
-        plan = session.plan()
+        plan = session.plan(memo=True)
         opened = session.donor()
     if pending:
         from transplant.cli.commands.clone import pending_note

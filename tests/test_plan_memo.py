@@ -1,0 +1,219 @@
+"""The plan memo (issue 16): a plan with nothing changed on either venv since the last one reads
+nothing again and prints the same plan; any change the plan would see makes it a full plan again.
+
+Real local venvs built from real wheels, the donor and the target ``local`` hosts; which host
+scripts ran is told by the scripts' own log (``TRANSPLANT_SCRIPT_LOG``), not by timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from transplant.cli.app import main
+from transplant.lab.wheels import build_wheel, make_venv
+
+SITE = "lib/python3.11/site-packages"
+
+
+@pytest.fixture
+def pair(tmp_path, monkeypatch):
+    """A donor (foo 2.0, bar 1.0), a target (foo 1.0, bar 1.0), a manifest overlaying foo with a
+    patch file; the state folder and the scripts' log inside tmp_path. Waits until the files
+    are older than the probe's racy window (2 s), as a venv is between two plans."""
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(tmp_path / "scripts.log"))
+    monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
+    wheels = tmp_path / "wheels"
+    bar = build_wheel(wheels / "bar", "bar", "1.0", {"bar/__init__.py": "B = 1\n"})
+    make_venv(tmp_path / "donor", [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n"}), bar])
+    make_venv(tmp_path / "target", [build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n"}), bar])
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "extra.py").write_text("X = 1\n")
+    (tmp_path / "m.yaml").write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: local, venv: {tmp_path / 'donor'}}}
+        target: {{host: local, venv: {tmp_path / 'target'}}}
+        overlay: [foo]
+        patches:
+          - {{source: patches/extra.py, dest: foo/extra.py}}
+        """))
+    time.sleep(2.1)
+    return tmp_path
+
+
+def plan(root: Path, capsys) -> tuple[dict, str, list[str]]:
+    """``transplant plan --json``: (its JSON, its stderr, the host scripts it ran: ``probe`` / ``fingerprint``)."""
+    log = root / "scripts.log"
+    log.unlink(missing_ok=True)
+    code = main(["plan", str(root / "m.yaml"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    ran = [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+    return out, err, [r for r in ran if r in ("probe", "fingerprint")]
+
+
+def memo_hit(ran: list[str]) -> bool:
+    return "probe" not in ran and ran.count("fingerprint") == 2
+
+
+def test_nothing_changed_the_second_plan_reads_nothing_and_prints_the_same_json(pair, capsys):
+    first, err, ran = plan(pair, capsys)
+    assert ran.count("probe") == 2 and "nothing changed" not in err
+    second, err, ran = plan(pair, capsys)
+    assert memo_hit(ran), ran
+    assert "nothing changed on either venv since the plan of" in err
+    assert second == first, "the memo's --json output is byte-identical to the full plan's"
+    assert json.loads(second)["changes"], "the plan has foo's change"
+
+
+def test_without_the_memo_every_plan_is_full(pair, capsys, monkeypatch):
+    plan(pair, capsys)
+    monkeypatch.setenv("TRANSPLANT_PLAN_MEMO", "0")
+    _, err, ran = plan(pair, capsys)
+    assert ran.count("probe") == 2 and "fingerprint" not in ran and "nothing changed" not in err
+
+
+def test_a_plan_right_after_a_write_is_not_kept(pair, capsys):
+    (pair / "target" / SITE / "foo" / "__init__.py").write_text("V = 'new'\n")
+    plan(pair, capsys)  # racy: a file written within the clock window of the probe
+    _, _, ran = plan(pair, capsys)
+    assert ran.count("probe") == 2, "the racily clean plan was not kept"
+
+
+def _record(venv: Path, name: str) -> Path:
+    return next((venv / SITE).glob(f"{name}-*.dist-info")) / "RECORD"
+
+
+def _same_size_mtime_edit(path: Path) -> None:
+    st = path.stat()
+    data = path.read_bytes()
+    changed = data.replace(b"foo/__init__.py", b"foo/__init__.pz", 1)
+    assert changed != data and len(changed) == len(data)
+    path.write_bytes(changed)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def _add_to_site(root: Path) -> None:
+    (root / "target" / SITE / "stray.pth").write_text("import os\n")
+
+
+def _remove_dist_info(root: Path) -> None:
+    import shutil
+
+    shutil.rmtree(_record(root / "target", "bar").parent)
+
+
+def _patch_changed(root: Path) -> None:
+    (root / "patches" / "extra.py").write_text("X = 2\n")
+
+
+def _manifest_changed(root: Path) -> None:
+    m = root / "m.yaml"
+    m.write_text(m.read_text().replace("overlay: [foo]", "overlay: [foo, bar]"))
+
+
+def _mode_changed(root: Path) -> None:
+    (root / "target" / SITE / "bar" / "__init__.py").chmod(0o600)
+
+
+CHANGES = {
+    "record-edited-same-size-and-mtime": lambda root: _same_size_mtime_edit(_record(root / "target", "foo")),
+    "donor-record-edited-same-size-and-mtime": lambda root: _same_size_mtime_edit(_record(root / "donor", "foo")),
+    "file-added-to-site-packages": _add_to_site,
+    "dist-info-removed": _remove_dist_info,
+    "patch-file-changed": _patch_changed,
+    "manifest-changed": _manifest_changed,
+    "target-file-mode-changed": _mode_changed,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_change_makes_the_next_plan_a_full_one_that_sees_it(pair, capsys, change):
+    first, _, _ = plan(pair, capsys)
+    assert memo_hit(plan(pair, capsys)[2]), "the memo is kept and used while nothing changes"
+    CHANGES[change](pair)
+    after, err, ran = plan(pair, capsys)
+    assert not memo_hit(ran) and "nothing changed" not in err
+    if change in ("patch-file-changed", "manifest-changed"):
+        assert ran[:2] == ["probe", "probe"], "another key: no memo to check, a full plan at once"
+    else:
+        assert ran[:4] == ["fingerprint", "fingerprint", "probe", "probe"], "asked, then a full plan"
+    assert after != first, "the full plan sees the change"
+
+
+def test_a_snapshot_donor_is_keyed_by_its_id_and_only_the_target_is_asked(pair, capsys):
+    assert main(["snapshot", str(pair / "m.yaml"), "--json"]) == 0
+    snap = json.loads(capsys.readouterr().out)["id"]
+    m = pair / "m.yaml"
+    m.write_text(m.read_text().replace(f"{{host: local, venv: {pair / 'donor'}}}", f"{{snapshot: {snap}}}"))
+    first, _, ran = plan(pair, capsys)
+    assert ran.count("probe") == 1, ran  # the target's: the snapshot is read, not probed
+    second, err, ran = plan(pair, capsys)
+    assert ran == ["fingerprint"] and "nothing changed on either venv" in err
+    assert second == first
+
+
+def test_a_large_plan_is_not_kept_and_old_memos_are_pruned(pair, capsys, monkeypatch):
+    import transplant.pipeline.memo as memo
+
+    monkeypatch.setattr(memo, "MAX_KEPT_FILES", 0)  # foo's change copies files: over the limit
+    plan(pair, capsys)
+    assert not list((pair / "state" / "plan-memo").glob("*.json"))
+    assert plan(pair, capsys)[2].count("probe") == 2
+    monkeypatch.setattr(memo, "MAX_KEPT_FILES", 5000)
+    folder = pair / "state" / "plan-memo"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(memo.MAX_MEMOS + 3):
+        (folder / f"old{i:02}.json").write_text("{}")
+        os.utime(folder / f"old{i:02}.json", (1000 + i, 1000 + i))
+    plan(pair, capsys)
+    left = sorted(p.name for p in folder.glob("*.json"))
+    assert len(left) == memo.MAX_MEMOS and "old00.json" not in left and f"old{memo.MAX_MEMOS + 2}.json" in left
+    assert memo_hit(plan(pair, capsys)[2]), "the newest (this plan's) was kept"
+
+
+def test_over_ssh_the_memo_is_used_until_the_target_changes(lab, tmp_path, capsys, monkeypatch):
+    """Both hosts over loopback SSH: the fingerprints travel as the probe's requests do."""
+    import sys
+
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
+    venv, python = "/srv/memo-venv", getattr(sys, "_base_executable", sys.executable)
+    wheels = tmp_path / "wheels"
+    sets = {"donor": [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n"})],
+            "target": [build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n"})]}
+    for name, wheel_set in sets.items():
+        host = lab.hosts[name]
+        host.run(["rm", "-rf", venv])
+        host.run([python, "-m", "venv", "--without-pip", venv])
+        host.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                  "--target", f"{venv}/{SITE}", *map(str, wheel_set)])
+    m = tmp_path / "m.yaml"
+    m.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: "{lab.hosts['donor'].spec}", venv: {venv}}}
+        target: {{host: "{lab.hosts['target'].spec}", venv: {venv}}}
+        ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}}}
+        overlay: [foo]
+        """))
+    time.sleep(2.1)  # older than the probe's racy window
+
+    def run() -> tuple[str, str]:
+        assert main(["plan", str(m), "--json"]) == 0
+        return capsys.readouterr()
+
+    first, err = run()
+    assert "nothing changed" not in err
+    second, err = run()
+    assert "nothing changed on either venv since the plan of" in err and second == first
+    lab.hosts["target"].path(f"{venv}/{SITE}/foo/__init__.py").chmod(0o600)
+    third, err = run()
+    assert "nothing changed" not in err and third != first

@@ -1,0 +1,239 @@
+"""The plan memo (edge): a plan with nothing changed on either venv since the last one is not made again.
+
+A full plan asks both probes for their *inputs* (every file and folder whose content or listing
+the probe read or stat'ed, with its lstat identity, and the non-file facts it reports: see
+``inputs`` in :mod:`transplant.remote.probe`) and keeps, on the controller, the plan's result with
+both digests in ``<state>/plan-memo/<key>.json``. The key (:func:`memo_key`) is everything else a
+plan depends on: the donor (a live host and venv, or a snapshot by its id: immutable), the target,
+the manifest (its text and its effective form), the patch files' contents, transplant's own code
+(every file of the installed package, pyelftools' and packaging's versions) and the controller
+settings that change a plan (``TRANSPLANT_HASH_CACHE``).
+
+The next plan with the same key first asks both hosts for their digest, side by side (the probe's
+``fingerprint`` mode: one lstat per input, no file read); when both match it returns the kept
+plan, else it plans afresh and keeps that. What the ELF reads and symbol lookups read are files
+among the probe's inputs (RECORD rows), but the libstdc++ the target's interpreter loads and the
+editable installs' source folders lie outside the venv: they are stat'ed as ``extra`` paths.
+
+Trust: a memo is written only when no input was written within two seconds of the probe's start
+or after it (``racy``: a write in the same clock tick leaves an identity unchanged, as git's
+index says), and when a fingerprint taken after the plan equals the probe's digest (nothing changed
+while the plan was made). ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every
+plan is made afresh and none is kept). ``apply`` never uses the memo: its stale-plan check under the
+lock probes afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from transplant.controller.state import default_state_dir
+from transplant.core.manifest import Manifest
+from transplant.core.plan import Plan, plan_from_dict
+from transplant.core.planner import PatchFile
+from transplant.errors import TransplantError
+from transplant.hosts.host import Host
+from transplant.hosts.probing import run_script
+
+__all__ = ["memo_enabled", "memo_key", "Recalled", "recall", "remember", "MEMO_SCHEMA"]
+
+MEMO_SCHEMA = "transplant.plan-memo/1"
+
+
+def memo_enabled() -> bool:
+    """Whether plans use the memo: not when the controller's ``TRANSPLANT_PLAN_MEMO`` is ``0``."""
+    return os.environ.get("TRANSPLANT_PLAN_MEMO", "1") != "0"
+
+
+@cache
+def code_identity() -> str:
+    """sha256 hex over every file of the installed ``transplant`` package (paths and bytes,
+    caches left out), pyelftools', packaging's and the controller Python's versions: a plan made
+    by other code is not reused."""
+    import elftools
+    import packaging
+
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256(f"{sys.version}\0{elftools.__version__}\0{packaging.__version__}\0".encode())
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _donor_id(source: object) -> str | None:
+    """The donor's part of the key: ``host <label> <venv>`` for a live donor, ``snapshot <id>``
+    for a snapshot (immutable); None for another source (no memo)."""
+    host, venv = getattr(source, "host", None), getattr(source, "venv", None)
+    if isinstance(host, Host) and isinstance(venv, str):
+        return f"host {host.label} {venv}"
+    snapshot = getattr(source, "snapshot", None)
+    snap_id, store = getattr(snapshot, "id", None), getattr(snapshot, "store", None)
+    if isinstance(snap_id, str) and snap_id and type(source).__name__ == "SnapshotSource":
+        return f"snapshot {snap_id} {store}"
+    return None
+
+
+def memo_key(manifest: Manifest, source: object, target: Host, patches: Sequence[PatchFile]) -> str | None:
+    """sha256 hex of what a plan depends on besides both venvs' contents (the module docstring);
+    None when the donor is neither a live host nor a local snapshot (no memo then).
+
+    :raises OSError: never (an unreadable manifest file counts as empty: its effective form is
+        in the key anyway).
+    """
+    donor = _donor_id(source)
+    if donor is None:
+        return None
+    try:
+        text = Path(manifest.path).read_bytes()
+    except OSError:
+        text = b""
+    parts = [MEMO_SCHEMA, donor, f"target {target.label} {manifest.target.venv}", repr(manifest),
+             repr(sorted((p.local, p.dest, p.hash, p.size) for p in patches)), code_identity(),
+             "hash-cache " + os.environ.get("TRANSPLANT_HASH_CACHE", "1")]
+    digest = hashlib.sha256(text)
+    for part in parts:
+        digest.update(b"\0" + part.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def _path(key: str) -> Path:
+    return default_state_dir() / "plan-memo" / f"{key[:32]}.json"
+
+
+def fingerprint(host: Host, venv: str, paths: str, extra: Sequence[str], *, timeout: float | None = 120.0
+                ) -> dict[str, Any]:
+    """The probe's ``fingerprint`` of ``venv`` on ``host``: ``{"inputs": digest, "extra": digest,
+    "count"}`` for the packed input ``paths`` a full probe returned and the ``extra`` absolute paths.
+
+    :raises HostError: as :func:`transplant.hosts.probing.run_script`.
+    """
+    return run_script(host, venv, "probe", ["--stdin"], request={"fingerprint": {"paths": paths, "extra": list(extra)}},
+                      timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """A kept plan whose venvs did not change: :ivar plan: the plan; :ivar planned_at: when it was
+    made (seconds since the epoch)."""
+
+    plan: Plan
+    planned_at: float
+
+
+def _sides(memo: dict[str, Any], source: object, target: Host, venv: str) -> list[tuple[Host, str, dict[str, Any]]]:
+    sides = [(target, venv, memo["target"])]
+    if memo.get("donor") is not None:
+        sides.append((getattr(source, "host"), getattr(source, "venv"), memo["donor"]))
+    return sides
+
+
+def _ask(sides: list[tuple[Host, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Both hosts' fingerprints, side by side."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(fingerprint, host, venv, side["paths"], side.get("extra_paths", []))
+                   for host, venv, side in sides]
+        return [f.result() for f in futures]
+
+
+def recall(key: str, source: object, target: Host, venv: str) -> Recalled | None:
+    """The kept plan for ``key`` when both venvs' fingerprints equal those it was kept with;
+    None when there is none, it is unreadable, or anything differs (or a host does not answer:
+    the full plan that follows reports that properly)."""
+    path = _path(key)
+    try:
+        memo = json.loads(path.read_bytes())
+        if not isinstance(memo, dict) or memo.get("schema") != MEMO_SCHEMA or memo.get("key") != key:
+            return None
+        sides = _sides(memo, source, target, venv)
+        answers = _ask(sides)
+    except (OSError, ValueError, KeyError, TypeError, TransplantError):
+        return None
+    for (_, _, side), answer in zip(sides, answers):
+        if answer.get("inputs") != side.get("digest"):
+            return None
+        if side.get("extra_paths") and answer.get("extra") != side.get("extra"):
+            return None
+    try:
+        return Recalled(plan_from_dict(memo["plan"], source=str(path)), float(memo["planned_at"]))
+    except (TransplantError, KeyError, TypeError, ValueError):
+        return None
+
+
+def remember(key: str, plan: Plan, started: float, *, source: object, target: Host, venv: str,
+             donor_inputs: Any, target_inputs: Any, target_extra: Sequence[str]) -> bool:
+    """Keep ``plan`` for ``key`` (atomically: a temporary file renamed over the last one), with
+    each probe's digest, when both probes reported trustworthy inputs (``racy`` false). A change
+    after the probe stat'ed an input (while the plan read it, or later) gives it another ctime
+    (it is older than the racy window), so the next fingerprint differs: nothing is checked
+    again here but the ``target_extra`` paths, whose identities the probe did not note (one
+    fingerprint of those alone, no input re-stat'ed; not kept when one is as recent as the probe).
+    A failure only costs the next plan's speed.
+
+    :param started: when the plan's gathering started (seconds since the epoch), shown by the
+        next plan that reuses it.
+    :param donor_inputs: the donor probe's ``Inventory.inputs``; None for a snapshot donor.
+    :param target_inputs: the target probe's.
+    :param target_extra: absolute paths on the target the plan read outside the probe's inputs.
+    :returns: whether a memo was written (not for a plan copying or removing more than
+        :data:`MAX_KEPT_FILES` files).
+    """
+    if sum(len(c.copy) + len(c.remove) for c in plan.changes) > MAX_KEPT_FILES:
+        return False  # encoding a large plan twice costs the plan more than a memo saves the next one
+    donor = _donor_id(source)
+    wanted = [("target", target_inputs)] + ([("donor", donor_inputs)] if donor and donor.startswith("host ") else [])
+    if any(not isinstance(i, dict) or i.get("racy") is not False or not isinstance(i.get("paths"), str)
+           or not isinstance(i.get("digest"), str) for _, i in wanted):
+        return False
+    memo: dict[str, Any] = {"schema": MEMO_SCHEMA, "key": key, "planned_at": started, "donor": None}
+    for side, inputs in wanted:
+        memo[side] = {"paths": inputs["paths"], "digest": inputs["digest"],
+                      "extra_paths": sorted(set(target_extra)) if side == "target" else []}
+    try:
+        answer = run_script(target, venv, "probe", ["--stdin"], request={"fingerprint": {
+            "paths": "", "extra": memo["target"]["extra_paths"], "since_ns": target_inputs.get("started_ns")}},
+            timeout=120.0)
+    except TransplantError:
+        return False
+    if answer.get("extra_racy") is not False or not isinstance(answer.get("extra"), str):
+        return False
+    memo["target"]["extra"] = answer["extra"]
+    memo["plan"] = plan.to_dict()
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with temporary.open("w") as handle:
+            json.dump(memo, handle, separators=(",", ":"))
+        os.replace(temporary, path)
+    except OSError:
+        return False
+    try:
+        kept = sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[MAX_MEMOS:]:  # the memos of other manifests, targets and transplant versions
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass  # another plan pruned it first
+    return True
+
+
+#: A plan that copies or removes more files than this is not kept (the real pair's forward plan,
+#: 44,863 files, would take seconds more to encode and keep than it saves).
+MAX_KEPT_FILES = 5000
+#: How many memos the state folder keeps (the newest).
+MAX_MEMOS = 16
+
+
+def planned_when(at: float) -> str:
+    """``2026-12-01 22:05:11 UTC``-style local time of a kept plan, for the one line said on reuse."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(at))
