@@ -26,11 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from transplant import __version__
-from transplant.cli.commands.apply import apply_command, history_command, rollback_command
-from transplant.cli.commands.inventory import inventory_command
-from transplant.cli.commands.plan import plan_command
 from transplant.cli.options import fleet_options, ssh_options
-from transplant.cli.session import parse_location
 from transplant.errors import TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
 
@@ -44,6 +40,38 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+# Each command's module is imported when it runs (issue 16): ``apply`` first starts its SSH
+# connections (:func:`transplant.cli.warm.connect_early`), then imports the planner and the rest.
+def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from transplant.cli.commands.plan import plan_command
+
+    return plan_command(args, console)
+
+
+def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
+    from transplant.cli.commands.apply import apply_command
+
+    return apply_command(args, console)
+
+
+def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
+    from transplant.cli.commands.apply import rollback_command
+
+    return rollback_command(args, console)
+
+
+def _cmd_history(args: argparse.Namespace, console: Console) -> int:
+    from transplant.cli.commands.apply import history_command
+
+    return history_command(args, console)
+
+
+def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
+    from transplant.cli.commands.inventory import inventory_command
+
+    return inventory_command(args, console)
+
+
 def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.verify import verify_command  # the verify ladder: off the other commands' path
 
@@ -52,6 +80,7 @@ def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_init(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.init import init_command
+    from transplant.cli.session import parse_location
 
     init_command(args, console, parse_location)
     return EXIT_OK
@@ -59,6 +88,7 @@ def _cmd_init(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.clone import clone_command
+    from transplant.cli.session import parse_location
 
     return EXIT_OK if clone_command(args, console, parse_location) else EXIT_BLOCKED
 
@@ -99,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detailed-exitcode", action="store_true",
                    help="exit 2 when there are changes (0 none, 3 blocked, 1 failed), as Terraform's")
     fleet_options(p)
-    p.set_defaults(func=plan_command)
+    p.set_defaults(func=_cmd_plan)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
     a.add_argument("source", metavar="MANIFEST|PLAN.json",
                    help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts changed)")
@@ -115,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "between the controller and a host; one target only")
     a.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
     fleet_options(a)
-    a.set_defaults(func=apply_command)
+    a.set_defaults(func=_cmd_apply)
     r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
     r.add_argument("manifest", help="the manifest whose target to roll back")
     r.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
@@ -123,11 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     r.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
-    r.set_defaults(func=rollback_command)
+    r.set_defaults(func=_cmd_rollback)
     h = sub.add_parser("history", help="list the transactions recorded in the target venv")
     h.add_argument("manifest", help="the manifest whose target to read")
     h.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.history/1)")
-    h.set_defaults(func=history_command)
+    h.set_defaults(func=_cmd_history)
     v = sub.add_parser("verify", help="prove the target venv works: the verify ladder, interpreter to a served request")
     v.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
                    help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
@@ -160,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="look at every RECORD file on disk (exists, size, mode) and list each in --json; without "
                         "it, files and bytes are counted from RECORD alone, as fast as pip inspect")
     ssh_options(i)
-    i.set_defaults(func=inventory_command)
+    i.set_defaults(func=_cmd_inventory)
     c = sub.add_parser("clone", help="copy a venv to another path or host and rewrite what names its old prefix")
     c.add_argument("source", metavar="SRC_HOST:VENV", help="the venv to clone, e.g. local:/srv/venv_base")
     c.add_argument("dest", metavar="DEST_HOST:VENV", help="where the clone goes (absent or an empty folder)")
@@ -213,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``transplant``; returns the exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
+    from transplant.cli.warm import connect_early
+
+    connect_early(args)  # apply: both SSH connections open while the command's modules import
+    try:
+        return _run(args)
+    finally:
+        from transplant.hosts import early
+
+        early.close_unused()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; returns its exit code."""
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
     console = _Console(file=stream, width=wide)
@@ -232,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code_for(exc)
     except KeyboardInterrupt:
         console.print("interrupted")
-        if args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
+        if args.func is _cmd_apply and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
             # a transaction that had begun stays on the target, and the next apply refuses to start over it
             source = shlex.quote(args.source)
             console.print(Text(f"if the target's transaction had begun: transplant apply {source} --resume "

@@ -432,11 +432,18 @@ def connect(spec: HostSpec, ssh: SSHOptions | None = None) -> Host:
 
     :param spec: the host to reach.
     :param ssh: SSH settings; None uses the defaults (``~/.ssh``, host keys verified).
+
+    A connection :func:`transplant.hosts.early.start` began opening for the same host and settings
+    is taken instead of opening another (it is the same SSHHost, host keys checked alike).
+
     :raises HostError: an SSH host could not be reached or refused us; the message names it.
     """
     if spec.is_local:
         return LocalHost(spec)
-    return SSHHost(spec, ssh or SSHOptions())
+    from transplant.hosts import early  # a connection an apply started opening at its start
+
+    opened = early.take(spec, ssh or SSHOptions())
+    return opened if opened is not None else SSHHost(spec, ssh or SSHOptions())
 
 
 from transplant.hosts.ssh import SSHHost  # noqa: E402  (it builds on the classes above)
