@@ -156,3 +156,73 @@ def test_an_early_connection_nobody_took_is_closed(lab, ssh_options):
     host = future.result()
     assert host._master is False and host._folder is None
     assert early.take(spec, ssh_options) is None
+
+
+# -- the libstdc++ versions a plan asks the target for, read without pyelftools ------------------
+
+def _pyelftools_versions(path: str) -> list[str]:
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as handle:
+        sections = [s for s in ELFFile(handle).iter_sections() if s["sh_type"] == "SHT_GNU_verdef"]
+        return [] if not sections else [[aux.name for aux in auxes][0] for v, auxes in sections[0].iter_versions()
+                                        if not v["vd_flags"] & 1]
+
+
+def _system_library(name: str) -> str:
+    import ctypes
+
+    import transplant.remote.elf_facts as script
+
+    ctypes.CDLL(name)
+    path = script.loaded_path(name)
+    assert path is not None
+    return path
+
+
+@pytest.mark.parametrize("library", ["libstdc++.so.6", "libc.so.6", "libm.so.6", "libgcc_s.so.1"])
+def test_version_definitions_read_by_struct_are_those_pyelftools_reads(library):
+    import transplant.remote.elf_facts as script
+
+    path = _system_library(library)
+    quick = script.verdef_versions(path)
+    assert quick and quick == _pyelftools_versions(path)
+
+
+def test_version_definitions_of_a_gcc_built_object_with_a_version_script(tmp_path):
+    import subprocess
+
+    import transplant.remote.elf_facts as script
+
+    (tmp_path / "v.c").write_text("int one(void) { return 1; }\nint two(void) { return 2; }\n")
+    (tmp_path / "v.map").write_text("ALPHA_1.0 { global: one; local: *; };\nALPHA_2.0 { global: two; } ALPHA_1.0;\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libv.so"), str(tmp_path / "v.c"),
+                    f"-Wl,--version-script={tmp_path / 'v.map'}", "-Wl,-soname,libv.so"], check=True)
+    assert script.verdef_versions(str(tmp_path / "libv.so")) == ["ALPHA_1.0", "ALPHA_2.0"] == \
+        _pyelftools_versions(str(tmp_path / "libv.so"))
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "plain.so"), str(tmp_path / "v.c")], check=True)
+    assert script.verdef_versions(str(tmp_path / "plain.so")) == [] == _pyelftools_versions(str(tmp_path / "plain.so"))
+
+
+def test_a_file_the_struct_reader_cannot_read_is_left_to_pyelftools(tmp_path):
+    import transplant.remote.elf_facts as script
+
+    (tmp_path / "text.so").write_text("not an ELF file\n")
+    whole = Path(_system_library("libstdc++.so.6")).read_bytes()
+    (tmp_path / "cut.so").write_bytes(whole[:4096])  # its section headers are past the end
+    assert script.verdef_versions(str(tmp_path / "text.so")) is None
+    assert script.verdef_versions(str(tmp_path / "cut.so")) is None
+    assert script.verdef_versions(str(tmp_path / "absent.so")) is None
+
+
+def test_a_plan_s_libstdcxx_question_imports_no_pyelftools(pair):
+    from transplant.hosts.elf_facts import _cache_options
+    from transplant.hosts.probing import run_script
+
+    venv = str(pair / "target")
+    broken = {"elftools/__init__.py": "raise ImportError('pyelftools was imported')\n"}
+    request = {"modules": broken, "files": [], "libstdcxx": True, "cache": _cache_options(LocalHost(), venv, "venv")}
+    reply = run_script(LocalHost(), venv, "elf_facts", request=request)
+    assert reply["libstdcxx"]["versions"] == _pyelftools_versions(reply["libstdcxx"]["path"])
+    with pytest.raises(HostError, match="pyelftools was imported"):  # without a cache it imports at once
+        run_script(LocalHost(), venv, "elf_facts", request={**request, "cache": None})
