@@ -42,34 +42,39 @@ class _Parser(argparse.ArgumentParser):
 
 # Each command's module is imported when it runs (issue 16): ``apply`` first starts its SSH
 # connections (:func:`transplant.cli.warm.connect_early`), then imports the planner and the rest.
-def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.plan import plan_command
+def plan_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.plan.plan_command`, its module imported when it runs."""
+    from transplant.cli.commands.plan import plan_command as command
 
-    return plan_command(args, console)
-
-
-def _cmd_apply(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.apply import apply_command
-
-    return apply_command(args, console)
+    return command(args, console)
 
 
-def _cmd_rollback(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.apply import rollback_command
+def apply_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.apply.apply_command`, its module imported when it runs."""
+    from transplant.cli.commands.apply import apply_command as command
 
-    return rollback_command(args, console)
-
-
-def _cmd_history(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.apply import history_command
-
-    return history_command(args, console)
+    return command(args, console)
 
 
-def _cmd_inventory(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.inventory import inventory_command
+def rollback_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.apply.rollback_command`, its module imported when it runs."""
+    from transplant.cli.commands.apply import rollback_command as command
 
-    return inventory_command(args, console)
+    return command(args, console)
+
+
+def history_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.apply.history_command`, its module imported when it runs."""
+    from transplant.cli.commands.apply import history_command as command
+
+    return command(args, console)
+
+
+def inventory_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.inventory.inventory_command`, its module imported when it runs."""
+    from transplant.cli.commands.inventory import inventory_command as command
+
+    return command(args, console)
 
 
 def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
@@ -129,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detailed-exitcode", action="store_true",
                    help="exit 2 when there are changes (0 none, 3 blocked, 1 failed), as Terraform's")
     fleet_options(p)
-    p.set_defaults(func=_cmd_plan)
+    p.set_defaults(func=plan_command)
     a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
     a.add_argument("source", metavar="MANIFEST|PLAN.json",
                    help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts changed)")
@@ -145,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "between the controller and a host; one target only")
     a.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
     fleet_options(a)
-    a.set_defaults(func=_cmd_apply)
+    a.set_defaults(func=apply_command)
     r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
     r.add_argument("manifest", help="the manifest whose target to roll back")
     r.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
@@ -153,11 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     r.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
-    r.set_defaults(func=_cmd_rollback)
+    r.set_defaults(func=rollback_command)
     h = sub.add_parser("history", help="list the transactions recorded in the target venv")
     h.add_argument("manifest", help="the manifest whose target to read")
     h.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.history/1)")
-    h.set_defaults(func=_cmd_history)
+    h.set_defaults(func=history_command)
     v = sub.add_parser("verify", help="prove the target venv works: the verify ladder, interpreter to a served request")
     v.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
                    help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
@@ -190,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="look at every RECORD file on disk (exists, size, mode) and list each in --json; without "
                         "it, files and bytes are counted from RECORD alone, as fast as pip inspect")
     ssh_options(i)
-    i.set_defaults(func=_cmd_inventory)
+    i.set_defaults(func=inventory_command)
     c = sub.add_parser("clone", help="copy a venv to another path or host and rewrite what names its old prefix")
     c.add_argument("source", metavar="SRC_HOST:VENV", help="the venv to clone, e.g. local:/srv/venv_base")
     c.add_argument("dest", metavar="DEST_HOST:VENV", help="where the clone goes (absent or an empty folder)")
@@ -275,7 +280,7 @@ def _run(args: argparse.Namespace) -> int:
         return exit_code_for(exc)
     except KeyboardInterrupt:
         console.print("interrupted")
-        if args.func is _cmd_apply and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
+        if args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
             # a transaction that had begun stays on the target, and the next apply refuses to start over it
             source = shlex.quote(args.source)
             console.print(Text(f"if the target's transaction had begun: transplant apply {source} --resume "
