@@ -6,6 +6,7 @@ the applier's own start log (``TRANSPLANT_APPLIER_LOG``) and by the waiting prob
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import textwrap
 from contextlib import ExitStack
 from pathlib import Path
@@ -226,3 +227,65 @@ def test_a_plan_s_libstdcxx_question_imports_no_pyelftools(pair):
     assert reply["libstdcxx"]["versions"] == _pyelftools_versions(reply["libstdcxx"]["path"])
     with pytest.raises(HostError, match="pyelftools was imported"):  # without a cache it imports at once
         run_script(LocalHost(), venv, "elf_facts", request={**request, "cache": None})
+
+
+# -- the venvs' identities asked as soon as the connections open -------------------------------
+
+def test_the_early_identity_script_is_the_plan_s():
+    from transplant.hosts.identity import IDENTITY_SCRIPT
+    gather = importlib.import_module("transplant.pipeline.gather")  # the module (the package's `gather` is its function)
+
+    assert IDENTITY_SCRIPT == gather._IDENTITY
+
+
+def test_two_threads_asking_a_venv_identity_at_once_run_its_script_once(pair, monkeypatch):
+    import threading
+
+    from transplant.hosts import identity
+    gather = importlib.import_module("transplant.pipeline.gather")  # the module (the package's `gather` is its function)
+
+    log = pair / "script.log"
+    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(log))
+    host, venv = LocalHost(), str(pair / "target")
+    answers = []
+    threads = [threading.Thread(target=lambda ask=ask: answers.append(ask(host, venv)))
+               for ask in (identity.venv_identity, gather.venv_identity, identity.venv_identity)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 3 and answers[0] is not None and len(set(answers)) == 1
+    assert log.read_text().splitlines() == [f"identity {venv}"]
+    other = str(pair / "donor")  # the fault-free twin: another venv is asked, and differs
+    assert gather.venv_identity(host, other) not in (None, answers[0])
+    assert log.read_text().splitlines() == [f"identity {venv}", f"identity {other}"]
+
+
+def test_a_failed_remembered_fact_is_asked_again(pair):
+    host, calls = LocalHost(), []
+
+    def failing():
+        calls.append(1)
+        raise HostError("unreachable")
+
+    with pytest.raises(HostError):
+        host.remembered(("fact",), failing)
+    assert host.remembered(("fact",), lambda: 7) == 7 and calls == [1]
+
+
+def test_an_early_connection_asks_its_venv_identity_for_the_check(lab, ssh_options, tmp_path):
+    gather = importlib.import_module("transplant.pipeline.gather")  # the module (the package's `gather` is its function)
+
+    spec = _spec(lab, "target")
+    make_venv(lab.hosts["target"].path("/srv/early"), [build_wheel(tmp_path, "foo", "1.0", {"foo/__init__.py": ""})])
+    early.start(spec, ssh_options, "/srv/early")
+    host = connect(spec, ssh_options)
+    fresh = connect(spec, ssh_options)
+    try:
+        asked = host._remembered[("venv-identity", "/srv/early")]  # asked before the connection was handed over
+        assert asked.done()
+        assert gather.venv_identity(host, "/srv/early") == asked.result() is not None
+        assert gather.venv_identity(fresh, "/srv/early") == asked.result()  # a new connection: the same answer
+    finally:
+        host.close()
+        fresh.close()

@@ -33,7 +33,8 @@ def ssh_options(manifest: Manifest) -> SSHOptions:
 
 def connect_early(args: argparse.Namespace) -> None:
     """For ``transplant apply MANIFEST`` with one target (no ``--target``, ``--resume``,
-    ``--rollback``), start opening the donor's and the target's SSH connections, both at once;
+    ``--rollback``), start opening the donor's and the target's SSH connections, both at once,
+    each then asking its venv's identity (for the donor-is-not-the-target check: it only reads);
     the command takes them when it connects (:func:`transplant.hosts.host.connect`). Anything
     else (a saved plan, a fleet, a snapshot donor, a local host) starts nothing here.
 
@@ -55,6 +56,6 @@ def connect_early(args: argparse.Namespace) -> None:
             return  # the command says so, with its hint
         for end in (manifest.donor, manifest.target):
             if isinstance(end, Endpoint):
-                early.start(end.host, options)
+                early.start(end.host, options, end.venv)
     except Exception:  # noqa: BLE001 - the command itself reports whatever is wrong
         return

@@ -25,11 +25,16 @@ _LOCK = threading.Lock()
 _WAITING: dict[tuple[HostSpec, SSHOptions], Future] = {}
 
 
-def start(spec: HostSpec, options: SSHOptions) -> None:
+def start(spec: HostSpec, options: SSHOptions, venv: str | None = None) -> None:
     """Start opening the master connection to ``spec`` in a thread of its own and return at once.
 
     ``local`` needs no connection: nothing is started. A host already being opened with the same
     settings is not opened twice. Errors are kept for :func:`take`.
+
+    :param venv: a venv on that host whose identity to ask once connected, before :func:`take`
+        hands the connection over (:func:`transplant.hosts.identity.venv_identity`: it only reads;
+        remembered by the connection, so the donor-is-not-the-target check takes that answer);
+        None asks nothing.
     """
     if spec.is_local:
         return
@@ -44,9 +49,18 @@ def start(spec: HostSpec, options: SSHOptions) -> None:
         from transplant.hosts.ssh import SSHHost
 
         try:
-            future.set_result(SSHHost(spec, options))
+            host = SSHHost(spec, options)
         except BaseException as exc:  # noqa: BLE001 - handed to take(), which raises it in the caller
             future.set_exception(exc)
+            return
+        if venv is not None:  # asked before the connection is handed over: take() returns it remembered
+            from transplant.hosts.identity import venv_identity
+
+            try:
+                venv_identity(host, venv)
+            except Exception:  # noqa: BLE001 - not remembered then: the check asks again and reports it
+                pass
+        future.set_result(host)
 
     threading.Thread(target=opening, name=f"connect {spec}", daemon=True).start()
 
