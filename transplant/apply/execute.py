@@ -31,7 +31,7 @@ from transplant.hosts.probing import take_inventory
 from transplant.core.plan import Plan
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
-from transplant.hosts.probing import venv_python
+from transplant.hosts.probing import WaitingScript, venv_python
 from transplant.hosts.stream import UNAVAILABLE, stream_files
 from transplant.hosts.transfer import TransferResult, copy_files
 from transplant.core.units import human_bytes
@@ -127,6 +127,7 @@ def execute(
     recipe: dict | None = None,
     stager: Callable[..., tuple[int, int]] | None = None,
     compress: bool = False,
+    stale_probe: WaitingScript | None = None,
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
@@ -172,6 +173,10 @@ def execute(
         controller, files)); None streams the files from ``donor``.
     :param compress: compress the stream (zstd where both hosts have it, else zlib): for a slow
         link between the controller and a host; False sends it plain.
+    :param stale_probe: a probe of the target venv started before the lock and not yet asked
+        (:class:`transplant.hosts.probing.WaitingScript`, started while the plan gathered): the
+        stale-plan check sends it its request under the lock (the probe reads the venv only then),
+        so the check is the same and only the process's start is saved; None starts one under the lock.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
         target is no longer the one the plan was made against (checked under the lock,
         before any write: a stale plan), the target lacks space or cannot be written (nothing changed), an earlier transaction
@@ -202,7 +207,7 @@ def execute(
         # under the lock, the stale-plan probe (its own host script) runs while the applier answers
         # whether a transaction is interrupted: two round trips side by side, not one after the other
         with ThreadPoolExecutor(max_workers=1) as pool:
-            stale = pool.submit(_refuse_stale, plan, target)
+            stale = pool.submit(_refuse_stale, plan, target, stale_probe)
             pending = txn.interrupted(target, venv)
             for completed in txn.record_completed(target, venv):
                 reporter.note(completed.describe())
@@ -290,7 +295,7 @@ def execute(
                        steps=tuple(steps), transfer=transfer)
 
 
-def _refuse_stale(plan: Plan, target: Host) -> None:
+def _refuse_stale(plan: Plan, target: Host, waiting: WaitingScript | None = None) -> None:
     """Under the lock: the target must still be the one the plan was made against.
 
     The target is probed again exactly as the plan read it (the overlaid distributions
@@ -298,12 +303,15 @@ def _refuse_stale(plan: Plan, target: Host) -> None:
     its fingerprint compared with the plan's, so an apply that landed between plan and lock
     (another manifest, a prompt left waiting) or a hand edit is never committed over.
 
+    :param waiting: a probe process started earlier and waiting for its request (it has read
+        nothing of the venv yet): asked now, under the lock; None starts one.
+
     :raises ApplyError: the target changed since the plan was made (nothing was written).
     """
     from transplant.core.inventory import TEXTS
 
     now = take_inventory(target, plan.target.venv, hash_patterns=plan.hash_patterns, files=plan.patch_files,
-                         texts=TEXTS, hash_cache="venv")
+                         texts=TEXTS, hash_cache="venv", waiting=waiting)
     if now.fingerprint != plan.target.fingerprint:
         manifest = shlex.quote(plan.manifest)
         raise ApplyError(

@@ -26,11 +26,7 @@ from rich.console import Console
 from rich.text import Text
 
 from transplant import __version__
-from transplant.cli.commands.apply import apply_command, history_command, rollback_command
-from transplant.cli.commands.inventory import inventory_command
-from transplant.cli.commands.plan import plan_command
 from transplant.cli.options import fleet_options, ssh_options
-from transplant.cli.session import parse_location
 from transplant.errors import TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
 
@@ -44,6 +40,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+# Each command's module is imported when it runs (issue 16): ``apply`` first starts its SSH
+# connections (:func:`transplant.cli.warm.connect_early`), then imports the planner and the rest.
+def plan_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.plan.plan_command`, its module imported when it runs."""
+    from transplant.cli.commands.plan import plan_command as command
+
+    return command(args, console)
+
+
+def apply_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.apply.apply_command`, its module imported when it runs."""
+    from transplant.cli.commands.apply import apply_command as command
+
+    return command(args, console)
+
+
+def rollback_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.apply.rollback_command`, its module imported when it runs."""
+    from transplant.cli.commands.apply import rollback_command as command
+
+    return command(args, console)
+
+
+def history_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.apply.history_command`, its module imported when it runs."""
+    from transplant.cli.commands.apply import history_command as command
+
+    return command(args, console)
+
+
+def inventory_command(args: argparse.Namespace, console: Console) -> int:
+    """:func:`transplant.cli.commands.inventory.inventory_command`, its module imported when it runs."""
+    from transplant.cli.commands.inventory import inventory_command as command
+
+    return command(args, console)
+
+
 def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.verify import verify_command  # the verify ladder: off the other commands' path
 
@@ -52,6 +85,7 @@ def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_init(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.init import init_command
+    from transplant.cli.session import parse_location
 
     init_command(args, console, parse_location)
     return EXIT_OK
@@ -59,6 +93,7 @@ def _cmd_init(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.clone import clone_command
+    from transplant.cli.session import parse_location
 
     return EXIT_OK if clone_command(args, console, parse_location) else EXIT_BLOCKED
 
@@ -213,6 +248,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``transplant``; returns the exit code (see the module docstring)."""
     args = build_parser().parse_args(argv)
+    from transplant.cli.warm import connect_early
+
+    connect_early(args)  # apply: both SSH connections open while the command's modules import
+    try:
+        return _run(args)
+    finally:
+        from transplant.hosts import early
+
+        early.close_unused()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; returns its exit code."""
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
     console = _Console(file=stream, width=wide)

@@ -21,25 +21,12 @@ from transplant.core.plan import Plan
 from transplant.controller.patch_files import read_patch_files
 from transplant.donor.sources import Opened, open_donor
 from transplant.errors import HostError, TransplantError, UsageError
-from transplant.hosts.host import Host, SSHOptions, connect, side_error
+from transplant.hosts.host import Host, connect, side_error
+from transplant.cli.warm import ssh_options
 from transplant.pipeline import plan_target
 
 __all__ = ["Session", "ssh_options", "parse_location", "targets_of", "run_fleet_action", "refuse_inside_venvs",
            "crash_after", "orphan_at"]
-
-
-def ssh_options(manifest: Manifest) -> SSHOptions:
-    base = Path(manifest.path).resolve().parent
-
-    def resolve(value: str | None) -> Path | None:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        return path if path.is_absolute() else base / path
-
-    return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
-                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys,
-                      config=resolve(manifest.ssh.config))
 
 
 class Session:

@@ -20,13 +20,18 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from transplant.errors import HostError
 from transplant.core.hostspec import LOCAL, HostSpec
+
+#: Guards every host's remembered facts (:meth:`Host.remembered`).
+_REMEMBERING = threading.Lock()
 
 __all__ = [
     "HostSpec",
@@ -214,13 +219,36 @@ class Host(abc.ABC):
         command opens each host once) and kept for the connection's life: for facts of the host that
         a command asks more than once and that do not change while it runs (a venv folder's identity).
 
+        Safe across threads: a caller asking while another computes the same key waits for that
+        answer (an apply asks a venv's identity in the background while it imports, then again).
+
         :param key: hashable, names the fact and its arguments (``("venv-identity", venv)``).
-        :raises: whatever ``compute`` raises (nothing is remembered then: the next call asks again).
+        :raises: whatever ``compute`` raises (nothing is remembered then: the next call asks again;
+            a caller that was waiting for that computation computes it itself).
         """
-        facts = self.__dict__.setdefault("_remembered", {})
-        if key not in facts:
-            facts[key] = compute()
-        return facts[key]
+        with _REMEMBERING:
+            facts = self.__dict__.setdefault("_remembered", {})
+            entry = facts.get(key)
+            if entry is None:
+                entry = facts[key] = Future()
+                entry.set_running_or_notify_cancel()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            try:
+                return entry.result()
+            except BaseException:  # noqa: BLE001 - the other caller's failure: ask again here
+                return self.remembered(key, compute)
+        try:
+            value = compute()
+        except BaseException as exc:
+            with _REMEMBERING:
+                facts.pop(key, None)
+            entry.set_exception(exc)
+            raise
+        entry.set_result(value)
+        return value
 
     def close(self) -> None:
         """Release the connection, if any; the host may not be used afterwards."""
@@ -432,11 +460,18 @@ def connect(spec: HostSpec, ssh: SSHOptions | None = None) -> Host:
 
     :param spec: the host to reach.
     :param ssh: SSH settings; None uses the defaults (``~/.ssh``, host keys verified).
+
+    A connection :func:`transplant.hosts.early.start` began opening for the same host and settings
+    is taken instead of opening another (it is the same SSHHost, host keys checked alike).
+
     :raises HostError: an SSH host could not be reached or refused us; the message names it.
     """
     if spec.is_local:
         return LocalHost(spec)
-    return SSHHost(spec, ssh or SSHOptions())
+    from transplant.hosts import early  # a connection an apply started opening at its start
+
+    opened = early.take(spec, ssh or SSHOptions())
+    return opened if opened is not None else SSHHost(spec, ssh or SSHOptions())
 
 
 from transplant.hosts.ssh import SSHHost  # noqa: E402  (it builds on the classes above)

@@ -22,7 +22,7 @@ from transplant.hosts.controller_cache import ControllerCache
 from transplant.hosts.host import Host, kill_group
 from transplant.core.inventory import Inventory, KeptDocument, parse_inventory
 
-__all__ = ["venv_python", "run_script", "ScriptSession", "take_inventory"]
+__all__ = ["venv_python", "run_script", "ScriptSession", "WaitingScript", "take_inventory"]
 
 
 def venv_python(venv: str) -> str:
@@ -67,13 +67,20 @@ def _reply_line(
     env: Mapping[str, str] | None = None,
     timeout: float | None = 600.0,
     python: str | None = None,
+    waiting: WaitingScript | None = None,
 ) -> str:
     """:func:`run_script`'s reply as the text of the line the script printed, not decoded;
     ``request`` may be given already encoded (JSON bytes).
 
+    :param waiting: a process of this script started earlier (:class:`WaitingScript`), asked
+        instead of starting one; when it is gone before being asked, one is started as usual.
     :raises HostError: as :func:`run_script` (but for a reply that is not JSON).
     """
     python = python or venv_python(venv)
+    if waiting is not None and request is not None and waiting.script == script:
+        line = waiting.ask(request if isinstance(request, bytes) else json.dumps(request).encode(), timeout)
+        if line is not None:
+            return line
     code = remote.source(script)
     flags = _isolation(script)
     if request is None:
@@ -200,6 +207,17 @@ class ScriptSession:
         self._proc = proc
         return proc
 
+    def start(self) -> None:
+        """Start the process now, before the first request, so that its start overlaps other work
+        (an apply starts the applier while it plans); nothing is asked. A failure to start is
+        left for the first request to report (it starts a process again)."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                try:
+                    self._start()
+                except HostError:
+                    self._proc = None
+
     def request(self, op: str, request: Mapping[str, Any], *, timeout: float | None = 3600.0) -> dict[str, Any]:
         """Send one operation and return its reply.
 
@@ -283,6 +301,78 @@ class ScriptSession:
                     pass
 
 
+class WaitingScript:
+    """A host script started now and asked later (issue 16): ``<python> [-I -S] -c <script> ARGS``
+    on the host with its standard input held open, so that its SSH channel, interpreter start
+    and compile overlap other work; :meth:`ask` then writes the request, ends the input and reads
+    the reply. Only for scripts that read their request before anything else (the probe with
+    ``--stdin``: it reads the venv only once the request came), so what it reports is the venv as
+    it is when asked, not when started. Close it (a context manager) when it may go unasked.
+
+    :ivar started: whether a process was started (False: starting failed; :meth:`ask` then
+        answers None and the caller runs the script as usual, reporting the error itself).
+    """
+
+    def __init__(self, host: Host, venv: str, script: str, args: Sequence[str] = ()) -> None:
+        self.label = f"{host.label}:{venv}"
+        self.host, self.venv, self.script, self.python = host, venv, script, venv_python(venv)
+        self._proc: subprocess.Popen | None = None
+        try:
+            self._proc = host.spawn([self.python, *_isolation(script), "-c", remote.source(script).decode(), *args])
+        except (HostError, OSError):
+            self._proc = None
+        self.started = self._proc is not None
+
+    def ask(self, request: bytes, timeout: float | None) -> str | None:
+        """Send ``request`` (the whole standard input), wait for the script to end and return the
+        last line it printed; None when no process is waiting (it never started, was asked
+        already, or has exited before being asked: the caller starts one as usual).
+
+        :param timeout: seconds; None waits without limit. Past it the process is killed.
+        :raises HostError: it printed no reply (as :func:`run_script`), or timed out.
+        """
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is not None:  # gone before being asked (a lost connection): not this request's failure
+            _reap(proc)
+            return None
+        try:
+            out, err = proc.communicate(request, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            raise HostError(f"{self.label}: the {self.script} script gave no reply within {timeout:g} s and was "
+                            f"stopped") from None
+        except BaseException:
+            kill_group(proc)
+            raise
+        line = _last_line(out)
+        if line is None:
+            raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode, err)
+        return line
+
+    def close(self) -> None:
+        """End an unasked process: its input is closed (the script reads an empty request and
+        exits, having read nothing of the venv), killed when it has not exited within 5 s."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _reap(proc)
+
+    def __enter__(self) -> WaitingScript:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Close a spawned process's input, wait up to 5 s for it to exit, else kill it; close its pipes."""
+    try:
+        proc.communicate(b"", timeout=5)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        kill_group(proc)
+
+
 def take_inventory(
     host: Host,
     venv: str,
@@ -297,6 +387,7 @@ def take_inventory(
     hash_cache: str | Mapping[str, Any] | None = None,
     compact: bool = True,
     inputs: bool = False,
+    waiting: WaitingScript | None = None,
 ) -> Inventory:
     """Probe a venv and parse its inventory.
 
@@ -324,6 +415,8 @@ def take_inventory(
         controller turns it off everywhere.
     :param inputs: ask the probe for its inputs' digest (``Inventory.inputs``; for the plan
         memo, :mod:`transplant.pipeline.memo`); False: None.
+    :param waiting: a probe process started earlier with ``--stdin`` on this host and venv
+        (:class:`WaitingScript`), asked instead of starting one; None starts one.
     :raises HostError: as :func:`run_script`.
     :raises ProbeError: the report is of another schema or malformed.
     """
@@ -337,7 +430,7 @@ def take_inventory(
     # while the probe runs and its reply is parsed
     encoded = json.dumps(request).encode()
     del request
-    line = _reply_line(host, venv, "probe", ["--stdin"], request=encoded, timeout=timeout)
+    line = _reply_line(host, venv, "probe", ["--stdin"], request=encoded, timeout=timeout, waiting=waiting)
     del encoded
     # One reply decoded and parsed at a time (a plan probes both venvs on two threads): the
     # work holds the GIL anyway, and so only one decoded tree is ever in memory.

@@ -21,6 +21,7 @@ from transplant.recover.provenance import make_recipe, record_verified, verified
 from transplant.donor.sources import DonorSource, Opened
 from transplant.pipeline.gather import gather
 from transplant.hosts.host import Host, SSHOptions
+from transplant.hosts.probing import WaitingScript
 from transplant.verify.judges import StageResult, overall_ok
 from transplant.reporting import QUIET, Reporter
 
@@ -65,13 +66,15 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
 
 def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, reporter: Reporter = QUIET,
                break_lock: bool = False, crash_after: int | None = None,
-               orphan_at: int | None = None, compress: bool = False) -> ApplyResult:
+               orphan_at: int | None = None, compress: bool = False,
+               stale_probe: WaitingScript | None = None) -> ApplyResult:
     """Carry out ``plan`` on ``target`` as one transaction (:func:`transplant.apply.execute.execute`), the
     donor's files read from ``opened``'s source (a registry snapshot's source stages them on the
     target itself: its ``stage``), the recipe of where the state came from recorded.
 
     :param reporter: passed to ``execute`` (its steps, the bytes copied, its notes).
     :param compress: compress the file stream (``execute``'s ``compress``).
+    :param stale_probe: the target's probe started earlier for the stale-plan check (``execute``'s).
     :raises ApplyError: / :raises TransactionError: as ``execute`` (a stale plan, a lock held, a failed step).
     """
     stager = getattr(opened.source, "stage", None)  # a registry snapshot: each target pulls its files itself
@@ -80,7 +83,7 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
     return execute(plan, donor=donor_host, target=target, manifest_dir=Path(manifest.path).resolve().parent,
                    state_dir=default_state_dir(), donor_root=donor_root, recipe=make_recipe(manifest, plan, opened),
                    break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, stager=stager, reporter=reporter,
-                   compress=compress)
+                   compress=compress, stale_probe=stale_probe)
 
 
 def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSHOptions | None,

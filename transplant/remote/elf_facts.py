@@ -694,8 +694,70 @@ def loaded_path(prefix_name):
     return None
 
 
+SHT_GNU_VERDEF = 0x6FFFFFFD
+
+
+def verdef_versions(path):
+    """The first name of each version definition of the ELF file ``path`` (``SHT_GNU_verdef``),
+    the base one (``VER_FLG_BASE``: the soname) left out, in file order: what :func:`libstdcxx`
+    reads with pyelftools, read here with ``struct`` alone (System V gABI, "Versioning"), so that
+    a plan whose objects are all cached (or a small apply, with none) does not import pyelftools
+    for it. None when the file is not one this reads (not ELF, extended section numbering, an
+    offset out of bounds): the caller reads it with pyelftools then.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
+            return None
+        wide, end = data[4] == 2, "<" if data[5] == 1 else ">"
+        if wide:
+            shoff, = struct.unpack_from(end + "Q", data, 0x28)
+            shentsize, shnum = struct.unpack_from(end + "HH", data, 0x3A)
+            header, size = end + "IIQQQQIIQQ", 64
+        else:
+            shoff, = struct.unpack_from(end + "I", data, 0x20)
+            shentsize, shnum = struct.unpack_from(end + "HH", data, 0x2E)
+            header, size = end + "IIIIIIIIII", 40
+        if shnum == 0 or shentsize != size or shoff + shnum * size > len(data):
+            return None
+        sections = [struct.unpack_from(header, data, shoff + i * size) for i in range(shnum)]
+        # (name, type, flags, addr, offset, size, link, info, ...)
+        verdef = [sh for sh in sections if sh[1] == SHT_GNU_VERDEF]
+        if not verdef:
+            return []
+        _, _, _, _, offset, length, link, count = verdef[0][:8]
+        if link >= shnum or offset + length > len(data):
+            return None
+        strings = sections[link]
+        if strings[4] + strings[5] > len(data):
+            return None
+        table = data[strings[4]:strings[4] + strings[5]]
+
+        def name(at):
+            stop = table.index(b"\0", at)
+            return table[at:stop].decode("utf-8", "replace")
+
+        versions, entry = [], offset
+        for _ in range(count):
+            if entry + 20 > offset + length:
+                return None
+            _, flags, _, auxiliaries, _, aux, following = struct.unpack_from(end + "HHHHIII", data, entry)
+            if auxiliaries and not flags & VER_FLG_BASE:
+                if entry + aux + 8 > offset + length:
+                    return None
+                versions.append(name(struct.unpack_from(end + "I", data, entry + aux)[0]))
+            if not following:
+                break
+            entry += following
+        return versions
+    except (OSError, struct.error, ValueError, IndexError):
+        return None
+
+
 def libstdcxx():
-    """``{"path", "versions"}`` of the ``libstdc++.so.6`` this interpreter loads, or None."""
+    """``{"path", "versions"}`` of the ``libstdc++.so.6`` this interpreter loads, or None;
+    its versions read by :func:`verdef_versions`, else (a file that one does not read) pyelftools."""
     try:
         ctypes.CDLL("libstdc++.so.6")
     except OSError:
@@ -703,6 +765,9 @@ def libstdcxx():
     path = loaded_path("libstdc++.so.6")
     if path is None:
         return None
+    quick = verdef_versions(path)
+    if quick is not None:
+        return {"path": path, "versions": quick}
     versions = []
     try:
         stream, elf = open_elf(path)

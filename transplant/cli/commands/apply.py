@@ -26,6 +26,7 @@ from transplant.core.plan import Plan
 from transplant.core.promised_state import drift, plan_differences
 from transplant.core.units import human_bytes
 from transplant.errors import ManifestError, TransplantError, UsageError
+from transplant.hosts.probing import WaitingScript
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
 from transplant.pipeline import apply_plan
 
@@ -156,8 +157,15 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
             # --resume of a transaction that was still staging: it was discarded; apply afresh
         from transplant.pipeline.gather import refuse_self_target
         early = session.donor()  # before the lock: nothing is written into a donor named twice
+        target_host = session.host("target")
+        # started now, their starts (SSH channel, interpreter, script) overlap the checks and the
+        # plan; neither reads or writes anything in the venv before it is asked: the applier
+        # serves the transaction's requests, the probe is the stale-plan check, asked under the lock
+        stack.enter_context(txn.session(target_host, manifest.target.venv)).start()
+        stale_probe = None if session.clone_pending() else stack.enter_context(
+            WaitingScript(target_host, manifest.target.venv, "probe", ["--stdin"]))
         if early.host is not None:
-            refuse_self_target(replace(session.manifest, target=manifest.target), early.host, session.host("target"))
+            refuse_self_target(replace(session.manifest, target=manifest.target), early.host, target_host)
         # every input is checked (the saved plan against a fresh plan) before anything is locked or written
         opened = session.donor()
         given, manifest = manifest, session.manifest
@@ -206,7 +214,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
                                                      "patches": patch_bytes}) as bar:
             result = apply_plan(plan, manifest, opened, session.host("target"), reporter=bar, break_lock=args.break_lock,
                                 crash_after=crash_after(), orphan_at=orphan_at(),
-                                compress=getattr(args, "compress", False))
+                                compress=getattr(args, "compress", False), stale_probe=stale_probe)
     relayed = f" ({result.transfer})" if result.transfer else ""
     console.print(Text.assemble(("applied", "bold green"), (
         f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "

@@ -1,0 +1,61 @@
+"""What a command starts before it has finished importing (face): the SSH settings of a manifest
+and, for ``transplant apply MANIFEST``, its two hosts' connections opened side by side
+(:mod:`transplant.hosts.early`) while the command's modules import (issue 16).
+
+Kept free of the heavy imports (rich, the planner, the pipeline): it runs first.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from transplant.core.manifest import Endpoint, Manifest
+from transplant.hosts.host import SSHOptions
+
+__all__ = ["ssh_options", "connect_early"]
+
+
+def ssh_options(manifest: Manifest) -> SSHOptions:
+    """The manifest's ``ssh`` settings, its relative paths resolved against the manifest's folder."""
+    base = Path(manifest.path).resolve().parent
+
+    def resolve(value: str | None) -> Path | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else base / path
+
+    return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
+                      connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys,
+                      config=resolve(manifest.ssh.config))
+
+
+def connect_early(args: argparse.Namespace) -> None:
+    """For ``transplant apply MANIFEST`` with one target (no ``--target``, ``--resume``,
+    ``--rollback``), start opening the donor's and the target's SSH connections, both at once,
+    each then asking its venv's identity (for the donor-is-not-the-target check: it only reads);
+    the command takes them when it connects (:func:`transplant.hosts.host.connect`). Anything
+    else (a saved plan, a fleet, a snapshot donor, a local host) starts nothing here.
+
+    Never raises: a manifest that does not load, or settings that are bad, start nothing, and
+    the command reports them itself as it always did.
+    """
+    if args.command != "apply" or getattr(args, "target", None) or args.resume or args.rollback \
+            or str(args.source).endswith(".json"):
+        return
+    try:
+        from transplant.controller.manifest_file import load_manifest
+        from transplant.hosts import early
+
+        manifest = load_manifest(args.source)
+        if len(manifest.targets or (manifest.target,)) != 1 or manifest.target.base is not None:
+            return
+        options = ssh_options(manifest)
+        if options.identity_file is not None and not Path(options.identity_file).expanduser().is_file():
+            return  # the command says so, with its hint
+        for end in (manifest.donor, manifest.target):
+            if isinstance(end, Endpoint):
+                early.start(end.host, options, end.venv)
+    except Exception:  # noqa: BLE001 - the command itself reports whatever is wrong
+        return

@@ -1,0 +1,90 @@
+"""Connections opened early (edge): SSH master connections started side by side, in threads,
+before the command that needs them asks (issue 16: a small apply spent about 0.2 s per host
+opening them one after the other, after its imports).
+
+:func:`start` begins connecting; :func:`transplant.hosts.host.connect` hands the connection to
+the first caller asking for that host with the same settings (:func:`take`), or raises the
+error connecting gave (the same :class:`transplant.errors.HostError` that connecting then would
+have raised). A connection nobody took is closed by :func:`close_unused`. Host keys are checked
+exactly as by :func:`transplant.hosts.host.connect`: the connection is the same
+:class:`transplant.hosts.ssh.SSHHost`, only opened sooner.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+from transplant.core.hostspec import HostSpec
+from transplant.hosts.host import Host, SSHOptions
+
+__all__ = ["start", "take", "close_unused"]
+
+_LOCK = threading.Lock()
+#: (host spec, SSH settings) -> the connection under way (a Future of an SSHHost).
+_WAITING: dict[tuple[HostSpec, SSHOptions], Future] = {}
+
+
+def start(spec: HostSpec, options: SSHOptions, venv: str | None = None) -> None:
+    """Start opening the master connection to ``spec`` in a thread of its own and return at once.
+
+    ``local`` needs no connection: nothing is started. A host already being opened with the same
+    settings is not opened twice. Errors are kept for :func:`take`.
+
+    :param venv: a venv on that host whose identity to ask once connected, before :func:`take`
+        hands the connection over (:func:`transplant.hosts.identity.venv_identity`: it only reads;
+        remembered by the connection, so the donor-is-not-the-target check takes that answer);
+        None asks nothing.
+    """
+    if spec.is_local:
+        return
+    key = (spec, options)
+    with _LOCK:
+        if key in _WAITING:
+            return
+        future: Future = Future()
+        _WAITING[key] = future
+
+    def opening() -> None:
+        from transplant.hosts.ssh import SSHHost
+
+        try:
+            host = SSHHost(spec, options)
+        except BaseException as exc:  # noqa: BLE001 - handed to take(), which raises it in the caller
+            future.set_exception(exc)
+            return
+        if venv is not None:  # asked before the connection is handed over: take() returns it remembered
+            from transplant.hosts.identity import venv_identity
+
+            try:
+                venv_identity(host, venv)
+            except Exception:  # noqa: BLE001 - not remembered then: the check asks again and reports it
+                pass
+        future.set_result(host)
+
+    threading.Thread(target=opening, name=f"connect {spec}", daemon=True).start()
+
+
+def take(spec: HostSpec, options: SSHOptions) -> Host | None:
+    """The connection :func:`start` opened for ``spec`` with ``options`` (waiting for it to be
+    open), now the caller's to close; None when none was started (the caller connects itself).
+
+    :raises HostError: connecting failed (as :class:`transplant.hosts.ssh.SSHHost` raises it).
+    """
+    with _LOCK:
+        future = _WAITING.pop((spec, options), None)
+    return None if future is None else future.result()
+
+
+def close_unused() -> None:
+    """Close every connection started and never taken (a command that failed before it asked,
+    or a donor replaced by its fallback); waits for those still opening."""
+    with _LOCK:
+        waiting = list(_WAITING.values())
+        _WAITING.clear()
+    for future in waiting:
+        try:
+            host = future.result()
+        except BaseException:  # noqa: BLE001 - it never opened: nothing to close
+            continue
+        host.close()

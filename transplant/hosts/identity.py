@@ -1,0 +1,41 @@
+"""A venv folder's identity on its host (edge): (boot id, device, inode), for the
+donor-is-not-the-target check, asked early.
+
+The same script and the same remembered key as :func:`transplant.pipeline.gather.venv_identity`
+(a test keeps the two scripts equal), so an apply can ask it in the background as soon as a
+connection is open (:mod:`transplant.hosts.early`), and the check that follows takes the
+remembered answer instead of starting the interpreter again.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from transplant.hosts.host import Host
+
+__all__ = ["IDENTITY_SCRIPT", "venv_identity"]
+
+IDENTITY_SCRIPT = ("import os, sys\n"
+                   "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
+                   "except OSError:\n    boot = ''\n"
+                   "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n"
+                   "log = os.environ.get('TRANSPLANT_SCRIPT_LOG')\n"
+                   "if log:\n    open(log, 'a').write('identity %s\\n' % sys.argv[1])\n")
+
+
+def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[str, int, int] | None:
+    """(boot id, device, inode) of the folder ``venv`` on ``host``, symlinks followed; None when
+    it cannot be told. Asked once per connection (:meth:`Host.remembered`, key
+    ``("venv-identity", venv)``), as :func:`transplant.pipeline.gather.venv_identity` asks it.
+
+    :raises HostError: the host cannot be reached.
+    """
+    def ask() -> tuple[str, int, int] | None:
+        python = posixpath.join(venv, "bin", "python")  # as transplant.hosts.probing.venv_python
+        result = host.run([python, "-I", "-S", "-c", IDENTITY_SCRIPT, venv], timeout=timeout)
+        words = result.stdout.decode("ascii", "replace").split()
+        if not result.ok or len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
+            return None
+        return words[0], int(words[1]), int(words[2])
+
+    return host.remembered(("venv-identity", venv), ask)  # type: ignore[return-value]
