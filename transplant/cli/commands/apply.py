@@ -181,16 +181,19 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         stack.enter_context(txn.session(session.host("target"), manifest.target.venv))  # one applier process
         _finish_interrupted(args, console, session, given.path, None)  # raises while one is interrupted
         print_plan(console, plan)
-        if not plan.has_changes:
-            console.print("nothing to change: the target already holds the planned state")
-            return verify_command(args, console, manifest=given) if args.verify else EXIT_OK
+        # the gate comes first: an error finding blocks even when nothing is left to copy (the
+        # venv holds a state the gate refuses; exit 3, as plan and a fleet's apply say)
         if plan.refused:
             console.print(f"[bold red]apply refused[/]: {', '.join(sorted({f.code for f in plan.refused}))} cannot "
                           f"be forced or accepted; fix it as its hint says")
             return EXIT_BLOCKED
         if plan.blocking and not args.force:
-            console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
+            console.print("[bold red]apply refused[/]: fix the error findings above, accept them in the manifest, "
+                          "or pass --force" + ("" if plan.has_changes else " (nothing would be copied)"))
             return EXIT_BLOCKED
+        if not plan.has_changes:
+            console.print("nothing to change: the target already holds the planned state")
+            return verify_command(args, console, manifest=given) if args.verify else EXIT_OK
         if not args.yes:
             if not sys.stdin.isatty():
                 raise TransplantError("apply needs confirmation and standard input is not a terminal",
