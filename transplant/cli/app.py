@@ -136,8 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
     v.add_argument("--imports", metavar="NAMES", help="comma-separated import names (without a manifest: the "
                    "distributions providing them are checked too)")
-    v.add_argument("--clear-jit-caches", action="store_true",
-                   help="remove the triton, flashinfer and torch-inductor cache folders of the target's user")
+    v.add_argument("--clear-jit-caches", nargs="?", const="", default=None, metavar="NAMES",
+                   help="list the triton, flashinfer and torch-inductor cache folders of the target's user (they are "
+                        "outside the venv, shared by the user's other venvs: nothing is removed); "
+                        "--clear-jit-caches=triton,flashinfer,torch-inductor (or =all) removes the ones named")
     ssh_options(v, what=", for HOST:VENV")
     fleet_options(v)
     v.set_defaults(func=_cmd_verify)

@@ -23,7 +23,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
@@ -60,6 +60,10 @@ GROUP = ("imports", "native-load", "library-provenance", "requirements", "server
 #: cost beyond their memory (about 1 GB each with torch imported).
 PARALLEL = 4
 
+#: The JIT caches the ``jit-caches`` stage looks at (``transplant/remote/stage_jit.py``), by the
+#: names ``verify --clear-jit-caches=NAMES`` takes.
+JIT_CACHES = ("triton", "flashinfer", "torch-inductor")
+
 
 def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]], started: float | None = None) -> StageResult:
     """Run a stage's body: its result, or a fail naming the host error it raised; ``seconds``
@@ -92,7 +96,7 @@ def run_stages(
     venv: str,
     donor_inventory: Callable[[], Inventory | None] | None = None,
     reporter: Reporter = QUIET,
-    clear_jit_caches: bool = False,
+    clear_jit_caches: bool | Sequence[str] = False,
     donor_run: DonorRun | None = None,
     parallel: int = PARALLEL,
 ) -> list[StageResult]:
@@ -112,8 +116,10 @@ def run_stages(
         that does not apply is passed over, so the last report is all of them). The stages of
         :data:`GROUP` overlap, so their steps come from several threads, in the order they
         start, and one step's start does not end the one before; ``done`` never goes down.
-    :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
-        (only those folders); the stage then runs last, alone.
+    :param clear_jit_caches: the JIT caches whose folders to remove (names of
+        :data:`JIT_CACHES`; True: all of them; False or empty: none, the folders are only
+        listed); only those folders, and only with the refusals of ``stage_jit._removable``.
+        When any is named the stage runs last, alone.
     :param donor_run: runs a host script in the donor's venv (``(script, args, request) ->
         report``, with ``{venv}`` in a request path standing for the donor's prefix), or None
         when the donor cannot run code (a snapshot, unreachable). Import names derived from
@@ -129,6 +135,7 @@ def run_stages(
     A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
     a missing interpreter) is a fail with that reason; the other stages still run.
     """
+    clearing = JIT_CACHES if clear_jit_caches is True else tuple(clear_jit_caches or ())
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, not {parallel}")
     env = dict(settings.env)
@@ -310,10 +317,10 @@ def run_stages(
         def jit() -> tuple[str, str, Mapping]:
             if live is None:
                 return "skip", "the target's interpreter could not be run (see interpreter)", {}
-            report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env,
+            report = run_script(target, venv, "stage_jit", request={"clear": list(clearing)}, env=env,
                                 timeout=timeout)
             caches = report.get("caches", [])
-            status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
+            status, reason = judges.judge_jit_caches(caches, cleared=bool(clearing))
             return status, reason, report
 
         def imports_and_provenance() -> None:
@@ -327,7 +334,7 @@ def run_stages(
             *([imports_and_provenance] if sharing else
               [lambda: run("imports", imports), lambda: run("library-provenance", provenance)]),
             lambda: run("native-load", native), lambda: run("requirements", requirements), server_args_stages]
-        if not clear_jit_caches:
+        if not clearing:
             group.append(lambda: run("jit-caches", jit))
         with ThreadPoolExecutor(max_workers=min(parallel, len(group)), thread_name_prefix="verify") as stages:
             for future in [stages.submit(each) for each in group]:
@@ -359,7 +366,7 @@ def run_stages(
         return status, reason, report
 
     run("serve", serve)
-    if clear_jit_caches:
+    if clearing:
         run("jit-caches", jit)
     return [results[name] for name in STAGES if name in results]
 
