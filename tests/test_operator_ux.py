@@ -59,3 +59,49 @@ def test_apply_with_an_error_finding_and_nothing_to_copy_is_blocked(pair, capsys
     # the fault-free twin: nothing to change and no finding
     assert main(["apply", str(manifest()), "--yes"]) == 0
     assert "nothing to change" in capsys.readouterr().out
+
+
+def _three_transactions(tmp_path, manifest, capsys):
+    """Apply foo 2.0, then a patch p1, then a patch p2: three committed transactions; their ids."""
+    import json
+
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "p1.py").write_text("P1 = 1\n")
+    (tmp_path / "patches" / "p2.py").write_text("P2 = 2\n")
+    m = manifest()
+    assert main(["apply", str(m), "--yes"]) == 0
+    one = "patches:\n  - {source: patches/p1.py, dest: foo/p1.py}\n"
+    assert main(["apply", str(manifest("m1.yaml", extra=one)), "--yes"]) == 0
+    two = one + "  - {source: patches/p2.py, dest: foo/p2.py}\n"
+    assert main(["apply", str(manifest("m2.yaml", extra=two)), "--yes"]) == 0
+    capsys.readouterr()
+    assert main(["history", str(m), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    ids = [t["id"] for t in record["transactions"] if t["state"] == "committed"]
+    assert len(ids) == 3
+    return m, ids
+
+
+def test_rollback_to_refuses_up_front_when_an_older_transaction_drifted(pair, capsys):
+    tmp_path, manifest = pair
+    m, ids = _three_transactions(tmp_path, manifest, capsys)
+    foo = tmp_path / "target" / "lib" / "python3.11" / "site-packages" / "foo"
+    (foo / "p1.py").write_text("EDITED = 1\n")  # a file of the middle transaction, changed by hand
+    assert main(["rollback", str(m), "--to", ids[0], "--yes"]) == 1
+    out = flat(capsys.readouterr().out)
+    assert f"the files of transaction {ids[1]} changed since it was applied" in out
+    assert "nothing was rolled back" in out and "foo/p1.py" in out
+    # nothing changed: the newest transaction is still applied, the edit is kept
+    assert (foo / "p2.py").read_text() == "P2 = 2\n" and (foo / "p1.py").read_text() == "EDITED = 1\n"
+    assert main(["history", str(m), "--json"]) == 0
+    assert capsys.readouterr().out.count('"committed"') >= 3
+
+
+def test_rollback_to_without_drift_rolls_back_every_later_transaction(pair, capsys):
+    tmp_path, manifest = pair
+    m, ids = _three_transactions(tmp_path, manifest, capsys)
+    foo = tmp_path / "target" / "lib" / "python3.11" / "site-packages" / "foo"
+    assert main(["rollback", str(m), "--to", ids[0], "--yes"]) == 0
+    assert f"rolled back {ids[2]}, {ids[1]}" in flat(capsys.readouterr().out)
+    assert not (foo / "p1.py").exists() and not (foo / "p2.py").exists()
+    assert (foo / "__init__.py").read_text() == "V = 2\n"
