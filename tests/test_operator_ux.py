@@ -105,3 +105,58 @@ def test_rollback_to_without_drift_rolls_back_every_later_transaction(pair, caps
     assert f"rolled back {ids[2]}, {ids[1]}" in flat(capsys.readouterr().out)
     assert not (foo / "p1.py").exists() and not (foo / "p2.py").exists()
     assert (foo / "__init__.py").read_text() == "V = 2\n"
+
+
+def _stopped_while_staging(tmp_path, m, capsys, *, plan_target: str | None = None) -> str:
+    """A transaction left in ``staging`` on the target, as a controller stopped during the copy
+    leaves it: the real applier's ``begin`` and the ``started`` event apply records (the plan's
+    fingerprints; ``plan_target`` replaces the target's, as a target changed since would)."""
+    import time
+
+    from transplant.apply import txn
+    from transplant.apply.execute import new_transaction_id
+    from transplant.controller.plan_file import load_plan
+    from transplant.core.promised_state import expected_state, transaction_steps
+    from transplant.hosts.host import LocalHost
+
+    saved = tmp_path / "p.json"
+    assert main(["plan", str(m), "--out", str(saved)]) == 0
+    capsys.readouterr()
+    plan = load_plan(saved)
+    host, venv, txid = LocalHost(), str(tmp_path / "target"), new_transaction_id()
+    with txn.session(host, venv):
+        txn.acquire(host, venv, txid, "transplant apply (stopped while staging)")
+        assert txn.call(host, venv, "begin", {"id": txid, "steps": transaction_steps(plan),
+                                               "after": expected_state(plan), "bytes": plan.copy_bytes,
+                                               "source": "donor"}, check=False).get("ok")
+        txn.call(host, venv, "record", {"entry": {
+            "id": txid, "event": "started", "time": time.time(), "source": "donor",
+            "plan_donor": plan.donor.fingerprint, "plan_target": plan_target or plan.target.fingerprint}})
+        txn.release(host, venv, txid)
+    assert [p["state"] for p in txn.interrupted(host, venv)] == ["staging"]
+    return txid
+
+
+def test_resume_of_a_transaction_stopped_while_staging_applies_without_asking_again(pair, capsys):
+    tmp_path, manifest = pair
+    m = manifest()
+    txid = _stopped_while_staging(tmp_path, m, capsys)
+    # no --yes, no terminal: the plan is the one confirmed when the transaction started
+    assert main(["apply", str(m), "--resume"]) == 0
+    out = flat(capsys.readouterr().out)
+    assert f"transaction {txid} had not changed anything yet (it was staging); discarded; applying afresh" in out
+    assert f"resuming: the plan is the one transaction {txid} started with" in out and "applied" in out
+    site = tmp_path / "target" / "lib" / "python3.11" / "site-packages"
+    assert (site / "foo" / "__init__.py").read_text() == "V = 2\n"
+
+
+def test_resume_after_staging_asks_again_when_the_plan_changed(pair, capsys):
+    tmp_path, manifest = pair
+    m = manifest()
+    txid = _stopped_while_staging(tmp_path, m, capsys, plan_target="0" * 64)
+    assert main(["apply", str(m), "--resume"]) == 1
+    out = flat(capsys.readouterr().out)
+    assert f"the plan is not the one transaction {txid} started with" in out
+    assert "apply needs confirmation and standard input is not a terminal" in out
+    site = tmp_path / "target" / "lib" / "python3.11" / "site-packages"
+    assert (site / "foo" / "__init__.py").read_text() == "V = 1\n"

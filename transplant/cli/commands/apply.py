@@ -33,7 +33,7 @@ __all__ = ["apply_command", "rollback_command", "history_command"]
 
 
 def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Session", manifest_path: str,
-                        how: str | None) -> bool:
+                        how: str | None, discarded: list[dict] | None = None) -> bool:
     """Handle --resume / --rollback, or refuse while a transaction is interrupted; first record
     the outcome of any commit the target's host script completed after its controller died
     (:func:`transplant.apply.txn.record_completed`) and say so.
@@ -42,6 +42,9 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
 
     :param manifest_path: the manifest, for the commands the messages name.
     :param how: ``"resume"``, ``"rollback"``, or None (a plain apply: only check).
+    :param discarded: with ``--resume`` of a transaction still staging (discarded: the apply
+        starts afresh), its ``started`` history event (``id``, ``plan_donor``, ``plan_target``:
+        the fingerprints of the plan the operator confirmed) is appended here.
     :returns: True when the command is done (finished, undone, or nothing to resume), False to
         go on and apply.
     :raises TransplantError: an interrupted transaction without --resume / --rollback;
@@ -68,6 +71,10 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
             if pending and how:
                 outcome = txn.finish(target, m.target.venv, pending[-1]["id"], how, lock=txid,
                                      crash_after=crash_after())
+                if outcome == "aborted" and discarded is not None:
+                    started = [e for e in txn.history(target, m.target.venv)["events"]
+                               if e.get("id") == pending[-1]["id"] and e.get("event") == "started"]
+                    discarded.append(started[-1] if started else {"id": pending[-1]["id"]})
         finally:
             txn.release(target, m.target.venv, txid)
     differ = [c for c in completed if c.outcome == "differs"]
@@ -100,8 +107,8 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
             hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
                  f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
     if outcome == "aborted":
-        console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded",
-                      markup=False)
+        console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded"
+                      + ("; applying afresh" if how == "resume" else ""), markup=False)
         return how == "rollback"
     console.print(Text.assemble((outcome, "bold green"), f" transaction {last['id']}: the target matches its "
                                 f"{'planned' if outcome == 'applied' else 'earlier'} state hash for hash"))
@@ -146,12 +153,14 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
             from transplant.cli.commands.clone import clone_base
             clone_base(args, console, manifest, session.base_host(), session.host("target"))
             session.cloned()
+        discarded: list[dict] = []
         if args.resume or args.rollback:
             if saved is not None:  # it only names the target: it must be its manifest's
                 _check_saved_plan(saved, manifest, source, sides=("target",))
             # one applier process serves the whole command (the lock, the check, the transaction)
             stack.enter_context(txn.session(session.host("target"), session.manifest.target.venv))
-            if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback"):
+            if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback",
+                                   discarded):
                 return EXIT_OK
             # --resume of a transaction that was still staging: it was discarded; apply afresh
         from transplant.pipeline.gather import refuse_self_target
@@ -194,7 +203,15 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         if not plan.has_changes:
             console.print("nothing to change: the target already holds the planned state")
             return verify_command(args, console, manifest=given) if args.verify else EXIT_OK
-        if not args.yes:
+        confirmed = bool(discarded) and (discarded[-1].get("plan_donor"), discarded[-1].get("plan_target")) == (
+            plan.donor.fingerprint, plan.target.fingerprint)
+        if confirmed:  # --resume: the operator confirmed this very plan when the transaction started
+            console.print(f"resuming: the plan is the one transaction {discarded[-1]['id']} started with "
+                          f"(confirmed then); applying it", markup=False)
+        elif discarded:
+            console.print(f"the plan is not the one transaction {discarded[-1]['id']} started with (the donor or "
+                          f"the target changed since): confirm it anew", markup=False)
+        if not args.yes and not confirmed:
             if not sys.stdin.isatty():
                 raise TransplantError("apply needs confirmation and standard input is not a terminal",
                                       hint=f"add --yes: transplant apply {args.source} --yes")
