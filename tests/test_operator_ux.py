@@ -160,3 +160,27 @@ def test_resume_after_staging_asks_again_when_the_plan_changed(pair, capsys):
     assert "apply needs confirmation and standard input is not a terminal" in out
     site = tmp_path / "target" / "lib" / "python3.11" / "site-packages"
     assert (site / "foo" / "__init__.py").read_text() == "V = 1\n"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("", "(file): it is empty (no YAML document, only blank lines or comments)"),
+    ("# only a comment\n\n", "(file): it is empty"),
+    ("- version: 1\n- overlay: [foo]\n", "(top level): the file holds a list, not a mapping of keys"),
+    ("hello\n", "(top level): the file holds the string 'hello', not a mapping of keys"),
+])
+def test_an_empty_or_non_mapping_manifest_is_said_so_once(tmp_path, capsys, text, said):
+    m = tmp_path / "m.yaml"
+    m.write_text(text)
+    assert main(["plan", str(m)]) == 1
+    out = flat(capsys.readouterr().out)
+    assert f"{m}: 1 problem; nothing was run" in out and said in out
+    assert "fix: write" in out and "target: missing" not in out
+
+
+def test_a_manifest_missing_its_target_still_says_so(tmp_path, capsys):
+    # the fault-free twin of the above: a mapping missing a key names that key
+    m = tmp_path / "m.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'd'}}}\noverlay: [foo]\n")
+    assert main(["plan", str(m)]) == 1
+    out = flat(capsys.readouterr().out)
+    assert "target: missing" in out and "it is empty" not in out
