@@ -343,7 +343,7 @@ def test_clear_jit_caches_alone_lists_the_user_wide_folders_and_removes_nothing(
     assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert (f"--clear-jit-caches removed nothing; not removed, outside the target venv (the user's, shared by its "
-            f"other venvs): triton {tmp_path}/triton (1 files, 1 B), torch-inductor {tmp_path}/inductor (1 files, 1 B); "
+            f"other venvs): triton {tmp_path}/triton (1 file, 1 B), torch-inductor {tmp_path}/inductor (1 file, 1 B); "
             f"to remove them: transplant verify local:{built['good']} --imports fakecuda "
             f"--clear-jit-caches=triton,torch-inductor; nothing else was touched") in out
     assert (tmp_path / "triton" / "x" / "f").read_text() == "x" and (tmp_path / "inductor" / "y" / "f").read_text() == "x"

@@ -184,3 +184,53 @@ def test_a_manifest_missing_its_target_still_says_so(tmp_path, capsys):
     assert main(["plan", str(m)]) == 1
     out = flat(capsys.readouterr().out)
     assert "target: missing" in out and "it is empty" not in out
+
+
+def test_counts_say_one_file_and_one_change(pair, capsys):
+    tmp_path, manifest = pair
+    site = tmp_path / "donor" / "lib" / "python3.11" / "site-packages"
+    m = manifest()
+    assert main(["apply", str(m), "--yes"]) == 0
+    capsys.readouterr()
+    (site / "foo" / "extra.py").write_text("E = 2\n")  # the donor changes one file, and its RECORD row with it
+    done = main(["plan", str(m)])
+    out = flat(capsys.readouterr().out)
+    assert done == 0 and "1 change: 1 file (6 B) to copy" in out and "same version, 1 file differs" in out
+    assert "1 changes" not in out and " 1 files" not in out
+
+
+def test_an_applier_error_names_what_was_tried_not_the_operation(pair, capsys):
+    tmp_path, manifest = pair
+    (tmp_path / "target" / ".transplant").write_text("not a folder\n")
+    assert main(["apply", str(manifest()), "--resume"]) == 1
+    out = flat(capsys.readouterr().out)
+    assert "looking for an interrupted transaction failed: refused:" in out and "pending failed" not in out
+    assert (tmp_path / "target" / ".transplant").read_text() == "not a folder\n"
+
+
+def test_a_fleet_refusal_names_only_the_option_given(pair, capsys):
+    tmp_path, manifest = pair
+    make_venv(tmp_path / "target2", [])
+    m = tmp_path / "fleet.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'donor'}}}\ntargets:\n"
+                 f"  - {{host: local, venv: {tmp_path / 'target'}}}\n  - {{host: local, venv: {tmp_path / 'target2'}}}\n"
+                 f"overlay: [foo]\n")
+    assert main(["apply", str(m), "--yes", "--compress"]) == 64
+    out = flat(capsys.readouterr().out + capsys.readouterr().err)
+    assert "--compress acts on one target; name it with --target" in out and "--resume" not in out
+    assert main(["apply", str(m), "--yes", "--resume", "--break-lock"]) == 64
+    out = flat(capsys.readouterr().out)
+    assert "--resume and --break-lock act on one target" in out and "--compress" not in out
+    assert not (tmp_path / "target" / ".transplant").exists()
+
+
+def test_status_of_an_interrupted_transaction_names_the_manifest(pair, capsys):
+    tmp_path, manifest = pair
+    m = manifest()
+    txid = _stopped_while_staging(tmp_path, m, capsys)
+    assert main(["status", str(m)]) == 0
+    out = flat(capsys.readouterr().out)
+    assert (f"interrupted transaction {txid}: finish it with 'transplant apply {m} --resume' or undo it with "
+            f"'transplant apply {m} --rollback'") in out
+    assert main(["status", f"local:{tmp_path / 'target'}"]) == 0
+    assert "'transplant apply <manifest> --resume'" in flat(capsys.readouterr().out)

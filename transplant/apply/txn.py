@@ -105,8 +105,22 @@ def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: b
     else:
         reply = run_script(host, venv, "applier", [op], request=dict(request), timeout=timeout)
     if check and not reply.get("ok"):
-        raise TransactionError(f"{host.label}:{venv}: {op} failed: {reply.get('error')}")
+        raise TransactionError(f"{host.label}:{venv}: {_DOING.get(op, op)} failed: {reply.get('error')}")
     return reply
+
+
+#: What each applier operation is, as the operator reads it in an error (``reading the
+#: transactions failed: ...``, not the operation's name ``pending``).
+_DOING = {
+    "lock": "taking the venv's lock", "unlock": "releasing the venv's lock", "break-lock": "breaking the venv's lock",
+    "pending": "looking for an interrupted transaction", "begin": "starting the transaction",
+    "heads": "reading the console scripts' first lines", "records": "reading the RECORD files",
+    "links": "reading the symlinks", "commit": "committing the transaction",
+    "rollback": "rolling the transaction back", "discard": "discarding the staged files",
+    "txn": "reading the transaction's record", "mark": "recording the transaction's state",
+    "record": "writing the venv's history", "history": "reading the venv's history",
+    "check": "checking the staged files", "state": "comparing the venv with the recorded state",
+}
 
 
 @dataclass(frozen=True, kw_only=True)

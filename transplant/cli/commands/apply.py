@@ -24,7 +24,7 @@ from transplant.controller.plan_file import load_plan
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
 from transplant.core.promised_state import drift, plan_differences
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 from transplant.errors import ManifestError, TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
 from transplant.pipeline import apply_plan
@@ -92,7 +92,7 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
             if differ:
                 raise txn.TransactionError(
                     f"{m.target}: transaction {differ[-1].id} was committed by the host after the controller died, "
-                    f"but {len(differ[-1].mismatches)} files differ from its planned state",
+                    f"but {count(len(differ[-1].mismatches), 'file')} differ from its planned state",
                     mismatches=list(differ[-1].mismatches),
                     hint=f"look at the files listed; undo it with: transplant rollback {quoted} --force")
             if not completed:
@@ -139,9 +139,12 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         manifest = load_manifest(source)
     manifest, targets = targets_of(args, manifest)
     if len(targets) > 1:
-        if args.resume or args.rollback or args.break_lock or getattr(args, "compress", False):
-            raise UsageError("--resume, --rollback, --break-lock and --compress act on one target; name it with "
-                             "--target")
+        given = [flag for flag, on in (("--resume", args.resume), ("--rollback", args.rollback),
+                                       ("--break-lock", args.break_lock),
+                                       ("--compress", getattr(args, "compress", False))) if on]
+        if given:
+            raise UsageError(f"{' and '.join(given)} {'acts' if len(given) == 1 else 'act'} on one target; "
+                             f"name it with --target")
         return run_fleet_action("apply", args, console, manifest, targets)
     if args.json:  # before anything runs: a script asking for JSON must not get an apply without it
         raise UsageError("apply --json prints a fleet's report (several targets); with one target, "
@@ -229,7 +232,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
                                 compress=getattr(args, "compress", False))
     relayed = f" ({result.transfer})" if result.transfer else ""
     console.print(Text.assemble(("applied", "bold green"), (
-        f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
+        f" transaction {result.transaction}: {count(result.files_copied, 'file')} ({human_bytes(plan.copy_bytes)}) copied, "
         f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
         f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
         + "); the target now matches the plan hash for hash")))

@@ -17,7 +17,7 @@ from transplant.errors import TransplantError
 from transplant.hosts.host import connect
 from transplant.core.manifest import Endpoint
 from transplant.controller.manifest_file import load_manifest
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 from transplant.cli.reports import snapshots_table
 from transplant.donor.snapshot import default_store
 
@@ -89,7 +89,7 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     else:
         console.print(Text.assemble(("snapshot", "bold green"), (
             f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "
-            f"{len(snap.files)} files ({human_bytes(snap.size)}); {result.fetched} read from the donor "
+            f"{count(len(snap.files), 'file')} ({human_bytes(snap.size)}); {result.fetched} read from the donor "
             f"({human_bytes(result.bytes_read)} on the wire), {result.reused} already stored; in "
             f"{result.seconds:.1f} s")))
         console.print("use it as the donor:")

@@ -20,7 +20,7 @@ from transplant.controller.manifest_file import load_manifest
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.manifest import Manifest, VerifySettings
 from transplant.donor.sources import HostSource, Opened
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 from transplant.cli.render import stages_table, verify_json, verify_junit
 from transplant.verify.judges import overall_ok
 from transplant.hosts.probing import run_script
@@ -100,7 +100,7 @@ def _clear_line(caches: list, names: tuple[str, ...], again: str) -> str:
         line += "; left in place: " + ", ".join(refused)
     if listed:
         line += ("; not removed, outside the target venv (the user's, shared by its other venvs): "
-                 + ", ".join(f"{c['name']} {c['path']} ({c['files']} files, {human_bytes(c['bytes'])})" for c in listed)
+                 + ", ".join(f"{c['name']} {c['path']} ({count(c['files'], 'file')}, {human_bytes(c['bytes'])})" for c in listed)
                  + f"; to remove them: {again} --clear-jit-caches=" + ",".join(c["name"] for c in listed))
     return line + "; nothing else was touched"
 
