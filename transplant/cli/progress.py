@@ -65,9 +65,14 @@ class Shown:
 
 class StagesShown:
     """A :class:`transplant.reporting.Reporter` for steps that overlap (verify's stages): each
-    step and each progress sends ``update`` one line naming the steps started since the last
-    time all started ones had ended, and how many of all have ended
-    (``verify: imports, native-load (1 of 10 done)``). Safe to call from several threads.
+    step and each progress sends ``update`` one line naming the steps running now (started and
+    not yet ended, in the order they started) and how many of those that run have ended
+    (``verify: imports, native-load (1 of 9 done)``; ``verify: 7 of 9 done`` between two).
+    Safe to call from several threads.
+
+    Besides the protocol's three methods it has ``ended(name)``, which an edge whose steps
+    overlap calls as each ends (:func:`transplant.verify.runner.run_stages` does); a step never
+    said to have ended stays named until the next step starts after every one has.
 
     :param update: where the line goes (a spinner's ``update``).
     :param label: the line's start (``verify``).
@@ -76,8 +81,8 @@ class StagesShown:
     def __init__(self, update: Callable[[str], None], label: str) -> None:
         self._update, self._label = update, label
         self._lock = threading.Lock()
-        self._started: list[str] = []
-        self._done, self._total, self._ended = 0, 0, 0
+        self._running: list[str] = []
+        self._done, self._total = 0, 0
 
     def note(self, text: str) -> None:
         with self._lock:
@@ -85,20 +90,26 @@ class StagesShown:
 
     def step(self, name: str) -> None:
         with self._lock:
-            if self._ended >= len(self._started):  # all that ran have ended: a new round
-                self._started, self._ended = [], 0
-            self._started.append(name)
+            self._running.append(name)
             self._show()
+
+    def ended(self, name: str) -> None:
+        """The step ``name`` has ended: it is no longer named (shown with the next progress)."""
+        with self._lock:
+            if name in self._running:
+                self._running.remove(name)
 
     def progress(self, done: int, total: int) -> None:
         with self._lock:
-            self._ended += 1
             self._done, self._total = done, total
             self._show()
 
     def _show(self) -> None:
-        count = f" ({self._done} of {self._total} done)" if self._total else ""
-        self._update(f"{self._label}: {', '.join(self._started)}{count}")
+        count = f"{self._done} of {self._total} done" if self._total else ""
+        if self._running:
+            self._update(f"{self._label}: {', '.join(self._running)}" + (f" ({count})" if count else ""))
+        else:
+            self._update(f"{self._label}: {count}" if count else self._label)
 
 
 @contextmanager

@@ -112,8 +112,10 @@ def run_stages(
         Without a donor nothing can be compared, so every unmet requirement fails. It is read
         in a thread of its own while the target's inventory is taken.
     :param reporter: told each stage's name as a step when it starts, and after each stage
-        ends how many of :data:`STAGES` have ended (``done`` of ``len(STAGES)`` items; a stage
-        that does not apply is passed over, so the last report is all of them). The stages of
+        ends how many of the stages that run have ended (``done`` of the number of rows the
+        result will have: :data:`STAGES` less ``server-args-resolve`` unless it is asked for; the
+        last report is all of them); a reporter with an ``ended(name)`` method is also told each
+        stage's name as it ends (before that progress), so it can show only those running. The stages of
         :data:`GROUP` overlap, so their steps come from several threads, in the order they
         start, and one step's start does not end the one before; ``done`` never goes down.
     :param clear_jit_caches: the JIT caches whose folders to remove (names of
@@ -144,12 +146,19 @@ def run_stages(
     lock = threading.Lock()
     state: dict[str, Any] = {"live": None, "ended": 0}
 
-    def finish(*done: StageResult, passed: int = 0) -> None:
-        """Keep the results and report how many stages have ended (``passed``: stages passed over)."""
+    # the stages that run (each a row of the result): server-args-resolve only when asked for
+    total = len(STAGES) - (0 if settings.server_args is not None and settings.server_args.resolve else 1)
+    ended = getattr(reporter, "ended", None)  # optional: told which overlapping step ended
+
+    def finish(*done: StageResult) -> None:
+        """Keep the results and report how many of the stages that run have ended."""
         with lock:  # the count and its report together, so that ``done`` never goes down
             results.update((r.name, r) for r in done)
-            state["ended"] += len(done) + passed
-            reporter.progress(state["ended"], len(STAGES))
+            state["ended"] += len(done)
+            for r in done:
+                if ended is not None:
+                    ended(r.name)
+            reporter.progress(state["ended"], total)
 
     def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
         reporter.step(name)
@@ -305,7 +314,7 @@ def run_stages(
             reporter.step("server-args")
             started = _timed("server-args", server_args)
             if not resolving:
-                finish(started, passed=1)  # server-args-resolve, not asked for, is passed over
+                finish(started)  # server-args-resolve, not asked for, does not run (nor count)
                 return
             if resolved:
                 status, reason = judges.judge_resolve(resolved)
