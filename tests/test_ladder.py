@@ -165,7 +165,7 @@ def test_sound_venv_passes_each_stage_and_skips_what_has_no_settings(built, loca
     assert seen[0] == "interpreter" and seen[-2:] == ["smoke", "serve"]
     assert sorted(seen[1:-2]) == sorted(GROUP)
     done = [e[1:] for e in recorded.events if e[0] == "progress"]
-    assert [d for d, _ in done] == sorted(d for d, _ in done) and done[-1] == (len(STAGES), len(STAGES))
+    assert [d for d, _ in done] == sorted(d for d, _ in done) and done[-1] == (len(results), len(results))
     assert by["interpreter"].status == "pass" and "no donor interpreter to compare with" in by["interpreter"].reason
     # the import name comes from fakecuda's RECORD (the wheel has no top_level.txt)
     assert by["imports"].reason == "1 imports: fakecuda 1.0"
