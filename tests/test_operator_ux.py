@@ -234,3 +234,34 @@ def test_status_of_an_interrupted_transaction_names_the_manifest(pair, capsys):
             f"'transplant apply {m} --rollback'") in out
     assert main(["status", f"local:{tmp_path / 'target'}"]) == 0
     assert "'transplant apply <manifest> --resume'" in flat(capsys.readouterr().out)
+
+
+def test_off_a_terminal_the_copy_prints_at_each_quarter_every_few_seconds_and_at_the_end(monkeypatch):
+    import io
+    import time
+
+    from rich.console import Console
+
+    from transplant.cli import progress
+
+    out = io.StringIO()
+    with progress.ByteProgress(Console(file=out, width=120), 1000, {"files": 1000}) as bar:
+        bar.step("files")
+        for done in range(0, 1001, 10):  # a quick copy: a hundred reports in well under COPY_EVERY
+            bar.progress(done, 1000)
+        bar.step("commit")
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("copying: ")]
+    assert [line.split(" (")[0] for line in lines] == ["copying: 25%", "copying: 50%", "copying: 75%", "copying: 100%"]
+    assert "committing: renaming the staged files into place ..." in out.getvalue()
+    # a slow copy: a line every COPY_EVERY seconds within one quarter, and its last line at the commit
+    monkeypatch.setattr(progress, "COPY_EVERY", 0.05)
+    out = io.StringIO()
+    with progress.ByteProgress(Console(file=out, width=120), 1000, {"files": 1000}) as bar:
+        bar.step("files")
+        bar.progress(10, 1000)
+        time.sleep(0.06)
+        bar.progress(20, 1000)
+        bar.progress(30, 1000)  # within COPY_EVERY of the last line: not printed
+        bar.step("commit")
+    lines = [line.split(" (")[0] for line in out.getvalue().splitlines() if line.startswith("copying: ")]
+    assert lines == ["copying: 2%", "copying: 3%"], out.getvalue()
