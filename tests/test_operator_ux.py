@@ -265,3 +265,78 @@ def test_off_a_terminal_the_copy_prints_at_each_quarter_every_few_seconds_and_at
         bar.step("commit")
     lines = [line.split(" (")[0] for line in out.getvalue().splitlines() if line.startswith("copying: ")]
     assert lines == ["copying: 2%", "copying: 3%"], out.getvalue()
+
+
+def _apply_stopped_by_ctrl_c(tmp_path, when: str) -> tuple[int, str]:
+    """Run ``transplant apply`` as its own process and send it SIGINT (what Ctrl-C sends) once the
+    target shows ``when``: ``lock`` (its lock taken: very early) or ``staging`` (a transaction
+    started and copying). Returns (exit code, output)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    state = tmp_path / "target" / ".transplant"
+    env = {**os.environ, "COLUMNS": "200", "TRANSPLANT_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", "apply", str(tmp_path / "m.yaml"), "--yes"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if when == "lock" and (state / "lock").exists():
+            break
+        history = state / "history.jsonl"
+        if when == "staging" and history.exists() and '"started"' in history.read_text():
+            time.sleep(0.2)  # past the reply to that record: the copy runs
+            break
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, flat(out)
+
+
+@pytest.fixture
+def big_pair(tmp_path, monkeypatch):
+    """A donor whose foo 2.0 carries 100 MiB (a copy long enough to be stopped), a target with foo
+    1.0 and no state folder, and the manifest m.yaml."""
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    wheels = tmp_path / "wheels"
+    new = build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n", "foo/big.bin": "x" * (100 << 20)})
+    old = build_wheel(wheels, "foo", "1.0", {"foo/__init__.py": "V = 1\n"})
+    make_venv(tmp_path / "donor", [new])
+    make_venv(tmp_path / "target", [old])
+    (tmp_path / "m.yaml").write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'donor'}}}\n"
+                                     f"target: {{host: local, venv: {tmp_path / 'target'}}}\noverlay: [foo]\n")
+    return tmp_path
+
+
+def _records_agree(tmp_path, out: str) -> None:
+    """What the Ctrl-C message says is what the target's records show."""
+    from transplant.apply import txn
+    from transplant.hosts.host import LocalHost
+
+    init = tmp_path / "target" / "lib" / "python3.11" / "site-packages" / "foo" / "__init__.py"
+    assert "if the target's transaction had begun" not in out
+    if "the target's transaction had not begun: nothing on the target changed" in out:
+        assert not (tmp_path / "target" / ".transplant").exists(), "an empty state folder was left"
+        assert init.read_text() == "V = 1\n"
+        return
+    [t] = txn.history(LocalHost(), str(tmp_path / "target"))["transactions"]
+    if t["state"] == "aborted":
+        assert f"transaction {t['id']} was stopped before its commit and aborted" in out
+        assert init.read_text() == "V = 1\n"
+    else:
+        assert f"transaction {t['id']} was interrupted ({t['state']})" in out or "had committed" in out
+
+
+def test_ctrl_c_very_early_leaves_no_state_folder_and_says_nothing_changed(big_pair):
+    code, out = _apply_stopped_by_ctrl_c(big_pair, "lock")
+    assert code == 130 and out.split("interrupted")[-1].strip(), out[-2000:]
+    _records_agree(big_pair, out)
+
+
+def test_ctrl_c_during_the_copy_says_the_transaction_was_aborted(big_pair):
+    code, out = _apply_stopped_by_ctrl_c(big_pair, "staging")
+    assert code == 130, out[-2000:]
+    _records_agree(big_pair, out)
+    assert "aborted" in out or "interrupted (staging)" in out, out[-2000:]

@@ -120,6 +120,7 @@ _DOING = {
     "txn": "reading the transaction's record", "mark": "recording the transaction's state",
     "record": "writing the venv's history", "history": "reading the venv's history",
     "check": "checking the staged files", "state": "comparing the venv with the recorded state",
+    "tidy": "removing the empty state folder",
 }
 
 

@@ -232,9 +232,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"schema": "transplant.error/1", "error": exc.message, "hint": exc.hint,
                               "code": exc.code}))
         return exit_code_for(exc)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         console.print("interrupted")
-        if args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
+        said = getattr(stop, "said", None)  # apply's: what the target's records show now
+        if said:
+            console.print(Text(said), highlight=False, soft_wrap=True)
+        elif args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
             # a transaction that had begun stays on the target, and the next apply refuses to start over it
             source = shlex.quote(args.source)
             console.print(Text(f"if the target's transaction had begun: transplant apply {source} --resume "

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import socket
 import sys
-from collections.abc import Sequence
-from contextlib import ExitStack
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,11 +28,12 @@ from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
 from transplant.core.promised_state import drift, plan_differences
 from transplant.core.units import count, human_bytes
+from transplant.hosts.host import Host
 from transplant.errors import ManifestError, TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
 from transplant.pipeline import apply_plan
 
-__all__ = ["apply_command", "rollback_command", "history_command"]
+__all__ = ["apply_command", "rollback_command", "history_command", "ApplyInterrupted"]
 
 
 def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Session", manifest_path: str,
@@ -115,6 +119,62 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
     return True
 
 
+class ApplyInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``apply``, with what is true on the target afterwards (``said``, one line,
+    read back from the target's records), for the command's last words."""
+
+    def __init__(self, said: str) -> None:
+        super().__init__(said)
+        self.said = said
+
+
+@contextmanager
+def _truth_on_interrupt(target: "Host", venv: str, manifest_path: str) -> Iterator[None]:
+    """Turn a Ctrl-C in the block into :class:`ApplyInterrupted` saying what the target's records
+    show of the transaction this command began (:func:`_after_interrupt`); a plain
+    KeyboardInterrupt when they cannot be read."""
+    since = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() - 1))  # ids sort by time
+    try:
+        yield
+    except KeyboardInterrupt:
+        said = _after_interrupt(target, venv, since, manifest_path)
+        if said is None:
+            raise
+        raise ApplyInterrupted(said) from None
+
+
+def _after_interrupt(target: "Host", venv: str, since: str, manifest_path: str) -> str | None:
+    """What is true on the target after a Ctrl-C: the newest transaction whose id is not older
+    than ``since`` (the command's start), by its recorded state; none: nothing began, and a state
+    folder left empty is removed (the applier's ``tidy``: empty folders only). A lock this process
+    still holds (a Ctrl-C inside the lock's taking or release) is released unless a transaction of
+    this command is still open. None when the target cannot be asked within 30 s."""
+    quoted = shlex.quote(manifest_path)
+    try:
+        record = txn.call(target, venv, "history", {}, timeout=30)
+        mine = [t for t in record.get("transactions", []) if str(t.get("id", "")) >= since]
+        last = mine[-1] if mine else {}
+        txid, state = last.get("id"), last.get("state")
+        if state in (None, "aborted", "committed"):  # nothing of this command runs on: its own lock goes
+            held = txn.call(target, venv, "pending", {}, timeout=30).get("lock") or {}
+            if (held.get("controller"), held.get("pid")) == (socket.gethostname(), os.getpid()) \
+                    and str(held.get("id", "")) >= since:
+                txn.call(target, venv, "unlock", {"id": held.get("id")}, timeout=30, check=False)
+        if not mine:
+            txn.call(target, venv, "tidy", {}, timeout=30)
+            return "the target's transaction had not begun: nothing on the target changed"
+    except TransplantError:
+        return None
+    if state == "aborted":
+        return (f"transaction {txid} was stopped before its commit and aborted (its staged files discarded, "
+                f"recorded in the history): the live venv did not change")
+    if state == "committed":
+        return (f"transaction {txid} had committed: the target holds the planned state "
+                f"(transplant rollback {quoted} undoes it)")
+    return (f"transaction {txid} was interrupted ({state}): transplant apply {quoted} --resume finishes it, "
+            f"--rollback undoes it")
+
+
 def apply_command(args: argparse.Namespace, console: Console) -> int:
     """``transplant apply MANIFEST|PLAN.json``: plan (or check the saved plan), confirm, apply; with
     ``--verify``, verify. Returns 0, 3 when blocked (or verify failed), 1 when declined."""
@@ -176,6 +236,8 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         if saved is not None:
             _check_saved_plan(saved, manifest, source)
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
+        # Ctrl-C from here on: say what is true on the target (and leave no empty state folder)
+        stack.enter_context(_truth_on_interrupt(session.host("target"), manifest.target.venv, given.path))
         plan = session.plan()
         if saved is not None:
             changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
