@@ -340,3 +340,40 @@ def test_ctrl_c_during_the_copy_says_the_transaction_was_aborted(big_pair):
     assert code == 130, out[-2000:]
     _records_agree(big_pair, out)
     assert "aborted" in out or "interrupted (staging)" in out, out[-2000:]
+
+
+def test_snapshot_of_the_same_content_is_one_snapshot_and_new_content_another(pair, capsys, monkeypatch):
+    import json
+
+    tmp_path, manifest = pair
+    m = manifest()
+    monkeypatch.chdir(tmp_path)  # --out relative to the current folder
+    assert main(["snapshot", str(m), "--out", "snaps", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(["snapshot", str(m), "--out", "snaps", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["id"] == first["id"] and again["existing"] is True and first["existing"] is False
+    assert [p.stem for p in (tmp_path / "snaps" / "index").glob("*.json")] == [first["id"]]
+    # the twin: the donor changed, so the content differs: a second snapshot
+    site = tmp_path / "donor" / "lib" / "python3.11" / "site-packages"
+    (site / "foo" / "extra.py").write_text("E = 3\n")
+    assert main(["snapshot", str(m), "--out", "snaps", "--json"]) == 0
+    third = json.loads(capsys.readouterr().out)
+    assert third["id"] != first["id"] and third["existing"] is False
+    assert len(list((tmp_path / "snaps" / "index").glob("*.json"))) == 2
+
+
+def test_a_fleet_plan_stores_its_donor_snapshot_once(pair, capsys):
+    tmp_path, manifest = pair
+    make_venv(tmp_path / "target2", [])
+    m = tmp_path / "fleet.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'donor'}}}\ntargets:\n"
+                 f"  - {{host: local, venv: {tmp_path / 'target'}}}\n  - {{host: local, venv: {tmp_path / 'target2'}}}\n"
+                 f"overlay: [foo]\n")
+    index = tmp_path / "state" / "snapshots" / "index"
+    assert main(["plan", str(m)]) == 0
+    assert "captured once as snapshot" in flat(capsys.readouterr().out)
+    [stored] = list(index.glob("*.json"))
+    assert main(["plan", str(m)]) == 0
+    assert f"the identical stored snapshot {stored.stem} (not stored again)" in flat(capsys.readouterr().out)
+    assert list(index.glob("*.json")) == [stored]
