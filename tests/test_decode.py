@@ -237,9 +237,12 @@ def small_plan() -> Plan:
 
 
 @pytest.mark.parametrize("edit, path, message", [
-    (lambda d: d["changes"][0]["copy"][1].update(hash=5), "plan.changes[0].copy[1].hash", "expected str, got int"),
+    (lambda d: d["changes"][0]["copy"][1].update(hash=5), "plan.changes[0].copy[1].hash",
+     "expected a string, got a whole number"),
+    (lambda d: d["changes"][0]["copy"][1].update(hash=None), "plan.changes[0].copy[1].hash",
+     "expected a string, got nothing \\(null\\)"),
     (lambda d: d["changes"][0]["copy"][0].update(size="3"), "plan.changes[0].copy[0].size",
-     "expected int or null, got str"),
+     "expected a whole number or null, got a string"),
     (lambda d: d["findings"][0].update(severity="fatal"), "plan.findings[0]", "severity 'fatal' is not one of"),
     (lambda d: d["changes"][0].update(extra=1), "plan.changes[0].extra", "unknown key"),
     (lambda d: d["donor"].pop("hostname"), "plan.donor.hostname", "missing"),

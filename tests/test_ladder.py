@@ -165,7 +165,7 @@ def test_sound_venv_passes_each_stage_and_skips_what_has_no_settings(built, loca
     assert seen[0] == "interpreter" and seen[-2:] == ["smoke", "serve"]
     assert sorted(seen[1:-2]) == sorted(GROUP)
     done = [e[1:] for e in recorded.events if e[0] == "progress"]
-    assert [d for d, _ in done] == sorted(d for d, _ in done) and done[-1] == (len(STAGES), len(STAGES))
+    assert [d for d, _ in done] == sorted(d for d, _ in done) and done[-1] == (len(results), len(results))
     assert by["interpreter"].status == "pass" and "no donor interpreter to compare with" in by["interpreter"].reason
     # the import name comes from fakecuda's RECORD (the wheel has no top_level.txt)
     assert by["imports"].reason == "1 imports: fakecuda 1.0"
@@ -332,6 +332,33 @@ def test_cli_without_manifest_writes_json_and_junit(built, tmp_path, monkeypatch
     assert cases["native-load"].find("failure").get("message") == stages["native-load"]["reason"]
 
 
+def test_clear_jit_caches_alone_lists_the_user_wide_folders_and_removes_nothing(built, tmp_path, monkeypatch,
+                                                                                 capsys):
+    # the cache folders are the user's (outside the target venv): removing them takes their names
+    for key, value in _env(built, tmp_path, HOME=str(tmp_path / "home")).items():
+        monkeypatch.setenv(key, value)
+    for folder in ("triton/x", "inductor/y"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "f").write_text("x")
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"--clear-jit-caches removed nothing; not removed, outside the target venv (the user's, shared by its "
+            f"other venvs): triton {tmp_path}/triton (1 file, 1 B), torch-inductor {tmp_path}/inductor (1 file, 1 B); "
+            f"to remove them: transplant verify local:{built['good']} --imports fakecuda "
+            f"--clear-jit-caches=triton,torch-inductor; nothing else was touched") in out
+    assert (tmp_path / "triton" / "x" / "f").read_text() == "x" and (tmp_path / "inductor" / "y" / "f").read_text() == "x"
+    # naming one removes that one only
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches=triton"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"--clear-jit-caches removed {tmp_path}/triton; not removed, outside the target venv" in out
+    assert not (tmp_path / "triton").exists() and (tmp_path / "inductor" / "y" / "f").read_text() == "x"
+
+
+def test_clear_jit_caches_names_must_be_caches(built, capsys):
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches=triton,home"]) == 64
+    assert "--clear-jit-caches: 'home' is not a JIT cache" in " ".join(capsys.readouterr().out.split())
+
+
 def test_clear_jit_caches_removes_only_those_folders(built, tmp_path, monkeypatch, capsys):
     for key, value in _env(built, tmp_path).items():
         monkeypatch.setenv(key, value)
@@ -339,7 +366,7 @@ def test_clear_jit_caches_removes_only_those_folders(built, tmp_path, monkeypatc
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "f").write_text("x")
     (tmp_path / "fi" / "keep.txt").write_text("not a cache")
-    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 0
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches=all"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert (f"--clear-jit-caches removed {tmp_path}/triton, {tmp_path}/fi/.cache/flashinfer, {tmp_path}/inductor; "
             f"nothing else was touched") in out
@@ -379,7 +406,7 @@ def test_clear_jit_caches_refuses_a_symlinked_cache_and_says_so(built, tmp_path,
     (tmp_path / "triton").symlink_to(elsewhere)
     for key, value in _env(built, tmp_path).items():
         monkeypatch.setenv(key, value)
-    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 3
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches=triton"]) == 3
     out = " ".join(capsys.readouterr().out.split())
     assert f"--clear-jit-caches removed nothing; left in place: {tmp_path}/triton (not removed: a symlink" in out
     assert (elsewhere / "precious.txt").read_text() == "keep"
@@ -387,7 +414,7 @@ def test_clear_jit_caches_refuses_a_symlinked_cache_and_says_so(built, tmp_path,
 
 def test_verify_without_manifest_or_imports_is_a_clear_error(tmp_path, capsys):
     # before this, it "passed" with every overlay stage skipped: nothing had been checked
-    assert main(["verify", f"local:{tmp_path}/venv"]) == 1
+    assert main(["verify", f"local:{tmp_path}/venv"]) == 64  # a usage mistake
     out = " ".join(capsys.readouterr().out.split())
     assert "without a manifest, --imports must name what to check" in out and "--imports torch,sglang" in out
 

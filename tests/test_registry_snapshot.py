@@ -157,7 +157,10 @@ def test_push_dedup_list_prune_and_credentials(reglab, tmp_path, capsys, monkeyp
     first = push(capsys, m, registry, "one", tmp_path / "store")
     assert first["blobs_uploaded"] == 3 and first["blobs_present"] == 0, "alpha, beta and the patches"
     assert first["bytes_uploaded"] > len(bytes(range(256)) * 256), first
-    again = push(capsys, m, registry, "two", tmp_path / "store")
+    # another manifest over the same donor: another snapshot, whose distributions are all there already
+    m2 = tmp_path / "m2.yaml"
+    m2.write_text(Path(m).read_text() + "remove: [no-such-dist]\n")
+    again = push(capsys, str(m2), registry, "two", tmp_path / "store")
     assert again["blobs_uploaded"] == 0 and again["blobs_present"] == 3, "unchanged distributions are not sent again"
     assert again["bytes_uploaded"] < 20_000 < first["bytes_uploaded"], "only the new index and the manifest"
     assert again["pushed"].startswith(f"{repo}:two@sha256:")
@@ -171,6 +174,16 @@ def test_push_dedup_list_prune_and_credentials(reglab, tmp_path, capsys, monkeyp
     assert [s["tag"] for s in json.loads(capsys.readouterr().out)["snapshots"]] == ["two"]
     assert main(["snapshot", "--prune", "nope", "--out", repo, "--ca", str(registry.ca)]) == 1
     assert "no tag nope; nothing was deleted" in " ".join(capsys.readouterr().out.split())
+    # the same snapshot pushed under a second tag is one manifest: pruning one tag alone is refused
+    same = push(capsys, str(m2), registry, "three", tmp_path / "store")
+    assert same["id"] == again["id"] and same["existing"] is True
+    assert main(["snapshot", "--prune", "two", "--out", repo, "--ca", str(registry.ca)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "three holds the same snapshot" in out and "nothing was deleted" in out and "--prune three two" in out
+    assert main(["snapshot", "--prune", "two", "three", "--out", repo, "--ca", str(registry.ca)]) == 0
+    assert "deleted two" in capsys.readouterr().out
+    assert main(["snapshot", "--list", "--out", repo, "--ca", str(registry.ca), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["snapshots"] == []
     # without the CA bundle, TLS verification against the system CAs fails: a clear error
     assert main(["snapshot", "--list", "--out", repo]) == 1
     assert "cannot be reached" in capsys.readouterr().out

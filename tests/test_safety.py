@@ -82,7 +82,7 @@ def test_mistyped_plan_is_a_clear_error(pair, capsys):
     plan_file = tamper(tmp_path, m, lambda d: d["changes"][0].__setitem__("remove", "abc"))
     assert main(["apply", str(plan_file), "--yes"]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "plan key 'plan.changes[0].remove': expected a list, got str" in out
+    assert "plan key 'plan.changes[0].remove': expected a list, got a string" in out
     assert "hint: make a new one with: transplant plan MANIFEST --out plan.json" in out
 
 

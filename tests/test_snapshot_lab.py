@@ -120,12 +120,14 @@ def test_snapshot_then_donor_gone_apply_and_verify_from_it(snaplab, tmp_path, ca
 
     again = snapshot(capsys, m, store)
     assert again["fetched"] == 0 and again["bytes_read"] == 0, "a file already stored is not read again"
-    assert again["reused"] >= first["fetched"] and again["id"] != first["id"]
+    # the same content: the same snapshot (content-addressed), no second index
+    assert again["reused"] >= first["fetched"] and again["id"] == first["id"] and again["existing"] is True
+    assert first["existing"] is False
     assert sorted(p.name for p in (store / "objects").glob("*/*")) == objects
 
     assert main(["snapshot", "--list", "--out", str(store), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["snapshots"]
-    assert [s["id"] for s in listed] == sorted([first["id"], again["id"]])
+    assert [s["id"] for s in listed] == [first["id"]]
     assert listed[0]["dists"] == ["alpha", "beta"]
 
     lab.hosts["donor"].stop_sshd()

@@ -171,7 +171,11 @@ def test_a_snapshot_donor_may_be_the_store_folder_snapshot_out_wrote(world, tmp_
     capsys.readouterr()
     assert main(["plan", str(by_store)]) == 0
     assert f"donor source: snapshot {index.stem}" in " ".join(capsys.readouterr().out.split())
-    assert main(["snapshot", m, "--out", str(store)]) == 0  # a second snapshot: now the folder is ambiguous
+    assert main(["snapshot", m, "--out", str(store)]) == 0  # the same content again: the same snapshot
+    assert [p.stem for p in (store / "index").glob("*.json")] == [index.stem]
+    other = tmp_path / "other.yaml"  # another manifest (another content): a second snapshot
+    other.write_text(Path(m).read_text() + "remove: [no-such-dist]\n")
+    assert main(["snapshot", str(other), "--out", str(store)]) == 0  # now the folder is ambiguous
     ids = sorted(p.stem for p in (store / "index").glob("*.json"))
     assert len(ids) == 2
     capsys.readouterr()

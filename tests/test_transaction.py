@@ -272,7 +272,7 @@ def test_history_and_rollback_to_an_earlier_state(world, capsys):
     assert "rolled-back" in capsys.readouterr().out
 
 
-def test_rollback_to_that_stops_midway_says_what_it_already_rolled_back(world, capsys):
+def test_rollback_to_refuses_whole_when_an_older_one_changed_even_under_a_newer_one(world, capsys):
     import json
 
     venv, m = world["target"]("midway")
@@ -283,13 +283,16 @@ def test_rollback_to_that_stops_midway_says_what_it_already_rolled_back(world, c
     capsys.readouterr()
     assert main(["history", m, "--json"]) == 0
     first, b, c = [t["id"] for t in json.loads(capsys.readouterr().out)["transactions"]]
-    assert main(["rollback", m, "--yes", "--to", first]) == 1   # C undone, then B finds the hand edit
+    before = snapshot(venv)
+    # all or nothing: C's record shows the hand edit it replaced, so B is refused before C is undone
+    assert main(["rollback", m, "--yes", "--to", first]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert f"transaction {b}'s files changed since it was applied" in out
-    assert f"already rolled back: {c} (the target is now as it was before {c}, with {b} still applied)" in out
-    assert (venv / SITE / "alpha" / "patched.py").read_text() == "EDITED = 9\n"
+    assert f"the files of transaction {b} changed since it was applied" in out
+    assert f"nothing was rolled back (all of {c}, {b} or none)" in out
+    assert f"alpha/patched.py: changed between {b} and {c}" in out
+    assert snapshot(venv) == before
     states = {t["id"]: t["state"] for t in txn.history(LocalHost(), str(venv))["transactions"]}
-    assert states == {first: "committed", b: "committed", c: "rolled-back"}
+    assert states == {first: "committed", b: "committed", c: "committed"}
 
 
 def test_rollback_refuses_when_files_changed_since(world, capsys):

@@ -8,7 +8,7 @@ import posixpath
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -105,8 +105,23 @@ def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: b
     else:
         reply = run_script(host, venv, "applier", [op], request=dict(request), timeout=timeout)
     if check and not reply.get("ok"):
-        raise TransactionError(f"{host.label}:{venv}: {op} failed: {reply.get('error')}")
+        raise TransactionError(f"{host.label}:{venv}: {_DOING.get(op, op)} failed: {reply.get('error')}")
     return reply
+
+
+#: What each applier operation is, as the operator reads it in an error (``reading the
+#: transactions failed: ...``, not the operation's name ``pending``).
+_DOING = {
+    "lock": "taking the venv's lock", "unlock": "releasing the venv's lock", "break-lock": "breaking the venv's lock",
+    "pending": "looking for an interrupted transaction", "begin": "starting the transaction",
+    "heads": "reading the console scripts' first lines", "records": "reading the RECORD files",
+    "links": "reading the symlinks", "commit": "committing the transaction",
+    "rollback": "rolling the transaction back", "discard": "discarding the staged files",
+    "txn": "reading the transaction's record", "mark": "recording the transaction's state",
+    "record": "writing the venv's history", "history": "reading the venv's history",
+    "check": "checking the staged files", "state": "comparing the venv with the recorded state",
+    "tidy": "removing the empty state folder",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -350,6 +365,47 @@ def check_state(host: Host, venv: str, expected: Mapping[str, str | None], *,
     return list(call(host, venv, "state", request)["differ"])
 
 
+def _plain(identity: object) -> bool:
+    """Whether a recorded identity is a whole file's (``sha256=``, ``symlink:``, or None: absent),
+    the form a transaction's ``before.json`` holds, so two records can be compared as strings."""
+    return identity is None or (isinstance(identity, str) and identity.startswith(("sha256=", "symlink:")))
+
+
+def _refuse_drift_up_front(host: Host, venv: str, chosen: Sequence[str], infos: Mapping[str, Mapping[str, Any]],
+                           label: str) -> None:
+    """Before a ``rollback --to`` changes anything: each chosen transaction's files must still be
+    as it left them, once the newer chosen ones are rolled back. A path no newer chosen
+    transaction touched is compared with the live target now; a path a newer one touched will be
+    what the oldest such one recorded before it (its ``before``), compared with this one's
+    ``after`` from the records (when both are whole-file identities; a console script's or a
+    RECORD's planned form is checked just before its own rollback, as a single rollback does).
+
+    :param chosen: transaction ids, oldest first; ``infos`` their applier ``txn`` replies.
+    :raises TransactionError: naming every transaction and path that changed; nothing was rolled back.
+    """
+    problems: list[str] = []
+    bad: list[str] = []
+    for index, txid in enumerate(chosen):
+        newer = chosen[index + 1:]
+        live: dict[str, Any] = {}
+        for path, want in infos[txid]["after"].items():
+            restorer = next((n for n in newer if path in infos[n]["before"]), None)
+            if restorer is None:
+                live[path] = want
+            elif _plain(want) and _plain(infos[restorer]["before"][path]) and infos[restorer]["before"][path] != want:
+                problems.append(f"{path}: changed between {txid} and {restorer}")
+                bad.append(txid)
+        drifted = check_state(host, venv, live) if live else []
+        problems.extend(drifted)
+        bad.extend([txid] if drifted else [])
+    if problems:
+        which = ", ".join(dict.fromkeys(bad))
+        raise TransactionError(
+            f"{label}: the files of transaction {which} changed since it was applied; rolling back would lose that; "
+            f"nothing was rolled back (all of {', '.join(reversed(chosen))} or none)",
+            hint="look at the files listed; add --force to roll back anyway", mismatches=problems)
+
+
 def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after: int | None = None) -> str:
     """Resume (``how="resume"``) or roll back (``"rollback"``) an interrupted transaction,
     then check the target hash for hash against the state it must reach.
@@ -401,7 +457,9 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
     one after ``to``, so the target returns to the state recorded before them, hash for hash.
 
     Before undoing one, its files must still be as it left them (else another change
-    happened since: refused unless ``force``).
+    happened since: refused unless ``force``). With several chosen, all of them are checked
+    before the first is undone (:func:`_refuse_drift_up_front`), so a drifted older one refuses
+    the whole rollback with nothing changed.
 
     :param reporter: told a step ``rolling back <id>`` as each starts, then the transactions
         rolled back of all chosen (items).
@@ -421,10 +479,15 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
     if not chosen:
         raise TransactionError(f"{label}: no committed transaction to roll back"
                                + (f" after {to}" if to else ""))
+    infos = {txid: call(host, venv, "txn", {"id": txid}) for txid in chosen}
+    ahead = not force and len(chosen) > 1  # all or none: every check before the first rollback
+    if ahead:
+        _refuse_drift_up_front(host, venv, chosen, infos, label)
     done = []
     for txid in reversed(chosen):
-        info = call(host, venv, "txn", {"id": txid})
-        drifted = check_state(host, venv, info["after"])
+        info = infos[txid]
+        # the newest was just checked whole; an older one again, for the forms the records cannot compare
+        drifted = [] if ahead and not done else check_state(host, venv, info["after"])
         if drifted and not force:
             so_far = ("; nothing was rolled back" if not done else
                       f"; already rolled back: {', '.join(done)} (the target is now as it was before "

@@ -171,8 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
     v.add_argument("--imports", metavar="NAMES", help="comma-separated import names (without a manifest: the "
                    "distributions providing them are checked too)")
-    v.add_argument("--clear-jit-caches", action="store_true",
-                   help="remove the triton, flashinfer and torch-inductor cache folders of the target's user")
+    v.add_argument("--clear-jit-caches", nargs="?", const="", default=None, metavar="NAMES",
+                   help="list the triton, flashinfer and torch-inductor cache folders of the target's user (they are "
+                        "outside the venv, shared by the user's other venvs: nothing is removed); "
+                        "--clear-jit-caches=triton,flashinfer,torch-inductor (or =all) removes the ones named")
     ssh_options(v, what=", for HOST:VENV")
     fleet_options(v)
     v.set_defaults(func=_cmd_verify)
@@ -278,9 +280,12 @@ def _run(args: argparse.Namespace) -> int:
             print(json.dumps({"schema": "transplant.error/1", "error": exc.message, "hint": exc.hint,
                               "code": exc.code}))
         return exit_code_for(exc)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         console.print("interrupted")
-        if args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
+        said = getattr(stop, "said", None)  # apply's: what the target's records show now
+        if said:
+            console.print(Text(said), highlight=False, soft_wrap=True)
+        elif args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
             # a transaction that had begun stays on the target, and the next apply refuses to start over it
             source = shlex.quote(args.source)
             console.print(Text(f"if the target's transaction had begun: transplant apply {source} --resume "

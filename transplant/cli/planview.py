@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from transplant.core.units import count
 from transplant.core.plan import Finding, Plan
 
 __all__ = ["print_plan_view", "changes_table", "change_lines", "finding_lines", "manifest_snippet", "once", "NARROW"]
@@ -94,7 +95,7 @@ def change_lines(plan: Plan) -> list[Text]:
             line = f"- {change.name}=={change.from_version}"
         else:
             line = f"~ {change.name} {change.from_version} -> {change.to_version} ({change.action})"
-        out.append(Text(f"{line}  {_files(change)} files, {_human(change.bytes)}", style=style))
+        out.append(Text(f"{line}  {count(_files(change), 'file')}, {_human(change.bytes)}", style=style))
     if kept:
         out.append(Text(f"= {kept} kept as they are", style="dim"))
     return out
@@ -171,7 +172,7 @@ def print_plan_view(console: Console, plan: Plan) -> None:
     moving = [c for c in plan.changes if not c.is_noop]
     files = sum(len(c.copy) for c in plan.changes)
     removed = sum(len(c.remove) for c in plan.changes)
-    console.print(f"{len(moving)} changes: {files} files ({_human(plan.copy_bytes)}) to copy, "
+    console.print(f"{count(len(moving), 'change')}: {count(files, 'file')} ({_human(plan.copy_bytes)}) to copy, "
                   f"{removed} to remove; {len(plan.changes) - len(moving)} unchanged", highlight=False)
     if not plan.findings:
         return

@@ -3,7 +3,8 @@
 On a terminal a step shows a spinner and a byte transfer a bar (rich). Off a terminal rich
 shows nothing, so a step of minutes would be silent; there every step prints plain lines
 instead: when it starts, every :data:`EVERY` seconds how far it is, and when it ends with its
-seconds. A byte transfer's bar has a fixed total (the plan's bytes), its rate and the time
+seconds; the copy's bytes at most every :data:`COPY_EVERY` seconds, as they pass 25, 50 and
+75 %, and once when the copy is over. A byte transfer's bar has a fixed total (the plan's bytes), its rate and the time
 left, and names the steps after the copy (the commit, the check) while they run.
 
 Both are the face's side of the one reporting protocol (:class:`transplant.reporting.Reporter`):
@@ -22,10 +23,14 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 
-__all__ = ["step", "Shown", "StagesShown", "printer", "ByteProgress", "EVERY"]
+__all__ = ["step", "Shown", "StagesShown", "printer", "ByteProgress", "EVERY", "COPY_EVERY"]
 
 #: Seconds between two plain progress lines off a terminal.
 EVERY = 30.0
+
+#: Off a terminal, the copy prints a line at most this often (seconds), and also as it passes
+#: 25, 50 and 75 %, and once when it is done.
+COPY_EVERY = 10.0
 
 
 def _plain(console: Console, line: str) -> None:
@@ -65,9 +70,14 @@ class Shown:
 
 class StagesShown:
     """A :class:`transplant.reporting.Reporter` for steps that overlap (verify's stages): each
-    step and each progress sends ``update`` one line naming the steps started since the last
-    time all started ones had ended, and how many of all have ended
-    (``verify: imports, native-load (1 of 10 done)``). Safe to call from several threads.
+    step and each progress sends ``update`` one line naming the steps running now (started and
+    not yet ended, in the order they started) and how many of those that run have ended
+    (``verify: imports, native-load (1 of 9 done)``; ``verify: 7 of 9 done`` between two).
+    Safe to call from several threads.
+
+    Besides the protocol's three methods it has ``ended(name)``, which an edge whose steps
+    overlap calls as each ends (:func:`transplant.verify.runner.run_stages` does); a step never
+    said to have ended stays named until the next step starts after every one has.
 
     :param update: where the line goes (a spinner's ``update``).
     :param label: the line's start (``verify``).
@@ -76,8 +86,8 @@ class StagesShown:
     def __init__(self, update: Callable[[str], None], label: str) -> None:
         self._update, self._label = update, label
         self._lock = threading.Lock()
-        self._started: list[str] = []
-        self._done, self._total, self._ended = 0, 0, 0
+        self._running: list[str] = []
+        self._done, self._total = 0, 0
 
     def note(self, text: str) -> None:
         with self._lock:
@@ -85,20 +95,26 @@ class StagesShown:
 
     def step(self, name: str) -> None:
         with self._lock:
-            if self._ended >= len(self._started):  # all that ran have ended: a new round
-                self._started, self._ended = [], 0
-            self._started.append(name)
+            self._running.append(name)
             self._show()
+
+    def ended(self, name: str) -> None:
+        """The step ``name`` has ended: it is no longer named (shown with the next progress)."""
+        with self._lock:
+            if name in self._running:
+                self._running.remove(name)
 
     def progress(self, done: int, total: int) -> None:
         with self._lock:
-            self._ended += 1
             self._done, self._total = done, total
             self._show()
 
     def _show(self) -> None:
-        count = f" ({self._done} of {self._total} done)" if self._total else ""
-        self._update(f"{self._label}: {', '.join(self._started)}{count}")
+        count = f"{self._done} of {self._total} done" if self._total else ""
+        if self._running:
+            self._update(f"{self._label}: {', '.join(self._running)}" + (f" ({count})" if count else ""))
+        else:
+            self._update(f"{self._label}: {count}" if count else self._label)
 
 
 @contextmanager
@@ -154,7 +170,10 @@ class ByteProgress:
     def __init__(self, console: Console, total: int, shares: dict[str, int]) -> None:
         self.console, self.total, self.shares = console, max(total, 1), shares
         self.started = time.monotonic()
-        self._last = 0.0
+        self._last = self.started
+        self._quarter = 0  # off a terminal: the last quarter (1 to 3) a line was printed for
+        self._completed: int | None = None  # bytes copied as last reported (None: no copy reported)
+        self._final = False  # off a terminal: the copy's last line was printed
         self._progress: Progress | None = None
         self._task = None
         self._step = None
@@ -202,6 +221,9 @@ class ByteProgress:
             if self._progress is not None:
                 self._progress.update(self._task, description=text, completed=self.total)
             elif step != self._step:
+                if self._completed is not None and not self._final:  # the copy is over: its last line
+                    self._final = True
+                    self._line(self._completed, time.monotonic())
                 _plain(self.console, f"{text} ...")
             self._step = step
             return
@@ -211,10 +233,20 @@ class ByteProgress:
         if self._progress is not None:
             self._progress.update(self._task, description=f"copying {step}", completed=completed)
             return
+        self._completed = completed
+        if self._final:
+            return
         now = time.monotonic()
-        if now - self._last >= EVERY:
-            self._last = now
-            seconds = now - self.started
-            rate = completed / seconds if seconds > 0 else 0
-            _plain(self.console, f"copying: {100 * completed // self.total}% ({self._human(completed)} of "
-                                 f"{self._human(self.total)}), {self._human(rate)}/s, {seconds:.0f} s")
+        quarter = min(3, 4 * completed // self.total)
+        done = completed >= self.total
+        if done or quarter > self._quarter or now - self._last >= COPY_EVERY:
+            self._quarter, self._final = max(quarter, self._quarter), done
+            self._line(completed, now)
+
+    def _line(self, completed: int, now: float) -> None:
+        """Off a terminal: ``copying: 45% (450 B of 1000 B), 90 B/s, 5 s``."""
+        self._last = now
+        seconds = now - self.started
+        rate = completed / seconds if seconds > 0 else 0
+        _plain(self.console, f"copying: {100 * completed // self.total}% ({self._human(completed)} of "
+                             f"{self._human(self.total)}), {self._human(rate)}/s, {seconds:.0f} s")

@@ -69,6 +69,38 @@ class DecodeError(ValueError):
             return self.problem
         return f"expected {self.expected}, got {got(self.value)}"
 
+    def in_words(self) -> str:
+        """:meth:`describe` for a person who never saw Python's type names: ``expected a string,
+        got a whole number``; ``expected a whole number or null, got nothing (null)``."""
+        if self.problem is not None:
+            return self.problem
+        expected = " or ".join(_TYPE_WORDS.get(part, part) for part in str(self.expected).split(" or "))
+        return f"expected {expected}, got {_value_words(self.value)}"
+
+
+#: Python's names of the JSON / YAML scalar types, as the messages say them.
+_TYPE_WORDS = {"str": "a string", "int": "a whole number", "float": "a number", "bool": "true or false",
+               "null": "null", "list": "a list", "dict": "an object"}
+
+
+def _value_words(value: Any) -> str:
+    """What kind of value was found, in words (``a string``, ``nothing (null)``, ``a list``)."""
+    if value is None or value is _NOTHING:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
 
 def key_path(parent: str, name: str) -> str:
     """``parent.name`` (just ``name`` at the top level)."""

@@ -742,8 +742,19 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
     :param path: the manifest's path, used in messages and kept on the result.
     :param codes: the finding codes ``accept`` may name (default: every code in
         :data:`transplant.core.plan.FINDING_CODES`).
-    :raises ManifestError: listing every problem, each as ``key: what; fix: how``.
+    :raises ManifestError: listing every problem, each as ``key: what; fix: how``; a document
+        that is empty or not a mapping is one problem naming that.
     """
+    if not isinstance(data, dict):  # one problem, said of the whole file: no key can be named missing
+        start = ("write a manifest: version: 1, donor: {host, venv}, target: {host, venv}, overlay: [NAME] "
+                 "(manifests/REFERENCE.md), or let 'transplant init --donor HOST:VENV --target HOST:VENV --out "
+                 "FILE' write one")
+        if data is None:
+            raise ManifestError(path, [f"(file): it is empty (no YAML document, only blank lines or comments); "
+                                       f"fix: {start}"])
+        raise ManifestError(path, [f"(top level): the file holds {kind(data)}, not a mapping of keys (version, donor, "
+                                   f"target, overlay...); fix: write it as 'key: value' lines"
+                                   + (", not '- item' lines" if isinstance(data, list) else "") + f"; {start}"])
     c = Problems()
     allowed = {
         "version": "version: 1",

@@ -253,5 +253,5 @@ def plan_from_dict(data: Mapping[str, Any], *, source: str) -> Plan:
     try:
         return _DECODE(data, "plan")
     except DecodeError as exc:
-        raise PlanError(f"{source}: plan key {exc.path!r}: {exc.describe(got=lambda v: type(v).__name__)}",
+        raise PlanError(f"{source}: plan key {exc.path!r}: {exc.in_words()}",
                         hint=_REMAKE) from None

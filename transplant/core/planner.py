@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 
 from packaging.utils import NormalizedName
 
+from transplant.core.units import count
 from transplant.remote._common import record_hash  # RECORD's hash form, one definition
 from transplant.core.elf_facts import ElfReport
 from transplant.core.findings import EnvironmentAfter, compatibility_findings
@@ -68,14 +69,14 @@ def _version_action(new: Distribution, old: Distribution) -> str:
 
 def _reason(action: str, new: Distribution, old: Distribution | None, copies: int, same: int) -> str:
     if old is None:
-        return f"not on the target; {copies} files to copy"
+        return f"not on the target; {count(copies, 'file')} to copy"
     if action == "keep":
-        return f"same version, all {same} files identical"
+        return f"same version, all {count(same, 'file')} identical"
     if action == "rebuild":
         was, now = cuda_variant(old.version), cuda_variant(new.version)
         return f"same version, other CUDA build: {describe_variant(was)} -> {describe_variant(now)}"
     if action == "refresh":
-        return f"same version, {copies} files differ"
+        return f"same version, {count(copies, 'file')} differ" if copies != 1 else "same version, 1 file differs"
     return f"{old.raw_version} -> {new.raw_version}"
 
 
@@ -311,7 +312,7 @@ def _removal(name: NormalizedName, olds: list[Distribution], owned_elsewhere: se
         files -= set(refused)
     old = newest(olds)
     return Change(kind="distribution", name=name, action="remove",
-                  reason=f"named in remove:; {len(files)} files to delete",
+                  reason=f"named in remove:; {count(len(files), 'file')} to delete",
                   from_version=old.raw_version, to_version=None, remove=tuple(sorted(files)))
 
 

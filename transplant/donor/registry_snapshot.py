@@ -429,8 +429,10 @@ def prune_registry(client: Client, tags: Sequence[str]) -> list[tuple[str, str]]
     """Delete the manifests the named tags point to (by digest; the registry's garbage collector
     frees the blobs no manifest uses). Returns (tag, digest) deleted.
 
-    :raises SnapshotError: a tag is not there (nothing is deleted); :raises RegistryError:
-        deletes are disabled on the registry (the message says how to enable them).
+    :raises SnapshotError: a tag is not there, or a tag not named points to the same manifest
+        as a named one (a delete by digest would take it too): nothing is deleted;
+        :raises RegistryError: deletes are disabled on the registry (the message says how to
+        enable them).
     """
     have = set(client.tags())
     missing = [t for t in tags if t not in have]
@@ -438,10 +440,22 @@ def prune_registry(client: Client, tags: Sequence[str]) -> list[tuple[str, str]]
         raise SnapshotError(f"{client.ref.registry}/{client.ref.repository}: no tag {', '.join(missing)}; nothing was "
                             f"deleted", hint=f"list them: transplant snapshot --list --out "
                                              f"oci://{client.ref.registry}/{client.ref.repository}")
-    done = []
+    digests = {tag: client.get_manifest(tag)[1] for tag in sorted(have)}
+    # a delete is by digest: it takes every tag of that manifest (the same snapshot pushed twice)
+    shared = sorted({other for tag in tags for other, d in digests.items() if d == digests[tag] and other not in tags})
+    if shared:
+        raise SnapshotError(f"{client.ref.registry}/{client.ref.repository}: {', '.join(shared)} "
+                            f"{'holds' if len(shared) == 1 else 'hold'} the same snapshot (the same manifest digest) "
+                            f"as a tag named; the registry deletes by digest, which would remove "
+                            f"{'it' if len(shared) == 1 else 'them'} too; nothing was deleted",
+                            hint="name every tag of that snapshot to delete it: --prune "
+                                 + " ".join(sorted(set(tags) | set(shared))))
+    done, deleted = [], set()
     for tag in tags:
-        _doc, digest = client.get_manifest(tag)
-        client.delete_manifest(digest)
+        digest = digests[tag]
+        if digest not in deleted:
+            client.delete_manifest(digest)
+            deleted.add(digest)
         done.append((tag, digest))
     return done
 

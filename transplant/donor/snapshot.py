@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from transplant.donor import store as cas
 from transplant.core.elf_facts import ElfReport
 from transplant.core.closure import closure
 from transplant.hosts.elf_facts import read_elf_facts
-from transplant.errors import ProbeError, SnapshotError
+from transplant.errors import ProbeError, SnapshotError, TransplantError
 from transplant.controller.patch_files import read_patch_files
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.hostspec import HostSpec
@@ -108,6 +108,9 @@ class CaptureResult:
     reused: int
     bytes_read: int
     seconds: float
+    #: True when the store already held a snapshot of this very content (:func:`_same_content`):
+    #: that one is returned and no index is written
+    existing: bool = False
 
 
 def _new_id() -> str:
@@ -203,6 +206,10 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
         "files": files, "patches": patches, "manifest": {"data": data, "dir": str(base)},
     }
     document["digest"] = _index_digest(document)
+    same = _same_content(store, document)
+    if same is not None:  # content-addressed: the identical snapshot is not stored twice
+        return CaptureResult(snapshot=same, fetched=len(by_hash), reused=reused, bytes_read=bytes_read,
+                             seconds=time.monotonic() - started, existing=True)
     index = store / "index"
     index.mkdir(parents=True, exist_ok=True)
     tmp = index / f".{sid}.json.tmp"
@@ -211,6 +218,47 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
     snap = load_snapshot(str(index / f"{sid}.json"))
     return CaptureResult(snapshot=snap, fetched=len(by_hash), reused=reused, bytes_read=bytes_read,
                          seconds=time.monotonic() - started)
+
+
+#: Keys of an index document that differ between two captures of the same content: its own
+#: identity and time, and (in ``inventory``) the probe's timing and hash-cache counts.
+_OWN_KEYS = ("id", "created", "digest")
+_VOLATILE_INVENTORY_KEYS = ("probe_seconds", "hash_cache")
+
+
+def _content_key(document: Mapping[str, Any]) -> str:
+    """sha256 hex of what a snapshot holds: its index document less :data:`_OWN_KEYS` and the
+    inventory's :data:`_VOLATILE_INVENTORY_KEYS` (canonical JSON: sorted keys). Two captures of
+    an unchanged donor with the same manifest have the same key."""
+    body = {k: v for k, v in document.items() if k not in _OWN_KEYS}
+    inventory = body.get("inventory")
+    if isinstance(inventory, dict):
+        body["inventory"] = {k: v for k, v in inventory.items() if k not in _VOLATILE_INVENTORY_KEYS}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _same_content(store: Path, document: Mapping[str, Any]) -> Snapshot | None:
+    """The store's snapshot with the same :func:`_content_key` as ``document``, or None. Only
+    index files within 64 bytes of this one's size are read (the volatile keys are all that
+    differ); one that does not load (damaged, edited) is never reused."""
+    index = store / "index"
+    if not index.is_dir():
+        return None
+    size = len(json.dumps(document, sort_keys=True).encode())
+    key = _content_key(document)
+    for path in sorted(index.glob("*.json"), reverse=True):  # the newest first
+        try:
+            if abs(path.stat().st_size - size) > 64:
+                continue
+            other = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(other, dict) and _content_key(other) == key:
+            try:
+                return load_snapshot(str(path))
+            except TransplantError:
+                continue
+    return None
 
 
 def _index_digest(document: dict[str, Any]) -> str:

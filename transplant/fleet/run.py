@@ -118,7 +118,9 @@ def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
     result = capture(opened.manifest, opened.source.host, store, reporter=reporter)
     source = stack.enter_context(SnapshotSource(result.snapshot))
     read = DonorRead(bytes=result.bytes_read, files=result.fetched, snapshot=str(result.snapshot.path))
-    why = f"{opened.why}; captured once as snapshot {result.snapshot.id}, which serves every target"
+    why = (f"{opened.why}; " + (f"the identical stored snapshot {result.snapshot.id} (not stored again)"
+                                 if result.existing else f"captured once as snapshot {result.snapshot.id}")
+           + ", which serves every target")
     return dataclasses.replace(opened, source=source, why=why), read
 
 

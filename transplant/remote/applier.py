@@ -50,6 +50,9 @@ not exist before is removed. Operations:
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
 * ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after, and ``committed_at``
   (when its commit finished, from the journal; None when it has not).
+* ``tidy`` ``{}`` -> ``{"removed"}``: the state folder goes again when it holds nothing (an apply
+  stopped before its transaction began, in a venv that had none); empty folders only, never a
+  symlink (see :func:`tidy`).
 
 Testing hooks: a request with ``"crash_after": N`` makes ``commit`` or ``rollback`` kill its own
 process with SIGKILL before step N (a real crash at a chosen point, for the fault tests); with
@@ -883,11 +886,33 @@ def history(prefix, request):
     return {"ok": True, "error": None, "events": events, "transactions": _transactions(prefix)}
 
 
+def tidy(prefix, request):
+    """Remove ``<venv>/.transplant`` when nothing is in it but empty ``txn`` / ``cache`` folders:
+    what an apply stopped before its transaction began leaves in a venv that had no state. Only
+    ``os.rmdir`` (which removes nothing but an empty folder), only real folders (a symlink is left
+    alone). Reply ``removed``: whether the state folder is gone."""
+    state = os.path.join(prefix, STATE)
+    if os.path.islink(state) or not os.path.isdir(state):
+        return {"ok": True, "error": None, "removed": False}
+    for sub in ("txn", "cache"):
+        folder = os.path.join(state, sub)
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass  # not empty: it stays, and so does the state folder
+    try:
+        os.rmdir(state)
+    except OSError:
+        return {"ok": True, "error": None, "removed": False}
+    return {"ok": True, "error": None, "removed": True}
+
+
 commit, rollback, discard = _exclusive(_commit), _exclusive(_rollback), _exclusive(_discard)
 
 OPERATIONS = {"lock": lock, "unlock": unlock, "break-lock": break_lock, "pending": pending, "begin": begin,
               "heads": heads, "records": records, "links": links, "commit": commit, "rollback": rollback, "discard": discard, "txn": txn,
-              "mark": mark, "record": record, "history": history, "check": check, "state": state}
+              "mark": mark, "record": record, "history": history, "check": check, "state": state, "tidy": tidy}
 
 
 def answer(prefix, name, request):

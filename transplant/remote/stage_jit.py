@@ -11,10 +11,12 @@ chooses them:
 - torch inductor: ``$TORCHINDUCTOR_CACHE_DIR``, else ``<tmp>/torchinductor_<user>``; its
   compiled triton kernels record ``triton_version`` (inductor records no torch version).
 
-The installed versions are read from the venv's metadata (nothing is imported). With
-``clear`` true each existing folder is removed, and nothing else, unless ``_removable`` refuses
-it (a symlink on the way, a relative path, a system, home, temp or venv folder or one holding
-them, a mount point, another user's folder): then its ``error`` says why.
+The installed versions are read from the venv's metadata (nothing is imported). ``clear``
+names the caches to remove (a list of the names above; ``true``: all three): each such folder
+that exists is removed, and nothing else, unless ``_removable`` refuses it (a symlink on the way,
+a relative path, a system, home, temp or venv folder or one holding them, a mount point, another
+user's folder): then its ``error`` says why. These folders are the user's, shared by every venv
+the user runs, so the controller sends only names the operator gave (``--clear-jit-caches=NAMES``).
 
 Prints ``{"caches": [{"name", "path", "library" (whose version ``versions`` are), "exists", "files", "bytes", "versions",
 "installed", "scanned", "removed", "error"}]}``. Stdlib only.
@@ -135,13 +137,14 @@ def _removable(path):
 
 def main():
     request = json.loads(sys.stdin.read() or "{}")
+    clear = request.get("clear") or []
     caches = []
     for name, path, library, installed in _folders():
         item = {"name": name, "path": path, "library": library, "exists": os.path.isdir(path), "files": 0, "bytes": 0,
                 "versions": [], "installed": installed, "scanned": 0, "removed": False, "error": None}
         if item["exists"]:
             item["files"], item["bytes"], item["versions"], item["scanned"] = _scan(name, path)
-            if request.get("clear"):
+            if clear is True or name in clear:
                 refused = _removable(path)
                 if refused:
                     item["error"] = "not removed: {}".format(refused)

@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from transplant.core.units import count
 from transplant.core.plan import Finding
 from transplant.verify.ladder import (DRIVER_SONAMES, MISSING_LIBRARY, SHARED_OBJECT, inside_roots,
                                       library_key, load_error, missing_driver_library, pip_shipped_library,
@@ -482,7 +483,7 @@ def judge_jit_caches(caches: Sequence[Mapping[str, Any]], *, cleared: bool) -> t
             continue
         stale = stale_versions(c)
         built = f", built for {c.get('library', c['name'])} {', '.join(c['versions'])}" if c.get("versions") else ""
-        parts.append(f"{c['name']} {c['path']} ({c['files']} files{built})"
+        parts.append(f"{c['name']} {c['path']} ({count(c['files'], 'file')}{built})"
                      + (" removed" if c.get("removed") else ""))
         if stale and not c.get("removed"):
             warnings.append(f"{c['name']} cache holds builds for {c.get('library', c['name'])} {', '.join(stale)} but "

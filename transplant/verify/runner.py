@@ -23,7 +23,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
@@ -60,6 +60,10 @@ GROUP = ("imports", "native-load", "library-provenance", "requirements", "server
 #: cost beyond their memory (about 1 GB each with torch imported).
 PARALLEL = 4
 
+#: The JIT caches the ``jit-caches`` stage looks at (``transplant/remote/stage_jit.py``), by the
+#: names ``verify --clear-jit-caches=NAMES`` takes.
+JIT_CACHES = ("triton", "flashinfer", "torch-inductor")
+
 
 def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]], started: float | None = None) -> StageResult:
     """Run a stage's body: its result, or a fail naming the host error it raised; ``seconds``
@@ -92,7 +96,7 @@ def run_stages(
     venv: str,
     donor_inventory: Callable[[], Inventory | None] | None = None,
     reporter: Reporter = QUIET,
-    clear_jit_caches: bool = False,
+    clear_jit_caches: bool | Sequence[str] = False,
     donor_run: DonorRun | None = None,
     parallel: int = PARALLEL,
 ) -> list[StageResult]:
@@ -108,12 +112,16 @@ def run_stages(
         Without a donor nothing can be compared, so every unmet requirement fails. It is read
         in a thread of its own while the target's inventory is taken.
     :param reporter: told each stage's name as a step when it starts, and after each stage
-        ends how many of :data:`STAGES` have ended (``done`` of ``len(STAGES)`` items; a stage
-        that does not apply is passed over, so the last report is all of them). The stages of
+        ends how many of the stages that run have ended (``done`` of the number of rows the
+        result will have: :data:`STAGES` less ``server-args-resolve`` unless it is asked for; the
+        last report is all of them); a reporter with an ``ended(name)`` method is also told each
+        stage's name as it ends (before that progress), so it can show only those running. The stages of
         :data:`GROUP` overlap, so their steps come from several threads, in the order they
         start, and one step's start does not end the one before; ``done`` never goes down.
-    :param clear_jit_caches: remove the JIT cache folders the ``jit-caches`` stage finds
-        (only those folders); the stage then runs last, alone.
+    :param clear_jit_caches: the JIT caches whose folders to remove (names of
+        :data:`JIT_CACHES`; True: all of them; False or empty: none, the folders are only
+        listed); only those folders, and only with the refusals of ``stage_jit._removable``.
+        When any is named the stage runs last, alone.
     :param donor_run: runs a host script in the donor's venv (``(script, args, request) ->
         report``, with ``{venv}`` in a request path standing for the donor's prefix), or None
         when the donor cannot run code (a snapshot, unreachable). Import names derived from
@@ -129,6 +137,7 @@ def run_stages(
     A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
     a missing interpreter) is a fail with that reason; the other stages still run.
     """
+    clearing = JIT_CACHES if clear_jit_caches is True else tuple(clear_jit_caches or ())
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, not {parallel}")
     env = dict(settings.env)
@@ -137,12 +146,19 @@ def run_stages(
     lock = threading.Lock()
     state: dict[str, Any] = {"live": None, "ended": 0}
 
-    def finish(*done: StageResult, passed: int = 0) -> None:
-        """Keep the results and report how many stages have ended (``passed``: stages passed over)."""
+    # the stages that run (each a row of the result): server-args-resolve only when asked for
+    total = len(STAGES) - (0 if settings.server_args is not None and settings.server_args.resolve else 1)
+    ended = getattr(reporter, "ended", None)  # optional: told which overlapping step ended
+
+    def finish(*done: StageResult) -> None:
+        """Keep the results and report how many of the stages that run have ended."""
         with lock:  # the count and its report together, so that ``done`` never goes down
             results.update((r.name, r) for r in done)
-            state["ended"] += len(done) + passed
-            reporter.progress(state["ended"], len(STAGES))
+            state["ended"] += len(done)
+            for r in done:
+                if ended is not None:
+                    ended(r.name)
+            reporter.progress(state["ended"], total)
 
     def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
         reporter.step(name)
@@ -298,7 +314,7 @@ def run_stages(
             reporter.step("server-args")
             started = _timed("server-args", server_args)
             if not resolving:
-                finish(started, passed=1)  # server-args-resolve, not asked for, is passed over
+                finish(started)  # server-args-resolve, not asked for, does not run (nor count)
                 return
             if resolved:
                 status, reason = judges.judge_resolve(resolved)
@@ -310,10 +326,10 @@ def run_stages(
         def jit() -> tuple[str, str, Mapping]:
             if live is None:
                 return "skip", "the target's interpreter could not be run (see interpreter)", {}
-            report = run_script(target, venv, "stage_jit", request={"clear": clear_jit_caches}, env=env,
+            report = run_script(target, venv, "stage_jit", request={"clear": list(clearing)}, env=env,
                                 timeout=timeout)
             caches = report.get("caches", [])
-            status, reason = judges.judge_jit_caches(caches, cleared=clear_jit_caches)
+            status, reason = judges.judge_jit_caches(caches, cleared=bool(clearing))
             return status, reason, report
 
         def imports_and_provenance() -> None:
@@ -327,7 +343,7 @@ def run_stages(
             *([imports_and_provenance] if sharing else
               [lambda: run("imports", imports), lambda: run("library-provenance", provenance)]),
             lambda: run("native-load", native), lambda: run("requirements", requirements), server_args_stages]
-        if not clear_jit_caches:
+        if not clearing:
             group.append(lambda: run("jit-caches", jit))
         with ThreadPoolExecutor(max_workers=min(parallel, len(group)), thread_name_prefix="verify") as stages:
             for future in [stages.submit(each) for each in group]:
@@ -359,7 +375,7 @@ def run_stages(
         return status, reason, report
 
     run("serve", serve)
-    if clear_jit_caches:
+    if clearing:
         run("jit-caches", jit)
     return [results[name] for name in STAGES if name in results]
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import socket
 import sys
-from collections.abc import Sequence
-from contextlib import ExitStack
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,17 +27,18 @@ from transplant.controller.plan_file import load_plan
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
 from transplant.core.promised_state import drift, plan_differences
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
+from transplant.hosts.host import Host
 from transplant.errors import ManifestError, TransplantError, UsageError
 from transplant.hosts.probing import WaitingScript
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
 from transplant.pipeline import apply_plan
 
-__all__ = ["apply_command", "rollback_command", "history_command"]
+__all__ = ["apply_command", "rollback_command", "history_command", "ApplyInterrupted"]
 
 
 def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Session", manifest_path: str,
-                        how: str | None) -> bool:
+                        how: str | None, discarded: list[dict] | None = None) -> bool:
     """Handle --resume / --rollback, or refuse while a transaction is interrupted; first record
     the outcome of any commit the target's host script completed after its controller died
     (:func:`transplant.apply.txn.record_completed`) and say so.
@@ -43,6 +47,9 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
 
     :param manifest_path: the manifest, for the commands the messages name.
     :param how: ``"resume"``, ``"rollback"``, or None (a plain apply: only check).
+    :param discarded: with ``--resume`` of a transaction still staging (discarded: the apply
+        starts afresh), its ``started`` history event (``id``, ``plan_donor``, ``plan_target``:
+        the fingerprints of the plan the operator confirmed) is appended here.
     :returns: True when the command is done (finished, undone, or nothing to resume), False to
         go on and apply.
     :raises TransplantError: an interrupted transaction without --resume / --rollback;
@@ -69,6 +76,10 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
             if pending and how:
                 outcome = txn.finish(target, m.target.venv, pending[-1]["id"], how, lock=txid,
                                      crash_after=crash_after())
+                if outcome == "aborted" and discarded is not None:
+                    started = [e for e in txn.history(target, m.target.venv)["events"]
+                               if e.get("id") == pending[-1]["id"] and e.get("event") == "started"]
+                    discarded.append(started[-1] if started else {"id": pending[-1]["id"]})
         finally:
             txn.release(target, m.target.venv, txid)
     differ = [c for c in completed if c.outcome == "differs"]
@@ -86,7 +97,7 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
             if differ:
                 raise txn.TransactionError(
                     f"{m.target}: transaction {differ[-1].id} was committed by the host after the controller died, "
-                    f"but {len(differ[-1].mismatches)} files differ from its planned state",
+                    f"but {count(len(differ[-1].mismatches), 'file')} differ from its planned state",
                     mismatches=list(differ[-1].mismatches),
                     hint=f"look at the files listed; undo it with: transplant rollback {quoted} --force")
             if not completed:
@@ -101,12 +112,68 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
             hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
                  f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
     if outcome == "aborted":
-        console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded",
-                      markup=False)
+        console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded"
+                      + ("; applying afresh" if how == "resume" else ""), markup=False)
         return how == "rollback"
     console.print(Text.assemble((outcome, "bold green"), f" transaction {last['id']}: the target matches its "
                                 f"{'planned' if outcome == 'applied' else 'earlier'} state hash for hash"))
     return True
+
+
+class ApplyInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``apply``, with what is true on the target afterwards (``said``, one line,
+    read back from the target's records), for the command's last words."""
+
+    def __init__(self, said: str) -> None:
+        super().__init__(said)
+        self.said = said
+
+
+@contextmanager
+def _truth_on_interrupt(target: "Host", venv: str, manifest_path: str) -> Iterator[None]:
+    """Turn a Ctrl-C in the block into :class:`ApplyInterrupted` saying what the target's records
+    show of the transaction this command began (:func:`_after_interrupt`); a plain
+    KeyboardInterrupt when they cannot be read."""
+    since = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() - 1))  # ids sort by time
+    try:
+        yield
+    except KeyboardInterrupt:
+        said = _after_interrupt(target, venv, since, manifest_path)
+        if said is None:
+            raise
+        raise ApplyInterrupted(said) from None
+
+
+def _after_interrupt(target: "Host", venv: str, since: str, manifest_path: str) -> str | None:
+    """What is true on the target after a Ctrl-C: the newest transaction whose id is not older
+    than ``since`` (the command's start), by its recorded state; none: nothing began, and a state
+    folder left empty is removed (the applier's ``tidy``: empty folders only). A lock this process
+    still holds (a Ctrl-C inside the lock's taking or release) is released unless a transaction of
+    this command is still open. None when the target cannot be asked within 30 s."""
+    quoted = shlex.quote(manifest_path)
+    try:
+        record = txn.call(target, venv, "history", {}, timeout=30)
+        mine = [t for t in record.get("transactions", []) if str(t.get("id", "")) >= since]
+        last = mine[-1] if mine else {}
+        txid, state = last.get("id"), last.get("state")
+        if state in (None, "aborted", "committed"):  # nothing of this command runs on: its own lock goes
+            held = txn.call(target, venv, "pending", {}, timeout=30).get("lock") or {}
+            if (held.get("controller"), held.get("pid")) == (socket.gethostname(), os.getpid()) \
+                    and str(held.get("id", "")) >= since:
+                txn.call(target, venv, "unlock", {"id": held.get("id")}, timeout=30, check=False)
+        if not mine:
+            txn.call(target, venv, "tidy", {}, timeout=30)
+            return "the target's transaction had not begun: nothing on the target changed"
+    except TransplantError:
+        return None
+    if state == "aborted":
+        return (f"transaction {txid} was stopped before its commit and aborted (its staged files discarded, "
+                f"recorded in the history): the live venv did not change")
+    if state == "committed":
+        return (f"transaction {txid} had committed: the target holds the planned state "
+                f"(transplant rollback {quoted} undoes it)")
+    return (f"transaction {txid} was interrupted ({state}): transplant apply {quoted} --resume finishes it, "
+            f"--rollback undoes it")
 
 
 def apply_command(args: argparse.Namespace, console: Console) -> int:
@@ -133,9 +200,12 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         manifest = load_manifest(source)
     manifest, targets = targets_of(args, manifest)
     if len(targets) > 1:
-        if args.resume or args.rollback or args.break_lock or getattr(args, "compress", False):
-            raise UsageError("--resume, --rollback, --break-lock and --compress act on one target; name it with "
-                             "--target")
+        given = [flag for flag, on in (("--resume", args.resume), ("--rollback", args.rollback),
+                                       ("--break-lock", args.break_lock),
+                                       ("--compress", getattr(args, "compress", False))) if on]
+        if given:
+            raise UsageError(f"{' and '.join(given)} {'acts' if len(given) == 1 else 'act'} on one target; "
+                             f"name it with --target")
         return run_fleet_action("apply", args, console, manifest, targets)
     if args.json:  # before anything runs: a script asking for JSON must not get an apply without it
         raise UsageError("apply --json prints a fleet's report (several targets); with one target, "
@@ -147,12 +217,14 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
             from transplant.cli.commands.clone import clone_base
             clone_base(args, console, manifest, session.base_host(), session.host("target"))
             session.cloned()
+        discarded: list[dict] = []
         if args.resume or args.rollback:
             if saved is not None:  # it only names the target: it must be its manifest's
                 _check_saved_plan(saved, manifest, source, sides=("target",))
             # one applier process serves the whole command (the lock, the check, the transaction)
             stack.enter_context(txn.session(session.host("target"), session.manifest.target.venv))
-            if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback"):
+            if _finish_interrupted(args, console, session, manifest.path, "resume" if args.resume else "rollback",
+                                   discarded):
                 return EXIT_OK
             # --resume of a transaction that was still staging: it was discarded; apply afresh
         from transplant.pipeline.gather import refuse_self_target
@@ -172,6 +244,8 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         if saved is not None:
             _check_saved_plan(saved, manifest, source)
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
+        # Ctrl-C from here on: say what is true on the target (and leave no empty state folder)
+        stack.enter_context(_truth_on_interrupt(session.host("target"), manifest.target.venv, given.path))
         plan = session.plan()
         if saved is not None:
             changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
@@ -189,17 +263,28 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         stack.enter_context(txn.session(session.host("target"), manifest.target.venv))  # one applier process
         _finish_interrupted(args, console, session, given.path, None)  # raises while one is interrupted
         print_plan(console, plan)
-        if not plan.has_changes:
-            console.print("nothing to change: the target already holds the planned state")
-            return verify_command(args, console, manifest=given) if args.verify else EXIT_OK
+        # the gate comes first: an error finding blocks even when nothing is left to copy (the
+        # venv holds a state the gate refuses; exit 3, as plan and a fleet's apply say)
         if plan.refused:
             console.print(f"[bold red]apply refused[/]: {', '.join(sorted({f.code for f in plan.refused}))} cannot "
                           f"be forced or accepted; fix it as its hint says")
             return EXIT_BLOCKED
         if plan.blocking and not args.force:
-            console.print("[bold red]apply refused[/]: fix the error findings above, or pass --force")
+            console.print("[bold red]apply refused[/]: fix the error findings above, accept them in the manifest, "
+                          "or pass --force" + ("" if plan.has_changes else " (nothing would be copied)"))
             return EXIT_BLOCKED
-        if not args.yes:
+        if not plan.has_changes:
+            console.print("nothing to change: the target already holds the planned state")
+            return verify_command(args, console, manifest=given) if args.verify else EXIT_OK
+        confirmed = bool(discarded) and (discarded[-1].get("plan_donor"), discarded[-1].get("plan_target")) == (
+            plan.donor.fingerprint, plan.target.fingerprint)
+        if confirmed:  # --resume: the operator confirmed this very plan when the transaction started
+            console.print(f"resuming: the plan is the one transaction {discarded[-1]['id']} started with "
+                          f"(confirmed then); applying it", markup=False)
+        elif discarded:
+            console.print(f"the plan is not the one transaction {discarded[-1]['id']} started with (the donor or "
+                          f"the target changed since): confirm it anew", markup=False)
+        if not args.yes and not confirmed:
             if not sys.stdin.isatty():
                 raise TransplantError("apply needs confirmation and standard input is not a terminal",
                                       hint=f"add --yes: transplant apply {args.source} --yes")
@@ -217,7 +302,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
                                 compress=getattr(args, "compress", False), stale_probe=stale_probe)
     relayed = f" ({result.transfer})" if result.transfer else ""
     console.print(Text.assemble(("applied", "bold green"), (
-        f" transaction {result.transaction}: {result.files_copied} files ({human_bytes(plan.copy_bytes)}) copied, "
+        f" transaction {result.transaction}: {count(result.files_copied, 'file')} ({human_bytes(plan.copy_bytes)}) copied, "
         f"{human_bytes(result.bytes_moved)} on the wire{relayed}, {result.files_removed} removed, in "
         f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
         + "); the target now matches the plan hash for hash")))

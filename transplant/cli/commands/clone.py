@@ -21,7 +21,7 @@ from transplant.errors import TransplantError
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Manifest
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 
 __all__ = ["clone_report", "clone_command", "clone_base", "pending_note", "saved_plan_refusal"]
 
@@ -44,7 +44,7 @@ def clone_report(console: Console, result: CloneResult) -> None:
     kinds = Counter(e.kind for e in r.edits)
     edited = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "no file"
     say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
-    say(f"copied {result.files} files ({human_bytes(result.bytes)}) from {result.source} to {result.dest} "
+    say(f"copied {count(result.files, 'file')} ({human_bytes(result.bytes)}) from {result.source} to {result.dest} "
         f"with {result.method}")
     say(f"rewrote what named {r.old} ({edited}); repointed {len(r.links)} symlink(s); updated {len(result.records)} "
         f"RECORD file(s) for the rewritten files")

@@ -22,7 +22,7 @@ from transplant.donor.snapshot import default_store
 from transplant.hosts.host import SSHOptions
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.cli.render import print_plan, stages_table
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 from transplant.donor.sources import Opened
 
 __all__ = ["run_fleet_command", "fleet_table", "fleet_json"]
@@ -42,7 +42,7 @@ def _line(action: str, r: TargetResult) -> str:
     """One line per finished target: outcome, what moved, the error."""
     parts = [f"{r.target}: {_outcome(action, r)}"]
     if r.applied is not None:
-        parts.append(f"transaction {r.applied.transaction}, {r.applied.files_copied} files, "
+        parts.append(f"transaction {r.applied.transaction}, {count(r.applied.files_copied, 'file')}, "
                      f"{human_bytes(r.applied.bytes_moved)} on the wire")
     if r.note:
         parts.append(r.note)
@@ -62,7 +62,7 @@ def fleet_table(action: str, results: Sequence[TargetResult]) -> Table:
     for r in results:
         style = "bold green" if r.code in (EXIT_OK, EXIT_CHANGES) else "bold red"
         changes = "-" if r.plan is None else str(sum(1 for c in r.plan.changes if not c.is_noop))
-        applied = "-" if r.applied is None else f"{r.applied.files_copied} files ({human_bytes(r.applied.bytes_moved)})"
+        applied = "-" if r.applied is None else f"{count(r.applied.files_copied, 'file')} ({human_bytes(r.applied.bytes_moved)})"
         verify = "-" if r.stages is None else ", ".join(f"{s.name} {s.status}" for s in r.stages)
         note = (r.error or r.note or "") + (f"\nhint: {r.hint}" if r.hint else "")
         table.add_row(Text(str(r.target)), Text(_outcome(action, r), style=style), changes, Text(applied),

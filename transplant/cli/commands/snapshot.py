@@ -17,7 +17,7 @@ from transplant.errors import TransplantError
 from transplant.hosts.host import connect
 from transplant.core.manifest import Endpoint
 from transplant.controller.manifest_file import load_manifest
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 from transplant.cli.reports import snapshots_table
 from transplant.donor.snapshot import default_store
 
@@ -40,7 +40,7 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
         from transplant.cli.commands.registry import registry_list_or_prune
 
         return registry_list_or_prune(args, console)
-    store = Path(args.out) if args.out else default_store()
+    store = Path(args.out).absolute() if args.out else default_store()  # rsync takes absolute roots
     if args.list or args.prune is not None:
         if args.manifest:
             raise UsageError("--list and --prune take no manifest")
@@ -84,12 +84,16 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
         pushed = push_snapshot(snap, args, console)
     if args.json:
         print(json.dumps({"schema": "transplant.snapshot-result/1", "id": snap.id, "path": str(snap.path),
+                          "existing": result.existing,
                           "fetched": result.fetched, "reused": result.reused, "bytes_read": result.bytes_read,
                           "files": len(snap.files), "bytes": snap.size, **(pushed or {})}, indent=2, sort_keys=True))
     else:
+        if result.existing:
+            console.print(f"the store already holds this very content as snapshot {snap.id}: reused, "
+                          f"no second index written", markup=False, highlight=False)
         console.print(Text.assemble(("snapshot", "bold green"), (
             f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "
-            f"{len(snap.files)} files ({human_bytes(snap.size)}); {result.fetched} read from the donor "
+            f"{count(len(snap.files), 'file')} ({human_bytes(snap.size)}); {result.fetched} read from the donor "
             f"({human_bytes(result.bytes_read)} on the wire), {result.reused} already stored; in "
             f"{result.seconds:.1f} s")))
         console.print("use it as the donor:")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from rich.console import Console
+from rich.text import Text
 
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.cli.locations import resolve_location
+from transplant.cli.locations import is_location, resolve_location
 from transplant.hosts.host import connect
 from transplant.cli.reports import status_table
 
@@ -40,9 +42,11 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[yellow]unrecorded[/] transaction {txid}: committed, but its outcome is not in the history yet "
                       f"(its controller died after the commit, or an apply is recording it now); the next apply or "
                       f"status records it")
+    # the manifest that applied it, when the command was given one (a HOST:VENV names none)
+    named = "<manifest>" if is_location(args.location) else shlex.quote(args.location)
     for txid in status.interrupted:
-        console.print(f"[bold red]interrupted[/] transaction {txid}: finish it with apply --resume or undo it with "
-                      f"apply --rollback")
+        console.print(Text.assemble(("interrupted", "bold red"), f" transaction {txid}: finish it with 'transplant "
+                                    f"apply {named} --resume' or undo it with 'transplant apply {named} --rollback'"))
     skipped = status.applied_paths - status.checked
     aside = (f" ({skipped} bytecode file(s) of the {status.applied_paths} applied paths are not compared: Python "
              f"rewrites them at import)") if skipped > 0 else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,6 +20,7 @@ from transplant.controller.manifest_file import load_manifest
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.manifest import Manifest, VerifySettings
 from transplant.donor.sources import HostSource, Opened
+from transplant.core.units import count, human_bytes
 from transplant.cli.render import stages_table, verify_json, verify_junit
 from transplant.verify.judges import overall_ok
 from transplant.hosts.probing import run_script
@@ -60,6 +62,49 @@ def parse_imports(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def parse_clear(value: object) -> tuple[tuple[str, ...], bool]:
+    """``--clear-jit-caches[=NAMES]`` -> (the cache names to remove, whether the option was given).
+
+    ``None`` / ``False`` (not given) -> ``((), False)``; ``""`` (given bare: list the folders,
+    remove nothing) -> ``((), True)``; ``"triton,flashinfer"`` -> those names; ``"all"`` -> every
+    name of :data:`transplant.verify.runner.JIT_CACHES`.
+
+    :raises UsageError: a name that is none of those.
+    """
+    from transplant.verify.runner import JIT_CACHES
+
+    if value is None or value is False:
+        return (), False
+    names = tuple(dict.fromkeys(n.strip() for n in str(value).split(",") if n.strip()))
+    if "all" in names:
+        return JIT_CACHES, True
+    unknown = [n for n in names if n not in JIT_CACHES]
+    if unknown:
+        raise UsageError(f"--clear-jit-caches: {', '.join(map(repr, unknown))} is not a JIT cache; the caches are "
+                         f"{', '.join(JIT_CACHES)} (or all), e.g. --clear-jit-caches=triton,torch-inductor")
+    return names, True
+
+
+def _clear_line(caches: list, names: tuple[str, ...], again: str) -> str:
+    """What ``--clear-jit-caches`` did, in one line: removed, refused, and the user-wide folders
+    listed but not named (with the option that removes them)."""
+    existing = [c for c in caches if c.get("exists")]
+    if not existing:
+        return "--clear-jit-caches: no JIT cache folder exists (" + ", ".join(c["path"] for c in caches) + \
+            "); nothing was removed"
+    removed = [c["path"] for c in existing if c.get("removed")]
+    refused = [f"{c['path']} ({c['error']})" for c in existing if c["name"] in names and not c.get("removed")]
+    listed = [c for c in existing if c["name"] not in names]
+    line = "--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing")
+    if refused:
+        line += "; left in place: " + ", ".join(refused)
+    if listed:
+        line += ("; not removed, outside the target venv (the user's, shared by its other venvs): "
+                 + ", ".join(f"{c['name']} {c['path']} ({count(c['files'], 'file')}, {human_bytes(c['bytes'])})" for c in listed)
+                 + f"; to remove them: {again} --clear-jit-caches=" + ",".join(c["name"] for c in listed))
+    return line + "; nothing else was touched"
+
+
 def _check_junit(path: str) -> None:
     target = Path(path)
     if target.is_dir() or (target.exists() and not target.is_file()):
@@ -92,7 +137,7 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
     :raises TransplantError: bad manifest or option, unreachable target.
     """
     junit = getattr(args, "junit", None)
-    clear = bool(getattr(args, "clear_jit_caches", False))
+    clearing, clear = parse_clear(getattr(args, "clear_jit_caches", None))
     extra = parse_imports(getattr(args, "imports", None))
     if junit:
         _check_junit(junit)
@@ -100,7 +145,7 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
     with ExitStack() as stack:
         if manifest is None and is_location(source):
             if not extra:
-                raise TransplantError(f"verify {source}: without a manifest, --imports must name what to check",
+                raise UsageError(f"verify {source}: without a manifest, --imports must name what to check",
                                       hint=f"write e.g. transplant verify {source} --imports torch,sglang")
             spec, venv = parse_location(source)
             options = SSHOptions.from_files(args.identity_file, args.known_hosts)
@@ -134,7 +179,7 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
             results, _ = verify_target(settings, target, venv, ssh=session.ssh if manifest is not None else None,
                                        record=manifest is not None, donor_inventory=donor,
                                        reporter=StagesShown(status.update, "verify"),
-                                       clear_jit_caches=clear, donor_run=donor_run)
+                                       clear_jit_caches=clearing, donor_run=donor_run)
     if junit:
         try:
             Path(junit).write_text(verify_junit(results, label))
@@ -153,11 +198,9 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
     if clear:
         jit = next((r for r in results if r.name == "jit-caches"), None)
         caches = jit.details.get("caches", []) if jit else []
-        removed = [c["path"] for c in caches if c.get("removed")]
-        refused = [f"{c['path']} ({c['error']})" for c in caches if c.get("exists") and not c.get("removed")]
-        console.print("--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing")
-                      + ("; left in place: " + ", ".join(refused) if refused else "")
-                      + "; nothing else was touched", markup=False, highlight=False)
+        again = "transplant verify " + (shlex.quote(source) + (" --imports " + ",".join(extra) if extra else "")
+                                        if source else shlex.quote(str(getattr(manifest, "path", "MANIFEST"))))
+        console.print(_clear_line(caches, clearing, again), markup=False, highlight=False)
     if junit:
         console.print(f"JUnit XML written to {junit}", markup=False, highlight=False)
     return EXIT_OK if overall_ok(results) else EXIT_BLOCKED
@@ -171,7 +214,7 @@ def verify_command(args: argparse.Namespace, console: Console, manifest: Manifes
     if manifest is None and not is_location(args.manifest):
         manifest, targets = targets_of(args, load_manifest(args.manifest))
         if len(targets) > 1:
-            if getattr(args, "junit", None) or getattr(args, "clear_jit_caches", False):
+            if getattr(args, "junit", None) or parse_clear(getattr(args, "clear_jit_caches", None))[1]:
                 raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
             return run_fleet_action("verify", args, console, manifest, targets)
     return _verify_one(args, console, session_class=Session, parse_location=parse_location, manifest=manifest)
