@@ -354,6 +354,19 @@ def test_clear_jit_caches_alone_lists_the_user_wide_folders_and_removes_nothing(
     assert not (tmp_path / "triton").exists() and (tmp_path / "inductor" / "y" / "f").read_text() == "x"
 
 
+def test_bare_clear_jit_caches_before_the_venv_leaves_the_venv_positional(built, tmp_path, monkeypatch, capsys):
+    # argparse's optional value would take the next word (the venv) as cache names: the bare
+    # option lists, and the word after it stays the MANIFEST|HOST:VENV argument
+    for key, value in _env(built, tmp_path, HOME=str(tmp_path / "home")).items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "triton" / "x").mkdir(parents=True)
+    (tmp_path / "triton" / "x" / "f").write_text("x")
+    assert main(["verify", "--clear-jit-caches", f"local:{built['good']}", "--imports", "fakecuda"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"--clear-jit-caches removed nothing; not removed, outside the target venv" in out
+    assert (tmp_path / "triton" / "x" / "f").read_text() == "x"
+
+
 def test_clear_jit_caches_names_must_be_caches(built, capsys):
     assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches=triton,home"]) == 64
     assert "--clear-jit-caches: 'home' is not a JIT cache" in " ".join(capsys.readouterr().out.split())

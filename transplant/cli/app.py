@@ -247,9 +247,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bare_options(argv: Sequence[str]) -> list[str]:
+    """``argv`` with a bare ``--clear-jit-caches`` written ``--clear-jit-caches=`` (list, remove nothing).
+
+    The option takes its cache names only as ``--clear-jit-caches=NAMES``: without this, argparse
+    (``nargs="?"``) would take the next word as the names, so ``verify --clear-jit-caches m.yaml``
+    read the manifest as a cache name and then said the manifest was missing.
+    """
+    return [f"{a}=" if a == "--clear-jit-caches" else a for a in argv]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``transplant``; returns the exit code (see the module docstring)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_bare_options(sys.argv[1:] if argv is None else argv))
     from transplant.cli.warm import connect_early
 
     connect_early(args)  # apply: both SSH connections open while the command's modules import
