@@ -17,8 +17,9 @@ editable installs' source folders lie outside the venv: they are stat'ed as ``ex
 
 Trust: a memo is written only when no input was written within two seconds of the probe's start
 or after it (``racy``: a write in the same clock tick leaves an identity unchanged, as git's
-index says), and when a fingerprint taken after the plan equals the probe's digest (nothing changed
-while the plan was made). ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every
+index says). An input changed after the probe stat'ed it (while the plan read it, or later) has
+another ctime by then, so the next fingerprint differs and the next plan is a full one; the
+``extra`` paths, which the probe did not stat, are stat'ed once after the plan under the same rule. ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every
 plan is made afresh and none is kept). ``apply`` never uses the memo: its stale-plan check under the
 lock probes afresh.
 """
