@@ -231,13 +231,6 @@ def test_a_plan_s_libstdcxx_question_imports_no_pyelftools(pair):
 
 # -- the venvs' identities asked as soon as the connections open -------------------------------
 
-def test_the_early_identity_script_is_the_plan_s():
-    from transplant.hosts.identity import IDENTITY_SCRIPT
-    gather = importlib.import_module("transplant.pipeline.gather")  # the module (the package's `gather` is its function)
-
-    assert IDENTITY_SCRIPT == gather._IDENTITY
-
-
 def test_two_threads_asking_a_venv_identity_at_once_run_its_script_once(pair, monkeypatch):
     import threading
 

@@ -1,10 +1,10 @@
 """A venv folder's identity on its host (edge): (boot id, device, inode), for the
 donor-is-not-the-target check, asked early.
 
-The same script and the same remembered key as :func:`transplant.pipeline.gather.venv_identity`
-(a test keeps the two scripts equal), so an apply can ask it in the background as soon as a
-connection is open (:mod:`transplant.hosts.early`), and the check that follows takes the
-remembered answer instead of starting the interpreter again.
+One script and one remembered key for the plan's check (:func:`transplant.pipeline.gather.refuse_self_target`)
+and for an apply that asks it in the background as soon as a connection is open
+(:mod:`transplant.hosts.early`): the check that follows takes the remembered answer instead of
+starting the interpreter again.
 """
 
 from __future__ import annotations
@@ -24,9 +24,14 @@ IDENTITY_SCRIPT = ("import os, sys\n"
 
 
 def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[str, int, int] | None:
-    """(boot id, device, inode) of the folder ``venv`` on ``host``, symlinks followed; None when
-    it cannot be told. Asked once per connection (:meth:`Host.remembered`, key
-    ``("venv-identity", venv)``), as :func:`transplant.pipeline.gather.venv_identity` asks it.
+    """(boot id, device, inode) of the folder ``venv`` on ``host``, symlinks followed: two spellings
+    of one folder (a symlink, a bind mount, another host name for the same machine) give the same
+    triple. None when it cannot be told (no boot id, the venv's python does not run).
+
+    Asked once per connection (:meth:`Host.remembered`, key ``("venv-identity", venv)``): the
+    apply command asks it early and the plan's gathering again; the second answer is the first
+    one, not another interpreter start on the host. ``TRANSPLANT_SCRIPT_LOG`` in the host's
+    environment names a file where each run of the script appends a line (a testing hook).
 
     :raises HostError: the host cannot be reached.
     """

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from transplant.core.elf_facts import ElfReport, is_shared_object
 from transplant.core.closure import expand
 from transplant.hosts.elf_facts import read_elf_facts
+from transplant.hosts.identity import venv_identity
 from transplant.hosts.host import Host
 from transplant.core.inventory import Distribution, Inventory
 from transplant.core.manifest import Endpoint, Manifest
@@ -57,38 +58,6 @@ def _hashes(dists: Sequence[Distribution], files: Sequence[str]) -> dict[str, st
     """``{file: "sha256=..."}`` for those of ``files`` the probe hashed (the ELF cache's keys)."""
     wanted = set(files)
     return {p: e.hash for d in dists for p, e in d.files.items() if p in wanted and e.hash}
-
-
-_IDENTITY = ("import os, sys\n"
-             "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
-             "except OSError:\n    boot = ''\n"
-             "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n"
-             "log = os.environ.get('TRANSPLANT_SCRIPT_LOG')\n"
-             "if log:\n    open(log, 'a').write('identity %s\\n' % sys.argv[1])\n")
-
-
-def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[str, int, int] | None:
-    """(boot id, device, inode) of the folder ``venv`` on ``host``, symlinks followed: two spellings
-    of one folder (a symlink, a bind mount, another host name for the same machine) give the same
-    triple. None when it cannot be told (no boot id, the venv's python does not run).
-
-    Asked once per connection (:meth:`Host.remembered`): the apply command checks it before its
-    plan and the plan's gathering checks it again; the second answer is the first one, not another
-    interpreter start on the host. ``TRANSPLANT_SCRIPT_LOG`` in the host's environment names a file
-    where each run of the identity script appends a line (a testing hook, as the applier's).
-
-    :raises HostError: the host cannot be reached.
-    """
-    from transplant.hosts.probing import venv_python
-
-    def ask() -> tuple[str, int, int] | None:
-        result = host.run([venv_python(venv), "-I", "-S", "-c", _IDENTITY, venv], timeout=timeout)
-        words = result.stdout.decode("ascii", "replace").split()
-        if not result.ok or len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
-            return None
-        return words[0], int(words[1]), int(words[2])
-
-    return host.remembered(("venv-identity", venv), ask)  # type: ignore[return-value]
 
 
 def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
