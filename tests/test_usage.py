@@ -24,9 +24,11 @@ def test_jobs_of_one_or_more_is_taken(tmp_path, capsys):
     assert "not found; fix: give the path of an existing manifest" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("location", ["local:/no/such/venv-for-this-test",
+                                      "root@127.0.0.11:46669:/no/such/venv-for-this-test"])  # with a port, as printed
 @pytest.mark.parametrize("command", ["history", "rollback"])
-def test_a_manifest_command_given_host_venv_says_it_takes_a_manifest(command, capsys):
-    assert main([command, "local:/no/such/venv-for-this-test"]) == 1
+def test_a_manifest_command_given_host_venv_says_it_takes_a_manifest(command, location, capsys):
+    assert main([command, location]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "this command takes a manifest, not HOST:VENV" in out
 

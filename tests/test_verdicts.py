@@ -226,7 +226,7 @@ def test_judge_jit_caches():
     assert judges.stale_versions(caches[0]) == ["3.4.0"]
     assert judges.judge_jit_caches(caches, cleared=False) == (
         "pass", "triton /h/.triton/cache (3 files, built for triton 3.4.0, 3.5.0); warning: triton cache holds builds "
-                "for triton 3.4.0 but 3.5.0 is installed (--clear-jit-caches removes it)")
+                "for triton 3.4.0 but 3.5.0 is installed (--clear-jit-caches=triton removes it)")
     refused = [dict(caches[0], removed=False, error="not removed: it is a symlink")]
     assert judges.judge_jit_caches(refused, cleared=True) == ("fail", "/h/.triton/cache: not removed: it is a symlink")
     assert judges.judge_jit_caches([caches[1]], cleared=False) == (

@@ -191,5 +191,5 @@ def print_plan_view(console: Console, plan: Plan) -> None:
         console.print(Text(f"{', '.join(codes)}: ", style="dim") + Text(hint), soft_wrap=True, highlight=False)
     blocking = plan.blocking
     if blocking:
-        console.print(Text(f"{len(blocking)} error finding(s) block apply (use --force to apply anyway)",
+        console.print(Text(f"{count(len(blocking), 'error finding')} block{'s' if len(blocking) == 1 else ''} apply (use --force to apply anyway)",
                            style="bold red"))

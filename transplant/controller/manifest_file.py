@@ -45,9 +45,10 @@ class _StrictLoader(yaml.SafeLoader):
 
 def _looks_like_location(text: str) -> bool:
     """Whether a path that does not exist reads as ``HOST:VENV`` (``local:/srv/venv``,
-    ``root@gpu-07:/root/venv``): a word before the first colon, then an absolute path."""
-    host, sep, venv = text.partition(":")
-    return bool(sep and host and "/" not in host and venv.startswith("/"))
+    ``root@gpu-07:/root/venv``, ``root@127.0.0.11:2222:/srv/venv`` as transplant prints it): a
+    host without a slash, then a colon and an absolute path."""
+    host, sep, venv = text.partition(":/")
+    return bool(sep and host and "/" not in host)
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:

@@ -19,8 +19,9 @@ Trust: a memo is written only when no input was written within two seconds of th
 or after it (``racy``: a write in the same clock tick leaves an identity unchanged, as git's
 index says). An input changed after the probe stat'ed it (while the plan read it, or later) has
 another ctime by then, so the next fingerprint differs and the next plan is a full one; the
-``extra`` paths, which the probe did not stat, are stat'ed once after the plan under the same rule. ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every
-plan is made afresh and none is kept). ``apply`` never uses the memo: its stale-plan check under the
+``extra`` paths, which the probe did not stat, are stat'ed once after the plan under the same
+rule. ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every plan is made afresh
+and none is kept); ``1`` or unset keeps it on; any other value is refused. ``apply`` never uses the memo: its stale-plan check under the
 lock probes afresh.
 """
 
@@ -52,8 +53,17 @@ MEMO_SCHEMA = "transplant.plan-memo/1"
 
 
 def memo_enabled() -> bool:
-    """Whether plans use the memo: not when the controller's ``TRANSPLANT_PLAN_MEMO`` is ``0``."""
-    return os.environ.get("TRANSPLANT_PLAN_MEMO", "1") != "0"
+    """Whether plans use the memo: not when the controller's ``TRANSPLANT_PLAN_MEMO`` is ``0``;
+    yes when it is ``1`` or unset.
+
+    :raises TransplantError: any other value (``off``, ``false``: one that reads as "off" must not
+        quietly leave the memo on).
+    """
+    value = os.environ.get("TRANSPLANT_PLAN_MEMO", "1")
+    if value not in ("0", "1"):
+        raise TransplantError(f"environment variable TRANSPLANT_PLAN_MEMO={value!r}: not 0 or 1; nothing was read",
+                              hint="TRANSPLANT_PLAN_MEMO=0 plans afresh (the memo off); 1 or unset keeps it on")
+    return value == "1"
 
 
 @cache

@@ -474,7 +474,7 @@ def judge_jit_caches(caches: Sequence[Mapping[str, Any]], *, cleared: bool) -> t
 
     Pass, naming each existing folder and, as a warning, contents built for other versions
     than installed (a cache keyed by version is not reused, so it is stale weight rather than
-    a fault; ``--clear-jit-caches`` removes it). With ``cleared``, fail when a folder could
+    a fault; ``--clear-jit-caches=NAME`` removes it). With ``cleared``, fail when a folder could
     not be removed.
     """
     parts, warnings, errors = [], [], []
@@ -487,12 +487,12 @@ def judge_jit_caches(caches: Sequence[Mapping[str, Any]], *, cleared: bool) -> t
                      + (" removed" if c.get("removed") else ""))
         if stale and not c.get("removed"):
             warnings.append(f"{c['name']} cache holds builds for {c.get('library', c['name'])} {', '.join(stale)} but "
-                            f"{c.get('installed') or 'none'} is installed")
+                            f"{c.get('installed') or 'none'} is installed (--clear-jit-caches={c['name']} removes it)")
         if c.get("error"):
             errors.append(f"{c['path']}: {c['error']}")
     if errors and cleared:
         return "fail", "; ".join(errors)
     if not parts:
         return "pass", "no JIT cache folders exist (" + ", ".join(c["path"] for c in caches) + ")"
-    tail = "".join(f"; warning: {w} (--clear-jit-caches removes it)" for w in warnings)
+    tail = "".join(f"; warning: {w}" for w in warnings)
     return "pass", "; ".join(parts) + tail
