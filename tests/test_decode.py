@@ -246,6 +246,10 @@ def small_plan() -> Plan:
     (lambda d: d["findings"][0].update(severity="fatal"), "plan.findings[0]", "severity 'fatal' is not one of"),
     (lambda d: d["changes"][0].update(extra=1), "plan.changes[0].extra", "unknown key"),
     (lambda d: d["donor"].pop("hostname"), "plan.donor.hostname", "missing"),
+    (lambda d: d["changes"][0].update(action="explode"), "plan.changes[0].action",
+     "expected one of add, upgrade, downgrade, rebuild, refresh, keep, remove for a distribution, got 'explode'"),
+    (lambda d: d["changes"][0].update(kind="wheel"), "plan.changes[0].kind",
+     "expected distribution or patch, got 'wheel'"),
 ])
 def test_plan_names_a_deep_bad_value(edit, path: str, message: str) -> None:
     data = json.loads(json.dumps(small_plan().to_dict()))

@@ -244,14 +244,24 @@ def plan_from_dict(data: Mapping[str, Any], *, source: str) -> Plan:
 
     :param source: the file it came from, for messages.
     :raises PlanError: another schema, or a missing, unknown or mistyped key (named by its
-        path, ``plan.changes[0].copy[1].hash``), decoded by :class:`transplant.core.decode.Decoder`.
+        path, ``plan.changes[0].copy[1].hash``), decoded by :class:`transplant.core.decode.Decoder`;
+        a change whose ``kind`` or ``action`` is none of :data:`DIST_ACTIONS` / :data:`PATCH_ACTIONS`.
     """
     if not isinstance(data, Mapping) or data.get("schema") != PLAN_SCHEMA:
         got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
         raise PlanError(f"{source}: not a transplant plan (schema {got!r}, expected {PLAN_SCHEMA!r})",
                         hint="make one with: transplant plan MANIFEST --out plan.json")
     try:
-        return _DECODE(data, "plan")
+        plan = _DECODE(data, "plan")
     except DecodeError as exc:
         raise PlanError(f"{source}: plan key {exc.path!r}: {exc.in_words()}",
                         hint=_REMAKE) from None
+    for index, change in enumerate(plan.changes):
+        actions = {"distribution": DIST_ACTIONS, "patch": PATCH_ACTIONS}.get(change.kind)
+        if actions is None:
+            raise PlanError(f"{source}: plan key 'plan.changes[{index}].kind': expected distribution or patch, "
+                            f"got {change.kind!r}", hint=_REMAKE)
+        if change.action not in actions:
+            raise PlanError(f"{source}: plan key 'plan.changes[{index}].action': expected one of "
+                            f"{', '.join(actions)} for a {change.kind}, got {change.action!r}", hint=_REMAKE)
+    return plan
