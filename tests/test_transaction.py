@@ -239,6 +239,27 @@ def _apply_with_patch(m: str, text: str) -> None:
         patch.write_text(original)
 
 
+def test_two_transactions_in_one_second_roll_back_newest_first(world, capsys, monkeypatch):
+    # ids hold their second and a random suffix: B's suffix sorts before A's, yet B is the newest
+    import json
+
+    import transplant.apply.execute as execute
+    import transplant.cli.commands.apply  # noqa: F401 - bound to the real id maker before the patch
+
+    ids = iter(["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
+    monkeypatch.setattr(execute, "new_transaction_id", lambda: next(ids))
+    venv, m = world["target"]("same-second")
+    assert main(["apply", m, "--yes"]) == 0                      # A
+    _apply_with_patch(m, "PATCHED = 2\n")                       # B
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["history", m, "--json"]) == 0
+    assert [t["id"] for t in json.loads(capsys.readouterr().out)["transactions"]] == \
+        ["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"]
+    assert main(["rollback", m, "--yes"]) == 0                   # undoes B, the newest
+    assert snapshot(venv) == world["after"]
+
+
 def test_history_and_rollback_to_an_earlier_state(world, capsys):
     import json
 

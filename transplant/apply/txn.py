@@ -475,7 +475,8 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
     if to is not None and to not in known:
         raise TransactionError(f"{label}: no transaction {to!r}", hint=f"list them: {listing}")
     ids = [t["id"] for t in txns]
-    chosen = ids[-1:] if to is None else [i for i in ids if i > to]
+    order = {t["id"]: n for n, t in enumerate(every)}  # the applier's order: oldest first (not the ids' text)
+    chosen = ids[-1:] if to is None else [i for i in ids if order[i] > order[to]]
     if not chosen:
         raise TransactionError(f"{label}: no committed transaction to roll back"
                                + (f" after {to}" if to else ""))

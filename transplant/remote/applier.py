@@ -302,6 +302,9 @@ def _transactions(prefix):
         out.append({"id": name, "state": _read_state(folder), "source": str(plan.get("source") or ""),
                     "created": plan.get("created") if isinstance(plan.get("created"), (int, float)) else None,
                     "steps": len(steps), "paths": paths})
+    # oldest first: an id holds its second and a random suffix, so two transactions begun in the
+    # same second are ordered by when begin wrote them (``created``, this host's clock), not by suffix
+    out.sort(key=lambda t: (t["id"][:16], t["created"] or 0.0, t["id"]))
     return out
 
 
