@@ -50,7 +50,7 @@ from transplant.errors import HostError
 from transplant.hosts.agent import AgentUnavailable, ScopedAgent
 from transplant.hosts.host import Host
 from transplant.hosts.ssh import SSHHost
-from transplant.hosts.stream import UNAVAILABLE, _Side, _stop, _reply, compression_for
+from transplant.hosts.stream import UNAVAILABLE, _Side, _stop, _reply, compression_for, progress_line
 from transplant.hosts.transfer import TransferResult, check_relpath
 from transplant.reporting import QUIET, Reporter
 
@@ -293,13 +293,9 @@ def _watch(side: _Side, listing: bytes, total: int, reporter: Reporter, connecte
 
     def errors() -> None:
         for line in iter(proc.stderr.readline, b""):
-            if line.startswith(b"transplant-progress "):
-                try:
-                    done = int(line.split()[1])
-                except (IndexError, ValueError):
-                    continue
-                reporter.progress(min(done, total) if total else done, total)
-            elif line.strip() == b"transplant-connected":
+            if progress_line(line.rstrip(b"\n"), reporter, total):
+                continue
+            if line.strip() == b"transplant-connected":
                 side.connected = True
                 connected()
             else:

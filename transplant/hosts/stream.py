@@ -254,6 +254,20 @@ def _spawn(host: Host, argv: list[str], name: str, root: str, **fds: int) -> sub
                         code=UNAVAILABLE) from None
 
 
+def progress_line(line: bytes, reporter: Reporter, total: int) -> bool:
+    """Whether ``line`` (a host script's stderr line) is a ``transplant-progress BYTES`` line; if so,
+    ``reporter.progress`` is told the bytes done (at most ``total``, when ``total`` is known). A
+    malformed progress line counts as one, and is dropped."""
+    if not line.startswith(b"transplant-progress "):
+        return False
+    try:
+        done = int(line.split()[1])
+    except (IndexError, ValueError):
+        return True
+    reporter.progress(min(done, total) if total else done, total)
+    return True
+
+
 def _watch(sender: _Side, receiver: _Side, listing: bytes, total: int, reporter: Reporter) -> list[threading.Thread]:
     """Threads that feed the sender its listing and read both sides' output, started."""
 
@@ -270,13 +284,9 @@ def _watch(sender: _Side, receiver: _Side, listing: bytes, total: int, reporter:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                if line.startswith(b"transplant-progress "):
-                    try:
-                        done = int(line.split()[1])
-                    except (IndexError, ValueError):
-                        continue
-                    reporter.progress(min(done, total) if total else done, total)
-                elif line.startswith(b"transplant-sent "):
+                if progress_line(line, reporter, total):
+                    continue
+                if line.startswith(b"transplant-sent "):
                     try:
                         side.sent = json.loads(line[len(b"transplant-sent "):])
                     except ValueError:
