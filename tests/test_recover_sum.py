@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 import textwrap
 
+import pytest
+
 from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.recover.recipesum import sum_recipes
@@ -27,8 +29,18 @@ def test_sum_of_recipes_keeps_what_earlier_transactions_brought():
     assert sum_recipes([("t2", second)])["manifest"] == second["manifest"], "one transaction: its own recipe"
 
 
-def test_recover_from_history_rebuilds_every_transaction(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("same_second", [False, True], ids=["ids-as-made", "one-second-suffixes-backwards"])
+def test_recover_from_history_rebuilds_every_transaction(tmp_path, capsys, monkeypatch, same_second):
     monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    if same_second:
+        # two applies in one second: ids hold the second and a random suffix, and here the newer
+        # one's suffix sorts first; the applier lists them in the order they began
+        import transplant.apply.execute as execute
+        import transplant.cli.commands.apply  # noqa: F401 - bound to the real id maker before the patch
+
+        made = execute.new_transaction_id
+        ids = iter(["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
+        monkeypatch.setattr(execute, "new_transaction_id", lambda: next(ids, None) or made())
     wheels = tmp_path / "wheels"
     alpha2 = build_wheel(wheels, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n"})
     alpha1 = build_wheel(wheels / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})

@@ -145,7 +145,9 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
     if not isinstance(recipe, dict) or not isinstance(recipe.get("manifest"), dict):
         raise RecoverError(f"{where}: transaction {applied['id']} has no recorded recipe (applied by an older "
                            f"transplant); recover from a snapshot instead")
-    later = [t["id"] for t in record["transactions"] if t.get("state") == "committed" and t["id"] > applied["id"]]
+    # the applier lists transactions in the order they began (ids of one second do not sort by text)
+    done = [t["id"] for t in record["transactions"] if t.get("state") == "committed"]
+    later = done[done.index(applied["id"]) + 1:]
     if later:
         raise RecoverError(f"{where}: transaction {applied['id']} is the newest verified one, but {', '.join(later)} "
                            f"was applied after it and not verified", hint=f"verify {where} first")
@@ -191,9 +193,7 @@ def _summed(record: dict[str, Any], applied: dict[str, Any], newest: dict[str, A
     from transplant.recover.recipesum import sum_recipes
 
     recipes = []
-    for t in committed(record):
-        if t["id"] > applied["id"]:
-            break
+    for t in committed(record):  # oldest first, in the order they began (the applier's listing)
         if t["id"] == applied["id"]:
             recipes.append((t["id"], newest))
             break
