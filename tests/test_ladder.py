@@ -553,3 +553,19 @@ def test_a_missing_cuda_runtime_behind_a_host_library_still_fails(plugins, local
     both = next(lib for lib in native.details["libraries"] if lib["path"].endswith("libboth.so"))
     assert "libnothere_host.so.1: cannot open shared object file" in both["error"], "dlopen names the host one first"
     assert both["missing"] == ["libcudart.so.12", "libnothere_host.so.1"]
+
+
+@pytest.mark.parametrize("words", [["triton"], ["triton,torch-inductor"], ["all"]])
+def test_clear_jit_caches_names_after_a_space_say_to_write_them_with_equals(words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["verify", "--clear-jit-caches", *words, "local:/nonexistent/venv", "--imports", "x"])
+    assert info.value.code == 64
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--clear-jit-caches takes its cache names after '=' (without it, it lists them and removes nothing): " \
+           f"write --clear-jit-caches={words[0]}" in err, err
+    # the twin: a manifest file that happens to be named like a cache is the manifest argument
+    (tmp_path / words[0]).write_text("version: 1\n")
+    assert main(["verify", "--clear-jit-caches", words[0]]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{words[0]}: " in out and "takes its cache names" not in out, out

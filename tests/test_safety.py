@@ -295,3 +295,29 @@ def test_a_venv_whose_python_does_not_start_is_one_clear_error(pair, capsys):
     assert f"local:{tmp_path / 'target'}:" in out
     assert "error while loading shared libraries: libpython3.11.so.1.0" in out and "does not exist" not in out
     assert "Traceback" not in out
+
+
+def test_a_binary_manifest_is_named_not_a_text_file(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe" + bytes(range(256)))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert info.value.problems == ["(file): not a text file (byte 8 is not UTF-8); fix: give the manifest, a YAML "
+                                   "text file (UTF-8), not a binary or another encoding"]
+    path.write_text("version: 1\n")  # the text twin reads, and fails on what it lacks, not on its bytes
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert not any("not a text file" in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize("document,words", [([], "the JSON document is a list"), ("plan", "the JSON document is a string"),
+                                            (None, "the JSON document is null"),
+                                            ({"schema": "other/1"}, "schema 'other/1', expected")])
+def test_a_saved_plan_that_is_not_an_object_says_what_it_is(tmp_path, capsys, document, words):
+    import json
+
+    (tmp_path / "p.json").write_text(json.dumps(document))
+    assert main(["apply", str(tmp_path / "p.json"), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{tmp_path / 'p.json'}: not a transplant plan ({words}" in out, out
+    assert "schema 'list'" not in out and "Traceback" not in out

@@ -637,3 +637,33 @@ def test_resume_or_rollback_with_nothing_interrupted_is_not_a_usage_error(world,
         assert f"transplant rollback {m}" in out
     assert not (venv / ".transplant").exists(), "a venv transplant never touched gets no state folder"
     assert snapshot(venv) == world["before"]
+
+
+@pytest.mark.parametrize("fault,words", [
+    ("refused-before-it-began", "stopped before its commit began: the live venv did not change"),
+    ("killed-after-it-began", "is interrupted part-way through its commit"),
+])
+def test_a_failed_commit_says_what_the_targets_record_shows(world, capsys, monkeypatch, fault, words):
+    # the commit request fails: before the applier marked it committing (its after.json is
+    # gone, so the commit is refused), or killed after its first step began (the crash hook)
+    import transplant.apply.execute as execute
+
+    venv, m = world["target"](f"failed-commit-{fault}")
+    real = txn.call
+
+    def failing(host, where, op, request, **kw):
+        if op == "commit":
+            if fault.startswith("refused"):
+                (Path(where) / ".transplant" / "txn" / request["id"] / "after.json").unlink()
+            else:
+                request = {**request, "crash_after": 0}
+        return real(host, where, op, request, **kw)
+
+    monkeypatch.setattr(execute.txn, "call", failing)
+    before = snapshot(venv)
+    assert main(["apply", m, "--yes"]) != 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert words in out, out
+    assert "--rollback" in out and "--resume" in out
+    if fault.startswith("refused"):
+        assert snapshot(venv) == before, "nothing of the live venv changed"

@@ -272,7 +272,7 @@ def execute(
         try:
             done = txn.call(target, venv, "commit", {"id": txid, "lock": txid, **extra})
         except TransplantError as exc:
-            raise TransplantError(f"{exc.message}\n(transaction {txid} is interrupted part-way through its commit)",
+            raise TransplantError(f"{exc.message}\n({_after_failed_commit(target, venv, txid)})",
                                   hint=_FINISH.format(manifest=shlex.quote(plan.manifest))) from exc
         lap("commit")
         reporter.step("check")
@@ -293,6 +293,25 @@ def execute(
     return ApplyResult(transaction=txid, files_copied=copied, bytes_moved=moved,
                        files_removed=int(done.get("removed", 0)), seconds=time.monotonic() - started,
                        steps=tuple(steps), transfer=transfer)
+
+
+def _after_failed_commit(target: Host, venv: str, txid: str) -> str:
+    """Where transaction ``txid`` stands after its commit request failed, in words, as the
+    target's own record says (read in a fresh applier process: the session's may be gone):
+    still ``staging`` (the commit never began: the live venv did not change), ``committed``
+    (the check after it did not run), else part-way through its commit (also when the record
+    cannot be read)."""
+    try:
+        reply = txn.call(target, venv, "history", {}, check=False, timeout=60.0)
+    except TransplantError:
+        reply = {}
+    state = next((t.get("state") for t in reply.get("transactions") or () if isinstance(t, dict)
+                  and t.get("id") == txid), None)
+    if state == "staging":
+        return f"transaction {txid} stopped before its commit began: the live venv did not change"
+    if state == "committed":
+        return f"transaction {txid} committed; the check of the files after it did not run"
+    return f"transaction {txid} is interrupted part-way through its commit"
 
 
 def _refuse_stale(plan: Plan, target: Host, waiting: WaitingScript | None = None) -> None:

@@ -257,9 +257,30 @@ def _bare_options(argv: Sequence[str]) -> list[str]:
     return [f"{a}=" if a == "--clear-jit-caches" else a for a in argv]
 
 
+def _spaced_cache_names(argv: Sequence[str]) -> str | None:
+    """The word after a bare ``--clear-jit-caches`` when it is only cache names (``triton``,
+    ``triton,flashinfer``, ``all``) and no file of that name exists: the names were meant with
+    ``=`` (:func:`_bare_options` would leave them as a stray manifest argument); else None."""
+    for option, word in zip(argv, argv[1:]):
+        if option != "--clear-jit-caches" or os.path.lexists(word):
+            continue
+        from transplant.verify.runner import JIT_CACHES
+
+        names = word.split(",")
+        if all(n in (*JIT_CACHES, "all") for n in names):
+            return word
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``transplant``; returns the exit code (see the module docstring)."""
-    args = build_parser().parse_args(_bare_options(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    spaced = _spaced_cache_names(argv)
+    if spaced is not None:
+        parser.error(f"--clear-jit-caches takes its cache names after '=' (without it, it lists them and removes "
+                     f"nothing): write --clear-jit-caches={spaced}")
+    args = parser.parse_args(_bare_options(argv))
     from transplant.cli.warm import connect_early
 
     connect_early(args)  # apply: both SSH connections open while the command's modules import

@@ -71,7 +71,10 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
     except NotRegular as exc:
         raise ManifestError(name, [f"(file): {exc}; fix: give the path of the manifest file itself "
                                    f"(a YAML file of at most {MAX_MANIFEST_BYTES // 1024} KiB)"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ManifestError(name, [f"(file): not a text file (byte {exc.start} is not UTF-8); fix: give the "
+                                   f"manifest, a YAML text file (UTF-8), not a binary or another encoding"]) from None
+    except OSError as exc:
         raise ManifestError(name, [f"(file): cannot be read ({exc}); fix: check the path and permissions"]) from None
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass

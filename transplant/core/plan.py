@@ -247,10 +247,14 @@ def plan_from_dict(data: Mapping[str, Any], *, source: str) -> Plan:
         path, ``plan.changes[0].copy[1].hash``), decoded by :class:`transplant.core.decode.Decoder`;
         a change whose ``kind`` or ``action`` is none of :data:`DIST_ACTIONS` / :data:`PATCH_ACTIONS`.
     """
-    if not isinstance(data, Mapping) or data.get("schema") != PLAN_SCHEMA:
-        got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
-        raise PlanError(f"{source}: not a transplant plan (schema {got!r}, expected {PLAN_SCHEMA!r})",
-                        hint="make one with: transplant plan MANIFEST --out plan.json")
+    if not isinstance(data, Mapping):
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true/false",
+                type(None): "null"}.get(type(data), type(data).__name__)
+        raise PlanError(f"{source}: not a transplant plan (the JSON document is {kind}, not an object with "
+                        f"schema {PLAN_SCHEMA!r})", hint=_REMAKE)
+    if data.get("schema") != PLAN_SCHEMA:
+        raise PlanError(f"{source}: not a transplant plan (schema {data.get('schema')!r}, expected {PLAN_SCHEMA!r})",
+                        hint=_REMAKE)
     try:
         plan = _DECODE(data, "plan")
     except DecodeError as exc:
