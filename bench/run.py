@@ -266,7 +266,7 @@ def _median(runs: list[tuple]) -> tuple[float, int | None, int | None]:
 
 
 #: The groups of measurements ``--only`` chooses from.
-GROUPS = ("inventory", "plan", "apply", "rsync", "floor", "slow-link")
+GROUPS = ("inventory", "plan", "noop", "apply", "rsync", "floor", "slow-link")
 
 
 def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[str, tuple]:
@@ -295,6 +295,11 @@ def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[
                                        if p.is_file() and not p.is_symlink())), None, None)
     if wanted("plan"):
         repeat("transplant plan (cold)", lambda: bench.transplant("plan", "--json"), reset=True)
+    if wanted("noop") and not wanted("apply"):  # the apply group measures it after its own runs
+        bench.reset()
+        bench.transplant("apply", "--yes")  # the no-op plan starts from the applied state
+        out["transplant plan (no-op, the first: it keeps the plan memo)"] = bench.transplant("plan", "--json")
+        repeat("transplant plan (no-op)", lambda: bench.transplant("plan", "--json"))
     if wanted("apply"):
         transfers: list[tuple] = []
 

@@ -49,7 +49,7 @@ from transplant.hosts.probing import run_script
 
 __all__ = ["memo_enabled", "memo_key", "Recalled", "recall", "remember", "MEMO_SCHEMA"]
 
-MEMO_SCHEMA = "transplant.plan-memo/1"
+MEMO_SCHEMA = "transplant.plan-memo/2"
 
 
 def memo_enabled() -> bool:

@@ -357,10 +357,13 @@ def _record_identity_of(full, rel):
 
 class _Inputs(object):
     """The inputs of one probe, as it looks at them: each noted path (in the order noted; a path
-    looked at twice is noted twice) goes into a running sha256 with its identity text
-    (:func:`_identity_text`) and into a compressed list of paths, so that nothing per file is
-    kept in memory. The fingerprint mode feeds the same paths, in the same order, with their
-    identities now: while nothing changed the two digests are equal.
+    looked at twice is noted twice) adds its identity (:func:`_identity`: six 64-bit integers,
+    machine order) to an array hashed a few thousand at a time, and its name to a compressed
+    list of paths, so that nothing per file is kept in memory. The digest is sha256 over those
+    identities, then over the sha256 of the packed paths and the non-file facts: the
+    fingerprint mode feeds the same paths, in the same order, with their identities now
+    (:meth:`stat_all`: one lstat and one array append per path, no text formatted per file,
+    issue 16); while nothing changed the two digests are equal.
 
     ``racy`` is set when an input's mtime or ctime is at least ``limit_ns`` (the probe's start
     less :data:`_RACY_NS`, this host's clock): a write in the same clock tick as its lstat would
@@ -369,7 +372,10 @@ class _Inputs(object):
 
     def __init__(self, limit_ns=None, pack=True):
         import zlib
+        from array import array
 
+        self.array = array
+        self.ids = array("q")
         self.digest = hashlib.sha256()
         self.packer = zlib.compressobj(6) if pack else None
         self.packed = []
@@ -378,32 +384,46 @@ class _Inputs(object):
         self.limit_ns = limit_ns
         self.racy = False
 
-    def add(self, path, text):
-        """Note ``path`` with its identity text (buffered: hashed and packed a few thousand at a time)."""
-        self.pending.append(path)
-        self.pending.append(text)
-        self.count += 1
-        if len(self.pending) >= 8192:
-            self._flush()
-
     def _flush(self):
+        self.digest.update(self.ids.tobytes())
+        self.ids = self.array("q")
         pending, self.pending = self.pending, []
-        paths = pending[0::2]
-        lines = "".join(path + "\0" + text + "\n" for path, text in zip(paths, pending[1::2]))
-        self.digest.update(lines.encode("utf-8", "surrogateescape"))
-        if self.packer is not None:
-            self.packed.append(self.packer.compress(("\0".join(paths) + "\0").encode("utf-8", "surrogateescape")))
+        if self.packer is not None and pending:
+            self.packed.append(self.packer.compress(("\0".join(pending) + "\0").encode("utf-8", "surrogateescape")))
 
     def note(self, path, st):
         """Note ``path`` with its lstat result ``st`` (None: absent)."""
-        self.add(path, _identity_text(st))
+        _append(self.ids, st)
+        self.pending.append(path)
+        self.count += 1
+        if len(self.pending) >= 8192:
+            self._flush()
         if st is not None and self.limit_ns is not None and \
                 (st.st_mtime_ns >= self.limit_ns or st.st_ctime_ns >= self.limit_ns):
             self.racy = True
 
-    def finish(self, facts):
-        """The hex digest, with the non-file ``facts`` (canonical JSON) after the paths."""
+    def stat_all(self, paths):
+        """Note each of ``paths`` with its ``os.lstat`` now, in order: :meth:`note`'s identities
+        with no racy check, no packing and no call per path (the fingerprint's loop)."""
+        ids, lstat = self.ids, os.lstat
+        extend = ids.extend
+        for path in paths:
+            try:
+                st = lstat(path)
+            except (OSError, ValueError):
+                extend(_ABSENT)
+                continue
+            try:
+                extend((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
+            except OverflowError:
+                _wrapped(ids, st)
+        self.count += len(paths)
+
+    def finish(self, facts, paths_text):
+        """The hex digest: the identities, then sha256 of ``paths_text`` (the packed paths) and
+        the non-file ``facts`` (canonical JSON)."""
         self._flush()
+        self.digest.update(b"\1" + hashlib.sha256(paths_text.encode("ascii")).digest())
         self.digest.update(b"\1" + json.dumps(facts, sort_keys=True, separators=(",", ":")).encode())
         return self.digest.hexdigest()
 
@@ -412,26 +432,51 @@ class _Inputs(object):
         base64), "racy", "started_ns"}``."""
         import base64
 
-        digest = self.finish(facts)
+        self._flush()
         self.packed.append(self.packer.flush())
-        return {"digest": digest, "count": self.count, "paths": base64.b64encode(b"".join(self.packed)).decode("ascii"),
+        paths = base64.b64encode(b"".join(self.packed)).decode("ascii")
+        return {"digest": self.finish(facts, paths), "count": self.count, "paths": paths,
                 "racy": self.racy, "started_ns": self.limit_ns + _RACY_NS}
 
 
 #: The probe's inputs (``"inputs": true`` in the request; see :class:`_Inputs`): noted where a
 #: file is read, stat'ed or listed (like a compiler's depfile); None: not noted.
 _INPUTS = None
-_ID = "%d %d %d %d %d %d"
+#: The identity of an absent path (no lstat result has a negative inode).
+_ABSENT = (-1, -1, -1, -1, -1, -1)
+_WRAP = 1 << 64
 
 
-def _identity_text(st):
-    """What of an ``os.lstat`` result shows a change, as text: ``st_dev st_ino st_size
-    st_mtime_ns st_ctime_ns st_mode`` (a folder's mtime and ctime change when an entry is added
-    or removed; ctime changes on any write, chmod or rename and cannot be set back); ``-`` for
-    None (absent)."""
+def _identity(st):
+    """What of an ``os.lstat`` result shows a change: ``(st_dev, st_ino, st_size, st_mtime_ns,
+    st_ctime_ns, st_mode)`` as signed 64-bit integers (a value outside that range wrapped, as
+    the same value always is); :data:`_ABSENT` for None. A folder's mtime and ctime change when
+    an entry is added or removed; ctime changes on any write, chmod or rename and cannot be set
+    back (git's index uses the same fields)."""
     if st is None:
-        return "-"
-    return _ID % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        return _ABSENT
+    values = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+    return tuple(v if -(1 << 63) <= v < (1 << 63) else (v + (1 << 63)) % _WRAP - (1 << 63) for v in values)
+
+
+def _append(ids, st):
+    """Append :func:`_identity` of ``st`` to the array ``ids``."""
+    if st is None:
+        ids.extend(_ABSENT)
+        return
+    try:
+        ids.extend((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
+    except OverflowError:
+        _wrapped(ids, st)
+
+
+def _wrapped(ids, st):
+    """After appending ``st``'s identity to ``ids`` overflowed part way: take back the part
+    appended (``ids`` holds whole identities, six values each) and append the wrapped one."""
+    partial = len(ids) % 6
+    if partial:
+        del ids[-partial:]
+    ids.extend(_identity(st))
 
 
 _UNSET = object()
@@ -449,25 +494,6 @@ def _note(path, st=_UNSET):
             st = None
     _INPUTS.note(path, st)
     return None
-
-
-def _stat_texts(paths):
-    """:func:`_identity_text` of each path as it is now (lstat), in order (one thread: more
-    contend for the GIL the formatting holds, measured slower)."""
-    lstat = os.lstat
-
-    def chunk(part):
-        texts = []
-        for path in part:
-            try:
-                st = lstat(path)
-            except (OSError, ValueError):
-                texts.append("-")
-                continue
-            texts.append(_ID % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
-        return texts
-
-    return chunk(paths)
 
 
 def _unpack(text):
@@ -503,28 +529,29 @@ def _fingerprint(request):
     Reads no file's content."""
     prefix = venv_prefix()
     paths = venv_paths(prefix)
-    names = _unpack(request.get("paths") or "")
+    packed = request.get("paths") or ""
+    names = _unpack(packed)
     import concurrent.futures
 
+    now = _Inputs(pack=False)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         host = pool.submit(_host_facts)  # nvidia-smi and ldconfig run while the inputs are stat'ed
-        texts = _stat_texts(names)
+        now.stat_all(names)
         host = host.result()
-    now = _Inputs(pack=False)
-    for path, text in zip(names, texts):
-        now.add(path, text)
     rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
     facts = _non_file_facts(prefix, rel, host, _interpreter(prefix))
     since = request.get("since_ns")
-    extra = _Inputs(since - _RACY_NS if isinstance(since, int) else None)
-    for path in sorted(p for p in request.get("extra") or [] if isinstance(p, str)):
+    extra = _Inputs(since - _RACY_NS if isinstance(since, int) else None, pack=False)
+    wanted = sorted(p for p in request.get("extra") or [] if isinstance(p, str))
+    for path in wanted:
         try:
             st = os.stat(path)  # followed: where it leads counts
         except (OSError, ValueError):
             st = None
         extra.note(path, st)
-    return {"schema": "transplant.fingerprint/1", "inputs": now.finish(facts), "count": len(names),
-            "extra": extra.finish({}), "extra_racy": extra.racy}
+    return {"schema": "transplant.fingerprint/2", "inputs": now.finish(facts, packed), "count": len(names),
+            "extra": extra.finish({}, "\0".join(wanted).encode("utf-8", "surrogateescape").hex()),
+            "extra_racy": extra.racy}
 
 
 def _log(what):
