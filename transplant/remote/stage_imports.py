@@ -52,7 +52,16 @@ def _outside(path):
 
 def main(names, request):
     results = []
-    for name in names:
+    native = request.get("native")
+    forked = None
+    # native-load's loader is forked once this process has imported its preload modules (torch)
+    # and nothing else: where the names begin with them, after those imports; else before any
+    preload, fork_at = _preload(native, names) if native else ([], None)
+    for index, name in enumerate(names + [None]):
+        if index == fork_at:
+            forked = _fork_loader(native, preload, results)
+        if name is None:
+            break
         started = time.monotonic()
         try:
             module = importlib.import_module(name)
@@ -70,8 +79,34 @@ def main(names, request):
     document = {"imports": results}
     if request.get("provenance"):
         document["provenance"] = _provenance(request["provenance"], results)
+    if native:
+        document["native"] = forked.report() if forked is not None else None
+        document["native_preload"] = preload
     sys.stdout.write(json.dumps(document) + "\n")
     return 0
+
+
+def _preload(native, names):
+    """(the preload modules, installed ones only among ``optional``; the index in ``names`` of the
+    name before which the loader is forked: after the leading names that are the preloads, in
+    their order, so that it has imported those and nothing else; the loader imports the others)."""
+    optional = set(native.get("optional") or ())
+    preload = [n for n in native.get("preload", [])
+               if n not in optional or importlib.util.find_spec(n) is not None]
+    at = 0
+    while at < len(preload) and at < len(names) and names[at] == preload[at]:
+        at += 1
+    return preload, at
+
+
+def _fork_loader(native, preload, results):
+    """Fork native-load's loader child now (``stage_native.Forked``): it reads its paths from the
+    rest of standard input."""
+    script = {"__name__": "_transplant_stage_native"}
+    exec(compile(native["source"], "stage_native.py", "exec"), script)  # noqa: S102 - transplant's own script
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return script["Forked"](preload, sys.stdin.buffer)
 
 
 def _provenance(request, results):
@@ -96,6 +131,7 @@ def _provenance(request, results):
 
 
 if __name__ == "__main__":
-    # with a request, the script came with -c and the request is on stdin; with "-", stdin was the script
-    _stdin = sys.stdin.read() if not sys.argv[0] == "-" else ""
-    sys.exit(main(sys.argv[1:], json.loads(_stdin or "{}")))
+    # with a request, the script came with -c and the request is its first line on stdin (the rest is
+    # native-load's, read by its loader child); with "-", stdin was the script
+    _stdin = sys.stdin.buffer.readline() if not sys.argv[0] == "-" else b""
+    sys.exit(main(sys.argv[1:], json.loads(_stdin or b"{}")))
