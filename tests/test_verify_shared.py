@@ -158,3 +158,27 @@ def test_names_that_do_not_begin_with_torch_fork_the_loader_before_any_import(ve
     assert by["native-load"].reason == "1 of 1 shared objects load (RTLD_NOW)"
     assert by["native-load"].details["preload"] == [{"name": "torch", "ok": True, "error": None}]
     assert _torch_imports(tmp_path) == 2, "ext's, in the imports process, and the loader's preload"
+
+
+def test_the_inventory_verify_takes_looks_on_disk_only_at_shared_objects(venvs, tmp_path):
+    """``record="shared"``: the shared objects' rows have the disk's facts (a removed one is said
+    to be absent), the other rows RECORD's alone; the full inventory (the twin) has them all."""
+    from transplant.hosts.probing import take_inventory
+
+    venv = Path(venvs["good"])
+    copy = tmp_path / "venv"
+    shutil.copytree(venv, copy, symlinks=True)
+    (copy / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    removed = next(copy.rglob("libext.so"))
+    removed.unlink()
+    lean = take_inventory(LocalHost(), str(copy), record="shared").latest()
+    full = take_inventory(LocalHost(), str(copy)).latest()
+    site = str(removed.parent.parent.relative_to(copy))
+    for dists, disk in ((lean, False), (full, True)):
+        ext = dists["ext"].files
+        assert ext[f"{site}/ext/libext.so"].exists is False, "a missing shared object is absent either way"
+        assert ext[f"{site}/ext/__init__.py"].exists is disk
+        assert (ext[f"{site}/ext/__init__.py"].size is not None) is disk
+        c10 = dists["torch"].files[f"{site}/torch/lib/libc10.so"]
+        assert c10.exists is True and c10.size == (copy / site / "torch/lib/libc10.so").stat().st_size
+    assert set(lean["ext"].files) == set(full["ext"].files), "every RECORD row is there"

@@ -200,7 +200,9 @@ def run_stages(
             return donor_future.result() if donor_future else None
 
         def interpreter() -> tuple[str, str, Mapping]:
-            live = take_inventory(target, venv, timeout=timeout)
+            # RECORD's rows, with the disk's facts only for the shared objects (the stages look at no other file
+            # through the inventory): not 50,000 lstats and their rows for a CUDA stack
+            live = take_inventory(target, venv, record="shared", timeout=timeout)
             state["live"] = live
             theirs = donor()
             facts = _interpreter_facts(live)
