@@ -418,8 +418,8 @@ def take_inventory(
         they are reported by their venv-relative path.
     :param record: False skips RECORD files (``Distribution.record`` is None): metadata
         only, for dependency checks; ``"shared"`` looks on disk only at the shared objects
-        (``*.so``, ``*.so.N``) RECORD lists: the other entries have RECORD's facts alone
-        (``exists`` False, no size or mode), for the verify ladder; ``"summary"`` reads RECORD alone, no file on disk, and
+        (``*.so``, ``*.so.N``) RECORD lists: the other entries have their paths alone
+        (``exists`` False, no hash, size or mode), for the verify ladder; ``"summary"`` reads RECORD alone, no file on disk, and
         gives per distribution ``record_files`` and ``record_bytes`` (``record`` None).
     :param compact: ask for the probe's compact form (RECORD rows as lists, no ``mtime``:
         about a third of the bytes to print, decode and keep); False keeps the form of

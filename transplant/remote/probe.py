@@ -17,7 +17,7 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   or not (used for patch destinations); with ``--stdin``, ``site_files`` names such paths
   relative to site-packages instead, and ``"record": false`` skips RECORD (metadata only,
   for dependency checks), ``"record": "shared"`` looks on disk only at the shared objects
-  (``*.so``, ``*.so.N``) RECORD lists (the others' rows have RECORD's facts alone: what verify
+  (``*.so``, ``*.so.N``) RECORD lists (the others' rows have their paths alone: what verify
   reads), ``"record": "summary"`` reads RECORD alone and reports per
   distribution ``record_summary``: ``{"files": rows inside the venv (by name), "bytes": the sum
   of their RECORD size column}`` with ``record`` null (no file on disk looked at: what
@@ -248,7 +248,8 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False):
     has no readable RECORD; with ``summary``, ``{"files": rows inside the venv, "bytes": sum of
     their RECORD size column}`` instead, from RECORD alone (no file or folder on disk is looked
     at: "inside" by the names, :func:`_lexical`); with ``shared``, only the shared objects'
-    rows (:data:`_SHARED_OBJECT`) have the disk's facts, the others RECORD's alone."""
+    rows (:data:`_SHARED_OBJECT`) have the disk's facts and RECORD's hash and size, the others
+    their paths alone."""
     text = _read(os.path.join(dist_dir, "RECORD"))
     if text is None:
         return None
@@ -279,13 +280,16 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False):
                 total += record_size or 0
             continue
         full, venv_path = _row_path(prefix, norm_site, site_rel, rel)
+        if shared and not _SHARED_OBJECT.search(rel):
+            entries.append({"path": rel, "venv_path": venv_path, "record_hash": None, "record_size": None})
+            continue
         entry = {
             "path": rel,
             "venv_path": venv_path,
             "record_hash": record_hash,
             "record_size": record_size,
         }
-        if venv_path is not None and (not shared or _SHARED_OBJECT.search(rel)):
+        if venv_path is not None:
             facts, st = _file_facts_stat(full)
             entry.update(facts)
             if hashed and "size" in entry:

@@ -12,6 +12,15 @@ names, the modules not imported yet are imported too (one of ``optional`` only w
 ``importlib.util.find_spec`` finds it: it is left out of ``imported`` otherwise), and the
 document also holds ``"provenance"``, that script's report of this process (its ``facts``),
 so that the ``library-provenance`` stage needs no second interpreter to import the same torch.
+
+The request may also hold ``"native": {"preload": [...], "optional": [...], "source": TEXT}``,
+TEXT being ``stage_native.py``: then the request is the first line of stdin, and the second
+line ``{"paths": [...]}`` is native-load's, read by its loader child (``stage_native.Forked``),
+forked once this process has imported the preload modules (those of ``optional`` only where
+installed) and nothing else: after the leading names that are those modules, in their order;
+else before the first import. The document then also holds ``"native"``, stage_native's
+report (null when the child died before saying which paths it was asked), and
+``"native_preload"``, the modules it preloaded.
 """
 
 import importlib

@@ -27,6 +27,11 @@ more: a library that names a sibling of the venv without a path (torchaudio's
 once the sibling is loaded, as the package's own code loads it by path first. One that loads
 then is ``ok`` with ``first_error``.
 
+Or run inside ``stage_imports`` (:class:`Forked`): its first loader child is forked from that
+process once it has imported the preloads, so torch is not imported by another interpreter;
+it reads its paths from the rest of that process's standard input, and one of its own goes on
+after a file it died on.
+
 Prints ``{"preload": [{"name", "ok", "error"}], "libraries": [{"path", "ok", "error",
 "seconds", "skipped"?, "missing"?, "first_error"?}]}``; ``error`` is the loader's own message
 (``libfoo.so.1: cannot open shared object file...``, ``/x/libbar.so: undefined symbol: baz``);

@@ -11,10 +11,16 @@ Each stage runs in a fresh interpreter of the target venv with the manifest's
 that do not depend on each other (:data:`GROUP`) run at once, each its own host process, at
 most :data:`PARALLEL` at a time; then ``smoke`` and ``serve`` one after the other (they use
 the GPU and a port). The results are in the order of :data:`STAGES` whatever order they
-finish in. ``imports`` and ``library-provenance`` share one interpreter (the imports script
-imports the names, then torch, then reports the provenance script's facts): torch is imported
-once. Without an overlay the import names need no inventory, so that interpreter starts beside
-the inventory's, and both stages' seconds count from then.
+finish in. ``imports``, ``library-provenance`` and ``native-load`` share one interpreter: the
+imports script imports the names, then torch, then reports the provenance script's facts, and
+forks native-load's loader once it has imported torch and nothing else (the names begin with
+torch; else before its first import), which loads the shared objects the second line of its
+input names: torch is imported once. Without an overlay the import names need no inventory, so
+that interpreter starts beside the inventory's (its shared objects are sent once the inventory
+names them), and the imports stages' seconds count from then. When that process fails (it dies,
+runs past its timeout) or guessed wrong whether torch is installed, native-load runs its own.
+The inventory the stages read looks on disk only at the shared objects (the probe's
+``record: "shared"``).
 """
 
 from __future__ import annotations
