@@ -371,6 +371,14 @@ class WaitingScript:
             raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode, err)
         return line
 
+    def ask_document(self, request: bytes, timeout: float | None) -> dict[str, Any] | None:
+        """:meth:`ask`, the reply decoded: the JSON object the script printed, or None as :meth:`ask`.
+
+        :raises HostError: as :meth:`ask`, or the reply is not a JSON object.
+        """
+        line = self.ask(request, timeout)
+        return None if line is None else _document(self.label, self.script, line)
+
     def close(self) -> None:
         """End an unasked process: its input is closed (the script reads an empty request and
         exits, having read nothing of the venv), killed when it has not exited within 5 s."""

@@ -42,7 +42,7 @@ from transplant.errors import HostError, ProbeError, TransplantError
 from transplant.hosts.host import Host
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import VerifySettings
-from transplant.hosts.probing import WaitingScript, _document, run_script, take_inventory
+from transplant.hosts.probing import WaitingScript, run_script, take_inventory
 from transplant.core.rules.recordless import judge_stale_modules, stale_extension_modules
 from transplant.verify.judges import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
 from transplant.reporting import QUIET, Reporter
@@ -230,7 +230,7 @@ def run_stages(
         modules = torch + [n for n in names if n != "torch"]
         # the shared objects native-load loads, after importing preload
         native_paths = ladder.shared_objects(dists, venv) if live is not None else []
-        preload = ["torch"] if live is not None and "torch" in live.latest() else []
+        preload = torch
         # one process imports the names, then what library-provenance imports besides (torch), and
         # reports both, and forks native-load's loader once it has imported preload: two
         # interpreters importing the same torch would cost twice its import
@@ -245,13 +245,12 @@ def run_stages(
                 assert early is not None
                 left = None if timeout is None else max(0.1, timeout - (time.monotonic() - early_start))
                 try:
-                    line = early.ask(second_line(native_paths), left)
+                    report = early.ask_document(second_line(native_paths), left)
                 except HostError as exc:
                     if "gave no reply within" in str(exc):  # as run_script says it, for the stage's reason
                         raise HostError(f"{target.label}:{venv}: stage_imports timed out after {timeout:g} s") from None
                     raise
-                if line is not None:
-                    report = _document(f"{target.label}:{venv}", "stage_imports", line)
+                if report is not None:
                     joint["native_sent"] = True
                     return report
             request = first_line(modules, [], preload, False) + second_line(native_paths)
