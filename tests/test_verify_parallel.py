@@ -61,7 +61,9 @@ MEET_B = textwrap.dedent('''\
 
 
 class Timed(LocalHost):
-    """This machine, noting which host script each command ran and when it started and ended."""
+    """This machine, noting which host script each command ran and when it started and ended
+    (a process started to be talked to, as the imports process is, ends when the controller has
+    its reply: its ``communicate`` returned)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -75,6 +77,23 @@ class Timed(LocalHost):
         finally:
             with self._lock:
                 self.runs.append((_script(argv, stdin), started, time.monotonic()))
+
+    def spawn(self, argv, *, env=None, stdin=None, stdout=None):
+        started = time.monotonic()
+        proc = super().spawn(argv, env=env, stdin=stdin, stdout=stdout)
+        communicate, noted = proc.communicate, []
+
+        def noting(*args, **kwargs):
+            try:
+                return communicate(*args, **kwargs)
+            finally:
+                if not noted:
+                    noted.append(True)
+                    with self._lock:
+                        self.runs.append((_script(argv, None), started, time.monotonic()))
+
+        proc.communicate = noting
+        return proc
 
     def span(self, script: str) -> tuple[float, float]:
         found = [(s, e) for name, s, e in self.runs if name == script]
@@ -225,6 +244,11 @@ class ProbeWaits(Timed):
         elif script == "probe" and self.saw is None:
             self.saw = self.imports.wait(self.wait)
         return super().run(argv, stdin=stdin, env=env, timeout=timeout)
+
+    def spawn(self, argv, *, env=None, stdin=None, stdout=None):
+        if _script(argv, None) == "stage_imports":
+            self.imports.set()
+        return super().spawn(argv, env=env, stdin=stdin, stdout=stdout)
 
 
 def test_without_an_overlay_the_imports_process_starts_beside_the_inventory(venv, tmp_path):

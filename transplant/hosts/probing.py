@@ -36,7 +36,7 @@ def run_script(
     script: str,
     args: Sequence[str] = (),
     *,
-    request: Mapping[str, Any] | None = None,
+    request: Mapping[str, Any] | bytes | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = 600.0,
     python: str | None = None,
@@ -44,7 +44,8 @@ def run_script(
     """Run the host script ``script`` (see :mod:`transplant.remote`) with the venv's python.
 
     Without ``request`` the script goes on standard input (``python - ARGS``); with one,
-    the script is passed with ``-c`` and the request as JSON on standard input.
+    the script is passed with ``-c`` and the request as JSON on standard input (bytes: sent as
+    they are, for a script whose request is several JSON lines).
 
     :param timeout: seconds; None waits without limit.
     :param python: the interpreter to run instead of the venv's ``bin/python`` (a base
@@ -313,15 +314,34 @@ class WaitingScript:
         answers None and the caller runs the script as usual, reporting the error itself).
     """
 
-    def __init__(self, host: Host, venv: str, script: str, args: Sequence[str] = ()) -> None:
+    def __init__(self, host: Host, venv: str, script: str, args: Sequence[str] = (), *,
+                 env: Mapping[str, str] | None = None) -> None:
+        """:param env: variables added to the host's environment for the script (as :func:`run_script`'s)."""
         self.label = f"{host.label}:{venv}"
         self.host, self.venv, self.script, self.python = host, venv, script, venv_python(venv)
         self._proc: subprocess.Popen | None = None
         try:
-            self._proc = host.spawn([self.python, *_isolation(script), "-c", remote.source(script).decode(), *args])
+            self._proc = host.spawn([self.python, *_isolation(script), "-c", remote.source(script).decode(), *args],
+                                    env=env)
         except (HostError, OSError):
             self._proc = None
         self.started = self._proc is not None
+        self._told = False
+
+    def tell(self, data: bytes) -> None:
+        """Write ``data`` to the script's standard input now, keeping it open (a first part of its
+        request, for a script that reads its request in parts, as ``stage_imports`` does); :meth:`ask`
+        sends the rest. Nothing happens when no process is waiting, or it has exited (then :meth:`ask`
+        reports it)."""
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return
+        self._told = True  # asked in part: its reply (or how it failed) is this request's
+        try:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
 
     def ask(self, request: bytes, timeout: float | None) -> str | None:
         """Send ``request`` (the whole standard input), wait for the script to end and return the
@@ -334,7 +354,7 @@ class WaitingScript:
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        if proc.poll() is not None:  # gone before being asked (a lost connection): not this request's failure
+        if proc.poll() is not None and not self._told:  # gone before being asked (a lost connection): not this request's failure
             _reap(proc)
             return None
         try:
@@ -350,6 +370,14 @@ class WaitingScript:
         if line is None:
             raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode, err)
         return line
+
+    def ask_document(self, request: bytes, timeout: float | None) -> dict[str, Any] | None:
+        """:meth:`ask`, the reply decoded: the JSON object the script printed, or None as :meth:`ask`.
+
+        :raises HostError: as :meth:`ask`, or the reply is not a JSON object.
+        """
+        line = self.ask(request, timeout)
+        return None if line is None else _document(self.label, self.script, line)
 
     def close(self) -> None:
         """End an unasked process: its input is closed (the script reads an empty request and
@@ -397,7 +425,9 @@ def take_inventory(
     :param site_files: site-packages-relative paths to hash as well (patch destinations);
         they are reported by their venv-relative path.
     :param record: False skips RECORD files (``Distribution.record`` is None): metadata
-        only, for dependency checks; ``"summary"`` reads RECORD alone, no file on disk, and
+        only, for dependency checks; ``"shared"`` looks on disk only at the shared objects
+        (``*.so``, ``*.so.N``) RECORD lists: the other entries have their paths alone
+        (``exists`` False, no hash, size or mode), for the verify ladder; ``"summary"`` reads RECORD alone, no file on disk, and
         gives per distribution ``record_files`` and ``record_bytes`` (``record`` None).
     :param compact: ask for the probe's compact form (RECORD rows as lists, no ``mtime``:
         about a third of the bytes to print, decode and keep); False keeps the form of

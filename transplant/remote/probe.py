@@ -16,7 +16,9 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 * ``--file RELPATH`` (repeatable): a path relative to the venv prefix to hash, present
   or not (used for patch destinations); with ``--stdin``, ``site_files`` names such paths
   relative to site-packages instead, and ``"record": false`` skips RECORD (metadata only,
-  for dependency checks), ``"record": "summary"`` reads RECORD alone and reports per
+  for dependency checks), ``"record": "shared"`` looks on disk only at the shared objects
+  (``*.so``, ``*.so.N``) RECORD lists (the others' rows have their paths alone: what verify
+  reads), ``"record": "summary"`` reads RECORD alone and reports per
   distribution ``record_summary``: ``{"files": rows inside the venv (by name), "bytes": the sum
   of their RECORD size column}`` with ``record`` null (no file on disk looked at: what
   ``transplant inventory`` shows); ``"compact": true`` gives each RECORD entry as a list of
@@ -241,11 +243,13 @@ def _lexical(prefix, path):
     return norm.startswith(base) and len(norm) > len(base)
 
 
-def _record(dist_dir, site, prefix, hashed, summary=False):
+def _record(dist_dir, site, prefix, hashed, summary=False, shared=False):
     """The RECORD entries of a distribution (dicts in the probe's wire form), or None when it
     has no readable RECORD; with ``summary``, ``{"files": rows inside the venv, "bytes": sum of
     their RECORD size column}`` instead, from RECORD alone (no file or folder on disk is looked
-    at: "inside" by the names, :func:`_lexical`)."""
+    at: "inside" by the names, :func:`_lexical`); with ``shared``, only the shared objects'
+    rows (:data:`_SHARED_OBJECT`) have the disk's facts and RECORD's hash and size, the others
+    their paths alone."""
     text = _read(os.path.join(dist_dir, "RECORD"))
     if text is None:
         return None
@@ -276,6 +280,9 @@ def _record(dist_dir, site, prefix, hashed, summary=False):
                 total += record_size or 0
             continue
         full, venv_path = _row_path(prefix, norm_site, site_rel, rel)
+        if shared and not _SHARED_OBJECT.search(rel):
+            entries.append({"path": rel, "venv_path": venv_path, "record_hash": None, "record_size": None})
+            continue
         entry = {
             "path": rel,
             "venv_path": venv_path,
@@ -301,6 +308,10 @@ def _record(dist_dir, site, prefix, hashed, summary=False):
                 if identity is not None:
                     entry["record_identity"] = identity
     return entries
+
+
+#: A shared object's file name (``*.so``, ``*.so.N``): ``transplant.core.import_names.SHARED_OBJECT``.
+_SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
 
 
 #: The columns of a RECORD row in the compact form (``"compact": true``), in order.
@@ -832,7 +843,8 @@ def _distributions(site, prefix, patterns, with_record=True):
             "entry_points": _read(os.path.join(dist_dir, "entry_points.txt")),
             "hashed": hashed,
             "listing": _listing(dist_dir),
-            "record": _record(dist_dir, site, prefix, hashed) if with_record is True else None,
+            "record": _record(dist_dir, site, prefix, hashed and with_record is True, shared=with_record == "shared")
+            if with_record in (True, "shared") else None,
         })
         if with_record == "summary":
             found[-1]["record_summary"] = _record(dist_dir, site, prefix, False, summary=True)
@@ -1077,7 +1089,7 @@ def _arguments(argv):
         for rel in request.get("site_files", []):
             files.append(os.path.relpath(os.path.join(site, rel), prefix).replace(os.sep, "/"))
         record = request.get("record", True)
-        _OPTIONS["record"] = "summary" if record == "summary" else bool(record)
+        _OPTIONS["record"] = record if record in ("summary", "shared") else bool(record)
         _OPTIONS["compact"] = request.get("compact") is True
         _OPTIONS["texts"] = [t for t in request.get("texts", []) if isinstance(t, str)]
         _OPTIONS["elsewhere"] = list(request.get("paths_exist", []))

@@ -12,6 +12,15 @@ names, the modules not imported yet are imported too (one of ``optional`` only w
 ``importlib.util.find_spec`` finds it: it is left out of ``imported`` otherwise), and the
 document also holds ``"provenance"``, that script's report of this process (its ``facts``),
 so that the ``library-provenance`` stage needs no second interpreter to import the same torch.
+
+The request may also hold ``"native": {"preload": [...], "optional": [...], "source": TEXT}``,
+TEXT being ``stage_native.py``: then the request is the first line of stdin, and the second
+line ``{"paths": [...]}`` is native-load's, read by its loader child (``stage_native.Forked``),
+forked once this process has imported the preload modules (those of ``optional`` only where
+installed) and nothing else: after the leading names that are those modules, in their order;
+else before the first import. The document then also holds ``"native"``, stage_native's
+report (null when the child died before saying which paths it was asked), and
+``"native_preload"``, the modules it preloaded.
 """
 
 import importlib
@@ -52,7 +61,16 @@ def _outside(path):
 
 def main(names, request):
     results = []
-    for name in names:
+    native = request.get("native")
+    forked = None
+    # native-load's loader is forked once this process has imported its preload modules (torch)
+    # and nothing else: where the names begin with them, after those imports; else before any
+    preload, fork_at = _preload(native, names) if native else ([], None)
+    for index, name in enumerate(names + [None]):
+        if index == fork_at:
+            forked = _fork_loader(native, preload, results)
+        if name is None:
+            break
         started = time.monotonic()
         try:
             module = importlib.import_module(name)
@@ -70,8 +88,34 @@ def main(names, request):
     document = {"imports": results}
     if request.get("provenance"):
         document["provenance"] = _provenance(request["provenance"], results)
+    if native:
+        document["native"] = forked.report() if forked is not None else None
+        document["native_preload"] = preload
     sys.stdout.write(json.dumps(document) + "\n")
     return 0
+
+
+def _preload(native, names):
+    """(the preload modules, installed ones only among ``optional``; the index in ``names`` of the
+    name before which the loader is forked: after the leading names that are the preloads, in
+    their order, so that it has imported those and nothing else; the loader imports the others)."""
+    optional = set(native.get("optional") or ())
+    preload = [n for n in native.get("preload", [])
+               if n not in optional or importlib.util.find_spec(n) is not None]
+    at = 0
+    while at < len(preload) and at < len(names) and names[at] == preload[at]:
+        at += 1
+    return preload, at
+
+
+def _fork_loader(native, preload, results):
+    """Fork native-load's loader child now (``stage_native.Forked``): it reads its paths from the
+    rest of standard input."""
+    script = {"__name__": "_transplant_stage_native"}
+    exec(compile(native["source"], "stage_native.py", "exec"), script)  # noqa: S102 - transplant's own script
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return script["Forked"](preload, sys.stdin.buffer)
 
 
 def _provenance(request, results):
@@ -96,6 +140,7 @@ def _provenance(request, results):
 
 
 if __name__ == "__main__":
-    # with a request, the script came with -c and the request is on stdin; with "-", stdin was the script
-    _stdin = sys.stdin.read() if not sys.argv[0] == "-" else ""
-    sys.exit(main(sys.argv[1:], json.loads(_stdin or "{}")))
+    # with a request, the script came with -c and the request is its first line on stdin (the rest is
+    # native-load's, read by its loader child); with "-", stdin was the script
+    _stdin = sys.stdin.buffer.readline() if not sys.argv[0] == "-" else b""
+    sys.exit(main(sys.argv[1:], json.loads(_stdin or b"{}")))

@@ -27,6 +27,11 @@ more: a library that names a sibling of the venv without a path (torchaudio's
 once the sibling is loaded, as the package's own code loads it by path first. One that loads
 then is ``ok`` with ``first_error``.
 
+Or run inside ``stage_imports`` (:class:`Forked`): its first loader child is forked from that
+process once it has imported the preloads, so torch is not imported by another interpreter;
+it reads its paths from the rest of that process's standard input, and one of its own goes on
+after a file it died on.
+
 Prints ``{"preload": [{"name", "ok", "error"}], "libraries": [{"path", "ok", "error",
 "seconds", "skipped"?, "missing"?, "first_error"?}]}``; ``error`` is the loader's own message
 (``libfoo.so.1: cannot open shared object file...``, ``/x/libbar.so: undefined symbol: baz``);
@@ -34,6 +39,7 @@ Prints ``{"preload": [{"name", "ok", "error"}], "libraries": [{"path", "ok", "er
 when the loader could not list them. Stdlib only.
 """
 
+import io
 import json
 import os
 import struct
@@ -194,8 +200,14 @@ def _run_child(paths, preload, interp=""):
     """Load ``paths`` in one child; returns (results, preload results, crashed path or None, how)."""
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(preload), interp or ""],
                           input="\n".join(paths) + "\n", capture_output=True, text=True)
+    return _child_outcome(proc.stdout, proc.returncode, proc.stderr)
+
+
+def _child_outcome(stdout, returncode, stderr):
+    """What a loader child's output (text) and exit status (negative: the signal that killed it)
+    say: (results, preload results, the path it died on or None, how it died or None)."""
     results, loaded, begun = [], [], None
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         try:
             item = json.loads(line)
         except ValueError:
@@ -211,18 +223,107 @@ def _run_child(paths, preload, interp=""):
             begun = None
     how = None
     if begun is not None:
-        how = ("killed by signal {}".format(-proc.returncode) if proc.returncode < 0
-               else "the process exited with code {}".format(proc.returncode))
-        tail = proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else []
+        how = ("killed by signal {}".format(-returncode) if returncode < 0
+               else "the process exited with code {}".format(returncode))
+        tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
         if tail:
             how += " ({})".format(tail[0][:300])
     return results, loaded, begun, how
 
 
-def main():
-    request = json.loads(sys.stdin.read() or "{}")
-    paths = [p for p in request.get("paths", []) if isinstance(p, str)]
-    preload = [p for p in request.get("preload", []) if isinstance(p, str)]
+class Forked:
+    """The first loader child forked from the calling process (``stage_imports``, once it has
+    imported ``preload`` and nothing else), so that the modules it has imported are not imported a
+    second time by another interpreter: the child reads the request line ``{"paths": [...]}`` from
+    ``stream`` (a binary stream: the caller's standard input, which the caller reads no more),
+    then does what :data:`CHILD` does for the loadable ones (``preload`` it has imported already
+    are imported again only when they failed). The caller goes on with its own work and then
+    calls :meth:`report`.
+
+    Output and errors come back through pipes drained by two threads of the caller, so a child
+    with much to say never waits for the caller to be done.
+    """
+
+    def __init__(self, preload, stream):
+        import threading
+
+        self.preload = list(preload)
+        self.executable = os.path.realpath(sys.executable)
+        self.host, self.interp = elf_ident(self.executable), interpreter_path(self.executable)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            os.close(out_r)
+            os.close(err_r)
+            self._child(stream, out_w, err_w)
+        os.close(out_w)
+        os.close(err_w)
+        self._out, self._err = [], []
+        self._threads = [threading.Thread(target=self._drain, args=(fd, into), daemon=True)
+                         for fd, into in ((out_r, self._out), (err_r, self._err))]
+        for thread in self._threads:
+            thread.start()
+
+    @staticmethod
+    def _drain(fd, into):
+        with os.fdopen(fd, "rb") as handle:
+            for chunk in iter(lambda: handle.read(65536), b""):
+                into.append(chunk)
+
+    def _child(self, stream, out_w, err_w):
+        code = 1
+        try:
+            os.dup2(out_w, 1)  # a constructor's printf lands in the stream read, as in a child of its own
+            os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", closefd=False)
+            line = stream.readline()
+            request = json.loads(line or b"{}")
+            paths = [p for p in request.get("paths", []) if isinstance(p, str)]
+            sys.stdout.write(json.dumps({"request": paths}) + "\n")
+            sys.stdout.flush()
+            remaining = [p for p in paths if foreign(p, self.host) is None]
+            sys.argv = ["-c", json.dumps(self.preload), self.interp or ""]
+            sys.stdin = io.StringIO("\n".join(remaining) + "\n")
+            exec(compile(CHILD, "<native-load child>", "exec"), {"__name__": "__main__"})  # noqa: S102
+            code = 0
+        except BaseException:  # noqa: BLE001 - said on stderr, as a child of its own would
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+
+    def report(self):
+        """Wait for the child and return this script's report (:func:`native_report`: a child of
+        its own goes on after a file the forked one died on), or None when the child died before
+        it said which paths it was asked for."""
+        _, status = os.waitpid(self.pid, 0)
+        for thread in self._threads:
+            thread.join()
+        stdout = b"".join(self._out).decode("utf-8", "replace")
+        first, _, rest = stdout.partition("\n")
+        try:
+            paths = json.loads(first)["request"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        outcome = _child_outcome(rest, os.waitstatus_to_exitcode(status), b"".join(self._err).decode("utf-8", "replace"))
+        return native_report(paths, self.preload, first=outcome)
+
+
+def native_report(paths, preload, first=None):
+    """This script's report (see the module docstring) for ``paths`` with ``preload`` imported first.
+
+    :param first: the first loader child's outcome (as :func:`_child_outcome` gives it) when a
+        :class:`Forked` child has loaded the loadable paths already; None starts one.
+    """
     executable = os.path.realpath(sys.executable)
     host = elf_ident(executable)
     interp = interpreter_path(executable)
@@ -235,7 +336,10 @@ def main():
         else:
             results.append({"path": path, "ok": False, "error": None, "skipped": why, "seconds": 0.0})
     while remaining:
-        done, loaded, crashed, how = _run_child(remaining, preload, interp)
+        if first is not None:
+            (done, loaded, crashed, how), first = first, None
+        else:
+            done, loaded, crashed, how = _run_child(remaining, preload, interp)
         if preloaded is None:
             preloaded = loaded
         results.extend(done)
@@ -255,7 +359,14 @@ def main():
         remaining = [p for p in remaining if p not in seen and p != crashed]
     order = {path: index for index, path in enumerate(paths)}
     results.sort(key=lambda item: order.get(item["path"], len(order)))  # the request's order
-    sys.stdout.write(json.dumps({"preload": preloaded or [], "libraries": results}) + "\n")
+    return {"preload": preloaded or [], "libraries": results}
+
+
+def main():
+    request = json.loads(sys.stdin.read() or "{}")
+    paths = [p for p in request.get("paths", []) if isinstance(p, str)]
+    preload = [p for p in request.get("preload", []) if isinstance(p, str)]
+    sys.stdout.write(json.dumps(native_report(paths, preload)) + "\n")
     return 0
 
 

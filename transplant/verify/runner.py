@@ -11,10 +11,16 @@ Each stage runs in a fresh interpreter of the target venv with the manifest's
 that do not depend on each other (:data:`GROUP`) run at once, each its own host process, at
 most :data:`PARALLEL` at a time; then ``smoke`` and ``serve`` one after the other (they use
 the GPU and a port). The results are in the order of :data:`STAGES` whatever order they
-finish in. ``imports`` and ``library-provenance`` share one interpreter (the imports script
-imports the names, then torch, then reports the provenance script's facts): torch is imported
-once. Without an overlay the import names need no inventory, so that interpreter starts beside
-the inventory's, and both stages' seconds count from then.
+finish in. ``imports``, ``library-provenance`` and ``native-load`` share one interpreter: the
+imports script imports the names, then torch, then reports the provenance script's facts, and
+forks native-load's loader once it has imported torch and nothing else (the names begin with
+torch; else before its first import), which loads the shared objects the second line of its
+input names: torch is imported once. Without an overlay the import names need no inventory, so
+that interpreter starts beside the inventory's (its shared objects are sent once the inventory
+names them), and the imports stages' seconds count from then. When that process fails (it dies,
+runs past its timeout) or guessed wrong whether torch is installed, native-load runs its own.
+The inventory the stages read looks on disk only at the shared objects (the probe's
+``record: "shared"``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
@@ -35,7 +42,7 @@ from transplant.errors import HostError, ProbeError, TransplantError
 from transplant.hosts.host import Host
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import VerifySettings
-from transplant.hosts.probing import run_script, take_inventory
+from transplant.hosts.probing import WaitingScript, run_script, take_inventory
 from transplant.core.rules.recordless import judge_stale_modules, stale_extension_modules
 from transplant.verify.judges import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
 from transplant.reporting import QUIET, Reporter
@@ -166,28 +173,42 @@ def run_stages(
         finish(result)
         return result
 
-    def imports_and_facts(names: list[str], modules: list[str], optional: list[str]) -> dict[str, Any]:
-        """The imports script's report of ``names``, with the provenance script's ``facts`` after
-        ``modules`` (``optional`` ones only where installed) under ``"provenance"``."""
-        request = {"provenance": {"modules": modules, "optional": optional,
-                                  "source": remote.source("stage_provenance").decode()}}
-        return run_script(target, venv, "stage_imports", names, request=request, env=env, timeout=timeout)
+    def first_line(modules: list[str], optional: list[str], preload: list[str], guess: bool) -> bytes:
+        """The first line of the imports script's request: the provenance script's ``facts`` after
+        ``modules`` (``optional`` ones only where installed) under ``"provenance"``, and the loader
+        child of native-load forked once ``preload`` is imported (only those installed when
+        ``guess``), whose paths come on the second line."""
+        return json.dumps({"provenance": {"modules": modules, "optional": optional,
+                                          "source": remote.source("stage_provenance").decode()},
+                           "native": {"preload": preload, "optional": preload if guess else [],
+                                      "source": remote.source("stage_native").decode()}}).encode() + b"\n"
+
+    def second_line(paths: list[str]) -> bytes:
+        return json.dumps({"paths": paths}).encode() + b"\n"
 
     # Without an overlay the import names do not depend on the inventory: their process starts now,
-    # beside the inventory's (torch among the provenance modules only if it is installed; the
-    # inventory then says whether that was the right guess, see provenance below)
+    # beside the inventory's (torch among the provenance modules, and preloaded for native-load, only
+    # if it is installed; the inventory then says whether that was the right guess, see provenance
+    # and native below). The shared objects native-load loads come on its input once the inventory
+    # has named them.
     early_names = [n for n in ladder.import_names([], settings.imports) if n not in settings.skip_imports]
     early_start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    early: WaitingScript | None = None
+    if early_names and not settings.overlay and parallel > 1:
+        early = WaitingScript(target, venv, "stage_imports", early_names, env=env)
+        early.tell(first_line(["torch"] + [n for n in early_names if n != "torch"], ["torch"], ["torch"], True))
+    with ThreadPoolExecutor(max_workers=2) as pool, ExitStack() as closing:
+        if early is not None:
+            closing.callback(early.close)  # ends it when unasked (an error of the controller's own)
         donor_future = pool.submit(donor_inventory) if donor_inventory else None
-        early = pool.submit(imports_and_facts, early_names, ["torch"] + [n for n in early_names if n != "torch"],
-                            ["torch"]) if early_names and not settings.overlay and parallel > 1 else None
 
         def donor() -> Inventory | None:
             return donor_future.result() if donor_future else None
 
         def interpreter() -> tuple[str, str, Mapping]:
-            live = take_inventory(target, venv, timeout=timeout)
+            # RECORD's rows, with the disk's facts only for the shared objects (the stages look at no other file
+            # through the inventory): not 50,000 lstats and their rows for a CUDA stack
+            live = take_inventory(target, venv, record="shared", timeout=timeout)
             state["live"] = live
             theirs = donor()
             facts = _interpreter_facts(live)
@@ -207,23 +228,55 @@ def run_stages(
         shipped = ladder.shared_objects(live.latest().values(), venv) if live is not None else []
         torch = ["torch"] if live is not None and "torch" in live.latest() else []
         modules = torch + [n for n in names if n != "torch"]
+        # the shared objects native-load loads, after importing preload
+        native_paths = ladder.shared_objects(dists, venv) if live is not None else []
+        preload = torch
         # one process imports the names, then what library-provenance imports besides (torch), and
-        # reports both: two interpreters importing the same torch would cost twice its import
+        # reports both, and forks native-load's loader once it has imported preload: two
+        # interpreters importing the same torch would cost twice its import
         sharing = live is not None and bool(names)
         joint: dict[str, Any] = {}
+        joint_done = threading.Event()
+        use_early = early is not None and names == early_names and live is not None
+
+        def imports_and_facts() -> dict[str, Any]:
+            """The imports script's report of ``names``: see :func:`first_line`."""
+            if use_early:
+                assert early is not None
+                left = None if timeout is None else max(0.1, timeout - (time.monotonic() - early_start))
+                try:
+                    report = early.ask_document(second_line(native_paths), left)
+                except HostError as exc:
+                    if "gave no reply within" in str(exc):  # as run_script says it, for the stage's reason
+                        raise HostError(f"{target.label}:{venv}: stage_imports timed out after {timeout:g} s") from None
+                    raise
+                if report is not None:
+                    joint["native_sent"] = True
+                    return report
+            request = first_line(modules, [], preload, False) + second_line(native_paths)
+            report = run_script(target, venv, "stage_imports", names, request=request, env=env, timeout=timeout)
+            joint["native_sent"] = True
+            return report
 
         def imports() -> tuple[str, str, Mapping]:
+            try:
+                return imports_body()
+            finally:
+                joint_done.set()
+
+        def imports_body() -> tuple[str, str, Mapping]:
             if live is None:  # the interpreter stage failed and said why; that error is said once
                 return "skip", "the target's interpreter could not be run (see interpreter)", {}
             if not names:
                 return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
             try:
-                report = early.result() if early is not None and names == early_names else \
-                    imports_and_facts(names, modules, [])
+                report = imports_and_facts()
             except (HostError, ProbeError) as exc:
                 joint["error"] = exc  # library-provenance fails with the same reason
                 raise
             joint["provenance"] = report.pop("provenance", None)
+            joint["native"] = report.pop("native", None)
+            joint["native_preload"] = report.pop("native_preload", None)
             driver = live.nvidia.available if live is not None else True
             status, reason = judge_imports(report, driver=driver)
             if status == "fail" and donor_run is not None:
@@ -244,9 +297,14 @@ def run_stages(
             if not paths:
                 return "skip", "the distributions checked ship no shared objects (" + (
                     ", ".join(d.display_name for d in dists) or "none") + ")", {}
-            preload = ["torch"] if "torch" in live.latest() else []
-            report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
-                                env=env, timeout=timeout)
+            report = None
+            if sharing:  # the imports process's loader child, unless that process failed or guessed wrong
+                joint_done.wait()
+                if joint.get("native_sent") and joint.get("native_preload") == preload:
+                    report = joint.get("native")
+            if not isinstance(report, dict):
+                report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
+                                    env=env, timeout=timeout)
             shipped = ladder.record_library_keys(live.distributions)
             status, reason = judges.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
             if status == "fail" and donor_run is not None:
@@ -333,7 +391,7 @@ def run_stages(
             return status, reason, report
 
         def imports_and_provenance() -> None:
-            started = early_start if early is not None else time.monotonic()
+            started = early_start if use_early else time.monotonic()
             reporter.step("imports")
             reporter.step("library-provenance")
             finish(_timed("imports", imports, started))
