@@ -82,11 +82,10 @@ def reply_probe(venv: Path, request: dict, groups: bytes = b"") -> tuple[dict, d
 
     from transplant.hosts.probing import _document, _reply_line
 
-    printed: list[bytes] = []
+    printed: list[tuple[bytes, memoryview]] = []
     line = _reply_line(LocalHost(), str(venv), "probe", ["--stdin"], request=json.dumps(request).encode() + b"\n" +
-                       groups, printed=printed)
-    return _document("x", "probe", line), {name.decode(): json.loads(body) for name, _, body in
-                                           (p.partition(b"\t") for p in printed)}
+                       groups, keep=printed.extend)
+    return _document("x", "probe", line), {name.decode(): json.loads(bytes(body)) for name, body in printed}
 
 
 def test_a_donor_cache_lives_on_the_controller_and_nothing_is_written_to_the_donor(venv: Path, tmp_path: Path,

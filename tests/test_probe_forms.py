@@ -214,18 +214,18 @@ def test_a_donor_cache_prints_only_the_groups_it_hashed(venv: Path) -> None:
 
     other = {"lib/python3.11/site-packages/beta/x.py": [1, 2, 3, 4, 5, "sha256=beta", None, None]}
     request = {"hash": ["alpha"], "hash_cache": {"store": "reply", "known": other, "racy_ns": 0}}
-    printed: list[bytes] = []
+    printed: list = []
     reply = json.loads(_reply_line(LocalHost(), str(venv), "probe", ["--stdin"], request=json.dumps(request).encode(),
-                                   printed=printed))
+                                   keep=printed.extend))
     assert reply["hash_cache"]["misses"] > 0 and reply["hash_cache"]["groups"] == 1
-    (line,) = printed
-    name, _, body = line.partition(b"\t")
-    entries = json.loads(body)
+    ((name, body),) = printed
+    line = name + b"\t" + bytes(body)
+    entries = json.loads(bytes(body))
     assert name == b"alpha" and "lib/python3.11/site-packages/beta/x.py" not in entries
     assert any(path.endswith("alpha/__init__.py") for path in entries)
     # the fault-free twin: a run sent that group, with nothing new, prints none
     printed = []
-    again = json.loads(_reply_line(LocalHost(), str(venv), "probe", ["--stdin"], printed=printed,
+    again = json.loads(_reply_line(LocalHost(), str(venv), "probe", ["--stdin"], keep=printed.extend,
                                    request=json.dumps({**request, "hash_cache": {"store": "reply", "racy_ns": 0}})
                                    .encode() + b"\n" + line + b"\n"))
     assert again["hash_cache"]["misses"] == 0 and printed == [] and again["hash_cache"]["groups"] == 0

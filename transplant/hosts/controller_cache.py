@@ -154,27 +154,23 @@ class HashGroups:
                   if any(fnmatch.fnmatchcase(name.decode("utf-8", "replace"), p) for p in wanted)]
         return b"".join(chosen), legacy
 
-    def merge(self, host: Host, venv: str, printed: Iterable[bytes]) -> int:
-        """Put the groups a probe printed (``<name>\\t<entries>`` lines, the ``#hashes\\t`` prefix
-        taken off) in place of the kept ones: a group printed with ``{}`` is dropped, the others
-        kept as they are. Written atomically, only when something was printed; a failure only
-        costs speed, so an unwritable state folder is not an error.
+    def merge(self, host: Host, venv: str, printed: Iterable[tuple[bytes, Any]]) -> int:
+        """Put the groups a probe printed (``(name, entries)``, the entries' JSON text as bytes or
+        a view of them) in place of the kept ones: a group printed with ``{}`` is dropped, the
+        others kept as they are. Written atomically, only when something was printed; a failure
+        only costs speed, so an unwritable state folder is not an error.
 
         :returns: how many groups were printed.
         """
-        fresh = {}
-        for line in printed:
-            name, tab, body = line.partition(b"\t")
-            if tab and name:
-                fresh[name] = body.strip()
+        fresh = {name: body for name, body in printed if name and b"\t" not in name and b"\n" not in name}
         if not fresh:
             return 0
-        groups, _ = self._lines(host, venv)
+        groups: dict[bytes, Any] = dict(self._lines(host, venv)[0])
         for name, body in fresh.items():
-            if body == b"{}":
+            if len(body) < 8 and bytes(body).strip() == b"{}":  # the distribution is gone, or kept nothing
                 groups.pop(name, None)
             else:
-                groups[name] = name + b"\t" + body + b"\n"
+                groups[name] = (name + b"\t", body, b"\n")
         path = self.path(host, venv)
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -182,7 +178,9 @@ class HashGroups:
             with temporary.open("wb") as handle:
                 handle.write(json.dumps({"schema": self.schema}, separators=(",", ":")).encode() + b"\n")
                 for name in sorted(groups):
-                    handle.write(groups[name])
+                    line = groups[name]
+                    for part in (line if isinstance(line, tuple) else (line,)):
+                        handle.write(part)
             os.replace(temporary, path)
         except OSError:
             pass

@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,7 @@ def _reply_line(
     timeout: float | None = 600.0,
     python: str | None = None,
     waiting: WaitingScript | None = None,
-    printed: list[bytes] | None = None,
+    keep: Callable[[list[tuple[bytes, memoryview]]], object] | None = None,
 ) -> str:
     """:func:`run_script`'s reply as the text of the line the script printed, not decoded;
     ``request`` may be given already encoded (JSON bytes, and for the probe the hash groups'
@@ -78,14 +78,15 @@ def _reply_line(
 
     :param waiting: a process of this script started earlier (:class:`WaitingScript`), asked
         instead of starting one; when it is gone before being asked, one is started as usual.
-    :param printed: a list the probe's ``#hashes`` lines (printed before its reply) are appended
-        to, the prefix taken off (:func:`_hash_lines`); None: they are not looked for.
+    :param keep: called with the probe's ``#hashes`` lines (printed before its reply), as
+        :func:`_hash_lines` gives them, before the reply line is cut out (so that the output is
+        not held three times over: whole, the groups, the reply); None: they are not looked for.
     :raises HostError: as :func:`run_script` (but for a reply that is not JSON).
     """
     python = python or venv_python(venv)
     if waiting is not None and request is not None and waiting.script == script:
         line = waiting.ask(request if isinstance(request, bytes) else json.dumps(request).encode(), timeout,
-                           printed=printed)
+                           keep=keep)
         if line is not None:
             return line
     code = remote.source(script)
@@ -97,27 +98,29 @@ def _reply_line(
         argv = [python, *flags, "-c", code.decode(), *args]
     result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
     del stdin
+    if keep is not None:
+        keep(_hash_lines(result.stdout))
     line = _last_line(result.stdout)
     if line is None:
         raise _no_reply(host, venv, script, python, result.returncode, result.stderr)
-    if printed is not None:
-        _hash_lines(result.stdout, printed)
     return line
 
 
 _HASH_LINE = b"#hashes\t"
 
 
-def _hash_lines(out: bytes, into: list[bytes]) -> None:
-    """Append to ``into`` the ``#hashes\\t<group>\\t<entries>`` lines at the start of ``out`` (the
-    probe prints them before its document), each without its prefix and line end."""
-    at = 0
+def _hash_lines(out: bytes) -> list[tuple[bytes, memoryview]]:
+    """The ``#hashes\\t<group>\\t<entries>`` lines at the start of ``out`` (the probe prints them
+    before its document) as ``(group, entries)``, the entries a view into ``out`` (not copied)."""
+    found, at, view = [], 0, memoryview(out)
     while out.startswith(_HASH_LINE, at):
         end = out.find(b"\n", at)
-        if end < 0:
+        tab = out.find(b"\t", at + len(_HASH_LINE), end)
+        if end < 0 or tab < 0:
             break
-        into.append(out[at + len(_HASH_LINE):end])
+        found.append((out[at + len(_HASH_LINE):tab], view[tab + 1:end]))
         at = end + 1
+    return found
 
 
 _OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -347,13 +350,14 @@ class WaitingScript:
             self._proc = None
         self.started = self._proc is not None
 
-    def ask(self, request: bytes, timeout: float | None, *, printed: list[bytes] | None = None) -> str | None:
+    def ask(self, request: bytes, timeout: float | None, *,
+            keep: Callable[[list[tuple[bytes, memoryview]]], object] | None = None) -> str | None:
         """Send ``request`` (the whole standard input), wait for the script to end and return the
         last line it printed; None when no process is waiting (it never started, was asked
         already, or has exited before being asked: the caller starts one as usual).
 
         :param timeout: seconds; None waits without limit. Past it the process is killed.
-        :param printed: as :func:`_reply_line`'s.
+        :param keep: as :func:`_reply_line`'s.
         :raises HostError: it printed no reply (as :func:`run_script`), or timed out.
         """
         proc, self._proc = self._proc, None
@@ -371,11 +375,11 @@ class WaitingScript:
         except BaseException:
             kill_group(proc)
             raise
+        if keep is not None:
+            keep(_hash_lines(out))
         line = _last_line(out)
         if line is None:
             raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode, err)
-        if printed is not None:
-            _hash_lines(out, printed)
         return line
 
     def close(self) -> None:
@@ -464,13 +468,14 @@ def take_inventory(
     label = f"{host.label}:{venv}"
     encoded = json.dumps(request).encode() + (b"\n" + groups if groups else b"")
     del request, options, groups
-    printed: list[bytes] | None = [] if hash_cache == "controller" else None
+
+    def keep(printed: list[tuple[bytes, memoryview]]) -> None:
+        if printed:
+            _HASH_GROUPS.merge(host, venv, printed)
+
     line = _reply_line(host, venv, "probe", ["--stdin"], request=encoded, timeout=timeout, waiting=waiting,
-                       printed=printed)
+                       keep=keep if hash_cache == "controller" else None)
     del encoded
-    if printed:
-        _HASH_GROUPS.merge(host, venv, printed)
-    del printed
     # One reply decoded and parsed at a time (a plan probes both venvs on two threads): the
     # work holds the GIL anyway, and so only one decoded tree is ever in memory.
     with _PARSING, _collector_paused():
