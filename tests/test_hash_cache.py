@@ -75,8 +75,23 @@ def test_disabled_by_the_controller(venv: Path) -> None:
     assert not (venv / ".transplant").exists()
 
 
+def reply_probe(venv: Path, request: dict, groups: bytes = b"") -> tuple[dict, dict[str, dict]]:
+    """A ``store: reply`` probe sent ``groups`` (the known groups' lines) after its request:
+    its document and the groups it printed (``{name: entries}``)."""
+    import json
+
+    from transplant.hosts.probing import _document, _reply_line
+
+    printed: list[tuple[bytes, memoryview]] = []
+    line = _reply_line(LocalHost(), str(venv), "probe", ["--stdin"], request=json.dumps(request).encode() + b"\n" +
+                       groups, keep=printed.extend)
+    return _document("x", "probe", line), {name.decode(): json.loads(bytes(body)) for name, body in printed}
+
+
 def test_a_donor_cache_lives_on_the_controller_and_nothing_is_written_to_the_donor(venv: Path, tmp_path: Path,
                                                                                     monkeypatch) -> None:
+    import json
+
     from transplant.hosts.probing import _controller_cache_path, take_inventory
 
     monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
@@ -84,15 +99,17 @@ def test_a_donor_cache_lives_on_the_controller_and_nothing_is_written_to_the_don
     first = take_inventory(host, str(venv), hash_patterns=["alpha"], hash_cache="controller")
     assert not (venv / ".transplant").exists(), "a donor is never written to"
     kept = _controller_cache_path(host, str(venv))
-    # the files were written just now (racily clean): nothing is trusted yet, but the run is kept
-    assert kept.is_file()
-    request = {"hash": ["alpha"], "hash_cache": {"store": "reply", "known": {}, "racy_ns": 0}}
-    reply = run_script(host, str(venv), "probe", ["--stdin"], request=request)
-    entries = reply["hash_cache"]["entries"]
+    # the files were written just now (racily clean): nothing is trusted yet, so nothing is kept
+    assert not kept.exists()
+    request = {"hash": ["alpha"], "hash_cache": {"store": "reply", "racy_ns": 0}}
+    reply, printed = reply_probe(venv, request)
+    assert set(printed) == {"alpha"} and reply["hash_cache"]["groups"] == 1
+    entries = printed["alpha"]
     assert set(entries) == set(hashes(reply)) and len(entries) > len(FILES)
-    known = {"hash": ["alpha"], "hash_cache": {"store": "reply", "known": entries, "racy_ns": 0}}
-    again = run_script(host, str(venv), "probe", ["--stdin"], request=known)
+    line = b"alpha\t" + json.dumps(entries).encode() + b"\n"
+    again, printed = reply_probe(venv, request, line)
     assert again["hash_cache"]["misses"] == 0 and again["hash_cache"]["hits"] == len(entries)
+    assert printed == {} and again["hash_cache"]["groups"] == 0, "nothing changed: no group comes back"
     assert hashes(again) == hashes(reply)
     assert {e.path: e.hash for d in first.distributions if d.name == "alpha" for e in d.record or () if e.hash} \
         == hashes(again)

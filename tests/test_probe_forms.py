@@ -207,17 +207,25 @@ def test_the_reply_line_is_the_last_line_that_is_not_blank(out: bytes, line) -> 
     assert _last_line(out) == line
 
 
-def test_a_donor_cache_keeps_the_entries_of_other_distributions(venv: Path) -> None:
-    """A plan of other distributions must not drop the kept hashes of the last plan's (they
-    were all hashed again by the next plan of the first manifest)."""
+def test_a_donor_cache_prints_only_the_groups_it_hashed(venv: Path) -> None:
+    """The probe prints the groups of the distributions it hashed, not those it was sent for
+    lookups only (``known``: a first-schema file), which the controller keeps."""
+    from transplant.hosts.probing import _reply_line
+
     other = {"lib/python3.11/site-packages/beta/x.py": [1, 2, 3, 4, 5, "sha256=beta", None, None]}
     request = {"hash": ["alpha"], "hash_cache": {"store": "reply", "known": other, "racy_ns": 0}}
-    reply = run_script(LocalHost(), str(venv), "probe", ["--stdin"], request=request)
-    entries = reply["hash_cache"]["entries"]
-    assert reply["hash_cache"]["misses"] > 0
-    assert entries["lib/python3.11/site-packages/beta/x.py"] == other["lib/python3.11/site-packages/beta/x.py"]
+    printed: list = []
+    reply = json.loads(_reply_line(LocalHost(), str(venv), "probe", ["--stdin"], request=json.dumps(request).encode(),
+                                   keep=printed.extend))
+    assert reply["hash_cache"]["misses"] > 0 and reply["hash_cache"]["groups"] == 1
+    ((name, body),) = printed
+    line = name + b"\t" + bytes(body)
+    entries = json.loads(bytes(body))
+    assert name == b"alpha" and "lib/python3.11/site-packages/beta/x.py" not in entries
     assert any(path.endswith("alpha/__init__.py") for path in entries)
-    # the fault-free twin: a run with nothing new returns no entries (the controller's file holds them)
-    again = run_script(LocalHost(), str(venv), "probe", ["--stdin"],
-                       request={"hash": ["alpha"], "hash_cache": {"store": "reply", "known": entries, "racy_ns": 0}})
-    assert again["hash_cache"]["misses"] == 0 and "entries" not in again["hash_cache"]
+    # the fault-free twin: a run sent that group, with nothing new, prints none
+    printed = []
+    again = json.loads(_reply_line(LocalHost(), str(venv), "probe", ["--stdin"], keep=printed.extend,
+                                   request=json.dumps({**request, "hash_cache": {"store": "reply", "racy_ns": 0}})
+                                   .encode() + b"\n" + line + b"\n"))
+    assert again["hash_cache"]["misses"] == 0 and printed == [] and again["hash_cache"]["groups"] == 0

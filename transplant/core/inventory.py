@@ -9,6 +9,8 @@ host's NVIDIA facts. :func:`parse_inventory` is the only way in, through the one
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import posixpath
@@ -419,11 +421,29 @@ def _row_entry(row: Any, path: str, site: str | None) -> FileEntry:
         venv_path = inside_path(venv_path)
     if digest == 1 and type(digest) is int:
         digest = record_hash
-    return FileEntry(
-        record_path=record_path, path=venv_path, record_hash=record_hash, record_size=record_size,
-        exists=exists is True, hash=digest, size=size, mode=mode, symlink=symlink,
-        error="not a regular file" if not_a_file else error, head=head, body_hash=body_hash,
-        record_identity=identity)
+    return _new_entry(record_path, venv_path, record_hash, record_size, exists is True, digest, size, mode, symlink,
+                      "not a regular file" if not_a_file else error, head, body_hash, identity)
+
+
+def _entry_maker() -> Any:
+    """``_new_entry(record_path, path, ..., record_identity)``: a :class:`FileEntry` of those values
+    (every field, in :func:`dataclasses.fields` order), equal to ``FileEntry(...)`` of them but
+    built without the frozen dataclass's ``__init__`` (one ``object.__setattr__`` by name per
+    field): a large venv's inventory makes 100,000 of them, and this takes a third of the time."""
+    names = tuple(f.name for f in dataclasses.fields(FileEntry))
+    setters = [FileEntry.__dict__[name].__set__ for name in names]  # the slots' descriptors
+    create = object.__new__
+
+    def new_entry(*values: Any) -> FileEntry:
+        entry = create(FileEntry)
+        for setter, value in zip(setters, values):
+            setter(entry, value)
+        return entry
+
+    return new_entry
+
+
+_new_entry = _entry_maker()
 
 
 class KeptDocument(Mapping[str, Any]):

@@ -2,24 +2,29 @@
 in (a donor), a host script's cache travels in its request (``known``) and comes back in its reply
 (``entries``), and the controller keeps it in its state folder, one file per host and venv.
 
-The probe's content-hash cache (:mod:`transplant.hosts.probing`) and the ELF script's facts cache
-(:mod:`transplant.hosts.elf_facts`) are the two; a target's caches live in the target venv's own
-state folder and never pass through here.
+The probe's content-hash cache (:mod:`transplant.hosts.probing`, :class:`HashGroups`: grouped by
+distribution, only the groups a request hashes travel, and only the groups that changed come back)
+and the ELF script's facts cache (:mod:`transplant.hosts.elf_facts`, :class:`ControllerCache`: sent
+whole) are the two; a target's caches live in the target venv's own state folder and never pass
+through here.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 import posixpath
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from transplant.hosts.host import Host
 
-__all__ = ["ControllerCache"]
+__all__ = ["ControllerCache", "HashGroups"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +89,99 @@ class ControllerCache:
             os.replace(temporary, path)
         except OSError:
             return
+
+
+_NORMALIZE = re.compile(r"[-_.]+")
+
+
+class HashGroups:
+    """The donor's content-hash cache on the controller, one group per distribution (issue 16:
+    it used to travel whole both ways, tens of MB decoded into objects on the controller).
+
+    The file (``<controller state>/hash-cache/<key>.json``, the key as :meth:`ControllerCache.path`'s)
+    is text: the line ``{"schema":"transplant.hashes/2"}``, then one line per group,
+    ``<normalised distribution name>\\t<{"venv-relative path": [dev, ino, size, mtime_ns, ctime_ns,
+    hash, head, body_hash]} as JSON>``, sorted by name. It is never decoded here: a request carries
+    the lines of the groups it hashes (:meth:`select`), the probe prints the groups whose entries
+    changed, and :meth:`merge` puts those lines in place of the old ones. A file of the first
+    schema (one JSON object of all entries, ``transplant.hashes/1``) is sent once as the probe's
+    ``known`` lookups and replaced by the groups the probe prints (the entries of distributions
+    that run did not hash are not carried over: they are hashed again when next asked for).
+    """
+
+    schema = "transplant.hashes/2"
+    legacy_schema = "transplant.hashes/1"
+
+    def __init__(self, folder: str = "hash-cache") -> None:
+        self._paths = ControllerCache(folder, self.legacy_schema, "hash_cache")
+
+    def path(self, host: Host, venv: str) -> Path:
+        """The file kept for ``venv`` on ``host`` (as :meth:`ControllerCache.path`)."""
+        return self._paths.path(host, venv)
+
+    def _lines(self, host: Host, venv: str) -> tuple[dict[bytes, bytes], dict[str, Any] | None]:
+        """``({group: its whole line}, None)`` for a file of this schema, ``({}, entries)`` for one
+        of the first schema, ``({}, None)`` for an absent, unreadable or other file."""
+        try:
+            data = self.path(host, venv).read_bytes()
+        except OSError:
+            return {}, None
+        head, _, rest = data.partition(b"\n")
+        if head.strip() == json.dumps({"schema": self.schema}, separators=(",", ":")).encode():
+            groups = {}
+            for line in rest.splitlines(keepends=True):
+                name, tab, body = line.partition(b"\t")
+                if tab and name and body.strip():
+                    groups[name] = line if line.endswith(b"\n") else line + b"\n"
+            return groups, None
+        if data.startswith(b"{"):
+            try:
+                document = json.loads(data)
+            except ValueError:
+                return {}, None
+            if isinstance(document, dict) and document.get("schema") == self.legacy_schema and \
+                    isinstance(document.get("entries"), dict):
+                return {}, document["entries"]
+        return {}, None
+
+    def select(self, host: Host, venv: str, patterns: Sequence[str]) -> tuple[bytes, dict[str, Any] | None]:
+        """The lines of the groups whose name matches one of ``patterns`` (normalised distribution
+        names or globs, as the probe's ``hash``; matched as the probe matches them), joined, and
+        the first schema's entries (None when the file is of this schema, absent or unreadable)."""
+        wanted = [_NORMALIZE.sub("-", p).lower() for p in patterns]
+        groups, legacy = self._lines(host, venv)
+        chosen = [line for name, line in groups.items()
+                  if any(fnmatch.fnmatchcase(name.decode("utf-8", "replace"), p) for p in wanted)]
+        return b"".join(chosen), legacy
+
+    def merge(self, host: Host, venv: str, printed: Iterable[tuple[bytes, Any]]) -> int:
+        """Put the groups a probe printed (``(name, entries)``, the entries' JSON text as bytes or
+        a view of them) in place of the kept ones: a group printed with ``{}`` is dropped, the
+        others kept as they are. Written atomically, only when something was printed; a failure
+        only costs speed, so an unwritable state folder is not an error.
+
+        :returns: how many groups were printed.
+        """
+        fresh = {name: body for name, body in printed if name and b"\t" not in name and b"\n" not in name}
+        if not fresh:
+            return 0
+        groups: dict[bytes, Any] = dict(self._lines(host, venv)[0])
+        for name, body in fresh.items():
+            if len(body) < 8 and bytes(body).strip() == b"{}":  # the distribution is gone, or kept nothing
+                groups.pop(name, None)
+            else:
+                groups[name] = (name + b"\t", body, b"\n")
+        path = self.path(host, venv)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            with temporary.open("wb") as handle:
+                handle.write(json.dumps({"schema": self.schema}, separators=(",", ":")).encode() + b"\n")
+                for name in sorted(groups):
+                    line = groups[name]
+                    for part in (line if isinstance(line, tuple) else (line,)):
+                        handle.write(part)
+            os.replace(temporary, path)
+        except OSError:
+            pass
+        return len(fresh)

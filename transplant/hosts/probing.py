@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import posixpath
@@ -11,14 +13,14 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from transplant import remote
 from transplant.errors import HostError, ProbeError
-from transplant.hosts.controller_cache import ControllerCache
+from transplant.hosts.controller_cache import ControllerCache, HashGroups
 from transplant.hosts.host import Host, kill_group
 from transplant.core.inventory import Inventory, KeptDocument, parse_inventory
 
@@ -69,17 +71,23 @@ def _reply_line(
     timeout: float | None = 600.0,
     python: str | None = None,
     waiting: WaitingScript | None = None,
+    keep: Callable[[list[tuple[bytes, memoryview]]], object] | None = None,
 ) -> str:
     """:func:`run_script`'s reply as the text of the line the script printed, not decoded;
-    ``request`` may be given already encoded (JSON bytes).
+    ``request`` may be given already encoded (JSON bytes, and for the probe the hash groups'
+    lines after it).
 
     :param waiting: a process of this script started earlier (:class:`WaitingScript`), asked
         instead of starting one; when it is gone before being asked, one is started as usual.
+    :param keep: called with the probe's ``#hashes`` lines (printed before its reply), as
+        :func:`_hash_lines` gives them, before the reply line is cut out (so that the output is
+        not held three times over: whole, the groups, the reply); None: they are not looked for.
     :raises HostError: as :func:`run_script` (but for a reply that is not JSON).
     """
     python = python or venv_python(venv)
     if waiting is not None and request is not None and waiting.script == script:
-        line = waiting.ask(request if isinstance(request, bytes) else json.dumps(request).encode(), timeout)
+        line = waiting.ask(request if isinstance(request, bytes) else json.dumps(request).encode(), timeout,
+                           keep=keep)
         if line is not None:
             return line
     code = remote.source(script)
@@ -91,10 +99,29 @@ def _reply_line(
         argv = [python, *flags, "-c", code.decode(), *args]
     result = host.run(argv, stdin=stdin, env=env, timeout=timeout)
     del stdin
+    if keep is not None:
+        keep(_hash_lines(result.stdout))
     line = _last_line(result.stdout)
     if line is None:
         raise _no_reply(host, venv, script, python, result.returncode, result.stderr)
     return line
+
+
+_HASH_LINE = b"#hashes\t"
+
+
+def _hash_lines(out: bytes) -> list[tuple[bytes, memoryview]]:
+    """The ``#hashes\\t<group>\\t<entries>`` lines at the start of ``out`` (the probe prints them
+    before its document) as ``(group, entries)``, the entries a view into ``out`` (not copied)."""
+    found, at, view = [], 0, memoryview(out)
+    while out.startswith(_HASH_LINE, at):
+        end = out.find(b"\n", at)
+        tab = out.find(b"\t", at + len(_HASH_LINE), end)
+        if end < 0 or tab < 0:
+            break
+        found.append((out[at + len(_HASH_LINE):tab], view[tab + 1:end]))
+        at = end + 1
+    return found
 
 
 _OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -343,12 +370,14 @@ class WaitingScript:
         except (BrokenPipeError, OSError, ValueError):
             pass
 
-    def ask(self, request: bytes, timeout: float | None) -> str | None:
+    def ask(self, request: bytes, timeout: float | None, *,
+            keep: Callable[[list[tuple[bytes, memoryview]]], object] | None = None) -> str | None:
         """Send ``request`` (the whole standard input), wait for the script to end and return the
         last line it printed; None when no process is waiting (it never started, was asked
         already, or has exited before being asked: the caller starts one as usual).
 
         :param timeout: seconds; None waits without limit. Past it the process is killed.
+        :param keep: as :func:`_reply_line`'s.
         :raises HostError: it printed no reply (as :func:`run_script`), or timed out.
         """
         proc, self._proc = self._proc, None
@@ -366,6 +395,8 @@ class WaitingScript:
         except BaseException:
             kill_group(proc)
             raise
+        if keep is not None:
+            keep(_hash_lines(out))
         line = _last_line(out)
         if line is None:
             raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode, err)
@@ -440,9 +471,11 @@ def take_inventory(
         whose ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` is unchanged is not read
         again: ``"venv"`` keeps it in the venv's state folder (``.transplant/cache``; for a
         target, which transplant writes anyway), ``"controller"`` in the controller's state
-        folder (``hash-cache/``; for a donor, which is never written to), None not at all;
-        a mapping is sent as the probe's options (tests). ``TRANSPLANT_HASH_CACHE=0`` on the
-        controller turns it off everywhere.
+        folder (``hash-cache/``; for a donor, which is never written to: only the groups of the
+        distributions this request hashes are sent and only those that changed come back,
+        :class:`~transplant.hosts.controller_cache.HashGroups`), None not at all; a mapping is
+        sent as the probe's options (tests). ``TRANSPLANT_HASH_CACHE=0`` on the controller
+        turns it off everywhere.
     :param inputs: ask the probe for its inputs' digest (``Inventory.inputs``; for the plan
         memo, :mod:`transplant.pipeline.memo`); False: None.
     :param waiting: a probe process started earlier with ``--stdin`` on this host and venv
@@ -450,24 +483,33 @@ def take_inventory(
     :raises HostError: as :func:`run_script`.
     :raises ProbeError: the report is of another schema or malformed.
     """
+    hashing = bool(hash_patterns) or bool(files) or bool(site_files)
+    options = _cache_options(host, venv, hash_cache, hashing)
+    groups = b""
+    if hash_cache == "controller" and options:
+        # a donor's known hashes: only the groups of the distributions hashed, as the file's text
+        # lines after the request (never decoded here); the probe prints the groups that changed
+        groups, legacy = _HASH_GROUPS.select(host, venv, hash_patterns)
+        options = {"enabled": True, "store": "reply", **({"known": legacy} if legacy else {})}
+        del legacy
     request = {"hash": list(hash_patterns), "files": list(files), "site_files": list(site_files),
                "record": record, "texts": list(texts), "paths_exist": list(paths_exist), "compact": compact,
-               "inputs": inputs,
-               "hash_cache": _cache_options(host, venv, hash_cache, bool(hash_patterns) or bool(files) or
-                                            bool(site_files))}
+               "inputs": inputs, "hash_cache": options}
     label = f"{host.label}:{venv}"
-    # a donor's request carries its known hashes (tens of MB as objects): only its text is kept
-    # while the probe runs and its reply is parsed
-    encoded = json.dumps(request).encode()
-    del request
-    line = _reply_line(host, venv, "probe", ["--stdin"], request=encoded, timeout=timeout, waiting=waiting)
+    encoded = json.dumps(request).encode() + (b"\n" + groups if groups else b"")
+    del request, options, groups
+
+    def keep(printed: list[tuple[bytes, memoryview]]) -> None:
+        if printed:
+            _HASH_GROUPS.merge(host, venv, printed)
+
+    line = _reply_line(host, venv, "probe", ["--stdin"], request=encoded, timeout=timeout, waiting=waiting,
+                       keep=keep if hash_cache == "controller" else None)
     del encoded
     # One reply decoded and parsed at a time (a plan probes both venvs on two threads): the
     # work holds the GIL anyway, and so only one decoded tree is ever in memory.
-    with _PARSING:
+    with _PARSING, _collector_paused():
         document = _document(label, "probe", line)
-        if hash_cache == "controller":
-            _keep_controller_cache(host, venv, document.get("hash_cache") if isinstance(document, dict) else None)
         noted = document.pop("inputs", None) if isinstance(document, dict) else None
         inventory = parse_inventory(document, label=label)
         if isinstance(noted, dict):
@@ -488,26 +530,38 @@ def take_inventory(
 _PARSING = threading.Lock()
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a reply is decoded and parsed: the decoded
+    tree and the inventory are millions of new objects and no cycle, and each full collection
+    the allocations set off walks all of them (a quarter of the decode and parse time of the
+    real donor's reply). Reference counting still frees everything as usual."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _controller_cache_path(host: Host, venv: str) -> Path:
     """``<controller state>/hash-cache/<sha256 of "host label:venv">.json``."""
-    return _CONTROLLER_CACHE.path(host, venv)
+    return _HASH_GROUPS.path(host, venv)
 
 
 def _cache_options(host: Host, venv: str, hash_cache: str | Mapping[str, Any] | None, hashing: bool) -> Any:
-    """The probe's ``hash_cache`` request option for :func:`take_inventory`'s ``hash_cache``."""
+    """The probe's ``hash_cache`` request option for :func:`take_inventory`'s ``hash_cache``
+    (for ``"controller"`` without its known entries: they travel as lines, :data:`_HASH_GROUPS`)."""
+    if hash_cache == "controller":
+        return bool(hashing) and os.environ.get("TRANSPLANT_HASH_CACHE", "1") != "0" and \
+            {"enabled": True, "store": "reply"}
     return _CONTROLLER_CACHE.options(host, venv, hash_cache if hashing else None)
 
 
-def _keep_controller_cache(host: Host, venv: str, report: Any) -> None:
-    """Write the entries a ``store: reply`` probe returned (atomically; a failure only costs speed)."""
-    if not isinstance(report, dict) or not isinstance(report.get("entries"), dict):
-        return
-    entries = report.pop("entries")
-    if not report.get("misses"):
-        return  # nothing new: the file already holds every entry used
-    _CONTROLLER_CACHE.write(host, venv, entries)
-
-
 _CACHE_SCHEMA = "transplant.hashes/1"
-#: The content hashes a donor's probe returns, kept on the controller (nothing is written in a donor).
+#: The probe's request option for a ``hash_cache`` setting (its ``controller`` form is rewritten
+#: by :func:`take_inventory`: the groups travel as lines, :data:`_HASH_GROUPS`).
 _CONTROLLER_CACHE = ControllerCache("hash-cache", _CACHE_SCHEMA, "hash_cache")
+#: The content hashes of a donor, kept on the controller (nothing is written in a donor).
+_HASH_GROUPS = HashGroups("hash-cache")

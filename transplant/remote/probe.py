@@ -40,11 +40,16 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 * ``hash_cache`` (``--stdin`` only; default true, or ``{"enabled": bool, "min_bytes": int,
   "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
   (see :class:`_HashCache`), in ``<venv>/.transplant/cache/hashes.json`` (``store: venv``,
-  for targets) or on the controller (``store: reply``: the request carries the ``known``
-  entries and the reply returns them with this run's added as ``entries``; nothing is written
-  on the host, for donors). The document then reports ``hash_cache``: ``{"enabled", "hits", "misses",
-  "written", "error"?, "entries"?}`` (``entries`` only from a ``store: reply`` run that hashed
-  something: otherwise the controller's file already holds every entry used).
+  for targets) or on the controller (``store: reply``, for donors: nothing is written on the
+  host). A ``store: reply`` request carries what the controller knows as group lines after
+  the request's JSON on standard input, one per distribution the request hashes,
+  ``<normalised name>\t<{"rel": entry} as JSON>\n`` (the controller sends only those, not
+  its whole file; ``known``, a mapping, is read too, for lookups only). The probe prints,
+  before its document, one line ``#hashes\t<name>\t<entries>`` per group whose entries
+  changed (a file hashed again, a file gone, a distribution gone: ``{}``), holding that
+  group's entries as they are now; an unchanged group gets no line. The document then
+  reports ``hash_cache``: ``{"enabled", "hits", "misses", "written", "error"?, "groups"?}``
+  (``groups``: how many lines were printed).
 
 * ``inputs`` (``--stdin`` only; true to ask): the document reports ``inputs``: ``{"digest",
   "count", "paths", "racy", "started_ns"}``, the probe's inputs (every file and folder whose
@@ -243,13 +248,14 @@ def _lexical(prefix, path):
     return norm.startswith(base) and len(norm) > len(base)
 
 
-def _record(dist_dir, site, prefix, hashed, summary=False, shared=False):
+def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=None):
     """The RECORD entries of a distribution (dicts in the probe's wire form), or None when it
     has no readable RECORD; with ``summary``, ``{"files": rows inside the venv, "bytes": sum of
     their RECORD size column}`` instead, from RECORD alone (no file or folder on disk is looked
     at: "inside" by the names, :func:`_lexical`); with ``shared``, only the shared objects'
     rows (:data:`_SHARED_OBJECT`) have the disk's facts and RECORD's hash and size, the others
-    their paths alone."""
+    their paths alone. ``group``: the hash cache's group of the files hashed (the
+    distribution's normalised name)."""
     text = _read(os.path.join(dist_dir, "RECORD"))
     if text is None:
         return None
@@ -296,7 +302,7 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False):
                 script = venv_path.startswith(_OPTIONS["scripts"] + "/")
                 # the lstat just taken is the hash cache's key: no second lstat per file
                 _HASH_JOBS.append((entry, full, script, [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                                                          st.st_ctime_ns]))
+                                                          st.st_ctime_ns], group))
         entries.append(entry)
     if summary:
         return {"files": count, "bytes": total}
@@ -578,6 +584,7 @@ def _log(what):
 
 
 _HASH_JOBS = []
+_HASHED_GROUPS = set()  # the normalised names of the distributions whose files were queued for hashing
 _OPTIONS = {"record": True, "scripts": "bin"}
 _WORKERS = max(1, min(8, os.cpu_count() or 1))
 _SCRIPT_MAX = 1 << 20
@@ -614,8 +621,8 @@ def _run_hash_jobs():
     import concurrent.futures
 
     jobs, _HASH_JOBS[:] = list(_HASH_JOBS), []
-    if not jobs:
-        return
+    if not jobs and not _OPTIONS.get("hash_cache_lines", "").strip():
+        return  # (known groups sent and nothing hashed: their distributions are gone, said below)
     cache = _HashCache(_OPTIONS.get("prefix"), _OPTIONS.get("hash_cache", True))
 
     def fill(entry, facts):
@@ -626,17 +633,17 @@ def _run_hash_jobs():
 
     # the cache's answers first, in this thread (a thread per known file costs more than the lookup)
     misses = []
-    for entry, full, script, key in jobs:
-        known = cache.get(entry["venv_path"], key)
+    for entry, full, script, key, group in jobs:
+        known = cache.get(entry["venv_path"], key, group)
         if known is not None:
             fill(entry, known)
         else:
-            misses.append((entry, full, script, key))
+            misses.append((entry, full, script, key, group))
 
     def work(job):
-        entry, full, script, key = job
+        entry, full, script, key, group = job
         facts = _script_facts(full) if script else (file_hash(full)[0], None, None)
-        cache.put(entry["venv_path"], key, facts, entry.get("size") or 0)
+        cache.put(entry["venv_path"], key, facts, entry.get("size") or 0, group)
         return facts
 
     if misses:
@@ -668,6 +675,7 @@ class _HashCache(object):
         self.started = time.time_ns()
         self.lock = threading.Lock()
         self.entries, self.fresh = {}, {}
+        self.groups, self.group_of = {}, {}  # store reply: the groups the controller sent; rel -> group
         self.hits = self.misses = self.hashed_bytes = 0
         self.error = None
         self.path, self.prefix = None, prefix
@@ -675,9 +683,15 @@ class _HashCache(object):
         if not self.enabled:
             return
         if self.store == "reply":
-            # The controller keeps this cache (a donor is never written to): it sends what it
-            # knows and takes back the entries of this run.
+            # The controller keeps this cache (a donor is never written to): it sends the groups
+            # of the distributions this request hashes and takes back the groups that changed.
             self.entries = _entries(self.options.get("known"))
+            try:
+                self.groups = _groups(_OPTIONS.pop("hash_cache_lines", ""))
+            except ValueError as exc:
+                self.groups, self.error = {}, "the known groups are malformed, not used: {}".format(exc)[:200]
+            for entries in self.groups.values():
+                self.entries.update(entries)
             return
         state = os.path.join(prefix, ".transplant")
         if os.path.islink(state) or (os.path.exists(state) and _real(state) != os.path.join(_real(prefix), ".transplant")):
@@ -693,7 +707,7 @@ class _HashCache(object):
         except (OSError, ValueError) as exc:
             self.error = "unreadable, rebuilt: {}".format(exc)[:200]
 
-    def get(self, rel, key):
+    def get(self, rel, key, group=None):
         if not self.enabled or key is None:
             return None
         known = self.entries.get(rel)
@@ -701,29 +715,26 @@ class _HashCache(object):
             if known is not None and known[:5] == key:
                 self.hits += 1
                 self.fresh[rel] = known
+                self.group_of[rel] = group
                 return tuple(known[5:])
             self.misses += 1
         return None
 
-    def put(self, rel, key, facts, size):
+    def put(self, rel, key, facts, size, group=None):
         if not self.enabled or key is None or facts[0] is None:
             return
         with self.lock:
             self.hashed_bytes += size
             if max(key[3], key[4]) < self.started - self.racy_ns:
                 self.fresh[rel] = key + list(facts)
+                self.group_of[rel] = group
 
     def save(self):
         report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "written": False}
         if self.error:
             report["error"] = self.error
         if self.enabled and self.store == "reply":
-            if self.misses:  # with none, the controller's file already holds every entry used
-                # what the controller sent, with this run's entries added (as the venv's store
-                # merges): a plan of other distributions keeps those of the last one
-                merged = dict(self.entries)
-                merged.update(self.fresh)
-                report["entries"] = merged
+            report["groups"] = self._print_changed_groups()
             return report
         if not self.enabled or self.hashed_bytes < self.min_bytes or not self.misses:
             return report
@@ -735,6 +746,47 @@ class _HashCache(object):
         except OSError as exc:
             report["error"] = "not written: {}".format(exc)[:200]
         return report
+
+
+    def _print_changed_groups(self):
+        """Print ``#hashes\t<group>\t<entries>`` for each group whose entries are not those the
+        controller sent: every group hashed this run (its entries: the files of this run, so a
+        changed file's old entry and a removed file's entry are gone) and every group sent but
+        not hashed (its distribution is gone: ``{}``). Returns how many lines were printed."""
+        now = {}
+        for rel, entry in self.fresh.items():
+            group = self.group_of.get(rel)
+            if group is not None:
+                now.setdefault(group, {})[rel] = entry
+        printed = 0
+        for group in sorted(set(self.groups) | _HASHED_GROUPS):
+            if not group or "\t" in group or "\n" in group:
+                continue
+            entries = now.get(group, {})
+            if entries != self.groups.get(group, {}):  # (a group neither sent nor holding an entry: none)
+                sys.stdout.write("#hashes\t{}\t{}\n".format(group, json.dumps(entries, separators=(",", ":"))))
+                printed += 1
+        return printed
+
+
+def _groups(text):
+    """The known groups of a ``store: reply`` request (the lines after its JSON):
+    ``{group: entries}``, each line ``<group>\t<JSON object>``; blank lines are skipped.
+
+    :raises ValueError: a line without a tab or whose JSON is not an object.
+    """
+    groups = {}
+    for line in text.split("\n"):
+        if not line.strip():
+            continue
+        group, tab, body = line.partition("\t")
+        if not tab:
+            raise ValueError("a group line without a tab")
+        entries = json.loads(body)
+        if not isinstance(entries, dict):
+            raise ValueError("group {!r} is not an object".format(group))
+        groups[group] = _entries(entries)
+    return groups
 
 
 _HASH_SCHEMA = "transplant.hashes/1"
@@ -824,6 +876,8 @@ def _distributions(site, prefix, patterns, with_record=True):
         fallback_name, _, fallback_version = stem.partition("-")
         name = (metadata or {}).get("name") or fallback_name
         hashed = any(fnmatch.fnmatchcase(normalize(name), p) for p in patterns)
+        if hashed:
+            _HASHED_GROUPS.add(normalize(name))
         top_level = _read(os.path.join(dist_dir, "top_level.txt"))
         installer = _read(os.path.join(dist_dir, "INSTALLER"))
         found.append({
@@ -843,7 +897,8 @@ def _distributions(site, prefix, patterns, with_record=True):
             "entry_points": _read(os.path.join(dist_dir, "entry_points.txt")),
             "hashed": hashed,
             "listing": _listing(dist_dir),
-            "record": _record(dist_dir, site, prefix, hashed and with_record is True, shared=with_record == "shared")
+            "record": _record(dist_dir, site, prefix, hashed and with_record is True, shared=with_record == "shared",
+                              group=normalize(name))
             if with_record in (True, "shared") else None,
         })
         if with_record == "summary":
@@ -1078,7 +1133,11 @@ def _elsewhere(paths):
 def _arguments(argv):
     global _INPUTS
     if argv == ["--stdin"]:
-        request = json.load(sys.stdin)
+        # the request's JSON, then (a donor's, hash_cache store reply) the known hash groups' lines
+        text = sys.stdin.buffer.read().decode("utf-8")
+        request, end = json.JSONDecoder().raw_decode(text, len(text) - len(text.lstrip()))
+        _OPTIONS["hash_cache_lines"] = text[end:]
+        del text
         if isinstance(request.get("fingerprint"), dict):
             return request["fingerprint"], None
         if request.get("inputs") is True:
