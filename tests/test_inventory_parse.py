@@ -69,3 +69,20 @@ def test_a_wrong_type_is_still_named_by_its_key_path(key: str, value, expected: 
     doc["distributions"][0]["record"][1][key] = value
     with pytest.raises(ProbeError, match=rf"distributions\[0\]\.record\[1\]\.{key}': expected {expected}"):
         parse_inventory(doc, label="donor")
+
+
+def test_entries_built_without_init_equal_the_dataclass_and_refuse_a_missing_field():
+    import dataclasses
+
+    from transplant.core.inventory import FileEntry, _entry_maker, _new_entry
+
+    names = [f.name for f in dataclasses.fields(FileEntry)]
+    values = {"record_path": "a/b.so", "path": "lib/a/b.so", "record_hash": "sha256=x", "record_size": 3,
+              "exists": True, "hash": "sha256=y", "size": 4, "mode": 0o755, "symlink": None, "error": None,
+              "head": "#!x", "body_hash": "sha256=z", "record_identity": [1, 2]}
+    assert sorted(values) == sorted(names)
+    order = ("record_path", "path", "record_hash", "record_size", "exists", "hash", "size", "mode", "symlink",
+             "error", "head", "body_hash", "record_identity")
+    assert _new_entry(*(values[n] for n in order)) == FileEntry(**values)
+    with pytest.raises(TypeError):
+        _entry_maker(order[:-1])

@@ -425,12 +425,17 @@ def _row_entry(row: Any, path: str, site: str | None) -> FileEntry:
                       "not a regular file" if not_a_file else error, head, body_hash, identity)
 
 
-def _entry_maker() -> Any:
-    """``_new_entry(record_path, path, ..., record_identity)``: a :class:`FileEntry` of those values
-    (every field, in :func:`dataclasses.fields` order), equal to ``FileEntry(...)`` of them but
-    built without the frozen dataclass's ``__init__`` (one ``object.__setattr__`` by name per
-    field): a large venv's inventory makes 100,000 of them, and this takes a third of the time."""
-    names = tuple(f.name for f in dataclasses.fields(FileEntry))
+def _entry_maker(names: tuple[str, ...]) -> Any:
+    """``_new_entry(*values)``: a :class:`FileEntry` of ``values`` (one per field, in the order
+    ``names`` gives), equal to ``FileEntry(**dict(zip(names, values)))`` but built without the
+    frozen dataclass's ``__init__`` (one slot descriptor ``__set__`` per field): a large venv's
+    inventory makes 100,000 of them, and this takes a third of the time.
+
+    :raises TypeError: ``names`` are not exactly FileEntry's fields (at import: a field added to
+        FileEntry must be added here too, never left unset).
+    """
+    if sorted(names) != sorted(f.name for f in dataclasses.fields(FileEntry)) or len(set(names)) != len(names):
+        raise TypeError(f"_entry_maker: {names} are not FileEntry's fields")
     setters = [FileEntry.__dict__[name].__set__ for name in names]  # the slots' descriptors
     create = object.__new__
 
@@ -443,7 +448,8 @@ def _entry_maker() -> Any:
     return new_entry
 
 
-_new_entry = _entry_maker()
+_new_entry = _entry_maker(("record_path", "path", "record_hash", "record_size", "exists", "hash", "size", "mode",
+                           "symlink", "error", "head", "body_hash", "record_identity"))
 
 
 class KeptDocument(Mapping[str, Any]):
