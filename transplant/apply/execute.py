@@ -226,17 +226,11 @@ def _stream_ahead(plan: Plan, donor: Host, donor_root: str, target: Host, *, how
         return None
     sender = take_prestarted(donor, plan.donor.venv, "stream_send", side_argv("stream_send", donor_root))
     receiver = take_prestarted(target, plan.target.venv, "stream_receive", side_argv("stream_receive", ""))
-    if sender is not None and receiver is not None:
-        ahead = StartedSides(donor, donor_root, target, sender=sender.process(), receiver=receiver.process())
-        if ahead.sender is not None and ahead.receiver is not None:
-            return ahead
-        ahead.close()
-    for waiting in (sender, receiver):
-        if waiting is not None:
-            waiting.close()
     return start_sides(donor, donor_root, target,
                        src_python=None if isinstance(donor, LocalHost) else venv_python(plan.donor.venv),
-                       dst_python=None if isinstance(target, LocalHost) else venv_python(plan.target.venv))
+                       dst_python=None if isinstance(target, LocalHost) else venv_python(plan.target.venv),
+                       sender=None if sender is None else sender.process(),
+                       receiver=None if receiver is None else receiver.process())
 
 
 def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state_dir: Path, reporter: Reporter,

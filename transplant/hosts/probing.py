@@ -451,11 +451,23 @@ def close_prestarted(host: Host) -> int:
 
 
 def _reap(proc: subprocess.Popen) -> None:
-    """Close a spawned process's input, wait up to 5 s for it to exit, else kill it; close its pipes."""
+    """Close a spawned process's input, wait up to 5 s for it to exit, else kill it; close its pipes.
+    (A waiting script whose input ends prints one short error line: it never fills a pipe.)"""
     try:
-        proc.communicate(b"" if proc.stdin is not None and not proc.stdin.closed else None, timeout=5)
-    except (subprocess.TimeoutExpired, ValueError, OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
         kill_group(proc)
+    for stream in (proc.stdout, proc.stderr):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
 
 
 def take_inventory(

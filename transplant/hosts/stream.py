@@ -167,14 +167,18 @@ def side_argv(side: str, root: str) -> tuple[str, ...]:
 
 
 def start_sides(src: Host, src_root: str, dst: Host, *, src_python: str | None = None,
-                dst_python: str | None = None) -> StartedSides:
-    """Start both sides of an uncompressed stream now (:class:`StartedSides`); a side that cannot
-    start leaves none started (the copy then starts them itself, and reports why it cannot)."""
+                dst_python: str | None = None, sender: subprocess.Popen | None = None,
+                receiver: subprocess.Popen | None = None) -> StartedSides:
+    """Both sides of an uncompressed stream, started ahead (:class:`StartedSides`): ``sender`` and
+    ``receiver`` when given (started earlier, still waiting), each other one started now. A side
+    that cannot start leaves none (the copy then starts them itself, and reports why it cannot)."""
     send, receive = _argvs(src, src_root, src_python, dst, ROOT_ON_INPUT, dst_python, "none")
-    started = StartedSides(src, src_root, dst, sender=None, receiver=None)
+    started = StartedSides(src, src_root, dst, sender=sender, receiver=receiver)
     try:
-        started.receiver = _spawn(dst, receive, "receiving", ROOT_ON_INPUT)
-        started.sender = _spawn(src, send, "sending", src_root)
+        if started.receiver is None:
+            started.receiver = _spawn(dst, receive, "receiving", ROOT_ON_INPUT)
+        if started.sender is None:
+            started.sender = _spawn(src, send, "sending", src_root)
     except HostError:
         started.close()
     return started
@@ -183,8 +187,13 @@ def start_sides(src: Host, src_root: str, dst: Host, *, src_python: str | None =
 def _end(proc: subprocess.Popen) -> None:
     """End a waiting side: its input closed, given 5 s to exit, then killed; its pipes closed."""
     try:
-        proc.communicate(b"" if proc.stdin is not None and not proc.stdin.closed else None, timeout=5)
-    except (subprocess.TimeoutExpired, ValueError, OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)  # a side whose input ends says one short line: it never fills a pipe
+    except subprocess.TimeoutExpired:
         _stop(proc)
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         try:
