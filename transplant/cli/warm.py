@@ -62,11 +62,10 @@ def connect_early(args: argparse.Namespace) -> None:
         options = ssh_options(manifest)
         if options.identity_file is not None and not Path(options.identity_file).expanduser().is_file():
             return  # the command says so, with its hint
-        # each side's plan probe, and on the target the stale-plan probe and the ELF script (the
-        # donor's runs only when a shared object moves), waiting for their requests
-        # and the two sides of a small apply's stream (uncompressed: the receiver learns its folder later)
-        # the plan's probes first; the others once the identity is answered (asked later, they
-        # would only slow it)
+        # each side's plan probe first; once the identity is answered (asked later, they would
+        # only slow it) the target's ELF script (the donor's runs only when a shared object
+        # moves) and stale-plan probe, and the two sides of a small apply's stream (uncompressed:
+        # the receiver learns its folder from its input); all wait for their requests
         later = {"donor": [], "target": [_ELF, _PROBE]}
         if not getattr(args, "compress", False):
             later["donor"].append(("stream_send", side_argv("stream_send", manifest.donor.venv)))

@@ -425,12 +425,14 @@ def prestart(host: Host, venv: str, script: str, args: Sequence[str] = ()) -> No
         host.__dict__.setdefault("_prestarted", {}).setdefault((venv, script, tuple(args)), []).append(waiting)
 
 
-def take_prestarted(host: Host, venv: str, script: str, args: Sequence[str] = ()) -> WaitingScript | None:
+def take_prestarted(host: Host, venv: str, script: str, args: Sequence[str] = (), *,
+                    newest: bool = False) -> WaitingScript | None:
     """The oldest process :func:`prestart` started for ``script`` with ``args`` in ``venv`` on
-    ``host``, now the caller's to ask (or close); None when none is kept."""
+    ``host`` (``newest``: the last one started: for a request asked later than the next one), now
+    the caller's to ask (or close); None when none is kept."""
     with _PRESTARTED:
         kept = host.__dict__.get("_prestarted", {}).get((venv, script, tuple(args)))
-        return kept.pop(0) if kept else None
+        return kept.pop(-1 if newest else 0) if kept else None
 
 
 def close_prestarted(host: Host) -> int:
