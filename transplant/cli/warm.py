@@ -62,17 +62,18 @@ def connect_early(args: argparse.Namespace) -> None:
         options = ssh_options(manifest)
         if options.identity_file is not None and not Path(options.identity_file).expanduser().is_file():
             return  # the command says so, with its hint
-        # each side's plan probe first; once the identity is answered (asked later, they would
-        # only slow it) the target's ELF script (the donor's runs only when a shared object
-        # moves) and stale-plan probe, and the two sides of a small apply's stream (uncompressed:
-        # the receiver learns its folder from its input); all wait for their requests
-        later = {"donor": [], "target": [_ELF, _PROBE]}
+        # each side's plan probe and the target's ELF script first (the donor's runs only when a
+        # shared object moves); once the identity is answered (asked later, they would only slow
+        # it) the target's stale-plan probe and the two sides of a small apply's stream
+        # (uncompressed: the receiver learns its folder from its input); all wait for their requests
+        first = {"donor": [_PROBE], "target": [_PROBE, _ELF]}
+        later = {"donor": [], "target": [_PROBE]}
         if not getattr(args, "compress", False):
             later["donor"].append(("stream_send", side_argv("stream_send", manifest.donor.venv)))
             later["target"].append(("stream_receive", side_argv("stream_receive", "")))
         for side in ("donor", "target"):
             end = getattr(manifest, side)
             if isinstance(end, Endpoint):
-                early.start(end.host, options, end.venv, scripts=[_PROBE], later=later[side])
+                early.start(end.host, options, end.venv, scripts=first[side], later=later[side])
     except Exception:  # noqa: BLE001 - the command itself reports whatever is wrong
         return
