@@ -113,6 +113,26 @@ def test_a_probe_started_ahead_answers_the_next_inventory_with_the_venv_as_it_is
     assert _scripts(pair) == [f"probe {venv}"], "one probe process in all"
 
 
+def test_a_probe_started_ahead_says_the_identity_the_identity_script_says(pair):
+    from transplant.hosts.identity import parse_identity, venv_identity
+
+    host, venv = LocalHost(), str(pair / "target")
+    waiting = prestart(host, venv, "probe", ["--stdin"], identity=True)
+    line = waiting.identity(60)
+    assert line is not None and line.startswith("transplant-identity ")
+    told = parse_identity(line)
+    assert told is not None and told == venv_identity(LocalHost(), venv)
+    assert told != venv_identity(LocalHost(), str(pair / "donor")), "another venv: another identity"
+    inventory = take_inventory(host, venv, hash_patterns=["foo"])  # then it answers its request as usual
+    assert waiting._proc is None and "foo" in inventory.latest()
+    assert _scripts(pair).count(f"probe {venv}") == 1
+
+
+def test_a_probe_that_cannot_start_says_no_identity(tmp_path):
+    waiting = prestart(LocalHost(), str(tmp_path / "absent"), "probe", ["--stdin"], identity=True)
+    assert waiting is None or waiting.identity(30) is None
+
+
 def test_without_one_started_ahead_the_inventory_starts_its_own(pair):
     host, venv = LocalHost(), str(pair / "target")
     take_inventory(host, venv, hash_patterns=["foo"])
@@ -242,12 +262,14 @@ def test_an_ssh_apply_asks_scripts_started_as_its_connections_opened(lab, ssh_op
     started = _spied_apply(monkeypatch, manifest)
     donor, target = lab.hosts["donor"].spec, lab.hosts["target"].spec
     scripts = sorted((label, name) for label, name, _ in started if name != "ssh")
+    # no identity script (each plan probe said its venv's identity as it started), no donor ELF
+    # script (no shared object moves): 7 host processes, 10 before
     assert scripts == sorted([
-        (donor, "identity"), (donor, "probe"), (donor, "stream_send"),  # no donor ELF script: no .so moves
-        (target, "identity"), (target, "probe"), (target, "probe"), (target, "elf_facts"), (target, "applier"),
+        (donor, "probe"), (donor, "stream_send"),
+        (target, "probe"), (target, "probe"), (target, "elf_facts"), (target, "applier"),
         (target, "stream_receive")]), scripts
     early = {name for _, name, thread in started if thread.startswith("connect ")}
-    assert early == {"identity", "probe", "elf_facts", "stream_send", "stream_receive"}, started
+    assert early == {"probe", "elf_facts", "stream_send", "stream_receive"}, started
     assert (lab.hosts["target"].path("/srv/ahead") / SITE / "small" / "__init__.py").read_text() == "V = 2\n"
 
 

@@ -35,7 +35,8 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None,
 
     :param venv: a venv on that host whose identity to ask once connected, before :func:`take`
         hands the connection over (:func:`transplant.hosts.identity.venv_identity`: it only reads;
-        remembered by the connection, so the donor-is-not-the-target check takes that answer);
+        remembered by the connection, so the donor-is-not-the-target check takes that answer; the
+        first probe of ``scripts`` says it as it starts, else the identity script is run);
         None asks nothing.
     :param scripts: host scripts (``(name, args)`` that wait for their input: see
         :func:`transplant.hosts.probing.prestart`) to start in ``venv`` as soon as the connection is
@@ -63,11 +64,17 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None,
             future.set_exception(exc)
             return
         if venv is not None:
-            _prestart(host, venv, scripts)  # first: their starts overlap the identity's round trip
-            from transplant.hosts.identity import venv_identity
+            said = _prestart(host, venv, scripts, identity=True)  # first: their starts overlap the identity's round trip
+            from transplant.hosts.identity import parse_identity, venv_identity
 
-            try:  # asked before the connection is handed over: take() returns it remembered
-                venv_identity(host, venv)
+            # the identity, asked before the connection is handed over (take() returns it
+            # remembered): the plan's probe says it as it starts; else (it said nothing) the
+            # identity script is asked, as without it
+            line = said.identity(60.0) if said is not None else None
+            told = parse_identity(line) if line is not None and line.startswith("transplant-identity ") else None
+            try:
+                host.remembered(("venv-identity", venv), (lambda: told) if line is not None and (
+                    told is not None or line == "transplant-identity -") else (lambda: venv_identity(host, venv)))
             except Exception:  # noqa: BLE001 - not remembered then: the check asks again and reports it
                 pass
             _prestart(host, venv, later)
@@ -76,16 +83,23 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None,
     threading.Thread(target=opening, name=f"connect {spec}", daemon=True).start()
 
 
-def _prestart(host: Host, venv: str, scripts: Sequence[tuple[str, Sequence[str]]]) -> None:
+def _prestart(host: Host, venv: str, scripts: Sequence[tuple[str, Sequence[str]]], identity: bool = False):
     """:func:`transplant.hosts.probing.prestart` each of ``scripts``; one that cannot start is left
-    for the command to start when it asks (and to report)."""
+    for the command to start when it asks (and to report). With ``identity``, the first probe
+    (``--stdin``) also says the venv's identity as it starts: returned (a
+    :class:`transplant.hosts.probing.WaitingScript`), else None."""
     from transplant.hosts.probing import prestart
 
+    said = None
     for name, args in scripts:
+        tells = identity and said is None and (name, tuple(args)) == ("probe", ("--stdin",))
         try:
-            prestart(host, venv, name, args)
+            started = prestart(host, venv, name, args, identity=tells)
         except Exception:  # noqa: BLE001 - not started: the command starts it when it asks
-            pass
+            continue
+        if tells:
+            said = started
+    return said
 
 
 def take(spec: HostSpec, options: SSHOptions) -> Host | None:

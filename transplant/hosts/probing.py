@@ -354,6 +354,28 @@ class WaitingScript:
             raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode, err)
         return line
 
+    def identity(self, timeout: float) -> str | None:
+        """The first line a probe started with ``--identity VENV`` printed (``transplant-identity
+        ...``, before it read its request), without its newline; None when the process is gone or
+        said nothing within ``timeout`` seconds. Read byte by byte from the pipe itself, so that
+        :meth:`ask` later reads exactly what follows."""
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return None
+        fd, line = proc.stdout.fileno(), bytearray()
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or len(line) > 512 or not selector.select(left):
+                    return None
+                byte = os.read(fd, 1)
+                if not byte:
+                    return None
+                line += byte
+        return line[:-1].decode("utf-8", "replace")
+
     def process(self) -> subprocess.Popen | None:
         """The waiting process itself, now the caller's to talk to, reap or kill (a stream side
         started ahead: :class:`transplant.hosts.stream.StartedSides`); None when none is waiting
@@ -398,7 +420,7 @@ def _waits(script: str, args: Sequence[str]) -> bool:
 _PRESTARTED = threading.Lock()
 
 
-def prestart(host: Host, venv: str, script: str, args: Sequence[str] = ()) -> None:
+def prestart(host: Host, venv: str, script: str, args: Sequence[str] = (), *, identity: bool = False) -> WaitingScript | None:
     """Start ``script`` with ``args`` in ``venv`` on ``host`` now (a :class:`WaitingScript`) and
     keep it on the connection, so that the next :func:`run_script` (or :func:`take_inventory`)
     of that script, venv and arguments with a request asks it instead of starting one: its SSH
@@ -414,15 +436,20 @@ def prestart(host: Host, venv: str, script: str, args: Sequence[str] = ()) -> No
     two sides of an uncompressed stream, taken by :class:`transplant.hosts.stream.StartedSides`
     through :meth:`WaitingScript.process`).
 
+    :param identity: the probe (``--stdin``) also says the venv's identity as soon as it starts,
+        before it reads its request (``--identity VENV``: :meth:`WaitingScript.identity` reads it),
+        so that the donor-is-not-the-target check needs no interpreter of its own.
+    :returns: the process started (kept), or None when it could not be started.
     :raises ValueError: another script or other arguments (one that would act before its request).
     """
-    if not _waits(script, args):
+    if not _waits(script, args) or (identity and (script, tuple(args)) != ("probe", ("--stdin",))):
         raise ValueError(f"{script} {' '.join(args)}: not a host script that waits for its request")
-    waiting = WaitingScript(host, venv, script, args)
+    waiting = WaitingScript(host, venv, script, [*args, "--identity", venv] if identity else args)
     if not waiting.started:
-        return  # starting it failed: the request starts one as usual, and reports the error
+        return None  # starting it failed: the request starts one as usual, and reports the error
     with _PRESTARTED:
         host.__dict__.setdefault("_prestarted", {}).setdefault((venv, script, tuple(args)), []).append(waiting)
+    return waiting
 
 
 def take_prestarted(host: Host, venv: str, script: str, args: Sequence[str] = (), *,
