@@ -31,8 +31,8 @@ from transplant.hosts.probing import take_inventory
 from transplant.core.plan import Plan
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
-from transplant.hosts.probing import WaitingScript, venv_python
-from transplant.hosts.stream import UNAVAILABLE, stream_files
+from transplant.hosts.probing import WaitingScript, take_prestarted, venv_python
+from transplant.hosts.stream import UNAVAILABLE, StartedSides, side_argv, start_sides, stream_files
 from transplant.hosts.transfer import TransferResult, copy_files
 from transplant.core.units import human_bytes
 from transplant.reporting import QUIET, Reporter
@@ -192,6 +192,53 @@ def execute(
                          hint=first.hint)
     started = time.monotonic()
     txid = new_transaction_id()
+    ahead = _stream_ahead(plan, donor, donor_root or plan.donor.venv, target, how=how, stager=stager,
+                          compress=compress)
+    try:
+        return _execute(plan, donor=donor, target=target, manifest_dir=manifest_dir, state_dir=state_dir,
+                        reporter=reporter, timeout=timeout, break_lock=break_lock, crash_after=crash_after,
+                        orphan_at=orphan_at, donor_root=donor_root, recipe=recipe, stager=stager, compress=compress,
+                        stale_probe=stale_probe, how=how, txid=txid, started=started, ahead=ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+#: A transfer of fewer bytes than this starts its stream's two sides before the lock
+#: (:func:`_stream_ahead`); larger ones start them when they copy (and may go direct).
+AHEAD_MAX_BYTES = 16 << 20
+
+
+def _stream_ahead(plan: Plan, donor: Host, donor_root: str, target: Host, *, how: str,
+                  stager: Callable[..., tuple[int, int]] | None, compress: bool) -> StartedSides | None:
+    """For a small transfer (the donor's files under :data:`AHEAD_MAX_BYTES`, uncompressed, streamed:
+    no stager, ``how`` ``stream`` or ``relay``), the stream's sender on the donor and its receiver
+    on the target, started ahead and waiting (:class:`transplant.hosts.stream.StartedSides`: neither
+    reads nor writes a file before the copy gives them their input; the receiver learns the staged
+    folder then): those the command started as it connected
+    (:func:`transplant.hosts.probing.prestart`), else both started now, so that their SSH channels
+    and interpreter starts overlap the lock, the stale-plan check and the begin (issue 16).
+    None: nothing started (a larger or another kind of copy starts its own sides when it copies).
+    """
+    copies = [cp for c in plan.changes for cp in c.copy if cp.source == "donor"]
+    if not copies or stager is not None or compress or how not in ("stream", "relay") or \
+            sum(cp.size or 0 for cp in copies) >= AHEAD_MAX_BYTES:
+        return None
+    sender = take_prestarted(donor, plan.donor.venv, "stream_send", side_argv("stream_send", donor_root))
+    receiver = take_prestarted(target, plan.target.venv, "stream_receive", side_argv("stream_receive", ""))
+    return start_sides(donor, donor_root, target,
+                       src_python=None if isinstance(donor, LocalHost) else venv_python(plan.donor.venv),
+                       dst_python=None if isinstance(target, LocalHost) else venv_python(plan.target.venv),
+                       sender=None if sender is None else sender.process(),
+                       receiver=None if receiver is None else receiver.process())
+
+
+def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state_dir: Path, reporter: Reporter,
+             timeout: float | None, break_lock: bool, crash_after: int | None, orphan_at: int | None,
+             donor_root: str | None, recipe: dict | None, stager: Callable[..., tuple[int, int]] | None,
+             compress: bool, stale_probe: WaitingScript | None, how: str, txid: str, started: float,
+             ahead: StartedSides | None) -> ApplyResult:
+    """:func:`execute` once its inputs are checked (``ahead``: the stream's sides started ahead, or None)."""
     venv = plan.target.venv
     steps: list[tuple[str, float]] = []
     mark = time.monotonic()
@@ -232,7 +279,7 @@ def execute(
         try:
             moved, copied, written, transfer = _stage(
                 plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir, state_dir, reporter,
-                timeout, how=how, stager=stager, compress=compress)
+                timeout, how=how, stager=stager, compress=compress, ahead=ahead)
             lap("transfer")
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
@@ -370,7 +417,7 @@ TRANSFER_WAYS = ("stream", "direct", "relay", "rsync")
 
 def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, manifest_dir: Path, state_dir: Path,
            reporter: Reporter, timeout: float | None, *, how: str, stager: Callable[..., tuple[int, int]] | None = None,
-           compress: bool = False) -> tuple[int, int, dict[str, list], str]:
+           compress: bool = False, ahead: StartedSides | None = None) -> tuple[int, int, dict[str, list], str]:
     """Copy the plan's new files into the transaction's staging folder on the target.
 
     :returns: (bytes on the wire, files, path -> ``[sha256, size, st_dev, st_ino, st_mtime_ns]`` of
@@ -378,6 +425,7 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         files moved in words).
 
     :param how: one of :data:`TRANSFER_WAYS`, as :func:`transfer_way` read it once for the apply.
+    :param ahead: the donor files' stream sides started ahead (:func:`_stream_ahead`), or None.
     """
     staging = state_dir / "staging"
     staging.mkdir(parents=True, exist_ok=True)
@@ -387,11 +435,12 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
     written: dict[str, list] = {}
     transfer = ""
 
-    def move(what: str, src: Host, src_root: str, src_python: str | None, paths: list[str], total: int) -> str:
+    def move(what: str, src: Host, src_root: str, src_python: str | None, paths: list[str], total: int,
+             started: StartedSides | None = None) -> str:
         nonlocal moved, copied
         result, why = _transfer(what, how, src, src_root, src_python, target, staged, paths, staging=staging,
                                 total=total, reporter=reporter, timeout=timeout, compress=compress,
-                                target_python=venv_python(plan.target.venv), state_dir=state_dir)
+                                target_python=venv_python(plan.target.venv), state_dir=state_dir, ahead=started)
         moved += result.bytes
         copied += len(paths)
         written.update({path: list(entry) for path, entry in result.written.items()})
@@ -411,7 +460,7 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
     elif donor_files:
         reporter.step("files")
         transfer = move("files", donor, donor_root, None if isinstance(donor, LocalHost) else venv_python(
-            plan.donor.venv), donor_files, sum(cp.size or 0 for cp in donor_copies))
+            plan.donor.venv), donor_files, sum(cp.size or 0 for cp in donor_copies), ahead)
     patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))
     try:
         patch_paths = _stage_patches(plan, manifest_dir, patch_dir)
@@ -442,7 +491,8 @@ def transfer_way() -> str:
 
 def _transfer(what: str, how: str, src: Host, src_root: str, src_python: str | None, target: Host, staged: str,
               paths: list[str], *, staging: Path, total: int, reporter: Reporter, timeout: float | None,
-              compress: bool, target_python: str, state_dir: Path | None = None) -> tuple[TransferResult, str | None]:
+              compress: bool, target_python: str, state_dir: Path | None = None,
+              ahead: StartedSides | None = None) -> tuple[TransferResult, str | None]:
     """One copy into the staged folder: direct SSH to SSH (:mod:`transplant.hosts.direct`) when ``how``
     allows it, the relayed stream, or rsync when ``how`` says so or the stream cannot start (said
     through ``reporter``).
@@ -461,7 +511,8 @@ def _transfer(what: str, how: str, src: Host, src_root: str, src_python: str | N
         try:
             return stream_files(src, src_root, target, staged, paths, src_python=src_python,
                                 dst_python=None if isinstance(target, LocalHost) else target_python,
-                                compress=compress, total=total, reporter=reporter, timeout=timeout), why
+                                compress=compress, total=total, reporter=reporter, timeout=timeout,
+                                ahead=ahead), why
         except HostError as exc:
             if exc.code != UNAVAILABLE:
                 raise

@@ -31,11 +31,18 @@ def ssh_options(manifest: Manifest) -> SSHOptions:
                       config=resolve(manifest.ssh.config))
 
 
+_PROBE = ("probe", ("--stdin",))
+_ELF = ("elf_facts", ())
+
+
 def connect_early(args: argparse.Namespace) -> None:
     """For ``transplant apply MANIFEST`` with one target (no ``--target``, ``--resume``,
     ``--rollback``), start opening the donor's and the target's SSH connections, both at once,
     each then asking its venv's identity (for the donor-is-not-the-target check: it only reads);
-    the command takes them when it connects (:func:`transplant.hosts.host.connect`). Anything
+    the command takes them when it connects (:func:`transplant.hosts.host.connect`). Once each is
+    open, the host scripts the command will ask first start there, waiting for their requests
+    (:func:`transplant.hosts.probing.prestart`): both plan probes, the target's stale-plan probe
+    and its ELF script, and (without ``--compress``) the two sides of a small apply's stream. Anything
     else (a saved plan, a fleet, a snapshot donor, a local host) starts nothing here.
 
     Never raises: a manifest that does not load, or settings that are bad, start nothing, and
@@ -47,6 +54,7 @@ def connect_early(args: argparse.Namespace) -> None:
     try:
         from transplant.controller.manifest_file import load_manifest
         from transplant.hosts import early
+        from transplant.hosts.stream import side_argv
 
         manifest = load_manifest(args.source)
         if len(manifest.targets or (manifest.target,)) != 1 or manifest.target.base is not None:
@@ -54,8 +62,18 @@ def connect_early(args: argparse.Namespace) -> None:
         options = ssh_options(manifest)
         if options.identity_file is not None and not Path(options.identity_file).expanduser().is_file():
             return  # the command says so, with its hint
-        for end in (manifest.donor, manifest.target):
+        # each side's plan probe and the target's ELF script first (the donor's runs only when a
+        # shared object moves); once the identity is answered (asked later, they would only slow
+        # it) the target's stale-plan probe and the two sides of a small apply's stream
+        # (uncompressed: the receiver learns its folder from its input); all wait for their requests
+        first = {"donor": [_PROBE], "target": [_PROBE, _ELF]}
+        later = {"donor": [], "target": [_PROBE]}
+        if not getattr(args, "compress", False):
+            later["donor"].append(("stream_send", side_argv("stream_send", manifest.donor.venv)))
+            later["target"].append(("stream_receive", side_argv("stream_receive", "")))
+        for side in ("donor", "target"):
+            end = getattr(manifest, side)
             if isinstance(end, Endpoint):
-                early.start(end.host, options, end.venv)
+                early.start(end.host, options, end.venv, scripts=first[side], later=later[side])
     except Exception:  # noqa: BLE001 - the command itself reports whatever is wrong
         return

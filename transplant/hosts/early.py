@@ -13,6 +13,7 @@ exactly as by :func:`transplant.hosts.host.connect`: the connection is the same
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 from transplant.core.hostspec import HostSpec
@@ -25,7 +26,8 @@ _LOCK = threading.Lock()
 _WAITING: dict[tuple[HostSpec, SSHOptions], Future] = {}
 
 
-def start(spec: HostSpec, options: SSHOptions, venv: str | None = None) -> None:
+def start(spec: HostSpec, options: SSHOptions, venv: str | None = None,
+          scripts: Sequence[tuple[str, Sequence[str]]] = (), later: Sequence[tuple[str, Sequence[str]]] = ()) -> None:
     """Start opening the master connection to ``spec`` in a thread of its own and return at once.
 
     ``local`` needs no connection: nothing is started. A host already being opened with the same
@@ -33,8 +35,16 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None) -> None:
 
     :param venv: a venv on that host whose identity to ask once connected, before :func:`take`
         hands the connection over (:func:`transplant.hosts.identity.venv_identity`: it only reads;
-        remembered by the connection, so the donor-is-not-the-target check takes that answer);
+        remembered by the connection, so the donor-is-not-the-target check takes that answer; the
+        first probe of ``scripts`` says it as it starts, else the identity script is run);
         None asks nothing.
+    :param scripts: host scripts (``(name, args)`` that wait for their input: see
+        :func:`transplant.hosts.probing.prestart`) to start in ``venv`` as soon as the connection is
+        open, before its identity is asked, each waiting (the command's first request of that
+        script asks it); none without ``venv``.
+    :param later: more such scripts, started once the identity is answered (those the command
+        asks later, so that their starts do not slow the identity's: over loopback both hosts'
+        interpreters share the controller's cores).
     """
     if spec.is_local:
         return
@@ -53,16 +63,43 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None) -> None:
         except BaseException as exc:  # noqa: BLE001 - handed to take(), which raises it in the caller
             future.set_exception(exc)
             return
-        if venv is not None:  # asked before the connection is handed over: take() returns it remembered
-            from transplant.hosts.identity import venv_identity
+        if venv is not None:
+            said = _prestart(host, venv, scripts, identity=True)  # first: their starts overlap the identity's round trip
+            from transplant.hosts.identity import parse_identity, venv_identity
 
+            # the identity, asked before the connection is handed over (take() returns it
+            # remembered): the plan's probe says it as it starts; else (it said nothing) the
+            # identity script is asked, as without it
+            line = said.identity(60.0) if said is not None else None
+            told = parse_identity(line) if line is not None and line.startswith("transplant-identity ") else None
             try:
-                venv_identity(host, venv)
+                host.remembered(("venv-identity", venv), (lambda: told) if line is not None and (
+                    told is not None or line == "transplant-identity -") else (lambda: venv_identity(host, venv)))
             except Exception:  # noqa: BLE001 - not remembered then: the check asks again and reports it
                 pass
+            _prestart(host, venv, later)
         future.set_result(host)
 
     threading.Thread(target=opening, name=f"connect {spec}", daemon=True).start()
+
+
+def _prestart(host: Host, venv: str, scripts: Sequence[tuple[str, Sequence[str]]], identity: bool = False):
+    """:func:`transplant.hosts.probing.prestart` each of ``scripts``; one that cannot start is left
+    for the command to start when it asks (and to report). With ``identity``, the first probe
+    (``--stdin``) also says the venv's identity as it starts: returned (a
+    :class:`transplant.hosts.probing.WaitingScript`), else None."""
+    from transplant.hosts.probing import prestart
+
+    said = None
+    for name, args in scripts:
+        tells = identity and said is None and (name, tuple(args)) == ("probe", ("--stdin",))
+        try:
+            started = prestart(host, venv, name, args, identity=tells)
+        except Exception:  # noqa: BLE001 - not started: the command starts it when it asks
+            continue
+        if tells:
+            said = started
+    return said
 
 
 def take(spec: HostSpec, options: SSHOptions) -> Host | None:

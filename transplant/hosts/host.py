@@ -251,7 +251,12 @@ class Host(abc.ABC):
         return value
 
     def close(self) -> None:
-        """Release the connection, if any; the host may not be used afterwards."""
+        """Release the connection, if any (and end the host scripts started ahead and never asked:
+        :func:`transplant.hosts.probing.close_prestarted`); the host may not be used afterwards."""
+        if getattr(self, "_prestarted", None):
+            from transplant.hosts.probing import close_prestarted
+
+            close_prestarted(self)
 
     def __enter__(self) -> Host:
         return self

@@ -4,7 +4,9 @@ donor-is-not-the-target check, asked early.
 One script and one remembered key for the plan's check (:func:`transplant.pipeline.gather.refuse_self_target`)
 and for an apply that asks it in the background as soon as a connection is open
 (:mod:`transplant.hosts.early`): the check that follows takes the remembered answer instead of
-starting the interpreter again.
+starting the interpreter again. There the answer comes from the plan's probe started ahead, which
+prints it as its first line (``transplant-identity BOOT DEV INO``: :func:`parse_identity`) before it
+reads its request; the script runs only when the probe said nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import posixpath
 
 from transplant.hosts.host import Host
 
-__all__ = ["IDENTITY_SCRIPT", "venv_identity"]
+__all__ = ["IDENTITY_SCRIPT", "venv_identity", "parse_identity"]
 
 IDENTITY_SCRIPT = ("import os, sys\n"
                    "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
@@ -21,6 +23,18 @@ IDENTITY_SCRIPT = ("import os, sys\n"
                    "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n"
                    "log = os.environ.get('TRANSPLANT_SCRIPT_LOG')\n"
                    "if log:\n    open(log, 'a').write('identity %s\\n' % sys.argv[1])\n")
+
+
+def parse_identity(text: str) -> tuple[str, int, int] | None:
+    """(boot id, device, inode) from the identity script's output (``BOOT DEV INO``; also the
+    probe's ``transplant-identity BOOT DEV INO`` line, the prefix dropped); None when it does not
+    hold three such words (the identity could not be told)."""
+    words = text.split()
+    if words[:1] == ["transplant-identity"]:
+        words = words[1:]
+    if len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
+        return None
+    return words[0], int(words[1]), int(words[2])
 
 
 def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[str, int, int] | None:
@@ -38,9 +52,6 @@ def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[
     def ask() -> tuple[str, int, int] | None:
         python = posixpath.join(venv, "bin", "python")  # as transplant.hosts.probing.venv_python
         result = host.run([python, "-I", "-S", "-c", IDENTITY_SCRIPT, venv], timeout=timeout)
-        words = result.stdout.decode("ascii", "replace").split()
-        if not result.ok or len(words) != 3 or not words[0] or not all(w.isdigit() for w in words[1:]):
-            return None
-        return words[0], int(words[1]), int(words[2])
+        return parse_identity(result.stdout.decode("ascii", "replace")) if result.ok else None
 
     return host.remembered(("venv-identity", venv), ask)  # type: ignore[return-value]

@@ -24,7 +24,8 @@ from transplant.hosts.controller_cache import ControllerCache, HashGroups
 from transplant.hosts.host import Host, kill_group
 from transplant.core.inventory import Inventory, KeptDocument, parse_inventory
 
-__all__ = ["venv_python", "run_script", "ScriptSession", "WaitingScript", "take_inventory"]
+__all__ = ["venv_python", "run_script", "ScriptSession", "WaitingScript", "take_inventory", "prestart",
+           "take_prestarted", "close_prestarted"]
 
 
 def venv_python(venv: str) -> str:
@@ -84,6 +85,8 @@ def _reply_line(
         not held three times over: whole, the groups, the reply); None: they are not looked for.
     :raises HostError: as :func:`run_script` (but for a reply that is not JSON).
     """
+    if waiting is None and request is not None and python is None:
+        waiting = take_prestarted(host, venv, script, args)  # one :func:`prestart` began for this request
     python = python or venv_python(venv)
     if waiting is not None and request is not None and waiting.script == script:
         line = waiting.ask(request if isinstance(request, bytes) else json.dumps(request).encode(), timeout,
@@ -410,6 +413,38 @@ class WaitingScript:
         line = self.ask(request, timeout)
         return None if line is None else _document(self.label, self.script, line)
 
+    def identity(self, timeout: float) -> str | None:
+        """The first line a probe started with ``--identity VENV`` printed (``transplant-identity
+        ...``, before it read its request), without its newline; None when the process is gone or
+        said nothing within ``timeout`` seconds. Read byte by byte from the pipe itself, so that
+        :meth:`ask` later reads exactly what follows."""
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return None
+        fd, line = proc.stdout.fileno(), bytearray()
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or len(line) > 512 or not selector.select(left):
+                    return None
+                byte = os.read(fd, 1)
+                if not byte:
+                    return None
+                line += byte
+        return line[:-1].decode("utf-8", "replace")
+
+    def process(self) -> subprocess.Popen | None:
+        """The waiting process itself, now the caller's to talk to, reap or kill (a stream side
+        started ahead: :class:`transplant.hosts.stream.StartedSides`); None when none is waiting
+        (it never started, was taken or asked already, or has exited: then it is reaped)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is not None:
+            _reap(proc)
+            return None
+        return proc
+
     def close(self) -> None:
         """End an unasked process: its input is closed (the script reads an empty request and
         exits, having read nothing of the venv), killed when it has not exited within 5 s."""
@@ -424,12 +459,103 @@ class WaitingScript:
         self.close()
 
 
+#: Host scripts that read their request before anything else, so that one started early reports
+#: the venv as it is when asked (:class:`WaitingScript`): (script, its arguments).
+PRESTARTABLE = (("probe", ("--stdin",)), ("elf_facts", ()))
+
+
+def _waits(script: str, args: Sequence[str]) -> bool:
+    """Whether ``script`` with ``args`` reads its whole input (or its first line) before it reads or
+    writes anything: :data:`PRESTARTABLE`, and an uncompressed stream's sender (``SRC_ROOT
+    --compress none``: it reads its listing to the end first) and receiver (``- --compress none``:
+    it reads its folder's line, then the stream's first line, before it makes any folder)."""
+    args = tuple(args)
+    if (script, args) in PRESTARTABLE:
+        return True
+    if script == "stream_send":
+        return len(args) == 3 and args[0].startswith("/") and args[1:] == ("--compress", "none")
+    return script == "stream_receive" and args == ("-", "--compress", "none")
+
+_PRESTARTED = threading.Lock()
+
+
+def prestart(host: Host, venv: str, script: str, args: Sequence[str] = (), *, identity: bool = False) -> WaitingScript | None:
+    """Start ``script`` with ``args`` in ``venv`` on ``host`` now (a :class:`WaitingScript`) and
+    keep it on the connection, so that the next :func:`run_script` (or :func:`take_inventory`)
+    of that script, venv and arguments with a request asks it instead of starting one: its SSH
+    channel, interpreter start, imports and compile (0.1-0.3 s each on a loaded host) overlap
+    other work (issue 16: the apply command starts the plan's probes and the target's ELF script
+    while it imports and asks the venvs' identities). Each call starts one more process; each is
+    asked at most once. What is kept and never asked is ended by :func:`close_prestarted` (the
+    connection's ``close`` calls it): its input ends, it reads an empty request and exits having
+    read nothing of the venv.
+
+    Only the scripts that read their request first (:func:`_waits`: :data:`PRESTARTABLE`, so the
+    facts are those of when they are asked, as a script started then would report them; and the
+    two sides of an uncompressed stream, taken by :class:`transplant.hosts.stream.StartedSides`
+    through :meth:`WaitingScript.process`).
+
+    :param identity: the probe (``--stdin``) also says the venv's identity as soon as it starts,
+        before it reads its request (``--identity VENV``: :meth:`WaitingScript.identity` reads it),
+        so that the donor-is-not-the-target check needs no interpreter of its own.
+    :returns: the process started (kept), or None when it could not be started.
+    :raises ValueError: another script or other arguments (one that would act before its request).
+    """
+    if not _waits(script, args) or (identity and (script, tuple(args)) != ("probe", ("--stdin",))):
+        raise ValueError(f"{script} {' '.join(args)}: not a host script that waits for its request")
+    waiting = WaitingScript(host, venv, script, [*args, "--identity", venv] if identity else args)
+    if not waiting.started:
+        return None  # starting it failed: the request starts one as usual, and reports the error
+    with _PRESTARTED:
+        host.__dict__.setdefault("_prestarted", {}).setdefault((venv, script, tuple(args)), []).append(waiting)
+    return waiting
+
+
+def take_prestarted(host: Host, venv: str, script: str, args: Sequence[str] = (), *,
+                    newest: bool = False) -> WaitingScript | None:
+    """The oldest process :func:`prestart` started for ``script`` with ``args`` in ``venv`` on
+    ``host`` (``newest``: the last one started: for a request asked later than the next one), now
+    the caller's to ask (or close); None when none is kept."""
+    with _PRESTARTED:
+        kept = host.__dict__.get("_prestarted", {}).get((venv, script, tuple(args)))
+        return kept.pop(-1 if newest else 0) if kept else None
+
+
+def close_prestarted(host: Host) -> int:
+    """End every process :func:`prestart` started on ``host`` and nobody asked; returns how many."""
+    with _PRESTARTED:
+        kept = host.__dict__.pop("_prestarted", {})
+    unasked = [waiting for scripts in kept.values() for waiting in scripts]
+    for waiting in unasked:  # every input ends first, so that they exit side by side
+        proc = waiting._proc
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+    for waiting in unasked:
+        waiting.close()
+    return len(unasked)
+
+
 def _reap(proc: subprocess.Popen) -> None:
-    """Close a spawned process's input, wait up to 5 s for it to exit, else kill it; close its pipes."""
+    """Close a spawned process's input, wait up to 5 s for it to exit, else kill it; close its pipes.
+    (A waiting script whose input ends prints one short error line: it never fills a pipe.)"""
     try:
-        proc.communicate(b"", timeout=5)
-    except (subprocess.TimeoutExpired, ValueError, OSError):
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
         kill_group(proc)
+    for stream in (proc.stdout, proc.stderr):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
 
 
 def take_inventory(

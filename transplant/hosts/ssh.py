@@ -348,7 +348,12 @@ class SSHHost(Host):
         return shlex.join(self._argv())
 
     def close(self) -> None:
-        """Close the master connection and remove its folder."""
+        """End the host scripts started ahead and never asked (:func:`transplant.hosts.probing.prestart`),
+        close the master connection and remove its folder."""
+        if getattr(self, "_prestarted", None):
+            from transplant.hosts.probing import close_prestarted
+
+            close_prestarted(self)
         if getattr(self, "_master", False):
             try:
                 subprocess.run([*self._argv(), "-O", "exit", "--", self._destination()], capture_output=True,

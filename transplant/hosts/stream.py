@@ -33,7 +33,7 @@ from transplant.hosts.host import Host, LocalHost
 from transplant.hosts.transfer import TransferResult, check_relpath
 from transplant.reporting import QUIET, Reporter
 
-__all__ = ["UNAVAILABLE", "stream_files", "compression_for"]
+__all__ = ["UNAVAILABLE", "stream_files", "compression_for", "StartedSides", "start_sides"]
 
 #: Seconds the other side gets to finish once one side failed, before it is killed.
 _GRACE = 10.0
@@ -92,6 +92,117 @@ class _Side:
         return text if len(text) <= 2000 else "..." + text[-2000:]
 
 
+def _argvs(src: Host, src_root: str, src_python: str | None, dst: Host, dst_root: str, dst_python: str | None,
+           mode: str) -> tuple[list[str], list[str]]:
+    """The sender's and the receiver's argv."""
+    flags = ["-I", "-S"]
+    send = [_python(src, src_python), *flags, "-c", remote.source("stream_send").decode(), src_root, "--compress", mode]
+    receive = [_python(dst, dst_python), *flags, "-c", remote.source("stream_receive").decode(), dst_root,
+               "--compress", mode]
+    return send, receive
+
+
+#: The receiver's ROOT argument when it is started before the folder is known: the folder is
+#: then the first line of its input (``stream_receive``'s ``-``; uncompressed only).
+ROOT_ON_INPUT = "-"
+
+
+class StartedSides:
+    """Both sides of an uncompressed stream started ahead of the copy (issue 16: for a small apply,
+    their SSH channels and interpreter starts, 0.3-1 s on a loaded host, overlap the plan, the
+    lock and the transaction's begin), each waiting: the sender reads its whole listing before it
+    reads any file, the receiver (ROOT :data:`ROOT_ON_INPUT`) reads its folder's name and then the
+    stream's first line before it opens or makes any folder, so nothing is read or written before
+    :func:`stream_files` gives them their input. The bytes then pass through the controller (a
+    thread copies the sender's output to the receiver's input, after the folder's line), which
+    costs nothing for a handful of files. :meth:`close` ends them unused (their inputs end: the
+    sender lists nothing, the receiver refuses an empty input, neither has touched a file).
+
+    :param sender: ``stream_send SRC_ROOT --compress none`` started on ``src``, pipes open.
+    :param receiver: ``stream_receive - --compress none`` started on the destination host, pipes open.
+    """
+
+    def __init__(self, src: Host, src_root: str, dst: Host, *, sender: subprocess.Popen | None,
+                 receiver: subprocess.Popen | None) -> None:
+        self.where = (src, src_root, dst)
+        self.sender, self.receiver = sender, receiver
+
+    def take(self, src: Host, src_root: str, dst: Host) -> tuple[subprocess.Popen, subprocess.Popen] | None:
+        """(sender, receiver), now the caller's, when both are still waiting and were started for
+        these hosts and source folder; else None (and both are ended)."""
+        sides, self.sender, self.receiver = (self.sender, self.receiver), None, None
+        ready = all(p is not None and p.poll() is None for p in sides) and \
+            self.where[0] is src and self.where[1] == src_root and self.where[2] is dst
+        if not ready:
+            for proc in sides:
+                if proc is not None:
+                    _end(proc)
+            return None
+        return sides  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """End both sides when they were not taken (each reaped)."""
+        sides, self.sender, self.receiver = (self.sender, self.receiver), None, None
+        for proc in sides:
+            if proc is not None and proc.stdin is not None:
+                try:
+                    proc.stdin.close()  # both inputs end first: the two exit side by side
+                except OSError:
+                    pass
+        for proc in sides:
+            if proc is not None:
+                _end(proc)
+
+    def __enter__(self) -> StartedSides:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def side_argv(side: str, root: str) -> tuple[str, ...]:
+    """The host script arguments of an uncompressed stream side started ahead: the sender's
+    (``SRC_ROOT --compress none``) or the receiver's (``- --compress none``; ``root`` unused)."""
+    return (root, "--compress", "none") if side == "stream_send" else (ROOT_ON_INPUT, "--compress", "none")
+
+
+def start_sides(src: Host, src_root: str, dst: Host, *, src_python: str | None = None,
+                dst_python: str | None = None, sender: subprocess.Popen | None = None,
+                receiver: subprocess.Popen | None = None) -> StartedSides:
+    """Both sides of an uncompressed stream, started ahead (:class:`StartedSides`): ``sender`` and
+    ``receiver`` when given (started earlier, still waiting), each other one started now. A side
+    that cannot start leaves none (the copy then starts them itself, and reports why it cannot)."""
+    send, receive = _argvs(src, src_root, src_python, dst, ROOT_ON_INPUT, dst_python, "none")
+    started = StartedSides(src, src_root, dst, sender=sender, receiver=receiver)
+    try:
+        if started.receiver is None:
+            started.receiver = _spawn(dst, receive, "receiving", ROOT_ON_INPUT)
+        if started.sender is None:
+            started.sender = _spawn(src, send, "sending", src_root)
+    except HostError:
+        started.close()
+    return started
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End a waiting side: its input closed, given 5 s to exit, then killed; its pipes closed."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)  # a side whose input ends says one short line: it never fills a pipe
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+
+
 def stream_files(
     src: Host,
     src_root: str,
@@ -106,6 +217,7 @@ def stream_files(
     reporter: Reporter = QUIET,
     timeout: float | None = None,
     link: Callable[[int, int], None] | None = None,
+    ahead: StartedSides | None = None,
 ) -> TransferResult:
     """Copy ``src_root/<relpath>`` to ``dst_root/<relpath>`` for each relpath, as one stream.
 
@@ -132,6 +244,9 @@ def stream_files(
         one to the other until the end of the source: the controller copies the stream through it
         on a thread of its own (the benchmark's rate-limited copy stands for a slow link); both
         descriptors are closed after it returns.
+    :param ahead: both sides started ahead for these hosts and folders (:func:`start_sides`),
+        taken when the stream is uncompressed, ``link`` is None and both still wait: the bytes then
+        pass through a thread of the controller; None (or sides not taken: ended) starts both here.
     :returns: files written, ``bytes``: the stream's length as it crossed each wire (compressed
         when compressed; the same bytes cross both wires of an SSH to SSH stream and count once),
         seconds, ``how`` ``stream``, ``compression``, and ``written``: path -> (RECORD-form sha256
@@ -154,11 +269,15 @@ def stream_files(
     if compress not in (True, False, "zstd", "zlib"):
         raise ValueError(f"compress must be True, False, 'zstd' or 'zlib', got {compress!r}")
     mode = compress if isinstance(compress, str) else compression_for(src, dst) if compress else "none"
-    flags = ["-I", "-S"]
-    send = [_python(src, src_python), *flags, "-c", remote.source("stream_send").decode(), src_root, "--compress", mode]
-    receive = [_python(dst, dst_python), *flags, "-c", remote.source("stream_receive").decode(), dst_root,
-               "--compress", mode]
     listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+    taken = ahead.take(src, src_root, dst) if ahead is not None and mode == "none" and link is None else None
+    if ahead is not None and taken is None:
+        ahead.close()
+    if taken is not None:
+        return _finish(src, dst, paths, total, reporter, deadline, timeout, started_at=started, sides=[
+            _Side("receiving", dst, dst_root, taken[1]), _Side("sending", src, src_root, taken[0])], listing=listing,
+            relayed=dst_root)
+    send, receive = _argvs(src, src_root, src_python, dst, dst_root, dst_python, mode)
     sides: list[_Side] = []
     first_read, first_write = os.pipe()
     _grow(first_read)
@@ -180,10 +299,23 @@ def stream_files(
     finally:
         os.close(receiver_in)
         os.close(sender_out)
+    return _finish(src, dst, paths, total, reporter, deadline, timeout, started_at=started, sides=sides,
+                   listing=listing, link=(link, relay) if link is not None else None, mode=mode)
+
+
+def _finish(src: Host, dst: Host, paths: list[str], total: int, reporter: Reporter, deadline: float | None,
+            timeout: float | None, *, started_at: float, sides: list[_Side], listing: bytes, relayed: str | None = None,
+            link: tuple | None = None, mode: str = "none") -> TransferResult:
+    """Feed, watch and wait for both sides (``[receiver, sender]``), then check what was written.
+
+    :param relayed: the receiver's folder, when the sides have their own pipes to the controller
+        (started ahead): a thread writes it, then copies the sender's output to the receiver's input."""
     receiver, sender = sides
     threads = _watch(sender, receiver, listing, total, reporter)
     if link is not None:
-        threads.append(_linked(link, *relay))
+        threads.append(_linked(link[0], *link[1]))
+    if relayed is not None:
+        threads.append(_piped(sender.proc, receiver.proc, relayed.encode("utf-8", "surrogateescape") + b"\n"))
     try:
         _wait(sides, deadline, timeout, src, dst)
     except BaseException:
@@ -204,8 +336,33 @@ def stream_files(
         wire = reply.get("wire") or 0
     done = int(reply.get("bytes") or 0)
     reporter.progress(done, max(total, done))
-    return TransferResult(files=len(written), bytes=wire, seconds=time.monotonic() - started, how="stream",
+    return TransferResult(files=len(written), bytes=wire, seconds=time.monotonic() - started_at, how="stream",
                           compression=None if mode == "none" else mode, written=written)
+
+
+def _piped(sender: subprocess.Popen, receiver: subprocess.Popen, first: bytes) -> threading.Thread:
+    """Start a thread that writes ``first`` (the receiver's folder line), then copies the sender's
+    standard output to the receiver's standard input until the sender's ends, then closes the
+    receiver's input (a receiver gone: the copy stops, and its own error says why)."""
+
+    def run() -> None:
+        source, sink = sender.stdout, receiver.stdin
+        try:
+            sink.write(first)
+            for chunk in iter(lambda: source.read1(1 << 20), b""):
+                sink.write(chunk)
+            sink.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        finally:
+            try:
+                sink.close()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=run, daemon=True, name="stream relay")
+    thread.start()
+    return thread
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -6,7 +6,8 @@
    asked whether its source folders exist there.
 3. The shared objects are read with pyelftools on each host, side by side: on the
    donor those of the overlaid distributions (with their device code when the target
-   has GPUs), on the target those of the distributions that stay (and its libstdc++).
+   has GPUs; no script at all when none of them holds a shared object), on the target
+   those of the distributions that stay (and its libstdc++).
 4. The versioned symbols a moving object needs from a staying library, or the other way
    round, are looked up in those libraries (:mod:`transplant.pipeline.symlookup`).
 5. The undefined libtorch symbols of every shared object linked to libtorch are
@@ -58,6 +59,11 @@ def _hashes(dists: Sequence[Distribution], files: Sequence[str]) -> dict[str, st
     """``{file: "sha256=..."}`` for those of ``files`` the probe hashed (the ELF cache's keys)."""
     wanted = set(files)
     return {p: e.hash for d in dists for p, e in d.files.items() if p in wanted and e.hash}
+
+
+def _label(source: DonorSource, manifest: Manifest) -> str:
+    """How the donor's ELF report is named in messages (as its script's report would be)."""
+    return str(getattr(source, "label", None) or manifest.donor)
 
 
 def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
@@ -160,13 +166,16 @@ def gather(
     # the ELF caches: the donor's on the controller (HostSource), the target's in its state folder
     extra = {"hashes": _hashes(moving, moving_objects)} if isinstance(live, Host) else {}
     with ThreadPoolExecutor(max_workers=2) as pool:
+        # no shared object moves: the donor's script would be asked about no file and nothing
+        # else (its report: no files), so it is not started (issue 16: one host interpreter less)
         de = pool.submit(source.elf, moving_objects, torch_symbols_skip=own_torch,
                          device_code=bool(target.nvidia.gpus), versioned_symbols=True, numpy_abi=True,
-                         timeout=timeout, **extra)
+                         timeout=timeout, **extra) if moving_objects else None
         te = pool.submit(read_elf_facts, target_host, m.target.venv, staying_objects, torch_symbols_skip=own_torch,
                          libstdcxx=True, versioned_symbols=True, numpy_abi=True, timeout=timeout,
                          elf_cache="venv", hashes=_hashes(staying, staying_objects))
-        donor_elf, target_elf = de.result(), te.result()
+        donor_elf = de.result() if de is not None else ElfReport(label=_label(source, m), files={})
+        target_elf = te.result()
     donor_elf, target_elf = look_up_symbols(donor, target, names, sorted(removed), donor_elf, target_elf,
                                             donor_source=source, target_source=as_source(target_host, m.target.venv),
                                             timeout=timeout, reporter=reporter)

@@ -1130,8 +1130,37 @@ def _elsewhere(paths):
     return {p: os.path.exists(p) for p in paths if isinstance(p, str) and p.startswith("/") and "\0" not in p}
 
 
+def _identity(path):
+    """``--identity PATH``: say PATH's identity on standard output before the request is read, as
+    the controller's identity script would (``transplant/hosts/identity.py``): one line
+    ``transplant-identity BOOT_ID ST_DEV ST_INO`` (symlinks followed), ``transplant-identity -`` when
+    it cannot be told; logged as ``identity PATH`` (the testing hook)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot = handle.read().strip()
+    except OSError:
+        boot = ""
+    try:
+        info = os.stat(path)
+        said = "{} {} {}".format(boot, info.st_dev, info.st_ino) if boot else "-"
+    except (OSError, ValueError):
+        said = "-"
+    sys.stdout.write("transplant-identity {}\n".format(said))
+    sys.stdout.flush()
+    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
+    if log:
+        try:
+            with open(log, "a") as handle:
+                handle.write("identity {}\n".format(path))
+        except OSError:
+            pass
+
+
 def _arguments(argv):
     global _INPUTS
+    if len(argv) == 3 and argv[:2] == ["--stdin", "--identity"]:
+        _identity(argv[2])
+        argv = ["--stdin"]
     if argv == ["--stdin"]:
         # the request's JSON, then (a donor's, hash_cache store reply) the known hash groups' lines
         text = sys.stdin.buffer.read().decode("utf-8")

@@ -26,6 +26,10 @@ the sender's side failed). SIGTERM (the controller stopping this side) is an err
 other: the file being written is removed first. ``--compress zlib`` reads one zlib stream; ``zstd`` reads standard
 input through ``zstd -dc`` started here by argv. Stdlib only, Python 3.9+.
 
+ROOT ``-`` (uncompressed only, not with ``--from-ssh``): the folder is the input's first line (an
+absolute path and a newline), read before the stream's first line, so that this side can start
+before the controller knows the folder (a small apply starts it as soon as it connects).
+
 The direct transfer (``ROOT [--compress MODE] --known-hosts PATH LINES --from-ssh SSH-ARGV...``): this
 side fetches the stream itself. It writes ``LINES`` (the donor's host key lines, pinned by the
 controller) to ``PATH``, a new file (``O_EXCL | O_NOFOLLOW``, mode 0600) that must lie beside ROOT
@@ -399,15 +403,32 @@ def _options(argv):
         if len(argv) < 3 or argv[-3] != "--known-hosts" or not ssh:
             raise Refused("usage: stream_receive ROOT [--compress MODE] --known-hosts PATH LINES --from-ssh ARGV...")
         pull, argv = (argv[-2], argv[-1], ssh), argv[:-3]
+        if argv[:1] == ["-"]:
+            raise Refused("stream_receive: ROOT - (the folder on the input) does not go with --from-ssh")
     return _plain_options(argv) + (pull,)
 
 
+def _root_line(stream):
+    """ROOT ``-``: the folder is the input's first line (an absolute path, at most 4096 bytes), read
+    before the stream; so a receiver can start before the folder is named (issue 16)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        if len(line) > 4096:
+            raise Refused("the folder line before the stream is longer than 4096 bytes")
+        line += stream.exact(1, "the folder line before the stream")
+    root = line[:-1].decode("utf-8", "surrogateescape")
+    if not root.startswith("/") or "\0" in root:
+        raise Refused("the folder line before the stream is not an absolute path: {!r}".format(root))
+    return root
+
+
 def _plain_options(argv):
-    if len(argv) == 1 and not argv[0].startswith("-"):
+    if len(argv) == 1 and (argv[0] == "-" or not argv[0].startswith("-")):
         return argv[0], "none"
-    if len(argv) == 3 and argv[1] == "--compress" and argv[2] in ("none", "zlib", "zstd"):
+    if len(argv) == 3 and argv[1] == "--compress" and argv[2] in ("none", "zlib", "zstd") and (
+            argv[0] != "-" or argv[2] == "none"):
         return argv[0], argv[2]
-    raise Refused("usage: stream_receive ROOT [--compress none|zlib|zstd]")
+    raise Refused("usage: stream_receive ROOT|- [--compress none|zlib|zstd] (- only uncompressed)")
 
 
 class Stopped(Refused):
@@ -427,6 +448,8 @@ def main(argv):
         if pulling is not None:
             pull = _Pull(root, *pulling)
         stream = _Input(mode, 0 if pull is None else pull.fd)
+        if root == "-":
+            root = _root_line(stream)
         files = receive(root, stream, meter, pull)
         stream.close()
         if pull is not None:

@@ -30,7 +30,7 @@ from transplant.core.promised_state import drift, plan_differences
 from transplant.core.units import count, human_bytes
 from transplant.hosts.host import Host
 from transplant.errors import ManifestError, TransplantError, UsageError
-from transplant.hosts.probing import WaitingScript
+from transplant.hosts.probing import WaitingScript, take_prestarted
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
 from transplant.pipeline import apply_plan
 
@@ -230,12 +230,14 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         from transplant.pipeline.gather import refuse_self_target
         early = session.donor()  # before the lock: nothing is written into a donor named twice
         target_host = session.host("target")
-        # started now, their starts (SSH channel, interpreter, script) overlap the checks and the
-        # plan; neither reads or writes anything in the venv before it is asked: the applier
-        # serves the transaction's requests, the probe is the stale-plan check, asked under the lock
+        # started now (the probe: taken from those started as the connection opened, when one was),
+        # their starts (SSH channel, interpreter, script) overlap the checks and the plan; neither
+        # reads or writes anything in the venv before it is asked: the applier serves the
+        # transaction's requests, the probe is the stale-plan check, asked under the lock
         stack.enter_context(txn.session(target_host, manifest.target.venv)).start()
         stale_probe = None if session.clone_pending() else stack.enter_context(
-            WaitingScript(target_host, manifest.target.venv, "probe", ["--stdin"]))
+            take_prestarted(target_host, manifest.target.venv, "probe", ["--stdin"], newest=True)  # the plan's is older
+            or WaitingScript(target_host, manifest.target.venv, "probe", ["--stdin"]))
         if early.host is not None:
             refuse_self_target(replace(session.manifest, target=manifest.target), early.host, target_host)
         # every input is checked (the saved plan against a fresh plan) before anything is locked or written
