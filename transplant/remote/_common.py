@@ -149,3 +149,16 @@ def normal_relpath(relpath):
 #: stream, its size the number of entries sent, with no path and no bytes.
 STREAM_MAGIC = b"TRANSPLANT-STREAM/1\n"
 FRAME = struct.Struct(">cHIQq")
+
+
+def script_log(what):
+    """Append ``<what> <venv prefix>`` to the file ``TRANSPLANT_SCRIPT_LOG`` names in the host's
+    environment, when set: a testing hook (the suite counts how many host scripts of each kind a
+    command runs); nothing is written when it is unset, and a write that fails is ignored."""
+    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
+    if log:
+        try:
+            with open(log, "a") as handle:
+                handle.write("{} {}\n".format(what, venv_prefix()))
+        except OSError:
+            pass

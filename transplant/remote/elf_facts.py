@@ -77,9 +77,9 @@ import sys
 import time
 
 try:
-    from _transplant_common import venv_prefix, write_venv_cache
+    from _transplant_common import script_log, venv_prefix, write_venv_cache
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import venv_prefix, write_venv_cache
+    from ._common import script_log, venv_prefix, write_venv_cache
 
 __all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_entries", "defined", "libstdcxx", "ElfCache",
            "main"]
@@ -791,22 +791,11 @@ def _unavailable():
     return 1
 
 
-def _log(what):
-    """Append ``<what> <prefix>`` to the file ``TRANSPLANT_SCRIPT_LOG`` names in the host's
-    environment, when set (a testing hook, as the probe's)."""
-    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
-    if log:
-        try:
-            with open(log, "a") as handle:
-                handle.write("{} {}\n".format(what, venv_prefix()))
-        except OSError:
-            pass
-
 
 def main(argv):
     started = time.monotonic()
     request = json.load(sys.stdin)
-    _log("elf_facts")
+    script_log("elf_facts")
     _PENDING["modules"] = request.get("modules") or {}
     if not request.get("cache"):
         # without a cache every file is read: import at once, so that a bad pyelftools fails early

@@ -86,10 +86,10 @@ import time
 
 try:
     from _transplant_common import (record_hash as _digest, record_hash_of, record_identity, script_head,
-                                    venv_prefix, write_venv_cache)
+                                    script_log, venv_prefix, write_venv_cache)
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import (record_hash as _digest, record_hash_of, record_identity, script_head, venv_prefix,
-                          write_venv_cache)
+    from ._common import (record_hash as _digest, record_hash_of, record_identity, script_head, script_log,
+                          venv_prefix, write_venv_cache)
 
 SCHEMA = "transplant.inventory/1"
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -570,17 +570,6 @@ def _fingerprint(request):
             "extra": extra.finish({}, "\0".join(wanted).encode("utf-8", "surrogateescape").hex()),
             "extra_racy": extra.racy}
 
-
-def _log(what):
-    """Append ``<what> <prefix>`` to the file ``TRANSPLANT_SCRIPT_LOG`` names in the host's
-    environment, when set (a testing hook, as the identity script's and the applier's)."""
-    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
-    if log:
-        try:
-            with open(log, "a") as handle:
-                handle.write("{} {}\n".format(what, venv_prefix()))
-        except OSError:
-            pass
 
 
 _HASH_JOBS = []
@@ -1200,10 +1189,10 @@ def main(argv):
     started = time.time()
     patterns, files = _arguments(argv)
     if files is None:  # the fingerprint mode: patterns is its request
-        _log("fingerprint")
+        script_log("fingerprint")
         sys.stdout.write(json.dumps(_fingerprint(patterns), sort_keys=True, separators=(",", ":")) + "\n")
         return 0
-    _log("probe")
+    script_log("probe")
     prefix = venv_prefix()
     paths = venv_paths(prefix)
     sites = []
