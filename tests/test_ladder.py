@@ -168,7 +168,7 @@ def test_sound_venv_passes_each_stage_and_skips_what_has_no_settings(built, loca
     assert [d for d, _ in done] == sorted(d for d, _ in done) and done[-1] == (len(results), len(results))
     assert by["interpreter"].status == "pass" and "no donor interpreter to compare with" in by["interpreter"].reason
     # the import name comes from fakecuda's RECORD (the wheel has no top_level.txt)
-    assert by["imports"].reason == "1 imports: fakecuda 1.0"
+    assert by["imports"].reason == "1 import: fakecuda 1.0"
     assert by["imports"].details["imports"][0]["file"] == f"{built['good']}/{SITE}/fakecuda/__init__.py"
     assert by["native-load"].reason == "2 of 2 shared objects load (RTLD_NOW)"
     assert by["library-provenance"].status == "pass"
@@ -184,7 +184,7 @@ def test_skip_imports_leaves_a_derived_name_out_and_says_why(built, local, tmp_p
     settings = VerifySettings(overlay=("brokenext", "fakecuda"), env=_env(built, tmp_path), timeout=120,
                               skip_imports={"fakecuda": "not meant to import here"})
     by = _by_name(run_stages(settings, target=local, venv=built["broken"]))
-    assert by["imports"].reason == "1 imports: brokenext 1.0; skipped fakecuda (verify.skip_imports: not meant to import here)"
+    assert by["imports"].reason == "1 import: brokenext 1.0; skipped fakecuda (verify.skip_imports: not meant to import here)"
     assert by["library-provenance"].details["imported"] == [{"name": "brokenext", "ok": True, "error": None}]
 
 

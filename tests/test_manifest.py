@@ -159,7 +159,7 @@ def test_bad_verify_serve_and_resolve_are_listed(tmp_path):
         "the framework's deeper resolution step too",
         "verify.serve.port: unknown key; fix: remove it; allowed keys: command, health, path, body, answer, max_tokens, "
         "config, timeout",
-        "verify.serve.command: expected a non-empty list of strings, got a list; fix: write e.g. command: ['{python}', "
+        "verify.serve.command: expected a non-empty list of strings, got an empty list; fix: write e.g. command: ['{python}', "
         "-m, sglang.launch_server, --model-path, '{model}', --port, '{port}']",
         "verify.serve.health: expected a URL path starting with /, got 'health'; fix: write e.g. /health",
         "verify.serve.body: expected a mapping, got a list; fix: write e.g. body: {input_ids: [1, 2]}",

@@ -321,3 +321,42 @@ def test_a_saved_plan_that_is_not_an_object_says_what_it_is(tmp_path, capsys, do
     out = " ".join(capsys.readouterr().out.split())
     assert f"{tmp_path / 'p.json'}: not a transplant plan ({words}" in out, out
     assert "schema 'list'" not in out and "Traceback" not in out
+
+
+def test_a_binary_saved_plan_is_named_not_a_text_file(tmp_path, capsys):
+    (tmp_path / "p.json").write_bytes(b'{"schema": "transplant.plan/1", \xd0\xff}')
+    assert main(["apply", str(tmp_path / "p.json"), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{tmp_path / 'p.json'}: refusing the plan: not a text file (byte 32 is not UTF-8)" in out, out
+    assert "codec" not in out
+
+
+def test_a_saved_plan_given_to_plan_says_apply_takes_it(pair, capsys):
+    tmp_path, m = pair
+    assert main(["plan", str(m), "--out", str(tmp_path / "saved.json")]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(tmp_path / "saved.json")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"(file): this is a saved plan (transplant.plan/1), not a manifest; fix: apply takes it (transplant apply " \
+           f"{tmp_path / 'saved.json'}); plan and verify take the manifest it was planned from ({m})" in out, out
+    assert "unknown key" not in out
+
+
+def test_an_empty_overlay_says_empty(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("version: 1\ndonor: {host: local, venv: /srv/d}\ntarget: {host: local, venv: /srv/t}\noverlay: []\n")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert any(p.startswith("overlay: expected a non-empty list of distribution names, globs or {closure: NAME}, "
+                            "got an empty list;") for p in info.value.problems), info.value.problems
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(monkeypatch, capsys):
+    import transplant.cli.app as app
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app, "build_parser", interrupted)
+    assert app.main(["plan", "m.yaml"]) == 130
+    assert capsys.readouterr().err == "interrupted before the command began: nothing was changed\n"

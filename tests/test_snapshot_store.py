@@ -82,7 +82,7 @@ def test_donor_snapshot_fallback_and_targets_parse():
                        "(or targets: [...] for several)"),
     ({"donor": DONOR, "target": DONOR | {"host": "x"}, "targets": [DONOR | {"host": "y"}]},
      "targets: both target and targets are given; fix: list every target under targets: and drop target:"),
-    ({"donor": DONOR, "targets": []}, "targets: expected a non-empty list of {host, venv}, got a list; fix: write e.g. "
+    ({"donor": DONOR, "targets": []}, "targets: expected a non-empty list of {host, venv}, got an empty list; fix: write e.g. "
                                       "targets: [{host: root@gpu-1, venv: /root/venv}, {host: root@gpu-2, venv: "
                                       "/root/venv}]"),
     ({"donor": DONOR, "targets": [DONOR | {"host": "y"}, DONOR | {"host": "y"}]},

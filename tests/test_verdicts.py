@@ -13,7 +13,7 @@ from transplant.verify.judges import (StageResult, expect_matches, judge_imports
 
 def test_imports():
     ok = {"imports": [{"name": "torch", "ok": True, "version": "2.13.0+cpu", "file": "/v/torch/__init__.py"}]}
-    assert judge_imports(ok) == ("pass", "1 imports: torch 2.13.0+cpu")
+    assert judge_imports(ok) == ("pass", "1 import: torch 2.13.0+cpu")
     bad = {"imports": ok["imports"] + [{"name": "flashinfer", "ok": False, "error": "ModuleNotFoundError: x"}]}
     assert judge_imports(bad) == ("fail", "1 of 2 imports failed; flashinfer: ModuleNotFoundError: x")
     assert judge_imports({"imports": []})[0] == "skip"

@@ -176,7 +176,7 @@ def test_a_failing_stage_stops_none_and_smoke_and_serve_run_alone_after_the_rest
     ends = [int(line.split(" of ")[0].rsplit(" ", 1)[-1].lstrip("(")) for line in lines if " of 9 done" in line]
     assert ends == sorted(ends) and set(ends) == set(range(1, 10))
     assert by["server-args"].status == "fail" and "script failed in the venv's python (exit 9)" in by["server-args"].reason
-    assert by["imports"].status == "pass" and by["imports"].reason == "1 imports: plain 2.0"
+    assert by["imports"].status == "pass" and by["imports"].reason == "1 import: plain 2.0"
     assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"
     # smoke has no torch to run and the server exits at once: both ran, and failed, after the others
     assert by["smoke"].status == "fail" and "No module named 'torch'" in by["smoke"].reason

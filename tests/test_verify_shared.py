@@ -154,7 +154,7 @@ def test_names_that_do_not_begin_with_torch_fork_the_loader_before_any_import(ve
     anything, so that it has imported nothing but its preload, which it imports itself."""
     settings = dataclasses.replace(_settings(tmp_path), imports=("ext",))
     by = _by_name(run_stages(settings, target=LocalHost(), venv=venvs["good"]))
-    assert by["imports"].status == "pass" and by["imports"].reason == "1 imports: ext 1.0"
+    assert by["imports"].status == "pass" and by["imports"].reason == "1 import: ext 1.0"
     assert by["native-load"].reason == "1 of 1 shared objects load (RTLD_NOW)"
     assert by["native-load"].details["preload"] == [{"name": "torch", "ok": True, "error": None}]
     assert _torch_imports(tmp_path) == 2, "ext's, in the imports process, and the loader's preload"

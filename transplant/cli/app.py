@@ -274,22 +274,29 @@ def _spaced_cache_names(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``transplant``; returns the exit code (see the module docstring)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    spaced = _spaced_cache_names(argv)
-    if spaced is not None:
-        parser.error(f"--clear-jit-caches takes its cache names after '=' (without it, it lists them and removes "
-                     f"nothing): write --clear-jit-caches={spaced}")
-    args = parser.parse_args(_bare_options(argv))
-    from transplant.cli.warm import connect_early
-
-    connect_early(args)  # apply: both SSH connections open while the command's modules import
+    began = False
     try:
-        return _run(args)
-    finally:
-        from transplant.hosts import early
+        argv = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser()
+        spaced = _spaced_cache_names(argv)
+        if spaced is not None:
+            parser.error(f"--clear-jit-caches takes its cache names after '=' (without it, it lists them and "
+                         f"removes nothing): write --clear-jit-caches={spaced}")
+        args = parser.parse_args(_bare_options(argv))
+        try:
+            from transplant.cli.warm import connect_early
 
-        early.close_unused()
+            connect_early(args)  # apply: both SSH connections open while the command's modules import
+            began = True
+            return _run(args)
+        finally:
+            from transplant.hosts import early
+
+            early.close_unused()
+    except KeyboardInterrupt:  # Ctrl-C while the command starts (its modules import), or as it ends
+        print("interrupted" if began else "interrupted before the command began: nothing was changed",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _run(args: argparse.Namespace) -> int:

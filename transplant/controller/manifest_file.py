@@ -87,6 +87,11 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ManifestError(name, [f"(yaml): {problem} at {where}; fix: correct the YAML syntax there"]) from None
+    if isinstance(data, dict) and str(data.get("schema", "")).startswith("transplant.plan/"):
+        planned = data.get("manifest") if isinstance(data.get("manifest"), str) else "its 'manifest' key"
+        raise ManifestError(name, [f"(file): this is a saved plan ({data['schema']}), not a manifest; fix: apply "
+                                   f"takes it (transplant apply {name}); plan and verify take the manifest it was "
+                                   f"planned from ({planned})"])
     manifest = parse_manifest(data, path=name)
     base = Path(path).resolve().parent
     problems = []

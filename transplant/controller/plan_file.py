@@ -75,6 +75,9 @@ def load_plan(path: str | os.PathLike) -> Plan:
         raise PlanError(f"{path}: refusing the plan: it {exc}", hint=hint) from None
     except RecursionError:
         raise PlanError(f"{path}: refusing the plan: it is nested too deeply to be a plan", hint=hint) from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{path}: refusing the plan: not a text file (byte {exc.start} is not UTF-8); a saved "
+                        f"plan is the JSON text plan --out writes", hint=hint) from None
     except (OSError, ValueError) as exc:
         raise PlanError(f"{path}: cannot read the plan ({exc})", hint=hint) from None
     try:

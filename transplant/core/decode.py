@@ -119,7 +119,8 @@ def entry_path(parent: str, name: Any) -> str:
 
 def kind(value: Any) -> str:
     """A value as a person reads it in a message: ``nothing``, ``a boolean (True)``, ``a number (3)``,
-    ``the string 'x'``, ``a list``, ``a mapping`` (else the type's name)."""
+    ``the string 'x'``, ``a list``, ``an empty list``, ``a mapping``, ``an empty mapping`` (else the
+    type's name)."""
     if value is None:
         return "nothing"
     if isinstance(value, bool):
@@ -129,9 +130,9 @@ def kind(value: Any) -> str:
     if isinstance(value, str):
         return f"the string {value!r}"
     if isinstance(value, list):
-        return "a list"
+        return "a list" if value else "an empty list"
     if isinstance(value, dict):
-        return "a mapping"
+        return "a mapping" if value else "an empty mapping"
     return type(value).__name__
 
 

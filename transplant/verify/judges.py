@@ -103,7 +103,8 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
         return "skip", f"no import could be checked{note}"
     parts = ", ".join(f"{i['name']} {i.get('version') or '?'}"
                       + (f" (from {i['outside']}, outside the venv)" if i.get("outside") else "") for i in passed)
-    head = f"{len(items)} imports" if len(passed) == len(items) else f"{len(passed)} of {len(items)} imports"
+    head = (f"{len(items)} import{'s' if len(items) != 1 else ''}" if len(passed) == len(items)
+            else f"{len(passed)} of {len(items)} imports")
     return "pass", f"{head}: {parts}{note}"
 
 
