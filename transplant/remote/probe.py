@@ -374,7 +374,7 @@ def _record_identity_of(full, rel):
 
 class _Inputs(object):
     """The inputs of one probe, as it looks at them: each noted path (in the order noted; a path
-    looked at twice is noted twice) adds its identity (:func:`_identity`: six 64-bit integers,
+    looked at twice is noted twice) adds its identity (:func:`_stat_identity`: six 64-bit integers,
     machine order) to an array hashed a few thousand at a time, and its name to a compressed
     list of paths, so that nothing per file is kept in memory. The digest is sha256 over those
     identities, then over the sha256 of the packed paths and the non-file facts: the
@@ -464,7 +464,7 @@ _ABSENT = (-1, -1, -1, -1, -1, -1)
 _WRAP = 1 << 64
 
 
-def _identity(st):
+def _stat_identity(st):
     """What of an ``os.lstat`` result shows a change: ``(st_dev, st_ino, st_size, st_mtime_ns,
     st_ctime_ns, st_mode)`` as signed 64-bit integers (a value outside that range wrapped, as
     the same value always is); :data:`_ABSENT` for None. A folder's mtime and ctime change when
@@ -477,7 +477,7 @@ def _identity(st):
 
 
 def _append(ids, st):
-    """Append :func:`_identity` of ``st`` to the array ``ids``."""
+    """Append :func:`_stat_identity` of ``st`` to the array ``ids``."""
     if st is None:
         ids.extend(_ABSENT)
         return
@@ -493,7 +493,7 @@ def _wrapped(ids, st):
     partial = len(ids) % 6
     if partial:
         del ids[-partial:]
-    ids.extend(_identity(st))
+    ids.extend(_stat_identity(st))
 
 
 _UNSET = object()
@@ -1119,7 +1119,7 @@ def _elsewhere(paths):
     return {p: os.path.exists(p) for p in paths if isinstance(p, str) and p.startswith("/") and "\0" not in p}
 
 
-def _identity(path):
+def _say_identity(path):
     """``--identity PATH``: say PATH's identity on standard output before the request is read, as
     the controller's identity script would (``transplant/hosts/identity.py``): one line
     ``transplant-identity BOOT_ID ST_DEV ST_INO`` (symlinks followed), ``transplant-identity -`` when
@@ -1148,7 +1148,7 @@ def _identity(path):
 def _arguments(argv):
     global _INPUTS
     if len(argv) == 3 and argv[:2] == ["--stdin", "--identity"]:
-        _identity(argv[2])
+        _say_identity(argv[2])
         argv = ["--stdin"]
     if argv == ["--stdin"]:
         # the request's JSON, then (a donor's, hash_cache store reply) the known hash groups' lines
