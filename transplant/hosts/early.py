@@ -73,8 +73,10 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None,
             line = said.identity(60.0) if said is not None else None
             told = parse_identity(line) if line is not None and line.startswith("transplant-identity ") else None
             try:
-                host.remembered(("venv-identity", venv), (lambda: told) if line is not None and (
-                    told is not None or line == "transplant-identity -") else (lambda: venv_identity(host, venv)))
+                if line is not None and (told is not None or line == "transplant-identity -"):
+                    host.remembered(("venv-identity", venv), lambda: told)
+                else:  # asks the script and remembers under the same key (never inside remembered():
+                    venv_identity(host, venv)  # the key's own future would wait on itself)
             except Exception:  # noqa: BLE001 - not remembered then: the check asks again and reports it
                 pass
             _prestart(host, venv, later)
