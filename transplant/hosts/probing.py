@@ -476,6 +476,7 @@ def _waits(script: str, args: Sequence[str]) -> bool:
         return len(args) == 3 and args[0].startswith("/") and args[1:] == ("--compress", "none")
     return script == "stream_receive" and args == ("-", "--compress", "none")
 
+
 _PRESTARTED = threading.Lock()
 
 
@@ -538,9 +539,10 @@ def close_prestarted(host: Host) -> int:
     return len(unasked)
 
 
-def _reap(proc: subprocess.Popen) -> None:
-    """Close a spawned process's input, wait up to 5 s for it to exit, else kill it; close its pipes.
-    (A waiting script whose input ends prints one short error line: it never fills a pipe.)"""
+def _reap(proc: subprocess.Popen, stop: Callable[[subprocess.Popen], None] = kill_group) -> None:
+    """Close a spawned process's input, wait up to 5 s for it to exit, else ``stop`` it (its
+    process group killed, by default); close its pipes. (A waiting script whose input ends prints
+    one short error line: it never fills a pipe.)"""
     try:
         if proc.stdin is not None:
             proc.stdin.close()
@@ -549,7 +551,7 @@ def _reap(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        kill_group(proc)
+        stop(proc)
     for stream in (proc.stdout, proc.stderr):
         try:
             if stream is not None:

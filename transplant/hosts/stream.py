@@ -185,22 +185,11 @@ def start_sides(src: Host, src_root: str, dst: Host, *, src_python: str | None =
 
 
 def _end(proc: subprocess.Popen) -> None:
-    """End a waiting side: its input closed, given 5 s to exit, then killed; its pipes closed."""
-    try:
-        if proc.stdin is not None:
-            proc.stdin.close()
-    except OSError:
-        pass
-    try:
-        proc.wait(timeout=5)  # a side whose input ends says one short line: it never fills a pipe
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        try:
-            if stream is not None:
-                stream.close()
-        except OSError:
-            pass
+    """End a waiting side: :func:`transplant.hosts.probing._reap` with :func:`_stop` (SIGTERM first,
+    so a receiver removes a file it was writing)."""
+    from transplant.hosts.probing import _reap
+
+    _reap(proc, _stop)
 
 
 def stream_files(
