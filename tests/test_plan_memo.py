@@ -83,8 +83,10 @@ def test_without_the_memo_every_plan_is_full(pair, capsys, monkeypatch):
 def test_a_memo_setting_that_is_not_0_or_1_is_refused_before_anything_is_read(pair, capsys, monkeypatch, value):
     monkeypatch.setenv("TRANSPLANT_PLAN_MEMO", value)
     assert main(["plan", str(pair / "m.yaml"), "--json"]) == 1
-    out = " ".join(capsys.readouterr().out.split())
+    captured = capsys.readouterr()
+    out = " ".join(captured.out.split())
     assert f"TRANSPLANT_PLAN_MEMO={value!r}: not 0 or 1" in out and "TRANSPLANT_PLAN_MEMO=0 plans afresh" in out
+    assert "donor source" not in captured.out + captured.err, "refused before any host is opened or named"
 
 
 def test_a_plan_right_after_a_write_is_not_kept(pair, capsys):

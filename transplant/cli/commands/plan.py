@@ -20,6 +20,9 @@ __all__ = ["plan_command"]
 
 
 def plan_command(args: argparse.Namespace, console: Console) -> int:
+    from transplant.pipeline.memo import memo_enabled
+
+    memo_enabled()  # a bad TRANSPLANT_PLAN_MEMO is refused before any host is opened or named
     manifest, targets = targets_of(args, load_manifest(args.manifest))
     if len(targets) > 1:
         if args.out:
