@@ -103,6 +103,12 @@ def test_yaml_syntax_error_names_line(tmp_path):
     assert len(found) == 1 and found[0].startswith("(yaml): ") and "line 3" in found[0]
 
 
+def test_a_character_yaml_refuses_is_placed_by_line_and_column(tmp_path):
+    found = problems(tmp_path, "version: 1\ndonor:\n  host: local\x00\n", patches=False)
+    assert found == ["(yaml): unacceptable character #x0000: special characters are not allowed at line 3, "
+                     "column 14; fix: correct the YAML syntax there"]
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ManifestError) as info:
         load_manifest(tmp_path / "absent.yaml")

@@ -51,6 +51,17 @@ def _looks_like_location(text: str) -> bool:
     return bool(sep and host and "/" not in host)
 
 
+def _reader_where(text: str, exc: yaml.YAMLError) -> str:
+    """Where a PyYAML error without a mark happened: its ``position`` (a character offset into
+    ``text``, what ``yaml.reader.ReaderError`` gives for a character YAML does not accept, such as
+    a NUL byte) as "line L, column C"; "an unknown place" when it has none."""
+    position = getattr(exc, "position", None)
+    if not isinstance(position, int) or not 0 <= position <= len(text):
+        return "an unknown place"
+    line_start = text.rfind("\n", 0, position) + 1
+    return f"line {text.count(chr(10), 0, position) + 1}, column {position - line_start + 1}"
+
+
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read, safe-load and validate a manifest; check that every patch source exists.
 
@@ -84,7 +95,7 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
         raise ManifestError(name, [str(exc)]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else _reader_where(text, exc)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ManifestError(name, [f"(yaml): {problem} at {where}; fix: correct the YAML syntax there"]) from None
     if isinstance(data, dict) and str(data.get("schema", "")).startswith("transplant.plan/"):
