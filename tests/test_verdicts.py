@@ -231,6 +231,10 @@ def test_judge_jit_caches():
     assert judges.judge_jit_caches(refused, cleared=True) == ("fail", "/h/.triton/cache: not removed: it is a symlink")
     assert judges.judge_jit_caches([caches[1]], cleared=False) == (
         "pass", "no JIT cache folders exist (/h/.cache/flashinfer)")
+    elsewhere = [dict(caches[0], installed=None)]  # a user-wide cache of a library this venv lacks
+    assert judges.judge_jit_caches(elsewhere, cleared=False) == (
+        "pass", "triton /h/.triton/cache (3 files, built for triton 3.4.0, 3.5.0; triton is not installed in this "
+                "venv: a user-wide folder other venvs may use, left alone)")
 
 
 def test_smoke_subchecks_fail_the_stage_and_skips_are_named():

@@ -475,7 +475,9 @@ def judge_jit_caches(caches: Sequence[Mapping[str, Any]], *, cleared: bool) -> t
 
     Pass, naming each existing folder and, as a warning, contents built for other versions
     than installed (a cache keyed by version is not reused, so it is stale weight rather than
-    a fault; ``--clear-jit-caches=NAME`` removes it). With ``cleared``, fail when a folder could
+    a fault; ``--clear-jit-caches=NAME`` removes it). A cache of a library this venv does not
+    install gets no warning and no removal hint: the folder is per user (``~/.triton``,
+    ``~/.cache/flashinfer``), so other venvs may use it. With ``cleared``, fail when a folder could
     not be removed.
     """
     parts, warnings, errors = [], [], []
@@ -484,9 +486,12 @@ def judge_jit_caches(caches: Sequence[Mapping[str, Any]], *, cleared: bool) -> t
             continue
         stale = stale_versions(c)
         built = f", built for {c.get('library', c['name'])} {', '.join(c['versions'])}" if c.get("versions") else ""
-        parts.append(f"{c['name']} {c['path']} ({count(c['files'], 'file')}{built})"
+        library = c.get("library", c["name"])
+        absent = "" if c.get("installed") or not c.get("versions") or c.get("removed") else \
+            f"; {library} is not installed in this venv: a user-wide folder other venvs may use, left alone"
+        parts.append(f"{c['name']} {c['path']} ({count(c['files'], 'file')}{built}{absent})"
                      + (" removed" if c.get("removed") else ""))
-        if stale and not c.get("removed"):
+        if stale and c.get("installed") and not c.get("removed"):
             warnings.append(f"{c['name']} cache holds builds for {c.get('library', c['name'])} {', '.join(stale)} but "
                             f"{c.get('installed') or 'none'} is installed (--clear-jit-caches={c['name']} removes it)")
         if c.get("error"):
