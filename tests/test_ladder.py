@@ -571,3 +571,8 @@ def test_clear_jit_caches_names_after_a_space_say_to_write_them_with_equals(word
     assert main(["verify", "--clear-jit-caches", words[0]]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert f"{words[0]}: " in out and "takes its cache names" not in out, out
+    # ...but with another positional after it (the venv), that file is not what was meant
+    with pytest.raises(SystemExit) as info:
+        main(["verify", "--clear-jit-caches", *words, "local:/nonexistent/venv", "--imports", "x"])
+    assert info.value.code == 64
+    assert f"write --clear-jit-caches={words[0]}" in " ".join(capsys.readouterr().err.split())

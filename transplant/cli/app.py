@@ -259,10 +259,13 @@ def _bare_options(argv: Sequence[str]) -> list[str]:
 
 def _spaced_cache_names(argv: Sequence[str]) -> str | None:
     """The word after a bare ``--clear-jit-caches`` when it is only cache names (``triton``,
-    ``triton,flashinfer``, ``all``) and no file of that name exists: the names were meant with
-    ``=`` (:func:`_bare_options` would leave them as a stray manifest argument); else None."""
-    for option, word in zip(argv, argv[1:]):
-        if option != "--clear-jit-caches" or os.path.lexists(word):
+    ``triton,flashinfer``, ``all``) and either no file of that name exists or another argument
+    that is not an option follows it (verify takes one manifest or HOST:VENV, so a file named
+    ``triton`` in the current folder is not what was meant): the names were meant with ``=``
+    (:func:`_bare_options` would leave them as a stray manifest argument); else None."""
+    for at, (option, word) in enumerate(zip(argv, argv[1:])):
+        later = [a for a in argv[at + 2:] if not a.startswith("-")]
+        if option != "--clear-jit-caches" or (os.path.lexists(word) and not later):
             continue
         from transplant.verify.runner import JIT_CACHES
 
