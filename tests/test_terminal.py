@@ -334,3 +334,32 @@ def test_an_error_hint_is_one_line_at_80_columns(world, capsys, monkeypatch):
     out = capsys.readouterr().out
     [hint] = [line for line in out.splitlines() if line.startswith("hint: ")]
     assert f"python3 -m venv --upgrade {missing})" in hint, out  # the command is whole on its line
+
+
+def test_a_long_patch_name_prints_the_changes_as_lines_rather_than_squeeze_why():
+    import io
+
+    from rich.console import Console
+
+    from transplant.cli.planview import print_plan_view, table_fits
+    from transplant.core.plan import Change, FileCopy, Plan, Side
+
+    side = Side(label="local:/v", host="local", venv="/v", fingerprint="f", hostname="h")
+    why = "the file differs from the donor's; the donor's bytes are copied"
+    short = Change(kind="distribution", name="sglang", action="upgrade", reason=why, from_version="0.5.9",
+                   to_version="0.5.23", copy=(FileCopy(path="lib/x.py", size=10, hash="sha256=a"),))
+    long_name = "lib/python3.11/site-packages/sglang/srt/speculative/dflash_worker_with_ddtree_verification.py"
+    patch = Change(kind="patch", name=long_name, action="replace", reason=why,
+                   copy=(FileCopy(path=long_name, size=10, hash="sha256=b", source="patch"),))
+    for changes, fits in (((short,), True), ((short, patch), False)):
+        plan = Plan(manifest="m.yaml", donor=side, target=side, changes=changes, findings=())
+        assert table_fits(plan, 120) is fits
+        out = io.StringIO()
+        print_plan_view(Console(file=out, width=120), plan)
+        text = out.getvalue()
+        if fits:
+            assert "┃ why" in text and "~ sglang 0.5.9 -> 0.5.23" not in text, text
+        else:  # as lines, nothing cut: the whole name and versions on their lines
+            assert "~ sglang 0.5.9 -> 0.5.23" in text and "┃" not in text, text
+            assert any(long_name.rsplit("site-packages/", 1)[-1] in line for line in text.splitlines()), text
+        assert all(len(line) <= 120 for line in text.splitlines()), text

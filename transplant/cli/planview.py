@@ -1,8 +1,9 @@
 """How a plan reads at a terminal of any width (face): no version, name, path or command is ever
 broken or cut.
 
-* The changes: at 100 columns or more a table whose name, action, version, files and bytes
-  columns never wrap (the ``why`` column wraps between words); narrower, one line per
+* The changes: at 100 columns or more, where it fits with its ``why`` column at least 20 wide, a
+  table whose name, action, version, files and bytes columns never wrap (the ``why`` column
+  wraps between words); narrower, or where a long name would squeeze ``why``, one line per
   distribution as uv prints them: ``+ name==ver`` (arrives), ``- name==ver`` (goes),
   ``~ name old -> new`` (changes), ``= name==ver`` (kept; counted, not listed).
 * The findings: never a table cell. Each is a whole line ``severity code (dists): message``,
@@ -25,7 +26,7 @@ from rich.text import Text
 from transplant.core.units import count
 from transplant.core.plan import Finding, Plan
 
-__all__ = ["print_plan_view", "changes_table", "change_lines", "finding_lines", "manifest_snippet", "once", "NARROW"]
+__all__ = ["print_plan_view", "changes_table", "table_fits", "change_lines", "finding_lines", "manifest_snippet", "once", "NARROW"]
 
 #: Below this many columns the plan is printed as lines, not a table.
 NARROW = 100
@@ -68,12 +69,31 @@ def changes_table(plan: Plan) -> Table:
     table = Table(title=Text(f"plan: {plan.donor.label} -> {plan.target.label}"), title_justify="left")
     for column in ("distribution / patch", "action", "from", "to", "files", "bytes"):
         table.add_column(column, no_wrap=True, justify="right" if column in ("files", "bytes") else "left")
-    table.add_column("why", min_width=20)
+    table.add_column("why", min_width=WHY_MIN)
     for change in plan.changes:
         table.add_row(Text(_label(change)), Text(change.action, style=_ACTION_STYLE.get(change.action, "")),
                       Text(change.from_version or "-"), Text(change.to_version or "-"), _files(change),
                       _human(change.bytes), Text(change.reason))
     return table
+
+
+#: The narrowest the ``why`` column may be (characters) for the changes to print as a table.
+WHY_MIN = 20
+
+
+def table_fits(plan: Plan, width: int) -> bool:
+    """Whether :func:`changes_table` fits ``width`` columns with its ``why`` column at least
+    :data:`WHY_MIN` wide: the columns that never wrap (their widest cell or header) plus rich's
+    default padding (one space each side) and the borders (one between columns and at each
+    edge). A patch with a long path makes the name column wide; then the plan prints as lines
+    rather than cut the ``why`` column to a few characters at the edge."""
+    from rich.cells import cell_len
+
+    rows = [(_label(c), c.action, c.from_version or "-", c.to_version or "-", _files(c), _human(c.bytes))
+            for c in plan.changes]
+    headers = ("distribution / patch", "action", "from", "to", "files", "bytes")
+    fixed = sum(max([cell_len(h), *(cell_len(r[i]) for r in rows)]) + 2 for i, h in enumerate(headers))
+    return fixed + WHY_MIN + 2 + len(headers) + 2 <= width
 
 
 def change_lines(plan: Plan) -> list[Text]:
@@ -164,7 +184,7 @@ def manifest_snippet(findings: Sequence[Finding]) -> tuple[dict[str, list[str]],
 
 def print_plan_view(console: Console, plan: Plan) -> None:
     """The plan as the module docstring says: changes, totals, findings, fixes."""
-    if console.width < NARROW:
+    if console.width < NARROW or not table_fits(plan, console.width):
         for line in change_lines(plan):
             console.print(line, highlight=False)
     else:
