@@ -3,6 +3,7 @@ errors and messages (local venvs from real wheels; state folders inside tmp_path
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -340,6 +341,67 @@ def test_ctrl_c_during_the_copy_says_the_transaction_was_aborted(big_pair):
     assert code == 130, out[-2000:]
     _records_agree(big_pair, out)
     assert "aborted" in out or "interrupted (staging)" in out, out[-2000:]
+
+
+def test_ctrl_c_once_applied_says_it_was_applied_not_how_to_resume(tmp_path, monkeypatch):
+    """After the transaction is applied and recorded (here: while --verify imports a module that
+    takes long), a Ctrl-C says so and names rollback, not the line about a transaction that may
+    have begun (which sent the operator to --resume, which then had nothing to finish)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    wheels = tmp_path / "wheels"
+    slow = "import time\ntime.sleep(300)\nV = 2\n"  # imported by verify only (apply never imports it)
+    make_venv(tmp_path / "donor", [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": slow})])
+    make_venv(tmp_path / "target", [build_wheel(wheels, "foo", "1.0", {"foo/__init__.py": "V = 1\n"})])
+    (tmp_path / "m.yaml").write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'donor'}}}\n"
+                                     f"target: {{host: local, venv: {tmp_path / 'target'}}}\noverlay: [foo]\n"
+                                     f"verify:\n  imports: [foo]\n")
+    env = {**os.environ, "COLUMNS": "200", "TRANSPLANT_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", "apply", str(tmp_path / "m.yaml"), "--yes",
+                             "--verify"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    history = tmp_path / "target" / ".transplant" / "history.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if history.exists() and '"applied"' in history.read_text():
+            break
+        time.sleep(0.01)
+    time.sleep(1.0)  # the result prints and verify starts importing foo (two minutes)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    out = flat(out)
+    [t] = [json.loads(line) for line in history.read_text().splitlines() if '"applied"' in line]
+    assert proc.returncode == 130, out[-2000:]
+    assert f"transaction {t['id']} had been applied and recorded: the target holds the planned state " \
+           f"(transplant rollback {tmp_path / 'm.yaml'} undoes it); verify did not finish: transplant verify " \
+           f"{tmp_path / 'm.yaml'} runs it" in out, out[-2000:]
+    assert "if the target's transaction had begun" not in out and "--resume" not in out, out[-2000:]
+
+
+def test_ctrl_c_during_verify_stops_its_host_scripts_at_once(tmp_path):
+    """The stages run in worker threads; a Ctrl-C used to wait for their host scripts to end on
+    their own (an import of five minutes here) before the command could stop."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    slow = "import time\ntime.sleep(300)\nV = 2\n"
+    venv = make_venv(tmp_path / "v", [build_wheel(tmp_path / "w", "foo", "2.0", {"foo/__init__.py": slow})])
+    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", "verify", f"local:{venv}", "--imports", "foo"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(5)  # the imports stage is importing foo
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)  # with the fault: the import's 300 s first
+    assert proc.returncode == 130 and "interrupted" in out, out[-2000:]
+    leftover = subprocess.run(["pgrep", "-f", f"{venv}/bin/python"], capture_output=True, text=True).stdout
+    assert not leftover.strip(), f"host scripts still run: {leftover}"
 
 
 def test_snapshot_of_the_same_content_is_one_snapshot_and_new_content_another(pair, capsys, monkeypatch):

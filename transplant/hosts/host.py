@@ -22,7 +22,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,9 @@ __all__ = [
     "SSHHost",
     "connect",
     "kill_group",
+    "tracked",
+    "stop_commands",
+    "interrupt_stops_commands",
     "KnownHosts",
     "read_known_hosts",
     "side_error",
@@ -301,6 +306,7 @@ class LocalHost(Host):
                 env=full_env,
                 start_new_session=True,
             )
+            tracked(proc)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             return CommandResult(
@@ -337,9 +343,9 @@ class LocalHost(Host):
         """
         items = _check_argv(argv)
         extra = _check_env(env)
-        return subprocess.Popen(items, stdin=subprocess.PIPE if stdin is None else stdin,
-                                stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE,
-                                env={**os.environ, **extra} if extra else None, start_new_session=True)
+        return tracked(subprocess.Popen(items, stdin=subprocess.PIPE if stdin is None else stdin,
+                                        stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE,
+                                        env={**os.environ, **extra} if extra else None, start_new_session=True))
 
     def rsync_location(self, path: str) -> str:
         """``path`` itself."""
@@ -348,6 +354,69 @@ class LocalHost(Host):
     def rsync_rsh(self) -> None:
         """None: rsync needs no remote shell for the controller."""
         return None
+
+
+#: The host commands this controller started (:func:`tracked`) that may still run: what
+#: :func:`stop_commands` stops. Weak: a command whose Popen is gone is gone from here.
+_LIVE: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()
+
+
+def tracked(proc: subprocess.Popen) -> subprocess.Popen:
+    """Note ``proc`` (started with ``start_new_session``) among the commands :func:`stop_commands`
+    stops; returns it."""
+    _LIVE.add(proc)
+    return proc
+
+
+def stop_commands() -> int:
+    """Send SIGKILL to the process group of every tracked command not yet reaped (a local host
+    script, or the local ``ssh`` of a remote one: the remote command then finds its input closed).
+    Reaps nothing and takes no lock, so that a signal handler may call it while the interrupted
+    thread is inside ``communicate`` or :func:`tracked`; each owner reaps its own process (its
+    ``communicate`` returns once the pipes close). A process already reaped (``returncode`` set)
+    is skipped: its id may have been reused. Returns how many groups were signalled."""
+    for _ in range(5):
+        try:
+            live = list(_LIVE)  # another thread may add while this copies
+            break
+        except RuntimeError:
+            continue
+    else:
+        return 0
+    stopped = 0
+    for proc in live:
+        if proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+                stopped += 1
+            except OSError:
+                pass
+    return stopped
+
+
+@contextmanager
+def interrupt_stops_commands() -> Iterator[None]:
+    """Within the block, Ctrl-C (SIGINT) first stops every tracked host command
+    (:func:`stop_commands`), then raises KeyboardInterrupt as Python's own handler does. For
+    commands that only read (verify): their stages run in worker threads, which would otherwise
+    keep waiting for their host scripts (up to each one's timeout) before the interrupt could end
+    the command. Outside the main thread the block runs unchanged (signals go to the main one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def stop(signum: int, frame: object) -> None:
+        stop_commands()
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from transplant.errors import HostError
-from transplant.hosts.host import (CommandResult, Host, SSHOptions, _check_argv, _check_env, _host_matches, _ssh_config_path,
+from transplant.hosts.host import (CommandResult, Host, SSHOptions, tracked, _check_argv, _check_env, _host_matches, _ssh_config_path,
                     kill_group, read_known_hosts)
 from transplant.core.hostspec import HostSpec
 
@@ -265,8 +265,8 @@ class SSHHost(Host):
         started = time.monotonic()
         ssh = [*self._argv(), "-T", "--", self._destination(), shlex.join(command_argv)]
         try:
-            proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            proc = tracked(subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            start_new_session=True))
         except OSError as exc:
             raise HostError(f"{self.label}: cannot start ssh: {exc.strerror or exc}",
                             hint="install the OpenSSH client (apt-get install openssh-client)") from None
@@ -295,9 +295,9 @@ class SSHHost(Host):
         self._ensure_master()
         ssh = [*self._argv(), "-T", "--", self._destination(), shlex.join(command_argv)]
         try:
-            return subprocess.Popen(ssh, stdin=subprocess.PIPE if stdin is None else stdin,
-                                    stdout=subprocess.PIPE if stdout is None else stdout, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            return tracked(subprocess.Popen(ssh, stdin=subprocess.PIPE if stdin is None else stdin,
+                                            stdout=subprocess.PIPE if stdout is None else stdout,
+                                            stderr=subprocess.PIPE, start_new_session=True))
         except OSError as exc:
             raise HostError(f"{self.label}: cannot start ssh: {exc.strerror or exc}",
                             hint="install the OpenSSH client (apt-get install openssh-client)") from None

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from typing import Any
 from pathlib import Path
 
 from rich.console import Console
@@ -178,7 +179,27 @@ def _after_interrupt(target: "Host", venv: str, since: str, manifest_path: str) 
 
 def apply_command(args: argparse.Namespace, console: Console) -> int:
     """``transplant apply MANIFEST|PLAN.json``: plan (or check the saved plan), confirm, apply; with
-    ``--verify``, verify. Returns 0, 3 when blocked (or verify failed), 1 when declined."""
+    ``--verify``, verify. Returns 0, 3 when blocked (or verify failed), 1 when declined.
+
+    A Ctrl-C once the transaction is applied and recorded (while the connections close, the
+    result prints or ``--verify`` runs) says so (:class:`ApplyInterrupted`), not the generic line
+    about a transaction that may have begun: there is nothing to resume."""
+    applied: dict[str, Any] = {}  # once apply_plan returned: "id", "manifest"; "verify" once it began
+    try:
+        return _apply_command(args, console, applied)
+    except KeyboardInterrupt as stop:
+        if not applied or getattr(stop, "said", None):
+            raise
+        quoted = shlex.quote(applied["manifest"])
+        raise ApplyInterrupted(f"transaction {applied['id']} had been applied and recorded: the target holds the "
+                               f"planned state (transplant rollback {quoted} undoes it)"
+                               + (f"; verify did not finish: transplant verify {quoted} runs it"
+                                  if applied.get("verify") else "")) from None
+
+
+def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str, Any]) -> int:
+    """:func:`apply_command`'s work; fills ``applied`` (the transaction's id and the manifest's path)
+    once the transaction is applied, and sets its ``verify`` when ``--verify`` begins."""
     from transplant.cli.commands.verify import verify_command
 
     if args.resume and args.rollback:
@@ -302,6 +323,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
             result = apply_plan(plan, manifest, opened, session.host("target"), reporter=bar, break_lock=args.break_lock,
                                 crash_after=crash_after(), orphan_at=orphan_at(),
                                 compress=getattr(args, "compress", False), stale_probe=stale_probe)
+            applied.update(id=result.transaction, manifest=given.path)
     relayed = f" ({result.transfer})" if result.transfer else ""
     console.print(Text.assemble(("applied", "bold green"), (
         f" transaction {result.transaction}: {count(result.files_copied, 'file')} ({human_bytes(plan.copy_bytes)}) copied, "
@@ -309,6 +331,7 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
         f"{result.seconds:.1f} s (" + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.steps)
         + "); the target now matches the plan hash for hash")))
     if args.verify:
+        applied["verify"] = True
         return verify_command(args, console, manifest=given)
     return EXIT_OK
 

@@ -217,4 +217,7 @@ def verify_command(args: argparse.Namespace, console: Console, manifest: Manifes
             if getattr(args, "junit", None) or parse_clear(getattr(args, "clear_jit_caches", None))[1]:
                 raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
             return run_fleet_action("verify", args, console, manifest, targets)
-    return _verify_one(args, console, session_class=Session, parse_location=parse_location, manifest=manifest)
+    from transplant.hosts.host import interrupt_stops_commands
+
+    with interrupt_stops_commands():  # Ctrl-C ends the stages' host scripts at once, not at their timeouts
+        return _verify_one(args, console, session_class=Session, parse_location=parse_location, manifest=manifest)
