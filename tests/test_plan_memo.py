@@ -227,3 +227,35 @@ def test_over_ssh_the_memo_is_used_until_the_target_changes(lab, tmp_path, capsy
     lab.hosts["target"].path(f"{venv}/{SITE}/foo/__init__.py").chmod(0o600)
     third, err = run()
     assert "nothing changed" not in err and third != first
+
+
+def _apply(root: Path, capsys) -> tuple[str, list[str]]:
+    """``transplant apply --yes``: (its output, the host scripts it ran: ``probe`` / ``fingerprint``)."""
+    log = root / "scripts.log"
+    log.unlink(missing_ok=True)
+    code = main(["apply", str(root / "m.yaml"), "--yes"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    ran = [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+    return out + err, [r for r in ran if r in ("probe", "fingerprint")]
+
+
+def test_apply_after_a_plan_reuses_it_when_nothing_changed_and_keeps_none(pair, capsys):
+    plan(pair, capsys)
+    out, ran = _apply(pair, capsys)
+    # both fingerprints, then only the stale-plan probe of the target under the lock: no plan probes
+    assert ran.count("fingerprint") == 2 and ran.count("probe") == 1, ran
+    assert "nothing changed on either venv since the plan of" in " ".join(out.split())
+    site = pair / "target" / SITE
+    assert (site / "foo" / "__init__.py").read_text() == "V = 2\n" and (site / "foo" / "extra.py").exists()
+    assert not (pair / "state" / "plan-memo").exists() or len(list((pair / "state" / "plan-memo").iterdir())) == 1
+
+
+def test_apply_after_a_plan_plans_afresh_when_the_donor_changed(pair, capsys):
+    plan(pair, capsys)
+    (pair / "donor" / SITE / "foo" / "__init__.py").write_text("V = 3\n")
+    out, ran = _apply(pair, capsys)
+    # both fingerprints (the donor's differs), then both plan probes and the stale-plan probe
+    assert ran.count("fingerprint") == 2 and ran.count("probe") == 3, ran
+    assert "nothing changed on either venv" not in " ".join(out.split())
+    assert (pair / "target" / SITE / "foo" / "__init__.py").read_text() == "V = 3\n"

@@ -98,10 +98,11 @@ class Session:
                                    highlight=False)
         return self._donor
 
-    def plan(self, *, memo: bool = False) -> Plan:
+    def plan(self, *, memo: bool | str = False) -> Plan:
         """Gather facts from the donor and the target (see :mod:`transplant.pipeline.gather`), and plan.
 
-        :param memo: reuse the last plan when neither venv changed since (``plan_target``'s ``memo``).
+        :param memo: reuse the last plan when neither venv changed since, and keep this one
+            (``plan_target``'s ``memo``); ``"recall"`` reuses without keeping.
         """
         source = self.donor().source
         m = self.manifest

@@ -29,7 +29,7 @@ __all__ = ["plan_target", "apply_plan", "verify_target"]
 
 
 def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
-                reporter: Reporter = QUIET, memo: bool = False) -> Plan:
+                reporter: Reporter = QUIET, memo: bool | str = False) -> Plan:
     """Gather the facts of the donor ``source`` and the ``target`` host (:func:`transplant.pipeline.gather.gather`)
     and plan (:func:`transplant.core.planner.plan`).
 
@@ -38,7 +38,10 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
         memo's plan is reused.
     :param memo: use and keep the plan memo (:mod:`transplant.pipeline.memo`): when neither venv
         changed since the last plan of the same key, that plan is returned without reading
-        anything again. Off when the controller's ``TRANSPLANT_PLAN_MEMO`` is ``0``.
+        anything again. Off when the controller's ``TRANSPLANT_PLAN_MEMO`` is ``0``. ``"recall"``:
+        use a kept plan but keep none (apply's: the plan it makes is for the state it then changes,
+        so keeping it would cost the probes' inputs and a fingerprint of the extra paths for a memo
+        the apply itself makes stale).
     :raises TransplantError: as ``gather`` and the planner raise (an unreachable host, a bad probe).
     """
     from transplant.pipeline import memo as memos
@@ -53,10 +56,11 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
                           f"; nothing was read again (TRANSPLANT_PLAN_MEMO=0 plans afresh)")
             return recalled.plan
     started = time.time()
-    facts = gather(manifest, source, target, patches, reporter=reporter, inputs=key is not None)
+    keep = key is not None and memo != "recall"
+    facts = gather(manifest, source, target, patches, reporter=reporter, inputs=keep)
     plan = make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
                      target_elf=facts.target_elf)
-    if key is not None:
+    if keep:
         libstdcxx = facts.target_elf.libstdcxx
         extra = [*facts.target.elsewhere, *([libstdcxx.path] if libstdcxx is not None and libstdcxx.path else [])]
         memos.remember(key, plan, started, source=source, target=target, venv=manifest.target.venv,

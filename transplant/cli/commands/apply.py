@@ -269,7 +269,10 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
             check_plan_paths(saved, Path(manifest.path).resolve().parent)
         # Ctrl-C from here on: say what is true on the target (and leave no empty state folder)
         stack.enter_context(_truth_on_interrupt(session.host("target"), manifest.target.venv, given.path))
-        plan = session.plan()
+        # the plan memo, as plan's: when neither venv changed since the last plan of this manifest, that plan
+        # (the stale-plan check under the lock still probes the target, and the copy hashes what it writes);
+        # none is kept: this apply changes the target it would be about
+        plan = session.plan(memo="recall" if not args.resume and not args.rollback else False)
         if saved is not None:
             changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
             if changed:
