@@ -274,3 +274,29 @@ def test_a_wrong_guess_about_torch_runs_the_provenance_script_on_its_own(venv, t
     assert by["imports"].status == "fail" and "No module named 'torch'" in by["imports"].reason
     assert [name for name, _, _ in host.runs].count("stage_provenance") == 1
     assert by["library-provenance"].details["imported"] == [{"name": "plain", "ok": True, "error": None}]
+
+
+@pytest.mark.parametrize("overlay", [(), ("meet",)], ids=["early", "after-the-inventory"])
+def test_a_stage_past_its_timeout_is_stopped_and_the_others_keep_their_results(venv, tmp_path, overlay):
+    """The imports process waits (for a server-args process that never comes) past verify.timeout
+    while the other stages run: imports and library-provenance (its process) fail naming the
+    timeout, the process is stopped at it (not left to its own 60 s), and the stages beside it
+    keep their own results. The twin: the same wait with a timeout it fits in passes."""
+    # the overlay's import names are meet's packages: crash_now exits at import, it is not the point here
+    skip = {"crash_now": "exits at import"} if overlay else {}
+    settings = dataclasses.replace(_settings(tmp_path, wait=60), server_args=None, timeout=6, overlay=overlay,
+                                   skip_imports=skip)
+    started = time.monotonic()
+    by = {r.name: r for r in run_stages(settings, target=LocalHost(), venv=venv)}
+    took = time.monotonic() - started
+    assert by["imports"].status == "fail" and "ran past its timeout of 6 s" in by["imports"].reason
+    assert by["library-provenance"].status == "fail" and by["library-provenance"].reason == by["imports"].reason
+    assert by["interpreter"].status == "pass" and by["requirements"].status == "pass"
+    assert by["jit-caches"].status == "pass" and by["native-load"].status == "skip"
+    assert took < 45, f"the stage was stopped at its timeout, not after the import's own wait ({took:.1f} s)"
+    # the twin: the import gives up after 1 s on its own, well within the timeout, and says why
+    twin = dataclasses.replace(_settings(tmp_path / "twin", wait=1), server_args=None, timeout=60, overlay=overlay,
+                               skip_imports=skip)
+    by = {r.name: r for r in run_stages(twin, target=LocalHost(), venv=venv)}
+    assert by["imports"].status == "fail" and "no server-args process ran at the same time" in by["imports"].reason
+    assert "timeout" not in by["imports"].reason and by["library-provenance"].status == "skip"

@@ -297,6 +297,8 @@ def run_stages(
             if not paths:
                 return "skip", "the distributions checked ship no shared objects (" + (
                     ", ".join(d.display_name for d in dists) or "none") + ")", {}
+            # the venv's library keys (every RECORD's rows) before the wait, not after the imports process
+            shipped = ladder.record_library_keys(live.distributions)
             report = None
             if sharing:  # the imports process's loader child, unless that process failed or guessed wrong
                 joint_done.wait()
@@ -305,7 +307,6 @@ def run_stages(
             if not isinstance(report, dict):
                 report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
                                     env=env, timeout=timeout)
-            shipped = ladder.record_library_keys(live.distributions)
             status, reason = judges.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
             if status == "fail" and donor_run is not None:
                 failed = [lib["path"] for lib in report.get("libraries", []) if not lib.get("ok")
