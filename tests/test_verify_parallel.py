@@ -274,3 +274,81 @@ def test_a_wrong_guess_about_torch_runs_the_provenance_script_on_its_own(venv, t
     assert by["imports"].status == "fail" and "No module named 'torch'" in by["imports"].reason
     assert [name for name, _, _ in host.runs].count("stage_provenance") == 1
     assert by["library-provenance"].details["imported"] == [{"name": "plain", "ok": True, "error": None}]
+
+
+@pytest.mark.parametrize("overlay", [(), ("meet",)], ids=["early", "after-the-inventory"])
+def test_a_stage_past_its_timeout_is_stopped_and_the_others_keep_their_results(venv, tmp_path, overlay):
+    """The imports process waits (for a server-args process that never comes) past verify.timeout
+    while the other stages run: imports and library-provenance (its process) fail naming the
+    timeout, the process is stopped at it (not left to its own 60 s), and the stages beside it
+    keep their own results. The twin: the same wait with a timeout it fits in passes."""
+    # the overlay's import names are meet's packages: crash_now exits at import, it is not the point here
+    skip = {"crash_now": "exits at import"} if overlay else {}
+    settings = dataclasses.replace(_settings(tmp_path, wait=60), server_args=None, timeout=6, overlay=overlay,
+                                   skip_imports=skip)
+    started = time.monotonic()
+    by = {r.name: r for r in run_stages(settings, target=LocalHost(), venv=venv)}
+    took = time.monotonic() - started
+    assert by["imports"].status == "fail" and "ran past its timeout of 6 s" in by["imports"].reason
+    assert by["library-provenance"].status == "fail" and by["library-provenance"].reason == by["imports"].reason
+    assert by["interpreter"].status == "pass" and by["requirements"].status == "pass"
+    assert by["jit-caches"].status == "pass" and by["native-load"].status == "skip"
+    assert took < 45, f"the stage was stopped at its timeout, not after the import's own wait ({took:.1f} s)"
+    # the twin: the import gives up after 1 s on its own, well within the timeout, and says why
+    twin = dataclasses.replace(_settings(tmp_path / "twin", wait=1), server_args=None, timeout=60, overlay=overlay,
+                               skip_imports=skip)
+    by = {r.name: r for r in run_stages(twin, target=LocalHost(), venv=venv)}
+    assert by["imports"].status == "fail" and "no server-args process ran at the same time" in by["imports"].reason
+    assert "timeout" not in by["imports"].reason and by["library-provenance"].status == "skip"
+
+
+class Spawns(LocalHost):
+    """This machine, counting the imports processes spawned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.imports = 0
+
+    def spawn(self, argv, *, env=None, stdin=None, stdout=None):
+        if _script(argv, None) == "stage_imports":
+            self.imports += 1
+        return super().spawn(argv, env=env, stdin=stdin, stdout=stdout)
+
+
+def test_an_imports_process_started_ahead_is_the_one_the_ladder_asks(venv, tmp_path):
+    """``verify HOST:VENV`` starts the imports process before loading the ladder
+    (:func:`transplant.verify.early.start_imports`); the ladder asks that one, and its stages'
+    seconds count from its start. The twin: one started for other names is ended, and the
+    ladder starts its own."""
+    from transplant.verify.early import start_imports
+
+    settings = dataclasses.replace(_settings(tmp_path, wait=0), imports=("plain",), server_args=None)
+    host = Spawns()
+    started = start_imports(settings, host, venv)
+    assert started is not None and started.script.started and host.imports == 1
+    time.sleep(1.0)  # the imports process has a second's head start on the ladder
+    by = {r.name: r for r in run_stages(settings, target=host, venv=venv, started=started)}
+    assert host.imports == 1, "no second imports process"
+    assert by["imports"].status == "pass" and by["imports"].reason == "1 import: plain 2.0"
+    assert by["imports"].seconds >= 1.0, "counted from the process's start"
+    assert by["library-provenance"].details["imported"][-1] == {"name": "plain", "ok": True, "error": None}
+    other = Spawns()
+    stale = start_imports(dataclasses.replace(settings, imports=("json",)), other, venv)
+    by = {r.name: r for r in run_stages(settings, target=other, venv=venv, started=stale)}
+    assert other.imports == 2 and by["imports"].reason == "1 import: plain 2.0"
+    assert stale.script.ask(b"", 1) is None, "the one started for other names was ended"
+
+
+def test_the_verify_command_loads_light_before_its_imports_process_starts(tmp_path):
+    """What ``transplant verify HOST:VENV`` loads before it starts the imports process: not the
+    pipeline, the planner, the ladder's runner or the renderers (half a second of CPU loading
+    that now overlaps the imports process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, transplant.cli.app, transplant.cli.commands.verify, transplant.cli.locations\n"
+            "heavy = ['transplant.pipeline', 'transplant.core.planner', 'transplant.verify.runner',\n"
+            "         'transplant.cli.render', 'transplant.cli.session', 'transplant.donor.sources']\n"
+            "print(','.join(m for m in heavy if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "", f"loaded before the imports process starts: {out.strip()}"

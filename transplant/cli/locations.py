@@ -14,13 +14,31 @@ from pathlib import Path
 
 from transplant.hosts.host import SSHOptions
 from transplant.core.hostspec import HostSpec
+from transplant.errors import UsageError
 
-__all__ = ["is_location", "resolve_location"]
+__all__ = ["is_location", "parse_location", "resolve_location"]
 
 
 def is_location(text: str) -> bool:
     """Whether an argument is ``HOST:VENV`` (it holds ``:/`` and names no file) rather than a manifest."""
     return ":/" in text and not os.path.exists(text)
+
+
+def parse_location(text: str) -> tuple[HostSpec, str]:
+    """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
+
+    :raises UsageError: no ``:/`` in the text, a control character in the venv path, or a bad host part.
+    """
+    host, sep, venv = text.partition(":/")
+    fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
+    if not sep:
+        raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
+        raise UsageError(f"{text!r}: the venv path holds a control character (a newline, a tab...)", hint=fix)
+    try:
+        return HostSpec.parse(host), "/" + venv
+    except ValueError as exc:
+        raise UsageError(f"{text!r}: {exc}", hint=fix) from None
 
 
 def resolve_location(text: str, identity_file: str | None = None,
@@ -32,7 +50,7 @@ def resolve_location(text: str, identity_file: str | None = None,
     :raises UsageError: a bad ``HOST:VENV``; :raises ManifestError: an invalid manifest;
         :raises TransplantError: a manifest whose target is given as several (``targets:``).
     """
-    from transplant.cli.session import parse_location, ssh_options
+    from transplant.cli.session import ssh_options
     from transplant.errors import UsageError
     from transplant.controller.manifest_file import load_manifest
 

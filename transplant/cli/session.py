@@ -15,7 +15,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.plan import Plan
 from transplant.controller.patch_files import read_patch_files
@@ -23,6 +22,7 @@ from transplant.donor.sources import Opened, open_donor
 from transplant.errors import HostError, TransplantError, UsageError
 from transplant.hosts.host import Host, connect, side_error
 from transplant.cli.warm import ssh_options
+from transplant.cli.locations import parse_location  # noqa: F401 - where the commands have always found it
 from transplant.pipeline import plan_target
 
 __all__ = ["Session", "ssh_options", "parse_location", "targets_of", "run_fleet_action", "refuse_inside_venvs",
@@ -116,23 +116,6 @@ class Session:
         with self.console.status("probing") as status:
             return plan_target(m, source, target_host, patches=patches, memo=memo,
                                reporter=Shown(step=status.update, note=printer(self.console, highlight=False)))
-
-
-def parse_location(text: str) -> tuple[HostSpec, str]:
-    """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
-
-    :raises UsageError: no ``:/`` in the text, a control character in the venv path, or a bad host part.
-    """
-    host, sep, venv = text.partition(":/")
-    fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
-    if not sep:
-        raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
-        raise UsageError(f"{text!r}: the venv path holds a control character (a newline, a tab...)", hint=fix)
-    try:
-        return HostSpec.parse(host), "/" + venv
-    except ValueError as exc:
-        raise UsageError(f"{text!r}: {exc}", hint=fix) from None
 
 
 def targets_of(args: argparse.Namespace, manifest: Manifest) -> tuple[Manifest, list[Endpoint]]:

@@ -97,7 +97,7 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     when ``record`` is true, record the verdict in the target's history and the controller's
     verified log.
 
-    :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``).
+    :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``, ``started``).
     :returns: the stage results and whether no stage failed.
     """
     from transplant.verify.runner import run_stages  # the verify ladder: an apply without --verify needs none

@@ -17,7 +17,8 @@ forks native-load's loader once it has imported torch and nothing else (the name
 torch; else before its first import), which loads the shared objects the second line of its
 input names: torch is imported once. Without an overlay the import names need no inventory, so
 that interpreter starts beside the inventory's (its shared objects are sent once the inventory
-names them), and the imports stages' seconds count from then. When that process fails (it dies,
+names them), and the imports stages' seconds count from then; ``verify HOST:VENV`` starts it
+even before loading this module (:mod:`transplant.verify.early`, ``run_stages(started=...)``). When that process fails (it dies,
 runs past its timeout) or guessed wrong whether torch is installed, native-load runs its own.
 The inventory the stages read looks on disk only at the shared objects (the probe's
 ``record: "shared"``).
@@ -35,8 +36,8 @@ from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
-from transplant import remote
 from transplant.verify import judges, ladder
+from transplant.verify.early import Started, early_names as _early_names, first_line, second_line, start_imports
 from transplant.core.findings import requirement_findings
 from transplant.errors import HostError, ProbeError, TransplantError
 from transplant.hosts.host import Host
@@ -106,6 +107,7 @@ def run_stages(
     clear_jit_caches: bool | Sequence[str] = False,
     donor_run: DonorRun | None = None,
     parallel: int = PARALLEL,
+    started: Started | None = None,
 ) -> list[StageResult]:
     """Run every verify stage and return their results in order (see :data:`STAGES`).
 
@@ -140,6 +142,10 @@ def run_stages(
         from several threads at once.
     :param parallel: how many stages of :data:`GROUP` run at a time (at least 1; 1 runs them
         one after the other, in the ladder's order, and starts nothing beside the inventory).
+    :param started: the imports process the command started ahead
+        (:func:`transplant.verify.early.start_imports` with these settings, target and venv), or
+        None: then it is started here when it can be. Taken over (and ended when unused, as with
+        ``parallel`` 1 or other settings).
     :raises ValueError: ``parallel`` below 1.
     A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
     a missing interpreter) is a fail with that reason; the other stages still run.
@@ -173,30 +179,20 @@ def run_stages(
         finish(result)
         return result
 
-    def first_line(modules: list[str], optional: list[str], preload: list[str], guess: bool) -> bytes:
-        """The first line of the imports script's request: the provenance script's ``facts`` after
-        ``modules`` (``optional`` ones only where installed) under ``"provenance"``, and the loader
-        child of native-load forked once ``preload`` is imported (only those installed when
-        ``guess``), whose paths come on the second line."""
-        return json.dumps({"provenance": {"modules": modules, "optional": optional,
-                                          "source": remote.source("stage_provenance").decode()},
-                           "native": {"preload": preload, "optional": preload if guess else [],
-                                      "source": remote.source("stage_native").decode()}}).encode() + b"\n"
-
-    def second_line(paths: list[str]) -> bytes:
-        return json.dumps({"paths": paths}).encode() + b"\n"
-
     # Without an overlay the import names do not depend on the inventory: their process starts now,
     # beside the inventory's (torch among the provenance modules, and preloaded for native-load, only
     # if it is installed; the inventory then says whether that was the right guess, see provenance
     # and native below). The shared objects native-load loads come on its input once the inventory
     # has named them.
-    early_names = [n for n in ladder.import_names([], settings.imports) if n not in settings.skip_imports]
-    early_start = time.monotonic()
-    early: WaitingScript | None = None
-    if early_names and not settings.overlay and parallel > 1:
-        early = WaitingScript(target, venv, "stage_imports", early_names, env=env)
-        early.tell(first_line(["torch"] + [n for n in early_names if n != "torch"], ["torch"], ["torch"], True))
+    early_names = _early_names(settings)
+    if started is not None and (parallel == 1 or started.names != early_names or started.venv != venv
+                                or started.env != env):
+        started.close()  # not what this ladder would start: it runs its own, or none
+        started = None
+    if started is None and early_names and parallel > 1:
+        started = start_imports(settings, target, venv)
+    early_start = started.at if started is not None else time.monotonic()
+    early: WaitingScript | None = started.script if started is not None else None
     with ThreadPoolExecutor(max_workers=2) as pool, ExitStack() as closing:
         if early is not None:
             closing.callback(early.close)  # ends it when unasked (an error of the controller's own)
@@ -297,6 +293,8 @@ def run_stages(
             if not paths:
                 return "skip", "the distributions checked ship no shared objects (" + (
                     ", ".join(d.display_name for d in dists) or "none") + ")", {}
+            # the venv's library keys (every RECORD's rows) before the wait, not after the imports process
+            shipped = ladder.record_library_keys(live.distributions)
             report = None
             if sharing:  # the imports process's loader child, unless that process failed or guessed wrong
                 joint_done.wait()
@@ -305,7 +303,6 @@ def run_stages(
             if not isinstance(report, dict):
                 report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
                                     env=env, timeout=timeout)
-            shipped = ladder.record_library_keys(live.distributions)
             status, reason = judges.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
             if status == "fail" and donor_run is not None:
                 failed = [lib["path"] for lib in report.get("libraries", []) if not lib.get("ok")

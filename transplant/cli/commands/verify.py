@@ -9,23 +9,24 @@ import shlex
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from transplant.cli.progress import StagesShown
 from transplant.errors import TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.controller.manifest_file import load_manifest
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.manifest import Manifest, VerifySettings
-from transplant.donor.sources import HostSource, Opened
-from transplant.core.units import count, human_bytes
-from transplant.cli.render import stages_table, verify_json, verify_junit
-from transplant.verify.judges import overall_ok
 from transplant.hosts.probing import run_script
-from transplant.pipeline import verify_target
-from transplant.verify.runner import DonorRun, donor_reader
+from transplant.verify.early import Started, start_imports
+
+if TYPE_CHECKING:
+    from transplant.donor.sources import Opened
+    from transplant.verify.runner import DonorRun
+
+# The rest (the pipeline, the ladder's runner, the donor sources, the renderers) is imported where it is
+# used, after the imports process has started (transplant.verify.early): its half second of loading then
+# overlaps that process instead of coming before it.
 
 __all__ = ["verify_command", "parse_imports", "is_location"]
 
@@ -35,6 +36,8 @@ def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
     """A :data:`transplant.verify.runner.DonorRun` for a donor that can run code (a host, not a
     snapshot): the host script runs in the donor's venv with the manifest's verify
     environment; a request's ``paths`` are made absolute there and its ``prefix`` reported."""
+    from transplant.donor.sources import HostSource
+
     if not isinstance(source, HostSource):
         return None
 
@@ -71,10 +74,10 @@ def parse_clear(value: object) -> tuple[tuple[str, ...], bool]:
 
     :raises UsageError: a name that is none of those.
     """
-    from transplant.verify.runner import JIT_CACHES
-
     if value is None or value is False:
         return (), False
+    from transplant.verify.runner import JIT_CACHES
+
     names = tuple(dict.fromkeys(n.strip() for n in str(value).split(",") if n.strip()))
     if "all" in names:
         return JIT_CACHES, True
@@ -88,6 +91,8 @@ def parse_clear(value: object) -> tuple[tuple[str, ...], bool]:
 def _clear_line(caches: list, names: tuple[str, ...], again: str) -> str:
     """What ``--clear-jit-caches`` did, in one line: removed, refused, and the user-wide folders
     listed but not named (with the option that removes them)."""
+    from transplant.core.units import count, human_bytes
+
     existing = [c for c in caches if c.get("exists")]
     if not existing:
         return "--clear-jit-caches: no JIT cache folder exists (" + ", ".join(c["path"] for c in caches) + \
@@ -118,7 +123,7 @@ def is_location(text: str) -> bool:
     return ":/" in text and not os.path.exists(text)
 
 
-def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Callable[..., Any],
+def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Callable[..., Any] | None,
                    parse_location: Callable[[str], tuple[Any, str]], manifest: Manifest | None = None) -> int:
     """Run ``transplant verify``; returns 0 when no stage failed, 3 when one did.
 
@@ -142,6 +147,7 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
     if junit:
         _check_junit(junit)
     source = getattr(args, "manifest", None) or ""
+    started: Started | None = None
     with ExitStack() as stack:
         if manifest is None and is_location(source):
             if not extra:
@@ -152,15 +158,25 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
             with console.status(f"connecting to {spec}"):
                 target: Host = stack.enter_context(connect(spec, options))
             settings = VerifySettings(imports=extra)
+            started = start_imports(settings, target, venv)  # before loading the rest of the controller
+            if started is not None:
+                stack.callback(started.close)  # ended when the ladder does not take it (an error before it)
             label, donor, donor_run = f"{spec}:{venv}", None, None
         else:
+            from transplant.controller.manifest_file import load_manifest
+
             if manifest is None:
                 manifest = load_manifest(source)
+            assert session_class is not None, "a manifest needs the session class"
             session = session_class(manifest, console, stack)
             target, venv, label = session.host("target"), manifest.target.venv, str(manifest.target)
             settings = manifest.verify
             if extra:
                 settings = dataclasses.replace(settings, imports=tuple(dict.fromkeys(settings.imports + extra)))
+            started = start_imports(settings, target, venv)  # while the donor is opened (no overlay only)
+            if started is not None:
+                stack.callback(started.close)
+            from transplant.verify.runner import donor_reader
             try:
                 opened: Opened | None = session.donor()
             except TransplantError as exc:
@@ -175,11 +191,17 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 
             donor = donor_reader(read_donor)
             donor_run = donor_runner(opened.source, settings) if opened is not None else None
+        from transplant.cli.progress import StagesShown
+        from transplant.pipeline import verify_target
+
         with console.status("verifying") as status:  # a manifest's target records the verdict
             results, _ = verify_target(settings, target, venv, ssh=session.ssh if manifest is not None else None,
                                        record=manifest is not None, donor_inventory=donor,
                                        reporter=StagesShown(status.update, "verify"),
-                                       clear_jit_caches=clearing, donor_run=donor_run)
+                                       clear_jit_caches=clearing, donor_run=donor_run, started=started)
+    from transplant.cli.render import stages_table, verify_json, verify_junit
+    from transplant.verify.judges import overall_ok
+
     if junit:
         try:
             Path(junit).write_text(verify_junit(results, label))
@@ -209,9 +231,14 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 def verify_command(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
     """``transplant verify MANIFEST|HOST:VENV``: one target (:func:`_verify_one`), or every target of a fleet;
     returns 0 when no stage failed, 3 when one did."""
-    from transplant.cli.session import Session, parse_location, run_fleet_action, targets_of
+    from transplant.cli.locations import parse_location
 
-    if manifest is None and not is_location(args.manifest):
+    if manifest is None and is_location(args.manifest):  # the rest of the controller loads once the imports started
+        return _verify_one(args, console, session_class=None, parse_location=parse_location)
+    from transplant.cli.session import Session, run_fleet_action, targets_of
+    from transplant.controller.manifest_file import load_manifest
+
+    if manifest is None:
         manifest, targets = targets_of(args, load_manifest(args.manifest))
         if len(targets) > 1:
             if getattr(args, "junit", None) or parse_clear(getattr(args, "clear_jit_caches", None))[1]:

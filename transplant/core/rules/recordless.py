@@ -95,17 +95,22 @@ def stale_extension_modules(report: Mapping[str, Any], inventory: Inventory) -> 
         venv-relative paths, owners a distribution name or ``""`` (no RECORD lists it), sorted.
     """
     roots = [str(report.get("prefix_real") or ""), str(report.get("prefix") or "")]
-    owner: dict[str, str] = {}
-    for dist in inventory.distributions:
-        for path in dist.files:
-            owner.setdefault(path, dist.name)
-    out = []
+    pairs = []
     for pair in report.get("beside_source") or ():
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             continue
         ext, src = (_relative(str(p), roots) for p in pair)
-        if ext is None or src is None:
-            continue
+        if ext is not None and src is not None:
+            pairs.append((ext, src))
+    if not pairs:  # the usual case: no RECORD to read (a CUDA stack's RECORDs list 80,000 files)
+        return []
+    wanted = {path for pair in pairs for path in pair}
+    owner: dict[str, str] = {}  # the first distribution whose RECORD lists each wanted path
+    for dist in inventory.distributions:
+        for path in wanted.intersection(dist.files):
+            owner.setdefault(path, dist.name)
+    out = []
+    for ext, src in pairs:
         mine, theirs = owner.get(ext, ""), owner.get(src, "")
         if mine and mine == theirs:
             continue

@@ -1,0 +1,90 @@
+"""The verify ladder's imports process, started as early as the command can (edge).
+
+Without an overlay the names ``imports`` checks do not depend on the inventory (see
+:mod:`transplant.verify.runner`), so their process can start before the ladder's other work,
+even before the controller has loaded the modules that work needs: ``transplant verify
+HOST:VENV`` starts it right after connecting (:func:`start_imports`) and hands it to
+:func:`transplant.verify.runner.run_stages`. It is the ladder's longest process (it imports
+torch and the stack); the controller's own start-up (about 0.3 s of CPU here) then overlaps it
+instead of coming first. This module imports only what starting it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from transplant import remote
+from transplant.core.manifest import VerifySettings
+from transplant.hosts.host import Host
+from transplant.hosts.probing import WaitingScript
+from transplant.verify import ladder
+
+__all__ = ["Started", "early_names", "start_imports", "first_line", "second_line"]
+
+
+@dataclass
+class Started:
+    """An imports process started ahead (:func:`start_imports`).
+
+    :ivar script: the process, told the first line of its request.
+    :ivar names: the import names it imports, in order.
+    :ivar at: when it was started (:func:`time.monotonic`): the imports stages' seconds count from it.
+    :ivar venv: the venv it runs in.
+    :ivar env: the environment it was started with (``verify.env``).
+    """
+
+    script: WaitingScript
+    names: list[str]
+    at: float
+    venv: str
+    env: dict[str, str]
+
+    def close(self) -> None:
+        """End it when it goes unasked (idempotent)."""
+        self.script.close()
+
+
+def early_names(settings: VerifySettings) -> list[str]:
+    """The import names an imports process can be started with before the inventory: those of
+    ``verify.imports`` less ``verify.skip_imports``; empty with an overlay (its names come from
+    the inventory)."""
+    if settings.overlay:
+        return []
+    return [n for n in ladder.import_names([], settings.imports) if n not in settings.skip_imports]
+
+
+def first_line(modules: list[str], optional: list[str], preload: list[str], guess: bool) -> bytes:
+    """The first line of the imports script's request: the provenance script's ``facts`` after
+    ``modules`` (``optional`` ones only where installed) under ``"provenance"``, and the loader
+    child of native-load forked once ``preload`` is imported (only those installed when
+    ``guess``), whose paths come on the second line (:func:`second_line`)."""
+    return json.dumps({"provenance": {"modules": modules, "optional": optional,
+                                      "source": remote.source("stage_provenance").decode()},
+                       "native": {"preload": preload, "optional": preload if guess else [],
+                                  "source": remote.source("stage_native").decode()}}).encode() + b"\n"
+
+
+def second_line(paths: list[str]) -> bytes:
+    """The second line of the imports script's request: the shared objects native-load loads."""
+    return json.dumps({"paths": paths}).encode() + b"\n"
+
+
+def start_imports(settings: VerifySettings, target: Host, venv: str) -> Started | None:
+    """Start the imports process of ``settings`` in ``venv`` now, before the inventory: torch among
+    the provenance modules, and preloaded for native-load, only if it is installed (the
+    inventory later says whether that guess was right).
+
+    :returns: the started process, or None when it cannot start early (an overlay, no import
+        names); a process that failed to spawn is returned too (``script.started`` False: the
+        ladder then runs the script as usual and reports its error).
+    """
+    names = early_names(settings)
+    if not names:
+        return None
+    env = dict(settings.env)
+    at = time.monotonic()
+    script = WaitingScript(target, venv, "stage_imports", names, env=env)
+    script.tell(first_line(["torch"] + [n for n in names if n != "torch"], ["torch"], ["torch"], True))
+    return Started(script=script, names=names, at=at, venv=venv, env=env)
