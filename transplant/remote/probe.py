@@ -774,13 +774,22 @@ def _run_hash_jobs():
 
     # the cache's answers first, in this thread (a thread per known file costs more than the lookup)
     misses = []
-    get = cache.get
-    for job in jobs:
-        known = get(job[5], job[3], job[4])
-        if known is not None:
-            fill(job[0], known)
-        else:
-            misses.append(job)
+    if cache.enabled:
+        # _HashCache.get written out (one dict lookup and one comparison per file)
+        entries, fresh, group_of = cache.entries, cache.fresh, cache.group_of
+        for job in jobs:
+            rel = job[5]
+            known = entries.get(rel)
+            if known is not None and known[:5] == job[3]:
+                fresh[rel] = known
+                group_of[rel] = job[4]
+                fill(job[0], known[5:])
+            else:
+                misses.append(job)
+        cache.hits += len(jobs) - len(misses)
+        cache.misses += len(misses)
+    else:
+        misses = jobs
 
     def work(job):
         entry, full, script, key, group, rel, size = job
