@@ -281,3 +281,30 @@ def test_inputs_noted_a_block_at_a_time_are_those_noted_one_by_one(tmp_path: Pat
         block.note_block(names[5000:], ids[5000 * 6:])
         assert block.report({}) == one_first.report({}), len(names)
         assert one.racy is (str(new) in names) and block.racy is one.racy
+
+
+def _identity_by_normpath(data: bytes, site: str, scripts: str) -> str:
+    """record_identity's rule with ``normpath(join(site, path))`` for every row (the general route)."""
+    import csv
+    import io
+    import posixpath
+
+    from transplant.remote._common import record_hash
+
+    canonical = []
+    for row in csv.reader(io.StringIO(data.decode("utf-8"), newline="")):
+        if not row:
+            continue
+        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
+        canonical.append([row[0], "", ""] + row[3:] if where.startswith(scripts + "/") else row)
+    return "record:" + record_hash(json.dumps(canonical, separators=(",", ":"), ensure_ascii=True).encode("ascii"))
+
+
+@pytest.mark.parametrize("site", ["lib/python3.11/site-packages", "", "lib/./site", "bin/../lib/site", "bin"])
+def test_record_identity_places_plain_rows_as_the_general_route_does(site: str) -> None:
+    """The identity places a plain row by concatenation (issue 16): for every kind of row, and
+    sites that are normal or not, the same identity as ``normpath(join())`` for each row."""
+    rows = ["alpha/__init__.py,sha256=a,1", "../../../bin/tool,sha256=b,2", "./bin/x,sha256=c,3", "a//b,,",
+            "/abs/bin/y,sha256=d,4", "bin/tool2,sha256=e,5", ".hidden/x,sha256=f,6", "sub/,,", ",,", "x/../bin/z,sha256=g,7"]
+    data = ("\r\n".join(rows) + "\r\n").encode()
+    assert probe.record_identity(data, site, "bin") == _identity_by_normpath(data, site, "bin")
