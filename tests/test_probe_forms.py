@@ -229,3 +229,82 @@ def test_a_donor_cache_prints_only_the_groups_it_hashed(venv: Path) -> None:
                                    request=json.dumps({**request, "hash_cache": {"store": "reply", "racy_ns": 0}})
                                    .encode() + b"\n" + line + b"\n"))
     assert again["hash_cache"]["misses"] == 0 and printed == [] and again["hash_cache"]["groups"] == 0
+
+
+def test_the_compact_rows_are_the_full_entries_compacted_with_the_same_inputs(venv: Path) -> None:
+    """The compact form is built row by row in its own loop (issue 16): each row must be exactly
+    what :func:`probe._compact` makes of the full form's entry (``venv_path`` and ``hash`` 1, the
+    trailing nulls left out), hashed or not, and the inputs noted (paths, order, identities) the same."""
+    for hashed in ([], ["alpha"]):
+        full = _full(venv, hash=hashed, inputs=True)
+        compact = _full(venv, hash=hashed, inputs=True, compact=True)
+        for a, b in zip(full["distributions"], compact["distributions"], strict=True):
+            assert b["record"] == probe._compact(a["record"], a["site_packages"]), (a["name"], hashed)
+        (alpha,) = [d for d in compact["distributions"] if d["name"] == "alpha"]
+        rows = {row[0]: row for row in alpha["record"]}
+        assert rows["alpha/outlink/secret"][1:2] in ([], [None]) and rows["alpha/fifo"][8] is True
+        assert rows["alpha/link.py"][7] == "__init__.py" and rows["alpha/missing.py"][4:] == [False]
+        if hashed:
+            assert rows["alpha/__init__.py"][10] == 1 and rows["alpha-1.0.dist-info/RECORD"][13].startswith("record:")
+        assert {k: full["inputs"][k] for k in ("digest", "count", "paths")} == \
+            {k: compact["inputs"][k] for k in ("digest", "count", "paths")}
+
+
+def test_inputs_noted_a_block_at_a_time_are_those_noted_one_by_one(tmp_path: Path) -> None:
+    """:meth:`_Inputs.note_block` (a RECORD's rows at once) gives :meth:`_Inputs.note`'s digest,
+    packed paths and racy flag, across the 8192-path chunks the paths are packed in."""
+    old = tmp_path / "old"
+    old.write_text("old\n")
+    os.utime(old, ns=(10**18, 10**18))
+    new = tmp_path / "new"
+    new.write_text("new\n")
+    for names in ([str(old), str(tmp_path / "absent")] * 6000, [str(old)] * 100 + [str(new)] + [str(old)] * 9000):
+        limit = os.lstat(new).st_mtime_ns - 1
+        one, block = probe._Inputs(limit), probe._Inputs(limit)
+        stats = []
+        for name in names:
+            try:
+                stats.append(os.lstat(name))
+            except OSError:
+                stats.append(None)
+        for name, st in zip(names, stats):
+            one.note(name, st)
+        block.note("first", None)  # a block after a single note: the chunks start part way
+        one_first = probe._Inputs(limit)
+        one_first.note("first", None)
+        for name, st in zip(names, stats):
+            one_first.note(name, st)
+        ids = block.array("q")
+        for st in stats:
+            probe._append(ids, st)
+        block.note_block(names[:5000], ids[:5000 * 6])
+        block.note_block(names[5000:], ids[5000 * 6:])
+        assert block.report({}) == one_first.report({}), len(names)
+        assert one.racy is (str(new) in names) and block.racy is one.racy
+
+
+def _identity_by_normpath(data: bytes, site: str, scripts: str) -> str:
+    """record_identity's rule with ``normpath(join(site, path))`` for every row (the general route)."""
+    import csv
+    import io
+    import posixpath
+
+    from transplant.remote._common import record_hash
+
+    canonical = []
+    for row in csv.reader(io.StringIO(data.decode("utf-8"), newline="")):
+        if not row:
+            continue
+        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
+        canonical.append([row[0], "", ""] + row[3:] if where.startswith(scripts + "/") else row)
+    return "record:" + record_hash(json.dumps(canonical, separators=(",", ":"), ensure_ascii=True).encode("ascii"))
+
+
+@pytest.mark.parametrize("site", ["lib/python3.11/site-packages", "", "lib/./site", "bin/../lib/site", "bin"])
+def test_record_identity_places_plain_rows_as_the_general_route_does(site: str) -> None:
+    """The identity places a plain row by concatenation (issue 16): for every kind of row, and
+    sites that are normal or not, the same identity as ``normpath(join())`` for each row."""
+    rows = ["alpha/__init__.py,sha256=a,1", "../../../bin/tool,sha256=b,2", "./bin/x,sha256=c,3", "a//b,,",
+            "/abs/bin/y,sha256=d,4", "bin/tool2,sha256=e,5", ".hidden/x,sha256=f,6", "sub/,,", ",,", "x/../bin/z,sha256=g,7"]
+    data = ("\r\n".join(rows) + "\r\n").encode()
+    assert probe.record_identity(data, site, "bin") == _identity_by_normpath(data, site, "bin")

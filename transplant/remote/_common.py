@@ -90,15 +90,30 @@ def record_identity(data, site, scripts):
     except (UnicodeDecodeError, csv.Error):
         return None
     canonical = []
+    under = scripts + "/"
+    base = site + "/" if site else ""
+    site_normal = not site or posixpath.normpath(site) == site
     for row in rows:
         if not row:
             continue
-        where = posixpath.normpath(posixpath.join(site, row[0])) if row[0] else ""
-        if where.startswith(scripts + "/"):
+        path = row[0]
+        if site_normal and _plain(path):
+            where = base + path  # normpath(join(site, path)) with no path arithmetic
+        else:
+            where = posixpath.normpath(posixpath.join(site, path)) if path else ""
+        if where.startswith(under):
             row = [row[0], "", ""] + row[3:]
         canonical.append(row)
     text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
     return "record:" + record_hash(text.encode("ascii"))
+
+
+def _plain(rel):
+    """Whether a relative POSIX path is already normal (no empty, ``.`` or ``..`` part, no part
+    starting with a dot, no trailing slash): ``normpath(join(site, rel))`` is then ``site/rel`` for
+    a normal ``site``."""
+    return (bool(rel) and rel[0] != "/" and rel[0] != "." and rel[-1] != "/" and "/." not in rel and "//" not in rel
+            and "\0" not in rel)
 
 
 def write_venv_cache(prefix, path, schema, entries):

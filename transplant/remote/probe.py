@@ -69,6 +69,7 @@ imports this module's functions at run time on the controller.
 import csv
 import email.parser
 import fnmatch
+import gc
 import hashlib
 import io
 import json
@@ -265,10 +266,13 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=N
     except csv.Error as exc:
         if summary:
             return {"files": 0, "bytes": 0, "error": "RECORD is not valid CSV: {}".format(exc)[:300]}
-        return [{"path": "", "venv_path": None, "record_hash": None, "record_size": None,
-                 "error": "RECORD is not valid CSV: {}".format(exc)[:300]}]
+        entries = [{"path": "", "venv_path": None, "record_hash": None, "record_size": None,
+                    "error": "RECORD is not valid CSV: {}".format(exc)[:300]}]
+        return _compact(entries, None) if _OPTIONS.get("compact") else entries
     norm_site = os.path.normpath(site)
     site_rel = _inside(prefix, norm_site)
+    if _OPTIONS.get("compact") and not summary:
+        return _record_rows(rows, dist_dir, norm_site, site_rel, prefix, hashed, shared, group)
     count = total = 0
     for row in rows:
         if not row or not row[0]:
@@ -302,7 +306,7 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=N
                 script = venv_path.startswith(_OPTIONS["scripts"] + "/")
                 # the lstat just taken is the hash cache's key: no second lstat per file
                 _HASH_JOBS.append((entry, full, script, [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                                                          st.st_ctime_ns], group))
+                                                          st.st_ctime_ns], group, venv_path, entry["size"]))
         entries.append(entry)
     if summary:
         return {"files": count, "bytes": total}
@@ -314,6 +318,127 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=N
                 if identity is not None:
                     entry["record_identity"] = identity
     return entries
+
+
+def _record_rows(rows, dist_dir, site, site_rel, prefix, hashed, shared, group):
+    """The compact form of :func:`_record` (``"compact": true``): each RECORD row built once as
+    its list of :data:`COLUMNS` (what :func:`_compact` makes of :func:`_record`'s dict entries,
+    the same values), in one loop per RECORD: one lstat per row inside the venv, noted as an input
+    in the same order with the same identity (:class:`_Inputs`, fed a RECORD at a time), the
+    folder's check of :func:`_row_path` asked once per folder. A hashed file's row is left with
+    all its columns until :func:`_run_hash_jobs` fills its hash (:func:`_finish_row`).
+
+    :param rows: RECORD's parsed CSV rows; ``site``: the normalised site-packages folder;
+        ``site_rel``: its venv-relative path (None when it is not inside the venv).
+    """
+    out = []
+    append = out.append
+    lstat, readlink = os.lstat, os.readlink
+    is_lnk, is_reg = stat.S_ISLNK, stat.S_ISREG
+    shared_object = _SHARED_OBJECT.search
+    inputs = _INPUTS
+    noted, ids = [], _INPUTS.array("q") if inputs is not None else None
+    note_ids = ids.extend if ids is not None else None
+    folders = _FOLDER_OK.setdefault(prefix, {})
+    scripts = _OPTIONS["scripts"] + "/"
+    own = _inside(prefix, os.path.join(dist_dir, "RECORD")) if hashed else None
+    own_rows = []
+    jobs = _HASH_JOBS
+    site_slash = site + "/"
+    rel_slash = site_rel + "/" if site_rel is not None else None
+    real_prefix = _real(prefix)
+    real_prefix_slash = real_prefix + os.sep
+    for row in rows:
+        if not row:
+            continue
+        rel = row[0]
+        if not rel:
+            continue
+        record_hash = row[1] if len(row) > 1 and row[1] else None
+        try:
+            record_size = int(row[2]) if len(row) > 2 and row[2] else None
+        except ValueError:
+            record_size = None
+        # _row_path, the plain case inline
+        if rel_slash is not None and _plain(rel):
+            full = site_slash + rel
+            folder = full[:full.rfind("/")]
+            ok = folders.get(folder)
+            if ok is None:
+                # _inside's answer for a plain path under a site inside the prefix: where the
+                # folder really is (symlinks resolved)
+                real = _real(folder)
+                ok = folders[folder] = real == real_prefix or real.startswith(real_prefix_slash)
+            venv_path = rel_slash + rel if ok else None
+            column = 1 if ok else None
+        else:
+            full = os.path.normpath(os.path.join(site, rel))
+            venv_path = _inside(prefix, full)
+            column = 1 if venv_path is not None and rel_slash is not None and venv_path == rel_slash + rel \
+                else venv_path
+        if shared and not shared_object(rel):
+            append([rel, column] if column is not None else [rel])
+            continue
+        if venv_path is None:
+            entry = [rel, None, record_hash, record_size]
+            while entry[-1] is None:
+                entry.pop()
+            append(entry)
+            continue
+        try:
+            st = lstat(full)
+        except OSError:
+            st = None
+        if inputs is not None:
+            noted.append(full)
+            if st is None:
+                note_ids(_ABSENT)
+            else:
+                try:
+                    note_ids((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode))
+                except OverflowError:
+                    _wrapped(ids, st)
+                    inputs.check_racy(st)
+        if st is None:
+            append([rel, column, record_hash, record_size, False])
+            continue
+        mode = st.st_mode
+        if is_reg(mode):
+            if hashed:
+                entry = [rel, column, record_hash, record_size, True, st.st_size, mode & 0o7777, None, None, None,
+                         None, None, None, None]
+                jobs.append((entry, full, venv_path.startswith(scripts),
+                             [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns], group, venv_path,
+                             st.st_size))
+                if venv_path == own:
+                    own_rows.append(entry)
+            else:
+                entry = [rel, column, record_hash, record_size, True, st.st_size, mode & 0o7777]
+        elif is_lnk(mode):
+            entry = [rel, column, record_hash, record_size, True, None, mode & 0o7777, readlink(full)]
+        else:
+            entry = [rel, column, record_hash, record_size, True, None, mode & 0o7777, None, True]
+        append(entry)
+    if inputs is not None and noted:
+        inputs.note_block(noted, ids)
+    for entry in own_rows:
+        identity = _record_identity_of(os.path.join(dist_dir, "RECORD"), own)
+        if identity is not None:
+            entry[13] = identity
+    return out
+
+
+#: prefix -> {folder: whether a file there stays inside the prefix} (:func:`_record_rows`).
+_FOLDER_OK = {}
+
+
+def _finish_row(row, digest, head, body):
+    """Fill a hashed compact row's ``hash`` (1 when it equals ``record_hash``), ``head`` and
+    ``body_hash`` and leave out its trailing nulls."""
+    row[10] = 1 if digest is not None and digest == row[2] else digest
+    row[11], row[12] = head, body
+    while row[-1] is None:
+        row.pop()
 
 
 #: A shared object's file name (``*.so``, ``*.so.N``): ``transplant.core.import_names.SHARED_OBJECT``.
@@ -417,6 +542,30 @@ class _Inputs(object):
             self._flush()
         if st is not None and self.limit_ns is not None and \
                 (st.st_mtime_ns >= self.limit_ns or st.st_ctime_ns >= self.limit_ns):
+            self.racy = True
+
+    def note_block(self, paths, ids):
+        """Note ``paths`` with their identities ``ids`` (an array of six values per path, as
+        :func:`_append` gives them): the same digest, packed paths and racy flag as :meth:`note`
+        called once per path, in order (the paths are packed in the same chunks of 8192)."""
+        limit = self.limit_ns
+        if limit is not None and not self.racy and ids and \
+                (max(ids[3::6]) >= limit or max(ids[4::6]) >= limit):
+            self.racy = True
+        start = 0
+        while start < len(paths):
+            room = 8192 - len(self.pending)
+            part = paths[start:start + room]
+            self.pending.extend(part)
+            self.ids.extend(ids[start * 6:(start + len(part)) * 6])
+            start += len(part)
+            if len(self.pending) >= 8192:
+                self._flush()
+        self.count += len(paths)
+
+    def check_racy(self, st):
+        """Set ``racy`` when ``st``'s mtime or ctime is at or after the limit (as :meth:`note`)."""
+        if self.limit_ns is not None and (st.st_mtime_ns >= self.limit_ns or st.st_ctime_ns >= self.limit_ns):
             self.racy = True
 
     def stat_all(self, paths):
@@ -616,23 +765,36 @@ def _run_hash_jobs():
 
     def fill(entry, facts):
         digest, head, body = facts
+        if type(entry) is list:  # a compact row (_record_rows)
+            _finish_row(entry, digest, head, body)
+            return
         entry["hash"] = digest
         if head is not None:
             entry["head"], entry["body_hash"] = head, body
 
     # the cache's answers first, in this thread (a thread per known file costs more than the lookup)
     misses = []
-    for entry, full, script, key, group in jobs:
-        known = cache.get(entry["venv_path"], key, group)
-        if known is not None:
-            fill(entry, known)
-        else:
-            misses.append((entry, full, script, key, group))
+    if cache.enabled:
+        # _HashCache.get written out (one dict lookup and one comparison per file)
+        entries, fresh, group_of = cache.entries, cache.fresh, cache.group_of
+        for job in jobs:
+            rel = job[5]
+            known = entries.get(rel)
+            if known is not None and known[:5] == job[3]:
+                fresh[rel] = known
+                group_of[rel] = job[4]
+                fill(job[0], known[5:])
+            else:
+                misses.append(job)
+        cache.hits += len(jobs) - len(misses)
+        cache.misses += len(misses)
+    else:
+        misses = jobs
 
     def work(job):
-        entry, full, script, key, group = job
+        entry, full, script, key, group, rel, size = job
         facts = _script_facts(full) if script else (file_hash(full)[0], None, None)
-        cache.put(entry["venv_path"], key, facts, entry.get("size") or 0, group)
+        cache.put(rel, key, facts, size or 0, group)
         return facts
 
     if misses:
@@ -697,16 +859,16 @@ class _HashCache(object):
             self.error = "unreadable, rebuilt: {}".format(exc)[:200]
 
     def get(self, rel, key, group=None):
+        # (asked from one thread only: _run_hash_jobs looks every job up before its threads start)
         if not self.enabled or key is None:
             return None
         known = self.entries.get(rel)
-        with self.lock:
-            if known is not None and known[:5] == key:
-                self.hits += 1
-                self.fresh[rel] = known
-                self.group_of[rel] = group
-                return tuple(known[5:])
-            self.misses += 1
+        if known is not None and known[:5] == key:
+            self.hits += 1
+            self.fresh[rel] = known
+            self.group_of[rel] = group
+            return known[5:]
+        self.misses += 1
         return None
 
     def put(self, rel, key, facts, size, group=None):
@@ -1193,6 +1355,10 @@ def main(argv):
         sys.stdout.write(json.dumps(_fingerprint(patterns), sort_keys=True, separators=(",", ":")) + "\n")
         return 0
     script_log("probe")
+    # No cyclic garbage collection: the probe makes a few hundred thousand rows and lists and no
+    # cycle, and each collection their allocations set off walks all of them (a tenth of the
+    # real donor's probe); reference counting frees everything as usual, and the process ends.
+    gc.disable()
     prefix = venv_prefix()
     paths = venv_paths(prefix)
     sites = []
@@ -1244,10 +1410,7 @@ def main(argv):
     if _INPUTS is not None:
         document["inputs"] = _INPUTS.report(_non_file_facts(prefix, rel, host, interpreter))
     if _OPTIONS.get("compact"):
-        document["record_columns"] = list(COLUMNS)
-        for dist in distributions:
-            if dist["record"] is not None:
-                dist["record"] = _compact(dist["record"], dist["site_packages"])
+        document["record_columns"] = list(COLUMNS)  # (the rows were built in that form: _record_rows)
     sys.stdout.write(json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n")
     return 0
 
