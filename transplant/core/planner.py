@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import shlex
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
+from operator import attrgetter
 
 from packaging.utils import NormalizedName
 
@@ -146,7 +147,9 @@ def _distribution_change(
     record_path = f"{new.dist_info}/RECORD"
     own_record: FileEntry | None = None  # decided once the scripts apply rewrites are known
     relocated: list[str] = []
-    for path, entry in sorted(new.files.items()):
+    files = new.files
+    for path in sorted(files):  # the keys alone: sorting (path, entry) pairs compares tuples
+        entry = files[path]
         if path in patched or entry.error or protected_path(path) or path in leave:
             continue
         if path == record_path and entry.exists and entry.record_identity is not None:
@@ -196,7 +199,7 @@ def _distribution_change(
             copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
         else:
             same += 1
-    copies.sort(key=lambda c: c.path)
+    copies.sort(key=attrgetter("path"))
     if missing or broken:
         findings.append(Finding(
             code="record-drift", severity="warning", dists=(name,),
@@ -206,9 +209,11 @@ def _distribution_change(
                  f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
             files=tuple((broken + missing)[:20]),
         ))
-    keep = set(new.files) | patched | owned_elsewhere
-    remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists and not e.error)
-    remove = sorted(set(remove) | {p for p in _stale_dist_info(olds, new) if p not in keep})
+    # kept: in files, patched or owned_elsewhere, three lookups (their union copied every staying path per change)
+    remove = sorted({p for p, e in target_files.items() if e.exists and not e.error
+                     and p not in files and p not in patched and p not in owned_elsewhere}
+                    | {p for p in _stale_dist_info(olds, new)
+                       if p not in files and p not in patched and p not in owned_elsewhere})
     refused = [p for p in remove if protected_path(p)]
     if refused:
         findings.append(_protected_finding(name, olds, refused))
@@ -590,9 +595,10 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
             change = replace(change, reason=f"{change.reason}; needed by {needed_by[name]}")
         changes.append(change)
         after[name] = new
-    arriving = {p for n in names for p in newest(donor_by[n]).files}
+    # one union for all the removed distributions (it copies every staying file's path), none without any
+    staying = owned_elsewhere | patched | {p for n in names for p in newest(donor_by[n]).files} if removed else set()
     for name in removed:
-        changes.append(_removal(name, target_by[name], owned_elsewhere | patched | arriving, findings))
+        changes.append(_removal(name, target_by[name], staying, findings))
         del after[name]
     for folder in target.outside_folders:  # importable from outside the venv where the venv lacks the name
         for dist in target.outside:

@@ -229,7 +229,9 @@ def _recompiled(path: str, dist: Distribution) -> bool:
 
 def _drifted(dist: Distribution, skip: set[str]) -> tuple[list[str], list[str]]:
     changed, missing = [], []
-    for path, entry in sorted(dist.files.items()):
+    files = dist.files
+    for path in sorted(files):  # the keys alone: sorting (path, entry) pairs compares tuples
+        entry = files[path]
         if path in skip or entry.record_hash is None or entry.error or entry.symlink is not None:
             continue
         if not entry.exists:
