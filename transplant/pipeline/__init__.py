@@ -6,8 +6,10 @@ The single-target commands, fleets (:mod:`transplant.fleet.run`), ``recover`` an
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from transplant.apply.execute import ApplyResult, execute
@@ -54,14 +56,33 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
             return recalled.plan
     started = time.time()
     facts = gather(manifest, source, target, patches, reporter=reporter, inputs=key is not None)
-    plan = make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
-                     target_elf=facts.target_elf)
+    with _no_cycle_collection():
+        plan = make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
+                         target_elf=facts.target_elf)
     if key is not None:
         libstdcxx = facts.target_elf.libstdcxx
         extra = [*facts.target.elsewhere, *([libstdcxx.path] if libstdcxx is not None and libstdcxx.path else [])]
         memos.remember(key, plan, started, source=source, target=target, venv=manifest.target.venv,
                        donor_inputs=facts.donor.inputs, target_inputs=facts.target.inputs, target_extra=extra)
     return plan
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause the cyclic garbage collector for the planner's pass, then restore it as it was.
+
+    The planner builds about 70,000 small objects for the real pair's forward plan while both
+    inventories (millions of objects) are alive; each collection of the oldest generation walks
+    them all (0.6-0.7 s of its 2.5 s, issue 16). What it builds holds no reference cycles, so
+    nothing waits longer to be freed than the pass itself.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, reporter: Reporter = QUIET,
