@@ -79,6 +79,8 @@ def _editable(dist: Distribution, inv: Inventory) -> tuple[list[str], list[str]]
         if parsed.scheme == "file" and parsed.path and parsed.netloc in ("", "localhost"):
             paths.add(unquote(parsed.path))
     for rel in dist.files:
+        if not rel.endswith((".py", ".pth")):  # neither a finder nor a .pth (the name ends the path)
+            continue
         base = rel.rsplit("/", 1)[-1]
         is_finder = base.startswith("__editable__") and base.endswith(".py")
         if not (is_finder or base.endswith(".pth")):
