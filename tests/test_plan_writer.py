@@ -140,3 +140,18 @@ def test_removal_keeps_what_arrives_or_stays_and_removes_the_rest():
         "old/only.py", "old_cu12-1.0.dist-info/RECORD"}
     assert {p.removeprefix(SITE + "/") for p in by["new"].remove} == {"new/gone.py", "new-1.0.dist-info/RECORD"}
     assert by["old-cu12"].action == "remove" and by["new"].action == "upgrade"
+
+
+def test_plain_copy_is_the_dataclass_built_by_init():
+    """``FileCopy.plain`` (no ``__init__``) gives the object ``__init__`` gives: equal, same hash,
+    repr, dict form and pickle; still frozen. The twin with another field differs."""
+    import pickle
+    from dataclasses import FrozenInstanceError, asdict
+
+    built, plain = FileCopy(path="a/b.py", size=3, hash="sha256=x"), FileCopy.plain("a/b.py", 3, "sha256=x")
+    assert plain == built and hash(plain) == hash(built) and repr(plain) == repr(built)
+    assert asdict(plain) == asdict(built) == plain.__dict__ and pickle.loads(pickle.dumps(plain)) == built
+    assert plain.identity == "sha256=x" and plain.source == "donor" and plain.record_scripts == ()
+    assert FileCopy.plain("a/b.py", None, "sha256=x") != built
+    with pytest.raises(FrozenInstanceError):
+        plain.size = 4  # type: ignore[misc]

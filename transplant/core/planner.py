@@ -185,7 +185,7 @@ def _distribution_change(
         if path.endswith(".pyc") and pyc_source(path) is not None:  # a name not ending so is no bytecode
             compiled.append((path, entry))
             continue
-        copies.append(FileCopy(path=path, size=entry.size, hash=content))
+        copies.append(FileCopy.plain(path, entry.size, content))
     if own_record is not None:
         record_copy = _record_copy(own_record, relocated, {c.path for c in copies},
                                    lambda p: target_files.get(p) or known.get(p))
@@ -198,7 +198,7 @@ def _distribution_change(
         source = pyc_source(path)
         present = target_files.get(source) or known.get(source)
         if source in copied or source not in new.files or present is None or not present.exists:
-            copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
+            copies.append(FileCopy.plain(path, entry.size, entry.content))
         else:
             same += 1
     copies.sort(key=attrgetter("path"))
