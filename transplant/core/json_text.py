@@ -70,13 +70,15 @@ def dump_indented(obj: Any, write: Callable[[str], object], indent: int = 2, *,
     add = parts.append
     seen: set[int] = set()
     names = {cls: sorted(attributes) for cls, attributes in (fields or {}).items()}
-    # (class, level) -> [(text before the value, attribute)]: the opening, the newline and the quoted key
-    keyed: dict[tuple[type, int], list[tuple[str, str]]] = {}
+    # (class, level) -> [(text before the value, attribute, that text and null)]: the opening, the
+    # newline and the quoted key
+    keyed: dict[tuple[type, int], list[tuple[str, str, str]]] = {}
 
-    def obj_keys(cls: type, level: int) -> list[tuple[str, str]]:
+    def obj_keys(cls: type, level: int) -> list[tuple[str, str, str]]:
         newline = "\n" + " " * (indent * (level + 1))
-        out = keyed[(cls, level)] = [(("{" if i == 0 else ",") + newline + encode_basestring_ascii(name) + ": ", name)
-                                     for i, name in enumerate(names[cls])]
+        befores = [("{" if i == 0 else ",") + newline + encode_basestring_ascii(name) + ": "
+                   for i, name in enumerate(names[cls])]
+        out = keyed[(cls, level)] = [(before, name, before + "null") for before, name in zip(befores, names[cls])]
         return out
 
     def instance(o: Any, level: int) -> None:
@@ -85,13 +87,13 @@ def dump_indented(obj: Any, write: Callable[[str], object], indent: int = 2, *,
         if not keys:
             add("{}")
             return
-        for before, name in keys:
+        for before, name, null in keys:
             item = getattr(o, name)
             kind = type(item)  # the common scalars at once; the rest through value()
             if kind is str:
                 add(before + encode_basestring_ascii(item))
             elif item is None:
-                add(before + "null")
+                add(null)
             elif kind is int:
                 add(before + int.__repr__(item))
             else:
