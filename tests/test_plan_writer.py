@@ -150,7 +150,8 @@ def test_plain_copy_is_the_dataclass_built_by_init():
 
     built, plain = FileCopy(path="a/b.py", size=3, hash="sha256=x"), FileCopy.plain("a/b.py", 3, "sha256=x")
     assert plain == built and hash(plain) == hash(built) and repr(plain) == repr(built)
-    assert asdict(plain) == asdict(built) == plain.__dict__ and pickle.loads(pickle.dumps(plain)) == built
+    assert asdict(plain) == asdict(built) and pickle.loads(pickle.dumps(plain)) == built
+    assert plain.__dict__ == {"path": "a/b.py", "size": 3, "hash": "sha256=x"}  # the rest: the class's defaults
     assert plain.identity == "sha256=x" and plain.source == "donor" and plain.record_scripts == ()
     assert FileCopy.plain("a/b.py", None, "sha256=x") != built
     with pytest.raises(FrozenInstanceError):

@@ -120,8 +120,10 @@ class FileCopy:
         field its default), built without the frozen dataclass's ``__init__`` (one ``__setattr__``
         per field): the real pair's forward plan makes 66,700 of them."""
         copy = _NEW(FileCopy)
-        copy.__dict__.update(_PLAIN_DEFAULTS, path=path, size=size, hash=hash)
-        return copy
+        _SET(copy, "path", path)  # in __init__'s order: the instances share their attribute table's keys
+        _SET(copy, "size", size)
+        _SET(copy, "hash", hash)
+        return copy  # the other fields read their defaults from the class, as dataclasses keep them there
 
     @property
     def identity(self) -> str:
@@ -135,11 +137,10 @@ class FileCopy:
         return self.hash
 
 
-_NEW = object.__new__
-#: FileCopy's fields but path, size and hash, with their defaults (every one has a plain default).
-_PLAIN_DEFAULTS = {f.name: f.default for f in fields(FileCopy) if f.name not in ("path", "size", "hash")}
-if any(v is MISSING for v in _PLAIN_DEFAULTS.values()):  # a field added without a default must be set by plain()
-    raise TypeError("FileCopy.plain: a field other than path, size and hash has no plain default")
+_NEW, _SET = object.__new__, object.__setattr__
+if any(f.default is MISSING or getattr(FileCopy, f.name, MISSING) is not f.default
+       for f in fields(FileCopy) if f.name not in ("path", "size", "hash")):  # a new field must be set by plain()
+    raise TypeError("FileCopy.plain: a field other than path, size and hash has no plain default on the class")
 
 
 @dataclass(frozen=True, kw_only=True)
