@@ -156,3 +156,32 @@ def test_plain_copy_is_the_dataclass_built_by_init():
     assert FileCopy.plain("a/b.py", None, "sha256=x") != built
     with pytest.raises(FrozenInstanceError):
         plain.size = 4  # type: ignore[misc]
+
+
+def test_donor_has_file_asks_the_last_donor_distribution_listing_the_path():
+    """``donor_has_file`` looks a path's donor row up per path: the answers of the dict of every
+    donor file built in order (the last distribution listing a path wins), for a path two donor
+    distributions list with other hashes, one only the first lists, one no donor distribution
+    lists, and a staying file whose bytes differ from its RECORD row."""
+    from transplant.core.rules.env import EnvironmentAfter
+
+    donor = inv([dist("a", "1.0", {"shared/x.py": "from a", "a/only.py": "a"}),
+                 dist("b", "1.0", {"shared/x.py": "from b", "b/y.py": "y"})], "d:/v", hostname="d")
+    target = inv([dist("a", "1.0", {"shared/x.py": "from a", "a/only.py": "a"}),
+                  dist("b", "1.0", {"shared/x.py": "from b", "b/y.py": "y", "b/extra.py": "e"},
+                       on_disk={"b/y.py": "edited"})], "t:/v", prefix=TARGET, hostname="t")
+    env = EnvironmentAfter(donor=donor, target=target, overlaid=(), after=target.latest())
+    rows = {p: e.record_hash for d in donor.latest().values() for p, e in d.files.items()}  # the old rule
+    staying = {}
+    for d in target.latest().values():
+        for p, e in d.files.items():
+            staying.setdefault(p, e)
+    answers = {}
+    for rel in ("shared/x.py", "a/only.py", "b/y.py", "b/extra.py", "nowhere.py"):
+        path = f"{SITE}/{rel}"
+        entry = staying.get(path)
+        old = entry is not None and entry.record_hash is not None and rows.get(path) == entry.record_hash
+        answers[rel] = (env.donor_has_file(path), old)
+    assert all(new == old for new, old in answers.values()), answers
+    assert answers["a/only.py"][0] and not answers["b/extra.py"][0] and not answers["nowhere.py"][0]
+    assert answers["shared/x.py"][0] is (rows[f"{SITE}/shared/x.py"] == staying[f"{SITE}/shared/x.py"].record_hash)
