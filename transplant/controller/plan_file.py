@@ -10,8 +10,7 @@ from pathlib import Path
 
 from transplant.controller.regular_file import NotRegular, read_regular
 from transplant.errors import PlanError, TransplantError
-from transplant.core.plan import Plan, plan_from_dict
-from transplant.core.json_text import dump_indented
+from transplant.core.plan import Plan, plan_from_dict, write_plan
 
 __all__ = ["MAX_PLAN_BYTES", "check_plan_destination", "save_plan", "load_plan"]
 
@@ -51,8 +50,8 @@ def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             # the manifest's path absolute: the plan is applied from any folder
-            # as json.dump(indent=2, sort_keys=True) writes it, in large pieces (dump_indented)
-            dump_indented({**plan.to_dict(), "manifest": os.path.abspath(plan.manifest)}, handle.write)
+            # as json.dump(indent=2, sort_keys=True) writes it, in large pieces (write_plan)
+            write_plan(plan, handle.write, {"manifest": os.path.abspath(plan.manifest)})
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())

@@ -585,6 +585,8 @@ def protected_path(path: str, scripts: str = "bin") -> bool:
     refused (``unsafe-path``)."""
     if path == "pyvenv.cfg" or path == ".transplant" or path.startswith(".transplant/"):
         return True
+    if not path.startswith(scripts):  # most paths (lib/...): the split below cannot match
+        return False
     folder, _, name = path.rpartition("/")
     return folder == scripts and bool(_INTERPRETERS.match(name))
 

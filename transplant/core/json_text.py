@@ -10,7 +10,7 @@ caller's ``write`` is called a few hundred times and the text is never held whol
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -51,11 +51,16 @@ def _key(key: Any) -> str:
     raise TypeError(f"keys must be str, int, float, bool or None, not {key.__class__.__name__}")
 
 
-def dump_indented(obj: Any, write: Callable[[str], object], indent: int = 2) -> None:
+def dump_indented(obj: Any, write: Callable[[str], object], indent: int = 2, *,
+                  fields: Mapping[type, Sequence[str]] | None = None) -> None:
     """Write ``json.dumps(obj, indent=indent, sort_keys=True)``'s text (ASCII, ``NaN`` allowed, no
     trailing newline) through ``write``, in consecutive pieces whose concatenation is exactly that.
 
     :param write: called with each piece (a file's ``write``).
+    :param fields: ``{class: attribute names}``: an object of exactly such a class is written as
+        the dict ``{name: getattr(obj, name)}`` of those names would be (a dataclass as its
+        ``to_dict`` gives it, without building that tree first: the real pair's plan is 66,800
+        such objects). None (the default) writes only JSON's own types.
     :raises TypeError: a value of a type ``json`` cannot write (dicts, lists, tuples, str, int,
         float, bool and None only), or keys that cannot be sorted together, as ``json.dump``
         raises; what was written before stays written, as with ``json.dump``.
@@ -64,6 +69,37 @@ def dump_indented(obj: Any, write: Callable[[str], object], indent: int = 2) -> 
     parts: list[str] = []
     add = parts.append
     seen: set[int] = set()
+    names = {cls: sorted(attributes) for cls, attributes in (fields or {}).items()}
+    # (class, level) -> [(text before the value, attribute, that text and null)]: the opening, the
+    # newline and the quoted key
+    keyed: dict[tuple[type, int], list[tuple[str, str, str]]] = {}
+
+    def obj_keys(cls: type, level: int) -> list[tuple[str, str, str]]:
+        newline = "\n" + " " * (indent * (level + 1))
+        befores = [("{" if i == 0 else ",") + newline + encode_basestring_ascii(name) + ": "
+                   for i, name in enumerate(names[cls])]
+        out = keyed[(cls, level)] = [(before, name, before + "null") for before, name in zip(befores, names[cls])]
+        return out
+
+    def instance(o: Any, level: int) -> None:
+        """An object of a class in ``fields``: its attributes as a dict's items, sorted by name."""
+        keys = keyed.get((type(o), level)) or obj_keys(type(o), level)
+        if not keys:
+            add("{}")
+            return
+        for before, name, null in keys:
+            item = getattr(o, name)
+            kind = type(item)  # the common scalars at once; the rest through value()
+            if kind is str:
+                add(before + encode_basestring_ascii(item))
+            elif item is None:
+                add(null)
+            elif kind is int:
+                add(before + int.__repr__(item))
+            else:
+                add(before)
+                value(item, level + 1)
+        add("\n" + " " * (indent * level) + "}")
 
     def flush() -> None:
         if len(parts) >= _CHUNK:
@@ -71,7 +107,10 @@ def dump_indented(obj: Any, write: Callable[[str], object], indent: int = 2) -> 
             parts.clear()
 
     def value(o: Any, level: int) -> None:
-        if isinstance(o, str):
+        if type(o) in names:
+            instance(o, level)
+            flush()
+        elif isinstance(o, str):
             add(encode_basestring_ascii(o))
         elif o is None:
             add("null")

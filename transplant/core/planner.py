@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import shlex
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
+from operator import attrgetter
 
 from packaging.utils import NormalizedName
 
@@ -133,7 +134,8 @@ def _distribution_change(
     moved_links = {p: _relinked(e.symlink, p, prefixes) for p, e in new.files.items() if e.symlink is not None}
     unsafe += [f"{p} -> {e.symlink}" for p, e in new.files.items() if e.symlink is not None
                and link_escapes(p, e.symlink) and moved_links[p] is None]
-    unsafe += [f"{p} (part of the venv itself)" for p in new.files if protected_path(p)]
+    protected = [p for p in new.files if protected_path(p)]  # one test per path, kept for the loop below
+    unsafe += [f"{p} (part of the venv itself)" for p in protected]
     if unsafe:
         findings.append(Finding(
             code="unsafe-path", severity="error", dists=(name,),
@@ -146,8 +148,10 @@ def _distribution_change(
     record_path = f"{new.dist_info}/RECORD"
     own_record: FileEntry | None = None  # decided once the scripts apply rewrites are known
     relocated: list[str] = []
-    for path, entry in sorted(new.files.items()):
-        if path in patched or entry.error or protected_path(path) or path in leave:
+    files, venv_own = new.files, set(protected)
+    for path in sorted(files):  # the keys alone: sorting (path, entry) pairs compares tuples
+        entry = files[path]
+        if path in patched or entry.error or path in venv_own or path in leave:
             continue
         if path == record_path and entry.exists and entry.record_identity is not None:
             own_record = entry
@@ -158,11 +162,11 @@ def _distribution_change(
             if relinked is None:
                 continue
             rewritten = FileCopy(path=path, size=None, hash=f"symlink:{relinked}", link=relinked)
-        elif not entry.exists or entry.content is None:
+        elif not entry.exists or (content := entry.content) is None:
             missing.append(path)
             continue
         elif entry.head is not None and (head := rewritten_head(entry.head, *prefixes)) is not None:
-            rewritten = FileCopy(path=path, size=entry.size, hash=entry.content, head=head, body_hash=entry.body_hash)
+            rewritten = FileCopy(path=path, size=entry.size, hash=content, head=head, body_hash=entry.body_hash)
         if rewritten is not None:  # arrives changed for the target: compare what it will be
             if rewritten.head is not None:
                 relocated.append(path)
@@ -174,13 +178,14 @@ def _distribution_change(
             else:
                 copies.append(rewritten)
             continue
-        if _same(entry, target_files.get(path) or known.get(path)):
+        present = target_files.get(path) or known.get(path)  # _same, inline: 66,000 calls on the real pair
+        if present is not None and present.exists and content == present.content:
             same += 1
             continue
-        if pyc_source(path) is not None:
+        if path.endswith(".pyc") and pyc_source(path) is not None:  # a name not ending so is no bytecode
             compiled.append((path, entry))
             continue
-        copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
+        copies.append(FileCopy.plain(path, entry.size, content))
     if own_record is not None:
         record_copy = _record_copy(own_record, relocated, {c.path for c in copies},
                                    lambda p: target_files.get(p) or known.get(p))
@@ -193,10 +198,10 @@ def _distribution_change(
         source = pyc_source(path)
         present = target_files.get(source) or known.get(source)
         if source in copied or source not in new.files or present is None or not present.exists:
-            copies.append(FileCopy(path=path, size=entry.size, hash=entry.content))
+            copies.append(FileCopy.plain(path, entry.size, entry.content))
         else:
             same += 1
-    copies.sort(key=lambda c: c.path)
+    copies.sort(key=attrgetter("path"))
     if missing or broken:
         findings.append(Finding(
             code="record-drift", severity="warning", dists=(name,),
@@ -206,9 +211,11 @@ def _distribution_change(
                  f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
             files=tuple((broken + missing)[:20]),
         ))
-    keep = set(new.files) | patched | owned_elsewhere
-    remove = sorted(p for p, e in target_files.items() if p not in keep and e.exists and not e.error)
-    remove = sorted(set(remove) | {p for p in _stale_dist_info(olds, new) if p not in keep})
+    # kept: in files, patched or owned_elsewhere, three lookups (their union copied every staying path per change)
+    remove = sorted({p for p, e in target_files.items() if e.exists and not e.error
+                     and p not in files and p not in patched and p not in owned_elsewhere}
+                    | {p for p in _stale_dist_info(olds, new)
+                       if p not in files and p not in patched and p not in owned_elsewhere})
     refused = [p for p in remove if protected_path(p)]
     if refused:
         findings.append(_protected_finding(name, olds, refused))
@@ -493,8 +500,8 @@ def _written_by_others(names: list[NormalizedName], removed: list[NormalizedName
     candidates: dict[NormalizedName, list[tuple[str, str]]] = {}
     for name in names:
         new = newest(donor_by[name])
-        found = [(path, entry.content) for path, entry in new.files.items()
-                 if entry.content is not None and entry.content != entry.record_hash]
+        found = [(path, content) for path, entry in new.files.items()
+                 if (content := entry.content) is not None and content != entry.record_hash]
         if found:
             candidates[name] = found
     if not candidates:
@@ -590,9 +597,11 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
             change = replace(change, reason=f"{change.reason}; needed by {needed_by[name]}")
         changes.append(change)
         after[name] = new
-    arriving = {p for n in names for p in newest(donor_by[n]).files}
+    arriving = frozenset(p for n in names for p in after[n].files)  # built once: the rules use it too
+    # one union for all the removed distributions (it copies every staying file's path), none without any
+    staying = owned_elsewhere | patched | arriving if removed else set()
     for name in removed:
-        changes.append(_removal(name, target_by[name], owned_elsewhere | patched | arriving, findings))
+        changes.append(_removal(name, target_by[name], staying, findings))
         del after[name]
     for folder in target.outside_folders:  # importable from outside the venv where the venv lacks the name
         for dist in target.outside:
@@ -604,7 +613,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
                            patch_dests=frozenset(p.dest for p in patches), donor_elf=donor_elf, target_elf=target_elf,
                            manifest=manifest.path,
                            changed=frozenset(c.name for c in changes if c.kind == "distribution" and not c.is_noop),
-                           left=frozenset(p for paths in leave.values() for p in paths))
+                           left=frozenset(p for paths in leave.values() for p in paths), arriving_paths=arriving)
     findings.extend(compatibility_findings(env))
     findings = _accept(manifest, findings)
     order = {"error": 0, "warning": 1, "info": 2}

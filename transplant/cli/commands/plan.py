@@ -11,7 +11,7 @@ from rich.console import Console
 from transplant.cli.render import print_plan
 from transplant.cli.session import Session, refuse_inside_venvs, run_fleet_action, targets_of
 from transplant.controller.manifest_file import load_manifest
-from transplant.core.json_text import dump_indented
+from transplant.core.plan import write_plan
 from transplant.controller.plan_file import check_plan_destination, save_plan
 from transplant.errors import UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_OK
@@ -47,7 +47,7 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         # written as it is encoded, in large pieces: a plan of a large venv is tens of MB of text,
         # never held whole (json.dump's text: one write per token took 19 s for the real pair's)
-        dump_indented({**plan.to_dict(), "donor_source": opened.to_dict()}, sys.stdout.write)
+        write_plan(plan, sys.stdout.write, {"donor_source": opened.to_dict()})
         sys.stdout.write("\n")
     else:
         print_plan(console, plan)

@@ -37,6 +37,8 @@ class EnvironmentAfter:
         version, or another dist-info folder.
     :ivar left: venv-relative paths overlaid distributions list but do not carry: another
         distribution wrote them last on both sides (``_written_by_others`` in the planner).
+    :ivar arriving_paths: :attr:`arriving` when the caller built it already (the planner: every
+        path of the overlaid distributions, 66,000 on the real pair); None builds it from ``after``.
     """
 
     donor: Inventory
@@ -51,6 +53,7 @@ class EnvironmentAfter:
     before: Mapping[NormalizedName, Distribution] = field(default_factory=dict)
     changed: frozenset[str] | None = None
     left: frozenset[str] = frozenset()
+    arriving_paths: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.before:
@@ -100,6 +103,8 @@ class EnvironmentAfter:
     @cached_property
     def arriving(self) -> frozenset[str]:
         """Venv-relative paths the overlaid distributions write."""
+        if self.arriving_paths is not None:
+            return self.arriving_paths
         return frozenset(p for n in self.overlaid for p in self.after[n].files)
 
     @cached_property
@@ -117,8 +122,19 @@ class EnvironmentAfter:
             return False
 
     @cached_property
-    def _donor_record(self) -> dict[str, str | None]:
-        return {p: e.record_hash for dist in self.donor.latest().values() for p, e in dist.files.items()}
+    def _donor_latest(self) -> list[Distribution]:
+        """The donor's distributions (newest of each name), last first."""
+        return list(self.donor.latest().values())[::-1]
+
+    def _donor_row(self, path: str) -> str | None:
+        """The donor's RECORD hash of ``path``: the last distribution listing it wins (as in a dict
+        of every donor file built in order, which took 0.2 s for the real pair's 110,000 files
+        where the rules ask about a dozen); None when none lists it or its row has no hash."""
+        for dist in self._donor_latest:
+            entry = dist.files.get(path)
+            if entry is not None:
+                return entry.record_hash
+        return None
 
     def donor_has_file(self, path: str) -> bool:
         """Whether the file at ``path`` after apply holds the donor's bytes at the same path:
@@ -127,7 +143,7 @@ class EnvironmentAfter:
         if path in self.arriving:
             return True
         entry = self._staying_files.get(path)
-        return entry is not None and entry.record_hash is not None and self._donor_record.get(path) == entry.record_hash
+        return entry is not None and entry.record_hash is not None and self._donor_row(path) == entry.record_hash
 
     @cached_property
     def _staying_files(self) -> dict[str, FileEntry]:

@@ -79,6 +79,8 @@ def _editable(dist: Distribution, inv: Inventory) -> tuple[list[str], list[str]]
         if parsed.scheme == "file" and parsed.path and parsed.netloc in ("", "localhost"):
             paths.add(unquote(parsed.path))
     for rel in dist.files:
+        if not rel.endswith((".py", ".pth")):  # neither a finder nor a .pth (the name ends the path)
+            continue
         base = rel.rsplit("/", 1)[-1]
         is_finder = base.startswith("__editable__") and base.endswith(".py")
         if not (is_finder or base.endswith(".pth")):
@@ -229,7 +231,9 @@ def _recompiled(path: str, dist: Distribution) -> bool:
 
 def _drifted(dist: Distribution, skip: set[str]) -> tuple[list[str], list[str]]:
     changed, missing = [], []
-    for path, entry in sorted(dist.files.items()):
+    files = dist.files
+    for path in sorted(files):  # the keys alone: sorting (path, entry) pairs compares tuples
+        entry = files[path]
         if path in skip or entry.record_hash is None or entry.error or entry.symlink is not None:
             continue
         if not entry.exists:
