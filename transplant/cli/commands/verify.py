@@ -230,7 +230,16 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 
 def verify_command(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
     """``transplant verify MANIFEST|HOST:VENV``: one target (:func:`_verify_one`), or every target of a fleet;
-    returns 0 when no stage failed, 3 when one did."""
+    returns 0 when no stage failed, 3 when one did. Ctrl-C ends the stages' host scripts at once
+    (:func:`transplant.hosts.host.interrupt_stops_commands`), not when each reaches its timeout."""
+    from transplant.hosts.host import interrupt_stops_commands
+
+    with interrupt_stops_commands():
+        return _verify_command(args, console, manifest)
+
+
+def _verify_command(args: argparse.Namespace, console: Console, manifest: Manifest | None) -> int:
+    """:func:`verify_command`'s work."""
     from transplant.cli.locations import parse_location
 
     if manifest is None and is_location(args.manifest):  # the rest of the controller loads once the imports started
@@ -244,7 +253,4 @@ def verify_command(args: argparse.Namespace, console: Console, manifest: Manifes
             if getattr(args, "junit", None) or parse_clear(getattr(args, "clear_jit_caches", None))[1]:
                 raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
             return run_fleet_action("verify", args, console, manifest, targets)
-    from transplant.hosts.host import interrupt_stops_commands
-
-    with interrupt_stops_commands():  # Ctrl-C ends the stages' host scripts at once, not at their timeouts
-        return _verify_one(args, console, session_class=Session, parse_location=parse_location, manifest=manifest)
+    return _verify_one(args, console, session_class=Session, parse_location=parse_location, manifest=manifest)
