@@ -100,8 +100,7 @@ def test_the_donor_elf_script_still_runs_when_a_shared_object_moves(pair):
 
 def test_a_probe_started_ahead_answers_the_next_inventory_with_the_venv_as_it_is_then(pair):
     host, venv = LocalHost(), str(pair / "target")
-    prestart(host, venv, "probe", ["--stdin"])
-    waiting = host._prestarted[(venv, "probe", ("--stdin",))][0]
+    waiting = prestart(host, venv, "probe", ["--stdin"])
     proc = waiting._proc
     edited = pair / "target" / SITE / "foo" / "__init__.py"
     edited.write_text("V = 'edited after the start'\n")  # after it started: it must still see this
@@ -142,10 +141,9 @@ def test_without_one_started_ahead_the_inventory_starts_its_own(pair):
 
 def test_scripts_started_ahead_and_never_asked_end_having_read_nothing(pair):
     host, venv = LocalHost(), str(pair / "target")
-    for name, args in (("probe", ["--stdin"]), ("elf_facts", []),
-                       ("stream_receive", side_argv("stream_receive", ""))):
-        prestart(host, venv, name, args)
-    procs = [w._proc for kept in host._prestarted.values() for w in kept]
+    started = [prestart(host, venv, name, args) for name, args in (
+        ("probe", ["--stdin"]), ("elf_facts", []), ("stream_receive", side_argv("stream_receive", "")))]
+    procs = [w._proc for w in started if w is not None]
     assert len(procs) == 3
     host.close()  # ends them
     assert all(p.returncode not in (None, 0) for p in procs), [p.returncode for p in procs]
