@@ -134,3 +134,27 @@ def test_an_identity_outside_64_bits_is_wrapped_whole():
     plain = array("q")
     probe._append(plain, small)
     assert list(plain) == [1, 5, 1, 1, 1, 1], "the fault-free twin: values as they are"
+
+
+def test_names_outside_ascii_are_stat_ed_as_the_full_probe_stat_ed_them(tmp_path):
+    """The fingerprint stats the packed paths' own bytes (issue 16: no encoding per path): a file
+    named outside ASCII (RECORD's UTF-8) and a ``.pth`` whose name is not UTF-8 at all (listed by
+    the probe, read as text) give the full probe's digest while unchanged, and another one once
+    that ``.pth`` is edited with its size and mtime put back."""
+    files = {"beta/__init__.py": "x = 1\n", "beta/d\u00e9j\u00e0_vu.py": "y = 1\n"}
+    venv = make_venv(tmp_path / "venv", [build_wheel(tmp_path / "w", "beta", "1.0", files)])
+    site = _site(venv)
+    stray = os.path.join(os.fsencode(site), b"stray-\xff.pth")
+    with open(stray, "wb") as handle:
+        handle.write(b"# 1\n")
+    time.sleep(2.1)
+    doc = run_script(LocalHost(), str(venv), "probe", ["--stdin"],
+                     request={"hash_cache": False, "inputs": True, "hash": ["beta"], "compact": True})
+    inputs = doc["inputs"]
+    names = probe._unpack(inputs["paths"])
+    raw = probe._unpack(inputs["paths"], raw=True)
+    assert [os.fsencode(n) for n in names] == raw, "the same bytes as the text paths would pass"
+    assert stray in raw and any("d\u00e9j\u00e0_vu.py" in n for n in names), names
+    assert _fingerprint(venv, inputs)["inputs"] == inputs["digest"]
+    _same_size_and_mtime(Path(os.fsdecode(stray)))
+    assert _fingerprint(venv, inputs)["inputs"] != inputs["digest"]

@@ -259,3 +259,50 @@ def test_apply_after_a_plan_plans_afresh_when_the_donor_changed(pair, capsys):
     assert ran.count("fingerprint") == 2 and ran.count("probe") == 3, ran
     assert "nothing changed on either venv" not in " ".join(out.split())
     assert (pair / "target" / SITE / "foo" / "__init__.py").read_text() == "V = 3\n"
+def _started_ahead(monkeypatch) -> list:
+    """Spy on :func:`transplant.hosts.probing.prestart` (it still runs): the processes a command
+    started ahead, as ``(venv, Popen)``."""
+    from transplant.hosts import probing
+
+    started: list = []
+    real = probing.prestart
+
+    def spy(host, venv, script, args=(), **kw):
+        waiting = real(host, venv, script, args, **kw)
+        if waiting is not None:
+            started.append((venv, waiting._proc))
+        return waiting
+
+    monkeypatch.setattr(probing, "prestart", spy)
+    return started
+
+
+def test_a_local_plan_starts_both_probes_ahead_and_the_fingerprints_ask_them(pair, capsys, monkeypatch):
+    """Issue 16: each side's probe starts while the plan's modules import; the memo's fingerprints
+    (and, on a miss, the plan's probes) ask those processes instead of starting their own."""
+    first, _, ran = plan(pair, capsys)
+    started = _started_ahead(monkeypatch)
+    second, err, ran = plan(pair, capsys)
+    assert memo_hit(ran) and second == first, (ran, err)
+    assert sorted(venv for venv, _ in started) == sorted([str(pair / "donor"), str(pair / "target")])
+    assert all(proc.returncode == 0 for _, proc in started), "each answered a fingerprint (not ended unasked)"
+    assert len(ran) == 2, "no process besides those two"
+    started.clear()
+    (pair / "target" / SITE / "bar" / "__init__.py").write_text("B = 2\n")  # a miss: a full plan follows
+    _, err, ran = plan(pair, capsys)
+    assert ran.count("fingerprint") == 2 and ran.count("probe") == 2, ran
+    assert len(started) == 2 and all(proc.returncode == 0 for _, proc in started)
+
+
+def test_a_plan_that_ends_before_asking_ends_the_probes_started_ahead(pair, capsys, monkeypatch):
+    """The twin: a plan refused before it asks (``--out`` inside the target venv) leaves no
+    process behind, and those started ahead read nothing of the venvs."""
+    started = _started_ahead(monkeypatch)
+    (pair / "scripts.log").unlink(missing_ok=True)
+    code = main(["plan", str(pair / "m.yaml"), "--out", str(pair / "target" / "plan.json")])
+    said = "".join(capsys.readouterr())
+    assert code != 0 and "plan.json" in said, said
+    assert not (pair / "target" / "plan.json").exists()
+    assert len(started) == 2
+    assert all(proc.returncode not in (None, 0) for _, proc in started), [p.returncode for _, p in started]
+    assert not (pair / "scripts.log").exists(), "none of them read a venv"

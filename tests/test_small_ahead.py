@@ -11,6 +11,7 @@ import hashlib
 import subprocess
 import textwrap
 import threading
+import time
 from base64 import urlsafe_b64encode
 from contextlib import ExitStack
 from pathlib import Path
@@ -100,8 +101,7 @@ def test_the_donor_elf_script_still_runs_when_a_shared_object_moves(pair):
 
 def test_a_probe_started_ahead_answers_the_next_inventory_with_the_venv_as_it_is_then(pair):
     host, venv = LocalHost(), str(pair / "target")
-    prestart(host, venv, "probe", ["--stdin"])
-    waiting = host._prestarted[(venv, "probe", ("--stdin",))][0]
+    waiting = prestart(host, venv, "probe", ["--stdin"])
     proc = waiting._proc
     edited = pair / "target" / SITE / "foo" / "__init__.py"
     edited.write_text("V = 'edited after the start'\n")  # after it started: it must still see this
@@ -142,10 +142,9 @@ def test_without_one_started_ahead_the_inventory_starts_its_own(pair):
 
 def test_scripts_started_ahead_and_never_asked_end_having_read_nothing(pair):
     host, venv = LocalHost(), str(pair / "target")
-    for name, args in (("probe", ["--stdin"]), ("elf_facts", []),
-                       ("stream_receive", side_argv("stream_receive", ""))):
-        prestart(host, venv, name, args)
-    procs = [w._proc for kept in host._prestarted.values() for w in kept]
+    started = [prestart(host, venv, name, args) for name, args in (
+        ("probe", ["--stdin"]), ("elf_facts", []), ("stream_receive", side_argv("stream_receive", "")))]
+    procs = [w._proc for w in started if w is not None]
     assert len(procs) == 3
     host.close()  # ends them
     assert all(p.returncode not in (None, 0) for p in procs), [p.returncode for p in procs]
@@ -227,9 +226,9 @@ def _ssh_manifest(lab, ssh_options, tmp_path, venv: str, compress: bool = False)
     return path
 
 
-def _spied_apply(monkeypatch, manifest: Path, *extra: str) -> list[tuple[str, str, str]]:
-    """Run ``transplant apply MANIFEST --yes`` in this process; returns (host label, script, thread
-    name) of each host script process it started (the real calls, recorded on the way)."""
+def _spied_apply(monkeypatch, manifest: Path, *extra: str, argv: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """Run ``transplant apply MANIFEST --yes`` (or ``argv``) in this process; returns (host label,
+    script, thread name) of each host script process it started (the real calls, recorded on the way)."""
     from transplant import remote
     from transplant.cli import main
 
@@ -252,7 +251,7 @@ def _spied_apply(monkeypatch, manifest: Path, *extra: str) -> list[tuple[str, st
             return _real(self, argv, *args, **kwargs)
 
         monkeypatch.setattr(SSHHost, method, spy)
-    assert main(["apply", str(manifest), "--yes", *extra]) == 0
+    assert main(argv or ["apply", str(manifest), "--yes", *extra]) == 0
     return started
 
 
@@ -281,3 +280,27 @@ def test_an_ssh_apply_with_compress_starts_its_stream_when_it_copies(lab, ssh_op
     assert sorted(name for name, _ in streams) == ["stream_receive", "stream_send"]
     assert not any(thread.startswith("connect ") for _, thread in streams), streams
     assert (lab.hosts["target"].path("/srv/ahead-z") / SITE / "small" / "__init__.py").read_text() == "V = 2\n"
+
+
+def test_an_ssh_plan_asks_the_probes_started_as_its_connections_opened(lab, ssh_options, tmp_path, monkeypatch,
+                                                                        capsys):
+    """Issue 16 (a plan with nothing to change): each side's probe starts as its connection opens
+    (saying its venv's identity); the first plan's probes, then the second plan's memo
+    fingerprints, ask those processes (the full plan also asks the target once more, after it
+    planned, for the paths outside the venv it read: the memo's own check)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
+    manifest = _ssh_manifest(lab, ssh_options, tmp_path, "/srv/ahead-plan")
+    donor, target = lab.hosts["donor"].spec, lab.hosts["target"].spec
+    time.sleep(2.1)  # older than the probe's racy window, so that the first plan keeps its memo
+    for run in ("full", "memo"):
+        started = _spied_apply(monkeypatch, manifest, argv=["plan", str(manifest), "--json"])
+        said = capsys.readouterr().err
+        assert ("nothing changed on either venv" in said) == (run == "memo"), said
+        ahead = [label for label, name, thread in started if name == "probe" and thread.startswith("connect ")]
+        assert sorted(ahead) == sorted([donor, target]), started
+        assert not any(name == "identity" for _, name, _ in started), "each probe said its venv's identity"
+        if run == "memo":
+            assert sorted((label, name) for label, name, _ in started if name != "ssh") == \
+                sorted([(donor, "probe"), (target, "probe")]), started

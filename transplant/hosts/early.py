@@ -117,7 +117,16 @@ def take(spec: HostSpec, options: SSHOptions) -> Host | None:
 
 def close_unused() -> None:
     """Close every connection started and never taken (a command that failed before it asked,
-    or a donor replaced by its fallback); waits for those still opening."""
+    or a donor replaced by its fallback), and end the local host's scripts started ahead and
+    never asked (:func:`transplant.hosts.probing.close_prestarted`); waits for those still opening."""
+    import sys
+
+    probing = sys.modules.get("transplant.hosts.probing")
+    if probing is not None:  # the local host's scripts started ahead and never asked
+        from transplant.core.hostspec import LOCAL
+        from transplant.hosts.host import LocalHost
+
+        probing.close_prestarted(LocalHost(LOCAL))
     with _LOCK:
         waiting = list(_WAITING.values())
         _WAITING.clear()

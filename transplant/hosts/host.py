@@ -257,11 +257,14 @@ class Host(abc.ABC):
 
     def close(self) -> None:
         """Release the connection, if any (and end the host scripts started ahead and never asked:
-        :func:`transplant.hosts.probing.close_prestarted`); the host may not be used afterwards."""
-        if getattr(self, "_prestarted", None):
-            from transplant.hosts.probing import close_prestarted
+        :func:`transplant.hosts.probing.close_prestarted`; for a local host, those started on the
+        local host by any :class:`LocalHost`); the host may not be used afterwards."""
+        import sys
 
-            close_prestarted(self)
+        probing = sys.modules.get("transplant.hosts.probing")  # not imported: nothing was started ahead
+        if probing is not None and (getattr(self, "_prestarted", None) or
+                                    (isinstance(self, LocalHost) and probing._LOCAL_KEPT)):
+            probing.close_prestarted(self)
 
     def __enter__(self) -> Host:
         return self

@@ -21,7 +21,7 @@ from typing import Any
 from transplant import remote
 from transplant.errors import HostError, ProbeError
 from transplant.hosts.controller_cache import ControllerCache, HashGroups
-from transplant.hosts.host import Host, kill_group
+from transplant.hosts.host import Host, LocalHost, kill_group
 from transplant.core.inventory import Inventory, KeptDocument, parse_inventory
 
 __all__ = ["venv_python", "run_script", "ScriptSession", "WaitingScript", "take_inventory", "prestart",
@@ -508,8 +508,21 @@ def prestart(host: Host, venv: str, script: str, args: Sequence[str] = (), *, id
     if not waiting.started:
         return None  # starting it failed: the request starts one as usual, and reports the error
     with _PRESTARTED:
-        host.__dict__.setdefault("_prestarted", {}).setdefault((venv, script, tuple(args)), []).append(waiting)
+        _kept(host).setdefault((venv, script, tuple(args)), []).append(waiting)
     return waiting
+
+
+#: The processes :func:`prestart` started on the local host: each ``connect("local")`` is a new
+#: :class:`transplant.hosts.host.LocalHost`, so they are kept here, not on one of them, for any
+#: of them to take; ended by :func:`close_prestarted` of any local host (the command's end).
+_LOCAL_KEPT: dict[tuple[str, str, tuple[str, ...]], list[WaitingScript]] = {}
+
+
+def _kept(host: Host) -> dict[tuple[str, str, tuple[str, ...]], list[WaitingScript]]:
+    """Where the processes started ahead on ``host`` are kept (the caller holds :data:`_PRESTARTED`)."""
+    if isinstance(host, LocalHost):
+        return _LOCAL_KEPT
+    return host.__dict__.setdefault("_prestarted", {})
 
 
 def take_prestarted(host: Host, venv: str, script: str, args: Sequence[str] = (), *,
@@ -518,14 +531,19 @@ def take_prestarted(host: Host, venv: str, script: str, args: Sequence[str] = ()
     ``host`` (``newest``: the last one started: for a request asked later than the next one), now
     the caller's to ask (or close); None when none is kept."""
     with _PRESTARTED:
-        kept = host.__dict__.get("_prestarted", {}).get((venv, script, tuple(args)))
+        kept = _kept(host).get((venv, script, tuple(args)))
         return kept.pop(-1 if newest else 0) if kept else None
 
 
 def close_prestarted(host: Host) -> int:
-    """End every process :func:`prestart` started on ``host`` and nobody asked; returns how many."""
+    """End every process :func:`prestart` started on ``host`` and nobody asked (for a local host:
+    every one started on the local host); returns how many."""
     with _PRESTARTED:
-        kept = host.__dict__.pop("_prestarted", {})
+        if isinstance(host, LocalHost):
+            kept = dict(_LOCAL_KEPT)
+            _LOCAL_KEPT.clear()
+        else:
+            kept = host.__dict__.pop("_prestarted", {})
     unasked = [waiting for scripts in kept.values() for waiting in scripts]
     for waiting in unasked:  # every input ends first, so that they exit side by side
         proc = waiting._proc

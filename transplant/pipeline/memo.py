@@ -11,9 +11,11 @@ settings that change a plan (``TRANSPLANT_HASH_CACHE``).
 
 The next plan with the same key first asks both hosts for their digest, side by side (the probe's
 ``fingerprint`` mode: one lstat per input, no file read); when both match it returns the kept
-plan, else it plans afresh and keeps that. What the ELF reads and symbol lookups read are files
-among the probe's inputs (RECORD rows), but the libstdc++ the target's interpreter loads and the
-editable installs' source folders lie outside the venv: they are stat'ed as ``extra`` paths.
+plan, else it plans afresh and keeps that. The processes asked are usually the probes the ``plan``
+command started as it began (:func:`transplant.cli.warm.connect_early`), waiting for a request.
+What the ELF reads and symbol lookups read are files among the probe's inputs (RECORD rows), but
+the libstdc++ the target's interpreter loads and the editable installs' source folders lie outside
+the venv: they are stat'ed as ``extra`` paths.
 
 Trust: a memo is written only when no input was written within two seconds of the probe's start
 or after it (``racy``: a write in the same clock tick leaves an identity unchanged, as git's

@@ -662,15 +662,22 @@ def _note(path, st=_UNSET):
     return None
 
 
-def _unpack(text):
-    """The paths an inputs report packed, in order (none for an empty text)."""
+def _unpack(text, raw=False):
+    """The paths an inputs report packed, in order (none for an empty text): text, or with
+    ``raw`` the bytes the file system sees (what ``os.lstat`` of the text path would pass it,
+    without encoding each path again: about 15 % of the fingerprint loop's user time, issue 16),
+    where this interpreter's file system encoding is UTF-8 with surrogateescape (the packing's
+    own: the same bytes); text paths elsewhere."""
     if not text:
         return []
     import base64
     import zlib
 
-    joined = zlib.decompress(base64.b64decode(text)).decode("utf-8", "surrogateescape")
-    return joined.split("\0")[:-1]
+    joined = zlib.decompress(base64.b64decode(text))
+    if raw and sys.getfilesystemencoding().lower() in ("utf-8", "utf8") \
+            and sys.getfilesystemencodeerrors() == "surrogateescape":
+        return joined.split(b"\0")[:-1]
+    return joined.decode("utf-8", "surrogateescape").split("\0")[:-1]
 
 
 def _non_file_facts(prefix, paths, host, interpreter):
@@ -696,7 +703,7 @@ def _fingerprint(request):
     prefix = venv_prefix()
     paths = venv_paths(prefix)
     packed = request.get("paths") or ""
-    names = _unpack(packed)
+    names = _unpack(packed, raw=True)
     import concurrent.futures
 
     now = _Inputs(pack=False)
