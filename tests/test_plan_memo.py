@@ -87,6 +87,11 @@ def test_a_memo_setting_that_is_not_0_or_1_is_refused_before_anything_is_read(pa
     out = " ".join(captured.out.split())
     assert f"TRANSPLANT_PLAN_MEMO={value!r}: not 0 or 1" in out and "TRANSPLANT_PLAN_MEMO=0 plans afresh" in out
     assert "donor source" not in captured.out + captured.err, "refused before any host is opened or named"
+    # apply plans with the memo too: the same refusal, before the donor is named
+    assert main(["apply", str(pair / "m.yaml"), "--yes"]) == 1
+    captured = capsys.readouterr()
+    assert f"TRANSPLANT_PLAN_MEMO={value!r}: not 0 or 1" in " ".join(captured.out.split())
+    assert "donor source" not in captured.out + captured.err
 
 
 def test_a_plan_right_after_a_write_is_not_kept(pair, capsys):
@@ -306,3 +311,19 @@ def test_a_plan_that_ends_before_asking_ends_the_probes_started_ahead(pair, caps
     assert len(started) == 2
     assert all(proc.returncode not in (None, 0) for _, proc in started), [p.returncode for _, p in started]
     assert not (pair / "scripts.log").exists(), "none of them read a venv"
+
+
+def test_a_saved_plan_of_a_manifest_named_relatively_applies_with_findings_that_name_it(pair, capsys, monkeypatch):
+    """A finding's hint names the manifest; the saved plan names it by its absolute path, and apply
+    plans again from there: planned from ``m.yaml`` in the current folder, the hints said
+    ``m.yaml`` and apply refused every such plan as "not what the manifest gives now"."""
+    monkeypatch.chdir(pair)
+    text = (pair / "m.yaml").read_text().replace("overlay: [foo]", "overlay: [foo, ghost-of-a-name]")
+    (pair / "m.yaml").write_text(text)  # an overlay entry that matches nothing: a finding naming the manifest
+    assert main(["plan", "m.yaml", "--out", "p.json"]) == 3
+    capsys.readouterr()
+    saved = json.loads((pair / "p.json").read_text())
+    assert any(str(pair / "m.yaml") in f["hint"] for f in saved["findings"]), saved["findings"]
+    code = main(["apply", "p.json", "--yes"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 3 and "apply refused" in out and "not what the manifest gives now" not in out, out

@@ -34,7 +34,7 @@ from transplant.core.promised_state import expected_state, transaction_steps
 from transplant.hosts.probing import WaitingScript, take_prestarted, venv_python
 from transplant.hosts.stream import UNAVAILABLE, StartedSides, side_argv, start_sides, stream_files
 from transplant.hosts.transfer import TransferResult, copy_files
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 from transplant.reporting import QUIET, Reporter
 
 __all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "new_transaction_id"]
@@ -571,7 +571,7 @@ def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
     else:
         way = f"streamed {src.label} -> {dst.label} through the controller, both legs at once, no controller disk"
     size = sum(entry[1] for entry in result.written.values())
-    amounts = f"{human_bytes(size)} in {result.files} files"
+    amounts = f"{human_bytes(size)} in {count(result.files, 'file')}"
     if result.compression:
         amounts += f", {result.compression}-compressed to {human_bytes(result.bytes)} on the wire"
     return way, amounts + ", hashed as written"

@@ -184,6 +184,10 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
     A Ctrl-C once the transaction is applied and recorded (while the connections close, the
     result prints or ``--verify`` runs) says so (:class:`ApplyInterrupted`), not the generic line
     about a transaction that may have begun: there is nothing to resume."""
+    from transplant.pipeline.memo import memo_enabled
+
+    if not (args.resume or args.rollback):
+        memo_enabled()  # a bad TRANSPLANT_PLAN_MEMO is refused before any host is opened or named
     applied: dict[str, Any] = {}  # once apply_plan returned: "id", "manifest"; "verify" once it began
     try:
         return _apply_command(args, console, applied)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import ExitStack
 
@@ -23,7 +24,9 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
     from transplant.pipeline.memo import memo_enabled
 
     memo_enabled()  # a bad TRANSPLANT_PLAN_MEMO is refused before any host is opened or named
-    manifest, targets = targets_of(args, load_manifest(args.manifest))
+    # a saved plan names its manifest by its absolute path, so its findings' hints must too: apply
+    # plans again from that path and refuses a saved plan whose findings read otherwise
+    manifest, targets = targets_of(args, load_manifest(os.path.abspath(args.manifest) if args.out else args.manifest))
     if len(targets) > 1:
         if args.out:
             raise UsageError("--out saves the plan of one target; drop it, or name one --target")
