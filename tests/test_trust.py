@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import transplant.pipeline as cli  # the module that calls execute for every apply
+import transplant.apply.execute as cli  # the module of execute, which every apply calls (looked up where it is used)
 from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel, make_venv
 
