@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import os
 import posixpath
@@ -13,12 +11,13 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from transplant import remote
+from transplant.collector import collector_paused
 from transplant.errors import HostError, ProbeError
 from transplant.hosts.controller_cache import ControllerCache, HashGroups
 from transplant.hosts.host import Host, LocalHost, kill_group
@@ -654,7 +653,7 @@ def take_inventory(
     del encoded
     # One reply decoded and parsed at a time (a plan probes both venvs on two threads): the
     # work holds the GIL anyway, and so only one decoded tree is ever in memory.
-    with _PARSING, _collector_paused():
+    with _PARSING, collector_paused():
         document = _document(label, "probe", line)
         noted = document.pop("inputs", None) if isinstance(document, dict) else None
         inventory = parse_inventory(document, label=label)
@@ -674,21 +673,6 @@ def take_inventory(
 
 
 _PARSING = threading.Lock()
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a reply is decoded and parsed: the decoded
-    tree and the inventory are millions of new objects and no cycle, and each full collection
-    the allocations set off walks all of them (a quarter of the decode and parse time of the
-    real donor's reply). Reference counting still frees everything as usual."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _controller_cache_path(host: Host, venv: str) -> Path:
