@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import compile_transplant
+
 from transplant.lab import Lab
 
 from .workload import SITE, build_venv, differing_files
@@ -457,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated groups to measure, of {', '.join(GROUPS)} (apply brings "
                                        f"the floor along); default: all")
     args = parser.parse_args(argv)
+    compile_transplant()  # the measured commands load bytecode, as an installed transplant does
     only = None
     if args.only:
         only = {g.strip() for g in args.only.split(",") if g.strip()}

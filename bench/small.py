@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import compile_transplant
+
 from transplant.lab.wheels import build_wheel, make_venv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="run each transplant apply under cProfile, its profile written into DIR")
     args = parser.parse_args(argv)
+    compile_transplant()  # the measured commands load bytecode, as an installed transplant does
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     print(table(measure(args.runs, args.ssh, profile=args.profile), args.runs))

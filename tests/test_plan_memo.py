@@ -327,3 +327,18 @@ def test_a_saved_plan_of_a_manifest_named_relatively_applies_with_findings_that_
     code = main(["apply", "p.json", "--yes"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 3 and "apply refused" in out and "not what the manifest gives now" not in out, out
+
+
+def test_the_plan_command_starts_its_probes_before_loading_rich_or_the_planner():
+    """What ``transplant plan MANIFEST`` loads before each side's probe starts
+    (:func:`transplant.cli.warm.connect_early`): not rich (70 ms of a 1 s no-op plan's start),
+    the pipeline or the planner; each loads after the probes run (issue 16)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, transplant.cli.app, transplant.cli.warm, transplant.controller.manifest_file,\\\n"
+            "    transplant.hosts.early, transplant.hosts.probing, transplant.errors\n"
+            "heavy = ['rich', 'rich.console', 'transplant.pipeline', 'transplant.core.planner', 'transplant.cli.render']\n"
+            "print(','.join(m for m in heavy if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "", f"loaded before the plan's probes start: {out.strip()}"

@@ -11,7 +11,10 @@ for these.
 
 from __future__ import annotations
 
-from rich.text import Text
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # rich loads when an error renders, not when a command starts (issue 16)
+    from rich.text import Text
 
 __all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",
            "TransactionError", "NoDonorError", "StoreError", "SnapshotError", "RecoverError", "FleetError",
@@ -47,6 +50,8 @@ class TransplantError(Exception):
         """``error [<code>]: <message>``, the first ``max_mismatches`` files that differ, and
         ``hint: <fix>`` (``hint`` False: without it, for a caller that prints it on its own line,
         unwrapped), as rich text; nothing of the message is read as markup."""
+        from rich.text import Text
+
         text = Text()
         text.append(f"error [{self.code}]: " if self.code else "error: ", style="bold red")
         text.append(self.message)

@@ -21,9 +21,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from transplant import __version__
 from transplant.cli.options import fleet_options, ssh_options
@@ -31,6 +29,9 @@ from transplant.errors import TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
 
 __all__ = ["main", "EXIT_USAGE"]
+
+if TYPE_CHECKING:  # rich loads in _run, after the early start (a plan's probes begin before it: issue 16)
+    from rich.console import Console
 
 
 
@@ -306,7 +307,9 @@ def _run(args: argparse.Namespace) -> int:
     """Run the parsed command; returns its exit code."""
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
-    console = _Console(file=stream, width=wide)
+    console = _console(stream, wide)
+    from rich.text import Text
+
     try:
         code = args.func(args, console)
         sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
@@ -343,6 +346,8 @@ def _print_error(console: Console, exc: TransplantError) -> None:
 
     The problem lines (a manifest's ``- key: ...; fix: ...``) carry snippets to paste: one line each,
     never wrapped by the console (the terminal may fold them, newline-free)."""
+    from rich.text import Text
+
     first, *problems = exc.message.split("\n")
     head = Text()
     head.append(f"error [{exc.code}]: " if exc.code else "error: ", style="bold red")
@@ -352,12 +357,17 @@ def _print_error(console: Console, exc: TransplantError) -> None:
         console.print(Text(line), highlight=False, soft_wrap=True)
 
 
-class _Console(Console):
-    """rich's Console, but a closed pipe is raised to :func:`main` (rich would exit with 1)."""
+def _console(stream: Any, width: int | None) -> Console:
+    """rich's Console on ``stream`` (``width`` columns; None: the terminal's), but a closed pipe
+    is raised to :func:`main` (rich would exit with 1)."""
+    from rich.console import Console
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(file=stream, width=width)
 
 
 def _closed_pipe() -> int:

@@ -67,7 +67,6 @@ imports this module's functions at run time on the controller.
 """
 
 import csv
-import email.parser
 import fnmatch
 import gc
 import hashlib
@@ -77,7 +76,6 @@ import os
 import platform
 import posixpath
 import re
-import shutil
 import socket
 import stat
 import subprocess
@@ -184,10 +182,18 @@ def _read(path):
         return None
 
 
+def _header_parser():
+    """email's ``HeaderParser`` (imported here, not with the probe: a fingerprint parses no
+    METADATA, and email's modules are a third of the probe's start-up imports, issue 16)."""
+    import email.parser
+
+    return email.parser.HeaderParser()
+
+
 def _metadata(text):
     if text is None:
         return None
-    message = email.parser.HeaderParser().parsestr(text)
+    message = _header_parser().parsestr(text)
     return {
         "name": message.get("Name"),
         "version": message.get("Version"),
@@ -200,7 +206,7 @@ def _metadata(text):
 def _wheel(text):
     if text is None:
         return None
-    message = email.parser.HeaderParser().parsestr(text)
+    message = _header_parser().parsestr(text)
     purelib = (message.get("Root-Is-Purelib") or "").strip().lower() == "true"
     return {
         "generator": message.get("Generator"),
@@ -700,17 +706,29 @@ def _fingerprint(request):
     found, editable sources), "extra_racy": whether one of those was written within
     :data:`_RACY_NS` of ``since_ns`` (the probe's ``started_ns``, this host's clock) or after}``.
     Reads no file's content."""
+    import threading
+
+    host, raised = {}, []
+
+    def host_facts():
+        try:
+            host.update(_host_facts())
+        except BaseException as exc:  # raised below, in this thread, as before
+            raised.append(exc)
+
+    # nvidia-smi and ldconfig run while the inputs are unpacked and stat'ed (a plain thread:
+    # concurrent.futures would be one more import on the way to the first lstat)
+    facts_thread = threading.Thread(target=host_facts, daemon=True)
+    facts_thread.start()
     prefix = venv_prefix()
     paths = venv_paths(prefix)
     packed = request.get("paths") or ""
     names = _unpack(packed, raw=True)
-    import concurrent.futures
-
     now = _Inputs(pack=False)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        host = pool.submit(_host_facts)  # nvidia-smi and ldconfig run while the inputs are stat'ed
-        now.stat_all(names)
-        host = host.result()
+    now.stat_all(names)
+    facts_thread.join()
+    if raised:
+        raise raised[0]
     rel = {k: _inside(prefix, paths[k]) for k in ("purelib", "platlib", "scripts")}
     facts = _non_file_facts(prefix, rel, host, _interpreter(prefix))
     since = request.get("since_ns")
@@ -1128,6 +1146,8 @@ def _interpreter(prefix):
 
 def _nvidia():
     """NVIDIA driver and GPU facts from nvidia-smi, or the reason there are none."""
+    import shutil
+
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {"available": False, "reason": "no nvidia-smi on PATH"}
