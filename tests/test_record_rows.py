@@ -45,6 +45,31 @@ def test_probe_and_applier_give_the_same_identity(data):
     assert probe.record_identity(data, SITE, "bin") == applier.record_identity(data, SITE, "bin")
 
 
+@pytest.mark.parametrize("data", [
+    DONOR_ROWS,
+    b"../../../bin/tool,sha256=x,1\nweird path,with \"quote\",\n\n\"a,b\",sha256=y,2\n",
+    b"a,b\r\n\"x\r\ny\",1\r\n",  # a quoted field across lines: read again, as before
+    b"a\rb,c\r\n",  # a lone carriage return
+    b"a,b\n\n\r\nc,d",
+    "\u00e9,1\r\n".encode(),
+    b"\xff\xfe,1\n",
+])
+def test_the_probe_reads_a_record_once_for_its_rows_and_identity(tmp_path, data):
+    """The probe's RECORD read (issue 16: once, not again for the identity): the text the
+    metadata read gives, and where it says its rows are the identity's, the same identity."""
+    path = tmp_path / "RECORD"
+    path.write_bytes(data)
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        wanted = handle.read()
+    text, plain = probe._read_record(str(path))
+    assert text == wanted
+    assert plain == (b'"' not in data and data != b"\xff\xfe,1\n")
+    rows = list(csv.reader(io.StringIO(text)))
+    own = f"{SITE}/tool-1.0.dist-info/RECORD"
+    assert probe._identity_of_rows(rows, plain, str(path), own, len(data)) == \
+        probe.record_identity(data, SITE, "bin")
+
+
 def _run_remote(script: str, source: str) -> str:
     """Run a host script's record_identity in a fresh interpreter with ``-I -S``, as on a host."""
     code = (remote.source(script.removesuffix(".py")).decode().replace('if __name__ == "__main__":', "if False:")
@@ -137,3 +162,20 @@ def test_records_refuses_a_record_that_is_not_staged(transaction):
     with pytest.raises(applier.Refused, match="leaves the venv"):
         applier.records(str(prefix), {"id": "t1", "records": [{"path": "../elsewhere/RECORD", "scripts": []}]})
     assert not os.listdir(staged)
+
+
+@pytest.mark.parametrize("site", ["lib/python3.11/site-packages", "bin", "bin/x", "", "b", "lib/../lib/site", "x/./y", "bi"])
+@pytest.mark.parametrize("scripts", ["bin", "lib", "b", "bin/x"])
+def test_the_identity_blanks_exactly_the_rows_placed_under_the_scripts_folder(site, scripts):
+    """The identity's shortcut for plain paths (issue 16) against the rule written out: each row's
+    path joined to ``site`` and normalised; the rows under ``scripts`` lose their hash and size."""
+    paths = ["a", "../../../bin/tool", "./bin/x", "bin/x", "bin", "/abs/bin/x", "a//b", "a/.hidden", "a/", "..",
+             "x/../bin/t", "", "b/in", "bin/", ".", "a\0b", "lib/x"]
+    rows = [[p, "sha256=h", "1"] for p in paths] + [[]]
+    canonical = []
+    for row in rows:
+        if row:
+            where = os.path.normpath(os.path.join(site, row[0])) if row[0] else ""
+            canonical.append([row[0], "", ""] if where.startswith(scripts + "/") else row)
+    wanted = "record:" + _common.record_hash(json.dumps(canonical, separators=(",", ":")).encode("ascii"))
+    assert _common.record_identity_of_rows(rows, site, scripts) == wanted

@@ -89,21 +89,37 @@ def record_identity(data, site, scripts):
         rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
     except (UnicodeDecodeError, csv.Error):
         return None
+    return record_identity_of_rows(rows, site, scripts)
+
+
+def record_identity_of_rows(rows, site, scripts):
+    """:func:`record_identity` of a RECORD already parsed: ``rows`` as ``csv.reader`` gives them
+    for its text (UTF-8, read with ``newline=""``); the same ``site`` and ``scripts``."""
     canonical = []
+    append = canonical.append
     under = scripts + "/"
     base = site + "/" if site else ""
     site_normal = not site or posixpath.normpath(site) == site
+    # a plain path joined to a normal site is base + path, under the scripts folder only when
+    # base and the scripts folder overlap: else only the other paths need joining and looking at
+    apart = site_normal and not base.startswith(under) and not under.startswith(base)
     for row in rows:
         if not row:
             continue
         path = row[0]
-        if site_normal and _plain(path):
+        if apart:
+            if path and path[0] != "/" and path[0] != "." and path[-1] != "/" and "/." not in path \
+                    and "//" not in path and "\0" not in path:  # _plain, inline: most rows
+                append(row)
+                continue
+            where = posixpath.normpath(posixpath.join(site, path)) if path else ""
+        elif site_normal and _plain(path):
             where = base + path  # normpath(join(site, path)) with no path arithmetic
         else:
             where = posixpath.normpath(posixpath.join(site, path)) if path else ""
         if where.startswith(under):
             row = [row[0], "", ""] + row[3:]
-        canonical.append(row)
+        append(row)
     text = json.dumps(canonical, separators=(",", ":"), ensure_ascii=True)
     return "record:" + record_hash(text.encode("ascii"))
 

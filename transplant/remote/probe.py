@@ -84,11 +84,11 @@ import sysconfig
 import time
 
 try:
-    from _transplant_common import (record_hash as _digest, record_hash_of, record_identity, script_head,
-                                    script_log, venv_prefix, write_venv_cache)
+    from _transplant_common import (record_hash as _digest, record_hash_of, record_identity, record_identity_of_rows,
+                                    script_head, script_log, venv_prefix, write_venv_cache)
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import (record_hash as _digest, record_hash_of, record_identity, script_head, script_log,
-                          venv_prefix, write_venv_cache)
+    from ._common import (record_hash as _digest, record_hash_of, record_identity, record_identity_of_rows, script_head,
+                          script_log, venv_prefix, write_venv_cache)
 
 SCHEMA = "transplant.inventory/1"
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -182,6 +182,42 @@ def _read(path):
         return None
 
 
+def _read_record(path):
+    """``(text, plain)`` of a RECORD: its text as :func:`_read` gives it (None when absent,
+    unreadable or a symlink), and whether its rows are those :func:`record_identity` parses: the
+    bytes are UTF-8 (the decoding replaced nothing) and hold no quote, so no field spans a line
+    and the newline translation (pip writes RECORD with ``\r\n``) ends the same rows at the same
+    places. Then the identity is made of the rows parsed once, not of the file read and parsed
+    again (issue 16: a quarter of a second of the real donor's probe)."""
+    _note(path)
+    if os.path.islink(path):
+        return None, False
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None, False
+    try:
+        text = data.decode("utf-8")
+        plain = '"' not in text
+    except UnicodeDecodeError:
+        text, plain = data.decode("utf-8", "replace"), False
+    if "\r" in text:  # what reading in text mode does: universal newlines
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text, plain
+
+
+def _identity_of_rows(rows, plain, full, rel, size):
+    """:func:`_record_identity_of` of the RECORD at ``full`` (venv-relative ``rel``, ``size``
+    bytes by its lstat) from its ``rows`` when ``plain`` (:func:`_read_record`); read again
+    otherwise."""
+    if not plain:
+        return _record_identity_of(full, rel)
+    if size is None or size > _RECORD_MAX:
+        return None
+    return record_identity_of_rows(rows, posixpath.dirname(posixpath.dirname(rel)), _OPTIONS["scripts"])
+
+
 def _header_parser():
     """email's ``HeaderParser`` (imported here, not with the probe: a fingerprint parses no
     METADATA, and email's modules are a third of the probe's start-up imports, issue 16)."""
@@ -263,7 +299,7 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=N
     rows (:data:`_SHARED_OBJECT`) have the disk's facts and RECORD's hash and size, the others
     their paths alone. ``group``: the hash cache's group of the files hashed (the
     distribution's normalised name)."""
-    text = _read(os.path.join(dist_dir, "RECORD"))
+    text, plain = _read_record(os.path.join(dist_dir, "RECORD"))
     if text is None:
         return None
     entries = []
@@ -278,7 +314,7 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=N
     norm_site = os.path.normpath(site)
     site_rel = _inside(prefix, norm_site)
     if _OPTIONS.get("compact") and not summary:
-        return _record_rows(rows, dist_dir, norm_site, site_rel, prefix, hashed, shared, group)
+        return _record_rows(rows, plain, dist_dir, norm_site, site_rel, prefix, hashed, shared, group)
     count = total = 0
     for row in rows:
         if not row or not row[0]:
@@ -320,13 +356,13 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=N
     if own is not None:
         for entry in entries:
             if entry["venv_path"] == own and entry.get("size") is not None:
-                identity = _record_identity_of(os.path.join(dist_dir, "RECORD"), own)
+                identity = _identity_of_rows(rows, plain, os.path.join(dist_dir, "RECORD"), own, entry["size"])
                 if identity is not None:
                     entry["record_identity"] = identity
     return entries
 
 
-def _record_rows(rows, dist_dir, site, site_rel, prefix, hashed, shared, group):
+def _record_rows(rows, plain, dist_dir, site, site_rel, prefix, hashed, shared, group):
     """The compact form of :func:`_record` (``"compact": true``): each RECORD row built once as
     its list of :data:`COLUMNS` (what :func:`_compact` makes of :func:`_record`'s dict entries,
     the same values), in one loop per RECORD: one lstat per row inside the venv, noted as an input
@@ -334,7 +370,8 @@ def _record_rows(rows, dist_dir, site, site_rel, prefix, hashed, shared, group):
     folder's check of :func:`_row_path` asked once per folder. A hashed file's row is left with
     all its columns until :func:`_run_hash_jobs` fills its hash (:func:`_finish_row`).
 
-    :param rows: RECORD's parsed CSV rows; ``site``: the normalised site-packages folder;
+    :param rows: RECORD's parsed CSV rows; ``plain``: whether they are the rows its identity is
+        made of (:func:`_read_record`); ``site``: the normalised site-packages folder;
         ``site_rel``: its venv-relative path (None when it is not inside the venv).
     """
     out = []
@@ -428,7 +465,7 @@ def _record_rows(rows, dist_dir, site, site_rel, prefix, hashed, shared, group):
     if inputs is not None and noted:
         inputs.note_block(noted, ids)
     for entry in own_rows:
-        identity = _record_identity_of(os.path.join(dist_dir, "RECORD"), own)
+        identity = _identity_of_rows(rows, plain, os.path.join(dist_dir, "RECORD"), own, entry[5])
         if identity is not None:
             entry[13] = identity
     return out
@@ -525,7 +562,7 @@ class _Inputs(object):
         self.array = array
         self.ids = array("q")
         self.digest = hashlib.sha256()
-        self.packer = zlib.compressobj(6) if pack else None
+        self.packer = zlib.compressobj(1) if pack else None  # level 1: a third of level 6's CPU, 20 % larger
         self.packed = []
         self.pending = []
         self.count = 0
