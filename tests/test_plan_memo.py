@@ -333,12 +333,9 @@ def test_the_plan_command_starts_its_probes_before_loading_rich_or_the_planner()
     """What ``transplant plan MANIFEST`` loads before each side's probe starts
     (:func:`transplant.cli.warm.connect_early`): not rich (70 ms of a 1 s no-op plan's start),
     the pipeline or the planner; each loads after the probes run (issue 16)."""
-    import subprocess
-    import sys
+    from loading import loaded_after
 
-    code = ("import sys, transplant.cli.app, transplant.cli.warm, transplant.controller.manifest_file,\\\n"
-            "    transplant.hosts.early, transplant.hosts.probing, transplant.errors\n"
-            "heavy = ['rich', 'rich.console', 'transplant.pipeline', 'transplant.core.planner', 'transplant.cli.render']\n"
-            "print(','.join(m for m in heavy if m in sys.modules))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "", f"loaded before the plan's probes start: {out.strip()}"
+    early = ["transplant.cli.app", "transplant.cli.warm", "transplant.controller.manifest_file", "transplant.hosts.early",
+             "transplant.hosts.probing", "transplant.errors"]
+    heavy = ["rich", "rich.console", "transplant.pipeline", "transplant.core.planner", "transplant.cli.render"]
+    assert loaded_after(early, heavy) == [], "loaded before the plan's probes start"

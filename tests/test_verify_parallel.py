@@ -343,12 +343,9 @@ def test_the_verify_command_loads_light_before_its_imports_process_starts(tmp_pa
     """What ``transplant verify HOST:VENV`` loads before it starts the imports process: not the
     pipeline, the planner, the ladder's runner or the renderers (half a second of CPU loading
     that now overlaps the imports process)."""
-    import subprocess
-    import sys
+    from loading import loaded_after
 
-    code = ("import sys, transplant.cli.app, transplant.cli.commands.verify, transplant.cli.locations\n"
-            "heavy = ['transplant.pipeline', 'transplant.core.planner', 'transplant.verify.runner',\n"
-            "         'transplant.cli.render', 'transplant.cli.session', 'transplant.donor.sources']\n"
-            "print(','.join(m for m in heavy if m in sys.modules))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "", f"loaded before the imports process starts: {out.strip()}"
+    early = ["transplant.cli.app", "transplant.cli.commands.verify", "transplant.cli.locations"]
+    heavy = ["transplant.pipeline", "transplant.core.planner", "transplant.verify.runner", "transplant.cli.render",
+             "transplant.cli.session", "transplant.donor.sources"]
+    assert loaded_after(early, heavy) == [], "loaded before the imports process starts"
