@@ -170,7 +170,10 @@ def test_a_snapshot_donor_may_be_the_store_folder_snapshot_out_wrote(world, tmp_
                         f"overlay: [alpha]\n")
     capsys.readouterr()
     assert main(["plan", str(by_store)]) == 0
-    assert f"donor source: snapshot {index.stem}" in " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"donor source: snapshot {index.stem}" in said
+    # why this source, without parentheses nested in the line's own
+    assert "(the manifest's donor, a snapshot)" in said and "(a snapshot))" not in said, said
     assert main(["snapshot", m, "--out", str(store)]) == 0  # the same content again: the same snapshot
     assert [p.stem for p in (store / "index").glob("*.json")] == [index.stem]
     other = tmp_path / "other.yaml"  # another manifest (another content): a second snapshot
