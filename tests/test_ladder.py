@@ -531,8 +531,8 @@ def test_optional_plugins_warn_and_foreign_machine_objects_are_skipped(plugin_st
     assert native.reason == (
         f"3 of 6 shared objects load (RTLD_NOW); skipped 1 built for another machine than this interpreter's "
         f"(1 for aarch64; e.g. {SITE}/hostplug/stubs/aarch64-unknown-linux-gnu/libplain.so): not loadable here by "
-        f"construction; 1 need the NVIDIA driver's libraries, absent on this host (e.g. {SITE}/needsdriver/libdrv.so): "
-        f"not checkable here; warning: 1 need host libraries that no distribution of the venv ships, absent here "
+        f"construction; 1 needs the NVIDIA driver's libraries, absent on this host (e.g. {SITE}/needsdriver/libdrv.so): "
+        f"not checkable here; warning: 1 needs host libraries that no distribution of the venv ships, absent here "
         f"(optional plugins; objects needing each: libnothere_host.so.1 (1); e.g. {SITE}/hostplug/libplug.so)")
     arm = next(lib for lib in native.details["libraries"] if "aarch64" in lib["path"])
     assert arm["error"] is None and arm["skipped"].startswith("built for aarch64 (e_machine 183, 64-bit)")
@@ -550,7 +550,7 @@ def test_a_missing_cuda_runtime_behind_a_host_library_still_fails(plugins, local
     settings = VerifySettings(overlay=("cudaneed", "hostplug"), env=_env(plugins, tmp_path), timeout=120)
     native = _by_name(run_stages(settings, target=local, venv=plugins["venv"]))["native-load"]
     assert native.status == "fail"
-    assert native.reason.startswith(f"1 of 4 shared objects do not load: {SITE}/cudaneed/libboth.so: missing "
+    assert native.reason.startswith(f"1 of 4 shared objects does not load: {SITE}/cudaneed/libboth.so: missing "
                                     f"libcudart.so.12;")
     both = next(lib for lib in native.details["libraries"] if lib["path"].endswith("libboth.so"))
     assert "libnothere_host.so.1: cannot open shared object file" in both["error"], "dlopen names the host one first"

@@ -104,7 +104,8 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     when ``record`` is true, record the verdict in the target's history and the controller's
     verified log.
 
-    :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``, ``started``).
+    :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``, ``started``,
+        ``manifest``).
     :returns: the stage results and whether no stage failed.
     """
     from transplant.recover.provenance import record_verified, verified_log

@@ -198,7 +198,8 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
             results, _ = verify_target(settings, target, venv, ssh=session.ssh if manifest is not None else None,
                                        record=manifest is not None, donor_inventory=donor,
                                        reporter=StagesShown(status.update, "verify"),
-                                       clear_jit_caches=clearing, donor_run=donor_run, started=started)
+                                       clear_jit_caches=clearing, donor_run=donor_run, started=started,
+                                       manifest=manifest is not None)
     from transplant.cli.render import stages_table, verify_json, verify_junit
     from transplant.verify.judges import overall_ok
 
