@@ -576,3 +576,22 @@ def test_clear_jit_caches_names_after_a_space_say_to_write_them_with_equals(word
         main(["verify", "--clear-jit-caches", *words, "local:/nonexistent/venv", "--imports", "x"])
     assert info.value.code == 64
     assert f"write --clear-jit-caches={words[0]}" in " ".join(capsys.readouterr().err.split())
+
+
+def test_clear_jit_caches_with_a_spaced_word_that_is_no_cache_names_it_and_the_caches(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["verify", "--clear-jit-caches", "bogus", "local:/nonexistent/venv", "--imports", "x"])
+    assert info.value.code == 64
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--clear-jit-caches: 'bogus' is not a JIT cache; the caches are triton, flashinfer, torch-inductor (or all)" \
+        in err and "unrecognized arguments" not in err, err
+    # the twin: a manifest named after the bare option, with an option's value after it, is the manifest
+    (tmp_path / "manifest").write_text("version: 1\n")
+    assert main(["verify", "--clear-jit-caches", "manifest", "--imports", "x"]) == 1
+    captured = capsys.readouterr()
+    assert "not a JIT cache" not in captured.err + captured.out and "manifest: " in " ".join(captured.out.split())
+    # and another stray argument, with no cache word, keeps argparse's own error
+    with pytest.raises(SystemExit):
+        main(["verify", "local:/nonexistent/venv", "extra", "--imports", "x"])
+    assert "unrecognized arguments: extra" in capsys.readouterr().err
