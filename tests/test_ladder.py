@@ -354,6 +354,14 @@ def test_clear_jit_caches_alone_lists_the_user_wide_folders_and_removes_nothing(
     out = " ".join(capsys.readouterr().out.split())
     assert f"--clear-jit-caches removed {tmp_path}/triton; not removed, outside the target venv" in out
     assert not (tmp_path / "triton").exists() and (tmp_path / "inductor" / "y" / "f").read_text() == "x"
+    # an empty cache folder is listed as empty, with no option to remove it
+    (tmp_path / "inductor" / "y" / "f").unlink()
+    (tmp_path / "inductor" / "y").rmdir()
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"--clear-jit-caches removed nothing; empty, nothing to remove: torch-inductor {tmp_path}/inductor; "
+            f"nothing else was touched") in out, out
+    assert "to remove" not in out.replace("nothing to remove", "") and (tmp_path / "inductor").is_dir()
 
 
 def test_bare_clear_jit_caches_before_the_venv_leaves_the_venv_positional(built, tmp_path, monkeypatch, capsys):
