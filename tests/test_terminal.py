@@ -366,3 +366,26 @@ def test_a_long_patch_name_prints_the_changes_as_lines_rather_than_squeeze_why()
             assert "~ sglang 0.5.9 -> 0.5.23" in text and "┃" not in text, text
             assert any(long_name.rsplit("site-packages/", 1)[-1] in line for line in text.splitlines()), text
         assert all(len(line) <= 120 for line in text.splitlines()), text
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_demo_says_it_removes_its_work_folder_before_it_starts(tmp_path, terminal):
+    import io
+
+    from rich.console import Console
+
+    from transplant.cli.commands.demo import remove_work
+
+    work = tmp_path / "transplant-demo-x"
+    (work / "lab" / "target").mkdir(parents=True)
+    (work / "lab" / "target" / "f").write_text("x")
+    out = io.StringIO()
+    remove_work(Console(file=out, width=300, force_terminal=terminal), work)
+    assert not work.exists()
+    first = out.getvalue().lstrip().splitlines()[0]
+    assert first == (f"removing the demo's work folder {work} (the three hosts' venvs: can take about a minute) ..."), \
+        out.getvalue()
+    outside = tmp_path / "kept"  # the twin: nothing beside the work folder is touched
+    outside.mkdir()
+    remove_work(Console(file=io.StringIO(), force_terminal=terminal), tmp_path / "absent")
+    assert outside.is_dir()
