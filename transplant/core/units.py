@@ -3,7 +3,7 @@ cut to a length at a word boundary."""
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "count", "clip"]
+__all__ = ["human_bytes", "count", "agree", "clip"]
 
 
 def human_bytes(count: int | None) -> str:
@@ -24,6 +24,12 @@ def count(number: int, noun: str, plural: str | None = None) -> str:
     :param plural: the plural when it is not ``noun + "s"``.
     """
     return f"{number} {noun if number == 1 else (plural or noun + 's')}"
+
+
+def agree(number: int, one: str, many: str) -> str:
+    """``one`` for exactly 1, else ``many``: the verb or pronoun that goes with a count
+    (``agree(n, "differs", "differ")``)."""
+    return one if number == 1 else many
 
 
 def clip(text: str, width: int) -> str:

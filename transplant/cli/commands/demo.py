@@ -35,6 +35,7 @@ from rich.rule import Rule
 from transplant.errors import TransplantError
 from transplant.lab import Lab
 from transplant.lab.wheels import build_wheel
+from transplant.core.units import count
 
 __all__ = ["run_demo", "remove_work", "EXAMPLE", "VENV", "STAND_INS", "build_demo_venv"]
 
@@ -297,5 +298,5 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
     if all(results):
         console.print(f"[bold green]demo passed[/]: every act behaved as the story says ({seconds:.0f} s); hosts stopped")
         return 0
-    console.print(f"[bold red]demo failed[/]: {results.count(False)} act(s) did not behave as expected ({seconds:.0f} s)")
+    console.print(f"[bold red]demo failed[/]: {count(results.count(False), 'act')} did not behave as expected ({seconds:.0f} s)")
     return 1
