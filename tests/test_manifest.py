@@ -203,3 +203,13 @@ def test_bad_verify_serve_and_resolve_are_listed(tmp_path):
         "verify.skip_imports[1].reason: missing; fix: add it: reason: why",
         'verify.python: expected a version like "3.11", got a number (3.1); fix: write it quoted: python: "3.11"',
     ]
+
+
+def test_an_accept_entry_without_a_reason_gets_a_generic_example(tmp_path):
+    found = problems(tmp_path, GOOD + "accept:\n  - {code: lockstep-mismatch, dists: [flashinfer-jit-cache]}\n")
+    assert found == ["accept[0].reason: missing; fix: add it: reason: why this finding does not stop this target "
+                     "(shown beside it)"], found
+    assert "demo" not in " ".join(found) and "CPU build" not in " ".join(found)
+    # the twin: with a reason it loads, and the reason is kept as written
+    m = load_manifest(write(tmp_path / "ok", GOOD + "accept:\n  - {code: lockstep-mismatch, reason: no GPU here}\n"))
+    assert [(a.code, a.reason) for a in m.accept] == [("lockstep-mismatch", "no GPU here")]
