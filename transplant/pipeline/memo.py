@@ -23,8 +23,9 @@ index says). An input changed after the probe stat'ed it (while the plan read it
 another ctime by then, so the next fingerprint differs and the next plan is a full one; the
 ``extra`` paths, which the probe did not stat, are stat'ed once after the plan under the same
 rule. ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every plan is made afresh
-and none is kept); ``1`` or unset keeps it on; any other value is refused. ``apply`` never uses the memo: its stale-plan check under the
-lock probes afresh.
+and none is kept); ``1`` or unset keeps it on; any other value is refused. ``apply`` reuses a kept plan but
+keeps none, and says in one line why it plans afresh when it does not reuse one (:func:`recall`'s reason);
+its stale-plan check under the lock probes afresh either way.
 """
 
 from __future__ import annotations
