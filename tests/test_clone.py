@@ -319,8 +319,8 @@ def test_clone_lists_text_files_it_cannot_relocate(local_source, capsys):
     code = main(["clone", f"local:{own}", f"local:{base / 'clone-leftover2'}"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 3
-    assert f"error: 1 text file(s) of the clone still name {own}: {SITE}/hello_cli/settings.ini" in out
-    assert f"warning: 1 binary file(s) still contain {own}: {SITE}/hello_cli/blob.bin" in out
+    assert f"error: 1 text file of the clone still names {own}: {SITE}/hello_cli/settings.ini" in out
+    assert f"warning: 1 binary file still contains {own}: {SITE}/hello_cli/blob.bin" in out
 
 
 # -- SSH hosts ------------------------------------------------------------------------------------------------
@@ -354,14 +354,14 @@ def test_clone_between_two_ssh_hosts(lab_source, capsys, tmp_path, monkeypatch):
     # the editable source /srv/cl-proj exists on the donor only: refused before anything is copied
     assert main(["clone", src, dst, *_ssh_args(lab)]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "editable install(s) import from /srv/cl-proj, /srv/cl-proj/projmod, which the destination lacks" in out
+    assert "editable installs import from /srv/cl-proj, /srv/cl-proj/projmod, which the destination lacks" in out
     assert not target.path("/srv/cl-dst").exists()
     # with the project there too (as a real second host would have it), the clone goes through the controller
     shutil.copytree(donor.path("/srv/cl-proj"), target.path("/srv/cl-proj"))
     code, report = clone_json(src, dst, *_ssh_args(lab), capsys=capsys)
     assert code == 0, report
     assert report["method"] == "rsync -aH"
-    assert report["warnings"] == [".pth file(s) of the venv add /srv/cl-outside to sys.path, which the destination "
+    assert report["warnings"] == ["a .pth file of the venv adds /srv/cl-outside to sys.path, which the destination "
                                   "lacks; Python skips a missing folder, so what it holds will not import in the clone"]
 
     def run(argv):

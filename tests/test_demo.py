@@ -35,7 +35,7 @@ def test_demo_replays_the_story(lab):
     # their reason, and a binary fact: torchvision 0.16.2's ops need libtorch symbols torch 2.13 lacks
     assert "named in remove:" in out and "error (accepted)" in out
     assert "accepted in the manifest: the demo runs the CPU wheel of torch 2.13.0" in out
-    assert "torchvision 0.16.2: 2 shared object(s) need" in out
+    assert "torchvision 0.16.2: 2 shared objects need" in out
     # act 3 (apply shows its plan): the CUDA-variant change is named as such
     assert "same version, other CUDA build: CUDA 12.8 -> CUDA 13.0" in out
     # act 4: the story's checkpoint line, and the smoke run said it used the CPU

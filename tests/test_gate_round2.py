@@ -193,7 +193,7 @@ def test_a_library_moving_without_its_sibling_needs_symbols_the_staying_one_lack
     [f] = _found(result, "undefined-symbol")
     assert f.severity == "error" and f.dists == ("sparse", "nvjl")
     assert f.files == (sp, f"{SITE}/nvjl/lib/libjl.so.1")
-    assert "needs 1 symbol(s) from libjl.so.1" in f.message and "jl_create_12_8" in f.message
+    assert "needs 1 symbol from libjl.so.1" in f.message and "jl_create_12_8" in f.message
     assert "it moves from the donor while nvjl 1.0 stays" in f.message
     assert f.hint == "add 'nvjl' to overlay in m.yaml (the donor has nvjl 2.0)"
     # the same pair, the other way: the library moves and the object that needs it stays

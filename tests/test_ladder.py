@@ -354,6 +354,14 @@ def test_clear_jit_caches_alone_lists_the_user_wide_folders_and_removes_nothing(
     out = " ".join(capsys.readouterr().out.split())
     assert f"--clear-jit-caches removed {tmp_path}/triton; not removed, outside the target venv" in out
     assert not (tmp_path / "triton").exists() and (tmp_path / "inductor" / "y" / "f").read_text() == "x"
+    # an empty cache folder is listed as empty, with no option to remove it
+    (tmp_path / "inductor" / "y" / "f").unlink()
+    (tmp_path / "inductor" / "y").rmdir()
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--clear-jit-caches"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"--clear-jit-caches removed nothing; empty, nothing to remove: torch-inductor {tmp_path}/inductor; "
+            f"nothing else was touched") in out, out
+    assert "to remove" not in out.replace("nothing to remove", "") and (tmp_path / "inductor").is_dir()
 
 
 def test_bare_clear_jit_caches_before_the_venv_leaves_the_venv_positional(built, tmp_path, monkeypatch, capsys):
@@ -531,8 +539,8 @@ def test_optional_plugins_warn_and_foreign_machine_objects_are_skipped(plugin_st
     assert native.reason == (
         f"3 of 6 shared objects load (RTLD_NOW); skipped 1 built for another machine than this interpreter's "
         f"(1 for aarch64; e.g. {SITE}/hostplug/stubs/aarch64-unknown-linux-gnu/libplain.so): not loadable here by "
-        f"construction; 1 need the NVIDIA driver's libraries, absent on this host (e.g. {SITE}/needsdriver/libdrv.so): "
-        f"not checkable here; warning: 1 need host libraries that no distribution of the venv ships, absent here "
+        f"construction; 1 needs the NVIDIA driver's libraries, absent on this host (e.g. {SITE}/needsdriver/libdrv.so): "
+        f"not checkable here; warning: 1 needs host libraries that no distribution of the venv ships, absent here "
         f"(optional plugins; objects needing each: libnothere_host.so.1 (1); e.g. {SITE}/hostplug/libplug.so)")
     arm = next(lib for lib in native.details["libraries"] if "aarch64" in lib["path"])
     assert arm["error"] is None and arm["skipped"].startswith("built for aarch64 (e_machine 183, 64-bit)")
@@ -550,7 +558,7 @@ def test_a_missing_cuda_runtime_behind_a_host_library_still_fails(plugins, local
     settings = VerifySettings(overlay=("cudaneed", "hostplug"), env=_env(plugins, tmp_path), timeout=120)
     native = _by_name(run_stages(settings, target=local, venv=plugins["venv"]))["native-load"]
     assert native.status == "fail"
-    assert native.reason.startswith(f"1 of 4 shared objects do not load: {SITE}/cudaneed/libboth.so: missing "
+    assert native.reason.startswith(f"1 of 4 shared objects does not load: {SITE}/cudaneed/libboth.so: missing "
                                     f"libcudart.so.12;")
     both = next(lib for lib in native.details["libraries"] if lib["path"].endswith("libboth.so"))
     assert "libnothere_host.so.1: cannot open shared object file" in both["error"], "dlopen names the host one first"
@@ -576,3 +584,22 @@ def test_clear_jit_caches_names_after_a_space_say_to_write_them_with_equals(word
         main(["verify", "--clear-jit-caches", *words, "local:/nonexistent/venv", "--imports", "x"])
     assert info.value.code == 64
     assert f"write --clear-jit-caches={words[0]}" in " ".join(capsys.readouterr().err.split())
+
+
+def test_clear_jit_caches_with_a_spaced_word_that_is_no_cache_names_it_and_the_caches(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["verify", "--clear-jit-caches", "bogus", "local:/nonexistent/venv", "--imports", "x"])
+    assert info.value.code == 64
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--clear-jit-caches: 'bogus' is not a JIT cache; the caches are triton, flashinfer, torch-inductor (or all)" \
+        in err and "unrecognized arguments" not in err, err
+    # the twin: a manifest named after the bare option, with an option's value after it, is the manifest
+    (tmp_path / "manifest").write_text("version: 1\n")
+    assert main(["verify", "--clear-jit-caches", "manifest", "--imports", "x"]) == 1
+    captured = capsys.readouterr()
+    assert "not a JIT cache" not in captured.err + captured.out and "manifest: " in " ".join(captured.out.split())
+    # and another stray argument, with no cache word, keeps argparse's own error
+    with pytest.raises(SystemExit):
+        main(["verify", "local:/nonexistent/venv", "extra", "--imports", "x"])
+    assert "unrecognized arguments: extra" in capsys.readouterr().err

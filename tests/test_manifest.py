@@ -109,6 +109,35 @@ def test_a_character_yaml_refuses_is_placed_by_line_and_column(tmp_path):
                      "column 14; fix: correct the YAML syntax there"]
 
 
+def test_a_nel_yaml_folds_inside_a_quoted_path_is_refused_with_its_key(tmp_path):
+    # PyYAML loads "/root/venv\x85x" as "/root/venv x": the manifest would name another folder
+    import yaml
+    assert yaml.safe_load('v: "/root/venv\x85x"')["v"] == "/root/venv x"
+    text = GOOD.replace('venv: /root/venv_sglang}\noverlay', 'venv: "/root/venv\x85sglang"}\noverlay')
+    assert text != GOOD
+    found = problems(tmp_path, text)
+    assert found == ["target.venv: holds the character U+0085 (NEL) at line 3, column 52, which YAML reads as a "
+                     "line break (inside quotes PyYAML folds it into a space, so the value loaded would not be the "
+                     "path written); fix: remove that character (rename the file or folder if its name holds it)"], found
+
+
+@pytest.mark.parametrize("char,named", [("\x85", "U+0085 (NEL)"), ("\u2028", "U+2028 (LINE SEPARATOR)"),
+                                        ("\u2029", "U+2029 (PARAGRAPH SEPARATOR)")])
+def test_every_yaml_line_break_but_lf_and_cr_is_named_by_key_line_and_column(tmp_path, char, named):
+    # one in a list item's value and one in a comment (which no key holds) are both named
+    found = problems(tmp_path, GOOD.replace("patches/server_args.py,", f'"patches/server{char}args.py",')
+                     + f"# a note{char}\n")
+    assert [f.split(":", 1)[0] for f in found] == ["patches[1].source", "(yaml)"], found
+    assert all(f"holds the character {named} at line" in f for f in found), found
+    assert "line 7, column 29" in found[0] and "line 16, column 9" in found[1], found
+
+
+def test_the_good_manifest_with_plain_non_ascii_loads(tmp_path):
+    # the twin: other non-ASCII characters (an accent, a non-breaking space) are left to YAML as they were
+    m = load_manifest(write(tmp_path, GOOD.replace("/root/venv_sglang}\noverlay", '"/root/venv_\u00e9\u00a0x"}\noverlay')))
+    assert m.target.venv == "/root/venv_\u00e9\u00a0x"
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ManifestError) as info:
         load_manifest(tmp_path / "absent.yaml")
@@ -174,3 +203,13 @@ def test_bad_verify_serve_and_resolve_are_listed(tmp_path):
         "verify.skip_imports[1].reason: missing; fix: add it: reason: why",
         'verify.python: expected a version like "3.11", got a number (3.1); fix: write it quoted: python: "3.11"',
     ]
+
+
+def test_an_accept_entry_without_a_reason_gets_a_generic_example(tmp_path):
+    found = problems(tmp_path, GOOD + "accept:\n  - {code: lockstep-mismatch, dists: [flashinfer-jit-cache]}\n")
+    assert found == ["accept[0].reason: missing; fix: add it: reason: why this finding does not stop this target "
+                     "(shown beside it)"], found
+    assert "demo" not in " ".join(found) and "CPU build" not in " ".join(found)
+    # the twin: with a reason it loads, and the reason is kept as written
+    m = load_manifest(write(tmp_path / "ok", GOOD + "accept:\n  - {code: lockstep-mismatch, reason: no GPU here}\n"))
+    assert [(a.code, a.reason) for a in m.accept] == [("lockstep-mismatch", "no GPU here")]

@@ -268,6 +268,48 @@ def test_off_a_terminal_the_copy_prints_at_each_quarter_every_few_seconds_and_at
     assert lines == ["copying: 2%", "copying: 3%"], out.getvalue()
 
 
+def test_off_a_terminal_the_copy_shows_no_first_sample_made_late_and_ends_before_its_summary(monkeypatch):
+    import io
+    import time
+
+    from rich.console import Console
+
+    from transplant.cli import progress
+
+    monkeypatch.setattr(progress, "COPY_EVERY", 0.05)
+    out = io.StringIO()
+    with progress.ByteProgress(Console(file=out, width=120), 1000, {"files": 1000}) as bar:
+        time.sleep(0.06)  # the lock, the re-probe and the space check take longer than COPY_EVERY
+        bar.step("files")
+        bar.progress(4, 1000)  # the stream's first sample: a tiny first file
+        bar.progress(100, 1000)
+        bar.progress(1000, 1000)
+        bar.note("files: streamed on this machine, 1000 B in 3 files, hashed as written")
+        bar.step("commit")
+    lines = out.getvalue().splitlines()
+    copying = [line.split(" (")[0] for line in lines if line.startswith("copying: ")]
+    assert copying == ["copying: 100%"], out.getvalue()  # no "0% (4 B of 1000 B)" line
+    assert [line.split(" (")[0] if line.startswith("copying: ") else line.split(":")[0] for line in lines[1:3]] == [
+        "copying: 100%", "files"], out.getvalue()
+    # the summary of a step that ends before the last (the patches after the files) follows a line
+    # at the bytes it sums up; the copy's 100% line ends it, once
+    out = io.StringIO()
+    with progress.ByteProgress(Console(file=out, width=120), 1000, {"files": 900, "patches": 100}) as bar:
+        bar.step("files")
+        bar.progress(10, 900)
+        bar.progress(890, 900)
+        bar.progress(900, 900)
+        bar.note("files: streamed on this machine, 900 B in 2 files, hashed as written")
+        bar.step("patches")
+        bar.progress(100, 100)
+        bar.note("patches: streamed on this machine, 100 B in 1 file, hashed as written")
+        bar.step("commit")
+    lines = [line.split(" (")[0] for line in out.getvalue().splitlines()[1:]]
+    assert lines[:5] == ["copying: 89%", "copying: 90%", "files: streamed on this machine, 900 B in 2 files, hashed as written",
+                         "copying: 100%", "patches: streamed on this machine, 100 B in 1 file, hashed as written"], lines
+    assert lines.count("copying: 100%") == 1 and lines[5] == "committing: renaming the staged files into place ..."
+
+
 def _apply_stopped_by_ctrl_c(tmp_path, when: str) -> tuple[int, str]:
     """Run ``transplant apply`` as its own process and send it SIGINT (what Ctrl-C sends) once the
     target shows ``when``: ``lock`` (its lock taken: very early) or ``staging`` (a transaction

@@ -251,6 +251,7 @@ def test_apply_after_a_plan_reuses_it_when_nothing_changed_and_keeps_none(pair, 
     # both fingerprints, then only the stale-plan probe of the target under the lock: no plan probes
     assert ran.count("fingerprint") == 2 and ran.count("probe") == 1, ran
     assert "nothing changed on either venv since the plan of" in " ".join(out.split())
+    assert "planning afresh" not in out
     site = pair / "target" / SITE
     assert (site / "foo" / "__init__.py").read_text() == "V = 2\n" and (site / "foo" / "extra.py").exists()
     assert not (pair / "state" / "plan-memo").exists() or len(list((pair / "state" / "plan-memo").iterdir())) == 1
@@ -263,7 +264,22 @@ def test_apply_after_a_plan_plans_afresh_when_the_donor_changed(pair, capsys):
     # both fingerprints (the donor's differs), then both plan probes and the stale-plan probe
     assert ran.count("fingerprint") == 2 and ran.count("probe") == 3, ran
     assert "nothing changed on either venv" not in " ".join(out.split())
+    assert "planning afresh: the donor changed since the last plan" in " ".join(out.split())
     assert (pair / "target" / SITE / "foo" / "__init__.py").read_text() == "V = 3\n"
+
+
+def test_apply_says_in_one_line_why_it_plans_afresh(pair, capsys, monkeypatch):
+    out, _ = _apply(pair, capsys)  # no plan before it
+    said = " ".join(out.split())
+    assert said.count("planning afresh: ") == 1 and "planning afresh: no plan kept for this manifest" in said, said
+    time.sleep(2.1)  # past the probe's racy window since apply wrote the target: this plan is kept
+    plan(pair, capsys)
+    (pair / "target" / SITE / "bar" / "__init__.py").write_text("B = 2\n")  # then the target changes
+    out, _ = _apply(pair, capsys)
+    assert "planning afresh: the target changed since the last plan" in " ".join(out.split()), out
+    monkeypatch.setenv("TRANSPLANT_PLAN_MEMO", "0")
+    out, _ = _apply(pair, capsys)
+    assert "planning afresh: TRANSPLANT_PLAN_MEMO=0" in " ".join(out.split()), out
 def _started_ahead(monkeypatch) -> list:
     """Spy on :func:`transplant.hosts.probing.prestart` (it still runs): the processes a command
     started ahead, as ``(venv, Popen)``."""

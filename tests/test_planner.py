@@ -181,7 +181,7 @@ def test_requirement_unmet_on_donor_too_is_a_warning():
     target = inv([dist("torch", "2.13.0+cpu", {"t.py": "t"})], "t", prefix=TARGET)
     found = [f for f in plan(manifest(["sglang"]), donor, target).findings if f.code == "requirement-unmet"]
     assert [(f.severity, f.dists) for f in found] == [("warning", ("anthropic", "sglang", "torch"))]
-    assert found[0].message.startswith("2 requirement(s) of 1 distribution(s) are unmet here and on the donor")
+    assert found[0].message.startswith("2 requirements of 1 distribution are unmet here and on the donor")
     assert "sglang 0.5.23 (2)" in found[0].message
 
 

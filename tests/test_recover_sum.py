@@ -70,7 +70,7 @@ def test_recover_from_history_rebuilds_every_transaction(tmp_path, capsys, monke
     capsys.readouterr()
     assert main(["recover", "--from", f"local:{source}", "--target", f"local:{fresh}", "--yes"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "with what the 1 earlier transaction(s)" in out, out
+    assert "with what the 1 earlier transaction " in out, out
     site = fresh / SITE
     assert (site / "alpha" / "tuned.py").read_text() == "TUNED = 15\n", "the first transaction's patch is there"
     assert (site / "alpha" / "__init__.py").read_text() == "V = 2\n" and (site / "beta" / "__init__.py").exists()

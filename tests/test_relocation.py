@@ -145,10 +145,10 @@ def test_preflight_names_every_problem_with_its_fix():
         "a folder whose pyvenv.cfg has a home key, not a home folder or a mount point)",
         "/opt on the destination is not writable, so /opt/v cannot be made there; fix: choose a writable place, or "
         "fix its permissions",
-        "editable install(s) import from /home/me/p, which the destination lacks; the clone's imports would fail; "
+        "an editable install imports from /home/me/p, which the destination lacks; the clone's imports would fail; "
         "fix: put the source there at the same path, or reinstall the project as a regular install in the source "
         "venv (pip install --no-deps --force-reinstall SOURCE)",
-        "symlink(s) of the venv point to bin/python -> /usr/bin/python3.11, which the destination lacks; fix: install "
+        "a symlink of the venv points to bin/python -> /usr/bin/python3.11, which the destination lacks; fix: install "
         "that there, or recreate the venv's links",
     ]
     problems, _ = _preflight(None)
@@ -164,7 +164,7 @@ def test_preflight_names_every_problem_with_its_fix():
     assert _preflight(_check(free=(24 << 20)), size=8 << 20)[0] == []
     assert _preflight(_check(free=0, dest_state="venv"), size=8 << 20, replace=True)[0] == []  # its space comes back
     assert _preflight(_check(), pth=["/opt/extra-libs", "/home/me/p"]) == ([], [
-        ".pth file(s) of the venv add /opt/extra-libs to sys.path, which the destination lacks; Python skips a "
+        "a .pth file of the venv adds /opt/extra-libs to sys.path, which the destination lacks; Python skips a "
         "missing folder, so what it holds will not import in the clone"])
     assert "pass --replace to delete that venv first" in _preflight(_check(dest_state="venv"))[0][0]
     assert "is not a folder" in _preflight(_check(dest_state="not-a-folder"))[0][0]

@@ -73,7 +73,8 @@ def test_case2_console_script_shebang_is_rewritten():
     result = run(["x"], [dist("x", "1", {"x/__init__.py": "x"}, scripts={"x": donor_script})], [])
     [f] = found(result, "script-prefix")
     assert f.severity == "info" and f.files == ("bin/x",)
-    assert "apply rewrites their first line to /target/venv/bin/python" in f.message
+    assert "1 console script starts with the donor's interpreter" in f.message
+    assert "apply rewrites its first line to /target/venv/bin/python" in f.message
     assert f.hint == "nothing to do: apply rewrites them (and verify checks the result)"
     [copy] = [c for c in result.changes[0].copy if c.path == "bin/x"]
     assert copy.head == "#!/target/venv/bin/python\n" and copy.body_hash == digest("import x; x.main()\n")
@@ -116,7 +117,7 @@ def test_script_prefix_names_the_interpreter_the_shebang_names():
                               scripts={"x": "#!/donor/venv/bin/python3\nimport x\n"})], [])
     [f] = found(result, "script-prefix")
     assert "the donor's interpreter /donor/venv/bin/python3;" in f.message, f.message
-    assert f.message.endswith("rewrites their first line to /target/venv/bin/python3"), f.message
+    assert f.message.endswith("rewrites its first line to /target/venv/bin/python3"), f.message
 
 
 def test_portable_shebang_is_not_a_finding():

@@ -170,7 +170,10 @@ def test_a_snapshot_donor_may_be_the_store_folder_snapshot_out_wrote(world, tmp_
                         f"overlay: [alpha]\n")
     capsys.readouterr()
     assert main(["plan", str(by_store)]) == 0
-    assert f"donor source: snapshot {index.stem}" in " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"donor source: snapshot {index.stem}" in said
+    # why this source, without parentheses nested in the line's own
+    assert "(the manifest's donor, a snapshot)" in said and "(a snapshot))" not in said, said
     assert main(["snapshot", m, "--out", str(store)]) == 0  # the same content again: the same snapshot
     assert [p.stem for p in (store / "index").glob("*.json")] == [index.stem]
     other = tmp_path / "other.yaml"  # another manifest (another content): a second snapshot
@@ -363,3 +366,26 @@ def test_a_long_patch_name_prints_the_changes_as_lines_rather_than_squeeze_why()
             assert "~ sglang 0.5.9 -> 0.5.23" in text and "┃" not in text, text
             assert any(long_name.rsplit("site-packages/", 1)[-1] in line for line in text.splitlines()), text
         assert all(len(line) <= 120 for line in text.splitlines()), text
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_demo_says_it_removes_its_work_folder_before_it_starts(tmp_path, terminal):
+    import io
+
+    from rich.console import Console
+
+    from transplant.cli.commands.demo import remove_work
+
+    work = tmp_path / "transplant-demo-x"
+    (work / "lab" / "target").mkdir(parents=True)
+    (work / "lab" / "target" / "f").write_text("x")
+    out = io.StringIO()
+    remove_work(Console(file=out, width=300, force_terminal=terminal), work)
+    assert not work.exists()
+    first = out.getvalue().lstrip().splitlines()[0]
+    assert first == (f"removing the demo's work folder {work} (the three hosts' venvs: can take about a minute) ..."), \
+        out.getvalue()
+    outside = tmp_path / "kept"  # the twin: nothing beside the work folder is touched
+    outside.mkdir()
+    remove_work(Console(file=io.StringIO(), force_terminal=terminal), tmp_path / "absent")
+    assert outside.is_dir()

@@ -463,7 +463,7 @@ def test_a_donor_file_that_changes_between_plan_and_copy_is_caught_before_the_co
     finally:
         donor_file.write_text(original)
     out = " ".join(capsys.readouterr().out.split())
-    assert "staged file(s) differ from the plan: the donor (or a patch) changed between plan and copy" in out
+    assert "1 staged file differs from the plan: the donor (or a patch) changed between plan and copy" in out
     assert f"{SITE}/alpha/new.py" in out
     assert snapshot(venv) == world["before"] and not txn.interrupted(LocalHost(), str(venv))
 

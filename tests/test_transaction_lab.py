@@ -135,7 +135,7 @@ def test_read_only_folder_is_refused_before_anything_changes(hosts, tmp_path, ca
         before = snapshot(target, TARGET)
         assert main(["apply", manifest(tmp_path, lab), "--yes"]) == 1
         out = " ".join(capsys.readouterr().out.split())
-        assert "cannot write 2 place(s) in the venv:" in out and "nothing was changed" in out
+        assert "cannot write 2 places in the venv:" in out and "nothing was changed" in out
         assert f"{SITE}/alpha: on a read-only filesystem" in out
         assert f"{SITE}/alpha/__pycache__: on a read-only filesystem" in out
         assert snapshot(target, TARGET) == before

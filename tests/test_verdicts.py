@@ -16,6 +16,7 @@ def test_imports():
     assert judge_imports(ok) == ("pass", "1 import: torch 2.13.0+cpu")
     bad = {"imports": ok["imports"] + [{"name": "flashinfer", "ok": False, "error": "ModuleNotFoundError: x"}]}
     assert judge_imports(bad) == ("fail", "1 of 2 imports failed; flashinfer: ModuleNotFoundError: x")
+    assert judge_imports({"imports": bad["imports"][1:]}) == ("fail", "1 of 1 import failed; flashinfer: ModuleNotFoundError: x")
     assert judge_imports({"imports": []})[0] == "skip"
 
 
@@ -62,12 +63,44 @@ def test_requirements_and_overall():
     err = Finding(code="requirement-unmet", severity="error", dists=("a", "b"), message="a 1 requires b>2, found 1", hint="h")
     warn = Finding(code="requirement-unmet", severity="warning", dists=("c",), message="m", hint="h")
     assert judge_requirements([warn])[0] == "pass"
-    assert judge_requirements([err, warn]) == ("fail", "1 distribution(s) with unmet requirements the donor satisfies: a 1 requires b>2, found 1")
+    assert judge_requirements([err, warn]) == ("fail", "1 distribution with unmet requirements the donor satisfies: a 1 requires b>2, found 1")
+    assert judge_requirements([err, err])[1].startswith("2 distributions with unmet requirements the donor satisfies: ")
     stages = [StageResult(name="x", status="skip", reason="r", seconds=0.0)]
     assert overall_ok(stages)
     assert not overall_ok(stages + [StageResult(name="y", status="fail", reason="r", seconds=1.0)])
     with pytest.raises(ValueError):
         StageResult(name="z", status="passed", reason="r", seconds=0)
+
+
+def test_requirements_without_a_donor_name_none():
+    err = Finding(code="requirement-unmet", severity="error", dists=("a", "b"), message="a 1 requires b>2, found 1", hint="h")
+    assert judge_requirements([], donor=False) == ("pass", "every requirement of the venv's distributions is satisfied")
+    assert judge_requirements([err], donor=False) == ("fail", "1 distribution with unmet requirements: a 1 requires b>2, found 1")
+    assert "donor" not in judge_requirements([], donor=False)[1] + judge_requirements([err], donor=False)[1]
+    assert judge_requirements([]) == ("pass", "every requirement the donor satisfies is satisfied")
+
+
+def test_requirements_reason_is_cut_at_a_word_boundary():
+    long = "sglang 0.5.9 requires " + ", ".join(f"flashinfer-python-component{i}==0.6.{i}" for i in range(12))
+    err = Finding(code="requirement-unmet", severity="error", dists=("sglang",), message=long, hint="h")
+    warn = Finding(code="requirement-unmet", severity="warning", dists=("x",), message=long, hint="h")
+    words = set(long.replace(",", " ").split())
+    for findings in ([err], [warn]):
+        reason = judge_requirements(findings)[1]
+        shown = reason.split(": ", 1)[1] if findings[0].severity == "error" else reason.split("warning: ", 1)[1]
+        assert shown.endswith("...") and len(shown) <= 160, reason
+        assert all(w in words for w in shown.removesuffix("...").replace(",", " ").split()), reason  # whole words
+
+
+def test_clip():
+    from transplant.core.units import clip
+
+    assert clip("short", 10) == "short"
+    assert clip("alpha beta gamma", 12) == "alpha..."
+    assert clip("alpha beta; gamma", 15) == "alpha beta..."
+    assert clip("alpha beta gamma", 13) == "alpha beta..."
+    assert clip("/one/long/path/with/no/blank", 10) == "/one/long/path/with/no/blank"
+
 
 
 # --- the ladder's later stages (plain data) ---
@@ -131,7 +164,7 @@ def test_judge_native_names_soname_symbol_and_driver_libraries():
             {"path": "/v/d.so", "ok": False, "error": "libcuda.so.1: cannot open shared object file: No such file"}]
     status, reason = judges.judge_native({"libraries": libs}, driver=False, venv="/v")
     assert (status, reason) == ("fail", "2 of 4 shared objects do not load: b.so: missing libcudart.so.12; c.so: "
-                                        "undefined symbol _ZN3c104cuda9SetDeviceEa; 1 need the NVIDIA driver's "
+                                        "undefined symbol _ZN3c104cuda9SetDeviceEa; 1 needs the NVIDIA driver's "
                                         "libraries, absent on this host (e.g. d.so): not checkable here")
     assert judges.judge_native({"libraries": libs}, driver=True, venv="/v")[1].startswith("3 of 4 shared objects")
     assert judges.judge_native({"libraries": [libs[0], libs[3]]}, driver=False)[0] == "pass"
@@ -315,7 +348,7 @@ def test_judge_native_kinds_host_library_foreign_machine_and_venv_library():
     ok = {"path": "/v/a.so", "ok": True, "error": None}
     status, reason = judges.judge_native({"libraries": [ok, rdma, ucx, arm]}, driver=False, venv="/v", shipped=shipped)
     assert status == "pass"
-    assert reason == ("1 of 4 shared objects load (RTLD_NOW); skipped 1 built for another machine than this "
+    assert reason == ("1 of 4 shared objects loads (RTLD_NOW); skipped 1 built for another machine than this "
                       "interpreter's (1 for aarch64; e.g. stubs/aarch64-unknown-linux-gnu/libcute_dsl_runtime.so): "
                       "not loadable here by construction; warning: 2 need host libraries that no distribution of the "
                       "venv ships, absent here (optional plugins; objects needing each: libibverbs.so.1 (1), "
@@ -328,7 +361,7 @@ def test_judge_native_kinds_host_library_foreign_machine_and_venv_library():
     for name in ("libcufile.so.0", "libcudart.so.12", "libgomp-a34b3233.so.1"):
         both = dict(rdma, missing=["libmlx5.so.1", name])
         status, reason = judges.judge_native({"libraries": [ok, both]}, driver=False, venv="/v", shipped=shipped)
-        assert (status, reason) == ("fail", f"1 of 2 shared objects do not load: nvidia/cufile/lib/libcufile_rdma.so.1: "
+        assert (status, reason) == ("fail", f"1 of 2 shared objects does not load: nvidia/cufile/lib/libcufile_rdma.so.1: "
                                             f"missing {name}"), name
     # an undefined symbol stays a failure
     undefined = {"path": "/v/t.so", "ok": False, "error": "/v/t.so: undefined symbol: _ZN3c10"}
@@ -396,7 +429,7 @@ def test_an_import_failing_the_same_way_on_the_donor_is_a_warning():
     assert shared == {"deep_ep"} and donor_shared_imports(target, None) == set()
     status, reason = judge_imports(target, donor_shared=shared)
     assert status == "fail" and reason.startswith("1 of 3 imports failed; broken:")
-    assert "warning: 1 fail the same way on the donor" in reason
+    assert "warning: 1 fails the same way on the donor, which runs with it" in reason
     ok = {"imports": target["imports"][:2]}
     status, reason = judge_imports(ok, donor_shared=shared)
     assert status == "pass" and "deep_ep (ImportError: The NVIDIA driver" in reason
@@ -423,8 +456,8 @@ def test_a_shared_object_failing_the_same_way_on_the_donor_is_a_warning():
     shared = donor_shared_objects(report, donor, venv)
     assert shared == {f"{venv}/{bridge}"}
     status, reason = judge_native(report, driver=False, venv=venv, shipped=(), donor_shared=shared)
-    assert status == "fail" and reason.startswith("1 of 3 shared objects do not load: lib/python3.11/site-packages/k/kern.so")
-    assert "warning: 1 fail the same way on the donor" in reason and "aoti_torch_dtype_float32" in reason
+    assert status == "fail" and reason.startswith("1 of 3 shared objects does not load: lib/python3.11/site-packages/k/kern.so")
+    assert "warning: 1 fails the same way on the donor, which runs with it" in reason and "aoti_torch_dtype_float32" in reason
     report["libraries"].pop(1)
     assert judge_native(report, driver=False, venv=venv, shipped=(), donor_shared=shared)[0] == "pass"
     assert judge_native(report, driver=False, venv=venv, shipped=())[0] == "fail"

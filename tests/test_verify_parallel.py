@@ -229,6 +229,24 @@ def test_when_the_shared_process_dies_both_stages_fail_with_its_reason_and_the_r
     assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"
 
 
+def test_a_venv_verified_alone_names_no_manifest_and_no_donor_in_its_reasons(venv, tmp_path):
+    settings = dataclasses.replace(_settings(tmp_path, wait=0), imports=("plain",), server_args=None)
+    alone = {r.name: r for r in run_stages(settings, target=LocalHost(), venv=venv, manifest=False)}
+    assert alone["server-args"].reason == ("no server arguments given: verify with a manifest that sets "
+                                           "verify.server_args to run this stage")
+    assert alone["smoke"].reason.startswith("no smoke check given: ") and "verify.smoke" in alone["smoke"].reason
+    assert alone["serve"].reason.startswith("no serve check given: ") and "verify.serve" in alone["serve"].reason
+    assert alone["requirements"].status == "pass"
+    assert alone["requirements"].reason == "every requirement of the venv's distributions is satisfied"
+    for result in alone.values():
+        assert "in the manifest" not in result.reason, result
+    assert "donor" not in alone["requirements"].reason
+    # the manifest's twin: the same settings from a manifest say which key is missing there
+    from_manifest = {r.name: r for r in run_stages(settings, target=LocalHost(), venv=venv)}
+    assert from_manifest["server-args"].reason == "no verify.server_args in the manifest"
+    assert from_manifest["serve"].reason == "no verify.serve in the manifest"
+
+
 class ProbeWaits(Timed):
     """:class:`Timed`, whose inventory probe starts only once an imports process has started
     (or ``wait`` seconds have passed): ``saw`` says which."""

@@ -141,7 +141,7 @@ def test_a_constructor_that_aborts_is_pinned_on_its_file_and_the_rest_load(venvs
     by = _by_name(run_stages(_settings(tmp_path), target=LocalHost(), venv=venvs["aborts"]))
     native = by["native-load"]
     assert native.status == "fail"
-    assert native.reason.startswith("1 of 3 shared objects do not load: ") and "ext/libboom.so: killed by signal 6" \
+    assert native.reason.startswith("1 of 3 shared objects does not load: ") and "ext/libboom.so: killed by signal 6" \
         in native.reason, native.reason
     loaded = {Path(lib["path"]).name: lib["ok"] for lib in native.details["libraries"]}
     assert loaded == {"libboom.so": False, "libext.so": True, "libc10.so": True}
@@ -155,7 +155,7 @@ def test_names_that_do_not_begin_with_torch_fork_the_loader_before_any_import(ve
     settings = dataclasses.replace(_settings(tmp_path), imports=("ext",))
     by = _by_name(run_stages(settings, target=LocalHost(), venv=venvs["good"]))
     assert by["imports"].status == "pass" and by["imports"].reason == "1 import: ext 1.0"
-    assert by["native-load"].reason == "1 of 1 shared objects load (RTLD_NOW)"
+    assert by["native-load"].reason == "1 of 1 shared object loads (RTLD_NOW)"
     assert by["native-load"].details["preload"] == [{"name": "torch", "ok": True, "error": None}]
     assert _torch_imports(tmp_path) == 2, "ext's, in the imports process, and the loader's preload"
 

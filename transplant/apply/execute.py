@@ -335,7 +335,8 @@ def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state
         txn.release(target, venv, txid)
     if mismatches:
         raise ApplyError(
-            f"{plan.target.label}: after apply, {len(mismatches)} files differ from the plan; transaction {txid} "
+            f"{plan.target.label}: after apply, {count(len(mismatches), 'file')} "
+            f"{'differs' if len(mismatches) == 1 else 'differ'} from the plan; transaction {txid} "
             f"stays open", hint=_FINISH.format(manifest=shlex.quote(plan.manifest)), mismatches=mismatches)
     return ApplyResult(transaction=txid, files_copied=copied, bytes_moved=moved,
                        files_removed=int(done.get("removed", 0)), seconds=time.monotonic() - started,

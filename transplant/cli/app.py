@@ -276,6 +276,17 @@ def _spaced_cache_names(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _unknown_cache_word(argv: Sequence[str], args: argparse.Namespace) -> str | None:
+    """The word after a bare ``--clear-jit-caches`` when argparse took it as the manifest argument
+    and other arguments were left over (``verify --clear-jit-caches bogus VENV``): it was meant as
+    cache names, and is none (:func:`_spaced_cache_names` catches real names); else None."""
+    taken = getattr(args, "manifest", None)
+    for option, word in zip(argv, argv[1:]):
+        if option == "--clear-jit-caches" and word == taken and not word.startswith("-"):
+            return word
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``transplant``; returns the exit code (see the module docstring)."""
     began = False
@@ -286,7 +297,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if spaced is not None:
             parser.error(f"--clear-jit-caches takes its cache names after '=' (without it, it lists them and "
                          f"removes nothing): write --clear-jit-caches={spaced}")
-        args = parser.parse_args(_bare_options(argv))
+        args, stray = parser.parse_known_args(_bare_options(argv))
+        if stray:
+            word = _unknown_cache_word(argv, args)
+            if word is not None:
+                from transplant.verify.runner import JIT_CACHES
+
+                parser.error(f"--clear-jit-caches: {word!r} is not a JIT cache; the caches are {', '.join(JIT_CACHES)} "
+                             f"(or all), named after '=' (e.g. --clear-jit-caches=triton); without '=' it lists them "
+                             f"and removes nothing")
+            args = parser.parse_args(_bare_options(argv))  # argparse's own error for the stray arguments
         try:
             from transplant.cli.warm import connect_early
 

@@ -173,6 +173,8 @@ class ByteProgress:
         self._last = self.started
         self._quarter = 0  # off a terminal: the last quarter (1 to 3) a line was printed for
         self._completed: int | None = None  # bytes copied as last reported (None: no copy reported)
+        self._shown: int | None = None  # off a terminal: the bytes the last copy line printed
+        self._began: float | None = None  # off a terminal: when the copy's first bytes were reported
         self._final = False  # off a terminal: the copy's last line was printed
         self._progress: Progress | None = None
         self._task = None
@@ -200,7 +202,15 @@ class ByteProgress:
         return human_bytes(int(count))
 
     def note(self, text: str) -> None:
-        """A notice (a stale lock broken, a registry pull), printed as a line."""
+        """A notice (a stale lock broken, a registry pull, how a copy went), printed as a line.
+
+        Off a terminal, a note during the copy first prints the copy's line at the bytes copied so
+        far when that figure was not printed yet, so that a copy step's summary never comes ahead
+        of the progress it sums up (it came before the last ``copying: 100%``)."""
+        if self._progress is None and self._completed is not None and not self._final \
+                and self._completed != self._shown:
+            self._final = self._completed >= self.total
+            self._line(self._completed, time.monotonic())
         self.console.print(text, markup=False)
 
     def step(self, name: str) -> None:
@@ -223,7 +233,8 @@ class ByteProgress:
             elif step != self._step:
                 if self._completed is not None and not self._final:  # the copy is over: its last line
                     self._final = True
-                    self._line(self._completed, time.monotonic())
+                    if self._completed != self._shown:  # (unless a note just printed it)
+                        self._line(self._completed, time.monotonic())
                 _plain(self.console, f"{text} ...")
             self._step = step
             return
@@ -233,10 +244,14 @@ class ByteProgress:
         if self._progress is not None:
             self._progress.update(self._task, description=f"copying {step}", completed=completed)
             return
+        first = self._completed is None
         self._completed = completed
         if self._final:
             return
         now = time.monotonic()
+        if first:  # the copy's first bytes: the periodic lines and the rate count from here, not from the
+            self._last = self._began = now  # bar's making (the lock and re-probe before it made its first line
+            # "0% (4 B of ...)" at once, and lowered the rate)
         quarter = min(3, 4 * completed // self.total)
         done = completed >= self.total
         if done or quarter > self._quarter or now - self._last >= COPY_EVERY:
@@ -245,8 +260,9 @@ class ByteProgress:
 
     def _line(self, completed: int, now: float) -> None:
         """Off a terminal: ``copying: 45% (450 B of 1000 B), 90 B/s, 5 s``."""
-        self._last = now
+        self._last, self._shown = now, completed
         seconds = now - self.started
-        rate = completed / seconds if seconds > 0 else 0
+        copying = now - (self._began if self._began is not None else self.started)
+        rate = completed / copying if copying > 0 else 0
         _plain(self.console, f"copying: {100 * completed // self.total}% ({self._human(completed)} of "
                              f"{self._human(self.total)}), {self._human(rate)}/s, {seconds:.0f} s")

@@ -36,6 +36,7 @@ from transplant.core.relocation import Leftovers, Relocation, check_clone_paths,
 from transplant.core.rules.venvfiles import editable_sources, pth_paths
 from transplant.hosts.transfer import copy_tree
 from transplant.reporting import QUIET, Reporter
+from transplant.core.units import agree, count
 
 __all__ = ["CloneResult", "clone", "venv_exists", "STATE"]
 
@@ -213,7 +214,7 @@ def clone(
         _run(dst, ["rm", "-rf", "--one-file-system", "--", dst_venv], "remove the old destination venv", timeout)
     made = missing_parents(dst_venv, answer.get("parent") or posixpath.dirname(dst_venv))
     if made:
-        reporter.step(f"creating the missing folder(s) above the destination: {', '.join(made)}")
+        reporter.step(f"creating the missing {agree(len(made), 'folder', 'folders')} above the destination: {', '.join(made)}")
         _run(dst, ["mkdir", "-p", "--", made[-1]], "create the destination's parent folder", timeout)
     if answer["dest_state"] != "empty":  # outside the try: a folder made by someone else meanwhile is not ours
         _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
@@ -227,7 +228,7 @@ def clone(
         else:
             copy_tree(src, src_venv, dst, dst_venv, staging=Path(state_dir) / "relay", exclude=(STATE,),
                       reporter=reporter, timeout=timeout)
-        reporter.step(f"relocating {len(relocation.edits)} file(s) and {len(relocation.links)} symlink(s) to {dst_venv}")
+        reporter.step(f"relocating {count(len(relocation.edits), 'file')} and {count(len(relocation.links), 'symlink')} to {dst_venv}")
         done = _relocate_call(dst, dst_venv, "relocate", relocation.to_request(dst_venv), timeout=timeout)
     except BaseException as exc:
         try:

@@ -62,12 +62,70 @@ def _reader_where(text: str, exc: yaml.YAMLError) -> str:
     return f"line {text.count(chr(10), 0, position) + 1}, column {position - line_start + 1}"
 
 
+#: Characters YAML 1.1 (PyYAML's) reads as line breaks besides LF and CR, with what each does: inside
+#: a quoted value PyYAML folds NEL into a space, so the value loaded is not the one written (nothing
+#: in PyYAML turns that off); outside quotes each one is a syntax error ("while scanning a simple key").
+LINE_BREAKS = {
+    "\x85": ("U+0085 (NEL)", "inside quotes PyYAML folds it into a space, so the value loaded would not be the "
+                             "path written"),
+    "\u2028": ("U+2028 (LINE SEPARATOR)", "a syntax error outside quotes, and a value YAML readers disagree on"),
+    "\u2029": ("U+2029 (PARAGRAPH SEPARATOR)", "a syntax error outside quotes, and a value YAML readers disagree on"),
+}
+
+
+def _key_at(text: str, position: int) -> str | None:
+    """The key path (``target.venv``, ``patches[0].source``) of the value holding the character at
+    ``position`` of ``text``, from PyYAML's composed nodes (of the text with every such line break
+    made a plain character, so that the positions stay and one break elsewhere cannot hide the
+    key); None when the text does not compose or the character is in no value (a key, a comment)."""
+    try:
+        node = yaml.compose(text.translate({ord(c): "_" for c in LINE_BREAKS}), Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return None
+    path = ""
+    while node is not None:
+        if isinstance(node, yaml.ScalarNode):
+            return path or None
+        inside = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if value.start_mark.index <= position < max(value.end_mark.index, value.start_mark.index + 1):
+                    name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                    inside, path = value, f"{path}.{name}" if path else str(name)
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for i, value in enumerate(node.value):
+                if value.start_mark.index <= position < max(value.end_mark.index, value.start_mark.index + 1):
+                    inside, path = value, f"{path}[{i}]"
+                    break
+        node = inside
+    return None
+
+
+def _line_breaks(text: str) -> list[str]:
+    """One problem per character of :data:`LINE_BREAKS` in ``text``: where it is (the key when it
+    is in a value, the line and column) and the fix."""
+    problems = []
+    for position, char in enumerate(text):
+        if char not in LINE_BREAKS:
+            continue
+        line_start = text.rfind("\n", 0, position) + 1
+        where = f"line {text.count(chr(10), 0, position) + 1}, column {position - line_start + 1}"
+        key = _key_at(text, position)
+        named, effect = LINE_BREAKS[char]
+        problems.append(f"{key or '(yaml)'}: holds the character {named} at {where}, which YAML reads as a line "
+                        f"break ({effect}); fix: remove that character (rename the file or folder if its name "
+                        f"holds it)")
+    return problems
+
+
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read, safe-load and validate a manifest; check that every patch source exists.
 
     :raises ManifestError: unreadable file, not a regular file (a FIFO is not waited on),
         over :data:`MAX_MANIFEST_BYTES`, YAML syntax error (with line and column), a key
-        that is not a scalar, or any validation problem; nothing else has run when it is raised.
+        that is not a scalar, a character YAML reads as a line break besides LF and CR
+        (:data:`LINE_BREAKS`, named with its key, line and column), or any validation problem; nothing else has run when it is raised.
     """
     name = str(path)
     try:
@@ -87,6 +145,9 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
                                    f"manifest, a YAML text file (UTF-8), not a binary or another encoding"]) from None
     except OSError as exc:
         raise ManifestError(name, [f"(file): cannot be read ({exc}); fix: check the path and permissions"]) from None
+    breaks = _line_breaks(text) if any(c in text for c in LINE_BREAKS) else []
+    if breaks:
+        raise ManifestError(name, breaks)
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:

@@ -36,6 +36,7 @@ from transplant.core.rules.ptx import ptx_findings
 from transplant.core.rules.recordless import recordless_findings
 from transplant.core.rules.symbols import symbol_findings
 from transplant.core.rules.venvfiles import drift_findings, editable_findings, script_findings
+from transplant.core.units import agree, count as counted
 
 __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
 
@@ -120,7 +121,7 @@ def requirement_findings(
         findings.append(Finding(
             code="requirement-unmet", severity="warning",
             dists=tuple(sorted({r for r, _ in inherited} | {u.required for _, items in inherited for u in items})),
-            message=f"{count} requirement(s) of {len(inherited)} distribution(s) are unmet here and on the donor (or "
+            message=f"{counted(count, 'requirement')} of {counted(len(inherited), 'distribution')} {agree(count, 'is', 'are')} unmet here and on the donor (or "
                     f"before apply, or come from distributions the donor does not have), so the transplant does not "
                     f"change them: {parts}; e.g. {example}",
             hint=f"see them all with --json; if the service needs them: {pip(venv)} install ...",
@@ -166,7 +167,7 @@ def _duplicates(inv: Inventory, side: str, overlaid: tuple[NormalizedName, ...])
         folders = tuple(d.dist_info for d in dists)
         if side == "donor":
             severity = "error" if name in overlaid else "warning"
-            hint = (f"on the donor, remove the stale folder(s) so one remains: "
+            hint = (f"on the donor, remove the stale {agree(len(folders) - 1, 'folder', 'folders')} so one remains: "
                     f"{shlex.join(['rm', '-r', *(inv.interpreter.prefix + '/' + f for f in folders if f != max(folders))])}")
         else:
             severity = "warning"

@@ -19,7 +19,7 @@ from operator import attrgetter
 
 from packaging.utils import NormalizedName
 
-from transplant.core.units import count
+from transplant.core.units import agree, count
 from transplant.remote._common import record_hash  # RECORD's hash form, one definition
 from transplant.core.elf_facts import ElfReport
 from transplant.core.findings import EnvironmentAfter, compatibility_findings
@@ -139,7 +139,7 @@ def _distribution_change(
     if unsafe:
         findings.append(Finding(
             code="unsafe-path", severity="error", dists=(name,),
-            message=f"{new.display_name} {new.raw_version} on the donor lists {len(unsafe)} path(s) that leave the "
+            message=f"{new.display_name} {new.raw_version} on the donor lists {count(len(unsafe), 'path')} that {agree(len(unsafe), 'leaves', 'leave')} the "
                     f"venv (RECORD rows or symlinks); they are never copied",
             hint=_reinstall_on_donor(new),
             files=tuple(sorted(unsafe)[:20]),
@@ -297,7 +297,7 @@ def _protected_finding(name: NormalizedName, olds: list[Distribution], paths: li
     old = newest(olds)
     return Finding(
         code="unsafe-path", severity="error", dists=(name,),
-        message=f"{old.display_name} {old.raw_version} on the target lists {len(paths)} file(s) of the venv itself "
+        message=f"{old.display_name} {old.raw_version} on the target lists {count(len(paths), 'file')} of the venv itself "
                 f"in its RECORD ({', '.join(paths[:5])}); they are never removed",
         hint=f"repair its RECORD on the target: {shlex.quote(old.dist_info + '/RECORD')} must not list them "
              f"(or reinstall it: <target venv>/bin/python -m pip install --force-reinstall --no-deps "
@@ -469,7 +469,7 @@ def _owner_conflicts(manifest: Manifest, names: list[NormalizedName], removed: l
         out.append(Finding(
             code="file-owner-conflict", severity="info" if donor_too else "error", dists=(name, *owners),
             message=f"{stay.display_name} {stay.raw_version} stays on the target and {', '.join(owners)} arrives, "
-                    f"and both RECORDs list the same {len(shared)} file(s) (in {', '.join(folders[:3])}"
+                    f"and both RECORDs list the same {count(len(shared), 'file')} (in {', '.join(folders[:3])}"
                     f"{' ...' if len(folders) > 3 else ''})"
                     + ("; the donor holds both owners of them too" if donor_too else
                        f"; after apply {stay.display_name}'s RECORD would claim files it no longer wrote, its "

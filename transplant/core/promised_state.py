@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from transplant.core.plan import Plan
+from transplant.core.units import agree, count
 
 __all__ = ["expected_state", "drift", "plan_differences", "transaction_steps"]
 
@@ -58,11 +59,15 @@ def plan_differences(saved: Plan, fresh: Plan, *, shown: int = 8) -> list[str]:
             was = f"{a.action} {a.from_version or '-'} -> {a.to_version or '-'}"  # type: ignore[union-attr]
             new = f"{b.action} {b.from_version or '-'} -> {b.to_version or '-'}"  # type: ignore[union-attr]
             out.append(f"{name}: planned {was}, now {new}" if was != new else
-                       f"{name}: {len(set(a.copy) ^ set(b.copy)) + len(set(a.remove) ^ set(b.remove))} file(s) "  # type: ignore[union-attr]
-                       f"differ from the saved plan")
+                       _differ(name, len(set(a.copy) ^ set(b.copy)) + len(set(a.remove) ^ set(b.remove))))  # type: ignore[union-attr]
     if len(out) > shown:
         out = out[:shown] + [f"and {len(out) - shown} more"]
     return out
+
+
+def _differ(name: str, files: int) -> str:
+    """``torch: 3 files differ from the saved plan`` (``1 file differs``)."""
+    return f"{name}: {count(files, 'file')} {agree(files, 'differs', 'differ')} from the saved plan"
 
 
 def _in_dist_info(path: str) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transplant.core.rules.venvfiles import rewritten_head
+from transplant.core.units import agree
 
 __all__ = ["Edit", "Relink", "Relocation", "Leftovers", "check_venv_path", "check_clone_paths", "relocatable_kind",
            "decide", "judge", "bytecode", "outside_venv", "preflight"]
@@ -321,17 +322,20 @@ def preflight(
         exists = check.get("exists", {})
         missing = [p for p in editable if not exists.get(p, False)]
         if missing:
-            problems.append(f"editable install(s) import from {', '.join(missing)}, which the destination lacks; "
+            problems.append(f"{agree(len(missing), 'an editable install imports', 'editable installs import')} from "
+                            f"{', '.join(missing)}, which the destination lacks; "
                             f"the clone's imports would fail; fix: put the source there at the same path, or "
                             f"reinstall the project as a regular install in the source venv (pip install --no-deps "
                             f"--force-reinstall SOURCE)")
         absent = [p for p in pth if not exists.get(p, False)]
         if absent:
-            warnings.append(f".pth file(s) of the venv add {', '.join(absent)} to sys.path, which the destination "
+            warnings.append(f"{agree(len(absent), 'a .pth file of the venv adds', '.pth files of the venv add')} "
+                            f"{', '.join(absent)} to sys.path, which the destination "
                             f"lacks; Python skips a missing folder, so what it holds will not import in the clone")
         dangling = [f"{e['path']} -> {e['target']}" for e in external if not exists.get(e["target"], False)]
         if dangling:
-            problems.append(f"symlink(s) of the venv point to {', '.join(dangling)}, which the destination "
+            problems.append(f"{agree(len(dangling), 'a symlink of the venv points', 'symlinks of the venv point')} to "
+                            f"{', '.join(dangling)}, which the destination "
                             f"lacks; fix: install that there, or recreate the venv's links")
     return problems, warnings
 

@@ -38,6 +38,7 @@ from transplant.core.import_names import import_names
 from transplant.core.manifest import Manifest, normalize_pattern, parse_manifest
 from transplant.core.plan import Finding
 from transplant.core.planner import plan, selected_names
+from transplant.core.units import count
 
 __all__ = ["Draft", "draft", "render", "ROUNDS", "MODEL_PLACEHOLDER", "DRAFT_PLACEHOLDER"]
 
@@ -192,8 +193,8 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
         if alone.pulled:
             overlay.append({"closure": r})
             chains = sorted(p.name for p in alone.pulled)
-            notes["overlay"][r] = (f"{r} {donor_latest[r].raw_version} and what it needs: {len(chains)} "  # type: ignore[index]
-                                   f"distribution(s) the target lacks or has at a refused version")
+            notes["overlay"][r] = (f"{r} {donor_latest[r].raw_version} and what it needs: "  # type: ignore[index]
+                                   f"{count(len(chains), 'distribution')} the target lacks or has at a refused version")
         else:
             overlay.append(r)
     data["overlay"] = overlay

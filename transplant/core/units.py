@@ -1,8 +1,9 @@
-"""Quantities as people read them (pure core): byte counts in binary units, counted nouns."""
+"""Quantities as people read them (pure core): byte counts in binary units, counted nouns, text
+cut to a length at a word boundary."""
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "count"]
+__all__ = ["human_bytes", "count", "agree", "clip"]
 
 
 def human_bytes(count: int | None) -> str:
@@ -23,3 +24,29 @@ def count(number: int, noun: str, plural: str | None = None) -> str:
     :param plural: the plural when it is not ``noun + "s"``.
     """
     return f"{number} {noun if number == 1 else (plural or noun + 's')}"
+
+
+def agree(number: int, one: str, many: str) -> str:
+    """``one`` for exactly 1, else ``many``: the verb or pronoun that goes with a count
+    (``agree(n, "differs", "differ")``)."""
+    return one if number == 1 else many
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` whole when it has at most ``width`` characters, else cut at the last blank
+    that leaves room for ``...`` (the cut's trailing punctuation dropped), so that no word is
+    cut in two; a text with no blank in its first ``width - 3`` characters is returned whole
+    (one long word, a path: cutting it would change what it names).
+
+    :param width: the most characters wanted, ``...`` included (at least 4).
+    """
+    if len(text) <= width:
+        return text
+    head = text[:width - 3]
+    if text[width - 3].isspace():  # the cut falls on a blank: the last word is whole
+        at = len(head)
+    else:
+        at = head.rfind(" ")
+        if at <= 0:
+            return text
+    return head[:at].rstrip(" ;,:") + "..."

@@ -39,6 +39,7 @@ from transplant.donor.registry_elf import answer, precompute
 from transplant.donor.snapshot import Snapshot, SnapshotError, SnapshotSource, load_snapshot
 from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
+from transplant.core.units import count
 
 __all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "DIST_TYPE", "PATCHES_TYPE", "ELF_TYPE", "PushResult", "push", "open_registry",
            "RegistrySource", "client_for", "list_registry", "prune_registry", "layer_files", "cache_store"]
@@ -371,8 +372,8 @@ class RegistrySource(SnapshotSource):
         registry = self.reference.registry
         if reply.get("ok"):
             resumed = f", resuming {reply.get('resumed')} bytes kept from an interrupted pull" if reply.get("resumed") else ""
-            line = (f"{target.label} pulled {reply.get('files')} files ({reply.get('received')} bytes, "
-                    f"{len(blobs)} blob(s)) straight from the registry {registry}{resumed}; the controller "
+            line = (f"{target.label} pulled {count(int(reply.get('files') or 0), 'file')} ({reply.get('received')} bytes, "
+                    f"{count(len(blobs), 'blob')}) straight from the registry {registry}{resumed}; the controller "
                     f"carried none of them")
             self._note(target, _Pull("registry", registry_bytes=int(reply.get("received") or 0),
                                      resumed=int(reply.get("resumed") or 0), line=line))

@@ -53,6 +53,7 @@ from transplant.core.inventory import TEXTS
 from transplant.hosts.probing import take_inventory
 from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
+from transplant.core.units import agree, count
 
 __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "capture", "load_snapshot",
            "list_snapshots", "prune", "default_store", "SnapshotSource", "TEXTS"]
@@ -153,7 +154,7 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
     if manifest.closures:
         # no target here: the closure against an empty target, every donor distribution the roots
         # reach (a superset of what any target's plan selects)
-        reporter.step(f"reading the donor's metadata for the overlay closure(s) {', '.join(manifest.closures)}")
+        reporter.step(f"reading the donor's metadata for the overlay {agree(len(manifest.closures), 'closure', 'closures')} {', '.join(manifest.closures)}")
         meta = take_inventory(donor, venv, record=False, timeout=timeout)
         found = closure(manifest.closures, meta.latest(), {}, meta.interpreter.markers, overlay=manifest.overlay,
                         exclude=manifest.exclude)
@@ -178,7 +179,7 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
             by_hash.setdefault(facts["hash"], path)
     bytes_read = 0
     if by_hash:
-        reporter.step(f"reading {len(by_hash)} file(s) from the donor")
+        reporter.step(f"reading {count(len(by_hash), 'file')} from the donor")
         incoming = cas.new_tmp(store)
         try:
             result = copy_files(donor, venv, LocalHost(), str(incoming), sorted(by_hash.values()),

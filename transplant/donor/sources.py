@@ -160,7 +160,7 @@ def open_donor(manifest: Manifest, ssh: SSHOptions, stack: ExitStack, *, store: 
             reporter.note(line)
             continue
         if not failed:
-            why = "the manifest's donor" + (" (a snapshot)" if isinstance(entry, SnapshotRef) else "")
+            why = "the manifest's donor" + (", a snapshot" if isinstance(entry, SnapshotRef) else "")
         else:
             why = f"{which}, because " + "; ".join(failed)
         return Opened(manifest=effective, source=source, which=which, why=why, host=host)

@@ -38,7 +38,8 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
 
     :param patches: the manifest's patch files, when already read; None reads them.
     :param reporter: told a short line (a step) as each read starts, and (a note) when the plan
-        memo's plan is reused.
+        memo's plan is reused; with ``memo="recall"`` (apply) also, as a note, why it was not
+        (``planning afresh: the donor changed since the last plan``).
     :param memo: use and keep the plan memo (:mod:`transplant.pipeline.memo`): when neither venv
         changed since the last plan of the same key, that plan is returned without reading
         anything again. Off when the controller's ``TRANSPLANT_PLAN_MEMO`` is ``0``. ``"recall"``:
@@ -50,14 +51,20 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
     from transplant.pipeline import memo as memos
 
     patches = read_patch_files(manifest) if patches is None else patches
-    key = memos.memo_key(manifest, source, target, patches) if memo and memos.memo_enabled() else None
+    enabled = bool(memo) and memos.memo_enabled()
+    key = memos.memo_key(manifest, source, target, patches) if enabled else None
+    why = ("TRANSPLANT_PLAN_MEMO=0" if memo and not enabled else
+           "the donor is neither a host nor a local snapshot (no plan is kept for it)" if memo and key is None else None)
     if key is not None:
         reporter.step("asking both venvs whether anything changed since the last plan")
         recalled = memos.recall(key, source, target, manifest.target.venv)
-        if recalled is not None:
+        if not isinstance(recalled, str):
             reporter.note(f"nothing changed on either venv since the plan of {memos.planned_when(recalled.planned_at)}"
                           f"; nothing was read again (TRANSPLANT_PLAN_MEMO=0 plans afresh)")
             return recalled.plan
+        why = recalled
+    if memo == "recall" and why:  # apply: one line on why it plans again rather than reusing a plan
+        reporter.note(f"planning afresh: {why}")
     started = time.time()
     keep = key is not None and memo != "recall"
     facts = gather(manifest, source, target, patches, reporter=reporter, inputs=keep)
@@ -104,7 +111,8 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     when ``record`` is true, record the verdict in the target's history and the controller's
     verified log.
 
-    :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``, ``started``).
+    :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``, ``started``,
+        ``manifest``).
     :returns: the stage results and whether no stage failed.
     """
     from transplant.recover.provenance import record_verified, verified_log

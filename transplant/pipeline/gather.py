@@ -35,6 +35,7 @@ from transplant.core.rules.venvfiles import editable_sources
 from transplant.core.inventory import TEXTS
 from transplant.donor.sources import DonorSource, as_source
 from transplant.pipeline.symlookup import look_up_symbols
+from transplant.core.units import agree, count
 
 __all__ = ["Facts", "gather"]
 
@@ -101,7 +102,7 @@ def expand_closures(manifest: Manifest, source: DonorSource, target_host: Host, 
     """
     if not manifest.closures:
         return manifest
-    reporter.step(f"reading both venvs' metadata for the overlay closure(s) {', '.join(manifest.closures)}")
+    reporter.step(f"reading both venvs' metadata for the overlay {agree(len(manifest.closures), 'closure', 'closures')} {', '.join(manifest.closures)}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=(), timeout=timeout, record=False)
         t = pool.submit(take_inventory, target_host, manifest.target.venv, record=False, timeout=timeout)
@@ -154,7 +155,7 @@ def gather(
     donor_latest = donor.latest()
     sources = sorted({p for n in names for p in editable_sources(donor_latest[n], donor)})
     if sources:
-        reporter.step(f"checking {len(sources)} editable source folder(s) on the target")
+        reporter.step(f"checking {count(len(sources), 'editable source folder')} on the target")
         seen = take_inventory(target_host, m.target.venv, record=False, paths_exist=sources, timeout=timeout)
         target = replace(target, elsewhere=seen.elsewhere)
     moving = [donor_latest[n] for n in names]
@@ -187,7 +188,7 @@ def gather(
                      for s in f.torch_undefined})
     libraries = torch_libraries(torch)
     if wanted and libraries:
-        reporter.step(f"looking up {len(wanted)} libtorch symbol(s) in the {torch_side}'s torch")
+        reporter.step(f"looking up {count(len(wanted), 'libtorch symbol')} in the {torch_side}'s torch")
         lookup = source if torch_side == "donor" else as_source(target_host, m.target.venv)
         answer = lookup.elf([], torch_symbols=False, defined=(libraries, wanted), timeout=timeout)
         found = {"defined": answer.defined, "defined_in": answer.defined_in}

@@ -23,8 +23,9 @@ index says). An input changed after the probe stat'ed it (while the plan read it
 another ctime by then, so the next fingerprint differs and the next plan is a full one; the
 ``extra`` paths, which the probe did not stat, are stat'ed once after the plan under the same
 rule. ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every plan is made afresh
-and none is kept); ``1`` or unset keeps it on; any other value is refused. ``apply`` never uses the memo: its stale-plan check under the
-lock probes afresh.
+and none is kept); ``1`` or unset keeps it on; any other value is refused. ``apply`` reuses a kept plan but
+keeps none, and says in one line why it plans afresh when it does not reuse one (:func:`recall`'s reason);
+its stale-plan check under the lock probes afresh either way.
 """
 
 from __future__ import annotations
@@ -159,28 +160,37 @@ def _ask(sides: list[tuple[Host, str, dict[str, Any]]]) -> list[dict[str, Any]]:
         return [f.result() for f in futures]
 
 
-def recall(key: str, source: object, target: Host, venv: str) -> Recalled | None:
+def recall(key: str, source: object, target: Host, venv: str) -> Recalled | str:
     """The kept plan for ``key`` when both venvs' fingerprints equal those it was kept with;
-    None when there is none, it is unreadable, or anything differs (or a host does not answer:
-    the full plan that follows reports that properly)."""
+    else why not, in a few words for one line (``the donor changed since the last plan``): there
+    is none kept, it is unreadable, anything differs, or a host does not answer (the full plan
+    that follows reports that properly). Costs nothing beyond the fingerprints it asks anyway.
+    """
     path = _path(key)
     try:
         memo = json.loads(path.read_bytes())
-        if not isinstance(memo, dict) or memo.get("schema") != MEMO_SCHEMA or memo.get("key") != key:
-            return None
+    except FileNotFoundError:
+        return "no plan kept for this manifest (none made yet, or one too large or too recent to keep)"
+    except (OSError, ValueError):
+        return "the kept plan could not be read"
+    if not isinstance(memo, dict) or memo.get("schema") != MEMO_SCHEMA or memo.get("key") != key:
+        return "the kept plan could not be read"
+    try:
         sides = _sides(memo, source, target, venv)
         answers = _ask(sides)
-    except (OSError, ValueError, KeyError, TypeError, TransplantError):
-        return None
-    for (_, _, side), answer in zip(sides, answers):
+    except (TransplantError, OSError):
+        return "a venv could not be asked whether it changed"
+    except (KeyError, TypeError, ValueError):
+        return "the kept plan could not be read"
+    for (_, _, side), answer, which in zip(sides, answers, ("target", "donor")):
         if answer.get("inputs") != side.get("digest"):
-            return None
+            return f"the {which} changed since the last plan"
         if side.get("extra_paths") and answer.get("extra") != side.get("extra"):
-            return None
+            return f"a file the {which}'s plan read outside the venv changed since the last plan"
     try:
         return Recalled(plan_from_dict(memo["plan"], source=str(path)), float(memo["planned_at"]))
     except (TransplantError, KeyError, TypeError, ValueError):
-        return None
+        return "the kept plan could not be read"
 
 
 def remember(key: str, plan: Plan, started: float, *, source: object, target: Host, venv: str,

@@ -36,6 +36,7 @@ from transplant.recover.provenance import last_verified
 from transplant.donor.snapshot import Snapshot
 from transplant.recover.status import read_status
 from transplant.hosts.transfer import copy_files
+from transplant.core.units import count
 
 __all__ = ["RecoverError", "Recovery", "recorded_patches", "from_history", "from_snapshot"]
 
@@ -153,7 +154,7 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
                            f"was applied after it and not verified", hint=f"verify {where} first")
     status = read_status(host, venv, record=False)  # the source is only read
     if status.drift and not force:
-        raise RecoverError(f"{where}: {len(status.drift)} applied file(s) changed since; it no longer holds the "
+        raise RecoverError(f"{where}: {count(len(status.drift), 'applied file')} changed since; it no longer holds the "
                            f"verified state: " + "; ".join(status.drift[:5]),
                            hint="recover from a snapshot instead, or add --force to take the files as they are")
     recipe = _summed(record, applied, recipe, where)
@@ -176,7 +177,7 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
     # verify_host_keys: false or another known_hosts would lower the controller's own checks)
     path = _write(folder, recipe["manifest"], donor, target, dict(ssh))
     summed = recipe.get("summed") or [applied["id"]]
-    held = f", with what the {len(summed) - 1} earlier transaction(s) {', '.join(summed[:-1])} left" \
+    held = f", with what the {count(len(summed) - 1, 'earlier transaction')} {', '.join(summed[:-1])} left" \
         if len(summed) > 1 else ""
     return Recovery(manifest=path, origin=f"transaction {applied['id']} of {where} (applied from "
                                           f"{started.get('source', '?')}, verified){held}")

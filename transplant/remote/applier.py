@@ -392,8 +392,8 @@ def begin(prefix, request):
         _resolve(prefix, step.get("path"))
     problems = _writable_problems(prefix, steps)
     if problems:
-        return {"ok": False, "error": "cannot write {} place(s) in the venv: {}".format(
-            len(problems), "; ".join(problems[:5])), "unwritable": problems}
+        return {"ok": False, "error": "cannot write {} in the venv: {}".format(
+            "1 place" if len(problems) == 1 else "{} places".format(len(problems)), "; ".join(problems[:5])), "unwritable": problems}
     needed = int(request.get("bytes") or 0) + _MARGIN
     fs = os.statvfs(prefix)
     free = fs.f_bavail * fs.f_frsize
@@ -605,7 +605,7 @@ def check(prefix, request):
             differ.append("{}: staged {} , planned {}".format(rel, have, want))
         elif key is not None:
             verified[rel] = [have] + key
-    return {"ok": not differ, "error": "{} staged file(s) differ from the plan".format(len(differ)) if differ else None,
+    return {"ok": not differ, "error": ("1 staged file differs" if len(differ) == 1 else "{} staged files differ".format(len(differ))) + " from the plan" if differ else None,
             "differ": differ[:50], "trusted": trusted, "hashed": hashed, "verified": verified}
 
 

@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transplant.core.units import count
+from transplant.core.units import clip, count
 from transplant.core.plan import Finding
 from transplant.verify.ladder import (DRIVER_SONAMES, MISSING_LIBRARY, SHARED_OBJECT, inside_roots,
                                       library_key, load_error, missing_driver_library, pip_shipped_library,
@@ -91,20 +91,20 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
         named = ", ".join(f"{i['name']} (needs {lib})" for i, lib in uncheckable)
         note = f"; not checkable here: {named}, the NVIDIA driver's library, absent on this host"
     if donor_too:
-        named = "; ".join(f"{i['name']} ({str(i.get('error'))[:160]})" for i in donor_too[:3])
+        named = "; ".join(f"{i['name']} ({clip(str(i.get('error')), 160)})" for i in donor_too[:3])
         more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
-        note += (f"; warning: {len(donor_too)} fail the same way on the donor, which runs with them (not a fault "
-                 f"of the transplant): {named}{more}")
+        them = ("fails the same way on the donor, which runs with it" if len(donor_too) == 1
+                else "fail the same way on the donor, which runs with them")
+        note += f"; warning: {len(donor_too)} {them} (not a fault of the transplant): {named}{more}"
     if failed:
         first = failed[0]
-        return "fail", f"{len(failed)} of {len(items)} imports failed; {first['name']}: {first.get('error')}{note}"
+        return "fail", f"{len(failed)} of {count(len(items), 'import')} failed; {first['name']}: {first.get('error')}{note}"
     passed = [i for i in items if i.get("ok")]
     if not passed:
         return "skip", f"no import could be checked{note}"
     parts = ", ".join(f"{i['name']} {i.get('version') or '?'}"
                       + (f" (from {i['outside']}, outside the venv)" if i.get("outside") else "") for i in passed)
-    head = (f"{len(items)} import{'s' if len(items) != 1 else ''}" if len(passed) == len(items)
-            else f"{len(passed)} of {len(items)} imports")
+    head = count(len(items), "import") if len(passed) == len(items) else f"{len(passed)} of {count(len(items), 'import')}"
     return "pass", f"{head}: {parts}{note}"
 
 
@@ -176,15 +176,24 @@ def judge_smoke(report: Mapping[str, Any]) -> tuple[str, str]:
     return "pass", f"{report.get('reason')}; torch {report.get('torch')}; {worst}{tail}"
 
 
-def judge_requirements(findings: Sequence[Finding]) -> tuple[str, str]:
-    """(status, reason) from requirement findings: fail on any error, else pass (warnings counted)."""
+def judge_requirements(findings: Sequence[Finding], *, donor: bool = True) -> tuple[str, str]:
+    """(status, reason) from requirement findings: fail on any error, else pass (warnings counted).
+
+    :param donor: whether the findings were judged against a donor's environment (an unmet
+        requirement is an error only when the donor satisfies it); False (a venv verified alone,
+        or a donor that could not be read): every unmet requirement is an error, and the reason
+        names no donor. Each message shown is cut at a word boundary (:func:`clip`).
+    """
     errors = [f for f in findings if f.severity == "error"]
     warnings = [f for f in findings if f.severity != "error"]
     if errors:
-        shown = "; ".join(f.message if len(f.message) <= 160 else f.message[:157] + "..." for f in errors[:3])
+        shown = "; ".join(clip(f.message, 160) for f in errors[:3])
         more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
-        return "fail", f"{len(errors)} distribution(s) with unmet requirements the donor satisfies: {shown}{more}"
-    tail = "".join(f"; warning: {w.message if len(w.message) <= 120 else w.message[:117] + '...'}" for w in warnings)
+        which = " the donor satisfies" if donor else ""
+        return "fail", f"{count(len(errors), 'distribution')} with unmet requirements{which}: {shown}{more}"
+    tail = "".join(f"; warning: {clip(w.message, 120)}" for w in warnings)
+    if not donor:
+        return "pass", "every requirement of the venv's distributions is satisfied" + tail
     return "pass", "every requirement the donor satisfies is satisfied" + tail
 
 
@@ -343,7 +352,7 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
         note += (f"; skipped {len(foreign)} built for another machine than this interpreter's ({kinds}; e.g. "
                  f"{shown(foreign[0]['path'])}): not loadable here by construction")
     if driverless:
-        note += (f"; {len(driverless)} need the NVIDIA driver's libraries, absent on this host "
+        note += (f"; {len(driverless)} {'needs' if len(driverless) == 1 else 'need'} the NVIDIA driver's libraries, absent on this host "
                  f"(e.g. {shown(driverless[0]['path'])}): not checkable here")
     if optional:
         needs: dict[str, int] = {}
@@ -353,21 +362,24 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
         ranked = sorted(needs.items(), key=lambda item: (-item[1], item[0]))
         listed = ", ".join(f"{name} ({count})" for name, count in ranked[:8])
         listed += f" and {len(ranked) - 8} more" if len(ranked) > 8 else ""
-        note += (f"; warning: {len(optional)} need host libraries that no distribution of the venv ships, absent "
+        note += (f"; warning: {len(optional)} {'needs' if len(optional) == 1 else 'need'} host libraries that no distribution of the venv ships, absent "
                  f"here (optional plugins; objects needing each: {listed}; e.g. {shown(optional[0][0]['path'])})")
     if donor_too:
         head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in donor_too[:3])
         more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
-        note += (f"; warning: {len(donor_too)} fail the same way on the donor, which runs with them (not a fault of "
-                 f"the transplant): {head}{more}")
+        them = ("fails the same way on the donor, which runs with it" if len(donor_too) == 1
+                else "fail the same way on the donor, which runs with them")
+        note += f"; warning: {len(donor_too)} {them} (not a fault of the transplant): {head}{more}"
     if failed:
         head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in failed[:3])
         more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
-        return "fail", f"{len(failed)} of {len(libraries)} shared objects do not load: {head}{more}{note}"
+        verb = "does not load" if len(failed) == 1 else "do not load"
+        return "fail", f"{len(failed)} of {count(len(libraries), 'shared object')} {verb}: {head}{more}{note}"
     loaded = sum(1 for lib in libraries if lib.get("ok"))
     if not loaded:
-        return "skip", f"none of {len(libraries)} shared objects could be checked here{note}"
-    return "pass", f"{loaded} of {len(libraries)} shared objects load (RTLD_NOW){note}"
+        none = "the one shared object could not" if len(libraries) == 1 else f"none of {len(libraries)} shared objects could"
+        return "skip", f"{none} be checked here{note}"
+    return "pass", f"{loaded} of {count(len(libraries), 'shared object')} {'loads' if loaded == 1 else 'load'} (RTLD_NOW){note}"
 
 
 def judge_provenance(report: Mapping[str, Any], shipped: Sequence[str]) -> tuple[str, str]:

@@ -108,6 +108,7 @@ def run_stages(
     donor_run: DonorRun | None = None,
     parallel: int = PARALLEL,
     started: Started | None = None,
+    manifest: bool = True,
 ) -> list[StageResult]:
     """Run every verify stage and return their results in order (see :data:`STAGES`).
 
@@ -146,6 +147,9 @@ def run_stages(
         (:func:`transplant.verify.early.start_imports` with these settings, target and venv), or
         None: then it is started here when it can be. Taken over (and ended when unused, as with
         ``parallel`` 1 or other settings).
+    :param manifest: whether ``settings`` come from a manifest; False (``verify HOST:VENV``,
+        settings built from the command line): a stage skipped for want of its settings says
+        how to give them, without naming a manifest the command does not have.
     :raises ValueError: ``parallel`` below 1.
     A stage whose host script cannot run or answers nonsense (an unreachable host, a timeout,
     a missing interpreter) is a fail with that reason; the other stages still run.
@@ -342,11 +346,9 @@ def run_stages(
             donor_env = theirs.latest() if theirs is not None else None
             findings = requirement_findings(live.latest(), live.interpreter.markers,
                                             reference=[donor_env] if donor_env else [], venv=venv, donor=donor_env)
-            status, reason = judge_requirements(findings)
+            status, reason = judge_requirements(findings, donor=donor_env is not None)
             if theirs is None and donor_inventory is not None:
                 reason += " (the donor could not be read, so every unmet requirement counts)"
-            elif donor_inventory is None:
-                reason += " (no donor to compare with, so every unmet requirement counts)"
             return status, reason, {"findings": [asdict(f) for f in findings]}
 
         resolved: dict[str, Any] = {}
@@ -355,7 +357,7 @@ def run_stages(
         def server_args() -> tuple[str, str, Mapping]:
             check = settings.server_args
             if check is None:
-                return "skip", "no verify.server_args in the manifest", {}
+                return "skip", _not_asked("server arguments", "server_args", manifest), {}
             if live is None:
                 return "skip", "the target's interpreter could not be run (see interpreter)", {}
             wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
@@ -406,7 +408,7 @@ def run_stages(
 
     def smoke() -> tuple[str, str, Mapping]:
         if settings.smoke_device is None:
-            return "skip", "no verify.smoke in the manifest", {}
+            return "skip", _not_asked("smoke check", "smoke", manifest), {}
         if live is None:
             return "skip", "the target's interpreter could not be run (see interpreter)", {}
         report = run_script(target, venv, "stage_smoke", [settings.smoke_device], env=env, timeout=timeout)
@@ -418,7 +420,7 @@ def run_stages(
     def serve() -> tuple[str, str, Mapping]:
         check = settings.serve
         if check is None:
-            return "skip", "no verify.serve in the manifest", {}
+            return "skip", _not_asked("serve check", "serve", manifest), {}
         if live is None:
             return "skip", "the target's interpreter could not be run (see interpreter)", {}
         request = {"command": list(check.command), "health": check.health, "path": check.path,
@@ -433,6 +435,14 @@ def run_stages(
     if clearing:
         run("jit-caches", jit)
     return [results[name] for name in STAGES if name in results]
+
+
+def _not_asked(what: str, key: str, manifest: bool) -> str:
+    """A stage's skip reason when its ``verify.KEY`` setting is absent: ``no verify.KEY in the
+    manifest``, or without a manifest ``no WHAT given: ...`` naming where it is given."""
+    if manifest:
+        return f"no verify.{key} in the manifest"
+    return f"no {what} given: verify with a manifest that sets verify.{key} to run this stage"
 
 
 #: Runs a host script in the donor's venv: ``(script, args, request) -> report``; a request's

@@ -21,7 +21,7 @@ from transplant.errors import TransplantError
 from transplant.hosts.host import Host, SSHOptions, connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Manifest
-from transplant.core.units import count, human_bytes
+from transplant.core.units import agree, count, human_bytes
 
 __all__ = ["clone_report", "clone_command", "clone_base", "pending_note", "saved_plan_refusal"]
 
@@ -46,24 +46,26 @@ def clone_report(console: Console, result: CloneResult) -> None:
     say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
     say(f"copied {count(result.files, 'file')} ({human_bytes(result.bytes)}) from {result.source} to {result.dest} "
         f"with {result.method}")
-    say(f"rewrote what named {r.old} ({edited}); repointed {len(r.links)} symlink(s); updated {len(result.records)} "
-        f"RECORD file(s) for the rewritten files")
+    say(f"rewrote what named {r.old} ({edited}); repointed {count(len(r.links), 'symlink')}; updated "
+        f"{count(len(result.records), 'RECORD file')} for the rewritten files")
     for line in result.warnings:
         console.print(Text.assemble(("warning: ", "yellow"), line))
     other = tuple(p for p in left.binary if p not in left.bytecode)
     if other:
-        console.print(Text.assemble(("warning: ", "yellow"), f"{len(other)} binary file(s) still contain {r.old}: "
-                                    f"{_names(other)}"))
+        console.print(Text.assemble(("warning: ", "yellow"), f"{count(len(other), 'binary file')} still "
+                                    f"{agree(len(other), 'contains', 'contain')} {r.old}: {_names(other)}"))
     if left.bytecode:  # no action needed: a note, not a warning, and no file list
-        say(f"note: {len(left.bytecode)} bytecode file(s) record {r.old} as their source path; nothing to do, "
-            f"Python corrects it at import (--json lists them)")
+        one = len(left.bytecode) == 1
+        say(f"note: {count(len(left.bytecode), 'bytecode file')} {'records' if one else 'record'} {r.old} as "
+            f"{'its' if one else 'their'} source path; nothing to do, Python corrects it at import (--json lists "
+            f"{'it' if one else 'them'})")
     if left.errors:
         if left.text:
-            console.print(Text.assemble(("error: ", "bold red"), f"{len(left.text)} text file(s) of the clone still "
-                                        f"name {r.old}: {_names(left.text)}"))
+            console.print(Text.assemble(("error: ", "bold red"), f"{count(len(left.text), 'text file')} of the clone still "
+                                        f"{agree(len(left.text), 'names', 'name')} {r.old}: {_names(left.text)}"))
         if left.links:
-            console.print(Text.assemble(("error: ", "bold red"), f"{len(left.links)} symlink(s) of the clone still "
-                                        f"point into {r.old}: {_names(left.links)}"))
+            console.print(Text.assemble(("error: ", "bold red"), f"{count(len(left.links), 'symlink')} of the clone still "
+                                        f"{agree(len(left.links), 'points', 'point')} into {r.old}: {_names(left.links)}"))
         console.print(Text.assemble(("hint: ", "bold"), f"edit those files in {r.new} so they name {r.new}, or "
                                     f"delete the clone (rm -rf {shlex.quote(r.new)}) and fix them in the source first"))
         return

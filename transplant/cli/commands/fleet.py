@@ -107,7 +107,7 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
         with console.status("reading the donor once") as status:
             opened, read = serve_from_snapshot(opened, default_store(), stack,
                                                reporter=Shown(step=status.update))
-    console.print(f"donor source: {opened.source.label} ({opened.why}); read from the donor: {read.files} file(s), "
+    console.print(f"donor source: {opened.source.label} ({opened.why}); read from the donor: {count(read.files, 'file')}, "
                   f"{human_bytes(read.bytes)}", markup=False, highlight=False)
     if action == "apply" and not args.yes:
         if not sys.stdin.isatty():

@@ -27,6 +27,7 @@ from transplant.core.hostspec import HostSpec
 from transplant.core.starting_manifest import Draft, draft, render
 from transplant.core.manifest import parse_manifest
 from transplant.hosts.probing import take_inventory
+from transplant.core.units import count
 
 __all__ = ["init_command"]
 
@@ -85,7 +86,7 @@ def init_command(args: argparse.Namespace, console: Console,
     final = Draft(data=data, notes=final.notes, rounds=final.rounds, findings=final.findings)
     header = [f"written by transplant init on {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from "
               f"{args.donor} (donor) and {args.target} (target)",
-              f"asked for: {', '.join(names)}; the plan's hints were followed for {first.rounds} + {final.rounds} round(s)",
+              f"asked for: {', '.join(names)}; the plan's hints were followed for {first.rounds} + {count(final.rounds, 'round')}",
               "check it with: transplant plan " + path]
     text = render(final, header=header)
     parse_manifest(__import__("yaml").safe_load(text), path=path)  # what is written always parses

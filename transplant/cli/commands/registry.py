@@ -16,7 +16,7 @@ from transplant.errors import UsageError
 from transplant.exitcodes import EXIT_OK
 from transplant.donor.oci import Reference
 from transplant.donor.registry_snapshot import client_for, list_registry, prune_registry, push
-from transplant.core.units import human_bytes
+from transplant.core.units import count, human_bytes
 from transplant.donor.snapshot import Snapshot
 
 __all__ = ["check_registry_options", "push_snapshot", "registry_list_or_prune"]
@@ -67,7 +67,7 @@ def push_snapshot(snap: Snapshot, args: argparse.Namespace, console: Console) ->
         result = push(snap, ref, client, reporter=Shown(step=status.update))
     if not args.json:
         console.print(f"pushed {snap.id} to {result.reference}: {human_bytes(result.bytes_uploaded)} uploaded, "
-                      f"{result.uploaded} blob(s) sent, {result.present} already in the registry; use it as the "
+                      f"{count(result.uploaded, 'blob')} sent, {result.present} already in the registry; use it as the "
                       f"donor: donor: {{snapshot: {result.reference}}}", markup=False, highlight=False)
     return {"pushed": str(result.reference), "bytes_uploaded": result.bytes_uploaded,
             "blobs_uploaded": result.uploaded, "blobs_present": result.present}

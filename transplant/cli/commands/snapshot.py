@@ -60,7 +60,7 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
                     console.print(line, highlight=False)
             return EXIT_OK
         removed, objects, freed = prune(store, args.prune)
-        console.print(f"pruned {len(removed)} snapshot(s) and {objects} stored file(s) no snapshot uses "
+        console.print(f"pruned {count(len(removed), 'snapshot')} and {count(objects, 'stored file')} no snapshot uses "
                       f"({human_bytes(freed)} freed) in {store}", markup=False)
         return EXIT_OK
     if not args.manifest:
@@ -92,7 +92,7 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
             console.print(f"the store already holds this very content as snapshot {snap.id}: reused, "
                           f"no second index written", markup=False, highlight=False)
         console.print(Text.assemble(("snapshot", "bold green"), (
-            f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {len(snap.dists)} distribution(s), "
+            f" {snap.id} of {snap.donor_host}:{snap.donor_venv}: {count(len(snap.dists), 'distribution')}, "
             f"{count(len(snap.files), 'file')} ({human_bytes(snap.size)}); {result.fetched} read from the donor "
             f"({human_bytes(result.bytes_read)} on the wire), {result.reused} already stored; in "
             f"{result.seconds:.1f} s")))

@@ -13,6 +13,7 @@ from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
 from transplant.cli.locations import is_location, resolve_location
 from transplant.hosts.host import connect
 from transplant.cli.reports import status_table
+from transplant.core.units import agree, count
 
 __all__ = ["status_command"]
 
@@ -48,8 +49,8 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
         console.print(Text.assemble(("interrupted", "bold red"), f" transaction {txid}: finish it with 'transplant "
                                     f"apply {named} --resume' or undo it with 'transplant apply {named} --rollback'"))
     skipped = status.applied_paths - status.checked
-    aside = (f" ({skipped} bytecode file(s) of the {status.applied_paths} applied paths are not compared: Python "
-             f"rewrites them at import)") if skipped > 0 else ""
+    aside = (f" ({count(skipped, 'bytecode file')} of the {count(status.applied_paths, 'applied path')} "
+             f"{agree(skipped, 'is', 'are')} not compared: Python rewrites {agree(skipped, 'it', 'them')} at import)") if skipped > 0 else ""
     if status.drift:
         console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match"
                       f"{aside}:")

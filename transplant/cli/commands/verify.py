@@ -90,7 +90,8 @@ def parse_clear(value: object) -> tuple[tuple[str, ...], bool]:
 
 def _clear_line(caches: list, names: tuple[str, ...], again: str) -> str:
     """What ``--clear-jit-caches`` did, in one line: removed, refused, and the user-wide folders
-    listed but not named (with the option that removes them)."""
+    listed but not named (with the option that removes those holding files; an empty folder is
+    named as empty, with nothing to remove)."""
     from transplant.core.units import count, human_bytes
 
     existing = [c for c in caches if c.get("exists")]
@@ -103,10 +104,15 @@ def _clear_line(caches: list, names: tuple[str, ...], again: str) -> str:
     line = "--clear-jit-caches removed " + (", ".join(removed) if removed else "nothing")
     if refused:
         line += "; left in place: " + ", ".join(refused)
-    if listed:
+    holding = [c for c in listed if c.get("files") or c.get("bytes")]
+    if holding:
         line += ("; not removed, outside the target venv (the user's, shared by its other venvs): "
-                 + ", ".join(f"{c['name']} {c['path']} ({count(c['files'], 'file')}, {human_bytes(c['bytes'])})" for c in listed)
-                 + f"; to remove them: {again} --clear-jit-caches=" + ",".join(c["name"] for c in listed))
+                 + ", ".join(f"{c['name']} {c['path']} ({count(c['files'], 'file')}, {human_bytes(c['bytes'])})" for c in holding)
+                 + f"; to remove {'it' if len(holding) == 1 else 'them'}: {again} --clear-jit-caches="
+                 + ",".join(c["name"] for c in holding))
+    empty = [c for c in listed if c not in holding]
+    if empty:
+        line += "; empty, nothing to remove: " + ", ".join(f"{c['name']} {c['path']}" for c in empty)
     return line + "; nothing else was touched"
 
 
@@ -198,7 +204,8 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
             results, _ = verify_target(settings, target, venv, ssh=session.ssh if manifest is not None else None,
                                        record=manifest is not None, donor_inventory=donor,
                                        reporter=StagesShown(status.update, "verify"),
-                                       clear_jit_caches=clearing, donor_run=donor_run, started=started)
+                                       clear_jit_caches=clearing, donor_run=donor_run, started=started,
+                                       manifest=manifest is not None)
     from transplant.cli.render import stages_table, verify_json, verify_junit
     from transplant.verify.judges import overall_ok
 

@@ -19,6 +19,7 @@ from transplant.core.data import arch_minimum_cuda, cuda_table, driver_cuda, dri
 from transplant.core.plan import Finding
 from transplant.core.rules.cudaenv import Evidence, cuda_evidence, runtime_cuda
 from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, severity
+from transplant.core.units import agree, count
 
 __all__ = ["cuda_major_findings", "driver_findings", "gpu_arch_findings", "covers"]
 
@@ -214,7 +215,7 @@ def gpu_arch_findings(env: EnvironmentAfter) -> list[Finding]:
             have = sorted({d.name for f in bad for d in f.device_code})
             out.append(Finding(
                 code="gpu-arch-unsupported", severity="error", dists=(name,),
-                message=f"{describe(dist)}: {len(bad)} shared object(s) carry device code only for "
+                message=f"{describe(dist)}: {count(len(bad), 'shared object')} {agree(len(bad), 'carries', 'carry')} device code only for "
                         f"{', '.join(have)}, which the target's {gpu} (sm_{arch}) cannot run "
                         f"(no kernel image is available for execution on the device)",
                 hint=f"use a build of {dist.display_name} compiled for sm_{arch} or with PTX for compute_{arch} or "

@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from transplant.core.plan import Finding
 from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, severity
+from transplant.core.units import agree, count
 
 __all__ = ["interpreter_findings", "python_abi_findings", "platform_findings", "unread_findings"]
 
@@ -84,7 +85,8 @@ def python_abi_findings(env: EnvironmentAfter) -> list[Finding]:
         if bad_tags:
             what.append(f"its WHEEL tags ({', '.join(bad_tags[:4])}) are not loadable by {t.abi_tag}")
         if bad_files:
-            what.append(f"{len(bad_files)} extension module(s) end in another ABI suffix than {t.ext_suffix}")
+            what.append(f"{count(len(bad_files), 'extension module')} {agree(len(bad_files), 'ends', 'end')} in another ABI suffix "
+                        f"than {t.ext_suffix}")
         if env.same_context:  # the donor's own bytes on the donor's Python: whatever loads them there loads them here
             out.append(Finding(
                 code="python-abi-mismatch", severity="info", dists=(name,),
@@ -186,8 +188,9 @@ def platform_findings(env: EnvironmentAfter) -> list[Finding]:
         if carried:
             out.append(Finding(
                 code="platform-mismatch", severity="info", dists=(name,),
-                message=f"{describe(dist)}: {len(carried)} shared object(s) the {t.machine} target cannot load, "
-                        f"carried identically by the {env.donor.interpreter.machine} donor, which cannot load them "
+                message=f"{describe(dist)}: {count(len(carried), 'shared object')} the {t.machine} target cannot load, "
+                        f"carried identically by the {env.donor.interpreter.machine} donor, which cannot load "
+                        f"{agree(len(carried), 'it', 'them')} "
                         f"either (cross-compile stubs, optional variants): " + "; ".join(carried[:3])
                         + (f"; and {len(carried) - 3} more" if len(carried) > 3 else "") + "; nothing in the donor "
                         f"loads them, so nothing here will",
@@ -222,8 +225,8 @@ def unread_findings(env: EnvironmentAfter) -> list[Finding]:
             continue
         out.append(Finding(
             code="binary-unreadable", severity="warning", dists=(name,),
-            message=f"{describe(dist)}: {len(problems)} shared object(s) could not be read (fully) as ELF, so the "
-                    f"platform, CUDA and libtorch checks did not cover them: " + "; ".join(problems[:3])
+            message=f"{describe(dist)}: {count(len(problems), 'shared object')} could not be read (fully) as ELF, so the "
+                    f"platform, CUDA and libtorch checks did not cover {agree(len(problems), 'it', 'them')}: " + "; ".join(problems[:3])
                     + (f"; and {len(problems) - 3} more" if len(problems) > 3 else ""),
             hint=f"reinstall {dist.display_name} on the donor from its wheel, or check those files by hand "
                  f"(readelf -d FILE)",

@@ -15,6 +15,7 @@ from transplant.core.elf_facts import ElfFacts, is_shared_object
 from transplant.core.inventory import Distribution
 from transplant.core.plan import Finding
 from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe
+from transplant.core.units import agree, count as counted
 
 __all__ = ["links_libtorch", "torch_libraries", "libtorch_findings"]
 
@@ -65,7 +66,7 @@ def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
         if carried:  # the donor holds these bytes beside this very torch: whatever it loads of them, loads here
             out.append(Finding(
                 code="libtorch-abi", severity="info", dists=(name, "torch"),
-                message=f"{describe(dist)}: {len(carried)} shared object(s) name libtorch symbols that "
+                message=f"{describe(dist)}: {counted(len(carried), 'shared object')} {agree(len(carried), 'names', 'name')} libtorch symbols that "
                         f"{describe(torch)} does not define (e.g. {carried[0]} needs {missing[carried[0]][0]}); "
                         f"{DONOR_RUNS} (a loader that picks the object built for the running torch, as "
                         f"torch_c_dlpack_ext's does, never opens the others)",
@@ -96,7 +97,7 @@ def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
         out.append(Finding(
             code="libtorch-abi", severity="error" if (env.changes(name) or torch_moves) else "warning",
             dists=(name, "torch"),
-            message=f"{describe(dist)}: {len(missing)} shared object(s) need {count} libtorch symbol(s) that "
+            message=f"{describe(dist)}: {counted(len(missing), 'shared object')} {agree(len(missing), 'needs', 'need')} {counted(count, 'libtorch symbol')} that "
                     f"{describe(torch)} does not define ({why}); e.g. {first[0]} needs {first[1][0]}",
             hint=fix,
             files=tuple(sorted(missing)[:_SHOWN]),

@@ -19,6 +19,7 @@ from collections import defaultdict
 
 from transplant.core.plan import Finding
 from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, pip, severity
+from transplant.core.units import agree, count
 
 __all__ = ["numpy_findings"]
 
@@ -59,7 +60,8 @@ def numpy_findings(env: EnvironmentAfter) -> list[Finding]:
                          f"{pip(env.target.interpreter.prefix)} install 'numpy<2'"), ""
         out.append(Finding(
             code="numpy-abi-mismatch", severity=level, dists=(name, "numpy"),
-            message=f"{describe(dist)}: {len(paths)} shared object(s) were built against NumPy 1.x (they import "
+            message=f"{describe(dist)}: {count(len(paths), 'shared object')} {agree(len(paths), 'was', 'were')} built against NumPy 1.x "
+                    f"({agree(len(paths), 'it imports', 'they import')} "
                     f"numpy.core._multiarray_umath, e.g. {paths[0]}) and meet {describe(numpy)} after apply: "
                     f"\"A module that was compiled using NumPy 1.x cannot be run in NumPy 2.x\"{witness}{why}",
             hint=hint, files=tuple(paths[:_SHOWN]),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from transplant.core.plan import Finding
 from transplant.core.rules.env import EnvironmentAfter, describe
+from transplant.core.units import agree, count
 
 __all__ = ["outside_findings"]
 
@@ -33,7 +34,7 @@ def outside_findings(env: EnvironmentAfter) -> list[Finding]:
                                                                  if len(seen) > _SHOWN else "")
         out.append(Finding(
             code="outside-venv", severity="info", dists=tuple(d.name for d in seen),
-            message=f"{len(seen)} distribution(s) are imported from {folder}, outside the venv ({why}): {names}; "
+            message=f"{count(len(seen), 'distribution')} {agree(len(seen), 'is', 'are')} imported from {folder}, outside the venv ({why}): {names}; "
                     f"apply never changes them, and the requirement and CUDA rules check them with the rest",
             hint="nothing to do if they belong there; otherwise install them into the venv, or drop the folder from "
                  "sys.path (the .pth line, or include-system-site-packages = false in pyvenv.cfg)",

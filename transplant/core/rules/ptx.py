@@ -19,6 +19,7 @@ from transplant.core.plan import Finding
 from transplant.core.data import _load, driver_cuda, driver_minimum
 from transplant.core.rules.cudarules import covers
 from transplant.core.rules.env import EnvironmentAfter, describe, severity
+from transplant.core.units import agree, count
 
 __all__ = ["ptx_cuda", "ptx_findings"]
 
@@ -83,7 +84,7 @@ def ptx_findings(env: EnvironmentAfter) -> list[Finding]:
             minimum = driver_minimum(need) or "a newer one"
             out.append(Finding(
                 code="ptx-too-new", severity=severity(env, [name], donor=False), dists=(name,),
-                message=f"{describe(env.after[name])}: {len(bad)} shared object(s) have no SASS for the target's "
+                message=f"{describe(env.after[name])}: {count(len(bad), 'shared object')} {agree(len(bad), 'has', 'have')} no SASS for the target's "
                         f"{gpu} (sm_{arch}), so the driver must JIT-compile their PTX, and it is newer than the "
                         f"driver {nv.driver_version or '?'} (CUDA {have[0]}.{have[1]}) knows: e.g. {path} "
                         f"{entry_name} is PTX ISA {isa} (CUDA {need[0]}.{need[1]}): \"the provided PTX was compiled "

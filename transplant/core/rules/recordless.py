@@ -26,6 +26,7 @@ from typing import Any
 from transplant.core.inventory import Distribution, Inventory
 from transplant.core.plan import Finding
 from transplant.core.rules.env import EnvironmentAfter, describe
+from transplant.core.units import agree, count
 
 __all__ = ["recordless_findings", "stale_extension_modules", "judge_stale_modules"]
 
@@ -128,6 +129,6 @@ def judge_stale_modules(stale: Sequence[Mapping[str, str]], venv: str) -> tuple[
         for s in stale[:3])
     more = f"; and {len(stale) - 3} more" if len(stale) > 3 else ""
     paths = [posixpath.join(venv, s["extension"]) for s in stale if not s["extension_owner"]]
-    fix = f"; remove the leftover(s): {shlex.join(['rm', *paths])}" if paths else ""
-    return "fail", (f"{len(stale)} extension module(s) shadow a .py of the same name (target-record-missing: "
+    fix = f"; remove the {agree(len(paths), 'leftover', 'leftovers')}: {shlex.join(['rm', *paths])}" if paths else ""
+    return "fail", (f"{count(len(stale), 'extension module')} {agree(len(stale), 'shadows', 'shadow')} a .py of the same name (target-record-missing: "
                     f"leftovers of a distribution replaced without its RECORD): {shown}{more}{fix}")

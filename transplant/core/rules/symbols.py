@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from transplant.core.elf_facts import ElfFacts
 from transplant.core.plan import Finding
 from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, severity
+from transplant.core.units import count
 
 __all__ = ["SymbolCheck", "symbol_checks", "symbol_queries", "symbol_findings"]
 
@@ -137,7 +138,7 @@ def symbol_findings(env: EnvironmentAfter) -> list[Finding]:
         shown = ", ".join(missing[:_SHOWN]) + (f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else "")
         out.append(Finding(
             code="undefined-symbol", severity=level, dists=(check.owner, powner),
-            message=f"{describe(dist)}: {check.path} needs {len(missing)} symbol(s) from {check.needed} that "
+            message=f"{describe(dist)}: {check.path} needs {count(len(missing), 'symbol')} from {check.needed} that "
                     f"{path} ({describe(pdist)}) does not define after apply ({why}): {shown}; the loader "
                     f"refuses it (\"undefined symbol\")",
             hint=hint, files=(check.path, path),

@@ -19,6 +19,7 @@ from transplant.remote._common import SH_CLOSE, SH_EXEC  # pip's script head, on
 from transplant.core.inventory import Distribution, Inventory
 from transplant.core.plan import Finding
 from transplant.core.rules.env import EnvironmentAfter, describe, pip
+from transplant.core.units import agree, count
 
 __all__ = ["pth_paths", "editable_sources", "editable_findings", "shebang_interpreter", "rewritten_head", "script_findings",
            "drift_findings"]
@@ -210,8 +211,8 @@ def script_findings(env: EnvironmentAfter) -> list[Finding]:
             ours = ", ".join(target_prefix + n[len(donor_prefix):] for n in named)
             out.append(Finding(
                 code="script-prefix", severity="info", dists=(name,),
-                message=f"{describe(dist)}: {len(scripts)} console script(s) start with the donor's interpreter "
-                        f"{theirs}; apply rewrites their first line to {ours}",
+                message=f"{describe(dist)}: {count(len(scripts), 'console script')} {agree(len(scripts), 'starts', 'start')} with the donor's "
+                        f"interpreter {theirs}; apply rewrites {agree(len(scripts), 'its', 'their')} first line to {ours}",
                 hint="nothing to do: apply rewrites them (and verify checks the result)",
                 files=tuple(scripts[:_SHOWN]),
             ))
@@ -281,8 +282,9 @@ def drift_findings(env: EnvironmentAfter) -> list[Finding]:
             example = changed[0][len(site):] if changed[0].startswith(site) else changed[0]
             out.append(Finding(
                 code="record-drift", severity="warning", dists=(name,),
-                message=f"{describe(dist)} on the donor: {len(changed)} file(s) differ from their RECORD hash and are "
-                        f"not declared as patches; they are copied as they are: {', '.join(changed[:_SHOWN])}",
+                message=f"{describe(dist)} on the donor: {count(len(changed), 'file')} {agree(len(changed), 'differs from its', 'differ from their')} "
+                        f"RECORD hash and {agree(len(changed), 'is', 'are')} not declared as patches; "
+                        f"{agree(len(changed), 'it is', 'they are')} copied as {agree(len(changed), 'it is', 'they are')}: {', '.join(changed[:_SHOWN])}",
                 hint=f"if they are hand patches, declare them in {env.manifest} (patches: [{{source: patches/"
                      f"{example}, dest: {example}}}]); otherwise reinstall on the donor: "
                      f"{pip(env.donor.interpreter.prefix)} install --force-reinstall --no-deps "
@@ -295,8 +297,9 @@ def drift_findings(env: EnvironmentAfter) -> list[Finding]:
             if changed and old.hashed:
                 out.append(Finding(
                     code="record-drift", severity="warning", dists=(name,),
-                    message=f"{describe(old)} on the target: {len(changed)} file(s) differ from their RECORD hash "
-                            f"(local edits); apply replaces them with the donor's: {', '.join(changed[:_SHOWN])}",
+                    message=f"{describe(old)} on the target: {count(len(changed), 'file')} {agree(len(changed), 'differs from its', 'differ from their')} "
+                            f"RECORD hash (local edits); apply replaces {agree(len(changed), 'it', 'them')} with the "
+                            f"donor's: {', '.join(changed[:_SHOWN])}",
                     hint=f"to keep an edit, declare it as a patch in {env.manifest}",
                     files=tuple(changed[:_SHOWN]),
                 ))
