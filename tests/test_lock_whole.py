@@ -1,5 +1,6 @@
-"""The target's lock appears whole or not at all: an applier killed as it takes the lock (Ctrl-C
-during apply's first step) leaves no lock that nobody can read, and ``tidy`` removes what it left
+"""After an apply stopped very early no state folder stays: the target's lock appears whole or not
+at all (an applier killed as it takes the lock, at a Ctrl-C, leaves no lock nobody can read), and
+``tidy`` removes what a killed applier left: a lock's temporary file, a begin stopped part-way
 (real applier processes in a real venv)."""
 
 from __future__ import annotations
@@ -65,3 +66,19 @@ def test_the_lock_is_taken_once_and_released(tmp_path):
     assert sorted(p.name for p in (tmp_path / "v" / ".transplant").iterdir()) == ["lock"]
     assert txn.call(host, venv, "unlock", {"id": "a"})["ok"]
     assert txn.call(host, venv, "lock", {**entry, "id": "b"})["ok"]
+
+
+def test_tidy_removes_a_begin_killed_part_way_once_the_lock_is_released(tmp_path):
+    """An apply stopped inside its begin (the applier killed before the rename into place) left a
+    ``.begin-`` folder: the command said nothing began, yet the state folder stayed."""
+    venv = str(make_venv(tmp_path / "v"))
+    host = LocalHost()
+    state = tmp_path / "v" / ".transplant"
+    entry = {"id": "20261202T000000Z-aaaa", "controller": "here", "pid": os.getpid(), "command": "apply"}
+    assert txn.call(host, venv, "lock", entry)["ok"]
+    (state / "txn" / ".begin-20261202T000000Z-aaaa" / "staged").mkdir(parents=True)
+    # the twin: while the lock is held a begin may be running: its folder stays
+    assert txn.call(host, venv, "tidy", {})["removed"] is False
+    assert (state / "txn" / ".begin-20261202T000000Z-aaaa").is_dir()
+    assert txn.call(host, venv, "unlock", {"id": entry["id"]})["ok"]
+    assert txn.call(host, venv, "tidy", {})["removed"] is True and not state.exists()

@@ -940,11 +940,17 @@ def tidy(prefix, request):
     what an apply stopped before its transaction began leaves in a venv that had no state. Only
     ``os.rmdir`` (which removes nothing but an empty folder), only real folders (a symlink is left
     alone); but first the lock's temporary files (``lock.<pid>.tmp``, :func:`lock`) of appliers no
-    longer running on this host (killed while taking the lock), regular files only. Reply
-    ``removed``: whether the state folder is gone."""
+    longer running on this host (killed while taking the lock), regular files only, and, when
+    nobody holds the lock (so no begin runs), the ``.begin-`` folders of begins killed part-way
+    (an apply stopped inside its ``begin``: nothing in the live venv was touched; the next begin
+    would remove them too). Reply ``removed``: whether the state folder is gone."""
     state = os.path.join(prefix, STATE)
     if os.path.islink(state) or not os.path.isdir(state):
         return {"ok": True, "error": None, "removed": False}
+    transactions = os.path.join(state, "txn")
+    if not os.path.lexists(os.path.join(state, "lock")) and os.path.isdir(transactions) \
+            and not os.path.islink(transactions):
+        _remove_unfinished_begins(transactions)
     try:
         names = os.listdir(state)
     except OSError:
