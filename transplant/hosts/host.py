@@ -48,6 +48,7 @@ __all__ = [
     "tracked",
     "stop_commands",
     "interrupt_stops_commands",
+    "stopping",
     "KnownHosts",
     "read_known_hosts",
     "side_error",
@@ -364,10 +365,28 @@ class LocalHost(Host):
 _LIVE: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()
 
 
+#: Set while an interrupt stops this controller's commands (:func:`interrupt_stops_commands`):
+#: a command started after that is stopped as it starts (:func:`tracked`), and no SSH master
+#: connection opens again (a stage still queued would otherwise start its host script then).
+_STOPPING = threading.Event()
+
+
+def stopping() -> bool:
+    """Whether an interrupt is stopping this controller's host commands (then none may start)."""
+    return _STOPPING.is_set()
+
+
 def tracked(proc: subprocess.Popen) -> subprocess.Popen:
     """Note ``proc`` (started with ``start_new_session``) among the commands :func:`stop_commands`
-    stops; returns it."""
+    stops; returns it.
+
+    :raises HostError: an interrupt is stopping the commands (:func:`stopping`): ``proc`` is
+        killed and reaped first, as it started after the others were stopped.
+    """
     _LIVE.add(proc)
+    if _STOPPING.is_set():
+        kill_group(proc)
+        raise HostError("interrupted (Ctrl-C): the command was stopped as it started")
     return proc
 
 
@@ -400,17 +419,27 @@ def stop_commands() -> int:
 @contextmanager
 def interrupt_stops_commands() -> Iterator[None]:
     """Within the block, Ctrl-C (SIGINT) first stops every tracked host command
-    (:func:`stop_commands`), then raises KeyboardInterrupt as Python's own handler does. For
-    commands that only read (verify): their stages run in worker threads, which would otherwise
-    keep waiting for their host scripts (up to each one's timeout) before the interrupt could end
-    the command. Outside the main thread the block runs unchanged (signals go to the main one)."""
+    (:func:`stop_commands`) and closes every SSH master connection
+    (:func:`transplant.hosts.ssh.end_masters`), then raises KeyboardInterrupt as Python's own
+    handler does. For commands that only read (verify): their stages run in worker threads, which
+    would otherwise keep waiting for their host scripts (up to each one's timeout) before the
+    interrupt could end the command. Over SSH, killing the local ``ssh`` is not enough: the
+    master connection holds the command's pipes (it was passed them) until the remote command
+    ends, so the master is closed too; the remote command then finds nothing reading its output
+    (the read-only host scripts end then: ``end_when_unread`` in ``transplant/remote/_common.py``).
+    From the interrupt to the block's end no host command starts (:func:`stopping`). Outside the
+    main thread the block runs unchanged (signals go to the main one)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGINT)
 
     def stop(signum: int, frame: object) -> None:
+        _STOPPING.set()  # first: a command starting now is stopped by tracked() if this misses it
         stop_commands()
+        from transplant.hosts.ssh import end_masters
+
+        end_masters()
         if callable(previous) and previous is not signal.default_int_handler:
             previous(signum, frame)
         raise KeyboardInterrupt
@@ -420,6 +449,7 @@ def interrupt_stops_commands() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        _STOPPING.clear()
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -33,15 +33,16 @@ import tempfile
 import threading
 import time
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from transplant.errors import HostError
 from transplant.hosts.host import (CommandResult, Host, SSHOptions, tracked, _check_argv, _check_env, _host_matches, _ssh_config_path,
-                    kill_group, read_known_hosts)
+                    kill_group, read_known_hosts, stopping)
 from transplant.core.hostspec import HostSpec
 
-__all__ = ["SSHHost", "CONFIG_ENV"]
+__all__ = ["SSHHost", "CONFIG_ENV", "end_masters"]
 
 #: The environment variable naming the ssh_config file when the manifest's ``ssh.config`` does not.
 CONFIG_ENV = "TRANSPLANT_SSH_CONFIG"
@@ -49,6 +50,8 @@ CONFIG_ENV = "TRANSPLANT_SSH_CONFIG"
 #: opened again when a command finds it gone).
 PERSIST = 120
 _SERVER_KEY = re.compile(r"Server host key: (\S+) (SHA256:\S+)")
+#: The hosts whose master connection this controller opened and has not closed (weak).
+_MASTERS: "weakref.WeakSet[SSHHost]" = weakref.WeakSet()
 
 
 def _operator_config(options: SSHOptions) -> list[str]:
@@ -175,6 +178,7 @@ class SSHHost(Host):
             self._remove()
             raise error
         self._master = True
+        _MASTERS.add(self)
 
     def _connect_error(self, text: str) -> HostError:
         """Translate what ``ssh`` said when it could not connect."""
@@ -250,6 +254,8 @@ class SSHHost(Host):
         with self._lock:
             if self._master and os.path.exists(os.path.join(self._dir(), "master")):
                 return
+            if stopping():
+                raise HostError(f"{self.label}: interrupted (Ctrl-C): not connecting again")
             self._open()
 
     # -- commands -------------------------------------------------------------------------
@@ -257,7 +263,11 @@ class SSHHost(Host):
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, env: Mapping[str, str] | None = None,
             timeout: float | None = None) -> CommandResult:
         """Run ``argv`` on the SSH host; see :meth:`Host.run`. A command that runs past ``timeout``
-        has its local ``ssh`` killed; the remote command may run on until it notices."""
+        has its local ``ssh`` killed; the remote command may run on until it notices (the read-only
+        host scripts notice at once: ``end_when_unread`` in ``transplant/remote/_common.py``).
+
+        :raises HostError: also when an interrupt is stopping the commands
+            (:func:`transplant.hosts.host.stopping`) and the master connection is gone."""
         items = _check_argv(argv)
         extra = _check_env(env)
         command_argv = ["env", *(f"{k}={v}" for k, v in extra.items()), *items] if extra else list(items)
@@ -288,7 +298,8 @@ class SSHHost(Host):
               stdout: int | None = None) -> subprocess.Popen:
         """Start ``argv`` on the SSH host over the master connection, pipes open; see
         :meth:`Host.spawn`. Closing its standard input ends the remote command's input; killing
-        the local ``ssh`` leaves the remote command to notice on its own."""
+        the local ``ssh`` leaves the remote command to notice on its own (sshd closes its end of the
+        command's output then: the read-only host scripts end at once)."""
         items = _check_argv(argv)
         extra = _check_env(env)
         command_argv = ["env", *(f"{k}={v}" for k, v in extra.items()), *items] if extra else list(items)
@@ -361,6 +372,7 @@ class SSHHost(Host):
             except (OSError, subprocess.TimeoutExpired):
                 pass
             self._master = False
+        _MASTERS.discard(self)
         self._remove()
 
     def _remove(self) -> None:
@@ -374,3 +386,49 @@ class SSHHost(Host):
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def end_masters(timeout: float = 3.0) -> int:
+    """Ask every master connection this controller opened and has not closed to exit now
+    (``ssh -O exit`` through its own control socket, all at once), for an interrupt
+    (:func:`transplant.hosts.host.interrupt_stops_commands`): a master holds the pipes of each
+    command it carries (the local ``ssh`` passed them to it) until the remote command ends, so
+    a thread waiting for a command's output would wait for the remote end even after its local
+    ``ssh`` was killed; once the master is gone they close, and sshd closes the remote command's
+    pipes. Nothing but those masters is signalled. The hosts open a master again when asked to
+    run a command later (not while :func:`transplant.hosts.host.stopping`).
+
+    Safe to call from a signal handler: it takes no lock, and the copy of the set is retried
+    when another thread changes it meanwhile.
+
+    :param timeout: seconds to wait for all the ``ssh -O exit`` together; one still running then
+        is killed.
+    :returns: how many masters were asked to exit.
+    """
+    for _ in range(5):
+        try:
+            hosts = [host for host in list(_MASTERS) if getattr(host, "_master", False)]
+            break
+        except RuntimeError:  # the set changed while it was copied
+            continue
+    else:
+        return 0
+    asked = []
+    for host in hosts:
+        folder = getattr(host, "_folder", None)
+        if folder is None:
+            continue
+        try:
+            asked.append(subprocess.Popen([*host._argv(), "-O", "exit", "--", host._destination()],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+        except OSError:
+            continue
+        host._master = False
+    deadline = time.monotonic() + timeout
+    for proc in asked:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+    return len(asked)

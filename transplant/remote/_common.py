@@ -1,4 +1,4 @@
-"""What the host scripts share (stdlib only, Python 3.9+): RECORD's hash form, pip's script head, the venv, the file stream's frames.
+"""What the host scripts share (stdlib only, Python 3.9+): RECORD's hash form, pip's script head, the venv, the file stream's frames, the end of a script nobody reads.
 
 Not a host script itself: :func:`transplant.remote.source` sends this module's source ahead of
 every script that imports it (as ``_transplant_common``), the way the ELF reader's request
@@ -193,3 +193,72 @@ def script_log(what):
                 handle.write("{} {}\n".format(what, venv_prefix()))
         except OSError:
             pass
+
+
+def end_when_unread(before=None):
+    """Watch standard output from a thread of its own and end this process once nothing reads it
+    any more: the controller that started this script is gone, or gave up on it (Ctrl-C during
+    ``verify``, a timeout). Over SSH that is how the remote end learns it: the controller kills
+    its local ``ssh``; sshd then closes its end of the command's output (OpenSSH's master sends
+    ``eow@openssh.com`` for the session of a client that died, or the connection ends), while
+    the command, busy importing or waiting, would have read nothing and run on.
+
+    For the read-only scripts of ``verify`` and the probe only: the applier finishes its step
+    (a killed commit is a transaction to resume, so it is left to end on its own).
+
+    How it ends: ``before()`` first (a script that started a process in a group of its own stops
+    it there), then SIGKILL to the process group when the group is its session's own, led by
+    this process or its parent (what sshd starts for a command, a shell that may run the script
+    as its child, or a local ``start_new_session``: nothing else is in it but what this script
+    started), else to this process alone.
+
+    Linux reports a pipe whose reader is gone as POLLERR (a socket whose peer closed as POLLHUP)
+    to a ``poll`` asking for no event, so the thread sleeps until then, costing nothing. (An sshd
+    built to give commands a socket pair, not pipes, only half-closes it at ``eow``: such a
+    script ends when the connection closes, which the controller's interrupt does.)
+
+    :param before: a callable run first, in the watching thread (its errors are ignored); None: none.
+    :returns: whether it watches (False when standard output is not a pipe or a socket: a file
+        or a terminal says nothing of its reader, or where ``select.poll`` is missing).
+    """
+    import _thread
+    import select
+    import signal
+    import stat
+
+    try:
+        mode = os.fstat(1).st_mode
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)) or not hasattr(select, "poll"):
+        return False
+
+    def watch():
+        poller = select.poll()
+        poller.register(1, 0)  # no event asked for: only POLLERR, POLLHUP and POLLNVAL come back
+        while True:
+            try:
+                mask = 0
+                for _, events in poller.poll():
+                    mask |= events
+            except OSError:
+                return
+            if mask & select.POLLNVAL:
+                return  # not a descriptor any more: nothing to watch
+            if mask & (select.POLLERR | select.POLLHUP):
+                break
+        if before is not None:
+            try:
+                before()
+            except BaseException:  # noqa: BLE001 - ending anyway
+                pass
+        try:
+            group = os.getpgrp()
+            if group == os.getsid(0) and group in (os.getpid(), os.getppid()):
+                os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    _thread.start_new_thread(watch, ())
+    return True

@@ -68,6 +68,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import shutil
 import signal
 import stat
@@ -229,20 +230,65 @@ def _content(full):
 
 # --- lock --------------------------------------------------------------------------------
 
+#: The lock's entry is written whole under this name (``lock.<pid>.tmp``), then linked as the lock.
+_LOCK_TEMP = re.compile(r"lock\.([0-9]+)\.tmp\Z")
+
+
 def lock(prefix, request):
-    path = os.path.join(_state_dir(prefix), "lock")
+    """Take the lock: its entry appears whole or not at all. It is written and synced under a
+    temporary name first, then hard-linked as ``lock`` (``link`` fails when ``lock`` exists, as
+    ``O_EXCL`` does). Created in place, the lock was empty until its entry was written: an applier
+    killed in between (Ctrl-C as the lock is taken, seen under load) left an empty lock nobody could
+    read, so the interrupted command could not release it (the next apply needed ``--break-lock``)
+    and the state folder stayed. Where hard links are refused, it is created in place as before."""
+    state = _state_dir(prefix)
+    path = os.path.join(state, "lock")
     entry = {"id": request.get("id"), "controller": request.get("controller"), "pid": request.get("pid"),
              "command": request.get("command"), "since": time.time()}
+    temporary = os.path.join(state, "lock.{}.tmp".format(os.getpid()))
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(entry, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(temporary, path)
+        finally:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
     except FileExistsError:
-        held = _read_json(path, None) if os.path.isfile(path) and not os.path.islink(path) else None
-        return {"ok": False, "error": "locked", "held": held if isinstance(held, dict) else {"unreadable": True}}
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(entry, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+        return _locked(path)
+    except OSError:  # no hard links here (or no temporary file): created in place
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return _locked(path)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(entry, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    _fsync_dir(state)
     return {"ok": True, "error": None}
+
+
+def _running(pid):
+    """Whether process ``pid`` runs on this host (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError, ValueError):
+        return True
+    return pid > 0
+
+
+def _locked(path):
+    """The reply to a ``lock`` that found ``path`` held: its holder's entry, or ``unreadable``."""
+    held = _read_json(path, None) if os.path.isfile(path) and not os.path.islink(path) else None
+    return {"ok": False, "error": "locked", "held": held if isinstance(held, dict) else {"unreadable": True}}
 
 
 def unlock(prefix, request):
@@ -893,10 +939,31 @@ def tidy(prefix, request):
     """Remove ``<venv>/.transplant`` when nothing is in it but empty ``txn`` / ``cache`` folders:
     what an apply stopped before its transaction began leaves in a venv that had no state. Only
     ``os.rmdir`` (which removes nothing but an empty folder), only real folders (a symlink is left
-    alone). Reply ``removed``: whether the state folder is gone."""
+    alone); but first the lock's temporary files (``lock.<pid>.tmp``, :func:`lock`) of appliers no
+    longer running on this host (killed while taking the lock), regular files only, and, when
+    nobody holds the lock (so no begin runs), the ``.begin-`` folders of begins killed part-way
+    (an apply stopped inside its ``begin``: nothing in the live venv was touched; the next begin
+    would remove them too). Reply ``removed``: whether the state folder is gone."""
     state = os.path.join(prefix, STATE)
     if os.path.islink(state) or not os.path.isdir(state):
         return {"ok": True, "error": None, "removed": False}
+    transactions = os.path.join(state, "txn")
+    if not os.path.lexists(os.path.join(state, "lock")) and os.path.isdir(transactions) \
+            and not os.path.islink(transactions):
+        _remove_unfinished_begins(transactions)
+    try:
+        names = os.listdir(state)
+    except OSError:
+        names = []
+    for name in names:
+        match = _LOCK_TEMP.match(name)
+        if match is None or _running(int(match.group(1))):
+            continue
+        try:
+            if stat.S_ISREG(os.lstat(os.path.join(state, name)).st_mode):
+                os.unlink(os.path.join(state, name))
+        except OSError:
+            pass
     for sub in ("txn", "cache"):
         folder = os.path.join(state, sub)
         if os.path.isdir(folder) and not os.path.islink(folder):

@@ -160,6 +160,7 @@ def main():
     request = json.loads(sys.stdin.read() or "{}")
     deadline = time.monotonic() + float(request.get("deadline", 300))
     work = os.path.join(sys.prefix, ".transplant", "serve-{}".format(os.getpid()))
+    _RUNNING["work"] = work
     model = os.path.join(work, "model")
     port = _free_port()
     report = {"started": False, "startup_seconds": None, "first_token_seconds": None, "request_seconds": None,
@@ -181,6 +182,7 @@ def main():
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=os.setpgrp)
+            _RUNNING["proc"] = proc
         except OSError as exc:
             report["error"] = "the server command could not start: {}".format(exc)
             return
@@ -234,6 +236,26 @@ def main():
         sys.stdout.write(json.dumps(report) + "\n")
 
 
+#: The server started and the folder of its tiny model, for :func:`_abandon` (set by :func:`main`).
+_RUNNING = {}
+
+
+def _abandon():
+    """Stop the server and remove the tiny model's folder: nothing reads this script's output any
+    more (the controller gave up), so it ends at once, not at its deadline."""
+    proc = _RUNNING.get("proc")
+    if proc is not None:
+        _stop(proc)
+    if _RUNNING.get("work"):
+        shutil.rmtree(_RUNNING["work"], ignore_errors=True)
+
+
 if __name__ == "__main__":
+    try:  # the controller gone or given up (Ctrl-C): stop the server, then end
+        from _transplant_common import end_when_unread
+
+        end_when_unread(_abandon)
+    except ImportError:  # run from its file (tests): no shared module, nothing watches
+        pass
     main()
     sys.exit(0)

@@ -148,9 +148,10 @@ def _truth_on_interrupt(target: "Host", venv: str, manifest_path: str) -> Iterat
 def _after_interrupt(target: "Host", venv: str, since: str, manifest_path: str) -> str | None:
     """What is true on the target after a Ctrl-C: the newest transaction whose id is not older
     than ``since`` (the command's start), by its recorded state; none: nothing began, and a state
-    folder left empty is removed (the applier's ``tidy``: empty folders only). A lock this process
-    still holds (a Ctrl-C inside the lock's taking or release) is released unless a transaction of
-    this command is still open. None when the target cannot be asked within 30 s."""
+    folder left empty is removed (the applier's ``tidy``: empty folders, and what a killed applier
+    left: a lock's temporary file, a begin stopped part-way). A lock this process still holds (a
+    Ctrl-C inside the lock's taking or release) is released unless a transaction of this command is
+    still open. None when the target cannot be asked within 30 s."""
     quoted = shlex.quote(manifest_path)
     try:
         record = txn.call(target, venv, "history", {}, timeout=30)
