@@ -382,6 +382,19 @@ def test_clear_jit_caches_names_must_be_caches(built, capsys):
     assert "--clear-jit-caches: 'home' is not a JIT cache" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize("names", ["flashinfer,bogus,all", "all,bogus"])
+def test_clear_jit_caches_refuses_an_unknown_name_beside_all(built, tmp_path, monkeypatch, capsys, names):
+    """A misspelt name beside ``all`` is refused like one alone, and nothing is removed (it was
+    ignored and every cache removed)."""
+    for key, value in _env(built, tmp_path, HOME=str(tmp_path / "home")).items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "triton" / "x").mkdir(parents=True)
+    (tmp_path / "triton" / "x" / "f").write_text("x")
+    assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", f"--clear-jit-caches={names}"]) == 64
+    assert "--clear-jit-caches: 'bogus' is not a JIT cache" in " ".join(capsys.readouterr().out.split())
+    assert (tmp_path / "triton" / "x" / "f").read_text() == "x"
+
+
 def test_clear_jit_caches_removes_only_those_folders(built, tmp_path, monkeypatch, capsys):
     for key, value in _env(built, tmp_path).items():
         monkeypatch.setenv(key, value)

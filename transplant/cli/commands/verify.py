@@ -79,12 +79,12 @@ def parse_clear(value: object) -> tuple[tuple[str, ...], bool]:
     from transplant.verify.runner import JIT_CACHES
 
     names = tuple(dict.fromkeys(n.strip() for n in str(value).split(",") if n.strip()))
-    if "all" in names:
-        return JIT_CACHES, True
-    unknown = [n for n in names if n not in JIT_CACHES]
-    if unknown:
+    unknown = [n for n in names if n not in JIT_CACHES and n != "all"]
+    if unknown:  # refused before "all" is looked at: a misspelt name beside it removes nothing either
         raise UsageError(f"--clear-jit-caches: {', '.join(map(repr, unknown))} is not a JIT cache; the caches are "
                          f"{', '.join(JIT_CACHES)} (or all), e.g. --clear-jit-caches=triton,torch-inductor")
+    if "all" in names:
+        return JIT_CACHES, True
     return names, True
 
 
