@@ -616,3 +616,14 @@ def test_clear_jit_caches_with_a_spaced_word_that_is_no_cache_names_it_and_the_c
     with pytest.raises(SystemExit):
         main(["verify", "local:/nonexistent/venv", "extra", "--imports", "x"])
     assert "unrecognized arguments: extra" in capsys.readouterr().err
+
+
+def test_native_load_without_a_distribution_to_check_says_so(built, tmp_path, monkeypatch, capsys):
+    """An import of no installed distribution: native-load skips naming why, not a list "(none)"."""
+    for key, value in _env(built, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    assert main(["verify", f"local:{built['good']}", "--imports", "nosuchmod", "--json"]) == 3
+    stages = {s["name"]: s for s in json.loads(capsys.readouterr().out)["stages"]}
+    assert stages["imports"]["status"] == "fail"
+    assert stages["native-load"]["status"] == "skip"
+    assert stages["native-load"]["reason"] == "no distribution to check: the imports named none the venv has installed"

@@ -128,8 +128,9 @@ def test_every_yaml_line_break_but_lf_and_cr_is_named_by_key_line_and_column(tmp
     found = problems(tmp_path, GOOD.replace("patches/server_args.py,", f'"patches/server{char}args.py",')
                      + f"# a note{char}\n")
     assert [f.split(":", 1)[0] for f in found] == ["patches[1].source", "(yaml)"], found
-    assert all(f"holds the character {named} at line" in f for f in found), found
-    assert "line 7, column 29" in found[0] and "line 16, column 9" in found[1], found
+    assert f"holds the character {named} at line 7, column 29" in found[0], found
+    assert found[1] == (f"(yaml): the character {named} at line 16, column 9, which YAML reads as a line break; "
+                        f"fix: remove that character"), found  # a comment: no value, no file to rename
 
 
 def test_the_good_manifest_with_plain_non_ascii_loads(tmp_path):

@@ -682,6 +682,20 @@ def test_recompiled_bytecode_is_not_drift_but_an_edited_source_is():
     assert f.files == (f"{SITE}/m/__pycache__/t.cpython-311.pyc", f"{SITE}/m/t.py")
 
 
+def test_a_target_file_with_the_donors_drifted_bytes_is_not_the_targets_edit():
+    """After an apply of a donor's hand-edited file, the target holds the donor's bytes: the
+    donor's drift is reported (on the donor's side), not a target edit that "apply replaces"
+    (apply copies nothing there). The twin: a target file edited otherwise is still reported."""
+    files = {"m/t.py": "src", "m/u.py": "u"}
+    donor = dist("m", "1", files, on_disk={"m/t.py": "edited"})
+    same = dist("m", "1", files, on_disk={"m/t.py": "edited"})
+    found_same = found(run(["m"], [donor], [same]), "record-drift")
+    assert [f.message.split(":")[0] for f in found_same] == ["m 1 on the donor"], found_same
+    other = dist("m", "1", files, on_disk={"m/t.py": "edited", "m/u.py": "local"})
+    [on_donor, on_target] = found(run(["m"], [donor], [other]), "record-drift")
+    assert on_target.message.startswith("m 1 on the target") and on_target.files == (f"{SITE}/m/u.py",)
+
+
 def test_manifest_template_placeholder_is_named():
     from transplant.errors import ManifestError
 

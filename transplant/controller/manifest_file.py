@@ -113,7 +113,11 @@ def _line_breaks(text: str) -> list[str]:
         where = f"line {text.count(chr(10), 0, position) + 1}, column {position - line_start + 1}"
         key = _key_at(text, position)
         named, effect = LINE_BREAKS[char]
-        problems.append(f"{key or '(yaml)'}: holds the character {named} at {where}, which YAML reads as a line "
+        if key is None:  # in a key or a comment: no path to rename
+            problems.append(f"(yaml): the character {named} at {where}, which YAML reads as a line break; "
+                            f"fix: remove that character")
+            continue
+        problems.append(f"{key}: holds the character {named} at {where}, which YAML reads as a line "
                         f"break ({effect}); fix: remove that character (rename the file or folder if its name "
                         f"holds it)")
     return problems

@@ -295,8 +295,10 @@ def run_stages(
                 return "skip", "the target's inventory could not be read (see interpreter)", {}
             paths = ladder.shared_objects(dists, venv)
             if not paths:
+                if not dists:  # the imports named no installed distribution (a module of no RECORD)
+                    return "skip", "no distribution to check: the imports named none the venv has installed", {}
                 return "skip", "the distributions checked ship no shared objects (" + (
-                    ", ".join(d.display_name for d in dists) or "none") + ")", {}
+                    ", ".join(d.display_name for d in dists)) + ")", {}
             # the venv's library keys (every RECORD's rows) before the wait, not after the imports process
             shipped = ladder.record_library_keys(live.distributions)
             report = None

@@ -269,7 +269,9 @@ def drift_findings(env: EnvironmentAfter) -> list[Finding]:
     On the target, a console script that is the donor's relocated by apply (its shebang
     rewritten for the target's prefix, :func:`_relocated_here`) is not a local edit and is
     not reported; apply sets its RECORD row to the file as written. Files the planner leaves
-    (``env.left``: another distribution wrote them last, on both sides) are not reported either."""
+    (``env.left``: another distribution wrote them last, on both sides) are not reported either,
+    nor a target file whose bytes are the donor's (the donor's drift, reported on the donor's
+    side: apply leaves them, and what the donor runs is not the target's fault)."""
     out = []
     # a file another distribution wrote last on both sides (env.left) is that one's, not drift
     donor_skip = {f"{env.donor.site_packages}/{d}" for d in env.patch_dests} | env.left
@@ -291,9 +293,13 @@ def drift_findings(env: EnvironmentAfter) -> list[Finding]:
                      f"{shlex.quote(f'{dist.display_name}=={dist.raw_version}')}",
                 files=tuple(changed[:_SHOWN]),
             ))
+        donor_files = dist.files
         for old in env.target.by_name().get(name, []):
             moved = _relocated_here(dist, old, env.donor.interpreter.prefix, env.target.interpreter.prefix)
             changed, _ = _drifted(old, target_skip | moved)
+            if changed:  # bytes the donor has too (its drift, said above) are not the target's edit: apply keeps them
+                theirs = old.files
+                changed = [p for p in changed if donor_files.get(p) is None or donor_files[p].hash != theirs[p].hash]
             if changed and old.hashed:
                 out.append(Finding(
                     code="record-drift", severity="warning", dists=(name,),
