@@ -279,7 +279,7 @@ def test_off_a_terminal_the_copy_shows_no_first_sample_made_late_and_ends_before
     monkeypatch.setattr(progress, "COPY_EVERY", 0.05)
     out = io.StringIO()
     with progress.ByteProgress(Console(file=out, width=120), 1000, {"files": 1000}) as bar:
-        time.sleep(0.06)  # the lock, the re-probe and the space check take longer than COPY_EVERY
+        time.sleep(0.7)  # the lock, the re-probe and the space check take longer than COPY_EVERY
         bar.step("files")
         bar.progress(4, 1000)  # the stream's first sample: a tiny first file
         bar.progress(100, 1000)
@@ -289,6 +289,8 @@ def test_off_a_terminal_the_copy_shows_no_first_sample_made_late_and_ends_before
     lines = out.getvalue().splitlines()
     copying = [line.split(" (")[0] for line in lines if line.startswith("copying: ")]
     assert copying == ["copying: 100%"], out.getvalue()  # no "0% (4 B of 1000 B)" line
+    # its seconds are the copy's, as its rate (not the 0.7 s before the first bytes)
+    assert [line for line in lines if line.startswith("copying: ")][0].endswith("/s, 0 s"), out.getvalue()
     assert [line.split(" (")[0] if line.startswith("copying: ") else line.split(":")[0] for line in lines[1:3]] == [
         "copying: 100%", "files"], out.getvalue()
     # the summary of a step that ends before the last (the patches after the files) follows a line

@@ -259,10 +259,11 @@ class ByteProgress:
             self._line(completed, now)
 
     def _line(self, completed: int, now: float) -> None:
-        """Off a terminal: ``copying: 45% (450 B of 1000 B), 90 B/s, 5 s``."""
+        """Off a terminal: ``copying: 45% (450 B of 1000 B), 90 B/s, 5 s``: the seconds and the rate
+        since the copy's first bytes (what the copy's summary counts; the lock and re-probe before
+        it are not copying)."""
         self._last, self._shown = now, completed
-        seconds = now - self.started
         copying = now - (self._began if self._began is not None else self.started)
         rate = completed / copying if copying > 0 else 0
         _plain(self.console, f"copying: {100 * completed // self.total}% ({self._human(completed)} of "
-                             f"{self._human(self.total)}), {self._human(rate)}/s, {seconds:.0f} s")
+                             f"{self._human(self.total)}), {self._human(rate)}/s, {copying:.0f} s")
