@@ -315,7 +315,7 @@ def test_off_a_terminal_the_copy_shows_no_first_sample_made_late_and_ends_before
 def _apply_stopped_by_ctrl_c(tmp_path, when: str) -> tuple[int, str]:
     """Run ``transplant apply`` as its own process and send it SIGINT (what Ctrl-C sends) once the
     target shows ``when``: ``lock`` (its lock taken: very early) or ``staging`` (a transaction
-    started and copying). Returns (exit code, output)."""
+    started and its bytes landing: :func:`_copy_under_way`). Returns (exit code, output)."""
     import os
     import signal
     import subprocess
@@ -330,14 +330,23 @@ def _apply_stopped_by_ctrl_c(tmp_path, when: str) -> tuple[int, str]:
     while time.monotonic() < deadline and proc.poll() is None:
         if when == "lock" and (state / "lock").exists():
             break
-        history = state / "history.jsonl"
-        if when == "staging" and history.exists() and '"started"' in history.read_text():
-            time.sleep(0.2)  # past the reply to that record: the copy runs
+        if when == "staging" and _copy_under_way(state / "txn"):
             break
         time.sleep(0.002)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     return proc.returncode, flat(out)
+
+
+def _copy_under_way(transactions) -> bool:
+    """Whether a transaction's folder holds a file part written: at least 1 MiB of the 100 MiB
+    one and not all of it (the copy's bytes landing; a fixed wait after the "started" record
+    missed the copy of an idle machine, 0.12 s for 100 MiB, and stopped the commit instead)."""
+    try:
+        return any(path.is_file() and (1 << 20) <= path.stat().st_size < (100 << 20)
+                   for path in transactions.rglob("*"))
+    except OSError:  # a file renamed or removed while it was looked at
+        return False
 
 
 @pytest.fixture

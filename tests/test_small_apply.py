@@ -266,6 +266,48 @@ def test_a_failed_remembered_fact_is_asked_again(pair):
     assert host.remembered(("fact",), lambda: 7) == 7 and calls == [1]
 
 
+def test_a_ctrl_c_while_waiting_for_a_remembered_fact_is_raised_not_swallowed():
+    """The main thread waiting for a fact another thread computes (apply's venv identity, asked in
+    the background while the command imports) takes Ctrl-C as an interrupt: it was caught as the
+    other caller's failure and the fact asked again, so the apply ran on and exited 0. The twin:
+    the other caller's failure is still asked again here."""
+    import os
+    import signal
+    import threading
+    import time
+
+    host, started = LocalHost(), threading.Event()
+
+    def slow():
+        started.set()
+        time.sleep(1.5)
+        return 1
+
+    worker = threading.Thread(target=host.remembered, args=(("slow",), slow))
+    worker.start()
+    started.wait(5)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    again = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host.remembered(("slow",), lambda: again.append(1) or 2)
+    finally:
+        timer.cancel()
+        worker.join()
+    assert again == []  # not asked again after the interrupt
+    failing = threading.Thread(target=lambda: pytest.raises(HostError, host.remembered, ("other",),
+                                                            lambda: (time.sleep(0.3), _fail())))
+    failing.start()
+    time.sleep(0.1)
+    assert host.remembered(("other",), lambda: 3) == 3  # the other caller failed: asked here
+    failing.join()
+
+
+def _fail():
+    raise HostError("unreachable")
+
+
 def test_an_early_connection_asks_its_venv_identity_for_the_check(lab, ssh_options, tmp_path):
     gather = importlib.import_module("transplant.pipeline.gather")  # the module (the package's `gather` is its function)
 

@@ -244,7 +244,7 @@ class Host(abc.ABC):
         if not mine:
             try:
                 return entry.result()
-            except BaseException:  # noqa: BLE001 - the other caller's failure: ask again here
+            except Exception:  # the other caller's failure: ask again here (a Ctrl-C while waiting is ours: raised)
                 return self.remembered(key, compute)
         try:
             value = compute()
