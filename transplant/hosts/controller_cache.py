@@ -149,10 +149,20 @@ class HashGroups:
         names or globs, as the probe's ``hash``; matched as the probe matches them), joined, and
         the first schema's entries (None when the file is of this schema, absent or unreadable)."""
         wanted = [_NORMALIZE.sub("-", p).lower() for p in patterns]
-        groups, legacy = self._lines(host, venv)
-        chosen = [line for name, line in groups.items()
-                  if any(fnmatch.fnmatchcase(name.decode("utf-8", "replace"), p) for p in wanted)]
-        return b"".join(chosen), legacy
+        head = json.dumps({"schema": self.schema}, separators=(",", ":")).encode()
+        chosen = []
+        try:  # line by line: only the chosen groups are held (the file keeps every manifest's groups)
+            with self.path(host, venv).open("rb") as handle:
+                if handle.readline().strip() == head:
+                    for line in handle:
+                        name, tab, body = line.partition(b"\t")
+                        if tab and name and body.strip() and \
+                                any(fnmatch.fnmatchcase(name.decode("utf-8", "replace"), p) for p in wanted):
+                            chosen.append(line if line.endswith(b"\n") else line + b"\n")
+                    return b"".join(chosen), None
+        except OSError:
+            return b"", None
+        return b"", self._lines(host, venv)[1]  # another schema: the first one's entries, or none
 
     def merge(self, host: Host, venv: str, printed: Iterable[tuple[bytes, Any]]) -> int:
         """Put the groups a probe printed (``(name, entries)``, the entries' JSON text as bytes or
