@@ -316,12 +316,20 @@ def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[
         out[TRANSFER_STEP] = _median(transfers)
         say(f"  {TRANSFER_STEP}: {out[TRANSFER_STEP][0]:.2f} s")
 
+        after_steps: list[dict[str, float]] = []
+
         def plan_then_apply() -> tuple:
             bench.reset()
             bench.transplant("plan", "--json")  # the operator's plan, not timed: the plan memo keeps it
-            return bench.transplant("apply", "--yes")
+            done = bench.transplant("apply", "--yes")
+            after_steps.append(dict(bench.steps))
+            return done
 
         repeat(AFTER_PLAN, plan_then_apply)
+        for name in ("prepare", "transfer", "staged check", "commit", "check"):  # apply's own steps, as it prints them
+            seconds = [s[name] for s in after_steps if name in s]
+            if seconds:
+                out[f"{AFTER_PLAN}: its {name} step"] = (statistics.median(seconds), None, None)
         steps: dict[str, list[tuple]] = {"relay": [], "rsync": []}
 
         def apply_with(way: str) -> tuple:

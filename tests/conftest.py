@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,15 @@ def lab_skip_reason() -> str | None:
     if shutil.which("unshare") is None:
         return "the lab needs unshare (util-linux)"
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C delivered as usual, even to a suite started in the background of a non-interactive
+    shell (``.ci/run &``): bash starts such a job with SIGINT ignored, every process it starts
+    inherits that, and Python keeps an ignored SIGINT ignored, so the tests of what Ctrl-C does
+    (the commands they start, and this process) would see no interrupt at all."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
