@@ -350,6 +350,8 @@ def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[
         out[RELAY_STEP] = _median(steps["rsync"])
         bench.reset()
         bench.transplant("apply", "--yes")  # the no-op rows below start from the applied state
+        # apply keeps no plan memo (its plan is of the state it then changed): the first plan keeps one
+        out["transplant plan (no-op, the first: it keeps the plan memo)"] = bench.transplant("plan", "--json")
         repeat("transplant plan (no-op)", lambda: bench.transplant("plan", "--json"))
         repeat("transplant apply (no-op)", lambda: bench.transplant("apply", "--yes"))
     if wanted("rsync"):
