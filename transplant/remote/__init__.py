@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-__all__ = ["source", "SCRIPTS", "ISOLATED", "SHARED_MODULE"]
+__all__ = ["source", "SCRIPTS", "ISOLATED", "WATCHED", "SHARED_MODULE"]
 
 SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "stage_native",
            "stage_provenance", "stage_serve", "stage_jit", "relocate", "oci_pull",
@@ -22,14 +22,24 @@ SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smok
 ISOLATED = ("probe", "elf_facts", "applier", "relocate", "oci_pull", "stream_send", "stream_receive")
 
 
+#: Read-only scripts that end once nothing reads their output (the controller gone, or given up on
+#: them: Ctrl-C during ``verify``), by ``end_when_unread`` of ``_common.py``, started by the prelude
+#: :func:`source` puts ahead of them. ``stage_serve`` starts its own watch, which first stops its server.
+WATCHED = ("probe", "stage_imports", "stage_jit", "stage_native", "stage_provenance", "stage_server_args",
+           "stage_smoke")
+
+
 def source(name: str) -> bytes:
-    """The bytes of the host script ``name`` (one of :data:`SCRIPTS`).
+    """The bytes of the host script ``name`` (one of :data:`SCRIPTS`): with the prelude that
+    registers the shared module when the script imports it or is :data:`WATCHED`.
 
     :raises ValueError: an unknown name.
     """
     if name not in SCRIPTS:
         raise ValueError(f"unknown host script {name!r}; expected one of {SCRIPTS}")
     code = resources.files(__name__).joinpath(f"{name}.py").read_bytes()
+    if name in WATCHED:
+        return _shared_prelude(watch=True) + code
     return _shared_prelude() + code if SHARED_MODULE.encode() in code else code
 
 
@@ -37,12 +47,18 @@ def source(name: str) -> bytes:
 SHARED_MODULE = "_transplant_common"
 
 
-def _shared_prelude() -> bytes:
+def _shared_prelude(*, watch: bool = False) -> bytes:
     """Lines that register ``_common.py``'s source as the module :data:`SHARED_MODULE`, so the
-    script after them imports it on a host where nothing of transplant is installed."""
+    script after them imports it on a host where nothing of transplant is installed; with
+    ``watch``, they also start its ``end_when_unread`` (:data:`WATCHED`) when the script runs as
+    ``__main__`` (the imports script execs the provenance and native-load scripts' sources under
+    other names: those start no watch of their own)."""
     shared = resources.files(__name__).joinpath("_common.py").read_text(encoding="utf-8")
     return (f"import sys as _sys, types as _types\n"
             f"_shared = _types.ModuleType({SHARED_MODULE!r})\n"
             f"exec(compile({shared!r}, 'transplant/remote/_common.py', 'exec'), _shared.__dict__)\n"
             f"_sys.modules[{SHARED_MODULE!r}] = _shared\n"
-            f"del _sys, _types, _shared\n").encode("utf-8")
+            + ("if __name__ == '__main__':  # run as the script (not exec'd by another, as the imports script does)\n"
+               "    _shared.end_when_unread()  # the controller gone or given up: end, with what this started\n"
+               if watch else "")
+            + "del _sys, _types, _shared\n").encode("utf-8")

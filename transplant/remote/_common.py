@@ -108,8 +108,7 @@ def record_identity_of_rows(rows, site, scripts):
             continue
         path = row[0]
         if apart:
-            if path and path[0] != "/" and path[0] != "." and path[-1] != "/" and "/." not in path \
-                    and "//" not in path and "\0" not in path:  # _plain, inline: most rows
+            if _plain(path):  # most rows
                 append(row)
                 continue
             where = posixpath.normpath(posixpath.join(site, path)) if path else ""

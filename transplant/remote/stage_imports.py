@@ -140,12 +140,6 @@ def _provenance(request, results):
 
 
 if __name__ == "__main__":
-    try:  # the controller gone or given up (Ctrl-C): end, with native-load's loader child
-        from _transplant_common import end_when_unread
-
-        end_when_unread()
-    except ImportError:  # run from its file (tests): no shared module, nothing watches
-        pass
     # with a request, the script came with -c and the request is its first line on stdin (the rest is
     # native-load's, read by its loader child); with "-", stdin was the script
     _stdin = sys.stdin.buffer.readline() if not sys.argv[0] == "-" else b""

@@ -181,10 +181,4 @@ def _numpy_bridge(torch):
 
 
 if __name__ == "__main__":
-    try:  # the controller gone or given up (Ctrl-C): end, with what this started
-        from _transplant_common import end_when_unread
-
-        end_when_unread()
-    except ImportError:  # run from its file (tests): no shared module, nothing watches
-        pass
     sys.exit(main(sys.argv[1:]))
