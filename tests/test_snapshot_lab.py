@@ -246,8 +246,9 @@ def accepted(lab, name: str) -> int:
     return lab.hosts[name].log.read_text(errors="replace").count("Accepted publickey")
 
 
-def test_fleet_plan_apply_verify_one_broken_host_and_the_donor_read_once(snaplab, tmp_path, capsys):
+def test_fleet_plan_apply_verify_one_broken_host_and_the_donor_read_once(snaplab, tmp_path, capsys, monkeypatch):
     lab = snaplab
+    monkeypatch.setenv("TRANSPLANT_SSH_PERSIST", "0")  # the apply's own logins counted, not the plan's master ridden
     wheels = tmp_path / "w"
     old = build_wheel(wheels, "alpha", "1.0", {"alpha/__init__.py": "__version__ = '1.0'\n"})
     good = ["t1", "t2", "t3", "t4"]

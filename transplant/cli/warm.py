@@ -17,7 +17,14 @@ __all__ = ["ssh_options", "connect_early"]
 
 
 def ssh_options(manifest: Manifest) -> SSHOptions:
-    """The manifest's ``ssh`` settings, its relative paths resolved against the manifest's folder."""
+    """The manifest's ``ssh`` settings, its relative paths resolved against the manifest's folder;
+    master connections kept between commands unless ``TRANSPLANT_SSH_PERSIST=0``.
+
+    :raises TransplantError: ``TRANSPLANT_SSH_PERSIST`` is neither 0 nor 1
+        (:func:`transplant.hosts.ssh_persist.persist_enabled`).
+    """
+    from transplant.hosts.ssh_persist import persist_enabled
+
     base = Path(manifest.path).resolve().parent
 
     def resolve(value: str | None) -> Path | None:
@@ -28,7 +35,7 @@ def ssh_options(manifest: Manifest) -> SSHOptions:
 
     return SSHOptions(identity_file=resolve(manifest.ssh.identity_file), known_hosts=resolve(manifest.ssh.known_hosts),
                       connect_timeout=manifest.ssh.connect_timeout, verify_host_keys=manifest.ssh.verify_host_keys,
-                      config=resolve(manifest.ssh.config))
+                      config=resolve(manifest.ssh.config), persist=persist_enabled())
 
 
 _PROBE = ("probe", ("--stdin",))

@@ -86,6 +86,10 @@ class SSHOptions:
     #: the ssh_config file OpenSSH reads (``ssh -F``); None: ``$TRANSPLANT_SSH_CONFIG`` if set, else
     #: OpenSSH's own (~/.ssh/config, then /etc/ssh/ssh_config)
     config: Path | None = None
+    #: keep each host's master connection up after the host is closed, for the next command with the
+    #: same settings to ride (:mod:`transplant.hosts.ssh_persist`; the commands' setting); False: each
+    #: host opens its own and closes it
+    persist: bool = False
 
     @classmethod
     def from_files(cls, identity_file: str | None, known_hosts: str | None) -> "SSHOptions":

@@ -7,7 +7,9 @@ certificates (``@cert-authority``). paramiko has no host certificate support and
 reading of ssh_config (no ``ProxyJump``), and rsync already runs OpenSSH, so two clients could
 give two answers for one host. Here both paths are the same OpenSSH, as Ansible does it: a
 master connection per host (``ControlMaster``/``ControlPath``/``ControlPersist``) that each command
-and each rsync rides, all reading one generated ssh_config file:
+and each rsync rides, all reading one generated ssh_config file; with ``SSHOptions.persist`` (the
+commands') the master stays up a while after the command for the next one with the same settings
+(:mod:`transplant.hosts.ssh_persist`):
 
 * first (OpenSSH keeps the first value it reads) the controller's own settings, which nothing
   read from a host or an included file can lower: ``BatchMode yes``, ``StrictHostKeyChecking yes``
@@ -46,8 +48,8 @@ __all__ = ["SSHHost", "CONFIG_ENV", "end_masters"]
 
 #: The environment variable naming the ssh_config file when the manifest's ``ssh.config`` does not.
 CONFIG_ENV = "TRANSPLANT_SSH_CONFIG"
-#: Seconds an idle master connection stays up (it is closed when the host is closed, and
-#: opened again when a command finds it gone).
+#: Seconds an idle master connection stays up (it is closed when the host is closed, unless kept
+#: for the next command: ``SSHOptions.persist``; opened again when a command finds it gone).
 PERSIST = 120
 _SERVER_KEY = re.compile(r"Server host key: (\S+) (SHA256:\S+)")
 #: The hosts whose master connection this controller opened and has not closed (weak).
@@ -83,6 +85,7 @@ class SSHHost(Host):
         self._lock = threading.Lock()
         self._folder: str | None = None
         self._master = False
+        self._kept: Path | None = None  # the control socket of a master kept between commands
         if options.identity_file is not None and not Path(options.identity_file).expanduser().is_file():
             raise HostError(f"{self.label}: identity file {options.identity_file} does not exist",
                             hint=f"ssh-keygen -t ed25519 -f {shlex.quote(str(options.identity_file))}")
@@ -137,8 +140,13 @@ class SSHHost(Host):
         if self.spec.port is not None:
             argv += ["-p", str(self.spec.port)]
         if control:
-            argv += ["-o", f"ControlPath={_ssh_config_path(Path(folder, 'master'))}", "-o", "ControlMaster=no"]
+            argv += ["-o", f"ControlPath={_ssh_config_path(self._socket())}", "-o", "ControlMaster=no"]
         return argv
+
+    def _socket(self) -> Path:
+        """The master connection's control socket: kept between commands, or in this host's folder."""
+        kept = getattr(self, "_kept", None)
+        return kept if kept is not None else Path(self._dir(), "master")
 
     def _destination(self) -> str:
         return f"{self.spec.user}@{self.spec.hostname}" if self.spec.user else self.spec.hostname
@@ -156,10 +164,45 @@ class SSHHost(Host):
     # -- the master connection ----------------------------------------------------------
 
     def _open(self) -> None:
-        folder = self._dir()
-        log = Path(folder, "master.log")
+        """Open the master connection, or, with ``options.persist``, ride the one a command with
+        the same settings kept (opened and checked alike: :mod:`transplant.hosts.ssh_persist`).
+
+        :raises HostError: connecting failed (:meth:`_connect_error`)."""
+        kept = self._kept_path() if getattr(self.options, "persist", False) else None
+        if kept is None:
+            self._kept = None
+            self._start_master(Path(self._dir(), "master"), Path(self._dir(), "master.log"))
+            return
+        from transplant.hosts import ssh_persist
+
+        log = Path(f"{kept}.log")
+        with ssh_persist.locked(kept):
+            self._kept = kept
+            try:  # the master writes its -v log there as long as it lives (appending): one command's lines at most
+                os.truncate(log, 0)
+            except OSError:
+                pass
+            if not ssh_persist.answers(kept):
+                self._start_master(kept, log)
+        self._master = True
+        _MASTERS.add(self)
+
+    def _kept_path(self) -> Path | None:
+        """Where a master kept for this host's settings listens; None: none is kept (see
+        :func:`transplant.hosts.ssh_persist.control_path`)."""
+        from transplant.hosts import ssh_persist
+
+        opts = self.options
+        known = [opts.known_hosts_path()]
+        if opts.known_hosts is None:
+            known.append(Path("/etc/ssh/ssh_known_hosts"))
+        return ssh_persist.control_path(self._config_text(), self._destination(), self.spec.port, known,
+                                        _operator_config(opts))
+
+    def _start_master(self, control: Path, log: Path) -> None:
+        """Start ``ssh -N -f`` as the master on ``control``, its ``-v`` log in ``log``."""
         argv = [*self._argv(control=False), "-v", "-o", "ControlMaster=yes",
-                "-o", f"ControlPath={_ssh_config_path(Path(folder, 'master'))}",
+                "-o", f"ControlPath={_ssh_config_path(control)}",
                 "-o", f"ControlPersist={PERSIST}", "-N", "-f", "--", self._destination()]
         with open(log, "ab") as sink:
             # -f: ssh goes to the background once authenticated; its log goes to a file, never a pipe
@@ -252,7 +295,7 @@ class SSHHost(Host):
     def _ensure_master(self) -> None:
         """Open the master again when it is gone (idle past ControlPersist, or killed)."""
         with self._lock:
-            if self._master and os.path.exists(os.path.join(self._dir(), "master")):
+            if self._master and os.path.exists(self._socket()):
                 return
             if stopping():
                 raise HostError(f"{self.label}: interrupted (Ctrl-C): not connecting again")
@@ -360,11 +403,14 @@ class SSHHost(Host):
 
     def close(self) -> None:
         """End the host scripts started ahead and never asked (:func:`transplant.hosts.probing.prestart`),
-        close the master connection and remove its folder."""
+        close the master connection (one kept between commands stays, for the next command: it
+        ends itself once idle ``PERSIST`` seconds) and remove this host's folder."""
         if getattr(self, "_prestarted", None):
             from transplant.hosts.probing import close_prestarted
 
             close_prestarted(self)
+        if getattr(self, "_kept", None) is not None:
+            self._master = False
         if getattr(self, "_master", False):
             try:
                 subprocess.run([*self._argv(), "-O", "exit", "--", self._destination()], capture_output=True,

@@ -21,9 +21,10 @@ __all__ = ["plan_command"]
 
 
 def plan_command(args: argparse.Namespace, console: Console) -> int:
-    from transplant.pipeline.memo import memo_enabled
+    from transplant.pipeline.memo import code_identity, memo_enabled
 
-    memo_enabled()  # a bad TRANSPLANT_PLAN_MEMO is refused before any host is opened or named
+    if memo_enabled():  # a bad TRANSPLANT_PLAN_MEMO is refused before any host is opened or named
+        code_identity()  # the memo key's costly part, while the hosts' probes start (issue 16)
     # a saved plan names its manifest by its absolute path, so its findings' hints must too: apply
     # plans again from that path and refuses a saved plan whose findings read otherwise
     manifest, targets = targets_of(args, load_manifest(os.path.abspath(args.manifest) if args.out else args.manifest))
