@@ -48,10 +48,12 @@ class Session:
     def clone_pending(self) -> bool:
         """True when ``target.base`` is set and the target venv does not exist yet (see :mod:`transplant.clone.cloning`)."""
         if self._pending is None:
-            from transplant.clone.cloning import venv_exists
+            pending = False
+            if self.manifest.target.base is not None:  # the clone's module loads only then
+                from transplant.clone.cloning import venv_exists
 
-            self._pending = self.manifest.target.base is not None and \
-                not venv_exists(self.host("target"), self.manifest.target.venv)
+                pending = not venv_exists(self.host("target"), self.manifest.target.venv)
+            self._pending = pending
         return self._pending
 
     def cloned(self) -> None:

@@ -9,7 +9,6 @@ from contextlib import ExitStack
 
 from rich.console import Console
 
-from transplant.cli.render import print_plan
 from transplant.cli.session import Session, refuse_inside_venvs, run_fleet_action, targets_of
 from transplant.controller.manifest_file import load_manifest
 from transplant.core.plan import write_plan
@@ -54,6 +53,8 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
         write_plan(plan, sys.stdout.write, {"donor_source": opened.to_dict()})
         sys.stdout.write("\n")
     else:
+        from transplant.cli.render import print_plan  # (rich's tables: not loaded for --json)
+
         print_plan(console, plan)
         if args.out:
             console.print(f"plan saved to {args.out}; apply it with: transplant apply {args.out}", markup=False)
