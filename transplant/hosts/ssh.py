@@ -441,8 +441,10 @@ def end_masters(timeout: float = 3.0) -> int:
     command it carries (the local ``ssh`` passed them to it) until the remote command ends, so
     a thread waiting for a command's output would wait for the remote end even after its local
     ``ssh`` was killed; once the master is gone they close, and sshd closes the remote command's
-    pipes. Nothing but those masters is signalled. The hosts open a master again when asked to
-    run a command later (not while :func:`transplant.hosts.host.stopping`).
+    pipes. Nothing but those masters is signalled; a master kept between commands
+    (``SSHOptions.persist``) ends too, so another command riding it at that moment loses its
+    connection. The hosts open a master again when asked to run a command later (not while
+    :func:`transplant.hosts.host.stopping`).
 
     Safe to call from a signal handler: it takes no lock, and the copy of the set is retried
     when another thread changes it meanwhile.
