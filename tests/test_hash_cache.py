@@ -114,3 +114,61 @@ def test_a_donor_cache_lives_on_the_controller_and_nothing_is_written_to_the_don
     assert {e.path: e.hash for d in first.distributions if d.name == "alpha" for e in d.record or () if e.hash} \
         == hashes(again)
     assert not (venv / ".transplant").exists()
+
+
+def test_a_transaction_takes_its_before_hashes_from_the_cache_while_the_stat_key_holds(venv: Path, monkeypatch):
+    """``begin``'s ``before.json`` (what ``rollback`` restores and checks) takes a replaced
+    file's hash from the probe's cache when the file's stat key is the entry's, instead of
+    reading it again; a file whose key changed, and every file when the files to read are
+    fewer bytes than the cache is worth loading for, is read."""
+    import json
+
+    from transplant.remote import applier
+    from transplant.remote._common import record_hash
+
+    first = probe(venv)
+    paths = sorted(hashes(first))
+    assert first["hash_cache"]["written"] is True and len(paths) >= len(FILES)
+    cache = venv / ".transplant" / "cache" / "hashes.json"
+    document = json.loads(cache.read_text())
+    m3 = next(p for p in paths if p.endswith("alpha/m3.py"))
+    document["entries"][m3][5] = "sha256=" + "A" * 43  # the stat key still holds: only the cache knows this
+    cache.write_text(json.dumps(document))
+    real = {p: record_hash((venv / p).read_bytes()) for p in paths}
+    absent = "lib/nowhere/new.py"
+
+    monkeypatch.setattr(applier, "_CACHE_MIN_BYTES", 0)
+    before = applier._contents_before(str(venv), [*paths, absent])
+    assert before[m3] == "sha256=" + "A" * 43, "the cached hash was taken unread"
+    assert {p: h for p, h in before.items() if p not in (m3, absent)} == {p: h for p, h in real.items() if p != m3}
+    assert before[absent] is None
+
+    os.utime(venv / m3)  # same bytes, another stat key: read again
+    assert applier._contents_before(str(venv), [m3])[m3] == real[m3]
+
+    document["entries"][next(p for p in paths if p.endswith("alpha/m4.py"))][5] = "sha256=" + "B" * 43
+    cache.write_text(json.dumps(document))
+    monkeypatch.setattr(applier, "_CACHE_MIN_BYTES", 1 << 40)  # too few bytes to read: the cache is not loaded
+    assert applier._contents_before(str(venv), paths) == {**real}
+
+
+def test_a_cache_that_is_not_the_venvs_own_is_not_used_for_before(venv: Path, tmp_path: Path, monkeypatch):
+    import json
+    import shutil
+
+    from transplant.remote import applier
+    from transplant.remote._common import record_hash
+
+    probe(venv)
+    state = venv / ".transplant"
+    document = json.loads((state / "cache" / "hashes.json").read_text())
+    for entry in document["entries"].values():
+        entry[5] = "sha256=" + "C" * 43
+    outside = tmp_path / "outside"
+    shutil.copytree(state, outside)
+    (outside / "cache" / "hashes.json").write_text(json.dumps(document))
+    shutil.rmtree(state)
+    os.symlink(outside, state)  # a state folder leading out of the venv: its cache is never read
+    monkeypatch.setattr(applier, "_CACHE_MIN_BYTES", 0)
+    paths = sorted(document["entries"])
+    assert applier._contents_before(str(venv), paths) == {p: record_hash((venv / p).read_bytes()) for p in paths}

@@ -427,3 +427,48 @@ def test_a_stream_that_cannot_start_falls_back_to_rsync_and_says_so(tmp_path):
     assert result.how == "rsync" and (tmp_path / "staged/a/f.py").read_bytes() == b"F = 1\n"
     assert recorded.notes()[0].startswith("files: the stream could not start (stream: the sending side")
     assert recorded.notes()[0].endswith("; copying with rsync instead")
+
+
+def test_larger_files_are_written_out_to_disk_while_the_stream_goes_on(tmp_path, monkeypatch):
+    """The receiver gives each file of at least ``_FLUSH_MIN`` bytes to the flusher's
+    ``fdatasync`` each ``_FLUSH_STEP`` bytes and once written, and a small file never; the
+    transfer's reply waits for them (``finish``)."""
+    from transplant.remote import stream_receive as receiver
+
+    given: list[str] = []
+
+    class Recording(receiver._Flusher):
+        def add(self, fd):
+            given.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            super().add(fd)
+
+    monkeypatch.setattr(receiver, "_FLUSHER", Recording())
+    monkeypatch.setattr(receiver, "_FLUSH_MIN", 4096)
+    monkeypatch.setattr(receiver, "_FLUSH_STEP", 1 << 16)
+    big, small = os.urandom(3 << 20), b"x" * 100
+    data = STREAM_MAGIC + _frame(b"F", "pkg/big.so", big) + _frame(b"F", "pkg/small.py", small) + _end(2)
+    (tmp_path / "stream").write_bytes(data)
+    fd = os.open(tmp_path / "stream", os.O_RDONLY)
+    try:
+        files = receiver.receive(str(tmp_path / "staged"), receiver._Input(None, fd), receiver._Progress())
+    finally:
+        os.close(fd)
+    receiver._FLUSHER.finish()
+    assert files["pkg/big.so"][0] == record_hash(big) and (tmp_path / "staged/pkg/big.so").read_bytes() == big
+    assert given and all(".big.so.tp-" in name for name in given), given  # written out under its temporary name
+    assert len(given) >= 3, "a write-out each step of the file, and one when written whole"
+    assert receiver._FLUSHER.thread is None
+
+
+def test_a_failed_write_out_fails_the_transfer():
+    from transplant.remote import stream_receive as receiver
+
+    flusher = receiver._Flusher()
+    read, write = os.pipe()  # fdatasync refuses a pipe (EINVAL), as it would report EIO from a disk
+    try:
+        flusher.add(write)
+        with pytest.raises(receiver.Refused, match="writing the staged files out to disk failed"):
+            flusher.finish()
+    finally:
+        os.close(read)
+        os.close(write)

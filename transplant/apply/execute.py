@@ -42,8 +42,9 @@ __all__ = ["ApplyResult", "ApplyError", "execute", "check_plan_paths", "new_tran
 @dataclass(frozen=True, kw_only=True)
 class ApplyResult:
     """What apply did: files and bytes copied (bytes as they crossed the wire), files removed, seconds,
-    ``steps``: (step name, seconds) for ``prepare`` (lock, stale-plan probe, begin), ``transfer`` (the
-    copy), ``staged check`` (script heads, RECORD rows, links, the staged files against the plan),
+    ``steps``: (step name, seconds) for ``prepare`` (lock, begin), ``transfer`` (the copy; the
+    stale-plan probe runs beside it), ``staged check`` (the stale-plan probe's answer where it
+    outlasted the copy, script heads, RECORD rows, links, the staged files against the plan),
     ``commit`` and ``check``, and
     ``transfer``: how the donor's files moved, in words (``streamed ... through the controller``;
     empty when none moved or a registry stager staged them)."""
@@ -250,20 +251,21 @@ def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state
         mark = now
 
     txn.acquire(target, venv, txid, f"transplant apply {plan.manifest}", reporter=reporter, break_lock=break_lock)
+    # under the lock, the stale-plan probe (its own host script) runs on a thread of its own while
+    # the applier answers whether a transaction is interrupted, begins this one and the files
+    # stream into its staged folder: its answer is awaited before anything is renamed into the venv
+    # (a stale plan discards the staged files), so it costs the apply no time of its own
+    pool = ThreadPoolExecutor(max_workers=1)
     try:
-        # under the lock, the stale-plan probe (its own host script) runs while the applier answers
-        # whether a transaction is interrupted: two round trips side by side, not one after the other
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            stale = pool.submit(_refuse_stale, plan, target, stale_probe)
-            pending = txn.interrupted(target, venv)
-            for completed in txn.record_completed(target, venv):
-                reporter.note(completed.describe())
-            if pending:
-                raise ApplyError(
-                    f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
-                    f"finish it or undo it first",
-                    hint=f"transplant apply {shlex.quote(plan.manifest)} --resume   (or --rollback)")
-            stale.result()
+        stale = pool.submit(_refuse_stale, plan, target, stale_probe)
+        pending = txn.interrupted(target, venv)
+        for completed in txn.record_completed(target, venv):
+            reporter.note(completed.describe())
+        if pending:
+            raise ApplyError(
+                f"{plan.target.label}: transaction {pending[-1]['id']} was interrupted ({pending[-1]['state']}); "
+                f"finish it or undo it first",
+                hint=f"transplant apply {shlex.quote(plan.manifest)} --resume   (or --rollback)")
         expected = expected_state(plan)
         order = transaction_steps(plan)
         reply = txn.call(target, venv, "begin", {
@@ -281,6 +283,7 @@ def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state
                 plan, donor, donor_root or plan.donor.venv, target, reply["staged"], manifest_dir, state_dir, reporter,
                 timeout, how=how, stager=stager, compress=compress, ahead=ahead)
             lap("transfer")
+            stale.result()  # the target is still the one planned against (else nothing is renamed)
             scripts = [{"path": cp.path, "head": cp.head, "body_hash": cp.body_hash}
                        for c in plan.changes for cp in c.copy if cp.head is not None]
             if scripts:
@@ -332,6 +335,7 @@ def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state
             "id": txid, "event": outcome, "time": time.time(), "files_copied": copied, "bytes_moved": moved,
             "files_removed": done.get("removed", 0)}})
     finally:
+        pool.shutdown(wait=True)  # the stale-plan probe is done with the target before the lock goes
         txn.release(target, venv, txid)
     if mismatches:
         raise ApplyError(

@@ -131,6 +131,39 @@ def _plain(rel):
             and "\0" not in rel)
 
 
+#: The probe's content hash cache in the venv's state folder (``<venv>/.transplant/cache/``): entries
+#: ``venv-relative path: [st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns, hash, head, body_hash]``,
+#: reused only while the five stat fields are unchanged (as git's index does).
+HASH_CACHE_NAME = "hashes.json"
+HASH_SCHEMA = "transplant.hashes/1"
+
+
+def venv_cache_path(prefix, name):
+    """``<prefix>/.transplant/cache/<name>``, or None when the venv's state folder is a symlink or
+    resolves outside the venv (a host script then neither reads nor writes its cache there)."""
+    state = os.path.join(prefix, ".transplant")
+    if os.path.islink(state) or (os.path.exists(state) and
+                                 os.path.realpath(state) != os.path.join(os.path.realpath(prefix), ".transplant")):
+        return None
+    return os.path.join(state, "cache", name)
+
+
+def read_venv_cache(path, schema):
+    """The ``entries`` object of a host script's cache document at ``path`` (written by
+    :func:`write_venv_cache`), or ``{}`` when the file is absent, a symlink, or of another schema.
+
+    :raises OSError: the file cannot be read.
+    :raises ValueError: it is not JSON.
+    """
+    if not os.path.isfile(path) or os.path.islink(path):
+        return {}
+    with open(path, "r", encoding="utf-8") as handle:
+        document = json.load(handle)
+    if isinstance(document, dict) and document.get("schema") == schema and isinstance(document.get("entries"), dict):
+        return document["entries"]
+    return {}
+
+
 def write_venv_cache(prefix, path, schema, entries):
     """Write a host script's cache document ``{"schema": schema, "entries": entries}`` to ``path``
     in the venv's ``.transplant/cache`` folder, atomically (a temporary file renamed over it).

@@ -77,9 +77,12 @@ import tempfile
 import time
 
 try:
-    from _transplant_common import record_hash as _digest, record_hash_of, record_identity, script_head as _split_head, venv_prefix
+    from _transplant_common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest,
+                                    record_hash_of, record_identity, script_head as _split_head, venv_cache_path,
+                                    venv_prefix)
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import record_hash as _digest, record_hash_of, record_identity, script_head as _split_head, venv_prefix
+    from ._common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest, record_hash_of,
+                          record_identity, script_head as _split_head, venv_cache_path, venv_prefix)
 
 STATE = ".transplant"
 _PROTECTED = ("pyvenv.cfg", STATE)
@@ -88,6 +91,33 @@ _MARGIN = 16 << 20  # bytes kept free beyond what staging needs
 
 class Refused(Exception):
     """A request this script will not carry out; the message says why."""
+
+
+#: Folder -> its real path, for the operation under way (:func:`answer` empties it before each,
+#: and a step that puts a symlink empties it too). A transaction's steps lie in a few thousand
+#: folders; ``os.path.realpath`` of each step's folder (an lstat per path component, in Python)
+#: took 38-80 s of the real pair's apply (82,000 steps, each resolved in begin, check and commit).
+_REAL_FOLDERS = {}
+
+
+#: Folders made (or found) by :func:`_make_folder` during the operation under way (emptied with
+#: :data:`_REAL_FOLDERS`; a commit's folders are removed only after its last step).
+_MADE_FOLDERS = set()
+
+
+def _make_folder(path):
+    """``os.makedirs(path, exist_ok=True)``, once per folder and operation."""
+    if path not in _MADE_FOLDERS:
+        os.makedirs(path, exist_ok=True)
+        _MADE_FOLDERS.add(path)
+
+
+def _real_dir(folder):
+    """``os.path.realpath(folder)``, asked once per folder and operation (:data:`_REAL_FOLDERS`)."""
+    real = _REAL_FOLDERS.get(folder)
+    if real is None:
+        real = _REAL_FOLDERS[folder] = os.path.realpath(folder)
+    return real
 
 
 def _resolve(prefix, rel):
@@ -102,8 +132,8 @@ def _resolve(prefix, rel):
             os.path.dirname(norm) == "bin" and name.startswith(("python", "activate", "Activate"))):
         raise Refused("refused: {!r} is part of the venv itself".format(rel))
     full = os.path.normpath(os.path.join(prefix, norm))
-    real_prefix = os.path.realpath(prefix)
-    parent = os.path.realpath(os.path.dirname(full))
+    real_prefix = _real_dir(prefix)
+    parent = _real_dir(os.path.dirname(full))
     if not (parent == real_prefix or parent.startswith(real_prefix + os.sep)) or norm.startswith(".."):
         raise Refused("refused: {!r} leaves the venv {}".format(rel, prefix))
     return os.path.join(parent, os.path.basename(full))
@@ -209,8 +239,9 @@ def _under(root, rel):
     """``root/rel`` for a staging or backup path, refusing a symlinked folder on the way
     (the state folder must not lead outside the venv)."""
     full = os.path.join(root, os.path.normpath(rel))
-    real_root = os.path.realpath(root)
-    if os.path.islink(root) or not os.path.realpath(os.path.dirname(full)).startswith(real_root):
+    real_root = _real_dir(root)
+    parent = _real_dir(os.path.dirname(full))
+    if os.path.islink(root) or not (parent == real_root or parent.startswith(real_root + os.sep)):
         raise Refused("refused: {} leads outside the transaction's folder".format(full))
     return full
 
@@ -226,6 +257,52 @@ def _content(full):
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return record_hash_of(digest.digest())
+
+
+#: ``begin`` looks hashes up in the probe's hash cache only when the files it would read add up to
+#: at least this many bytes (below that, reading them costs less than loading the cache).
+_CACHE_MIN_BYTES = 32 << 20
+
+
+def _contents_before(prefix, paths):
+    """``{path: content identity}`` (:func:`_content`'s form) of venv-relative ``paths`` as they are
+    now: the transaction's ``before.json``, which ``rollback`` restores and checks hash for hash.
+
+    A regular file whose ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` equals its entry
+    in the probe's hash cache (``<venv>/.transplant/cache/hashes.json``, written by the plan's
+    probe on this host under git's racy-clean rule) takes the entry's hash unread, when the files
+    to read add up to at least :data:`_CACHE_MIN_BYTES`; every other path is read and hashed
+    (a replaced file was read once by the plan's probe already: hashing it again here doubled
+    what ``prepare`` read, 1.7 GB on the benchmark's pair). An unreadable or malformed cache is
+    not used.
+
+    :raises Refused: a path leaves the venv (:func:`_resolve`).
+    """
+    fulls = [(rel, _resolve(prefix, rel)) for rel in paths]
+    stats = {}
+    for rel, full in fulls:
+        try:
+            stats[rel] = os.lstat(full)
+        except OSError:
+            stats[rel] = None
+    unread = sum(st.st_size for st in stats.values() if st is not None and stat.S_ISREG(st.st_mode))
+    known = {}
+    where = venv_cache_path(prefix, HASH_CACHE_NAME) if unread >= _CACHE_MIN_BYTES else None
+    if where is not None:
+        try:
+            known = read_venv_cache(where, HASH_SCHEMA)
+        except (OSError, ValueError):
+            known = {}
+    before = {}
+    for rel, full in fulls:
+        st, entry = stats[rel], known.get(posixpath.normpath(rel))
+        if st is not None and stat.S_ISREG(st.st_mode) and isinstance(entry, list) and len(entry) == 8 and \
+                entry[:5] == [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] and \
+                isinstance(entry[5], str) and entry[5].startswith("sha256="):
+            before[rel] = entry[5]
+        else:
+            before[rel] = _content(full)
+    return before
 
 
 # --- lock --------------------------------------------------------------------------------
@@ -327,7 +404,10 @@ def break_lock(prefix, request):
 
 # --- transactions --------------------------------------------------------------------------
 
-def _transactions(prefix):
+def _transactions(prefix, unfinished=False):
+    """The venv's transactions, oldest first (``unfinished``: only those not in a :data:`FINAL`
+    state, whose plan and after files alone are read: a real transaction's are megabytes, and
+    every apply asks for the unfinished ones)."""
     root = os.path.join(_state_dir(prefix), "txn")
     try:
         names = sorted(os.listdir(root))
@@ -338,6 +418,9 @@ def _transactions(prefix):
         folder = os.path.join(root, name)
         if name.startswith(".") or not os.path.isdir(folder) or os.path.islink(folder):
             continue  # a '.begin-' folder is a begin that never finished: no transaction
+        state = _read_state(folder)
+        if unfinished and state in FINAL:
+            continue
         plan = _read_json(os.path.join(folder, "plan.json"), {})
         plan = plan if isinstance(plan, dict) else {}
         steps = plan.get("steps") if isinstance(plan.get("steps"), list) else []
@@ -345,7 +428,7 @@ def _transactions(prefix):
         after = after if isinstance(after, dict) else None
         # paths: what the transaction leaves (the unit ``status`` counts); steps: its put/del operations
         paths = len(after) if after is not None else len({st.get("path") for st in steps if isinstance(st, dict)})
-        out.append({"id": name, "state": _read_state(folder), "source": str(plan.get("source") or ""),
+        out.append({"id": name, "state": state, "source": str(plan.get("source") or ""),
                     "created": plan.get("created") if isinstance(plan.get("created"), (int, float)) else None,
                     "steps": len(steps), "paths": paths})
     # oldest first: an id holds its second and a random suffix, so two transactions begun in the
@@ -376,7 +459,7 @@ def _set_state(folder, state):
 def pending(prefix, request):
     if not os.path.lexists(os.path.join(prefix, STATE)):  # never applied to: nothing to create here
         return {"ok": True, "error": None, "lock": None, "interrupted": [], "active": None, "exists": False}
-    interrupted = [t for t in _transactions(prefix) if t["state"] not in FINAL]
+    interrupted = _transactions(prefix, unfinished=True)
     held = _read_json(os.path.join(_state_dir(prefix), "lock"))
     return {"ok": True, "error": None, "lock": held if isinstance(held, dict) else None,
             "interrupted": interrupted, "active": active(prefix), "exists": True}
@@ -403,29 +486,44 @@ def _remove_unfinished_begins(root):
 
 
 def _writable_problems(prefix, steps):
-    """Folders the steps write in that cannot be written (read-only mount, permissions)."""
-    problems, seen = [], set()
+    """Folders the steps write in that cannot be written (read-only mount, permissions), and
+    steps whose path is a folder (a file cannot replace it). Each folder is looked at once."""
+    problems, verdicts, nearest = [], {}, {}
     for step in steps:
         full = _resolve(prefix, step["path"])
-        folder = os.path.dirname(full)
-        while not os.path.isdir(folder) and folder != prefix:
-            folder = os.path.dirname(folder)
-        if folder in seen:
+        where = os.path.dirname(full)
+        folder = nearest.get(where)
+        if folder is None:  # the nearest folder that exists (begin creates none)
+            folder = where
+            while not os.path.isdir(folder) and folder != prefix:
+                folder = os.path.dirname(folder)
+            nearest[where] = folder
+        if folder not in verdicts:
+            verdicts[folder] = _folder_problem(prefix, folder)
+            if verdicts[folder]:
+                problems.append(verdicts[folder])
+        if verdicts[folder]:
             continue
-        seen.add(folder)
         try:
-            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-        except OSError as exc:
-            problems.append("{}: {}".format(os.path.relpath(folder, prefix), exc.strerror))
-            continue
-        if read_only:
-            problems.append("{}: on a read-only filesystem".format(os.path.relpath(folder, prefix)))
-        elif not os.access(folder, os.W_OK | os.X_OK):
-            problems.append("{}: not writable by this user".format(os.path.relpath(folder, prefix)))
-        elif step["op"] == "del" or os.path.lexists(full):
-            if os.path.lexists(full) and os.path.isdir(full) and not os.path.islink(full):
-                problems.append("{}: is a folder, not a file".format(step["path"]))
+            is_folder = stat.S_ISDIR(os.lstat(full).st_mode)
+        except OSError:
+            is_folder = False
+        if is_folder:
+            problems.append("{}: is a folder, not a file".format(step["path"]))
     return problems
+
+
+def _folder_problem(prefix, folder):
+    """Why nothing can be written in ``folder`` (an existing folder), or None."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError as exc:
+        return "{}: {}".format(os.path.relpath(folder, prefix), exc.strerror)
+    if read_only:
+        return "{}: on a read-only filesystem".format(os.path.relpath(folder, prefix))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "{}: not writable by this user".format(os.path.relpath(folder, prefix))
+    return None
 
 
 def begin(prefix, request):
@@ -454,7 +552,7 @@ def begin(prefix, request):
     building = os.path.join(os.path.dirname(folder), _BEGIN + txid)
     os.makedirs(os.path.join(building, "staged"), mode=0o700)
     os.makedirs(os.path.join(building, "backup"), mode=0o700)
-    before = {s["path"]: _content(_resolve(prefix, s["path"])) for s in steps}
+    before = _contents_before(prefix, [s["path"] for s in steps])
     _write_json(os.path.join(building, "before.json"), before)
     _write_json(os.path.join(building, "after.json"), request.get("after") or {})
     _write_json(os.path.join(building, "plan.json"), {"id": txid, "source": request.get("source"),
@@ -688,7 +786,7 @@ def _backup(full, backup):
     """Keep the current file (or symlink) at ``backup``: a hardlink, or a copy where links fail."""
     if os.path.lexists(backup):
         return
-    os.makedirs(os.path.dirname(backup), exist_ok=True)
+    _make_folder(os.path.dirname(backup))
     try:
         os.link(full, backup, follow_symlinks=False)
     except OSError:
@@ -818,8 +916,10 @@ def _commit(prefix, request):
                 continue  # done before a crash
             if os.path.lexists(full):
                 _backup(full, _under(backups, rel))
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            _make_folder(os.path.dirname(full))
             os.rename(source, full)
+            if os.path.islink(full):  # a later step's folder may lie through it: resolved afresh
+                _REAL_FOLDERS.clear()
         elif os.path.lexists(full):
             _backup(full, _under(backups, rel))
             os.unlink(full)
@@ -846,8 +946,10 @@ def _rollback(prefix, request):
         full = _resolve(prefix, rel)
         saved = _under(backups, rel)
         if os.path.lexists(saved):
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            _make_folder(os.path.dirname(full))
             os.rename(saved, full)
+            if os.path.islink(full):  # a later step's folder may lie through it: resolved afresh
+                _REAL_FOLDERS.clear()
         elif step["path"] in before and before[step["path"]] is None and os.path.lexists(full):
             os.unlink(full)
     # every folder a put may have created, also those of steps undone before a crash
@@ -993,6 +1095,8 @@ def answer(prefix, name, request):
             raise Refused("unknown operation {!r}".format(name))
         if not isinstance(request, dict):
             raise Refused("refused: the request of {} is not a JSON object".format(name))
+        _REAL_FOLDERS.clear()
+        _MADE_FOLDERS.clear()
         return op(prefix, request)
     except Refused as exc:
         return {"ok": False, "error": str(exc)}

@@ -77,9 +77,9 @@ import sys
 import time
 
 try:
-    from _transplant_common import script_log, venv_prefix, write_venv_cache
+    from _transplant_common import read_venv_cache, script_log, venv_cache_path, venv_prefix, write_venv_cache
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import script_log, venv_prefix, write_venv_cache
+    from ._common import read_venv_cache, script_log, venv_cache_path, venv_prefix, write_venv_cache
 
 __all__ = ["SourceImporter", "load_elftools", "resolve", "describe", "fatbin_entries", "defined", "libstdcxx", "ElfCache",
            "main"]
@@ -557,19 +557,12 @@ class ElfCache(object):
             known = self.options.get("known")
             self.entries = dict(known) if isinstance(known, dict) else {}
             return
-        state = os.path.join(prefix, ".transplant")
-        if os.path.islink(state) or (os.path.exists(state) and
-                                     os.path.realpath(state) != os.path.join(os.path.realpath(prefix), ".transplant")):
+        self.path = venv_cache_path(prefix, "elf.json")
+        if self.path is None:
             self.enabled, self.error = False, "the state folder is a symlink or leaves the venv"
             return
-        self.path = os.path.join(state, "cache", "elf.json")
         try:
-            if os.path.isfile(self.path) and not os.path.islink(self.path):
-                with open(self.path, "r", encoding="utf-8") as handle:
-                    document = json.load(handle)
-                if isinstance(document, dict) and document.get("schema") == CACHE_SCHEMA and \
-                        isinstance(document.get("entries"), dict):
-                    self.entries = document["entries"]
+            self.entries = read_venv_cache(self.path, CACHE_SCHEMA)
         except (OSError, ValueError) as exc:
             self.error = "unreadable, rebuilt: {}".format(exc)[:200]
 

@@ -84,11 +84,13 @@ import sysconfig
 import time
 
 try:
-    from _transplant_common import (record_hash as _digest, record_hash_of, record_identity, record_identity_of_rows,
-                                    script_head, script_log, venv_prefix, write_venv_cache)
+    from _transplant_common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest,
+                                    record_hash_of, record_identity, record_identity_of_rows, script_head, script_log,
+                                    venv_cache_path, venv_prefix, write_venv_cache)
 except ImportError:  # imported on the controller: the shared module beside this script
-    from ._common import (record_hash as _digest, record_hash_of, record_identity, record_identity_of_rows, script_head,
-                          script_log, venv_prefix, write_venv_cache)
+    from ._common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest, record_hash_of,
+                          record_identity, record_identity_of_rows, script_head, script_log, venv_cache_path,
+                          venv_prefix, write_venv_cache)
 
 SCHEMA = "transplant.inventory/1"
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -906,17 +908,12 @@ class _HashCache(object):
             for entries in self.groups.values():
                 self.entries.update(entries)
             return
-        state = os.path.join(prefix, ".transplant")
-        if os.path.islink(state) or (os.path.exists(state) and _real(state) != os.path.join(_real(prefix), ".transplant")):
+        self.path = venv_cache_path(prefix, HASH_CACHE_NAME)
+        if self.path is None:
             self.enabled, self.error = False, "the state folder is a symlink or leaves the venv"
             return
-        self.path = os.path.join(state, "cache", "hashes.json")
         try:
-            if os.path.isfile(self.path) and not os.path.islink(self.path):
-                with open(self.path, "r", encoding="utf-8") as handle:
-                    document = json.load(handle)
-                if isinstance(document, dict) and document.get("schema") == _HASH_SCHEMA:
-                    self.entries = _entries(document.get("entries"))
+            self.entries = _entries(read_venv_cache(self.path, HASH_SCHEMA))
         except (OSError, ValueError) as exc:
             self.error = "unreadable, rebuilt: {}".format(exc)[:200]
 
@@ -954,7 +951,7 @@ class _HashCache(object):
         merged = dict(self.entries)
         merged.update(self.fresh)
         try:
-            write_venv_cache(self.prefix, self.path, _HASH_SCHEMA, merged)
+            write_venv_cache(self.prefix, self.path, HASH_SCHEMA, merged)
             report["written"] = True
         except OSError as exc:
             report["error"] = "not written: {}".format(exc)[:200]
@@ -1002,7 +999,6 @@ def _groups(text):
     return groups
 
 
-_HASH_SCHEMA = "transplant.hashes/1"
 
 
 def _entries(mapping):

@@ -14,7 +14,10 @@ transaction's staged folder), created if missing:
   followed); a symlink is made the same way. A failure removes the temporary file, so nothing is
   left half-written or half-renamed; entries finished before it stay (the caller discards them);
 * while the bytes are written their sha256 is computed (RECORD's ``sha256=<urlsafe b64>`` form,
-  ``_common.record_hash_of``): the file is never read back.
+  ``_common.record_hash_of``): the file is never read back;
+* a file of 1 MiB or more is written out to disk (``fdatasync``) on a thread of its own while the
+  stream goes on (:class:`_Flusher`), and the reply waits until it is: the commit's ``sync`` then
+  finds only the small files' bytes left to write.
 
 Progress: ``transplant-progress <bytes written>`` lines on standard error, at most five a second,
 and one at the end. Last, one JSON line on standard output: ``{"ok": true, "error": null,
@@ -121,7 +124,10 @@ class _Input:
             size -= len(piece)
         return b"".join(parts)
 
-    def copy(self, fd, size, digest, meter, rel):
+    def copy(self, fd, size, digest, meter, rel, flush=None):
+        """Write the next ``size`` bytes of the input to ``fd``, hashing them into ``digest``;
+        ``flush(fd)`` (when given) is called after each :data:`_FLUSH_STEP` bytes written."""
+        unflushed = 0
         while size:
             if not self.chunk and not self._fill():
                 raise EndOfInput("the stream ended inside {} ({} bytes missing)".format(rel, size))
@@ -133,6 +139,11 @@ class _Input:
             self.chunk = self.chunk[taken:]
             size -= taken
             meter.add(taken)
+            if flush is not None:
+                unflushed += taken
+                if unflushed >= _FLUSH_STEP:
+                    flush(fd)
+                    unflushed = 0
 
     def at_end(self):
         return not self.chunk and not self._fill()
@@ -209,6 +220,65 @@ class _Folders:
         os.close(self.root)
 
 
+#: Files of at least this many bytes are written out to disk (``fdatasync``) by the flusher's
+#: thread while the stream goes on, each :data:`_FLUSH_STEP` bytes and once written whole.
+_FLUSH_MIN = 1 << 20
+_FLUSH_STEP = 32 << 20
+#: Write-outs waiting at most (each holds a duplicated descriptor); the writer waits beyond that,
+#: so that a disk slower than the input sets the pace instead of the page cache filling up.
+_FLUSH_AHEAD = 16
+
+
+class _Flusher:
+    """The larger files' write-out to disk, on a thread of its own, while the stream goes on.
+
+    Without it the staged bytes stayed dirty in the page cache (the kernel starts writing them
+    only after 30 s or past 10% of memory) and the commit's ``sync`` wrote them all out after the
+    transfer, one after the other: 2.5 s of a 15 s apply for 1.7 GB. Here each file of at least
+    :data:`_FLUSH_MIN` bytes is given to ``fdatasync`` each :data:`_FLUSH_STEP` bytes and when
+    written, as dpkg starts each file's write-out as it is unpacked, so the disk works while the
+    network and the hashing do. :meth:`finish` waits for every write-out given: the transfer
+    says ok only once its larger files are on disk, and a write-out that fails (``EIO``,
+    ``ENOSPC``) fails the transfer (nothing was renamed into the venv yet).
+    """
+
+    def __init__(self):
+        self.waiting, self.error, self.thread = None, None, None
+
+    def add(self, fd):
+        """Write out ``fd``'s dirty pages on the thread (a duplicate of ``fd`` is taken and closed there)."""
+        if self.thread is None:
+            import queue
+
+            self.waiting = queue.Queue(_FLUSH_AHEAD)
+            self.thread = threading.Thread(target=self._run, name="flusher", daemon=True)
+            self.thread.start()
+        self.waiting.put(os.dup(fd))
+
+    def _run(self):
+        while True:
+            fd = self.waiting.get()
+            if fd is None:
+                return
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                if self.error is None:
+                    self.error = exc
+            finally:
+                os.close(fd)
+
+    def finish(self):
+        """Wait for every write-out given; :class:`Refused` when one failed."""
+        if self.thread is not None:
+            self.waiting.put(None)
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise Refused("writing the staged files out to disk failed: {}".format(self.error))
+
+
+_FLUSHER = _Flusher()
 _SERIAL = [0]
 
 
@@ -223,10 +293,13 @@ def _write_file(folder, name, mode, size, mtime_ns, stream, meter, rel):
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=folder)
     try:
         digest = hashlib.sha256()
-        stream.copy(fd, size, digest, meter, rel)
+        larger = size >= _FLUSH_MIN
+        stream.copy(fd, size, digest, meter, rel, _FLUSHER.add if larger else None)
         os.fchmod(fd, mode & 0o7777)
         os.utime(fd, ns=(time.time_ns(), mtime_ns))
         info = os.fstat(fd)
+        if larger:
+            _FLUSHER.add(fd)
         os.close(fd)
         fd = -1
         os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
@@ -452,6 +525,7 @@ def main(argv):
             root = _root_line(stream)
         files = receive(root, stream, meter, pull)
         stream.close()
+        _FLUSHER.finish()
         if pull is not None:
             pull.finish()
     except (Refused, OSError, ValueError, UnicodeError) as exc:

@@ -1,0 +1,66 @@
+"""The applier's per-step checks on a transaction of many steps: each folder is resolved and
+judged once per operation, and every step is still checked on its own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from transplant.remote import applier
+
+
+@pytest.fixture()
+def prefix(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "site"
+    site.mkdir(parents=True)
+    (site / "a.py").write_text("a\n")
+    (site / "pkg").mkdir()  # a folder where a step names a file
+    (venv / "ro").mkdir()
+    return venv
+
+
+def test_a_step_naming_a_folder_is_refused_also_after_another_step_in_its_folder(prefix: Path):
+    steps = [{"op": "put", "path": "lib/site/a.py"}, {"op": "put", "path": "lib/site/new.py"},
+             {"op": "del", "path": "lib/site/pkg"}, {"op": "put", "path": "lib/site/deeper/new.py"}]
+    assert applier._writable_problems(str(prefix), steps) == ["lib/site/pkg: is a folder, not a file"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a folder without write permission")
+def test_an_unwritable_folder_is_said_once(prefix: Path):
+    (prefix / "ro").chmod(0o555)
+    try:
+        steps = [{"op": "put", "path": f"ro/{i}.py"} for i in range(3)] + [{"op": "put", "path": "ro/sub/x.py"}]
+        assert applier._writable_problems(str(prefix), steps) == ["ro: not writable by this user"]
+    finally:
+        (prefix / "ro").chmod(0o755)
+
+
+def test_a_folder_symlinked_out_of_the_venv_is_refused_for_every_step_and_each_operation(prefix: Path,
+                                                                                          tmp_path: Path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, prefix / "lib" / "out")
+    for _ in range(2):  # the folder cache of one operation never lets a later one through
+        with pytest.raises(applier.Refused, match="leaves the venv"):
+            applier._resolve(str(prefix), "lib/out/x.py")
+        assert applier._resolve(str(prefix), "lib/site/a.py") == str(prefix / "lib" / "site" / "a.py")
+    applier._REAL_FOLDERS.clear()
+
+
+def test_answer_resolves_folders_afresh_for_each_operation(prefix: Path, tmp_path: Path):
+    """A folder resolved by one operation and then replaced by a symlink leading out of the venv
+    is refused by the next operation (the cache lives for one operation)."""
+    steps = [{"op": "put", "path": "lib/site/moved/x.py"}]
+    (prefix / "lib" / "site" / "moved").mkdir()
+    reply = applier.answer(str(prefix), "begin", {"id": "t1", "steps": steps, "after": {}, "bytes": 0})
+    assert reply["ok"] is True, reply
+    outside = tmp_path / "outside2"
+    outside.mkdir()
+    (prefix / "lib" / "site" / "moved").rmdir()
+    os.symlink(outside, prefix / "lib" / "site" / "moved")
+    reply = applier.answer(str(prefix), "begin", {"id": "t2", "steps": steps, "after": {}, "bytes": 0})
+    assert reply["ok"] is False and "leaves the venv" in reply["error"], reply
+    assert list(outside.iterdir()) == []
