@@ -261,7 +261,7 @@ class _Flusher:
             if fd is None:
                 return
             try:
-                os.fdatasync(fd)
+                _DATASYNC(fd)
             except OSError as exc:
                 if self.error is None:
                     self.error = exc
@@ -278,6 +278,7 @@ class _Flusher:
             raise Refused("writing the staged files out to disk failed: {}".format(self.error))
 
 
+_DATASYNC = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
 _FLUSHER = _Flusher()
 _SERIAL = [0]
 
