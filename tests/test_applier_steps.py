@@ -64,3 +64,15 @@ def test_answer_resolves_folders_afresh_for_each_operation(prefix: Path, tmp_pat
     reply = applier.answer(str(prefix), "begin", {"id": "t2", "steps": steps, "after": {}, "bytes": 0})
     assert reply["ok"] is False and "leaves the venv" in reply["error"], reply
     assert list(outside.iterdir()) == []
+
+
+def test_a_file_where_a_step_needs_a_folder_is_refused_before_the_commit(prefix: Path):
+    """A file named like a folder a step writes in (``sub`` a file, the step ``sub/x.py``; a stray
+    file named like a dist-info folder) is refused by begin, not found by the commit half-way."""
+    site = prefix / "lib" / "site"
+    (site / "sub").write_text("a file, not a folder\n")
+    (site / "pkg-2.0.dist-info").write_text("a stray file\n")
+    steps = [{"op": "put", "path": "lib/site/sub/__init__.py"}, {"op": "put", "path": "lib/site/sub/deeper/x.py"},
+             {"op": "put", "path": "lib/site/pkg-2.0.dist-info/METADATA"}]
+    assert applier._writable_problems(str(prefix), steps) == [
+        "lib/site/sub: is a file, not a folder", "lib/site/pkg-2.0.dist-info: is a file, not a folder"]

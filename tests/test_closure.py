@@ -168,3 +168,17 @@ def test_the_closure_is_the_same_after_apply_when_remove_globs_a_pulled_name():
     assert {(c.name, c.action) for c in again.changes} == {("app", "keep"), ("dsl-libs-cu12", "keep"),
                                                             ("old-cu12", "remove")}
     assert not [f for f in again.findings if f.severity == "error"]
+
+
+def test_a_drafted_manifest_keeps_its_ssh_settings():
+    """``init --identity-file/--known-hosts`` puts them in the manifest it writes (render dropped
+    them, so the manifest's own next step, ``plan``, could not log in)."""
+    import yaml
+
+    from transplant.core.starting_manifest import Draft, render
+
+    data = {"donor": {"host": "root@127.0.0.10:2222", "venv": "/srv/a"},
+            "target": {"host": "root@127.0.0.11:2222", "venv": "/srv/b"},
+            "ssh": {"identity_file": "/keys/id", "known_hosts": "/keys/known"},
+            "overlay": ["sglang"], "verify": {"imports": ["sglang"]}}
+    assert yaml.safe_load(render(Draft(data=data)))["ssh"] == data["ssh"]

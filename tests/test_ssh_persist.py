@@ -174,3 +174,23 @@ def test_a_socket_left_by_a_master_that_died_is_removed_and_not_taken_for_one(tm
         assert not ssh_persist.answers(path)
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def test_a_relative_or_tilde_state_folder_gives_an_absolute_socket_path(monkeypatch):
+    """ssh expands a leading ``~`` of ControlPath to the login's home: the folder checked for
+    mode 0700 must be the one ssh binds in, so the socket path is made absolute first."""
+    from transplant.hosts import ssh_persist
+
+    short = Path(tempfile.mkdtemp(prefix="tp", dir="/tmp"))  # (a socket path has at most 107 bytes)
+    try:
+        monkeypatch.chdir(short)
+        monkeypatch.setenv("HOME", str(short / "h"))
+        for state in ("~/s", "rel/s"):
+            monkeypatch.setenv("TRANSPLANT_STATE_DIR", state)
+            path = ssh_persist.control_path("Host *\n", "root@127.0.0.11", 2222, [], [])
+            assert path is not None and path.is_absolute(), path
+            assert path.parent.is_dir() and path.parent.stat().st_mode & 0o777 == 0o700
+        assert (short / "h" / "s" / "ssh").is_dir() and (short / "rel" / "s" / "ssh").is_dir()
+        assert not (short / "~").exists()
+    finally:
+        shutil.rmtree(short)

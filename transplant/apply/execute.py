@@ -407,8 +407,16 @@ def _begin_error(plan: Plan, reply: dict) -> ApplyError:
             f"{human_bytes(reply['free'])} is free; nothing was changed",
             hint="free space on the target's filesystem, then apply again")
     if reply.get("unwritable"):
-        return ApplyError(f"{plan.target.label}: {reply['error']}; nothing was changed",
-                          hint="make those folders writable (or remount them read-write), then apply again")
+        clashes = [p for p in reply["unwritable"] if str(p).endswith((": is a folder, not a file",
+                                                                     ": is a file, not a folder"))]
+        hint = "make those folders writable (or remount them read-write), then apply again"
+        if clashes and len(clashes) == len(reply["unwritable"]):
+            hint = "move each of them away (a file and a folder cannot share a path; nothing of transplant's " \
+                   "is there), then apply again"
+        elif clashes:
+            hint = "make those folders writable (or remount them read-write) and move the files or folders named " \
+                   "away, then apply again"
+        return ApplyError(f"{plan.target.label}: {reply['error']}; nothing was changed", hint=hint)
     return ApplyError(f"{plan.target.label}: the transaction could not begin: {reply.get('error')}; nothing was "
                       f"changed")
 

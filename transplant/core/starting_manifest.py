@@ -253,7 +253,10 @@ def render(d: Draft, *, header: Sequence[str] = ()) -> str:
     """The draft as commented YAML (it parses back to ``d.data``)."""
     data = d.data
     lines = [f"# {h}" for h in header]
-    lines += ["version: 1", f"donor: {_flow(data['donor'])}", f"target: {_flow(data['target'])}", "",
+    lines += ["version: 1", f"donor: {_flow(data['donor'])}", f"target: {_flow(data['target'])}"]
+    if data.get("ssh"):
+        lines.append(f"ssh: {_flow(data['ssh'])}")
+    lines += ["",
               "# overlay: names, globs, or {closure: NAME}: NAME and every donor distribution its requirements need",
               "# (transitively) that the target lacks or has at a version the requirement refuses. `transplant plan`",
               "# shows each pulled-in one with the chain that needs it; exclude: [NAME] keeps one out.",

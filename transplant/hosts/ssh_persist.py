@@ -58,7 +58,9 @@ def _folder() -> Path | None:
     user's, or open to others (its sockets would let them in)."""
     from transplant.controller.state import default_state_dir
 
-    folder = default_state_dir() / "ssh"
+    # absolute, with ~ expanded as ssh would: a relative or ~ state folder would otherwise be checked
+    # here in one place and bound by ssh in another (ControlPath expands ~ to the login's home)
+    folder = Path(os.path.abspath(os.path.expanduser(default_state_dir() / "ssh")))
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(folder)

@@ -486,8 +486,9 @@ def _remove_unfinished_begins(root):
 
 
 def _writable_problems(prefix, steps):
-    """Folders the steps write in that cannot be written (read-only mount, permissions), and
-    steps whose path is a folder (a file cannot replace it). Each folder is looked at once."""
+    """Folders the steps write in that cannot be written (read-only mount, permissions), steps
+    whose path is a folder (a file cannot replace it), and files where a step needs a folder
+    (``sub`` a file, the step ``sub/x.py``). Each folder is looked at once."""
     problems, verdicts, nearest = [], {}, {}
     for step in steps:
         full = _resolve(prefix, step["path"])
@@ -496,6 +497,10 @@ def _writable_problems(prefix, steps):
         if folder is None:  # the nearest folder that exists (begin creates none)
             folder = where
             while not os.path.isdir(folder) and folder != prefix:
+                if os.path.lexists(folder):  # a file (or a link to one) where the step needs a folder
+                    clash = "{}: is a file, not a folder".format(os.path.relpath(folder, prefix))
+                    if clash not in problems:
+                        problems.append(clash)
                 folder = os.path.dirname(folder)
             nearest[where] = folder
         if folder not in verdicts:

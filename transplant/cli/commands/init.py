@@ -109,5 +109,7 @@ def init_command(args: argparse.Namespace, console: Console,
 
 
 def _with_ssh(data: dict, args: argparse.Namespace) -> dict:
-    ssh = {k: v for k, v in (("identity_file", args.identity_file), ("known_hosts", args.known_hosts)) if v}
+    # absolute: a manifest's relative paths are read against its own folder, not the folder init ran in
+    ssh = {k: os.path.abspath(os.path.expanduser(v))
+           for k, v in (("identity_file", args.identity_file), ("known_hosts", args.known_hosts)) if v}
     return {**data, **({"ssh": ssh} if ssh else {})}
