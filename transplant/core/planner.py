@@ -205,8 +205,9 @@ def _distribution_change(
     if missing or broken:
         findings.append(Finding(
             code="record-drift", severity="warning", dists=(name,),
-            message=f"{new.display_name} {new.raw_version}: RECORD lists {len(missing) + len(broken)} entries the "
-                    f"donor does not have as regular files (or could not read); they are not copied",
+            message=f"{new.display_name} {new.raw_version}: RECORD lists "
+                    f"{count(len(missing) + len(broken), 'entry', 'entries')} the donor does not have as regular "
+                    f"files (or could not read); {agree(len(missing) + len(broken), 'it is', 'they are')} not copied",
             hint=f"reinstall it on the donor: <donor venv>/bin/python -m pip install --force-reinstall "
                  f"{shlex.quote(f'{new.display_name}=={new.raw_version}')}",
             files=tuple((broken + missing)[:20]),
