@@ -176,22 +176,53 @@ def test_a_snapshot_donor_is_keyed_by_its_id_and_only_the_target_is_asked(pair, 
     assert second == first
 
 
-def test_a_large_plan_is_not_kept_and_old_memos_are_pruned(pair, capsys, monkeypatch):
+def test_a_plan_of_thousands_of_files_is_kept_compressed_and_recalled(tmp_path, capsys, monkeypatch):
+    """A plan copying 6,000 files (over the 5,000 the memo once refused to keep) is kept, as zlib'd
+    JSON written in one walk, and the next plan reuses it: the same --json, no plan probes."""
+    import zlib
+
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(tmp_path / "scripts.log"))
+    monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
+    wheels = tmp_path / "wheels"
+    files = {f"big/m{i:04}.py": f"N = {i}\n" for i in range(6000)}
+    make_venv(tmp_path / "donor", [build_wheel(wheels, "big", "2.0", {"big/__init__.py": "", **files})])
+    make_venv(tmp_path / "target", [build_wheel(wheels / "1", "big", "1.0", {"big/__init__.py": "V = 1\n"})])
+    (tmp_path / "m.yaml").write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'donor'}}}\n"
+                                     f"target: {{host: local, venv: {tmp_path / 'target'}}}\noverlay: [big]\n")
+    time.sleep(2.1)
+    first, _, ran = plan(tmp_path, capsys)
+    assert ran.count("probe") == 2 and len(json.loads(first)["changes"][0]["copy"]) > 6000
+    kept = list((tmp_path / "state" / "plan-memo").iterdir())
+    assert [k.suffix for k in kept] == [".memo"], kept
+    memo = json.loads(zlib.decompress(kept[0].read_bytes()))
+    assert memo["schema"] == "transplant.plan-memo/3" and len(memo["plan"]["changes"][0]["copy"]) > 6000
+    second, err, ran = plan(tmp_path, capsys)
+    assert memo_hit(ran), ran
+    assert "nothing changed on either venv since the plan of" in err and second == first
+
+
+def test_an_unreadable_memo_means_a_full_plan(pair, capsys):
+    plan(pair, capsys)
+    (kept,) = (pair / "state" / "plan-memo").iterdir()
+    kept.write_bytes(b"{not zlib}")
+    _, err, ran = plan(pair, capsys)
+    assert ran.count("probe") == 2 and "nothing changed" not in err
+    assert memo_hit(plan(pair, capsys)[2]), "the full plan kept a readable memo again"
+
+
+def test_old_memos_are_pruned(pair, capsys):
     import transplant.pipeline.memo as memo
 
-    monkeypatch.setattr(memo, "MAX_KEPT_FILES", 0)  # foo's change copies files: over the limit
-    plan(pair, capsys)
-    assert not list((pair / "state" / "plan-memo").glob("*.json"))
-    assert plan(pair, capsys)[2].count("probe") == 2
-    monkeypatch.setattr(memo, "MAX_KEPT_FILES", 5000)
     folder = pair / "state" / "plan-memo"
     folder.mkdir(parents=True, exist_ok=True)
-    for i in range(memo.MAX_MEMOS + 3):
-        (folder / f"old{i:02}.json").write_text("{}")
-        os.utime(folder / f"old{i:02}.json", (1000 + i, 1000 + i))
+    for i in range(memo.MAX_MEMOS + 3):  # the first form's *.json among them
+        (folder / f"old{i:02}.{'json' if i % 2 else 'memo'}").write_text("{}")
+        os.utime(folder / f"old{i:02}.{'json' if i % 2 else 'memo'}", (1000 + i, 1000 + i))
     plan(pair, capsys)
-    left = sorted(p.name for p in folder.glob("*.json"))
-    assert len(left) == memo.MAX_MEMOS and "old00.json" not in left and f"old{memo.MAX_MEMOS + 2}.json" in left
+    left = sorted(p.stem for p in folder.iterdir())
+    assert len(left) == memo.MAX_MEMOS and "old00" not in left and "old01" not in left
+    assert f"old{memo.MAX_MEMOS + 2}" in left
     assert memo_hit(plan(pair, capsys)[2]), "the newest (this plan's) was kept"
 
 
