@@ -76,3 +76,30 @@ def test_a_file_where_a_step_needs_a_folder_is_refused_before_the_commit(prefix:
              {"op": "put", "path": "lib/site/pkg-2.0.dist-info/METADATA"}]
     assert applier._writable_problems(str(prefix), steps) == [
         "lib/site/sub: is a file, not a folder", "lib/site/pkg-2.0.dist-info: is a file, not a folder"]
+
+
+def test_each_folder_resolves_as_realpath_says(tmp_path: Path):
+    """The applier's cached folder resolution (one lstat a folder, from its parent's answer) gives
+    exactly ``os.path.realpath`` for folders through symlinks (relative, absolute, chained, to a
+    file, dangling, a loop), missing parts and real folders: it decides what leaves the venv."""
+    root = tmp_path / "r"
+    (root / "a" / "b" / "c").mkdir(parents=True)
+    (root / "out" / "deep").mkdir(parents=True)
+    (root / "file").write_text("x")
+    (root / "a" / "rel").symlink_to("../out")
+    (root / "a" / "abs").symlink_to(root / "out" / "deep")
+    (root / "a" / "chain").symlink_to("rel/deep")
+    (root / "a" / "tofile").symlink_to("../file")
+    (root / "a" / "dangling").symlink_to("../nowhere/x")
+    (root / "a" / "loop1").symlink_to("loop2")
+    (root / "a" / "loop2").symlink_to("loop1")
+    names = ["a/b/c", "a/b/c/missing/more", "a/rel", "a/rel/deep", "a/rel/deep/new", "a/abs", "a/abs/x/y",
+             "a/chain", "a/chain/z", "a/tofile", "a/tofile/under", "a/dangling", "a/dangling/q", "a/loop1/w",
+             "file/x", "nothing/at/all", "a/b/../rel/deep", "a/./b", "a//b"]
+    applier._REAL_FOLDERS.clear()
+    try:
+        for name in names + names:  # the second time from the cache
+            folder = f"{root}/{name}"
+            assert applier._real_dir(folder) == os.path.realpath(folder), name
+    finally:
+        applier._REAL_FOLDERS.clear()

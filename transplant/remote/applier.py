@@ -113,10 +113,30 @@ def _make_folder(path):
 
 
 def _real_dir(folder):
-    """``os.path.realpath(folder)``, asked once per folder and operation (:data:`_REAL_FOLDERS`)."""
+    """``os.path.realpath(folder)``, asked once per folder and operation (:data:`_REAL_FOLDERS`).
+
+    An absolute, normal folder (no ``.``, ``..`` or empty part) is resolved from its parent's
+    answer (cached too) and one ``lstat`` of its last part: not a symlink (a folder, a file or
+    nothing there), it is the parent's real path joined with that name, as ``realpath`` says; a
+    symlink is left to ``realpath``. So a folder costs one ``lstat``, not one per part of its path
+    (``realpath`` looks at every part every time: 2 s of the real pair's 82,022-step apply).
+    Anything else is ``realpath``'s alone.
+    """
     real = _REAL_FOLDERS.get(folder)
-    if real is None:
-        real = _REAL_FOLDERS[folder] = os.path.realpath(folder)
+    if real is not None:
+        return real
+    parent, name = os.path.split(folder)
+    if not folder.startswith("/") or not name or parent == folder or name in (".", "..") or \
+            "/./" in folder or "/../" in folder or "//" in folder:
+        real = os.path.realpath(folder)
+    else:
+        candidate = os.path.join(_real_dir(parent), name)
+        try:
+            linked = stat.S_ISLNK(os.lstat(candidate).st_mode)
+        except OSError:
+            linked = False
+        real = os.path.realpath(candidate) if linked else candidate
+    _REAL_FOLDERS[folder] = real
     return real
 
 
