@@ -261,9 +261,17 @@ def _under(root, rel):
     full = os.path.join(root, os.path.normpath(rel))
     real_root = _real_dir(root)
     parent = _real_dir(os.path.dirname(full))
-    if os.path.islink(root) or not (parent == real_root or parent.startswith(real_root + os.sep)):
+    linked = _LINKED_ROOTS.get(root)
+    if linked is None:  # once per root and operation, as its real path is (:data:`_REAL_FOLDERS`)
+        linked = _LINKED_ROOTS[root] = os.path.islink(root)
+    if linked or not (parent == real_root or parent.startswith(real_root + os.sep)):
         raise Refused("refused: {} leads outside the transaction's folder".format(full))
     return full
+
+
+#: Whether each root :func:`_under` was given is a symlink, asked once per operation (emptied with
+#: :data:`_REAL_FOLDERS`).
+_LINKED_ROOTS = {}
 
 
 def _content(full):
@@ -808,17 +816,34 @@ def state(prefix, request):
 
 
 def _backup(full, backup):
-    """Keep the current file (or symlink) at ``backup``: a hardlink, or a copy where links fail."""
+    """Keep the current file (or symlink) at ``full`` at ``backup``: a hardlink, or a copy where
+    links fail. A backup already there (a commit resumed after a crash) is kept as it is.
+
+    The link is simply tried (one system call where a replaced file is concerned, not a look at
+    each path first: 82,022 steps in the real pair's apply); its folder is made when the link
+    says it is missing.
+
+    :returns: whether a backup is there now (False: nothing at ``full`` to keep).
+    """
+    for attempt in (0, 1):
+        try:
+            os.link(full, backup, follow_symlinks=False)
+            return True
+        except FileExistsError:
+            return True
+        except FileNotFoundError:
+            if attempt or not os.path.lexists(full):
+                return False
+            _make_folder(os.path.dirname(backup))  # the first backup in a folder of its own
+        except OSError:
+            break
     if os.path.lexists(backup):
-        return
-    _make_folder(os.path.dirname(backup))
-    try:
-        os.link(full, backup, follow_symlinks=False)
-    except OSError:
-        if os.path.islink(full):
-            os.symlink(os.readlink(full), backup)
-        else:
-            shutil.copy2(full, backup)
+        return True
+    if os.path.islink(full):
+        os.symlink(os.readlink(full), backup)
+    else:
+        shutil.copy2(full, backup)
+    return True
 
 
 def _crash_point(request, index):
@@ -937,17 +962,20 @@ def _commit(prefix, request):
         full = _resolve(prefix, rel)
         if step["op"] == "put":
             source = _under(staged, rel)
-            if not os.path.lexists(source):
+            try:
+                placed = os.lstat(source).st_mode
+            except OSError:
                 continue  # done before a crash
-            if os.path.lexists(full):
-                _backup(full, _under(backups, rel))
+            _backup(full, _under(backups, rel))
             _make_folder(os.path.dirname(full))
             os.rename(source, full)
-            if os.path.islink(full):  # a later step's folder may lie through it: resolved afresh
+            if stat.S_ISLNK(placed):  # a later step's folder may lie through it: resolved afresh
                 _REAL_FOLDERS.clear()
-        elif os.path.lexists(full):
-            _backup(full, _under(backups, rel))
-            os.unlink(full)
+        elif _backup(full, _under(backups, rel)):
+            try:
+                os.unlink(full)
+            except FileNotFoundError:
+                pass  # removed before a crash, its backup kept then
         if index % 500 == 499:
             _append(journal, json.dumps({"done": index + 1, "time": time.time()}) + "\n")
     _append(journal, json.dumps({"done": len(plan["steps"]), "time": time.time()}) + "\n")
@@ -1121,6 +1149,7 @@ def answer(prefix, name, request):
         if not isinstance(request, dict):
             raise Refused("refused: the request of {} is not a JSON object".format(name))
         _REAL_FOLDERS.clear()
+        _LINKED_ROOTS.clear()
         _MADE_FOLDERS.clear()
         return op(prefix, request)
     except Refused as exc:
