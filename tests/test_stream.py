@@ -285,6 +285,45 @@ def test_the_final_check_trusts_committed_files_renamed_unchanged_and_catches_a_
         assert txn.call(host, path, "state", {"expect": expected, "known": verified})["trusted"] == len(files) - 1
 
 
+def test_a_transaction_keeps_the_stat_identities_of_settled_files_only_and_a_rollback_trusts_them(venv):
+    """``begin`` keeps the stat identity of each file it read (``before-known.json``), ``check`` of
+    each staged file it verified (``after-known.json``), but not of a file whose mtime lies in the
+    racily-clean window (here: ahead of this host's clock, as a file written this very tick is):
+    ``state`` with ``recorded`` reads those alone, before and after the rollback."""
+    import time
+
+    folder, src, files = venv
+    host, path = LocalHost(), str(folder)
+    live = {rel: b"old " + data for rel, data in files.items()}
+    _tree(folder, live)
+    past, ahead = time.time_ns() - 3600 * 10**9, time.time_ns() + 3600 * 10**9
+    fresh = {"lib/pkg/m1.py", "lib/pkg/m4.py"}
+    for tree in (folder, src):
+        for rel in files:
+            os.utime(tree / rel, ns=(past, ahead if rel in fresh else past))
+    state = folder / ".transplant" / "txn" / "t3"
+    with txn.session(host, path):
+        expected, written = _staged(folder, src, files, "t3")
+        known = json.loads((state / "before-known.json").read_text())
+        assert sorted(known) == sorted(set(files) - fresh)
+        assert all(known[rel][0] == record_hash(live[rel]) for rel in known)
+        checked = txn.call(host, path, "check", {"id": "t3", "expect": expected, "written": written})
+        assert sorted(checked["verified"]) == sorted(files), "the reply still names every file verified"
+        assert sorted(json.loads((state / "after-known.json").read_text())) == sorted(set(files) - fresh)
+        txn.call(host, path, "commit", {"id": "t3", "lock": "t3"})
+        reply = txn.call(host, path, "state", {"expect": expected, "recorded": {"id": "t3", "of": "after"}})
+        assert reply["differ"] == [] and reply["trusted"] == len(files) - 2 and reply["hashed"] == 2
+        txn.call(host, path, "rollback", {"id": "t3", "lock": "t3"})
+        before = {rel: record_hash(data) for rel, data in live.items()}
+        reply = txn.call(host, path, "state", {"expect": before, "recorded": {"id": "t3", "of": "before"}})
+        assert reply["differ"] == [] and reply["trusted"] == len(files) - 2 and reply["hashed"] == 2
+        reply = txn.call(host, path, "state", {"expect": before})  # without: every file read
+        assert reply["trusted"] == 0 and reply["hashed"] == len(files)
+        for bad in ({"id": "t3", "of": "staged"}, {"id": "../t3", "of": "before"}, ["t3", "before"]):
+            refused = txn.call(host, path, "state", {"expect": before, "recorded": bad}, check=False)
+            assert not refused["ok"] and refused["error"].startswith("refused"), refused
+
+
 # -- apply: the stream by default, rsync as the fallback, said in the output ----------------------------
 
 

@@ -667,3 +667,170 @@ def test_a_failed_commit_says_what_the_targets_record_shows(world, capsys, monke
     assert "--rollback" in out and "--resume" in out
     if fault.startswith("refused"):
         assert snapshot(venv) == before, "nothing of the live venv changed"
+
+
+# -- issue 16: a rollback reads no file whose stat identity is the one its transaction recorded ------
+
+def _aged(world, name: str) -> tuple[Path, str]:
+    """A fresh target, a copy of the donor and of the patch, every file of them last modified an
+    hour ago (as the files of a real venv are: a file modified within the applier's racily-clean
+    window is never recorded by its stat identity), and a manifest for them: (target, manifest)."""
+    venv, _ = world["target"](name)
+    home = world["base"] / f"{name}-aged"
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "patches").mkdir(parents=True)
+    subprocess.run(["cp", "-a", str(world["base"] / "donor"), str(home / "donor")], check=True)
+    (home / "patches" / "patched.py").write_text("PATCHED = True\n")
+    past = time.time() - 3600
+    for tree in (venv, home / "donor", home / "patches"):
+        for path in tree.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                os.utime(path, (past, past))
+    m = home / "m.yaml"
+    m.write_text(Path(str(venv) + ".yaml").read_text().replace(f"venv: {world['base'] / 'donor'}}}",
+                                                               f"venv: {home / 'donor'}}}"))
+    assert str(home / "donor") in m.read_text()
+    return venv, str(m)
+
+
+def _counting(monkeypatch) -> list[dict]:
+    """The replies of every applier ``state`` request from now on, in order."""
+    replies: list[dict] = []
+    real = txn.call
+
+    def call(host, venv, op, request, **kw):
+        reply = real(host, venv, op, request, **kw)
+        if op == "state":
+            replies.append(reply)
+        return reply
+
+    monkeypatch.setattr(txn, "call", call)
+    return replies
+
+
+def _files(state: dict) -> int:
+    """How many regular files a recorded state (path -> identity) names."""
+    return len([v for v in state.values() if v is not None and not v.startswith("symlink:")])
+
+
+def _record(venv: Path) -> dict:
+    [done] = [t for t in txn.history(LocalHost(), str(venv))["transactions"] if t["state"] == "committed"]
+    return txn.call(LocalHost(), str(venv), "txn", {"id": done["id"]}) | {"id": done["id"]}
+
+
+def test_a_rollback_after_an_apply_reads_no_unchanged_file(world, capsys, monkeypatch):
+    """Both checks of ``transplant rollback`` (nothing changed since the commit; the target is as
+    before) take every file at the stat identity its transaction recorded: none is read."""
+    venv, m = _aged(world, "unread")
+    assert main(["apply", m, "--yes"]) == 0, capsys.readouterr().out
+    record = _record(venv)
+    replies = _counting(monkeypatch)
+    assert main(["rollback", m, "--yes"]) == 0, capsys.readouterr().out
+    assert snapshot(venv) == world["before"] and imports(venv) == "1"
+    drift, restored = replies
+    assert drift["differ"] == [] and drift["hashed"] == 0 and drift["trusted"] == _files(record["after"]) > 20
+    assert restored["differ"] == [] and restored["hashed"] == 0 and restored["trusted"] == _files(record["before"]) > 20
+
+
+@pytest.mark.parametrize("how", ["rollback", "resume"])
+def test_an_interrupted_commit_finished_or_undone_reads_no_unchanged_file(world, capsys, monkeypatch, how):
+    """``apply --rollback`` (the files renamed back from their backups) and ``--resume`` (the files
+    committed as the staged check verified them) are checked without reading one."""
+    venv, m = _aged(world, f"unread-{how}")
+    monkeypatch.setenv("TRANSPLANT_TEST_CRASH_AFTER", "30")
+    assert main(["apply", m, "--yes"]) == 1
+    monkeypatch.delenv("TRANSPLANT_TEST_CRASH_AFTER")
+    [pending] = txn.interrupted(LocalHost(), str(venv))
+    record = txn.call(LocalHost(), str(venv), "txn", {"id": pending["id"]})
+    replies = _counting(monkeypatch)
+    capsys.readouterr()
+    assert main(["apply", m, "--yes", f"--{how}"]) == 0, capsys.readouterr().out
+    side = "before" if how == "rollback" else "after"
+    assert snapshot(venv) == world[side]
+    [checked] = replies
+    assert checked["differ"] == [] and checked["hashed"] == 0 and checked["trusted"] == _files(record[side]) > 20
+
+
+def _same_size_edit(path: Path, how: str) -> None:
+    """Change a file's bytes keeping its size: in place with the mtime then set to another value
+    (``mtime``), in place (``rewrite``: the mtime the write gives), or by a new file renamed over
+    it whose mtime is set to the old one's (``replaced``: only the inode tells)."""
+    old = path.stat()
+    data = bytes(b ^ 1 for b in path.read_bytes())
+    if how == "replaced":
+        fresh = path.with_name(path.name + ".new")
+        fresh.write_bytes(data)
+        os.utime(fresh, ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.rename(fresh, path)
+    else:
+        with path.open("r+b") as handle:
+            handle.write(data)
+        if how == "mtime":
+            os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns + 1_000_000))
+    new = path.stat()
+    assert new.st_size == old.st_size and path.read_bytes() == data
+    assert (new.st_ino, new.st_mtime_ns) != (old.st_ino, old.st_mtime_ns)
+
+
+@pytest.mark.parametrize("how", ["mtime", "rewrite", "replaced"])
+def test_a_file_changed_after_the_commit_keeping_its_size_is_still_drift(world, capsys, how):
+    venv, m = _aged(world, f"same-size-{how}")
+    assert main(["apply", m, "--yes"]) == 0, capsys.readouterr().out
+    _same_size_edit(venv / SITE / "alpha" / "sub" / "m7.py", how)
+    changed = snapshot(venv)
+    capsys.readouterr()
+    assert main(["rollback", m, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "files changed since it was applied" in out and "alpha/sub/m7.py" in out, out
+    assert "nothing was rolled back" in out
+    assert snapshot(venv) == changed
+    assert [t["state"] for t in txn.history(LocalHost(), str(venv))["transactions"]] == ["committed"]
+
+
+def test_a_backup_changed_before_the_rollback_is_caught_by_the_check_after_it(world, capsys):
+    """The file renamed back from a backup that changed (same size) is not the one ``begin`` read:
+    the check after the rollback reads it and the transaction stays open."""
+    venv, m = _aged(world, "backup-edited")
+    assert main(["apply", m, "--yes"]) == 0, capsys.readouterr().out
+    record = _record(venv)
+    _same_size_edit(venv / ".transplant" / "txn" / record["id"] / "backup" / SITE / "alpha" / "sub" / "m4.py",
+                    "rewrite")
+    capsys.readouterr()
+    assert main(["rollback", m, "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 files differ from the recorded state of transaction" in out and "alpha/sub/m4.py" in out, out
+    assert [t["state"] for t in txn.interrupted(LocalHost(), str(venv))] == ["rolling-back"]
+
+
+@pytest.mark.parametrize("how", ["missing", "damaged", "symlink"])
+def test_a_transaction_without_usable_stat_records_rolls_back_reading_every_file(world, capsys, monkeypatch, how):
+    """A transaction recorded before ``before-known.json`` and ``after-known.json`` existed (or
+    whose records are damaged, or symlinks: never followed) rolls back as before: every file read."""
+    venv, m = _aged(world, f"old-record-{how}")
+    assert main(["apply", m, "--yes"]) == 0, capsys.readouterr().out
+    record = _record(venv)
+    folder = venv / ".transplant" / "txn" / record["id"]
+    for name in ("before-known.json", "after-known.json"):
+        assert json_object(folder / name), "the apply recorded its stat identities"
+        if how == "missing":
+            (folder / name).unlink()
+        elif how == "damaged":
+            (folder / name).write_text("{not json")
+        else:  # the same entries, but read through a symlink: not taken
+            aside = world["base"] / f"old-record-{how}-{name}"
+            os.replace(folder / name, aside)
+            (folder / name).symlink_to(aside)
+    replies = _counting(monkeypatch)
+    assert main(["rollback", m, "--yes"]) == 0, capsys.readouterr().out
+    assert snapshot(venv) == world["before"]
+    drift, restored = replies
+    assert drift["trusted"] == 0 and drift["hashed"] == _files(record["after"])
+    assert restored["trusted"] == 0 and restored["hashed"] == _files(record["before"])
+
+
+def json_object(path: Path) -> dict:
+    import json
+
+    value = json.loads(path.read_text())
+    assert isinstance(value, dict)
+    return value

@@ -336,7 +336,7 @@ def record_completed(host: Host, venv: str) -> list[Completed]:
         for newer in committed[index + 1:]:
             later.update(call(host, venv, "txn", {"id": newer})["after"])
         expected = {p: h for p, h in info["after"].items() if p not in later}
-        mismatches = check_state(host, venv, expected) if expected else []
+        mismatches = check_state(host, venv, expected, recorded=(txid, "after")) if expected else []
         at = info.get("committed_at")
         at = at if isinstance(at, (int, float)) and not isinstance(at, bool) else None
         outcome = "differs" if mismatches else "applied"
@@ -349,7 +349,7 @@ def record_completed(host: Host, venv: str) -> list[Completed]:
 
 
 def check_state(host: Host, venv: str, expected: Mapping[str, str | None], *,
-                known: Mapping[str, list] | None = None) -> list[str]:
+                known: Mapping[str, list] | None = None, recorded: tuple[str, str] | None = None) -> list[str]:
     """Hash the paths of ``expected`` on the target (the applier's ``state``, in the open
     :func:`session`: no probe process of its own); lines naming each one that differs (content,
     script head and body, RECORD rows, symlink target; None: must be absent).
@@ -357,11 +357,19 @@ def check_state(host: Host, venv: str, expected: Mapping[str, str | None], *,
     :param known: path -> ``[identity, st_dev, st_ino, st_size, st_mtime_ns]`` as the applier's
         ``check`` verified the staged file (its ``verified``): a live file with that same stat
         identity is not hashed again (the commit's rename keeps it); None hashes every path.
-    :raises TransactionError: a path leaves the venv, or the target cannot be read.
+    :param recorded: ``(transaction id, "before" | "after")``: the stat identities that
+        transaction's folder on the target keeps of that state (``before-known.json``: the files
+        as ``begin`` read them; ``after-known.json``: as ``check`` verified them staged) spare
+        every file that still has one, as ``known`` does, without sending them; a transaction
+        recorded before these files existed has every path hashed. None: not used.
+    :raises TransactionError: a path leaves the venv, ``recorded`` names a bad id, or the target
+        cannot be read.
     """
     request: dict[str, Any] = {"expect": dict(expected)}
     if known:
         request["known"] = dict(known)
+    if recorded is not None:
+        request["recorded"] = {"id": recorded[0], "of": recorded[1]}
     return list(call(host, venv, "state", request)["differ"])
 
 
@@ -395,7 +403,7 @@ def _refuse_drift_up_front(host: Host, venv: str, chosen: Sequence[str], infos: 
             elif _plain(want) and _plain(infos[restorer]["before"][path]) and infos[restorer]["before"][path] != want:
                 problems.append(f"{path}: changed between {txid} and {restorer}")
                 bad.append(txid)
-        drifted = check_state(host, venv, live) if live else []
+        drifted = check_state(host, venv, live, recorded=(txid, "after")) if live else []
         problems.extend(drifted)
         bad.extend([txid] if drifted else [])
     if problems:
@@ -408,7 +416,9 @@ def _refuse_drift_up_front(host: Host, venv: str, chosen: Sequence[str], infos: 
 
 def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after: int | None = None) -> str:
     """Resume (``how="resume"``) or roll back (``"rollback"``) an interrupted transaction,
-    then check the target hash for hash against the state it must reach.
+    then check the target hash for hash against the state it must reach (a file whose stat
+    identity is the one the transaction recorded of that state is not read again: a file renamed
+    back from its backup, a committed one as ``check`` verified it; see :func:`check_state`).
 
     A transaction still ``staging`` never changed a live file: either way it is discarded
     (resuming means applying afresh). Returns the transaction's new state.
@@ -425,11 +435,11 @@ def finish(host: Host, venv: str, txid: str, how: str, *, lock: str, crash_after
         return "aborted"
     if how == "resume" and info["state"] in ("committing", "committed"):
         call(host, venv, "commit", {"id": txid, **extra})
-        expected, outcome, ok_state, open_state = info["after"], "applied", "committed", "committing"
+        side, outcome, ok_state, open_state = "after", "applied", "committed", "committing"
     else:
         call(host, venv, "rollback", {"id": txid, **extra})
-        expected, outcome, ok_state, open_state = info["before"], "rolled-back", "rolled-back", "rolling-back"
-    mismatches = check_state(host, venv, expected)
+        side, outcome, ok_state, open_state = "before", "rolled-back", "rolled-back", "rolling-back"
+    mismatches = check_state(host, venv, info[side], recorded=(txid, side))
     call(host, venv, "mark", {"id": txid, "state": open_state if mismatches else ok_state})
     _record(host, venv, txid, outcome if not mismatches else "differs", how=how)
     if mismatches:
@@ -459,7 +469,10 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
     Before undoing one, its files must still be as it left them (else another change
     happened since: refused unless ``force``). With several chosen, all of them are checked
     before the first is undone (:func:`_refuse_drift_up_front`), so a drifted older one refuses
-    the whole rollback with nothing changed.
+    the whole rollback with nothing changed. Neither that check nor the one after each rollback
+    reads a file whose stat identity is still the one the transaction recorded of that state
+    (``recorded`` of :func:`check_state`); an older transaction without these records has all
+    its files read.
 
     :param reporter: told a step ``rolling back <id>`` as each starts, then the transactions
         rolled back of all chosen (items).
@@ -488,7 +501,7 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
     for txid in reversed(chosen):
         info = infos[txid]
         # the newest was just checked whole; an older one again, for the forms the records cannot compare
-        drifted = [] if ahead and not done else check_state(host, venv, info["after"])
+        drifted = [] if ahead and not done else check_state(host, venv, info["after"], recorded=(txid, "after"))
         if drifted and not force:
             so_far = ("; nothing was rolled back" if not done else
                       f"; already rolled back: {', '.join(done)} (the target is now as it was before "

@@ -13,8 +13,12 @@ State lives in ``<venv>/.transplant/`` (mode 0700):
   with O_EXCL; ``history.jsonl``: one line per event of every transaction.
 * ``txn/<id>/``: ``plan.json`` (the ordered steps), ``state`` (``staging``,
   ``committing``, ``committed``, ``rolled-back``, ``aborted``), ``before.json`` and
-  ``after.json`` (path -> content identity before and after), ``journal.jsonl``
-  (progress), ``staged/`` (the new files, streamed or copied here by rsync first, so a live path is
+  ``after.json`` (path -> content identity before and after), ``before-known.json`` and
+  ``after-known.json`` (path -> ``[identity, st_dev, st_ino, st_size, st_mtime_ns]`` of the regular
+  files as ``begin`` read them and as ``check`` verified them staged: the stat identities that let
+  ``state`` check a rollback without reading an unchanged file again; see :func:`_write_known`; a
+  transaction recorded before they existed has neither, and is checked by reading every file),
+  ``journal.jsonl`` (progress), ``staged/`` (the new files, streamed or copied here by rsync first, so a live path is
   only ever changed by a rename on the same filesystem) and ``backup/`` (each replaced
   or removed file, hardlinked, so a backup costs no copy and other hardlinks of a
   replaced file keep their bytes).
@@ -33,7 +37,8 @@ not exist before is removed. Operations:
   ``exists``: False when the venv has no state folder, which this operation does not create)
 * ``begin`` ``{"id", "steps", "after", "bytes", "source"}``: checks free space and that
   every folder it will write is writable, before anything is written; records the
-  content of each touched path (``before.json``).
+  content of each touched path (``before.json``) and the stat identity of each regular file
+  among them (``before-known.json``).
 * ``heads`` ``{"id", "scripts": [{"path", "head", "body_hash"}]}``: rewrite staged scripts.
 * ``records`` ``{"id", "records": [{"path", "scripts": [...]}]}``: after ``heads``, set the rows
   of those scripts in the staged RECORDs to the files as written (sha256 and size); ``check``
@@ -42,10 +47,12 @@ not exist before is removed. Operations:
   into the donor's prefix get the same path under this venv; never outside it).
 * ``check`` ``{"id", "expect", "written"}`` -> ``{"differ", "verified", ...}``: the staged files against
   the plan; a file the stream's receiver hashed as it wrote it, unchanged since (stat identity), is
-  not read again (see :func:`check`).
-* ``state`` ``{"expect": {path: identity or null}, "known"}`` -> ``{"differ": [line, ...]}``: the live venv
-  against a recorded state (after a commit, rollback or resume; before a rollback), hash for hash;
-  ``known`` spares the files ``check`` verified and the commit renamed unchanged (see :func:`state`).
+  not read again (see :func:`check`); the files it verified are kept in ``after-known.json``.
+* ``state`` ``{"expect": {path: identity or null}, "known", "recorded"}`` -> ``{"differ": [line, ...],
+  "trusted", "hashed"}``: the live venv against a recorded state (after a commit, rollback or resume;
+  before a rollback), hash for hash; ``known`` spares the files ``check`` verified and the commit
+  renamed unchanged, ``recorded`` (``{"id", "of": "before"|"after"}``) those a transaction's own
+  ``before-known.json`` or ``after-known.json`` names, still with that stat identity (see :func:`state`).
 * ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
 * ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after, and ``committed_at``
@@ -292,7 +299,7 @@ def _content(full):
 _CACHE_MIN_BYTES = 32 << 20
 
 
-def _contents_before(prefix, paths):
+def _contents_before(prefix, paths, keys=None):
     """``{path: content identity}`` (:func:`_content`'s form) of venv-relative ``paths`` as they are
     now: the transaction's ``before.json``, which ``rollback`` restores and checks hash for hash.
 
@@ -304,8 +311,15 @@ def _contents_before(prefix, paths):
     what ``prepare`` read, 1.7 GB on the benchmark's pair). An unreadable or malformed cache is
     not used.
 
+    :param keys: None, or a dict this fills with ``path -> [identity, st_dev, st_ino, st_size,
+        st_mtime_ns]`` for each regular file whose identity was taken from the cache, or read with
+        the same :func:`_stat_key` before and after the read, and whose mtime is older than this
+        call's start less :data:`_RACY_NS` (:func:`_stable`): ``before-known.json``, by which
+        ``state`` knows a file a rollback renamed back from its backup (a hardlink: all four
+        fields survive).
     :raises Refused: a path leaves the venv (:func:`_resolve`).
     """
+    started = time.time_ns()
     fulls = [(rel, _resolve(prefix, rel)) for rel in paths]
     stats = {}
     for rel, full in fulls:
@@ -324,13 +338,72 @@ def _contents_before(prefix, paths):
     before = {}
     for rel, full in fulls:
         st, entry = stats[rel], known.get(posixpath.normpath(rel))
-        if st is not None and stat.S_ISREG(st.st_mode) and isinstance(entry, list) and len(entry) == 8 and \
+        key = None if st is None else _stat_key_of(st)
+        if key is not None and isinstance(entry, list) and len(entry) == 8 and \
                 entry[:5] == [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] and \
                 isinstance(entry[5], str) and entry[5].startswith("sha256="):
             before[rel] = entry[5]
         else:
             before[rel] = _content(full)
+            if key is not None and _stat_key(full) != key:  # replaced or written while it was read
+                key = None
+        if keys is not None and key is not None and isinstance(before[rel], str) and _stable(key[3], started):
+            keys[rel] = [before[rel]] + key
     return before
+
+
+#: A file whose mtime lies within this many nanoseconds of the moment its identity was read, or
+#: after it, gets no entry in a transaction's ``*-known.json`` ("racily clean", as git's index and
+#: the probe's hash cache have it: a write in the same clock tick as the read would leave its stat
+#: identity as it was). Such a file (a console script ``heads`` rewrote, a file written just before
+#: the apply) is read again by the checks of a rollback; a few, in practice.
+_RACY_NS = 2 * 10 ** 9
+
+
+def _stable(mtime_ns, started_ns):
+    """Whether a file last modified at ``mtime_ns`` (ns since the epoch) is safely older than a
+    read that started at ``started_ns`` (this host's clock): see :data:`_RACY_NS`."""
+    return mtime_ns < started_ns - _RACY_NS
+
+
+#: The stat identities a transaction keeps of its two states (see the module docstring).
+_KNOWN_FILES = {"before": "before-known.json", "after": "after-known.json"}
+
+
+def _write_known(folder, of, entries):
+    """Write ``entries`` (path -> ``[identity, st_dev, st_ino, st_size, st_mtime_ns]``) as the
+    transaction folder ``folder``'s record of its ``of`` state (``"before"`` or ``"after"``):
+    ``before-known.json`` or ``after-known.json``, replaced whole (:func:`_write_atomic`)."""
+    _write_json(os.path.join(folder, _KNOWN_FILES[of]), entries)
+
+
+def _read_known(prefix, recorded):
+    """The stat identities a transaction recorded of one of its states, for :func:`state`.
+
+    :param recorded: ``{"id": transaction id, "of": "before"|"after"}``, or None.
+    :returns: path -> entry as :func:`_write_known` wrote it; empty when ``recorded`` is None, and
+        when the record is missing (a transaction from before these records existed, or whose
+        check never passed), damaged, not a regular file (never read through a symlink) or not a
+        JSON object: then every file is read, as for any file whose entry does not hold.
+    :raises Refused: ``recorded`` is not such an object, or its id is not a transaction id.
+    """
+    if recorded is None:
+        return {}
+    if not isinstance(recorded, dict) or recorded.get("of") not in _KNOWN_FILES:
+        raise Refused("refused: recorded {!r} is not {{\"id\", \"of\": \"before\"|\"after\"}}".format(recorded))
+    path = os.path.join(_txn_dir(prefix, recorded.get("id")), _KNOWN_FILES[recorded["of"]])
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    try:
+        with os.fdopen(fd, "r", encoding="utf-8") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return {}
+            value = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # --- lock --------------------------------------------------------------------------------
@@ -585,8 +658,10 @@ def begin(prefix, request):
     building = os.path.join(os.path.dirname(folder), _BEGIN + txid)
     os.makedirs(os.path.join(building, "staged"), mode=0o700)
     os.makedirs(os.path.join(building, "backup"), mode=0o700)
-    before = _contents_before(prefix, [s["path"] for s in steps])
+    keys = {}
+    before = _contents_before(prefix, [s["path"] for s in steps], keys)
     _write_json(os.path.join(building, "before.json"), before)
+    _write_known(building, "before", keys)
     _write_json(os.path.join(building, "after.json"), request.get("after") or {})
     _write_json(os.path.join(building, "plan.json"), {"id": txid, "source": request.get("source"),
                                                       "created": time.time(), "steps": steps})
@@ -735,6 +810,11 @@ def _stat_key(full):
         info = os.lstat(full)
     except OSError:
         return None
+    return _stat_key_of(info)
+
+
+def _stat_key_of(info):
+    """:func:`_stat_key` of an ``os.stat_result`` already taken (by ``lstat``)."""
     if not stat.S_ISREG(info.st_mode):
         return None
     return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns]
@@ -762,8 +842,16 @@ def check(prefix, request):
     receiver's hash and files read), and ``verified``: path -> ``[identity, st_dev, st_ino,
     st_size, st_mtime_ns]`` of each staged regular file that matched, for ``state``'s ``known``
     after the commit (a rename keeps all four).
+
+    A transaction still ``staging`` also keeps those entries in ``after-known.json`` (replaced by
+    each check), but for files modified within :data:`_RACY_NS` of this check's start or later
+    (:func:`_stable`): ``state`` takes them for the checks of a later rollback or resume
+    (``recorded``), long after the commit, when a write in the tick the check read a file in
+    would no longer be told from the file as verified.
     """
-    staged = _real_folder(os.path.join(_txn_dir(prefix, request.get("id")), "staged"))
+    started = time.time_ns()
+    folder = _txn_dir(prefix, request.get("id"))
+    staged = _real_folder(os.path.join(folder, "staged"))
     written = request.get("written") or {}
     differ, verified, trusted, hashed = [], {}, 0, 0
     for rel, want in sorted((request.get("expect") or {}).items()):
@@ -782,6 +870,8 @@ def check(prefix, request):
             differ.append("{}: staged {} , planned {}".format(rel, have, want))
         elif key is not None:
             verified[rel] = [have] + key
+    if _read_state(folder) == "staging":
+        _write_known(folder, "after", {rel: entry for rel, entry in verified.items() if _stable(entry[4], started)})
     return {"ok": not differ, "error": ("1 staged file differs" if len(differ) == 1 else "{} staged files differ".format(len(differ))) + " from the plan" if differ else None,
             "differ": differ[:50], "trusted": trusted, "hashed": hashed, "verified": verified}
 
@@ -794,9 +884,23 @@ def state(prefix, request):
     ``known`` (optional): path -> ``[identity, st_dev, st_ino, st_size, st_mtime_ns]``, ``check``'s
     ``verified``: a live regular file whose stat identity (:func:`_stat_key`) equals the one it
     had staged, with the planned identity, is not hashed again (the commit renamed it, which
-    keeps all four). Reply: ``differ``, and ``trusted`` (files taken at their known identity)."""
-    differ, trusted = [], 0
-    known = request.get("known") or {}
+    keeps all four).
+
+    ``recorded`` (optional): ``{"id": transaction id, "of": "before"|"after"}``: the entries of that
+    transaction's ``before-known.json`` or ``after-known.json`` (:func:`_read_known`) count as
+    ``known`` too (``known``'s own win): before a rollback, a committed file whose stat identity is
+    the one ``check`` verified; after it, a file renamed back from its backup (a hardlink of the
+    original: dev, inode, size and mtime survive) with the identity ``begin`` read. A transaction
+    without these records has every file read. Either way an entry is taken only when its identity
+    is the one expected of the path, and every path is resolved inside the venv first.
+
+    Reply: ``differ``, ``trusted`` (files taken at their known identity) and ``hashed`` (files
+    read: every path that is there but a symlink and a trusted file).
+
+    :raises Refused: a path leaves the venv (:func:`_resolve`), or ``recorded`` is malformed."""
+    differ, trusted, hashed = [], 0, 0
+    known = dict(_read_known(prefix, request.get("recorded")))
+    known.update(request.get("known") or {})
     for rel, want in sorted((request.get("expect") or {}).items()):
         full = _resolve(prefix, rel)
         there = os.path.islink(full) or os.path.isfile(full)
@@ -808,11 +912,12 @@ def state(prefix, request):
         elif isinstance(known.get(rel), list) and known[rel][:1] == [want] and _known(known[rel], _stat_key(full)):
             trusted += 1
         else:
+            hashed += not os.path.islink(full)
             have = _identity(full, want, rel)
             if have != want:
                 kind = "script" if want.startswith("script:") else "RECORD" if want.startswith("record:") else "content"
                 differ.append("{}: {} {} differs from the planned {}".format(rel, kind, have, want))
-    return {"ok": True, "error": None, "differ": differ, "trusted": trusted}
+    return {"ok": True, "error": None, "differ": differ, "trusted": trusted, "hashed": hashed}
 
 
 def _backup(full, backup):
