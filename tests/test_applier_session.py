@@ -139,3 +139,23 @@ def test_a_missing_interpreter_is_named(tmp_path):
     with pytest.raises(HostError, match="does not exist or points to nothing"):
         opened.request("pending", {})
     opened.close()
+
+
+def test_a_reply_of_megabytes_is_read_whole_and_the_next_reply_after_it(pair):
+    """A reply line far longer than one read (the real pair's transaction record: 37 MB) arrives
+    whole, and the session's next reply is read from where it ended."""
+    base, target = pair
+    venv, _ = target("long")
+    steps = [{"op": "put", "path": f"lib/python3.11/site-packages/pkg/{'deep/' * 8}m{i:05}.py"}
+             for i in range(40000)]
+    opened = ScriptSession(LocalHost(), str(venv), "applier")
+    try:
+        assert opened.request("lock", {"id": "t1", "controller": "here", "pid": 1, "command": "test"})["ok"]
+        assert opened.request("begin", {"id": "20260101T000000Z-long", "steps": steps, "after": {},
+                                        "bytes": 0, "source": "test"})["ok"]
+        reply = opened.request("txn", {"id": "20260101T000000Z-long"})
+        assert len(json.dumps(reply)) > 4_000_000 and reply["plan"]["steps"] == steps
+        assert reply["before"] == {s["path"]: None for s in steps}
+        assert opened.request("pending", {})["served"] == 4 and opened.started == 1
+    finally:
+        opened.close()
