@@ -17,8 +17,9 @@ each, as processes on this machine with their peak RSS:
 * ``transplant plan`` of the calibrated forward manifest
   (``python -m transplant.lab.realstacks manifest DONOR TARGET OUT --calibrated``): first
   with ``TRANSPLANT_HASH_CACHE=0`` (no hash cache: every overlaid file hashed, the cold
-  case), then twice with the caches on (the first fills the donor's, the second is the warm
-  plan the issue's target names);
+  case), then twice with the caches on (the first fills the donor's and keeps the plan memo,
+  the second, with ``TRANSPLANT_PLAN_MEMO=0``, is the warm plan the issue's target names), then
+  once more as an operator's second plan (the memo's plan: two fingerprints, nothing read);
 * a no-op plan: the same pair with an overlay of the distributions that are byte-identical
   on both sides (same dist-info name and RECORD) and no removals, so that nothing is left
   to change, three times (the second and third with warm caches; each with its peak RSS). A
@@ -142,7 +143,8 @@ def measure(root: Path, say=print, *, verify_only: bool = False) -> dict[str, tu
         step("inventory: pip inspect", _pip(target))
         step("plan forward, no hash cache (cold)", [*plan, str(forward)], {"TRANSPLANT_HASH_CACHE": "0"})
         step("plan forward, filling the hash caches", [*plan, str(forward)])
-        step("plan forward, warm hash caches", [*plan, str(forward)])
+        step("plan forward, warm hash caches", [*plan, str(forward)], {"TRANSPLANT_PLAN_MEMO": "0"})
+        step("plan forward, nothing changed since (the plan memo's plan)", [*plan, str(forward)])
         step("plan with nothing to change, first", [*plan, str(noop)])
         step("plan with nothing to change, warm", [*plan, str(noop)])
         step("plan with nothing to change, warm again", [*plan, str(noop)])

@@ -87,6 +87,17 @@ def test_real_workload_skips_with_its_reason(tmp_path, capsys):
     assert missing(tmp_path) is None  # the complete twin is measured
 
 
+def test_real_apply_workload_skips_with_its_reason_and_reports_ratios_to_the_floor(tmp_path, capsys):
+    from bench.realapply import main as realapply_main, report
+
+    assert realapply_main(["--root", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"real apply: skipped: no donor venv at {tmp_path / 'donor'} " \
+                                      "(scripts/real-stacks installs the real pair)\n"
+    section = report({"apply right after plan": (50.0, "prepare 1.0 s"), "tar floor": (20.0, "9 files")}, tmp_path)
+    assert "| apply right after plan | 50.00 | 2.50 | prepare 1.0 s |" in section
+    assert "| tar floor | 20.00 | 1.00 | 9 files |" in section
+
+
 def test_identical_distributions_are_the_no_op_overlay(tmp_path):
     from bench.real import identical_distributions
 
