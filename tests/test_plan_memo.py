@@ -211,19 +211,68 @@ def test_an_unreadable_memo_means_a_full_plan(pair, capsys):
     assert memo_hit(plan(pair, capsys)[2]), "the full plan kept a readable memo again"
 
 
-def test_old_memos_are_pruned(pair, capsys):
+def test_old_memos_are_pruned_and_nothing_else(pair, capsys):
     import transplant.pipeline.memo as memo
 
     folder = pair / "state" / "plan-memo"
     folder.mkdir(parents=True, exist_ok=True)
-    for i in range(memo.MAX_MEMOS + 3):  # the first form's *.json among them
-        (folder / f"old{i:02}.{'json' if i % 2 else 'memo'}").write_text("{}")
-        os.utime(folder / f"old{i:02}.{'json' if i % 2 else 'memo'}", (1000 + i, 1000 + i))
+    names = [f"{i:032x}.{'json' if i % 2 else 'memo'}" for i in range(memo.MAX_MEMOS + 3)]  # the first form too
+    for i, name in enumerate(names):
+        (folder / name).write_text("{}")
+        os.utime(folder / name, (1000 + i, 1000 + i))
+    for other in ("notes.json", "saved-plan.json", f"{'a' * 32}.memo.77.tmp"):  # a user's files; a fresh leftover
+        (folder / other).write_text("mine")
+        os.utime(folder / other, (900, 900) if other.endswith(".tmp") else (500, 500))
+    (folder / f"{'b' * 32}.memo.78.tmp").write_text("left by a killed plan")  # written just now: kept
     plan(pair, capsys)
-    left = sorted(p.stem for p in folder.iterdir())
-    assert len(left) == memo.MAX_MEMOS and "old00" not in left and "old01" not in left
-    assert f"old{memo.MAX_MEMOS + 2}" in left
+    left = {p.name for p in folder.iterdir()}
+    assert {"notes.json", "saved-plan.json", f"{'b' * 32}.memo.78.tmp"} <= left, "no other name is pruned"
+    assert f"{'a' * 32}.memo.77.tmp" not in left, "an old leftover of a killed plan goes"
+    kept = {n for n in left if memo._MEMO_NAME.match(n) and not n.endswith(".tmp")}
+    assert len(kept) == memo.MAX_MEMOS and names[0] not in kept and names[1] not in kept and names[-1] in kept
     assert memo_hit(plan(pair, capsys)[2]), "the newest (this plan's) was kept"
+
+
+@pytest.mark.parametrize("how", ["folder-is-a-file", "memo-is-a-fifo", "inflates-too-far", "time-out-of-range",
+                                 "folder-is-a-symlink"])
+def test_a_memo_that_cannot_be_used_or_kept_leaves_a_full_plan(pair, capsys, how, tmp_path):
+    """Whatever lies where the memos go, plan prints the full plan: no traceback, no hang, nothing
+    written or removed outside the state folder."""
+    import zlib
+
+    import transplant.pipeline.memo as memo
+
+    fresh, _, _ = plan(pair, capsys)
+    folder = pair / "state" / "plan-memo"
+    (kept,) = folder.iterdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.json").write_text("mine")
+    if how == "folder-is-a-file":
+        kept.unlink()
+        folder.rmdir()
+        folder.write_text("not a folder")
+    elif how == "memo-is-a-fifo":
+        kept.unlink()
+        os.mkfifo(kept)
+    elif how == "inflates-too-far":
+        kept.write_bytes(zlib.compress(b" " * (memo.MAX_MEMO_TEXT + 1), 9))
+    elif how == "time-out-of-range":
+        document = json.loads(zlib.decompress(kept.read_bytes()))
+        document["planned_at"] = 1e300
+        kept.write_bytes(zlib.compress(json.dumps(document).encode()))
+    else:
+        for old in folder.iterdir():
+            old.unlink()
+        folder.rmdir()
+        folder.symlink_to(outside)
+        for i in range(memo.MAX_MEMOS + 2):
+            (outside / f"{i:032x}.json").write_text("{}")
+    again, err, ran = plan(pair, capsys)
+    assert again == fresh and ran.count("probe") == 2 and "Traceback" not in err
+    assert (outside / "keep.json").read_text() == "mine"
+    if how == "folder-is-a-symlink":
+        assert len(list(outside.iterdir())) == memo.MAX_MEMOS + 3, "nothing pruned or written through the link"
 
 
 def test_over_ssh_the_memo_is_used_until_the_target_changes(lab, tmp_path, capsys, monkeypatch):
@@ -279,13 +328,53 @@ def _apply(root: Path, capsys) -> tuple[str, list[str]]:
 def test_apply_after_a_plan_reuses_it_when_nothing_changed_and_keeps_none(pair, capsys):
     plan(pair, capsys)
     out, ran = _apply(pair, capsys)
-    # both fingerprints, then only the stale-plan probe of the target under the lock: no plan probes
-    assert ran.count("fingerprint") == 2 and ran.count("probe") == 1, ran
+    # both fingerprints, then the stale-plan check under the lock asks the target's fingerprint
+    # again: no probe reads either venv
+    assert ran.count("fingerprint") == 3 and ran.count("probe") == 0, ran
     assert "nothing changed on either venv since the plan of" in " ".join(out.split())
     assert "planning afresh" not in out
     site = pair / "target" / SITE
     assert (site / "foo" / "__init__.py").read_text() == "V = 2\n" and (site / "foo" / "extra.py").exists()
     assert not (pair / "state" / "plan-memo").exists() or len(list((pair / "state" / "plan-memo").iterdir())) == 1
+
+
+def _changed_after_recall(monkeypatch, change) -> None:
+    """Run ``change`` once apply has taken the kept plan, before it locks the target."""
+    from transplant.cli.session import Session
+
+    real = Session.plan
+
+    def then_changed(self, **kwargs):
+        plan = real(self, **kwargs)
+        change()
+        return plan
+
+    monkeypatch.setattr(Session, "plan", then_changed)
+
+
+def test_a_kept_plan_whose_target_changed_before_the_lock_is_refused_as_stale(pair, capsys, monkeypatch):
+    plan(pair, capsys)
+    edited = pair / "target" / SITE / "bar" / "__init__.py"
+    _changed_after_recall(monkeypatch, lambda: edited.write_text("B = 'edited'\n"))
+    log = pair / "scripts.log"
+    log.unlink(missing_ok=True)
+    assert main(["apply", str(pair / "m.yaml"), "--yes"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "nothing changed on either venv since the plan of" in out, "the kept plan was taken"
+    assert "refusing a stale plan: the target changed since the plan was made" in out, out
+    ran = [line.split()[0] for line in log.read_text().splitlines()]
+    assert ran.count("fingerprint") == 3 and ran.count("probe") == 1, "the fingerprint differed: the full check"
+    assert edited.read_text() == "B = 'edited'\n"
+    assert (pair / "target" / SITE / "foo" / "__init__.py").read_text() == "V = 1\n", "nothing was applied"
+
+
+def test_a_kept_plan_whose_target_only_had_a_file_touched_is_applied_after_the_full_check(pair, capsys, monkeypatch):
+    plan(pair, capsys)
+    touched = pair / "target" / SITE / "bar" / "__init__.py"
+    _changed_after_recall(monkeypatch, lambda: os.utime(touched, (1_000_000_000, 1_000_000_000)))
+    out, ran = _apply(pair, capsys)
+    assert ran.count("fingerprint") == 3 and ran.count("probe") == 1, ran  # differed; the full probe agreed
+    assert (pair / "target" / SITE / "foo" / "__init__.py").read_text() == "V = 2\n"
 
 
 def test_apply_after_a_plan_plans_afresh_when_the_donor_changed(pair, capsys):

@@ -31,7 +31,7 @@ from transplant.hosts.probing import take_inventory
 from transplant.core.plan import Plan
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
-from transplant.hosts.probing import WaitingScript, take_prestarted, venv_python
+from transplant.hosts.probing import WaitingScript, run_script, take_prestarted, venv_python
 from transplant.hosts.stream import UNAVAILABLE, StartedSides, side_argv, start_sides, stream_files
 from transplant.hosts.transfer import TransferResult, copy_files
 from transplant.core.units import count, human_bytes
@@ -129,6 +129,7 @@ def execute(
     stager: Callable[..., tuple[int, int]] | None = None,
     compress: bool = False,
     stale_probe: WaitingScript | None = None,
+    stale_inputs: dict | None = None,
 ) -> ApplyResult:
     """Carry out ``plan`` as a transaction on the target (see :mod:`transplant.remote.applier`).
 
@@ -178,6 +179,11 @@ def execute(
         (:class:`transplant.hosts.probing.WaitingScript`, started while the plan gathered): the
         stale-plan check sends it its request under the lock (the probe reads the venv only then),
         so the check is the same and only the process's start is saved; None starts one under the lock.
+    :param stale_inputs: when ``plan`` is the plan memo's (:class:`transplant.pipeline.memo.Recalled`'s
+        ``target_inputs``: the packed input paths, their digest, the extra paths and theirs), the
+        stale-plan check asks the probe for that fingerprint (one ``lstat`` per input) instead of a
+        full inventory: equal, the target is what the plan read (the memo's own rule); else the
+        full check runs as without it. None: the full check.
     :raises ApplyError: a path in the plan leaves its root (checked before any write), the
         target is no longer the one the plan was made against (checked under the lock,
         before any write: a stale plan), the target lacks space or cannot be written (nothing changed), an earlier transaction
@@ -199,7 +205,8 @@ def execute(
         return _execute(plan, donor=donor, target=target, manifest_dir=manifest_dir, state_dir=state_dir,
                         reporter=reporter, timeout=timeout, break_lock=break_lock, crash_after=crash_after,
                         orphan_at=orphan_at, donor_root=donor_root, recipe=recipe, stager=stager, compress=compress,
-                        stale_probe=stale_probe, how=how, txid=txid, started=started, ahead=ahead)
+                        stale_probe=stale_probe, stale_inputs=stale_inputs, how=how, txid=txid, started=started,
+                        ahead=ahead)
     finally:
         if ahead is not None:
             ahead.close()
@@ -238,7 +245,7 @@ def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state
              timeout: float | None, break_lock: bool, crash_after: int | None, orphan_at: int | None,
              donor_root: str | None, recipe: dict | None, stager: Callable[..., tuple[int, int]] | None,
              compress: bool, stale_probe: WaitingScript | None, how: str, txid: str, started: float,
-             ahead: StartedSides | None) -> ApplyResult:
+             ahead: StartedSides | None, stale_inputs: dict | None = None) -> ApplyResult:
     """:func:`execute` once its inputs are checked (``ahead``: the stream's sides started ahead, or None)."""
     venv = plan.target.venv
     steps: list[tuple[str, float]] = []
@@ -257,7 +264,7 @@ def _execute(plan: Plan, *, donor: Host, target: Host, manifest_dir: Path, state
     # (a stale plan discards the staged files), so it costs the apply no time of its own
     pool = ThreadPoolExecutor(max_workers=1)
     try:
-        stale = pool.submit(_refuse_stale, plan, target, stale_probe)
+        stale = pool.submit(_refuse_stale, plan, target, stale_probe, stale_inputs)
         pending = txn.interrupted(target, venv)
         for completed in txn.record_completed(target, venv):
             reporter.note(completed.describe())
@@ -366,7 +373,8 @@ def _after_failed_commit(target: Host, venv: str, txid: str) -> str:
     return f"transaction {txid} is interrupted part-way through its commit"
 
 
-def _refuse_stale(plan: Plan, target: Host, waiting: WaitingScript | None = None) -> None:
+def _refuse_stale(plan: Plan, target: Host, waiting: WaitingScript | None = None,
+                  inputs: dict | None = None) -> None:
     """Under the lock: the target must still be the one the plan was made against.
 
     The target is probed again exactly as the plan read it (the overlaid distributions
@@ -374,13 +382,32 @@ def _refuse_stale(plan: Plan, target: Host, waiting: WaitingScript | None = None
     its fingerprint compared with the plan's, so an apply that landed between plan and lock
     (another manifest, a prompt left waiting) or a hand edit is never committed over.
 
+    For a plan the plan memo kept, ``inputs`` (the memo's target fingerprint) is asked first:
+    one ``lstat`` of each file and folder the plan's probe read, as the memo's own check is, and
+    when every identity (and the extra paths' outside the venv) is the one the plan was made
+    with, nothing the plan read changed (a write gives a file another ctime, and the memo keeps
+    no plan whose inputs were written within two seconds of its probe). Any difference, or a
+    reply it cannot read, leads to the full probe above, which decides.
+
     :param waiting: a probe process started earlier and waiting for its request (it has read
         nothing of the venv yet): asked now, under the lock; None starts one.
-
+    :param inputs: ``{"paths", "digest", "extra_paths", "extra"}`` of
+        :class:`transplant.pipeline.memo.Recalled`'s ``target_inputs``; None: the full probe only.
     :raises ApplyError: the target changed since the plan was made (nothing was written).
     """
     from transplant.core.inventory import TEXTS
 
+    if inputs is not None:
+        extra = list(inputs.get("extra_paths") or [])
+        try:
+            answer = run_script(target, plan.target.venv, "probe", ["--stdin"], waiting=waiting, timeout=600.0,
+                                request={"fingerprint": {"paths": inputs["paths"], "extra": extra}})
+        except (TransplantError, KeyError, TypeError):
+            answer = {}
+        waiting = None  # asked (or gone): the full probe below starts its own
+        if answer.get("inputs") == inputs.get("digest") is not None and (
+                not extra or answer.get("extra") == inputs.get("extra")):
+            return
     now = take_inventory(target, plan.target.venv, hash_patterns=plan.hash_patterns, files=plan.patch_files,
                          texts=TEXTS, hash_cache="venv", waiting=waiting)
     if now.fingerprint != plan.target.fingerprint:

@@ -100,11 +100,12 @@ class Session:
                                    highlight=False)
         return self._donor
 
-    def plan(self, *, memo: bool | str = False) -> Plan:
+    def plan(self, *, memo: bool | str = False, recalled: list | None = None) -> Plan:
         """Gather facts from the donor and the target (see :mod:`transplant.pipeline.gather`), and plan.
 
         :param memo: reuse the last plan when neither venv changed since, and keep this one
             (``plan_target``'s ``memo``); ``"recall"`` reuses without keeping.
+        :param recalled: ``plan_target``'s: told the memo's entry when the kept plan is returned.
         """
         source = self.donor().source
         m = self.manifest
@@ -116,7 +117,7 @@ class Session:
         from transplant.cli.progress import Shown, printer
 
         with self.console.status("probing") as status:
-            return plan_target(m, source, target_host, patches=patches, memo=memo,
+            return plan_target(m, source, target_host, patches=patches, memo=memo, recalled=recalled,
                                reporter=Shown(step=status.update, note=printer(self.console, highlight=False)))
 
 

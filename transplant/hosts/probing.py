@@ -44,6 +44,7 @@ def run_script(
     env: Mapping[str, str] | None = None,
     timeout: float | None = 600.0,
     python: str | None = None,
+    waiting: WaitingScript | None = None,
 ) -> dict[str, Any]:
     """Run the host script ``script`` (see :mod:`transplant.remote`) with the venv's python.
 
@@ -54,11 +55,14 @@ def run_script(
     :param timeout: seconds; None waits without limit.
     :param python: the interpreter to run instead of the venv's ``bin/python`` (a base
         interpreter, before the venv exists); None runs the venv's own.
+    :param waiting: a process of this script started earlier and not yet asked, asked instead
+        of starting one (:func:`_reply_line`'s); None takes one :func:`prestart` began, if any.
     :returns: the JSON object the script printed (its last line of output).
     :raises HostError: the host cannot be reached, the venv's python is missing or does
         not start, or the script printed no JSON (its stderr tail is in the message).
     """
-    line = _reply_line(host, venv, script, args, request=request, env=env, timeout=timeout, python=python)
+    line = _reply_line(host, venv, script, args, request=request, env=env, timeout=timeout, python=python,
+                       waiting=waiting)
     return _document(f"{host.label}:{venv}", script, line)
 
 

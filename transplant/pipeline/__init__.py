@@ -32,7 +32,7 @@ __all__ = ["plan_target", "apply_plan", "verify_target"]
 
 
 def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
-                reporter: Reporter = QUIET, memo: bool | str = False) -> Plan:
+                reporter: Reporter = QUIET, memo: bool | str = False, recalled: list | None = None) -> Plan:
     """Gather the facts of the donor ``source`` and the ``target`` host (:func:`transplant.pipeline.gather.gather`)
     and plan (:func:`transplant.core.planner.plan`).
 
@@ -46,6 +46,9 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
         use a kept plan but keep none (apply's: the plan it makes is for the state it then changes,
         so keeping it would cost the probes' inputs and a fingerprint of the extra paths for a memo
         the apply itself makes stale).
+    :param recalled: a list the memo's :class:`transplant.pipeline.memo.Recalled` is appended to
+        when the plan returned is the kept one (apply asks its target fingerprint again under the
+        lock); None: not said.
     :raises TransplantError: as ``gather`` and the planner raise (an unreachable host, a bad probe).
     """
     from transplant.pipeline import memo as memos
@@ -57,12 +60,14 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
            "the donor is neither a host nor a local snapshot (no plan is kept for it)" if memo and key is None else None)
     if key is not None:
         reporter.step("asking both venvs whether anything changed since the last plan")
-        recalled = memos.recall(key, source, target, manifest.target.venv)
-        if not isinstance(recalled, str):
-            reporter.note(f"nothing changed on either venv since the plan of {memos.planned_when(recalled.planned_at)}"
+        kept = memos.recall(key, source, target, manifest.target.venv)
+        if not isinstance(kept, str):
+            reporter.note(f"nothing changed on either venv since the plan of {memos.planned_when(kept.planned_at)}"
                           f"; nothing was read again (TRANSPLANT_PLAN_MEMO=0 plans afresh)")
-            return recalled.plan
-        why = recalled
+            if recalled is not None:
+                recalled.append(kept)
+            return kept.plan
+        why = kept
     if memo == "recall" and why:  # apply: one line on why it plans again rather than reusing a plan
         reporter.note(f"planning afresh: {why}")
     started = time.time()
@@ -82,7 +87,7 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
 def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, reporter: Reporter = QUIET,
                break_lock: bool = False, crash_after: int | None = None,
                orphan_at: int | None = None, compress: bool = False,
-               stale_probe: WaitingScript | None = None) -> ApplyResult:
+               stale_probe: WaitingScript | None = None, stale_inputs: dict | None = None) -> ApplyResult:
     """Carry out ``plan`` on ``target`` as one transaction (:func:`transplant.apply.execute.execute`), the
     donor's files read from ``opened``'s source (a registry snapshot's source stages them on the
     target itself: its ``stage``), the recipe of where the state came from recorded.
@@ -90,6 +95,7 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
     :param reporter: passed to ``execute`` (its steps, the bytes copied, its notes).
     :param compress: compress the file stream (``execute``'s ``compress``).
     :param stale_probe: the target's probe started earlier for the stale-plan check (``execute``'s).
+    :param stale_inputs: the memo's target fingerprint when ``plan`` is the kept one (``execute``'s).
     :raises ApplyError: / :raises TransactionError: as ``execute`` (a stale plan, a lock held, a failed step).
     """
     from transplant.apply.execute import execute
@@ -101,7 +107,7 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
     return execute(plan, donor=donor_host, target=target, manifest_dir=Path(manifest.path).resolve().parent,
                    state_dir=default_state_dir(), donor_root=donor_root, recipe=make_recipe(manifest, plan, opened),
                    break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, stager=stager, reporter=reporter,
-                   compress=compress, stale_probe=stale_probe)
+                   compress=compress, stale_probe=stale_probe, stale_inputs=stale_inputs)
 
 
 def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSHOptions | None,

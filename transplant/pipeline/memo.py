@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import sys
 import time
 import zlib
@@ -43,6 +45,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from transplant.controller.regular_file import NotRegular, read_regular
 from transplant.controller.state import default_state_dir
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan, plan_from_dict, write_plan
@@ -140,10 +143,13 @@ def fingerprint(host: Host, venv: str, paths: str, extra: Sequence[str], *, time
 @dataclass(frozen=True)
 class Recalled:
     """A kept plan whose venvs did not change: :ivar plan: the plan; :ivar planned_at: when it was
-    made (seconds since the epoch)."""
+    made (seconds since the epoch); :ivar target_inputs: what the target's fingerprint was asked
+    and answered: ``{"paths": packed input paths, "digest", "extra_paths": [absolute paths],
+    "extra": digest}`` (apply's stale-plan check asks the same again under the lock)."""
 
     plan: Plan
     planned_at: float
+    target_inputs: dict[str, Any]
 
 
 def _sides(memo: dict[str, Any], source: object, target: Host, venv: str) -> list[tuple[Host, str, dict[str, Any]]]:
@@ -169,12 +175,20 @@ def recall(key: str, source: object, target: Host, venv: str) -> Recalled | str:
     """
     path = _path(key)
     try:
-        memo = json.loads(zlib.decompress(path.read_bytes()))
+        packed = read_regular(path, MAX_MEMO_BYTES)  # a FIFO put there is not waited on
+        inflate = zlib.decompressobj()
+        text = inflate.decompress(packed, MAX_MEMO_TEXT)
+        del packed
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise ValueError("over the limit, or cut short")
+        memo = json.loads(text)
+        del text
     except FileNotFoundError:
         return "no plan kept for this manifest (none made yet, or one too recent to keep)"
-    except (OSError, ValueError, zlib.error):
+    except (OSError, ValueError, RecursionError, zlib.error, NotRegular):
         return "the kept plan could not be read"
-    if not isinstance(memo, dict) or memo.get("schema") != MEMO_SCHEMA or memo.get("key") != key:
+    if not isinstance(memo, dict) or memo.get("schema") != MEMO_SCHEMA or memo.get("key") != key \
+            or not _plausible_time(memo.get("planned_at")):
         return "the kept plan could not be read"
     try:
         sides = _sides(memo, source, target, venv)
@@ -189,7 +203,7 @@ def recall(key: str, source: object, target: Host, venv: str) -> Recalled | str:
         if side.get("extra_paths") and answer.get("extra") != side.get("extra"):
             return f"a file the {which}'s plan read outside the venv changed since the last plan"
     try:
-        return Recalled(plan_from_dict(memo["plan"], source=str(path)), float(memo["planned_at"]))
+        return Recalled(plan_from_dict(memo["plan"], source=str(path)), float(memo["planned_at"]), dict(memo["target"]))
     except (TransplantError, KeyError, TypeError, ValueError):
         return "the kept plan could not be read"
 
@@ -237,6 +251,8 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.parent.is_symlink() or not path.parent.is_dir():
+            return False  # the memos live in a real folder of the state folder's own, or nowhere
         with temporary.open("wb") as handle:
             packer = zlib.compressobj(1)
 
@@ -249,20 +265,54 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
             handle.write(packer.flush())
         os.replace(temporary, path)
     except OSError:
-        temporary.unlink(missing_ok=True)
+        try:
+            temporary.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only folder, or plan-memo is a file: nothing was written
         return False
-    try:
-        kept = sorted((p for p in path.parent.iterdir() if p.suffix in (".memo", ".json")),
-                      key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in kept[MAX_MEMOS:]:  # the memos of other manifests, targets and transplant versions
-            old.unlink(missing_ok=True)
-    except OSError:
-        pass  # another plan pruned it first
+    _prune(path.parent)
     return True
 
 
-#: How many memos the state folder keeps (the newest; a memo of the first form, ``*.json``, counts
-#: among them until it is the oldest).
+#: A memo's file name (the first 32 hex digits of its key; ``.json`` was the first form's), and one
+#: being written (``.<pid>.tmp``): pruning touches no other name.
+_MEMO_NAME = re.compile(r"[0-9a-f]{32}\.(memo|json)(\.[0-9]+\.tmp)?\Z")
+
+
+def _prune(folder: Path) -> None:
+    """Keep the :data:`MAX_MEMOS` newest memos in ``folder`` (the memos of other manifests, targets
+    and transplant versions go), and remove what a killed plan left being written (an hour old).
+    Only names of :data:`_MEMO_NAME`'s form are looked at; a failure (another plan pruned first)
+    is ignored."""
+    try:
+        names = [p for p in folder.iterdir() if _MEMO_NAME.match(p.name) and p.is_file() and not p.is_symlink()]
+        dated = [(p.stat().st_mtime, p) for p in names]
+    except OSError:
+        return
+    now = time.time()
+    memos = sorted(((at, p) for at, p in dated if p.suffix != ".tmp"), reverse=True)
+    for at, old in memos[MAX_MEMOS:] + [(at, p) for at, p in dated if p.suffix == ".tmp" and at < now - 3600]:
+        try:
+            old.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def _plausible_time(value: object) -> bool:
+    """Whether ``value`` is a memo's ``planned_at``: a finite number of seconds since the epoch
+    that ``time.localtime`` can show (1970 to 9999)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and 0 <= value < 253402300800
+
+
+#: The largest memo file read (bytes, compressed) and the most text it may inflate to: the real
+#: pair's forward plan is about 32 MB of text, 3 MB compressed; a file past these is not a memo.
+MAX_MEMO_BYTES = 64 << 20
+MAX_MEMO_TEXT = 256 << 20
+
+
+#: How many memos the state folder keeps (the newest; a memo of the first form, ``<key>.json``,
+#: counts among them until it is the oldest).
 MAX_MEMOS = 16
 
 

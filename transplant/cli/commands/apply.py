@@ -277,7 +277,9 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
         # the plan memo, as plan's: when neither venv changed since the last plan of this manifest, that plan
         # (the stale-plan check under the lock still probes the target, and the copy hashes what it writes);
         # none is kept: this apply changes the target it would be about
-        plan = session.plan(memo="recall" if not args.resume and not args.rollback else False)
+        recalled: list = []  # the memo's entry when the plan is the kept one: its target fingerprint, asked again
+        plan = session.plan(memo="recall" if not args.resume and not args.rollback else False, recalled=recalled)
+        stale_inputs = recalled[0].target_inputs if recalled and stale_probe is not None else None
         if saved is not None:
             changed = drift(saved, plan.donor.fingerprint, plan.target.fingerprint)
             if changed:
@@ -330,7 +332,8 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
                                                      "patches": patch_bytes}) as bar:
             result = apply_plan(plan, manifest, opened, session.host("target"), reporter=bar, break_lock=args.break_lock,
                                 crash_after=crash_after(), orphan_at=orphan_at(),
-                                compress=getattr(args, "compress", False), stale_probe=stale_probe)
+                                compress=getattr(args, "compress", False), stale_probe=stale_probe,
+                                stale_inputs=stale_inputs)
             applied.update(id=result.transaction, manifest=given.path)
     relayed = f" ({result.transfer})" if result.transfer else ""
     console.print(Text.assemble(("applied", "bold green"), (
