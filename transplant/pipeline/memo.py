@@ -25,7 +25,8 @@ another ctime by then, so the next fingerprint differs and the next plan is a fu
 rule. ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every plan is made afresh
 and none is kept); ``1`` or unset keeps it on; any other value is refused. ``apply`` reuses a kept plan but
 keeps none, and says in one line why it plans afresh when it does not reuse one (:func:`recall`'s reason);
-its stale-plan check under the lock probes afresh either way.
+its stale-plan check under the lock asks the target's fingerprint again for a kept plan
+(:class:`Recalled`'s ``target_inputs``) and probes the target afresh when that differs.
 """
 
 from __future__ import annotations
