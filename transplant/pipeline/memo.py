@@ -307,7 +307,7 @@ def _plausible_time(value: object) -> bool:
 
 
 #: The largest memo file read (bytes, compressed) and the most text it may inflate to: the real
-#: pair's forward plan is about 32 MB of text, 3 MB compressed; a file past these is not a memo.
+#: pair's forward memo is 33.8 MB of text, 5.0 MB compressed; a file past these is not a memo.
 MAX_MEMO_BYTES = 64 << 20
 MAX_MEMO_TEXT = 256 << 20
 
