@@ -31,7 +31,7 @@ from transplant.hosts.probing import take_inventory
 from transplant.core.plan import Plan
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
-from transplant.hosts.probing import WaitingScript, run_script, take_prestarted, venv_python
+from transplant.hosts.probing import WaitingScript, fingerprint, take_prestarted, venv_python
 from transplant.hosts.stream import UNAVAILABLE, StartedSides, side_argv, start_sides, stream_files
 from transplant.hosts.transfer import TransferResult, copy_files
 from transplant.core.units import count, human_bytes
@@ -400,8 +400,7 @@ def _refuse_stale(plan: Plan, target: Host, waiting: WaitingScript | None = None
     if inputs is not None:
         extra = list(inputs.get("extra_paths") or [])
         try:
-            answer = run_script(target, plan.target.venv, "probe", ["--stdin"], waiting=waiting, timeout=600.0,
-                                request={"fingerprint": {"paths": inputs["paths"], "extra": extra}})
+            answer = fingerprint(target, plan.target.venv, inputs["paths"], extra, timeout=600.0, waiting=waiting)
         except (TransplantError, KeyError, TypeError):
             answer = {}
         waiting = None  # asked (or gone): the full probe below starts its own

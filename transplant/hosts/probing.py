@@ -25,7 +25,7 @@ from transplant.hosts.host import Host, LocalHost, kill_group
 if TYPE_CHECKING:  # loaded by take_inventory: an SSH connection opened early starts its host scripts without it
     from transplant.core.inventory import Inventory  # (packaging's requirement parser: 60-80 ms, issue 16)
 
-__all__ = ["venv_python", "run_script", "ScriptSession", "WaitingScript", "take_inventory", "prestart",
+__all__ = ["venv_python", "run_script", "fingerprint", "ScriptSession", "WaitingScript", "take_inventory", "prestart",
            "take_prestarted", "close_prestarted"]
 
 
@@ -64,6 +64,24 @@ def run_script(
     line = _reply_line(host, venv, script, args, request=request, env=env, timeout=timeout, python=python,
                        waiting=waiting)
     return _document(f"{host.label}:{venv}", script, line)
+
+
+def fingerprint(host: Host, venv: str, paths: str, extra: Sequence[str], *, since_ns: int | None = None,
+                timeout: float | None = 120.0, waiting: WaitingScript | None = None) -> dict[str, Any]:
+    """The probe's ``fingerprint`` of ``venv`` on ``host`` (one ``lstat`` per input, no file read):
+    ``{"inputs": digest, "extra": digest, "count"}`` for the packed input ``paths`` a full probe
+    returned (its ``inputs``) and the ``extra`` absolute paths; with ``since_ns`` (ns since the
+    epoch, the host's clock) also ``extra_racy``: whether an extra path changed within two seconds
+    of it or later. The plan memo's check, and apply's stale-plan check of a kept plan.
+
+    :param waiting: a probe started earlier and not yet asked (:func:`run_script`'s).
+    :raises HostError: as :func:`run_script`.
+    """
+    request: dict[str, Any] = {"paths": paths, "extra": list(extra)}
+    if since_ns is not None:
+        request["since_ns"] = since_ns
+    return run_script(host, venv, "probe", ["--stdin"], request={"fingerprint": request}, timeout=timeout,
+                      waiting=waiting)
 
 
 def _reply_line(

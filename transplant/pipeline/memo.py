@@ -53,7 +53,7 @@ from transplant.core.plan import Plan, plan_from_dict, write_plan
 from transplant.core.planner import PatchFile
 from transplant.errors import TransplantError
 from transplant.hosts.host import Host
-from transplant.hosts.probing import run_script
+from transplant.hosts.probing import fingerprint
 
 __all__ = ["memo_enabled", "memo_key", "Recalled", "recall", "remember", "MEMO_SCHEMA"]
 
@@ -128,17 +128,6 @@ def memo_key(manifest: Manifest, source: object, target: Host, patches: Sequence
 
 def _path(key: str) -> Path:
     return default_state_dir() / "plan-memo" / f"{key[:32]}.memo"
-
-
-def fingerprint(host: Host, venv: str, paths: str, extra: Sequence[str], *, timeout: float | None = 120.0
-                ) -> dict[str, Any]:
-    """The probe's ``fingerprint`` of ``venv`` on ``host``: ``{"inputs": digest, "extra": digest,
-    "count"}`` for the packed input ``paths`` a full probe returned and the ``extra`` absolute paths.
-
-    :raises HostError: as :func:`transplant.hosts.probing.run_script`.
-    """
-    return run_script(host, venv, "probe", ["--stdin"], request={"fingerprint": {"paths": paths, "extra": list(extra)}},
-                      timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -240,9 +229,7 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
         memo[side] = {"paths": inputs["paths"], "digest": inputs["digest"],
                       "extra_paths": sorted(set(target_extra)) if side == "target" else []}
     try:
-        answer = run_script(target, venv, "probe", ["--stdin"], request={"fingerprint": {
-            "paths": "", "extra": memo["target"]["extra_paths"], "since_ns": target_inputs.get("started_ns")}},
-            timeout=120.0)
+        answer = fingerprint(target, venv, "", memo["target"]["extra_paths"], since_ns=target_inputs.get("started_ns"))
     except TransplantError:
         return False
     if answer.get("extra_racy") is not False or not isinstance(answer.get("extra"), str):

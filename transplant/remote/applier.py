@@ -944,6 +944,7 @@ def _backup(full, backup):
             break
     if os.path.lexists(backup):
         return True
+    _make_folder(os.path.dirname(backup))  # where links fail before they say the folder is missing
     if os.path.islink(full):
         os.symlink(os.readlink(full), backup)
     else:

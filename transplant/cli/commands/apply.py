@@ -275,8 +275,8 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
         # Ctrl-C from here on: say what is true on the target (and leave no empty state folder)
         stack.enter_context(_truth_on_interrupt(session.host("target"), manifest.target.venv, given.path))
         # the plan memo, as plan's: when neither venv changed since the last plan of this manifest, that plan
-        # (the stale-plan check under the lock still probes the target, and the copy hashes what it writes);
-        # none is kept: this apply changes the target it would be about
+        # (the stale-plan check under the lock asks the target's fingerprint again, probing it whole when that
+        # differs, and the copy hashes what it writes); none is kept: this apply changes the target it would be about
         recalled: list = []  # the memo's entry when the plan is the kept one: its target fingerprint, asked again
         plan = session.plan(memo="recall" if not args.resume and not args.rollback else False, recalled=recalled)
         stale_inputs = recalled[0].target_inputs if recalled and stale_probe is not None else None
