@@ -14,6 +14,9 @@ import pytest
 
 from transplant.hosts.host import HostSpec, SSHHost, SSHOptions, connect
 from transplant.lab import Lab
+from transplant.lab.systems import SystemLab
+
+from system_hosts import SYSTEMS, shared_python
 
 
 def lab_skip_reason() -> str | None:
@@ -53,6 +56,22 @@ def lab() -> Iterator[Lab]:
     directory = Path(tempfile.mkdtemp(prefix="transplant-lab-", dir="/tmp"))
     try:
         with Lab(directory, ("donor", "target")) as running:
+            yield running
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def systems() -> Iterator[SystemLab]:
+    """Lab hosts with their own Debian systems (:data:`SYSTEMS`), for the whole session; this
+    machine's Python build is bound into each at its own path when :func:`shared_python` allows."""
+    reason = lab_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    directory = Path(tempfile.mkdtemp(prefix="transplant-systems-", dir="/tmp"))
+    build = shared_python()
+    try:
+        with SystemLab(directory, SYSTEMS, binds={build: build} if build else None) as running:
             yield running
     finally:
         shutil.rmtree(directory, ignore_errors=True)

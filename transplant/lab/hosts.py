@@ -262,11 +262,7 @@ class LabHost:
         log_start = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(
-                [
-                    "unshare", "--mount", "--uts", "--propagation", "private", "--",
-                    "sh", "-c", _START_SCRIPT,
-                    "sh", str(self.root), self.name, sshd, str(self.sshd_config),
-                ],  # fmt: skip
+                self._start_command(sshd, self.sshd_config),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -278,6 +274,13 @@ class LabHost:
         except BaseException:
             self.stop_sshd()
             raise
+
+    def _start_command(self, sshd: str, config: Path) -> list[str]:
+        """The command that starts the host's namespaces and its sshd in the foreground."""
+        return [
+            "unshare", "--mount", "--uts", "--propagation", "private", "--",
+            "sh", "-c", _START_SCRIPT, "sh", str(self.root), self.name, sshd, str(config),
+        ]  # fmt: skip
 
     def _wait_for_banner(self, log_start: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -376,14 +379,16 @@ def _wait_gone(current) -> None:
 HOST_PATH = "/srv/bin:/usr/local/bin:/usr/bin:/bin"
 
 
-def _sshd_config(host: LabHost, host_key: Path, authorized_keys: Path) -> str:
+def sshd_config(host: LabHost, host_key: str, authorized_keys: str, pid_file: str) -> str:
+    """A lab host's sshd_config: key authentication for root only, no PAM, no DNS, PATH with
+    the host's own ``/srv/bin`` first; paths as the host's sshd sees them."""
     return "\n".join(
         [
             "# written by transplant.lab; remade at every start",
             f"ListenAddress {host.address}",
             f"Port {host.port}",
             f"HostKey {host_key}",
-            f"PidFile {host.folder / 'sshd.pid'}",
+            f"PidFile {pid_file}",
             f"AuthorizedKeysFile {authorized_keys}",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
@@ -465,10 +470,9 @@ class Lab:
         (folder / "srv").mkdir(parents=True, exist_ok=True)
         host_key = folder / "ssh_host_ed25519_key"
         _keygen(host_key, f"transplant-lab-{name}")
-        config = folder / "sshd_config"
         for attempt in range(5):
-            host = LabHost(name, address, _free_port(address), folder, config)
-            config.write_text(_sshd_config(host, host_key, self.authorized_keys))
+            host = self._new_host(name, address, _free_port(address), folder)
+            host.sshd_config.write_text(self._sshd_config(host, host_key))
             try:
                 host.start_sshd()
                 return host
@@ -477,6 +481,14 @@ class Lab:
                 if "Address already in use" not in str(exc) or attempt == 4:
                     raise
         raise AssertionError("unreachable")
+
+    def _new_host(self, name: str, address: str, port: int, folder: Path) -> LabHost:
+        """A stopped host of this lab (subclasses give hosts of another kind)."""
+        return LabHost(name, address, port, folder, folder / "sshd_config")
+
+    def _sshd_config(self, host: LabHost, host_key: Path) -> str:
+        """The text of ``host``'s sshd_config, its key being ``host_key`` on the controller."""
+        return sshd_config(host, str(host_key), str(self.authorized_keys), str(host.folder / "sshd.pid"))
 
     def _write_known_hosts(self) -> None:
         lines = []

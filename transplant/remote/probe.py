@@ -119,9 +119,29 @@ def file_hash(path):
     return record_hash_of(digest.digest()), size
 
 
+def venv_scheme():
+    """The sysconfig install scheme the venv's interpreter uses at run time.
+
+    The probe runs with ``-I -S``, so ``site`` never sets ``sys.prefix`` to the venv and
+    ``sysconfig``'s default scheme is the base install's. On Debian and Ubuntu that is the
+    patched ``posix_local`` (``<prefix>/local/lib/pythonX.Y/dist-packages``), which no venv
+    uses. CPython 3.11 and later name the venv's scheme ``venv`` (what ``get_preferred_scheme``
+    answers once ``sys.prefix != sys.base_prefix``); before 3.11 a venv uses ``posix_prefix``
+    (``nt`` on Windows), which Debian left unpatched for venvs.
+    Source: the ``sysconfig`` documentation, "Installation paths" and ``get_preferred_scheme``.
+    """
+    if "venv" in sysconfig.get_scheme_names():
+        return "venv"
+    return "nt" if os.name == "nt" else "posix_prefix"
+
+
 def venv_paths(prefix):
-    """sysconfig's install paths for ``prefix`` (purelib, platlib, scripts...)."""
+    """sysconfig's install paths for ``prefix`` (purelib, platlib, scripts...): in the scheme the
+    venv's interpreter uses at run time (:func:`venv_scheme`) where ``prefix`` holds a
+    ``pyvenv.cfg``, else (a base install, a conda environment) in the interpreter's default one."""
     base = {"base": prefix, "platbase": prefix, "installed_base": prefix, "installed_platbase": prefix}
+    if os.path.isfile(os.path.join(prefix, "pyvenv.cfg")):
+        return sysconfig.get_paths(scheme=venv_scheme(), vars=base)
     return sysconfig.get_paths(vars=base)
 
 
