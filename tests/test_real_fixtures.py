@@ -155,3 +155,27 @@ def test_the_seed_manifest_with_closures_plans_clean_on_the_real_pair():
     moved = {c.name for c in result.changes if c.kind == "distribution" and c.action != "remove"}
     assert moved == set(selected_names(CALIBRATED_OVERLAY, recorded.donor)) - {"nvidia-ml-py"}
     assert [(f.code, f.dists) for f in result.findings if f.severity == "error"] == []
+
+
+@pytest.mark.parametrize("name", ["forward", "reverse", "after-apply"])
+def test_an_older_glibc_on_the_target_adds_no_error_to_faults_inside_the_venv(name):
+    """The donor on trixie (glibc 2.41), the target on bookworm (2.36), the same Python build on
+    both: the donor's own cu12 leftovers, libtorch add-ons and cpython-310 module do not depend on
+    glibc, so the verdicts are those of the pair on one system (every object of these stacks needs
+    glibc 2.35 at most, so the platform rule finds nothing new either)."""
+    import dataclasses
+
+    recorded = load(DATA / f"{name}.json.gz")
+
+    def on(inventory, glibc):
+        return dataclasses.replace(inventory, interpreter=dataclasses.replace(inventory.interpreter, glibc=glibc))
+
+    apart = plan(recorded.manifest, on(recorded.donor, "2.41"), on(recorded.target, "2.36"),
+                 donor_elf=recorded.donor_elf, target_elf=recorded.target_elf)
+    verdicts = sorted((f.code, f.severity, f.dists) for f in apart.findings)
+    assert verdicts == sorted((f.code, f.severity, f.dists) for f in planned(name).findings)
+    assert any(f.severity == "info" and "does not change with the host's system" in f.message for f in apart.findings)
+    # and on a target whose glibc lacks what the donor's objects need, the platform rule does see it
+    older = plan(recorded.manifest, on(recorded.donor, "2.41"), on(recorded.target, "2.17"),
+                 donor_elf=recorded.donor_elf, target_elf=recorded.target_elf)
+    assert [f for f in older.findings if f.code == "platform-mismatch" and f.severity in ("error", "warning")]

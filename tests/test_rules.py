@@ -251,8 +251,11 @@ def test_python_abi_of_the_donors_own_bytes_on_the_donors_python_is_info():
                                               "sgl_kernel/common_ops.abi3.so": "k"})
     [f] = found(run(["sglang-kernel"], [kernel], []), "python-abi-mismatch")
     assert f.severity == "info" and f.files == (f"{SITE}/sgl_kernel/infllm_ops.cpython-310-x86_64-linux-gnu.so",)
-    # the same bytes on a target with an older glibc: the donor's context no longer vouches for them
+    # an older glibc on the target changes nothing: the suffix is the venv's, the Python the same
     [f] = found(run(["sglang-kernel"], [kernel], [], target_kw={"glibc": "2.31"}), "python-abi-mismatch")
+    assert f.severity == "info" and "does not change with the host's system" in f.message
+    # another Python on the target: the donor's Python no longer vouches for them
+    [f] = found(run(["sglang-kernel"], [kernel], [], target_kw={"python": "3.12.3"}), "python-abi-mismatch")
     assert f.severity == "error"
 
 
@@ -533,9 +536,9 @@ def test_cuda_major_from_sonames_and_torch_version_py():
              dist("kern", "1.0", {"kern/k.so": "k"})]
     target_elf = elf("t")
     donor_elf = elf("d", so("kern/k.so", needed=("libcudart.so.12",)))
-    # the target's glibc is older than the donor's: another context, so the donor's own mix is no excuse
+    # the target runs another Python than the donor: another context, so the donor's own mix is no excuse
     result = run(["torch", "kern"], donor, [], donor_kw={"texts": {"torch/version.py": "cuda = '13.0'\n"}},
-                 target_kw={"glibc": "2.35"}, donor_elf=donor_elf, target_elf=target_elf)
+                 target_kw={"python": "3.12.3"}, donor_elf=donor_elf, target_elf=target_elf)
     [f] = found(result, "cuda-major-mismatch")
     assert f.severity == "error"
     assert "torch 2.9.0 (torch/version.py cuda = '13.0')" in f.message

@@ -118,7 +118,7 @@ class SystemHost(LabHost):
         setup; while stopped, in a fresh set of the same mounts. See :meth:`LabHost.run`."""
         if self.pid is not None:
             command = ["nsenter", "--target", str(self._session_pid()), "--mount", "--uts", "--pid",
-                       "--root", "--wd=/", "--", *argv]
+                       "--root", "--wd", "--", *argv]
         else:
             command = self._prefix(argv)
         base = {"PATH": "/srv/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8"}

@@ -40,7 +40,7 @@ _SUFFIXED = re.compile(r"^(nvidia-.+)-cu(\d+)$")
 def _donor_anchor(env: EnvironmentAfter) -> int | None:
     """The CUDA major the donor's own environment is built around (:func:`_anchor` on it), or
     None without CUDA evidence there or when the donor's context is not the target's."""
-    if not env.same_context:
+    if not env.same_interpreter:
         return None
     latest = env.donor.latest()
     own = EnvironmentAfter(donor=env.donor, target=env.donor, overlaid=tuple(latest), after=latest,

@@ -15,9 +15,12 @@ from transplant.core.inventory import Distribution, FileEntry, Inventory
 
 __all__ = ["EnvironmentAfter", "pip", "describe", "severity", "DONOR_RUNS"]
 
-#: What a finding's message says when the fact holds identically in the donor.
-DONOR_RUNS = ("the donor runs with exactly this (same files, same versions, on the same Python, machine and an "
-              "equal or older glibc), so the transplant does not make it a fault")
+#: What a finding's message says when the fault holds identically in the donor. Such a fault lies
+#: inside the venv (libtorch symbols between packages, ABI suffixes, the CUDA majors of bundled
+#: libraries): it does not change with the host's glibc or libraries, only with the Python that loads it.
+DONOR_RUNS = ("the donor runs with exactly this (same files, same versions, on the same Python and machine; "
+              "a fault inside the venv does not change with the host's system), so the transplant does not make "
+              "it a fault")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,18 +111,15 @@ class EnvironmentAfter:
         return frozenset(p for n in self.overlaid for p in self.after[n].files)
 
     @cached_property
-    def same_context(self) -> bool:
-        """Whether the target runs what the donor runs in the same context: the same Python
-        implementation and ``major.minor``, the same machine type, and a glibc at least as
-        new as the donor's (glibc keeps old symbol versions: a newer one runs what an older
-        one ran). False when either glibc is unknown."""
+    def same_interpreter(self) -> bool:
+        """Whether the target's venv runs the donor's kind of Python: the same implementation and
+        ``major.minor`` on the same machine type, the facts of the host that decide whether the
+        venv's own files load together. The host's glibc and libraries are not among them: only
+        the faults that depend on those (symbol versions, DT_NEEDED host libraries) compare them,
+        each in its own rule (source: the principle "what the donor runs is not, by itself, an
+        error", ARCHITECTURE.md)."""
         d, t = self.donor.interpreter, self.target.interpreter
-        if (d.implementation, d.minor, d.machine) != (t.implementation, t.minor, t.machine):
-            return False
-        try:
-            return d.glibc is not None and t.glibc is not None and Version(t.glibc) >= Version(d.glibc)
-        except InvalidVersion:
-            return False
+        return (d.implementation, d.minor, d.machine) == (t.implementation, t.minor, t.machine)
 
     @cached_property
     def _donor_latest(self) -> list[Distribution]:
@@ -171,13 +171,14 @@ class EnvironmentAfter:
         return mine == {p: e.record_hash for p, e in theirs.files.items() if not p.startswith(scripts)}
 
     def donor_runs(self, names: Sequence[str], paths: Sequence[str] = ()) -> bool:
-        """Whether a fact about ``names`` (and the files ``paths``) holds identically in the
-        donor: :attr:`same_context`, every distribution :meth:`donor_identical` and every file
-        :meth:`donor_has_file`. Such a fact is at most ``info`` (principle: what the donor runs
-        is not, by itself, an error)."""
+        """Whether a fault about ``names`` (and the files ``paths``) inside the venv holds
+        identically in the donor: :attr:`same_interpreter`, every distribution
+        :meth:`donor_identical` and every file :meth:`donor_has_file`. Such a fault is at most
+        ``info`` (principle: what the donor runs is not, by itself, an error); the host's glibc
+        does not count here, since these faults do not depend on it."""
         if not names and not paths:
             return False
-        return (self.same_context and all(self.donor_identical(n) for n in names)
+        return (self.same_interpreter and all(self.donor_identical(n) for n in names)
                 and all(self.donor_has_file(p) for p in paths))
 
 

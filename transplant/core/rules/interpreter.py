@@ -87,7 +87,7 @@ def python_abi_findings(env: EnvironmentAfter) -> list[Finding]:
         if bad_files:
             what.append(f"{count(len(bad_files), 'extension module')} {agree(len(bad_files), 'ends', 'end')} in another ABI suffix "
                         f"than {t.ext_suffix}")
-        if env.same_context:  # the donor's own bytes on the donor's Python: whatever loads them there loads them here
+        if env.same_interpreter:  # the donor's own bytes on the donor's Python: whatever loads them there loads them here
             out.append(Finding(
                 code="python-abi-mismatch", severity="info", dists=(name,),
                 message=f"{describe(dist)}: " + "; ".join(what) + f"; {DONOR_RUNS} (the donor runs Python "
@@ -182,8 +182,7 @@ def platform_findings(env: EnvironmentAfter) -> list[Finding]:
             if all(tag_problems):
                 problems.append(sorted(set(tag_problems))[0])  # type: ignore[type-var]
         elf = _elf_problems(env, name, t.machine, glibc)
-        carried = [p for p, donor_has in elf if donor_has] if env.same_context or \
-            env.donor.interpreter.machine == t.machine else []
+        carried = [p for p, donor_has in elf if donor_has] if env.donor.interpreter.machine == t.machine else []
         problems += [p for p, donor_has in elf if p not in carried]
         if carried:
             out.append(Finding(
