@@ -758,3 +758,34 @@ def test_shebang_rewrites(head, target, want):
     from transplant.core.rules.venvfiles import rewritten_head
 
     assert rewritten_head(head, DONOR, target) == want
+
+
+# --- host-library-missing -----------------------------------------------------------------------
+
+def _hostlib_run(target_sonames, donor_sonames, files=None):
+    import dataclasses
+
+    wheel = dist("a", "1", files or {"a/x.so": "so"})
+    donor = inv([wheel], DONOR)
+    target = inv([], TARGET)
+    donor = dataclasses.replace(donor, system_sonames=donor_sonames)
+    target = dataclasses.replace(target, system_sonames=target_sonames)
+    donor_elf = elf("d", so("a/x.so", needed=("libc.so.6", "libcbor.so.0.10", "libcuda.so.1")))
+    return found(plan(manifest(["a"]), donor, target, (), donor_elf=donor_elf, target_elf=elf("t")),
+                 "host-library-missing")
+
+
+def test_host_library_the_target_lacks_is_an_error_and_the_driver_is_left_out():
+    [f] = _hostlib_run(frozenset({"libc.so.6"}), frozenset({"libc.so.6", "libcbor.so.0.10"}))
+    assert f.severity == "error" and "libcbor.so.0.10" in f.message and "libcuda" not in f.message
+    assert f.hint.startswith("install the package that provides libcbor.so.0.10 on the target")
+
+
+def test_host_library_nothing_when_provided_by_the_target_the_venv_or_not_read():
+    assert not _hostlib_run(frozenset({"libc.so.6", "libcbor.so.0.10"}), frozenset({"libc.so.6"}))
+    assert not _hostlib_run(None, frozenset({"libc.so.6", "libcbor.so.0.10"}))
+    # a file of that name inside the venv after apply provides it, wherever it lies
+    assert not _hostlib_run(frozenset({"libc.so.6"}), frozenset({"libc.so.6"}),
+                            files={"a/x.so": "so", "a.libs/libcbor.so.0.10": "lib"})
+    [f] = _hostlib_run(frozenset({"libc.so.6"}), frozenset({"libc.so.6"}))
+    assert f.severity == "info" and "lacks it too" in f.message

@@ -253,6 +253,10 @@ class Inventory:
         :attr:`distributions`: apply never writes or removes them.
     :ivar outside_folders: absolute folder -> why it is on ``sys.path`` (``foo.pth in
         lib/python3.11/site-packages``, ``include-system-site-packages = true``), in path order.
+    :ivar system_sonames: the library file names the host's dynamic loader finds outside the
+        venv (``ldconfig -p`` and ``LD_LIBRARY_PATH``, see ``_system_sonames`` in
+        :mod:`transplant.remote.probe`); None when the probe did not report them or
+        ``ldconfig`` did not run (the host-library rule then finds nothing).
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
         "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
         None otherwise. Not part of the fingerprint.
@@ -274,6 +278,7 @@ class Inventory:
     outside: tuple[Distribution, ...] = ()
     outside_folders: Mapping[str, str] = field(default_factory=dict)
     inputs: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    system_sonames: frozenset[str] | None = field(default=None, repr=False)
 
     def latest(self) -> dict[NormalizedName, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -751,6 +756,7 @@ def _inventory(document: dict, label: str) -> Inventory:
             raise DecodeError(entry_path("elsewhere", where), "a boolean", exists)
     libcuda = member(host, "libcuda", "host", dict, optional=True)
     return Inventory(
+        system_sonames=_sonames(member(host, "sonames", "host", dict, optional=True)),
         label=label,
         hostname=member(host, "hostname", "host", str),
         interpreter=interpreter,
@@ -766,6 +772,21 @@ def _inventory(document: dict, label: str) -> Inventory:
         libcuda=_LIBCUDA(libcuda, "host.libcuda") if libcuda is not None else None,
         **_outside(member(document, "outside", "", list, optional=True) or []),
     )
+
+
+def _sonames(reported: dict | None) -> frozenset[str] | None:
+    """The host's library names from the probe's ``host.sonames`` (``{"ldconfig", "names"}``);
+    None when absent or when ``ldconfig`` did not run. A name must be a plain file name.
+
+    :raises DecodeError: a malformed report."""
+    if reported is None:
+        return None
+    ran = member(reported, "ldconfig", "host.sonames", bool)
+    names = member(reported, "names", "host.sonames", list)
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name or "/" in name or len(name) > 255:
+            raise DecodeError(f"host.sonames.names[{i}]", "a library file name", name)
+    return frozenset(names) if ran else None
 
 
 def _outside(folders: list) -> dict[str, Any]:

@@ -753,8 +753,9 @@ def _non_file_facts(prefix, paths, host, interpreter):
 
 
 def _host_facts():
+    cache = _ldconfig()
     return {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
-            "libcuda": _libcuda()}
+            "libcuda": _libcuda(cache), "sonames": _system_sonames(cache)}
 
 
 def _fingerprint(request):
@@ -1234,15 +1235,9 @@ def _nvidia():
     }
 
 
-def _libcuda():
-    """Where a JIT user (triton's ``libcuda_dirs``) finds the driver library to link with
-    ``-lcuda``: ``TRITON_LIBCUDA_PATH`` if set, else the folders of ``libcuda.so*`` in
-    ``ldconfig -p``, else the ``LD_LIBRARY_PATH`` folders holding ``libcuda.so.1``. The link
-    needs the unversioned ``libcuda.so`` there. Returns ``{"searched": [folders], "versioned":
-    [libcuda.so.1 paths], "unversioned": [libcuda.so paths], "ldconfig": bool, "triton_libcuda_path":
-    str|None}`` as this process sees them (its environment, not a service's)."""
-    env_path = os.environ.get("TRITON_LIBCUDA_PATH") or None
-    folders, ran = [], False
+def _ldconfig():
+    """(whether ``ldconfig -p`` ran, ``[(file name, path)]`` of the loader cache it prints)."""
+    ran, entries = False, []
     for exe in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
         if not os.path.exists(exe):
             continue
@@ -1252,9 +1247,47 @@ def _libcuda():
             continue
         ran = out.returncode == 0
         for line in out.stdout.decode("utf-8", "replace").splitlines():
-            if "libcuda.so" in line and "=>" in line:
-                folders.append(os.path.dirname(line.split("=>", 1)[1].strip()))
+            if "=>" in line:
+                left, path = line.split("=>", 1)
+                name = left.strip().split(" ", 1)[0]
+                if name:
+                    entries.append((name, path.strip()))
         break
+    return ran, entries
+
+
+#: The most names :func:`_system_sonames` reports (a large host's cache holds a few thousand).
+_MAX_SONAMES = 20000
+
+
+def _system_sonames(cache):
+    """The library file names the host's dynamic loader finds without help from the venv:
+    ``{"ldconfig": whether ``ldconfig -p`` ran, "names": sorted names}`` from the loader cache
+    and the ``LD_LIBRARY_PATH`` folders this process sees (ld.so(8): a DT_NEEDED name without a
+    slash is looked up by file name there). A 32-bit library of the same name on a multilib
+    host counts too. ``cache``: :func:`_ldconfig`'s answer."""
+    ran, entries = cache
+    names = {name for name, _ in entries}
+    for folder in (os.environ.get("LD_LIBRARY_PATH") or "").split(":"):
+        if folder:
+            try:
+                names.update(n for n in os.listdir(folder) if ".so" in n)
+            except OSError:
+                pass
+    return {"ldconfig": ran, "names": sorted(names)[:_MAX_SONAMES]}
+
+
+def _libcuda(cache):
+    """Where a JIT user (triton's ``libcuda_dirs``) finds the driver library to link with
+    ``-lcuda``: ``TRITON_LIBCUDA_PATH`` if set, else the folders of ``libcuda.so*`` in
+    ``ldconfig -p``, else the ``LD_LIBRARY_PATH`` folders holding ``libcuda.so.1``. The link
+    needs the unversioned ``libcuda.so`` there. Returns ``{"searched": [folders], "versioned":
+    [libcuda.so.1 paths], "unversioned": [libcuda.so paths], "ldconfig": bool, "triton_libcuda_path":
+    str|None}`` as this process sees them (its environment, not a service's). ``cache``:
+    :func:`_ldconfig`'s answer."""
+    env_path = os.environ.get("TRITON_LIBCUDA_PATH") or None
+    ran, cached = cache
+    folders = [os.path.dirname(path) for name, path in cached if name.startswith("libcuda.so")]
     if env_path:
         folders = [env_path if os.path.isdir(env_path) else os.path.dirname(env_path)]
     elif not folders:
