@@ -92,3 +92,23 @@ def test_a_venv_of_debians_own_python_shows_its_distributions(systems, name, cap
     assert code == 0
     assert sorted(d["name"] for d in doc["distributions"]) == sorted(n.lower() for n in seen)
     assert doc["paths"]["purelib"] == f"lib/python{RELEASES[SYSTEMS[name]].python}/site-packages"
+
+
+def test_an_inventory_that_would_be_empty_while_other_site_folders_hold_distributions_is_refused(systems, capsys):
+    host = systems.hosts["bookworm"]
+    host.run(["rm", "-rf", "/srv/oddvenv"])
+    host.run(["python3", "-m", "venv", "--without-pip", "/srv/oddvenv"])
+    host.run(["sh", "-c", "mkdir -p /srv/oddvenv/local/lib/python3.11/dist-packages/demo-1.0.dist-info && "
+                          "printf 'Metadata-Version: 2.1\\nName: demo\\nVersion: 1.0\\n' > "
+                          "/srv/oddvenv/local/lib/python3.11/dist-packages/demo-1.0.dist-info/METADATA"])
+    code = main(["inventory", f"{host.spec}:/srv/oddvenv", "--identity-file", str(systems.identity_file),
+                 "--known-hosts", str(systems.known_hosts)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code != 0
+    assert "found no distribution in lib/python3.11/site-packages" in out
+    assert "local/lib/python3.11/dist-packages (1 dist-info)" in out
+    # the same venv without the stray folder is an honest empty venv
+    host.run(["rm", "-rf", "/srv/oddvenv/local"])
+    assert main(["inventory", f"{host.spec}:/srv/oddvenv", "--json", "--identity-file", str(systems.identity_file),
+                 "--known-hosts", str(systems.known_hosts)]) == 0
+    assert json.loads(capsys.readouterr().out)["distributions"] == []

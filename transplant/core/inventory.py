@@ -733,6 +733,7 @@ def _inventory(document: dict, label: str) -> Inventory:
     interpreter = _INTERPRETER(member(document, "interpreter", "", dict), "interpreter")
     paths = member(document, "paths", "", dict)
     site = member(paths, "purelib", "paths", str)
+    _refuse_unseen(member(document, "unseen", "", dict, optional=True), site, label)
     columns = member(document, "record_columns", "", list, optional=True)
     if columns is not None and tuple(columns) != COLUMNS:
         raise DecodeError("record_columns", f"the list {list(COLUMNS)}", columns)
@@ -771,6 +772,26 @@ def _inventory(document: dict, label: str) -> Inventory:
         document=document,
         libcuda=_LIBCUDA(libcuda, "host.libcuda") if libcuda is not None else None,
         **_outside(member(document, "outside", "", list, optional=True) or []),
+    )
+
+
+def _refuse_unseen(unseen: dict | None, site: str, label: str) -> None:
+    """Refuse an inventory that found no distribution in ``site`` while other site folders of
+    the venv hold some (the probe's ``unseen``): an empty table there would be a false report.
+
+    :raises ProbeError: naming the folders and how many dist-info folders each holds.
+    :raises DecodeError: a malformed ``unseen``."""
+    if not unseen:
+        return
+    for folder, found in unseen.items():
+        if not isinstance(found, int) or isinstance(found, bool) or inside_path(folder) != folder:
+            raise DecodeError(entry_path("unseen", folder), "a count of dist-info folders", found)
+    where = ", ".join(f"{folder} ({found} dist-info)" for folder, found in sorted(unseen.items())[:3])
+    raise ProbeError(
+        f"{label}: the probe found no distribution in {site}, the venv's site-packages for its interpreter, but "
+        f"{where} {'holds' if len(unseen) == 1 else 'hold'} some: the venv's layout is not one this transplant reads",
+        hint="check which folder the venv's python imports from (<venv>/bin/python -c 'import sys; print(sys.path)') "
+             "and report the venv's layout; transplant refuses to plan from an inventory it cannot read whole",
     )
 
 

@@ -145,6 +145,32 @@ def venv_paths(prefix):
     return sysconfig.get_paths(vars=base)
 
 
+def _unseen_sites(prefix, sites):
+    """``{venv-relative folder: dist-info count}`` for the site folders of the venv in every other
+    scheme this interpreter knows (Debian's ``posix_local``, ``posix_prefix``...) that hold
+    ``*.dist-info`` folders when the probe's own ``sites`` hold none: a venv the probe would
+    otherwise report as empty while its interpreter imports distributions from there."""
+    base = {"base": prefix, "platbase": prefix, "installed_base": prefix, "installed_platbase": prefix}
+    out = {}
+    for scheme in sysconfig.get_scheme_names():
+        try:
+            paths = sysconfig.get_paths(scheme=scheme, vars=base, expand=True)
+        except (KeyError, ValueError):
+            continue
+        for key in ("purelib", "platlib"):
+            folder = paths.get(key)
+            rel = _inside(prefix, folder) if folder else None
+            if rel is None or folder in sites or rel in out:
+                continue
+            try:
+                found = sum(1 for n in os.listdir(folder) if n.endswith(".dist-info"))
+            except OSError:
+                continue
+            if found:
+                out[rel] = found
+    return out
+
+
 _REALPATHS = {}
 
 
@@ -1484,6 +1510,7 @@ def main(argv):
     for site in sites:
         distributions.extend(_distributions(site, prefix, patterns, _OPTIONS["record"]))
     _run_hash_jobs()
+    unseen = {} if distributions else _unseen_sites(prefix, sites)
     extra = {}
     for rel in files:
         full = os.path.normpath(os.path.join(prefix, rel))
@@ -1518,6 +1545,8 @@ def main(argv):
         "elsewhere": _elsewhere(_OPTIONS.get("elsewhere", [])),
         "probe_seconds": round(time.time() - started, 3),
     }
+    if unseen:
+        document["unseen"] = unseen
     if "hash_cache_report" in _OPTIONS:
         document["hash_cache"] = _OPTIONS["hash_cache_report"]
     if _INPUTS is not None:
