@@ -14,14 +14,20 @@ import textwrap
 
 import pytest
 
+from pathlib import Path
+
 from transplant.cli import main
+from transplant.lab.standins import Driver, Gpu, install_driver, remove_driver
 from transplant.lab.wheels import build_wheel
 
-from system_hosts import shared_python
+from system_hosts import shared_python, ssh
 
 pytestmark = pytest.mark.hosts
 
 VENV = "/srv/xs"
+FATBIN = Path(__file__).parent / "data" / "fatbin" / "libdevice-sm80.so"
+H100 = Gpu("NVIDIA H100 80GB HBM3", "9.0", 81559)
+A100 = Gpu("NVIDIA A100-SXM4-80GB", "8.0", 81920)
 #: A library of trixie's own root: Debian built it against glibc 2.41, and it binds
 #: ``GLIBC_2.38`` symbols (readelf -V), which bookworm's glibc 2.36 does not define.
 TRIXIE_LIBRARY = "/usr/lib/x86_64-linux-gnu/libacl.so.1"
@@ -53,6 +59,11 @@ def stacks(systems, tmp_path_factory):
         # an optional plugin: it needs a library no host here has, the donor's included
         build_wheel(wheels, "plug", "1.0", {"plug/__init__.py": "", "plug/_gone.cpython-311-x86_64-linux-gnu.so":
                                             fido.replace(b"libcbor.so.0.10", b"libnone.so.0.10")}, tag=tag),
+        # CUDA 13 by its version (the rules' evidence for nvidia-* distributions)
+        build_wheel(wheels, "nvidia-cuda-runtime", "13.0.96", {"nvidia/cu13/lib/libcudart.so.13": acl}, tag=tag),
+        # device code: SASS for sm_80 and sm_100f only, no PTX (tests/data/fatbin/build.sh)
+        build_wheel(wheels, "devkern", "1.0", {"devkern/__init__.py": "", "devkern/device.so": FATBIN.read_bytes()},
+                    tag=tag),
     ]
     python = f"{build}/bin/python3"
     for name in ("trixie", "bookworm", "trixie-twin"):
@@ -67,14 +78,15 @@ def stacks(systems, tmp_path_factory):
     return systems
 
 
-def plan_json(systems, tmp_path, target: str, capsys) -> tuple[int, dict]:
+def plan_json(systems, tmp_path, target: str, capsys, overlay=("glx", "kern", "fido", "plug")) -> tuple[int, dict]:
+    """``transplant plan --json`` from the trixie donor to ``target``: (exit code, plan document)."""
     manifest = tmp_path / f"to-{target}.yaml"
     manifest.write_text(textwrap.dedent(f"""\
         version: 1
         donor: {{host: "{systems.hosts['trixie'].spec}", venv: {VENV}}}
         target: {{host: "{systems.hosts[target].spec}", venv: {VENV}}}
         ssh: {{identity_file: {systems.identity_file}, known_hosts: {systems.known_hosts}}}
-        overlay: [glx, kern, fido, plug]
+        overlay: {json.dumps(list(overlay))}
         """))
     code = main(["plan", str(manifest), "--json"])
     return code, json.loads(capsys.readouterr().out)
@@ -126,3 +138,48 @@ def test_a_library_the_donors_system_lacks_too_is_info(stacks, tmp_path, capsys,
     [plug] = [f for f in by_code(doc, "host-library-missing") if f["dists"] == ["plug"]]
     assert plug["severity"] == "info" and "libnone.so.0.10" in plug["message"]
     assert "lacks it too" in plug["message"]
+
+
+@pytest.fixture(scope="module")
+def drivers(stacks):
+    """The donor (trixie) on driver 580 (CUDA 13.0) with an H100; the bookworm target on driver
+    535 (CUDA 12.2) with an H100; trixie's twin on driver 580 with an A100. Removed afterwards."""
+    hosts = stacks.hosts
+    install_driver(hosts["trixie"], Driver("580.95.05", "13.0", (H100,)))
+    install_driver(hosts["bookworm"], Driver("535.104.05", "12.2", (H100, H100)))
+    install_driver(hosts["trixie-twin"], Driver("580.95.05", "13.0", (A100,)))
+    yield stacks
+    for name in ("trixie", "bookworm", "trixie-twin"):
+        remove_driver(hosts[name])
+
+
+def test_a_driver_older_than_the_cuda_major_blocks_and_the_twins_driver_runs_it(drivers, tmp_path, capsys):
+    overlay = ("nvidia-cuda-runtime",)
+    code, doc = plan_json(drivers, tmp_path, "bookworm", capsys, overlay)
+    [old] = by_code(doc, "driver-too-old")
+    assert old["severity"] == "error" and "driver 535.104.05 supports CUDA 12.2" in old["message"]
+    assert "CUDA 13.0" in old["message"] and code == 3
+    code, twin = plan_json(drivers, tmp_path, "trixie-twin", capsys, overlay)
+    assert not by_code(twin, "driver-too-old") and code == 0
+
+
+def test_gpus_without_sass_or_ptx_for_them_block_and_the_twins_gpu_runs_it(drivers, tmp_path, capsys):
+    overlay = ("devkern",)
+    _, doc = plan_json(drivers, tmp_path, "bookworm", capsys, overlay)
+    [arch] = by_code(doc, "gpu-arch-unsupported")
+    assert arch["severity"] == "error" and arch["dists"] == ["devkern"]
+    assert "sm_100f, sm_80" in arch["message"] and "NVIDIA H100 80GB HBM3 (sm_90)" in arch["message"]
+    code, twin = plan_json(drivers, tmp_path, "trixie-twin", capsys, overlay)
+    assert not by_code(twin, "gpu-arch-unsupported") and code == 0
+
+
+def test_the_driver_stand_in_answers_as_the_real_one(drivers):
+    host = drivers.hosts["bookworm"]
+    assert ssh(drivers, "bookworm", "nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader") == \
+        "NVIDIA H100 80GB HBM3, 9.0\nNVIDIA H100 80GB HBM3, 9.0\n"
+    assert "CUDA Version: 12.2" in ssh(drivers, "bookworm", "nvidia-smi")
+    assert "Kernel Module  535.104.05" in ssh(drivers, "bookworm", "cat /proc/driver/nvidia/version")
+    asked = host.run(["python3", "-c", "import ctypes; c = ctypes.CDLL('libcuda.so.1'); v = ctypes.c_int(); "
+                      "n = ctypes.c_int(); print(c.cuDeviceGetCount(ctypes.byref(n)), c.cuInit(0), "
+                      "c.cuDriverGetVersion(ctypes.byref(v)), v.value, c.cuDeviceGetCount(ctypes.byref(n)), n.value)"])
+    assert asked.stdout.split() == [b"3", b"0", b"0", b"12020", b"0", b"2"]  # not initialised before cuInit
