@@ -183,3 +183,38 @@ def test_the_driver_stand_in_answers_as_the_real_one(drivers):
                       "n = ctypes.c_int(); print(c.cuDeviceGetCount(ctypes.byref(n)), c.cuInit(0), "
                       "c.cuDriverGetVersion(ctypes.byref(v)), v.value, c.cuDeviceGetCount(ctypes.byref(n)), n.value)"])
     assert asked.stdout.split() == [b"3", b"0", b"0", b"12020", b"0", b"2"]  # not initialised before cuInit
+
+
+def test_a_python_313_donor_and_a_311_target_are_named_as_such(systems, tmp_path, capsys):
+    """Debian's own Pythons: 3.13 on trixie, 3.11 on bookworm. The pair is "Python 3.13 vs 3.11",
+    never a missing interpreter, and a cp313 extension is named for its ABI."""
+    trixie, bookworm = systems.hosts["trixie"], systems.hosts["bookworm"]
+    wheels = tmp_path / "wheels"
+    made = [build_wheel(wheels, "purepkg", "1.0", {"purepkg/__init__.py": "X = 1\n"}),
+            build_wheel(wheels, "ext313", "1.0", {"ext313/__init__.py": "",
+                                                  "ext313/_x.cpython-313-x86_64-linux-gnu.so": b"\x7fELF"},
+                        tag="cp313-cp313-linux_x86_64")]
+    for host in (trixie, bookworm):
+        host.run(["rm", "-rf", "/srv/debpy", "/srv/debwheels"])
+    trixie.run(["python3", "-m", "venv", "/srv/debpy"])
+    bookworm.run(["python3", "-m", "venv", "--without-pip", "/srv/debpy"])
+    for wheel in made:
+        trixie.install(f"/srv/debwheels/{wheel.name}", wheel.read_bytes())
+    trixie.run(["/srv/debpy/bin/pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                *[f"/srv/debwheels/{w.name}" for w in made]])
+    manifest = tmp_path / "py.yaml"
+    manifest.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: "{trixie.spec}", venv: /srv/debpy}}
+        target: {{host: "{bookworm.spec}", venv: /srv/debpy}}
+        ssh: {{identity_file: {systems.identity_file}, known_hosts: {systems.known_hosts}}}
+        overlay: [purepkg, ext313]
+        """))
+    assert main(["plan", str(manifest), "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert not by_code(doc, "interpreter-missing")
+    [minor] = by_code(doc, "python-version-mismatch")
+    assert minor["severity"] == "error" and minor["message"].startswith("Python 3.13 vs 3.11: ")
+    assert "lib/python3.13/site-packages" in minor["message"]
+    [abi] = by_code(doc, "python-abi-mismatch")
+    assert abi["dists"] == ["ext313"] and "cp313-cp313-linux_x86_64" in abi["message"]

@@ -161,8 +161,10 @@ def test_overlay_no_match_exact_is_error_glob_is_warning():
 def test_python_version_mismatch():
     donor, _ = seed_inventories()
     target = inv([], "t", prefix=TARGET, python="3.12.3")
-    found = [f for f in plan(manifest(["torch"]), donor, target).findings if f.code == "interpreter-missing"]
-    assert len(found) == 1 and found[0].severity == "error"
+    result = plan(manifest(["torch"]), donor, target)
+    assert not [f for f in result.findings if f.code == "interpreter-missing"]
+    found = [f for f in result.findings if f.code == "python-version-mismatch"]
+    assert len(found) == 1 and found[0].severity == "error" and found[0].message.startswith("Python 3.11 vs 3.12: ")
     assert "cp311" in found[0].message and "cp312" in found[0].message
     assert found[0].hint == "recreate the target venv with Python 3.11: python3.11 -m venv /root/venv_sglang"
 

@@ -61,8 +61,10 @@ def test_case1_target_home_missing():
 
 def test_other_python_version_than_the_donor():
     result = run(["a"], [dist("a", "1", {"a.py": "x"})], [], target_kw={"python": "3.12.3"})
-    [f] = found(result, "interpreter-missing")
-    assert f.severity == "error" and "runs cpython 3.12.3 and the donor cpython 3.11.7" in f.message
+    assert not found(result, "interpreter-missing")
+    [f] = found(result, "python-version-mismatch")
+    assert f.severity == "error" and f.message.startswith("Python 3.11 vs 3.12: the donor venv runs cpython 3.11.7, "
+                                                          "the target venv cpython 3.12.3")
     assert f.hint == "recreate the target venv with Python 3.11: python3.11 -m venv /target/venv"
 
 

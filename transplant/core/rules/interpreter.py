@@ -31,8 +31,9 @@ _SHOWN = 8
 
 
 def interpreter_findings(env: EnvironmentAfter) -> list[Finding]:
-    """``interpreter-missing``: the target's pyvenv.cfg ``home`` does not exist, or the
-    target runs another Python (implementation or ``major.minor``) than the donor."""
+    """``interpreter-missing``: the target's pyvenv.cfg ``home`` does not exist;
+    ``python-version-mismatch``: the target runs another Python (implementation or
+    ``major.minor``) than the donor, whose site-packages it does not read."""
     out = []
     t, d = env.target.interpreter, env.donor.interpreter
     if t.home_exists is False:
@@ -46,10 +47,15 @@ def interpreter_findings(env: EnvironmentAfter) -> list[Finding]:
             files=("pyvenv.cfg",),
         ))
     if (d.implementation, d.minor) != (t.implementation, t.minor):
+        names = (f"Python {d.minor} vs {t.minor}" if d.implementation == t.implementation
+                 else f"{d.implementation} {d.minor} vs {t.implementation} {t.minor}")
         out.append(Finding(
-            code="interpreter-missing", severity="error", dists=env.overlaid,
-            message=f"the target venv runs {t.implementation} {t.version} and the donor {d.implementation} "
-                    f"{d.version}; extension modules built for {d.abi_tag} will not load on {t.abi_tag}",
+            code="python-version-mismatch", severity="error", dists=env.overlaid,
+            message=f"{names}: the donor venv runs {d.implementation} {d.version}, the target venv "
+                    f"{t.implementation} {t.version}; the donor's distributions live in {env.donor.site_packages}, "
+                    f"which the target's Python does not read ({env.target.site_packages}), and extension modules "
+                    f"built for {d.abi_tag} do not load on {t.abi_tag}; transplant copies files to the same place "
+                    f"in the venv, so it moves distributions only between venvs of one Python minor",
             hint=f"recreate the target venv with Python {d.minor}: "
                  f"{shlex.join([f'python{d.minor}', '-m', 'venv', t.prefix])}",
         ))
