@@ -132,6 +132,7 @@ def test_init_draft_on_the_real_pair_is_the_calibrated_manifest():
     assert [f for f in d.findings if f.severity == "error"] == []
     assert d.data["verify"]["server_args"]["args"][3] == "DFLASH"
     assert {"sglang", "torch", "flashinfer", "sgl_kernel", "transformers"} <= set(d.data["verify"]["imports"])
+    assert d.data["verify"]["smoke"] == {"device": "auto"}  # torch arrives: its smoke pass is proposed
 
 
 def test_the_seed_manifest_with_closures_plans_clean_on_the_real_pair():

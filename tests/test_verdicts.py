@@ -461,3 +461,13 @@ def test_a_shared_object_failing_the_same_way_on_the_donor_is_a_warning():
     report["libraries"].pop(1)
     assert judge_native(report, driver=False, venv=venv, shipped=(), donor_shared=shared)[0] == "pass"
     assert judge_native(report, driver=False, venv=venv, shipped=())[0] == "fail"
+
+
+def test_smoke_without_torch_in_the_venv_is_a_skip_and_a_failed_import_a_failure():
+    from transplant.verify.judges import judge_smoke
+
+    reason = "torch is not installed in this venv; the smoke pass runs torch's matmuls and MLP"
+    assert judge_smoke({"ok": False, "skipped": True, "reason": reason, "checks": []}) == ("skip", reason)
+    # torch there but broken is broken here
+    assert judge_smoke({"ok": False, "reason": "import torch failed: OSError: libcudart.so.13", "checks": []}) == \
+        ("fail", "import torch failed: OSError: libcudart.so.13")

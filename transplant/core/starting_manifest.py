@@ -12,7 +12,7 @@ decides:
   ``add ... to remove:`` / ``add ... to overlay`` hints of its error findings are taken, for at
   most :data:`ROUNDS` rounds or until a round adds nothing;
 * ``verify:``: the import names of the roots and of the distributions they require directly
-  that the overlay brings, ``smoke: {device: auto}``, and, when sglang is overlaid, a
+  that the overlay brings, ``smoke: {device: auto}`` where torch will be in the target, and, when sglang is overlaid, a
   ``server_args`` check with DFLASH and placeholder model paths.
 
 :func:`render` writes it as commented YAML.
@@ -213,7 +213,9 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
             "expect": {"speculative_algorithm": "DFLASH", "speculative_dflash_block_size": 16,
                        "model_path": MODEL_PLACEHOLDER},
         }
-    verify["smoke"] = {"device": "auto"}
+    torch_removed = any(fnmatchcase("torch", g) for g in manifest.remove)
+    if "torch" in brought or ("torch" in target_latest and not torch_removed):
+        verify["smoke"] = {"device": "auto"}  # the smoke pass is torch's: proposed only where torch will be
     data["verify"] = verify
     _manifest(data, path)
     return Draft(data=data, notes=notes, rounds=rounds, findings=tuple(errors))

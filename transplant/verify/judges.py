@@ -154,10 +154,13 @@ def judge_smoke(report: Mapping[str, Any]) -> tuple[str, str]:
     """(status, reason) for the smoke script's report (it already applied the manifest's device choice).
 
     Its sub-checks (triton, sgl_kernel, flashinfer) fail the stage when one fails; a skipped
-    one is named as skipped, with its reason, in the reason of a passing stage.
+    one is named as skipped, with its reason, in the reason of a passing stage. A venv without
+    torch at all is a skip (nothing to smoke-test there), never a pass.
     """
     checks = report.get("checks", [])
     subs = report.get("subchecks", [])
+    if report.get("skipped") is True and not checks:
+        return "skip", str(report.get("reason"))
     if not report.get("ok"):
         bad = [c for c in checks if not c.get("ok")]
         if bad:
