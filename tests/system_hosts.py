@@ -3,9 +3,9 @@ bound into them, and how to reach them as a user would."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
+
+from transplant.lab.up import shareable_python
 
 #: The system lab's hosts: name -> Debian release. Two releases whose glibc and Python differ,
 #: and a twin of one of them (the clean side of each cross-system judgment).
@@ -14,12 +14,9 @@ SYSTEMS = {"bookworm": "bookworm", "trixie": "trixie", "trixie-twin": "trixie"}
 
 def shared_python() -> str | None:
     """The folder of this machine's own Python build when it can be bound into every system host
-    at the same path (a self-contained build such as pyenv's, not the system's ``/usr``): one
-    CPython build on hosts whose glibc differs, as on two real GPU hosts. None otherwise."""
-    base = os.path.realpath(sys.base_prefix)
-    if base.split("/")[1] in ("usr", "bin", "lib", "etc", "") or "," in base or ":" in base:
-        return None
-    return base
+    at the same path (:func:`transplant.lab.up.shareable_python`): one CPython build on hosts
+    whose glibc differs, as on two real GPU hosts. None otherwise."""
+    return shareable_python()
 
 
 def ssh(systems, name: str, command: str) -> str:

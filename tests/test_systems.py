@@ -112,3 +112,17 @@ def test_an_inventory_that_would_be_empty_while_other_site_folders_hold_distribu
     assert main(["inventory", f"{host.spec}:/srv/oddvenv", "--json", "--identity-file", str(systems.identity_file),
                  "--known-hosts", str(systems.known_hosts)]) == 0
     assert json.loads(capsys.readouterr().out)["distributions"] == []
+
+
+def test_hosts_are_reached_by_name_through_the_labs_ssh_config(systems, tmp_path, monkeypatch, capsys):
+    from transplant.lab.up import ssh_config
+
+    config = tmp_path / "ssh_config"
+    config.write_text(ssh_config(systems))
+    monkeypatch.setenv("TRANSPLANT_SSH_CONFIG", str(config))
+    host = systems.hosts["trixie"]
+    host.run(["rm", "-rf", "/srv/byname"])
+    host.run(["python3", "-m", "venv", "--without-pip", "/srv/byname"])
+    assert main(["inventory", "trixie:/srv/byname", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["host"]["hostname"] == "trixie" and doc["interpreter"]["version"].startswith("3.13.")
