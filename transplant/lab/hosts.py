@@ -225,22 +225,28 @@ class LabHost:
         :raises subprocess.CalledProcessError: ``check`` is set and the exit status is not 0.
         :raises subprocess.TimeoutExpired: it ran past ``timeout`` (it is killed).
         """
-        if self.pid is not None:
-            prefix = ["nsenter", "--target", str(self.pid), "--mount", "--uts", "--wd=/", "--"]
-        else:
-            prefix = [
-                "unshare", "--mount", "--uts", "--propagation", "private", "--",
-                "sh", "-c", 'mount --bind "$1" /srv && hostname "$2" && shift 2 && cd / && exec "$@"',
-                "sh", str(self.root), self.name,
-            ]  # fmt: skip
         return subprocess.run(
-            [*prefix, *argv],
+            self._command(argv),
             input=input or b"",
             capture_output=True,
-            env={**os.environ, **env} if env else None,
+            env=self._environment(env),
             check=check,
             timeout=timeout,
         )
+
+    def _command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` inside the host: through ``nsenter`` while sshd is up, else in fresh namespaces."""
+        if self.pid is not None:
+            return ["nsenter", "--target", str(self.pid), "--mount", "--uts", "--wd=/", "--", *argv]
+        return [
+            "unshare", "--mount", "--uts", "--propagation", "private", "--",
+            "sh", "-c", 'mount --bind "$1" /srv && hostname "$2" && shift 2 && cd / && exec "$@"',
+            "sh", str(self.root), self.name, *argv,
+        ]  # fmt: skip
+
+    def _environment(self, env: Mapping[str, str] | None) -> dict[str, str] | None:
+        """The environment of :meth:`run`: the controller's, with ``env`` added."""
+        return {**os.environ, **env} if env else None
 
     def start_sshd(self) -> None:
         """Start the host's sshd and wait until it sends its SSH banner.

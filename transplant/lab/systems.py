@@ -22,7 +22,6 @@ host, through :meth:`SystemHost.install` (inside the root) or a bind of ``binds`
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -107,25 +106,19 @@ class SystemHost(LabHost):
             raise TransplantError(f"lab host {self.name}: its sshd is not running")
         return int(children[0])
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        input: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        check: bool = True,
-        timeout: float | None = None,
-    ) -> subprocess.CompletedProcess:
-        """Run ``argv`` as root inside the host's system (its root, namespaces and mounts), for
-        setup; while stopped, in a fresh set of the same mounts. See :meth:`LabHost.run`."""
+    def _command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as root inside the host's system (its root, namespaces and mounts); while
+        stopped, in a fresh set of the same mounts (:meth:`LabHost.run` runs it)."""
         if self.pid is not None:
-            command = ["nsenter", "--target", str(self._session_pid()), "--mount", "--uts", "--pid",
-                       "--root", "--wd", "--", *argv]
-        else:
-            command = self._prefix(argv)
+            return ["nsenter", "--target", str(self._session_pid()), "--mount", "--uts", "--pid",
+                    "--root", "--wd", "--", *argv]
+        return self._prefix(argv)
+
+    def _environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        """A plain root environment, as a login on the host would have (nothing of the
+        controller's), with ``env`` added."""
         base = {"PATH": "/srv/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8"}
-        return subprocess.run(command, input=input or b"", capture_output=True, env={**base, **(env or {})},
-                              check=check, timeout=timeout)
+        return {**base, **(env or {})}
 
     def install(self, inside: str, data: bytes, mode: int = 0o644) -> None:
         """Write ``data`` at the absolute path ``inside`` of the host's system (folders made),
