@@ -64,6 +64,8 @@ def stacks(systems, tmp_path_factory):
         # device code: SASS for sm_80 and sm_100f only, no PTX (tests/data/fatbin/build.sh)
         build_wheel(wheels, "devkern", "1.0", {"devkern/__init__.py": "", "devkern/device.so": FATBIN.read_bytes()},
                     tag=tag),
+        # what matters of triton here is its name: it links its launchers with -lcuda
+        build_wheel(wheels, "triton", "3.5.0", {"triton/__init__.py": ""}),
     ]
     python = f"{build}/bin/python3"
     for name in ("trixie", "bookworm", "trixie-twin"):
@@ -143,10 +145,11 @@ def test_a_library_the_donors_system_lacks_too_is_info(stacks, tmp_path, capsys,
 @pytest.fixture(scope="module")
 def drivers(stacks):
     """The donor (trixie) on driver 580 (CUDA 13.0) with an H100; the bookworm target on driver
-    535 (CUDA 12.2) with an H100; trixie's twin on driver 580 with an A100. Removed afterwards."""
+    535 (CUDA 12.2) with two H100s and no unversioned ``libcuda.so``; trixie's twin on driver 580
+    with an A100. Removed afterwards."""
     hosts = stacks.hosts
     install_driver(hosts["trixie"], Driver("580.95.05", "13.0", (H100,)))
-    install_driver(hosts["bookworm"], Driver("535.104.05", "12.2", (H100, H100)))
+    install_driver(hosts["bookworm"], Driver("535.104.05", "12.2", (H100, H100), unversioned_link=False))
     install_driver(hosts["trixie-twin"], Driver("580.95.05", "13.0", (A100,)))
     yield stacks
     for name in ("trixie", "bookworm", "trixie-twin"):
@@ -218,3 +221,12 @@ def test_a_python_313_donor_and_a_311_target_are_named_as_such(systems, tmp_path
     assert "lib/python3.13/site-packages" in minor["message"]
     [abi] = by_code(doc, "python-abi-mismatch")
     assert abi["dists"] == ["ext313"] and "cp313-cp313-linux_x86_64" in abi["message"]
+
+
+def test_a_driver_without_the_unversioned_libcuda_link_blocks_triton_and_the_twin_has_it(drivers, tmp_path, capsys):
+    _, doc = plan_json(drivers, tmp_path, "bookworm", capsys, ("triton",))
+    [link] = by_code(doc, "libcuda-unversioned-missing")
+    assert link["severity"] == "error" and "ldconfig -p lists /lib/x86_64-linux-gnu/libcuda.so.1" in link["message"]
+    assert link["hint"].startswith("on the target, as root: ln -s libcuda.so.1 /lib/x86_64-linux-gnu/libcuda.so")
+    _, twin = plan_json(drivers, tmp_path, "trixie-twin", capsys, ("triton",))
+    assert not by_code(twin, "libcuda-unversioned-missing")
