@@ -10,6 +10,7 @@ module it carries) stays info on both targets."""
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from pathlib import Path
 
 from transplant.cli import main
-from transplant.lab.standins import Driver, Gpu, install_driver, remove_driver
+from transplant.lab.standins import Driver, Gpu, install_driver, remove_cpu, remove_driver, set_cpu_level
 from transplant.lab.wheels import build_wheel
 
 from system_hosts import shared_python, ssh
@@ -230,3 +231,37 @@ def test_a_driver_without_the_unversioned_libcuda_link_blocks_triton_and_the_twi
     assert link["hint"].startswith("on the target, as root: ln -s libcuda.so.1 /lib/x86_64-linux-gnu/libcuda.so")
     _, twin = plan_json(drivers, tmp_path, "trixie-twin", capsys, ("triton",))
     assert not by_code(twin, "libcuda-unversioned-missing")
+
+
+@pytest.fixture(scope="module")
+def avx512(stacks, tmp_path_factory):
+    """``avx512`` on the donor: an object compiled here with ``-march=x86-64-v4 -mneeded`` (its GNU
+    property note says it needs x86-64-v4). bookworm's CPU stand-in reaches x86-64-v3 only; trixie's
+    twin reads this machine's own CPU, which has AVX-512 where these tests run (checked below)."""
+    tmp = tmp_path_factory.mktemp("avx512")
+    source = tmp / "v4.c"
+    source.write_text("int total(const int *a) { int s = 0; for (int i = 0; i < 64; i++) s += a[i]; return s; }\n")
+    built = tmp / "v4.so"
+    subprocess.run(["cc", "-O2", "-march=x86-64-v4", "-mneeded", "-shared", "-fPIC", "-o", str(built), str(source)],
+                   check=True)
+    wheel = build_wheel(tmp, "avx512", "1.0", {"avx512/__init__.py": "", "avx512/_v4.so": built.read_bytes()},
+                        tag="cp311-cp311-linux_x86_64")
+    trixie = stacks.hosts["trixie"]
+    trixie.install(f"/srv/wheels/{wheel.name}", wheel.read_bytes())
+    trixie.run([f"{shared_python()}/bin/python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                "--disable-pip-version-check", "--prefix", VENV, f"/srv/wheels/{wheel.name}"])
+    set_cpu_level(stacks.hosts["bookworm"], "x86-64-v3")
+    yield stacks
+    remove_cpu(stacks.hosts["bookworm"])
+
+
+def test_an_object_needing_a_cpu_level_the_target_lacks_blocks_and_the_twins_cpu_runs_it(avx512, tmp_path, capsys):
+    if "avx512f" not in ssh(avx512, "trixie-twin", "cat /proc/cpuinfo"):
+        pytest.skip("this machine's CPU has no AVX-512: no twin here reaches x86-64-v4")
+    assert "x86-64-v3" in ssh(avx512, "bookworm", "cat /proc/cpuinfo")
+    _, doc = plan_json(avx512, tmp_path, "bookworm", capsys, ("avx512",))
+    [cpu] = by_code(doc, "cpu-isa-unsupported")
+    assert cpu["severity"] == "error" and "needs x86-64-v4" in cpu["message"]
+    assert "avx512f" in cpu["message"] and cpu["files"] == ["lib/python3.11/site-packages/avx512/_v4.so"]
+    _, twin = plan_json(avx512, tmp_path, "trixie-twin", capsys, ("avx512",))
+    assert not by_code(twin, "cpu-isa-unsupported")

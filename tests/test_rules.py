@@ -791,3 +791,33 @@ def test_host_library_nothing_when_provided_by_the_target_the_venv_or_not_read()
                             files={"a/x.so": "so", "a.libs/libcbor.so.0.10": "lib"})
     [f] = _hostlib_run(frozenset({"libc.so.6"}), frozenset({"libc.so.6"}))
     assert f.severity == "info" and "lacks it too" in f.message
+
+
+# --- cpu-isa-unsupported ------------------------------------------------------------------------
+
+def _cpu_run(flags, needed):
+    import dataclasses
+
+    donor = inv([dist("a", "1", {"a/x.so": "so"})], DONOR)
+    target = dataclasses.replace(inv([], TARGET), cpu_flags=flags)
+    donor_elf = elf("d", so("a/x.so", x86_isa_needed=needed))
+    return found(plan(manifest(["a"]), donor, target, (), donor_elf=donor_elf, target_elf=elf("t")),
+                 "cpu-isa-unsupported")
+
+
+def test_cpu_level_the_target_lacks_is_an_error_naming_the_missing_flags():
+    from transplant.core.data import x86_levels
+    from transplant.core.rules.cpu import missing_flags
+
+    table = x86_levels()["levels"]
+    v3 = frozenset(f for level in ("x86-64-baseline", "x86-64-v2", "x86-64-v3") for f in table[level])
+    assert missing_flags("x86-64-v3", v3) == []
+    [f] = _cpu_run(v3, ("x86-64-baseline", "x86-64-v2", "x86-64-v3", "x86-64-v4"))
+    assert f.severity == "error" and "needs x86-64-v4 (the CPU lacks avx512f, avx512bw" in f.message
+    assert not _cpu_run(v3, ("x86-64-baseline", "x86-64-v2", "x86-64-v3"))
+
+
+def test_cpu_level_not_judged_without_the_note_or_the_flags():
+    assert not _cpu_run(frozenset({"sse2"}), ())  # no GNU property note: the object says nothing
+    assert not _cpu_run(frozenset({"sse2"}), None)  # not read
+    assert not _cpu_run(None, ("x86-64-v4",))  # the target's flags not read

@@ -93,6 +93,10 @@ class ElfFacts:
     :ivar numpy_abi: the NumPy C-API the file was built against, from the module its
         ``_import_array()`` names: ``"1"`` (1.x headers), ``"2"`` (2.x headers), ``""`` (it
         uses neither); None when not read.
+    :ivar x86_isa_needed: the x86-64 micro-architecture levels its GNU property note
+        (``GNU_PROPERTY_X86_ISA_1_NEEDED``) says it needs (``("x86-64-baseline", "x86-64-v2",
+        "x86-64-v3")``), which glibc 2.33 and later check against the CPU before loading it;
+        ``()`` without the note; None when not read (an older report).
     :ivar ptx_isa: PTX entry name (``compute_90``) -> the newest PTX ISA version among its
         entries (``"9.0"``), from the fatbin entry headers; empty when not read.
     """
@@ -110,6 +114,7 @@ class ElfFacts:
     versioned_undefined: Mapping[str, tuple[str, ...]] | None = None
     numpy_abi: str | None = None
     ptx_isa: Mapping[str, str] = field(default_factory=dict)
+    x86_isa_needed: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,9 +209,23 @@ def _sorted_strings(value: Any, path: str, obj: Mapping[str, Any]) -> tuple[str,
     return tuple(sorted(strings(value, path)))
 
 
+#: The level names ``x86_isa_needed`` may hold (the host script's ``ISA_LEVELS``).
+X86_LEVELS = ("x86-64-baseline", "x86-64-v2", "x86-64-v3", "x86-64-v4")
+
+
+def _isa_levels(value: Any, path: str, obj: Mapping[str, Any]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    levels = strings(value, path)
+    for i, level in enumerate(levels):
+        if level not in X86_LEVELS:
+            raise DecodeError(item_path(path, i), f"one of {', '.join(X86_LEVELS)}", level)
+    return tuple(levels)
+
+
 _FACTS = Decoder(ElfFacts, unknown="ignore", null_default=True, fields={
     "device_code": _device_code, "numpy_abi": _numpy, "torch_undefined": _sorted_strings,
-    "ptx_isa": _ptx_isa})
+    "ptx_isa": _ptx_isa, "x86_isa_needed": _isa_levels})
 
 
 def _files(value: Any, path: str, obj: Mapping[str, Any]) -> dict[str, ElfFacts]:

@@ -257,6 +257,8 @@ class Inventory:
         venv (``ldconfig -p`` and ``LD_LIBRARY_PATH``, see ``_system_sonames`` in
         :mod:`transplant.remote.probe`); None when the probe did not report them or
         ``ldconfig`` did not run (the host-library rule then finds nothing).
+    :ivar cpu_flags: the host CPU's feature flags (``/proc/cpuinfo``: ``avx2``, ``avx512f``...);
+        None when the probe did not report them.
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
         "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
         None otherwise. Not part of the fingerprint.
@@ -279,6 +281,7 @@ class Inventory:
     outside_folders: Mapping[str, str] = field(default_factory=dict)
     inputs: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     system_sonames: frozenset[str] | None = field(default=None, repr=False)
+    cpu_flags: frozenset[str] | None = field(default=None, repr=False)
 
     def latest(self) -> dict[NormalizedName, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -758,6 +761,7 @@ def _inventory(document: dict, label: str) -> Inventory:
     libcuda = member(host, "libcuda", "host", dict, optional=True)
     return Inventory(
         system_sonames=_sonames(member(host, "sonames", "host", dict, optional=True)),
+        cpu_flags=_cpu_flags(member(host, "cpu", "host", dict, optional=True)),
         label=label,
         hostname=member(host, "hostname", "host", str),
         interpreter=interpreter,
@@ -793,6 +797,16 @@ def _refuse_unseen(unseen: dict | None, site: str, label: str) -> None:
         hint="check which folder the venv's python imports from (<venv>/bin/python -c 'import sys; print(sys.path)') "
              "and report the venv's layout; transplant refuses to plan from an inventory it cannot read whole",
     )
+
+
+def _cpu_flags(reported: dict | None) -> frozenset[str] | None:
+    """The CPU flags of the probe's ``host.cpu`` (``{"flags": [...]}``); None when absent.
+
+    :raises DecodeError: a malformed report."""
+    if reported is None:
+        return None
+    flags = strings(member(reported, "flags", "host.cpu", list), "host.cpu.flags")
+    return frozenset(flags)
 
 
 def _sonames(reported: dict | None) -> frozenset[str] | None:

@@ -1,6 +1,7 @@
 """Stand-ins for what this machine cannot have, placed on a system lab host where the real
 thing lives: an NVIDIA driver (``/usr/bin/nvidia-smi``, ``libcuda.so.1`` in the multiarch
-library folder and the loader cache, ``/proc/driver/nvidia/version``) with its GPUs.
+library folder and the loader cache, ``/proc/driver/nvidia/version``) with its GPUs, and a
+CPU of another x86-64 level (``/proc/cpuinfo``).
 
 Each stand-in answers as the real one does for what transplant asks of it, and nothing more:
 ``nvidia-smi`` prints its header (driver and CUDA version) and the CSV of ``--query-gpu`` for
@@ -20,9 +21,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from transplant.core.data import x86_levels
 from transplant.lab.systems import SystemHost
 
-__all__ = ["Gpu", "Driver", "install_driver", "remove_driver", "FIELDS", "LIBCUDA", "NVIDIA_SMI"]
+__all__ = ["Gpu", "Driver", "install_driver", "remove_driver", "set_cpu_level", "remove_cpu", "FIELDS", "LIBCUDA",
+           "NVIDIA_SMI"]
 
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
@@ -216,3 +219,27 @@ def _restart(host: SystemHost) -> None:
     if host.pid is not None:
         host.stop_sshd()
         host.start_sshd()
+
+
+def set_cpu_level(host: SystemHost, level: str) -> None:
+    """Give ``host`` a ``/proc/cpuinfo`` whose CPU has exactly the flags of x86-64 ``level`` and
+    the levels below it (``data/x86_levels.json``), bound at the host's start (a running host is
+    restarted). The kernel still runs this machine's CPU: only what the host reads changes.
+
+    :raises ValueError: ``level`` is not in the table.
+    """
+    levels = x86_levels()["levels"]
+    if level not in levels:
+        raise ValueError(f"x86-64 level {level!r} is not one of {', '.join(levels)}")
+    names = list(levels)
+    flags = [f for name in names[: names.index(level) + 1] for f in levels[name]]
+    (host.folder / "cpuinfo").write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\n"
+        f"model name\t: transplant lab stand-in ({level})\nflags\t\t: {' '.join(flags)}\n\n")
+    _restart(host)
+
+
+def remove_cpu(host: SystemHost) -> None:
+    """Take the CPU stand-in off ``host`` (it reads this machine's ``/proc/cpuinfo`` again)."""
+    (host.folder / "cpuinfo").unlink(missing_ok=True)
+    _restart(host)

@@ -15,6 +15,7 @@ Layout of a system host's folder (beside what :class:`~transplant.lab.hosts.LabH
     lab/             host key, authorized_keys and sshd_config, bound read-only at /lab inside
     srv/             the host's /srv, as for every lab host
     proc-driver/     when present, bound over /proc/driver (a driver stand-in's nvidia/version)
+    cpuinfo          when present, bound over /proc/cpuinfo (a CPU stand-in's flags)
 
 Stand-ins for what this machine cannot have are files placed where the real thing lives on a
 host, through :meth:`SystemHost.install` (inside the root) or a bind of ``binds`` (read-only).
@@ -44,6 +45,7 @@ mount --bind "$folder/srv" "$m/srv"
 mount -o bind,ro "$folder/lab" "$m/lab"
 mount -t proc proc "$m/proc"
 if [ -d "$folder/proc-driver" ] && [ -d "$m/proc/driver" ]; then mount --bind "$folder/proc-driver" "$m/proc/driver"; fi
+if [ -f "$folder/cpuinfo" ]; then mount --bind "$folder/cpuinfo" "$m/proc/cpuinfo"; fi
 mount --rbind /dev "$m/dev"
 mount -t tmpfs -o mode=0755 tmpfs "$m/run"
 mkdir -p "$m/run/sshd"

@@ -49,7 +49,8 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
                      "torch_undefined": [...],
                      "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f",
                                       "isa": "9.0" (PTX entries: the PTX ISA version)}],
-                     "versioned_undefined": {NEEDED: [names]}|null, "numpy_abi": "1"|"2"|""|null}},
+                     "versioned_undefined": {NEEDED: [names]}|null, "numpy_abi": "1"|"2"|""|null,
+                     "x86_isa_needed": ["x86-64-baseline", "x86-64-v2", ...]}},
      "libstdcxx": {"path": "/usr/lib/.../libstdc++.so.6.0.30", "versions": ["GLIBCXX_3.4", ...]}|null,
      "defined": {SYMBOL: bool}, "defined_in": [REL...], "defined_by": {REL: [names]|null},
      "seconds": float,
@@ -210,13 +211,40 @@ def open_elf(full):
 
 
 def sections_by_type(elf):
-    """First section of each ``sh_type`` (``SHT_DYNAMIC``...), plus ``.nv_fatbin`` by name."""
+    """First section of each ``sh_type`` (``SHT_DYNAMIC``...), plus ``.nv_fatbin`` and
+    ``.note.gnu.property`` by name."""
     found = {}
     for section in elf.iter_sections():
         found.setdefault(section["sh_type"], section)
-        if section.name == ".nv_fatbin":
-            found.setdefault(".nv_fatbin", section)
+        if section.name in (".nv_fatbin", ".note.gnu.property"):
+            found.setdefault(section.name, section)
     return found
+
+
+#: GNU_PROPERTY_X86_ISA_1_NEEDED bits -> micro-architecture level (x86-64 psABI, "Micro-architecture
+#: levels"; binutils' elf/common.h GNU_PROPERTY_X86_ISA_1_BASELINE .. _V4).
+ISA_LEVELS = ((1, "x86-64-baseline"), (2, "x86-64-v2"), (4, "x86-64-v3"), (8, "x86-64-v4"))
+
+
+def x86_isa_needed(sections):
+    """The x86-64 micro-architecture levels the object's GNU property note says it needs
+    (``GNU_PROPERTY_X86_ISA_1_NEEDED``, written by ``gcc -mneeded`` or ``ld -z x86-64-vN``), which
+    glibc's loader (2.33 and later) checks against the CPU before it loads the object: ``[]``
+    without such a note."""
+    section = sections.get(".note.gnu.property")
+    if section is None:
+        return []
+    levels = []
+    try:
+        for note in section.iter_notes():
+            if note["n_type"] != "NT_GNU_PROPERTY_TYPE_0":
+                continue
+            for prop in note["n_desc"]:
+                if getattr(prop, "pr_type", None) == "GNU_PROPERTY_X86_ISA_1_NEEDED" and isinstance(prop.pr_data, int):
+                    levels += [name for bit, name in ISA_LEVELS if prop.pr_data & bit and name not in levels]
+    except Exception:  # noqa: BLE001 - a note pyelftools cannot parse says nothing it can use
+        return []
+    return levels
 
 
 def dynamic_names(sections):
@@ -353,6 +381,7 @@ def facts(elf, torch_symbols, want_device_code, want_versioned=False, want_numpy
         "notes": notes,
         "versioned_undefined": versioned_undefined(elf, sections) if want_versioned else None,
         "numpy_abi": numpy_abi(elf, sections) if want_numpy else None,
+        "x86_isa_needed": x86_isa_needed(sections),
     }
 
 
@@ -519,7 +548,7 @@ def defined_by(prefix, queries, cache=None):
     return answer
 
 
-CACHE_SCHEMA = "transplant.elfcache/1"
+CACHE_SCHEMA = "transplant.elfcache/2"  # /2: x86_isa_needed
 RACY_NS = 2 * 10 ** 9
 CACHE_MAX_ENTRIES = 20000  # a venv has a few hundred to a few thousand shared objects
 

@@ -781,7 +781,24 @@ def _non_file_facts(prefix, paths, host, interpreter):
 def _host_facts():
     cache = _ldconfig()
     return {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
-            "libcuda": _libcuda(cache), "sonames": _system_sonames(cache)}
+            "libcuda": _libcuda(cache), "sonames": _system_sonames(cache), "cpu": _cpu()}
+
+
+def _cpu():
+    """``{"flags": [...]}``: the CPU's feature flags as the kernel reports them (the first
+    ``flags`` line of ``/proc/cpuinfo``, x86), or None where there is none (another
+    architecture, no ``/proc``)."""
+    try:
+        with open("/proc/cpuinfo", "r", encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle):
+                if number > 10000:
+                    break
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == "flags":
+                    return {"flags": sorted(set(value.split()))[:1000]}
+    except OSError:
+        pass
+    return None
 
 
 def _fingerprint(request):

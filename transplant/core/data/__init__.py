@@ -13,7 +13,7 @@ from typing import Any
 
 from packaging.version import Version
 
-__all__ = ["cuda_table", "family_table", "driver_minimum", "driver_cuda", "arch_minimum_cuda"]
+__all__ = ["cuda_table", "family_table", "driver_minimum", "driver_cuda", "arch_minimum_cuda", "x86_levels"]
 
 
 @cache
@@ -24,6 +24,12 @@ def _load(name: str) -> dict[str, Any]:
 def cuda_table() -> dict[str, Any]:
     """``data/cuda.json``: minimum drivers, architecture minimums, CUDA sonames, versioned nvidia-* names."""
     return _load("cuda.json")
+
+
+def x86_levels() -> dict[str, Any]:
+    """``data/x86_levels.json``: the CPU flags (as ``/proc/cpuinfo`` names them) each x86-64
+    micro-architecture level adds, with sources."""
+    return _load("x86_levels.json")
 
 
 def family_table() -> dict[str, Any]:
