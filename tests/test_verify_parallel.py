@@ -178,8 +178,10 @@ def test_a_failing_stage_stops_none_and_smoke_and_serve_run_alone_after_the_rest
     assert by["server-args"].status == "fail" and "script failed in the venv's python (exit 9)" in by["server-args"].reason
     assert by["imports"].status == "pass" and by["imports"].reason == "1 import: plain 2.0"
     assert by["requirements"].status == "pass" and by["jit-caches"].status == "pass"
-    # smoke has no torch to run and the server exits at once: both ran, and failed, after the others
-    assert by["smoke"].status == "fail" and "No module named 'torch'" in by["smoke"].reason
+    # smoke (device cpu, named) has no torch to run and the server exits at once: both ran, and failed,
+    # after the others
+    assert by["smoke"].status == "fail" and by["smoke"].reason.startswith("torch is not installed in this venv")
+    assert "smoke: {device: cpu} asks for it" in by["smoke"].reason
     assert by["serve"].status == "fail" and "exited with code 3" in by["serve"].reason
     smoke, served = host.span("stage_smoke"), host.span("stage_serve")
     others = [(s, e) for name, s, e in host.runs if name not in ("stage_smoke", "stage_serve")]
