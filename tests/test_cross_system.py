@@ -265,3 +265,19 @@ def test_an_object_needing_a_cpu_level_the_target_lacks_blocks_and_the_twins_cpu
     assert "avx512f" in cpu["message"] and cpu["files"] == ["lib/python3.11/site-packages/avx512/_v4.so"]
     _, twin = plan_json(avx512, tmp_path, "trixie-twin", capsys, ("avx512",))
     assert not by_code(twin, "cpu-isa-unsupported")
+
+
+def test_a_driver_that_does_not_answer_is_named_broken_and_the_twins_answers(drivers, tmp_path, capsys):
+    bookworm = drivers.hosts["bookworm"]
+    install_driver(bookworm, Driver("535.104.05", "12.2", (H100,), state="mismatch"))
+    try:
+        assert "Driver/library version mismatch" in ssh(drivers, "bookworm", "nvidia-smi || true")
+        _, doc = plan_json(drivers, tmp_path, "bookworm", capsys, ("nvidia-cuda-runtime",))
+        [broken] = by_code(doc, "driver-unusable")
+        assert broken["severity"] == "error" and broken["dists"] == ["nvidia-cuda-runtime"]
+        assert "Failed to initialize NVML: Driver/library version mismatch" in broken["message"]
+        assert "the loaded kernel module is 535.104.05" in broken["message"]
+        _, twin = plan_json(drivers, tmp_path, "trixie-twin", capsys, ("nvidia-cuda-runtime",))
+        assert not by_code(twin, "driver-unusable")
+    finally:
+        install_driver(bookworm, Driver("535.104.05", "12.2", (H100, H100), unversioned_link=False))

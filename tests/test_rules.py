@@ -821,3 +821,21 @@ def test_cpu_level_not_judged_without_the_note_or_the_flags():
     assert not _cpu_run(frozenset({"sse2"}), ())  # no GNU property note: the object says nothing
     assert not _cpu_run(frozenset({"sse2"}), None)  # not read
     assert not _cpu_run(None, ("x86-64-v4",))  # the target's flags not read
+
+
+# --- driver-unusable ----------------------------------------------------------------------------
+
+def test_driver_unusable_shows_the_hosts_text_with_control_characters_made_visible():
+    import dataclasses
+
+    from transplant.core.inventory import NvidiaFacts
+
+    donor = inv([dist("nvidia-cuda-runtime", "13.0.96", {"nvidia/cu13/lib/libcudart.so.13": "r"})], DONOR)
+    target = inv([], TARGET)
+    broken = NvidiaFacts(available=False, reason="nvidia-smi exited 18", kernel_module="570.1",
+                         failure="Failed to initialize NVML: Driver/library version mismatch\x1b[2J" + "x" * 400)
+    result = plan(manifest(["nvidia-cuda-runtime"]), donor, dataclasses.replace(target, nvidia=broken), ())
+    [f] = found(result, "driver-unusable")
+    assert f.severity == "error" and "\x1b" not in f.message and "\\x1b[2J" in f.message
+    assert "kernel module is 570.1" in f.message and len(f.message) < 700
+    assert not found(plan(manifest(["nvidia-cuda-runtime"]), donor, target, ()), "driver-unusable")

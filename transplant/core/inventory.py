@@ -200,13 +200,21 @@ class Gpu:
 
 @dataclass(frozen=True, kw_only=True)
 class NvidiaFacts:
-    """The host's NVIDIA driver facts; ``available`` False with ``reason`` when there are none."""
+    """The host's NVIDIA driver facts; ``available`` False with ``reason`` when there are none.
+
+    :ivar failure: what ``nvidia-smi`` printed when it is there but failed (a driver that is
+        installed and broken: "Driver/library version mismatch"), else None.
+    :ivar kernel_module: the loaded kernel module's version (``/proc/driver/nvidia/version``),
+        None when there is none or it was not read.
+    """
 
     available: bool
     reason: str | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
     gpus: tuple[Gpu, ...] = ()
+    failure: str | None = None
+    kernel_module: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

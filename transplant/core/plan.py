@@ -47,7 +47,7 @@ FINDING_CODES = (
     "metadata-invalid", "remove-no-match", "accept-unused", "binary-unreadable", "file-owner-conflict",
     "closure-unmet", "closure-excluded", "target-record-missing",
     "undefined-symbol", "numpy-abi-mismatch", "libcuda-unversioned-missing",
-    "outside-venv", "ptx-too-new", "host-library-missing", "python-version-mismatch", "cpu-isa-unsupported",
+    "outside-venv", "ptx-too-new", "host-library-missing", "python-version-mismatch", "cpu-isa-unsupported", "driver-unusable",
 )
 #: Codes that neither ``accept:`` nor ``--force`` lets through: applying past them would leave
 #: the target in a state no installer can describe (a RECORD claiming another distribution's files).

@@ -3,7 +3,7 @@ cut to a length at a word boundary."""
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "count", "agree", "clip"]
+__all__ = ["human_bytes", "count", "agree", "clip", "visible"]
 
 
 def human_bytes(count: int | None) -> str:
@@ -50,3 +50,10 @@ def clip(text: str, width: int) -> str:
         if at <= 0:
             return text
     return head[:at].rstrip(" ;,:") + "..."
+
+
+def visible(text: str, limit: int = 300) -> str:
+    """``text`` from a host, for a message: at most ``limit`` characters, each control or other
+    unprintable character shown as its escape (``\\x1b``), so nothing it holds acts on a terminal."""
+    shown = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text[:limit])
+    return shown + ("..." if len(text) > limit else "")

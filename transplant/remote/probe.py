@@ -1256,9 +1256,13 @@ def _nvidia():
                                 timeout=30, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"available": False, "reason": "nvidia-smi failed: {}".format(exc)}
+    module = _kernel_module()
     if out.returncode != 0:
-        tail = out.stderr.decode("utf-8", "replace").strip()[-300:]
-        return {"available": False, "reason": "nvidia-smi exited {}: {}".format(out.returncode, tail)}
+        # nvidia-smi prints its failures ("couldn't communicate with the NVIDIA driver", "Driver/library
+        # version mismatch") on stdout: a driver that is there and broken, not an absent one
+        tail = (out.stdout + out.stderr).decode("utf-8", "replace").strip()[-300:]
+        return {"available": False, "reason": "nvidia-smi exited {}: {}".format(out.returncode, tail),
+                "failure": tail or "exit {}".format(out.returncode), "kernel_module": module}
     gpus, driver = [], None
     for row in csv.reader(io.StringIO(out.stdout.decode("utf-8", "replace"))):
         if len(row) < 4:
@@ -1275,7 +1279,19 @@ def _nvidia():
         "driver_version": driver,
         "cuda_version": match.group(1) if match else None,
         "gpus": gpus,
+        "kernel_module": module,
     }
+
+
+def _kernel_module():
+    """The loaded NVIDIA kernel module's version from ``/proc/driver/nvidia/version``, or None."""
+    try:
+        with open("/proc/driver/nvidia/version", "r", encoding="utf-8", errors="replace") as handle:
+            text = handle.read(4096)
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module\s+([0-9][0-9.]{0,31})", text)
+    return match.group(1) if match else None
 
 
 def _ldconfig():
