@@ -126,3 +126,15 @@ def test_hosts_are_reached_by_name_through_the_labs_ssh_config(systems, tmp_path
     assert main(["inventory", "trixie:/srv/byname", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["host"]["hostname"] == "trixie" and doc["interpreter"]["version"].startswith("3.13.")
+
+
+def test_a_root_counts_as_built_only_with_todays_package_list(tmp_path):
+    from transplant.lab.roots import PACKAGES, STAMP, _complete
+
+    root = tmp_path / "bookworm"
+    root.mkdir()
+    assert not _complete(root, "bookworm")  # no stamp: an interrupted build
+    (root / STAMP).write_text("bookworm openssh-server python3\n")
+    assert not _complete(root, "bookworm")  # built with another package list: built again
+    (root / STAMP).write_text(f"bookworm {' '.join(PACKAGES)}\n")
+    assert _complete(root, "bookworm") and not _complete(root, "trixie")

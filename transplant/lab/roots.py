@@ -99,6 +99,19 @@ def _remove_partial(folder: Path) -> None:
     shutil.rmtree(folder)
 
 
+def _stamp(release: str) -> str:
+    """What a complete root's stamp file says: its release and the packages it was built with."""
+    return f"{release} {' '.join(PACKAGES)}\n"
+
+
+def _complete(root: Path, release: str) -> bool:
+    """Whether ``root`` is a finished build of ``release`` with today's :data:`PACKAGES`."""
+    try:
+        return (root / STAMP).read_text() == _stamp(release)
+    except OSError:
+        return False
+
+
 def build_root(release: str, cache: Path | None = None, *, mirror: str | None = None) -> Path:
     """The cached root of ``release``, built first when missing (one build at a time per release).
 
@@ -114,7 +127,7 @@ def build_root(release: str, cache: Path | None = None, *, mirror: str | None = 
         raise TransplantError(f"no lab root for release {release!r}", hint=f"use one of {', '.join(RELEASES)}")
     cache = (cache or default_cache()).absolute()
     root = cache / release
-    if (root / STAMP).is_file():
+    if _complete(root, release):
         return root
     debootstrap = shutil.which("debootstrap", path=os.pathsep.join(["/usr/sbin", os.environ.get("PATH", "")]))
     if debootstrap is None:
@@ -122,11 +135,11 @@ def build_root(release: str, cache: Path | None = None, *, mirror: str | None = 
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{release}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (root / STAMP).is_file():  # another process built it meanwhile
+        if _complete(root, release):  # another process built it meanwhile
             return root
         for old in cache.glob(f"{release}.partial-*"):
             _remove_partial(old)
-        if root.exists():  # a root without its stamp: an older, unfinished layout
+        if root.exists():  # unfinished, or built with another package list: built again
             _remove_partial(root)
         partial = cache / f"{release}.partial-{os.getpid()}"
         log = cache / f"{release}.log"
@@ -143,6 +156,6 @@ def build_root(release: str, cache: Path | None = None, *, mirror: str | None = 
                 + "\n".join(tail),
                 hint="check the mirror in /etc/apt and the network to it, then run again",
             )
-        (partial / STAMP).write_text(f"{release} {' '.join(PACKAGES)}\n")
+        (partial / STAMP).write_text(_stamp(release))
         partial.rename(root)
     return root
