@@ -313,7 +313,8 @@ def test_cli_without_manifest_writes_json_and_junit(built, tmp_path, monkeypatch
     code = main(["verify", f"local:{built['broken']}", "--imports", "brokenext,fakecuda", "--json", "--junit", str(junit)])
     assert code == 3
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == "transplant.verify/2" and doc["ok"] is False
+    assert doc["schema"] == "transplant.verify/3" and doc["ok"] is False
+    assert doc["verdict"].startswith("verify failed: ") and doc["strict"] is False
     stages = {s["name"]: s for s in doc["stages"]}
     assert stages["native-load"]["status"] == "fail" and stages["imports"]["status"] == "pass", stages["native-load"]
     assert doc["counts"] == {s: sum(x["status"] == s for x in doc["stages"]) for s in ("pass", "fail", "skip")}

@@ -206,6 +206,16 @@ def test_bad_verify_serve_and_resolve_are_listed(tmp_path):
     ]
 
 
+def test_verify_required_names_stages_the_donor_is_compared_in(tmp_path):
+    m = load_manifest(write(tmp_path, GOOD + "  required: [imports, smoke, imports]\n"))
+    assert m.verify.required == ("imports", "smoke")
+    found = problems(tmp_path / "bad", GOOD + "  required: [imports, serve]\n")
+    assert found == ["verify.required[1]: expected a stage the donor is compared in, got the string 'serve'; fix: name "
+                     "stages of imports, native-load, server-args, smoke, e.g. required: [imports]"]
+    assert problems(tmp_path / "bad2", GOOD + "  required: imports\n")[0].startswith(
+        "verify.required: expected a list, got the string 'imports'")
+
+
 def test_an_accept_entry_without_a_reason_gets_a_generic_example(tmp_path):
     found = problems(tmp_path, GOOD + "accept:\n  - {code: lockstep-mismatch, dists: [flashinfer-jit-cache]}\n")
     assert found == ["accept[0].reason: missing; fix: add it: reason: why this finding does not stop this target "

@@ -286,13 +286,13 @@ def test_junit_counts_skips_apart_from_passes():
     from xml.etree import ElementTree
 
     results = [StageResult(name="a", status="pass", reason="fine", seconds=1.0),
-               StageResult(name="b", status="skip", reason="no GPU", seconds=0.0),
+               StageResult(name="b", status="skip", reason="no GPU", seconds=0.0, cause="no-device"),
                StageResult(name="c", status="fail", reason="broken <&>", seconds=2.5)]
     suite = ElementTree.fromstring(verify_junit(results, "local:/v")).find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"), suite.get("time")) == ("3", "1", "1", "3.500")
     cases = suite.findall("testcase")
     assert cases[0].find("failure") is None and cases[0].find("skipped") is None
-    assert cases[1].find("skipped").get("message") == "no GPU"
+    assert cases[1].find("skipped").get("message") == "[no-device] no GPU"  # the cause, as in --json
     assert cases[2].find("failure").get("message") == "broken <&>"
 
 
@@ -429,7 +429,7 @@ def test_an_import_failing_the_same_way_on_the_donor_is_a_warning():
     assert shared == {"deep_ep"} and donor_shared_imports(target, None) == set()
     status, reason = judge_imports(target, donor_shared=shared)
     assert status == "fail" and reason.startswith("1 of 3 imports failed; broken:")
-    assert "warning: 1 fails the same way on the donor, which runs with it" in reason
+    assert "not checkable here: 1 fails identically in the donor, which runs with it" in reason
     ok = {"imports": target["imports"][:2]}
     status, reason = judge_imports(ok, donor_shared=shared)
     assert status == "pass" and "deep_ep (ImportError: The NVIDIA driver" in reason
@@ -457,7 +457,7 @@ def test_a_shared_object_failing_the_same_way_on_the_donor_is_a_warning():
     assert shared == {f"{venv}/{bridge}"}
     status, reason = judge_native(report, driver=False, venv=venv, shipped=(), donor_shared=shared)
     assert status == "fail" and reason.startswith("1 of 3 shared objects does not load: lib/python3.11/site-packages/k/kern.so")
-    assert "warning: 1 fails the same way on the donor, which runs with it" in reason and "aoti_torch_dtype_float32" in reason
+    assert "not checkable here: 1 fails identically in the donor, which runs with it" in reason and "aoti_torch_dtype_float32" in reason
     report["libraries"].pop(1)
     assert judge_native(report, driver=False, venv=venv, shipped=(), donor_shared=shared)[0] == "pass"
     assert judge_native(report, driver=False, venv=venv, shipped=())[0] == "fail"
@@ -471,3 +471,74 @@ def test_smoke_without_torch_in_the_venv_is_a_skip_and_a_failed_import_a_failure
     # torch there but broken is broken here
     assert judge_smoke({"ok": False, "reason": "import torch failed: OSError: libcudart.so.13", "checks": []}) == \
         ("fail", "import torch failed: OSError: libcudart.so.13")
+
+
+def test_the_verdict_line_counts_stages_and_names_each_skip_by_its_cause():
+    from transplant.verify.verdict import causes_of, verdict_line
+
+    results = [StageResult(name="imports", status="pass", reason="ok", seconds=1.0,
+                           unchecked=({"item": "deep_ep", "cause": "no-driver", "evidence": "needs libcuda.so.1"},
+                                      {"item": "flash_mla", "cause": "donor-identical", "evidence": "OSError"})),
+               StageResult(name="smoke", status="skip", reason="no torch", seconds=0.0, cause="no-torch"),
+               StageResult(name="serve", status="skip", reason="not asked", seconds=0.0, cause="not-requested"),
+               StageResult(name="native-load", status="fail", reason="broken", seconds=0.0)]
+    assert causes_of(results) == {"not-requested": ["serve"], "no-driver": ["imports:deep_ep"],
+                                  "no-torch": ["smoke"], "donor-identical": ["imports:flash_mla"]}
+    assert verdict_line(results) == (
+        "verify failed: 1 passed, 1 failed, 2 skipped (not requested: serve; no torch: smoke); not checked here: "
+        "2 items (no NVIDIA driver: imports:deep_ep; fails identically in the donor: imports:flash_mla)")
+
+
+def test_strict_fails_what_could_not_be_checked_and_nothing_else():
+    from transplant.verify.verdict import strict, verdict_line
+
+    results = [StageResult(name="imports", status="pass", reason="3 imports", seconds=1.0,
+                           unchecked=({"item": "deep_ep", "cause": "no-driver", "evidence": "needs libcuda.so.1"},)),
+               StageResult(name="requirements", status="pass", reason="fine", seconds=0.0),
+               StageResult(name="smoke", status="skip", reason="no GPU", seconds=0.0, cause="no-driver"),
+               StageResult(name="serve", status="skip", reason="not asked", seconds=0.0, cause="not-requested"),
+               StageResult(name="native-load", status="skip", reason="none", seconds=0.0, cause="nothing-to-check")]
+    out = {r.name: r for r in strict(results)}
+    assert [n for n, r in out.items() if r.status == "fail"] == ["imports", "smoke"]
+    assert out["imports"].reason == "--strict: 1 not checked here: deep_ep (no NVIDIA driver); 3 imports"
+    assert out["smoke"].reason == "--strict: not checked here (no NVIDIA driver): no GPU"
+    assert out["serve"].status == "skip" and out["native-load"].status == "skip" and out["requirements"].status == "pass"
+    assert verdict_line(list(out.values()), strict_mode=True).startswith("verify failed (--strict): 1 passed, 2 failed")
+
+
+def test_a_stage_result_refuses_a_cause_outside_the_table():
+    with pytest.raises(ValueError, match="cause 'gpu' is not one of"):
+        StageResult(name="smoke", status="skip", reason="x", seconds=0.0, cause="gpu")
+    with pytest.raises(ValueError, match="cause 'later' is not one of"):
+        StageResult(name="imports", status="pass", reason="x", seconds=0.0,
+                    unchecked=({"item": "a", "cause": "later", "evidence": ""},))
+
+
+def test_failure_classes_compare_the_kind_of_failure_not_its_text():
+    from transplant.verify.ladder import failure_class, system_library_gap
+
+    assert failure_class("smoke", {"ok": False, "missing": "torch", "checks": []}) == "missing:torch"
+    assert failure_class("smoke", {"ok": False, "unavailable": "cuda", "checks": []}) == "unavailable:cuda"
+    assert failure_class("smoke", {"ok": False, "reason": "import torch failed: OSError: libcudart.so.13: cannot open",
+                                   "checks": []}) == "import:OSError"
+    assert failure_class("smoke", {"ok": True, "checks": [{"name": "matmul", "ok": True}],
+                                   "subchecks": [{"name": "triton", "status": "fail"}]}) == "checks:triton"
+    assert failure_class("smoke", {"ok": True, "checks": [], "subchecks": [{"name": "triton", "status": "skip"}]}) is None
+    assert failure_class("server-args", {"ok": False, "error": "ValueError: no such option"}) == "rejected:ValueError"
+    assert failure_class("server-args", {"ok": True}) is None and failure_class("smoke", None) is None
+    error = "OSError: libcbor.so.0.10: cannot open shared object file: No such file or directory"
+    assert system_library_gap(error, {"libc.so.6"}, {"libc.so.6", "libcbor.so.0.10"}) == \
+        "libcbor.so.0.10: the donor's system has it, this host's has not"
+    assert system_library_gap(error, {"libcbor.so.0.10"}, {"libcbor.so.0.10"}) is None
+    assert system_library_gap(error, None, {"libcbor.so.0.10"}) is None  # unknown: no claim
+
+
+def test_an_import_failing_on_another_loader_error_in_the_donor_is_not_shared():
+    from transplant.verify.ladder import donor_shared_imports
+
+    target = {"imports": [{"name": "fido", "ok": False, "error": "ImportError: libcbor.so.0.10: cannot open shared "
+                                                                   "object file: No such file or directory"}]}
+    donor = {"imports": [{"name": "fido", "ok": False, "error": "ImportError: dynamic module does not define module "
+                                                                 "export function (PyInit__fido)"}]}
+    assert donor_shared_imports(target, donor) == set()
+    assert donor_shared_imports(target, target) == {"fido"}

@@ -168,8 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
                    help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
                         "check without one")
-    v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/2)")
+    v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/3)")
     v.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
+    v.add_argument("--strict", action="store_true",
+                   help="fail every stage and item that could not be checked here (no driver, no GPU, no torch, "
+                        "fails identically in the donor): for GPU hosts where everything must run")
     v.add_argument("--imports", metavar="NAMES", help="comma-separated import names (without a manifest: the "
                    "distributions providing them are checked too)")
     v.add_argument("--clear-jit-caches", nargs="?", const="", default=None, metavar="NAMES",

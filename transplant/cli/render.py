@@ -72,12 +72,16 @@ def stages_table(results: Sequence[StageResult], title: str) -> Table:
     return table
 
 
-def verify_json(results: Sequence[StageResult], target: str) -> str:
-    """``{"schema", "target", "ok", "counts": {"pass", "fail", "skip"}, "stages": [{"name", "status",
-    "reason", "seconds", "details"}]}``; ``ok`` is false when a stage failed (skips are counted apart)."""
-    doc: dict[str, Any] = {"schema": VERIFY_SCHEMA, "target": target,
+def verify_json(results: Sequence[StageResult], target: str, *, strict: bool = False) -> str:
+    """``{"schema", "target", "ok", "strict", "counts": {"pass", "fail", "skip"}, "causes": {CAUSE:
+    [STAGE or STAGE:ITEM]}, "verdict", "stages": [{"name", "status", "reason", "cause", "unchecked",
+    "seconds", "details"}]}``; ``ok`` is false when a stage failed (skips are counted apart)."""
+    from transplant.verify.verdict import causes_of, counts, verdict_line
+
+    doc: dict[str, Any] = {"schema": VERIFY_SCHEMA, "target": target, "strict": strict,
                            "ok": not any(r.status == "fail" for r in results),
-                           "counts": {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")},
+                           "counts": counts(results), "causes": causes_of(results),
+                           "verdict": verdict_line(results, strict_mode=strict),
                            "stages": [r.to_dict() for r in results]}
     return json.dumps(doc, indent=2, sort_keys=True, default=str)
 
@@ -98,7 +102,7 @@ def verify_junit(results: Sequence[StageResult], target: str) -> str:
         if r.status == "fail":
             ET.SubElement(case, "failure", message=r.reason, type="fail").text = r.reason
         elif r.status == "skip":
-            ET.SubElement(case, "skipped", message=r.reason)
+            ET.SubElement(case, "skipped", message=f"[{r.cause or 'not-run'}] {r.reason}")
         ET.SubElement(case, "system-out").text = r.reason
     suites = ET.Element("testsuites")
     suites.append(suite)

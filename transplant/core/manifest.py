@@ -188,6 +188,9 @@ class VerifySettings:
     :ivar skip_imports: import name -> the operator's reason not to import it (a derived
         top-level name that is not meant to work here); shown as skipped, with the reason.
     :ivar python: the Python version the target must run (``3.11`` or ``3.11.9``), or None.
+    :ivar required: stages of :data:`REQUIRABLE_STAGES` whose failure counts even when the donor
+        fails the same way (by default such a failure is what the donor runs: a skip, or an
+        unchecked item, with the donor's evidence).
     """
 
     env: Mapping[str, str] = field(default_factory=dict)
@@ -199,6 +202,12 @@ class VerifySettings:
     overlay: tuple[str, ...] = ()
     skip_imports: Mapping[str, str] = field(default_factory=dict)
     python: str | None = None
+    required: tuple[str, ...] = ()
+
+
+#: The verify stages that run again in the donor when they fail in the target (the donor is the
+#: reference): what ``verify.required`` may name.
+REQUIRABLE_STAGES = ("imports", "native-load", "server-args", "smoke")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -662,7 +671,7 @@ def _verify(c: Problems, value: Any) -> VerifySettings:
                "smoke": "smoke: {device: auto}", "timeout": "timeout: 300",
                "serve": "serve: {command: [...]}",
                "skip_imports": "skip_imports: [{name: transformers, reason: why}]",
-               "python": 'python: "3.11"'}
+               "python": 'python: "3.11"', "required": "required: [imports]"}
     data = c.mapping(value, "verify", allowed)
     env: dict[str, str] = {}
     if "env" in data:
@@ -731,8 +740,19 @@ def _verify(c: Problems, value: Any) -> VerifySettings:
         else:
             c.add("verify.python", f"expected a version like \"3.11\", got {kind(data['python'])}",
                   'write it quoted: python: "3.11"')
+    required: list[str] = []
+    if "required" in data:
+        hint = f"name stages of {', '.join(REQUIRABLE_STAGES)}, e.g. required: [imports]"
+        if not isinstance(data["required"], list):
+            c.add("verify.required", f"expected a list, got {kind(data['required'])}", hint)
+        else:
+            for i, name in enumerate(data["required"]):
+                if name not in REQUIRABLE_STAGES:
+                    c.add(f"verify.required[{i}]", f"expected a stage the donor is compared in, got {kind(name)}", hint)
+                else:
+                    required.append(name)
     return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout,
-                          serve=serve, skip_imports=skips, python=python)
+                          serve=serve, skip_imports=skips, python=python, required=tuple(dict.fromkeys(required)))
 
 
 def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Manifest:

@@ -112,11 +112,13 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
 
 def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSHOptions | None,
                   record: bool = True, donor_inventory: Callable[[], Inventory | None] | None = None,
-                  **stages: object) -> tuple[list[StageResult], bool]:
+                  strict: bool = False, **stages: object) -> tuple[list[StageResult], bool]:
     """Run the verify ladder (:func:`transplant.verify.runner.run_stages`) in ``venv`` on ``target`` and,
     when ``record`` is true, record the verdict in the target's history and the controller's
     verified log.
 
+    :param strict: what could not be checked here fails (:func:`transplant.verify.verdict.strict`),
+        before the verdict is recorded.
     :param stages: passed on to ``run_stages`` (``reporter``, ``clear_jit_caches``, ``donor_run``, ``started``,
         ``manifest``).
     :returns: the stage results and whether no stage failed.
@@ -126,6 +128,10 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     from transplant.verify.runner import run_stages  # the verify ladder: an apply without --verify needs none
 
     results = run_stages(settings, target=target, venv=venv, donor_inventory=donor_inventory, **stages)
+    if strict:
+        from transplant.verify.verdict import strict as strictly
+
+        results = strictly(results)
     ok = overall_ok(results)
     if record:
         record_verified(target, venv, ok, time.time(), log=verified_log(default_state_dir()), ssh=ssh)

@@ -14,8 +14,10 @@ round-off with headroom); without a GPU, or without the package, an honest skip;
 is importable, a round trip through torch's NumPy bridge (``from_numpy``, ``Tensor.numpy``:
 fails under a NumPy major the torch was not built for).
 
-Prints ``{"ok", "device", "reason", "torch", "cuda", "checks": [{"name", "dtype",
-"rel_error", "bound", "ok"}], "subchecks": [{"name", "status", "reason"}]}``. Stdlib only
+Prints ``{"ok", "device", "reason", "torch", "cuda", "unavailable"?, "checks": [{"name", "dtype",
+"rel_error", "bound", "ok"}], "subchecks": [{"name", "status", "reason"}]}`` (``unavailable``:
+``"cuda"`` when that device was asked for and torch sees none; ``missing``: ``"torch"`` when
+the venv has no torch). Stdlib only
 apart from torch, triton, sgl_kernel, flashinfer and numpy, which it tests.
 """
 
@@ -37,7 +39,7 @@ def main(argv):
     if importlib.util.find_spec("torch") is None:
         # no torch in this venv at all: nothing to smoke-test where the device was left to us
         # (auto); a device named in the manifest asks for the pass, and its absence fails it
-        return _report(ok=False, skipped=want == "auto", device=None, torch=None, cuda=None, checks=[],
+        return _report(ok=False, skipped=want == "auto", missing="torch", device=None, torch=None, cuda=None, checks=[],
                        reason="torch is not installed in this venv; the smoke pass runs torch's matmuls and MLP"
                               + ("" if want == "auto" else ", and smoke: {{device: {}}} asks for it".format(want)))
     try:
@@ -48,7 +50,7 @@ def main(argv):
     cuda_ok = bool(torch.cuda.is_available())
     info = {"torch": torch.__version__, "cuda": getattr(torch.version, "cuda", None)}
     if want == "cuda" and not cuda_ok:
-        return _report(ok=False, device=None, checks=[],
+        return _report(ok=False, device=None, checks=[], unavailable="cuda",
                        reason="device cuda asked for, but torch.cuda.is_available() is False "
                               "(torch {}, built for CUDA {})".format(torch.__version__, info["cuda"]), **info)
     device = "cuda" if (want == "cuda" or (want == "auto" and cuda_ok)) else "cpu"

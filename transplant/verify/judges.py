@@ -28,6 +28,10 @@ __all__ = [
     "overall_ok",
     "judge_interpreter",
     "judge_native",
+    "native_kinds",
+    "native_unchecked",
+    "imports_unchecked",
+    "CAUSES",
     "judge_provenance",
     "judge_resolve",
     "judge_serve",
@@ -36,29 +40,55 @@ __all__ = [
     "stale_versions",
 ]
 
-VERIFY_SCHEMA = "transplant.verify/2"  # 2: the ladder's stages, "counts"
+VERIFY_SCHEMA = "transplant.verify/3"  # 2: the ladder's stages, "counts"; 3: "cause", "unchecked", "causes"
 STATUSES = ("pass", "fail", "skip")
+
+#: Why a stage or an item was not checked: cause -> how the verdict names it (the causes are
+#: explained in :mod:`transplant.verify.verdict` and REFERENCE.md).
+CAUSES: Mapping[str, str] = {
+    "not-requested": "not requested",
+    "nothing-to-check": "nothing to check",
+    "not-run": "not run",
+    "no-driver": "no NVIDIA driver",
+    "no-torch": "no torch",
+    "no-device": "no GPU visible",
+    "no-model": "the model is not on this host",
+    "donor-identical": "fails identically in the donor",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class StageResult:
     """One verify stage: ``status`` in pass/fail/skip, a one-line ``reason``, wall ``seconds``,
-    and ``details`` (stage-specific JSON: imports with versions and files, parsed values...)."""
+    and ``details`` (stage-specific JSON: imports with versions and files, parsed values...).
+
+    :ivar cause: for a skip, why it did not run (a key of :data:`CAUSES`); None for a pass or a
+        fail, and for a skip that predates causes (read as ``not-run``).
+    :ivar unchecked: the items a passing stage could not check here, each ``{"item", "cause",
+        "evidence"}`` (the import, or the venv-relative shared object; a cause of :data:`CAUSES`;
+        the error that shows it).
+    """
 
     name: str
     status: str
     reason: str
     seconds: float
     details: Mapping[str, Any] = field(default_factory=dict)
+    cause: str | None = None
+    unchecked: tuple[Mapping[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
+        for cause in [self.cause, *(u.get("cause") for u in self.unchecked)]:
+            if cause is not None and cause not in CAUSES:
+                raise ValueError(f"cause {cause!r} is not one of {tuple(CAUSES)}")
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"name", "status", "reason", "seconds", "details"}``."""
-        return {"name": self.name, "status": self.status, "reason": self.reason,
-                "seconds": round(self.seconds, 3), "details": dict(self.details)}
+        """``{"name", "status", "reason", "seconds", "cause", "unchecked", "details"}``."""
+        return {"name": self.name, "status": self.status, "reason": self.reason, "cause": self.cause,
+                "unchecked": [dict(u) for u in self.unchecked], "seconds": round(self.seconds, 3),
+                "details": dict(self.details)}
 
 
 def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_shared: Collection[str] = ()) -> tuple[str, str]:
@@ -80,22 +110,15 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
     items = report.get("imports", [])
     if not items:
         return "skip", "no import names to check (set verify.imports)"
-    uncheckable = [(i, missing_driver_library(i.get("error"))) for i in items if not i.get("ok") and not driver]
-    uncheckable = [(i, lib) for i, lib in uncheckable if lib]
-    skipped = {id(i) for i, _ in uncheckable}
-    donor_too = [i for i in items if not i.get("ok") and id(i) not in skipped and i["name"] in set(donor_shared)]
-    skipped |= {id(i) for i in donor_too}
+    uncheckable, donor_too = _imports_excused(items, driver, donor_shared)
+    skipped = {id(i) for i, _ in uncheckable} | {id(i) for i in donor_too}
     failed = [i for i in items if not i.get("ok") and id(i) not in skipped]
     note = ""
     if uncheckable:
         named = ", ".join(f"{i['name']} (needs {lib})" for i, lib in uncheckable)
         note = f"; not checkable here: {named}, the NVIDIA driver's library, absent on this host"
     if donor_too:
-        named = "; ".join(f"{i['name']} ({clip(str(i.get('error')), 160)})" for i in donor_too[:3])
-        more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
-        them = ("fails the same way on the donor, which runs with it" if len(donor_too) == 1
-                else "fail the same way on the donor, which runs with them")
-        note += f"; warning: {len(donor_too)} {them} (not a fault of the transplant): {named}{more}"
+        note += _donor_note([f"{i['name']} ({clip(str(i.get('error')), 160)})" for i in donor_too])
     if failed:
         first = failed[0]
         return "fail", f"{len(failed)} of {count(len(items), 'import')} failed; {first['name']}: {first.get('error')}{note}"
@@ -106,6 +129,36 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
                       + (f" (from {i['outside']}, outside the venv)" if i.get("outside") else "") for i in passed)
     head = count(len(items), "import") if len(passed) == len(items) else f"{len(passed)} of {count(len(items), 'import')}"
     return "pass", f"{head}: {parts}{note}"
+
+
+def _imports_excused(items: Sequence[Mapping[str, Any]], driver: bool, donor_shared: Collection[str]
+                     ) -> tuple[list[tuple[Mapping[str, Any], str]], list[Mapping[str, Any]]]:
+    """The failed imports not checkable here: (those needing an absent driver's library, with
+    its soname; those failing the same way on the donor)."""
+    uncheckable = [(i, missing_driver_library(i.get("error"))) for i in items if not i.get("ok") and not driver]
+    needing = [(i, lib) for i, lib in uncheckable if lib]
+    taken = {id(i) for i, _ in needing}
+    shared = set(donor_shared)
+    return needing, [i for i in items if not i.get("ok") and id(i) not in taken and i["name"] in shared]
+
+
+def imports_unchecked(report: Mapping[str, Any], *, driver: bool = True, donor_shared: Collection[str] = ()
+                      ) -> tuple[dict[str, str], ...]:
+    """The imports :func:`judge_imports` excuses, as :attr:`StageResult.unchecked` items:
+    ``no-driver`` (needs the absent driver's library), ``donor-identical`` (fails the same way
+    on the donor)."""
+    needing, donor_too = _imports_excused(report.get("imports", []), driver, donor_shared)
+    return (tuple({"item": str(i["name"]), "cause": "no-driver", "evidence": f"needs {lib}"} for i, lib in needing)
+            + tuple({"item": str(i["name"]), "cause": "donor-identical", "evidence": clip(str(i.get("error")), 300)}
+                    for i in donor_too))
+
+
+def _donor_note(named: Sequence[str]) -> str:
+    """A passing stage's note on the items that fail identically in the donor (the first three named)."""
+    more = f"; and {len(named) - 3} more" if len(named) > 3 else ""
+    them = "fails identically in the donor, which runs with it" if len(named) == 1 else \
+        "fail identically in the donor, which runs with them"
+    return f"; not checkable here: {len(named)} {them} (not a fault of the transplant): {'; '.join(named[:3])}{more}"
 
 
 def expect_matches(want: Any, got: Mapping[str, Any] | None) -> bool:
@@ -236,7 +289,8 @@ def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | N
 
 
 def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
-                 shipped: Iterable[str] | None = None, donor_shared: Iterable[str] = ()) -> tuple[str, str]:
+                 shipped: Iterable[str] | None = None, donor_shared: Iterable[str] = (),
+                 donor_system: Collection[str] | None = None) -> tuple[str, str]:
     """(status, reason) for the native-load script's report
     (``{"preload": [...], "libraries": [{"path", "ok", "error", "skipped"?, "missing"?}]}``).
 
@@ -271,6 +325,11 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
     :param shipped: the venv's library keys (:func:`record_library_keys` over every
         distribution), or None.
     :param donor_shared: absolute paths (in this venv) whose failure the donor shares.
+    :param donor_system: the library file names the donor's host provides outside its venv
+        (the donor inventory's ``system_sonames``), or None when unknown. A host library that
+        no distribution ships, absent here but present on the donor's system, is a failure
+        naming that difference (the target's system lacks what the donor's runs with), not
+        an optional plugin's.
     :param venv: stripped from the paths shown.
     Status: fail on any failure; skip when there is no library, or none could be checked;
     else pass.
@@ -278,6 +337,18 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
     libraries = report.get("libraries", [])
     if not libraries:
         return "skip", "the overlaid distributions ship no shared objects"
+    kinds = native_kinds(report, driver=driver, shipped=shipped, donor_shared=donor_shared, donor_system=donor_system)
+    return _native_verdict(libraries, kinds, report, venv)
+
+
+def native_kinds(report: Mapping[str, Any], *, driver: bool, shipped: Iterable[str] | None = None,
+                 donor_shared: Iterable[str] = (), donor_system: Collection[str] | None = None
+                 ) -> dict[str, tuple[str, Any]]:
+    """Each shared object of the native-load report that did not load -> ``(kind, what)``:
+    ``("fail", text)``, ``("system", names)`` (host libraries the donor's system has and this
+    one lacks), ``("driver", names)``, ``("optional", names)``, ``("foreign", why)`` or
+    ``("donor", text)``; see :func:`judge_native` for the rules and its parameters."""
+    libraries = report.get("libraries", [])
     keys = set(shipped) if shipped is not None else None
     # kind per path: ("fail", what) | ("driver", names) | ("optional", names) | ("foreign", why)
     kinds: dict[str, tuple[str, Any]] = {}
@@ -304,6 +375,8 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
             kinds[path] = ("fail", "missing " + ", ".join(drivers))
         elif drivers:
             kinds[path] = ("driver", names)
+        elif donor_system is not None and set(names) & set(donor_system):
+            kinds[path] = ("system", sorted(set(names) & set(donor_system)))
         else:
             kinds[path] = ("optional", names)
     # a library of the venv that is not loadable here only for a host reason (a driver, an
@@ -332,6 +405,34 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
     for path, kind in list(kinds.items()):
         if kind[0] == "fail" and path in shared_with_donor:
             kinds[path] = ("donor", kind[1])
+    return kinds
+
+
+def native_unchecked(report: Mapping[str, Any], kinds: Mapping[str, tuple[str, Any]], venv: str
+                     ) -> tuple[dict[str, str], ...]:
+    """The shared objects :func:`native_kinds` found not checkable here, as
+    :attr:`StageResult.unchecked` items (venv-relative paths): ``no-driver`` for those needing
+    the driver's libraries, ``donor-identical`` for those failing the same way in the donor."""
+    prefix = venv.rstrip("/") + "/" if venv else ""
+    out = []
+    for lib in report.get("libraries", []):
+        path = str(lib.get("path"))
+        kind, what = kinds.get(path, ("", None))
+        shown = path[len(prefix):] if prefix and path.startswith(prefix) else path
+        if kind == "driver":
+            out.append({"item": shown, "cause": "no-driver", "evidence": "missing " + ", ".join(what)})
+        elif kind == "donor":
+            out.append({"item": shown, "cause": "donor-identical", "evidence": str(what)})
+    return tuple(out)
+
+
+def _native_verdict(libraries: Sequence[Mapping[str, Any]], kinds: dict[str, tuple[str, Any]],
+                    report: Mapping[str, Any], venv: str) -> tuple[str, str]:
+    """:func:`judge_native`'s (status, reason) from the kinds of its failed objects."""
+    for path, (kind, names) in list(kinds.items()):
+        if kind == "system":
+            kinds[path] = ("fail", "missing " + ", ".join(names) + " (the donor's system has "
+                           + ("it" if len(names) == 1 else "them") + "; this host's has not)")
     failed = [(lib, kinds[str(lib["path"])][1]) for lib in libraries if kinds.get(str(lib["path"]), ("",))[0] == "fail"]
     donor_too = [(lib, kinds[str(lib["path"])][1]) for lib in libraries
                  if kinds.get(str(lib["path"]), ("",))[0] == "donor"]
@@ -351,8 +452,8 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
         for lib in foreign:
             word = str(lib["skipped"]).removeprefix("built for ").split(" ")[0]
             machines[word] = machines.get(word, 0) + 1
-        kinds = ", ".join(f"{n} for {m}" for m, n in sorted(machines.items()))
-        note += (f"; skipped {len(foreign)} built for another machine than this interpreter's ({kinds}; e.g. "
+        built = ", ".join(f"{n} for {m}" for m, n in sorted(machines.items()))
+        note += (f"; skipped {len(foreign)} built for another machine than this interpreter's ({built}; e.g. "
                  f"{shown(foreign[0]['path'])}): not loadable here by construction")
     if driverless:
         note += (f"; {len(driverless)} {'needs' if len(driverless) == 1 else 'need'} the NVIDIA driver's libraries, absent on this host "
@@ -368,11 +469,7 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
         note += (f"; warning: {len(optional)} {'needs' if len(optional) == 1 else 'need'} host libraries that no distribution of the venv ships, absent "
                  f"here (optional plugins; objects needing each: {listed}; e.g. {shown(optional[0][0]['path'])})")
     if donor_too:
-        head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in donor_too[:3])
-        more = f"; and {len(donor_too) - 3} more" if len(donor_too) > 3 else ""
-        them = ("fails the same way on the donor, which runs with it" if len(donor_too) == 1
-                else "fail the same way on the donor, which runs with them")
-        note += f"; warning: {len(donor_too)} {them} (not a fault of the transplant): {head}{more}"
+        note += _donor_note([f"{shown(lib['path'])}: {what}" for lib, what in donor_too])
     if failed:
         head = "; ".join(f"{shown(lib['path'])}: {what}" for lib, what in failed[:3])
         more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""

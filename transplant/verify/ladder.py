@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -19,6 +19,8 @@ from transplant.core.import_names import SHARED_OBJECT, import_names, record_top
 from transplant.core.inventory import Distribution, Inventory
 
 __all__ = [
+    "failure_class",
+    "system_library_gap",
     "overlaid",
     "dists_for_imports",
     "import_names",
@@ -180,11 +182,15 @@ def _relative(path: str, prefix: str) -> str | None:
 
 def donor_shared_imports(report: Mapping[str, Any], donor: Mapping[str, Any] | None) -> set[str]:
     """The import names that failed on the target and fail on the donor too, with the same
-    exception class (``ImportError``...); empty without a donor report."""
+    exception class (``ImportError``...) and, where the error is the loader's, the same loader
+    error (:func:`load_error`: the same missing soname or undefined symbol); empty without a
+    donor report."""
     if not donor:
         return set()
     def kind(item: Mapping[str, Any]) -> str:
-        return str(item.get("error") or "").split(":", 1)[0]
+        error = str(item.get("error") or "")
+        loader = MISSING_LIBRARY.search(error) or UNDEFINED_SYMBOL.search(error)
+        return error.split(":", 1)[0] + (f" ({load_error(error)})" if loader else "")
     theirs = {i.get("name"): kind(i) for i in donor.get("imports", []) if not i.get("ok")}
     return {i["name"] for i in report.get("imports", []) if not i.get("ok") and theirs.get(i.get("name")) == kind(i)}
 
@@ -265,4 +271,51 @@ def cuda_torch_libraries(report: Mapping[str, Any]) -> list[dict[str, str]]:
     roots = [report.get("prefix", ""), report.get("prefix_real", "")]
     return [{"library": library_key(m), "path": m, "from": "venv" if inside_roots(m, roots) else "outside"}
             for m in report.get("mapped", []) if _CUDA_TORCH.match(posixpath.basename(m))]
+
+
+def failure_class(stage: str, report: Mapping[str, Any] | None) -> str | None:
+    """What kind of failure a ``smoke`` or ``server-args`` report shows, so that the target's and
+    the donor's can be compared (same class: the donor fails the same way); None when the report
+    shows none (or is absent).
+
+    smoke: ``missing:torch``, ``unavailable:cuda``, ``import:<exception class>``, else the
+    sorted names of the failed checks and sub-checks. server-args: ``rejected:<exception
+    class>`` when the parser refused the arguments; a parsed value other than the manifest's
+    ``expect`` is not classed (None): the expectation is the operator's, checked regardless.
+    """
+    if not report:
+        return None
+    if stage == "smoke":
+        if report.get("ok"):
+            failed = sorted(str(c.get("name")) for c in report.get("subchecks", []) if c.get("status") == "fail")
+            return "checks:" + ",".join(failed) if failed else None
+        if report.get("missing"):
+            return f"missing:{report['missing']}"
+        if report.get("unavailable"):
+            return f"unavailable:{report['unavailable']}"
+        reason = str(report.get("reason") or "")
+        if reason.startswith("import torch failed: "):
+            return "import:" + reason.removeprefix("import torch failed: ").split(":", 1)[0]
+        failed = sorted({str(c.get("name")) for c in report.get("checks", []) if not c.get("ok")}
+                        | {str(c.get("name")) for c in report.get("subchecks", []) if c.get("status") == "fail"})
+        return "checks:" + ",".join(failed) if failed else "reason:" + reason[:200]
+    if stage == "server-args":
+        if report.get("ok"):
+            return None
+        return "rejected:" + str(report.get("error") or "").split(":", 1)[0]
+    raise ValueError(f"no failure class for stage {stage!r}")
+
+
+def system_library_gap(error: str | None, here: Collection[str] | None, donor: Collection[str] | None) -> str | None:
+    """The fact that differs when a load ``error`` names a missing library (``libcbor.so.0.10:
+    cannot open shared object file``) that the donor's host system provides and this host's
+    does not (both as the inventories' ``system_sonames``); None otherwise, or when either is
+    unknown."""
+    missing = MISSING_LIBRARY.search(error or "")
+    if missing is None or here is None or donor is None:
+        return None
+    name = missing.group(1)
+    if name in donor and name not in here:
+        return f"{name}: the donor's system has it, this host's has not"
+    return None
 

@@ -34,11 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from transplant.verify import judges, ladder
 from transplant.verify.early import Started, early_names as _early_names, first_line, second_line, start_imports
 from transplant.core.findings import requirement_findings
+from transplant.core.units import clip
 from transplant.errors import HostError, ProbeError, TransplantError
 from transplant.hosts.host import Host
 from transplant.core.inventory import Inventory
@@ -73,12 +74,34 @@ PARALLEL = 4
 JIT_CACHES = ("triton", "flashinfer", "torch-inductor")
 
 
-def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]], started: float | None = None) -> StageResult:
-    """Run a stage's body: its result, or a fail naming the host error it raised; ``seconds``
-    from ``started`` (a :func:`time.monotonic` value; None: now)."""
+class Outcome(NamedTuple):
+    """What a stage's body found: (status, reason, details), and for a skip its cause, for a
+    stage with items it could not check those items (see :class:`StageResult`)."""
+
+    status: str
+    reason: str
+    details: Mapping[str, Any]
+    cause: str | None = None
+    unchecked: tuple[Mapping[str, str], ...] = ()
+
+
+def _skip(cause: str, reason: str, details: Mapping[str, Any] | None = None) -> Outcome:
+    return Outcome("skip", reason, details or {}, cause)
+
+
+#: The skip of a stage that cannot run because the target's interpreter could not (its failure is said once).
+_NOT_RUN = "the target's interpreter could not be run (see interpreter)"
+
+
+def _timed(name: str, body: Callable[[], tuple], started: float | None = None) -> StageResult:
+    """Run a stage's body (an :class:`Outcome`, or its first three fields): its result, or a
+    fail naming the host error it raised; ``seconds`` from ``started`` (a
+    :func:`time.monotonic` value; None: now)."""
     started = time.monotonic() if started is None else started
+    cause: str | None = None
+    unchecked: tuple[Mapping[str, str], ...] = ()
     try:
-        status, reason, details = body()
+        status, reason, details, cause, unchecked = Outcome(*body())
     except (HostError, ProbeError) as exc:
         timed_out = re.search(r"timed out after ([0-9.]+) s", str(exc))
         if timed_out:  # the message would quote the whole script (python -c SOURCE)
@@ -87,7 +110,8 @@ def _timed(name: str, body: Callable[[], tuple[str, str, Mapping]], started: flo
         else:
             reason = str(exc) if len(str(exc)) <= 2000 else str(exc)[:1000] + " ... " + str(exc)[-900:]
         status, details = "fail", {}
-    return StageResult(name=name, status=status, reason=reason, seconds=time.monotonic() - started, details=details)
+    return StageResult(name=name, status=status, reason=reason, seconds=time.monotonic() - started, details=details,
+                       cause=cause if status == "skip" else None, unchecked=tuple(unchecked))
 
 
 def _interpreter_facts(inv: Inventory) -> dict[str, Any]:
@@ -134,13 +158,15 @@ def run_stages(
         When any is named the stage runs last, alone.
     :param donor_run: runs a host script in the donor's venv (``(script, args, request) ->
         report``, with ``{venv}`` in a request path standing for the donor's prefix), or None
-        when the donor cannot run code (a snapshot, unreachable). Import names derived from
-        the overlaid distributions and shared objects that fail on the target are tried
-        there too: one that fails the same way on the donor is what the donor runs, a
-        warning in a passing stage, not a fault of the transplant
-        (:func:`transplant.verify.ladder.donor_shared_imports`, ``donor_shared_objects``). A name
-        ``verify.imports`` lists is the operator's assertion and fails regardless. It is called
-        from several threads at once.
+        when the donor cannot run code (a snapshot, unreachable). The donor is the reference:
+        the imports and shared objects that fail on the target, and a failed ``smoke`` or
+        ``server-args``, are run the same way there; what fails there with the same error class
+        is what the donor runs, not checkable better here (an unchecked item of a passing
+        stage, or a ``donor-identical`` skip, with the donor's evidence), unless
+        ``settings.required`` names the stage (:func:`transplant.verify.ladder.donor_shared_imports`,
+        ``donor_shared_objects``, ``failure_class``). What fails only on the target fails,
+        with the facts that differ where the inventories know them (a system library, the
+        driver). It is called from several threads at once.
     :param parallel: how many stages of :data:`GROUP` run at a time (at least 1; 1 runs them
         one after the other, in the ladder's order, and starts nothing beside the inventory).
     :param started: the imports process the command started ahead
@@ -218,6 +244,42 @@ def run_stages(
 
         run("interpreter", interpreter)
         live: Inventory | None = state["live"]
+
+        def driver_facts() -> tuple[bool, str | None]:
+            """(whether a missing driver library fails here, the fact that differs when it does
+            for want of the driver the donor's host has): a target without a driver checks no
+            driver library, unless the donor's host has one, where the same stage ran."""
+            if live is None or live.nvidia.available:
+                return True, None
+            theirs = donor()
+            if theirs is None or not theirs.nvidia.available:
+                return False, None
+            return True, (f"the donor's host has the NVIDIA driver ({theirs.nvidia.driver_version or '?'}) and this "
+                          f"host has none ({live.nvidia.reason or 'no driver'})")
+
+        def against_donor(stage: str, status: str, reason: str, report: Mapping[str, Any], args: list,
+                           request: Mapping[str, Any] | None) -> Outcome:
+            """A stage that failed in the target, run the same way in the donor's venv on its host: a
+            skip (``donor-identical``, with the donor's evidence) when it fails there with the same
+            class (:func:`ladder.failure_class`), unless ``verify.required`` names the stage; else the
+            failure as it is, saying that the donor passes it."""
+            mine = ladder.failure_class(stage, report)
+            if donor_run is None or stage in settings.required or mine is None:
+                return Outcome(status, reason, report)
+            script = {"smoke": "stage_smoke", "server-args": "stage_server_args"}[stage]
+            theirs = _on_donor(donor_run, script, args, request)
+            if theirs is None:
+                return Outcome(status, reason + "; the donor could not run this stage to compare", report)
+            yours = ladder.failure_class(stage, theirs)
+            if yours == mine:
+                evidence = str(theirs.get("reason") or theirs.get("error") or mine)
+                said = "the donor says the same" if evidence == str(report.get("reason") or report.get("error")) \
+                    else f"the donor: {clip(evidence, 300)}"
+                return Outcome("skip", f"fails identically in the donor ({mine}): {reason}; {said}",
+                               {**report, "donor": dict(theirs)}, "donor-identical")
+            return Outcome(status, f"{reason}; the donor passes this stage" if yours is None
+                           else f"{reason}; the donor fails it otherwise ({yours})", {**report, "donor": dict(theirs)})
+
         dists = ladder.overlaid(live, settings.overlay) if live is not None else []
         if live is not None and not settings.overlay and settings.imports:
             dists = ladder.dists_for_imports(live, settings.imports)
@@ -266,9 +328,10 @@ def run_stages(
 
         def imports_body() -> tuple[str, str, Mapping]:
             if live is None:  # the interpreter stage failed and said why; that error is said once
-                return "skip", "the target's interpreter could not be run (see interpreter)", {}
+                return _skip("not-run", _NOT_RUN)
             if not names:
-                return "skip", "no import names: no overlay distributions found and no verify.imports" + skipped, {}
+                return _skip("nothing-to-check", "no import names: no overlay distributions found and no "
+                                                 "verify.imports" + skipped)
             try:
                 report = imports_and_facts()
             except (HostError, ProbeError) as exc:
@@ -277,28 +340,37 @@ def run_stages(
             joint["provenance"] = report.pop("provenance", None)
             joint["native"] = report.pop("native", None)
             joint["native_preload"] = report.pop("native_preload", None)
-            driver = live.nvidia.available if live is not None else True
+            driver, gap = driver_facts()
             status, reason = judge_imports(report, driver=driver)
-            if status == "fail" and donor_run is not None:
-                # a name the manifest asks for (verify.imports) is an assertion: it fails even when the donor
-                # fails it too; a name derived from the overlaid distributions is excused then
-                failed = [i["name"] for i in report.get("imports", []) if not i.get("ok")
-                          and i["name"] not in settings.imports]
+            shared: set[str] = set()
+            if status == "fail" and donor_run is not None and "imports" not in settings.required:
+                # the donor is the reference: a name failing there with the same exception class is what the
+                # donor runs, not checkable better here (verify.required: [imports] makes it fail regardless)
+                failed = [i["name"] for i in report.get("imports", []) if not i.get("ok")]
                 shared = ladder.donor_shared_imports(report, _on_donor(donor_run, "stage_imports", failed, None)) \
                     if failed else set()
                 status, reason = judge_imports(report, driver=driver, donor_shared=shared)
-            return status, reason + skipped, {**report, "derived_from": [d.display_name for d in dists],
-                                              "skipped": dict(settings.skip_imports)}
+            unchecked = judges.imports_unchecked(report, driver=driver, donor_shared=shared)
+            details = {**report, "derived_from": [d.display_name for d in dists], "skipped": dict(settings.skip_imports)}
+            if status == "fail":
+                theirs = donor()
+                gaps = dict.fromkeys(g for g in (ladder.system_library_gap(
+                    i.get("error"), live.system_sonames, theirs.system_sonames if theirs else None)
+                    for i in report.get("imports", []) if not i.get("ok")) if g)
+                reason += "".join(f"; {g}" for g in [*gaps, *([gap] if gap else [])])
+            return Outcome(status, reason + skipped, details, _cause_of(unchecked) if status == "skip" else None,
+                           unchecked)
 
         def native() -> tuple[str, str, Mapping]:
             if live is None:
-                return "skip", "the target's inventory could not be read (see interpreter)", {}
+                return _skip("not-run", _NOT_RUN)
             paths = ladder.shared_objects(dists, venv)
             if not paths:
                 if not dists:  # the imports named no installed distribution (a module of no RECORD)
-                    return "skip", "no distribution to check: the imports named none the venv has installed", {}
-                return "skip", "the distributions checked ship no shared objects (" + (
-                    ", ".join(d.display_name for d in dists)) + ")", {}
+                    return _skip("nothing-to-check", "no distribution to check: the imports named none the venv "
+                                                     "has installed")
+                return _skip("nothing-to-check", "the distributions checked ship no shared objects (" + (
+                    ", ".join(d.display_name for d in dists)) + ")")
             # the venv's library keys (every RECORD's rows) before the wait, not after the imports process
             shipped = ladder.record_library_keys(live.distributions)
             report = None
@@ -309,24 +381,34 @@ def run_stages(
             if not isinstance(report, dict):
                 report = run_script(target, venv, "stage_native", request={"paths": paths, "preload": preload},
                                     env=env, timeout=timeout)
-            status, reason = judges.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped)
-            if status == "fail" and donor_run is not None:
+            driver, gap = driver_facts()
+            theirs_inventory = donor()
+            system = theirs_inventory.system_sonames if theirs_inventory is not None else None
+            shared: set[str] = set()
+            kinds = judges.native_kinds(report, driver=driver, shipped=shipped, donor_system=system)
+            if any(k == "fail" for k, _ in kinds.values()) and donor_run is not None \
+                    and "native-load" not in settings.required:
                 failed = [lib["path"] for lib in report.get("libraries", []) if not lib.get("ok")
                           and not lib.get("skipped") and str(lib["path"]).startswith(venv.rstrip("/") + "/")]
                 rel = [p[len(venv.rstrip("/")) + 1:] for p in failed]
                 theirs = _on_donor(donor_run, "stage_native", [], {"paths": rel, "preload": preload})
                 shared = ladder.donor_shared_objects(report, theirs, venv)
-                status, reason = judges.judge_native(report, driver=live.nvidia.available, venv=venv, shipped=shipped,
-                                                     donor_shared=shared)
-            return status, reason, report
+            status, reason = judges.judge_native(report, driver=driver, venv=venv, shipped=shipped,
+                                                 donor_shared=shared, donor_system=system)
+            kinds = judges.native_kinds(report, driver=driver, shipped=shipped, donor_shared=shared,
+                                        donor_system=system)
+            unchecked = judges.native_unchecked(report, kinds, venv)
+            if status == "fail" and gap:
+                reason += f"; {gap}"
+            return Outcome(status, reason, report, _cause_of(unchecked) if status == "skip" else None, unchecked)
 
         def provenance() -> tuple[str, str, Mapping]:
             if live is None:
-                return "skip", "the target's inventory could not be read (see interpreter)", {}
+                return _skip("not-run", _NOT_RUN)
             if not shipped and not modules:
-                return "skip", "the venv ships no shared libraries, so none can be shadowed", {}
+                return _skip("nothing-to-check", "the venv ships no shared libraries, so none can be shadowed")
             if not modules:
-                return "skip", "nothing to import (no torch, no import names)", {}
+                return _skip("nothing-to-check", "nothing to import (no torch, no import names)")
             if "error" in joint:
                 raise joint["error"]
             report = joint.get("provenance")
@@ -338,12 +420,16 @@ def run_stages(
             status, reason = judge_stale_modules(stale, venv) or (
                 judges.judge_provenance(report, shipped) if shipped else
                 ("skip", "the venv ships no shared libraries, so none can be shadowed"))
-            return status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped), "stale_modules": stale,
-                                    "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report}
+            # a skip with libraries to check means nothing could be imported: the imports stage says why
+            cause = ("not-run" if shipped else "nothing-to-check") if status == "skip" else None
+            return Outcome(status, reason, {"conflicts": ladder.provenance_conflicts(report, shipped),
+                                            "stale_modules": stale,
+                                            "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report},
+                           cause)
 
         def requirements() -> tuple[str, str, Mapping]:
             if live is None:
-                return "skip", "the target's inventory could not be read (see interpreter)", {}
+                return _skip("not-run", _NOT_RUN)
             theirs = donor()
             donor_env = theirs.latest() if theirs is not None else None
             findings = requirement_findings(live.latest(), live.interpreter.markers,
@@ -354,19 +440,31 @@ def run_stages(
             return status, reason, {"findings": [asdict(f) for f in findings]}
 
         resolved: dict[str, Any] = {}
+
+        def resolve_cause(report: Mapping[str, Any]) -> str:
+            """Why :func:`judges.judge_resolve` skipped, by the host's facts: no resolution step, no
+            model files, else no driver or no device."""
+            if not report.get("ran"):
+                return "nothing-to-check"
+            if report.get("config_json") is False:
+                return "no-model"
+            return "no-driver" if live is not None and not live.nvidia.available else "no-device"
         resolving = settings.server_args is not None and settings.server_args.resolve
 
         def server_args() -> tuple[str, str, Mapping]:
             check = settings.server_args
             if check is None:
-                return "skip", _not_asked("server arguments", "server_args", manifest), {}
+                return _skip("not-requested", _not_asked("server arguments", "server_args", manifest))
             if live is None:
-                return "skip", "the target's interpreter could not be run (see interpreter)", {}
+                return _skip("not-run", _NOT_RUN)
             wanted = {"attrs": sorted(check.expect), "resolve": check.resolve}
             report = run_script(target, venv, "stage_server_args", [check.entry, json.dumps(wanted), *check.args],
                                 env=env, timeout=timeout)
             resolved.update(report.get("resolve") or {})
             status, reason = judge_server_args(check.expect, report)
+            if status == "fail":
+                return against_donor("server-args", status, reason, report,
+                                      [check.entry, json.dumps(wanted), *check.args], None)
             return status, reason, report
 
         def server_args_stages() -> None:
@@ -375,16 +473,18 @@ def run_stages(
             if not resolving:
                 finish(started)  # server-args-resolve, not asked for, does not run (nor count)
                 return
+            cause: str | None = "not-run"
             if resolved:
                 status, reason = judges.judge_resolve(resolved)
+                cause = resolve_cause(resolved) if status == "skip" else None
             else:
                 status, reason = "skip", f"not run: the arguments did not parse ({started.status})"
-            finish(started, StageResult(name="server-args-resolve", status=status, reason=reason,
+            finish(started, StageResult(name="server-args-resolve", status=status, reason=reason, cause=cause,
                                         seconds=float(resolved.get("seconds") or 0.0), details=resolved))
 
         def jit() -> tuple[str, str, Mapping]:
             if live is None:
-                return "skip", "the target's interpreter could not be run (see interpreter)", {}
+                return _skip("not-run", _NOT_RUN)
             report = run_script(target, venv, "stage_jit", request={"clear": list(clearing)}, env=env,
                                 timeout=timeout)
             caches = report.get("caches", [])
@@ -410,11 +510,29 @@ def run_stages(
 
     def smoke() -> tuple[str, str, Mapping]:
         if settings.smoke_device is None:
-            return "skip", _not_asked("smoke check", "smoke", manifest), {}
+            return _skip("not-requested", _not_asked("smoke check", "smoke", manifest))
         if live is None:
-            return "skip", "the target's interpreter could not be run (see interpreter)", {}
+            return _skip("not-run", _NOT_RUN)
         report = run_script(target, venv, "stage_smoke", [settings.smoke_device], env=env, timeout=timeout)
         status, reason = judge_smoke(report)
+        if status == "skip":  # the smoke script skips only a venv without torch, the device left to auto
+            return _skip("no-torch", reason, report)
+        if report.get("missing") == "torch":  # a device named in the manifest: by the donor's venv, not its text
+            theirs = donor()
+            if theirs is not None and "torch" not in theirs.latest():
+                return _skip("no-torch", f"{reason}; the donor's venv has no torch either", report)
+            if theirs is not None:
+                return Outcome("fail", f"{reason}; the donor's venv has torch {theirs.latest()['torch'].raw_version}",
+                               report)
+        if status == "fail" and report.get("unavailable") == "cuda" and not live.nvidia.available:
+            _, gap = driver_facts()
+            if gap is None:  # neither host has a driver: a device named in the manifest cannot be had here
+                return _skip("no-driver", f"smoke: {{device: cuda}} needs a GPU, and neither this host nor the "
+                                          f"donor's has the NVIDIA driver ({live.nvidia.reason or 'no driver'})",
+                             report)
+            return Outcome("fail", f"{reason}; {gap}", report)
+        if status == "fail":
+            return against_donor("smoke", status, reason, report, [settings.smoke_device], None)
         return status, reason, report
 
     run("smoke", smoke)
@@ -422,9 +540,9 @@ def run_stages(
     def serve() -> tuple[str, str, Mapping]:
         check = settings.serve
         if check is None:
-            return "skip", _not_asked("serve check", "serve", manifest), {}
+            return _skip("not-requested", _not_asked("serve check", "serve", manifest))
         if live is None:
-            return "skip", "the target's interpreter could not be run (see interpreter)", {}
+            return _skip("not-run", _NOT_RUN)
         request = {"command": list(check.command), "health": check.health, "path": check.path,
                    "body": dict(check.body), "config": dict(check.config) if check.config else None,
                    "deadline": check.timeout}
@@ -437,6 +555,15 @@ def run_stages(
     if clearing:
         run("jit-caches", jit)
     return [results[name] for name in STAGES if name in results]
+
+
+def _cause_of(unchecked: Sequence[Mapping[str, str]]) -> str:
+    """The cause of a stage none of whose items could be checked: ``no-driver`` when any needs
+    the driver, else that of the first item (``nothing-to-check`` when there is none)."""
+    causes = [u["cause"] for u in unchecked]
+    if "no-driver" in causes:
+        return "no-driver"
+    return causes[0] if causes else "nothing-to-check"
 
 
 def _not_asked(what: str, key: str, manifest: bool) -> str:

@@ -148,6 +148,7 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
     :raises TransplantError: bad manifest or option, unreachable target.
     """
     junit = getattr(args, "junit", None)
+    strict = bool(getattr(args, "strict", False))
     clearing, clear = parse_clear(getattr(args, "clear_jit_caches", None))
     extra = parse_imports(getattr(args, "imports", None))
     if junit:
@@ -205,7 +206,7 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
                                        record=manifest is not None, donor_inventory=donor,
                                        reporter=StagesShown(status.update, "verify"),
                                        clear_jit_caches=clearing, donor_run=donor_run, started=started,
-                                       manifest=manifest is not None)
+                                       manifest=manifest is not None, strict=strict)
     from transplant.cli.render import stages_table, verify_json, verify_junit
     from transplant.verify.judges import overall_ok
 
@@ -216,14 +217,13 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
             raise TransplantError(f"--junit {junit}: could not write it: {exc.strerror or exc}",
                                   hint="name a file in a folder you can write to") from None
     if getattr(args, "json", False):
-        print(verify_json(results, label))
+        print(verify_json(results, label, strict=strict))
     else:
+        from transplant.verify.verdict import verdict_line
+
         console.print(stages_table(results, f"verify {label}"))
-        bad = [r for r in results if r.status == "fail"]
-        skipped = sum(r.status == "skip" for r in results)
-        passed = sum(r.status == "pass" for r in results)
-        summary = f"{passed} passed, {len(bad)} failed, {skipped} skipped"
-        console.print(f"[bold green]verify passed[/] ({summary})" if not bad else f"[bold red]verify failed[/] ({summary})")
+        console.print(verdict_line(results, strict_mode=strict), markup=False, highlight=False,
+                      style="bold red" if not overall_ok(results) else "bold green")
     if clear:
         jit = next((r for r in results if r.name == "jit-caches"), None)
         caches = jit.details.get("caches", []) if jit else []
