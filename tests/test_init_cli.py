@@ -88,3 +88,37 @@ def test_exclude_keeps_a_pulled_name_out_and_apply_brings_the_rest(pair, capsys,
     assert main(["plan", str(manifest), "--json"]) == 0  # nothing left to change
     plan = json.loads(capsys.readouterr().out)
     assert ("closure-excluded", ("speed",)) in {(f["code"], tuple(f["dists"])) for f in plan["findings"]}
+
+
+def test_init_proposes_only_the_imports_that_pass_in_the_donor_and_verify_passes(tmp_path, capsys):
+    """Run in the donor, each candidate import sorts itself: one that imports is proposed; one that
+    fails for want of a GPU on this driverless host is written ``needs: [gpu]``; one broken in the
+    donor itself is left out and named. The first init -> plan -> apply -> verify then ends green,
+    each name that could not be checked said with its cause."""
+    w = tmp_path / "wheels"
+    donor = make_venv(tmp_path / "donor", [
+        build_wheel(w, "okpkg", "1.0", {"okpkg/__init__.py": "VERSION = '1.0'\n"}),
+        build_wheel(w, "gpuonly", "1.0", {"gpuonly/__init__.py": "raise RuntimeError('The NVIDIA driver does not "
+                                                                 "expose a usable CUDA device')\n"}),
+        build_wheel(w, "brokenpkg", "1.0", {"brokenpkg/__init__.py": "import missing_dependency_xyz\n"}),
+    ])
+    target = make_venv(tmp_path / "target", [])
+    out = tmp_path / "init.yaml"
+    assert main(["init", "--donor", f"local:{donor}", "--target", f"local:{target}", "--overlay", "okpkg",
+                 "--overlay", "gpuonly", "--overlay", "brokenpkg", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    text = out.read_text()
+    assert yaml.safe_load(text)["verify"]["imports"] == [{"name": "gpuonly", "needs": ["gpu"]}, "okpkg"]
+    assert "# gpuonly: needs a GPU: in the donor, on a host without a driver: RuntimeError: The NVIDIA driver" in text
+    assert "# left out, failing in the donor itself: brokenpkg (ModuleNotFoundError: No module named " \
+           "'missing_dependency_xyz')" in text
+    assert "left out of verify.imports: brokenpkg fails in the donor itself" in said
+    assert main(["apply", str(out), "--yes"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    imports = {s["name"]: s for s in doc["stages"]}["imports"]
+    assert imports["status"] == "pass" and not [s for s in doc["stages"] if s["status"] == "fail"]
+    assert {(u["item"], u["cause"]) for u in imports["unchecked"]} == {("gpuonly", "no-driver"),
+                                                                      ("brokenpkg", "donor-identical")}
+    assert main(["verify", str(out), "--strict"]) == 3

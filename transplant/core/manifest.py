@@ -188,6 +188,9 @@ class VerifySettings:
     :ivar skip_imports: import name -> the operator's reason not to import it (a derived
         top-level name that is not meant to work here); shown as skipped, with the reason.
     :ivar python: the Python version the target must run (``3.11`` or ``3.11.9``), or None.
+    :ivar needs: import name of ``imports`` -> what it needs besides the venv (:data:`IMPORT_NEEDS`:
+        ``gpu``); an import that needs a GPU and fails on a host without the NVIDIA driver, whose
+        donor has none either, is not checkable here.
     :ivar required: stages of :data:`REQUIRABLE_STAGES` whose failure counts even when the donor
         fails the same way (by default such a failure is what the donor runs: a skip, or an
         unchecked item, with the donor's evidence).
@@ -203,6 +206,7 @@ class VerifySettings:
     skip_imports: Mapping[str, str] = field(default_factory=dict)
     python: str | None = None
     required: tuple[str, ...] = ()
+    needs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 #: The verify stages that run again in the donor when they fail in the target (the donor is the
@@ -686,15 +690,17 @@ def _verify(c: Problems, value: Any) -> VerifySettings:
                 else:
                     env[k] = str(v)
     imports: list[str] = []
+    needs: dict[str, tuple[str, ...]] = {}
     if "imports" in data:
         if not isinstance(data["imports"], list):
             c.add("verify.imports", f"expected a list, got {kind(data['imports'])}", "write e.g. imports: [torch, sglang]")
         else:
-            for i, name in enumerate(data["imports"]):
-                if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
-                    c.add(f"verify.imports[{i}]", f"expected an import name, got {kind(name)}", "write e.g. flashinfer")
-                else:
+            for i, item in enumerate(data["imports"]):
+                name, wants = _import_item(c, f"verify.imports[{i}]", item)
+                if name is not None:
                     imports.append(name)
+                    if wants:
+                        needs[name] = wants
     server_args = _server_args(c, data["server_args"]) if "server_args" in data else None
     smoke = None
     if "smoke" in data:
@@ -752,7 +758,33 @@ def _verify(c: Problems, value: Any) -> VerifySettings:
                 else:
                     required.append(name)
     return VerifySettings(env=env, imports=tuple(imports), server_args=server_args, smoke_device=smoke, timeout=timeout,
-                          serve=serve, skip_imports=skips, python=python, required=tuple(dict.fromkeys(required)))
+                          serve=serve, skip_imports=skips, python=python, required=tuple(dict.fromkeys(required)),
+                          needs=needs)
+
+
+#: What an import of ``verify.imports`` may need besides the venv: ``gpu`` (the NVIDIA driver and
+#: a device; on a host without them, and a donor without them, the import is not checkable here).
+IMPORT_NEEDS = ("gpu",)
+
+
+def _import_item(c: Problems, key: str, item: Any) -> tuple[str | None, tuple[str, ...]]:
+    """One ``verify.imports`` entry: ``NAME`` or ``{name: NAME, needs: [gpu]}`` -> (name, needs)."""
+    if isinstance(item, dict):
+        entry = c.mapping(item, key, {"name": "name: deep_ep", "needs": "needs: [gpu]"}, required=("name",))
+        name = entry.get("name")
+        wants = entry.get("needs", [])
+        if not isinstance(wants, list) or any(w not in IMPORT_NEEDS for w in wants):
+            c.add(f"{key}.needs", f"expected a list of {', '.join(IMPORT_NEEDS)}, got {kind(wants)}",
+                  "write needs: [gpu]")
+            wants = []
+        key = f"{key}.name"
+    else:
+        name, wants = item, []
+    if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+        if name is not None or not isinstance(item, dict):
+            c.add(key, f"expected an import name, got {kind(name)}", "write e.g. flashinfer")
+        return None, ()
+    return name, tuple(dict.fromkeys(wants))
 
 
 def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Manifest:

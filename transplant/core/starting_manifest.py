@@ -221,6 +221,33 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
     return Draft(data=data, notes=notes, rounds=rounds, findings=tuple(errors))
 
 
+def with_checked_imports(d: Draft, passed: Sequence[str], gpu: Mapping[str, str], failed: Mapping[str, str]) -> Draft:
+    """The draft with ``verify.imports`` as the donor answered them: the names that import there
+    kept, those that fail only for want of a GPU written ``{name: NAME, needs: [gpu]}`` with a
+    comment, those that fail in the donor itself left out (named in a comment with the donor's
+    error). Names the donor was not asked about are kept. (:func:`transplant.verify.ladder.sort_donor_imports`
+    sorts the donor's report.)"""
+    verify = dict(d.data.get("verify") or {})
+    names = [n for n in verify.get("imports", []) if isinstance(n, str)]
+    imports: list[Any] = []
+    for name in names:
+        if name in gpu:
+            imports.append({"name": name, "needs": ["gpu"]})
+        elif name not in failed:
+            imports.append(name)
+    verify["imports"] = imports
+    notes = {**d.notes, "imports": {n: f"needs a GPU: in the donor, on a host without a driver: {_one_line(e)}"
+                                    for n, e in gpu.items() if n in names},
+             "imports-left-out": {n: _one_line(e) for n, e in failed.items() if n in names}}
+    return Draft(data={**d.data, "verify": verify}, notes=notes, rounds=d.rounds, findings=d.findings)
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    """An error as one comment line: control characters and line breaks as spaces, cut at ``limit``."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
 def _why(finding: Finding) -> str:
     """``code: reason`` for a comment: the finding's code and the hint's first parenthesis
     (``(a CUDA 13 environment does not load it, and the donor runs without it)``)."""
@@ -272,7 +299,13 @@ def render(d: Draft, *, header: Sequence[str] = ()) -> str:
             note = d.notes.get("remove", {}).get(name)
             lines.append(f"  - {_flow(name)}" + (f"   # {note}" if note else ""))
     verify = data.get("verify") or {}
-    lines += ["", "verify:", f"  imports: {_flow(verify.get('imports', []))}"]
+    lines += ["", "verify:"]
+    for name, note in d.notes.get("imports", {}).items():
+        lines.append(f"  # {name}: {note}")
+    left = d.notes.get("imports-left-out", {})
+    if left:
+        lines.append("  # left out, failing in the donor itself: " + "; ".join(f"{n} ({e})" for n, e in left.items()))
+    lines.append(f"  imports: {_flow(verify.get('imports', []))}")
     if "server_args" in verify:
         sa = verify["server_args"]
         lines += [f"  # sglang's own parser with DFLASH; replace {MODEL_PLACEHOLDER} and {DRAFT_PLACEHOLDER} with the",

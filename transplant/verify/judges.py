@@ -13,7 +13,7 @@ from typing import Any
 
 from transplant.core.units import clip, count
 from transplant.core.plan import Finding
-from transplant.verify.ladder import (DRIVER_SONAMES, MISSING_LIBRARY, SHARED_OBJECT, inside_roots,
+from transplant.verify.ladder import (DRIVER_SONAMES, GPU_WORDS, MISSING_LIBRARY, SHARED_OBJECT, inside_roots,
                                       library_key, load_error, missing_driver_library, pip_shipped_library,
                                       provenance_conflicts)
 
@@ -91,7 +91,8 @@ class StageResult:
                 "details": dict(self.details)}
 
 
-def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_shared: Collection[str] = ()) -> tuple[str, str]:
+def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_shared: Collection[str] = (),
+                  needs_gpu: Collection[str] = ()) -> tuple[str, str]:
     """(status, reason) for the imports script's report
     (``{"imports": [{"name", "ok", "version", "error"}]}``): fail if any import failed.
 
@@ -101,6 +102,8 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
     native-load's (:func:`judge_native`): the driver is installed with the
     GPU, never by a wheel, so its absence says nothing about the venv. With ``driver`` True
     (the default, also when the host's driver facts are unknown) it is a failure.
+    An import of ``needs_gpu`` (the manifest's ``needs: [gpu]``) that fails where ``driver`` is
+    False is not checkable here either, whatever its error.
     An import in ``donor_shared`` fails the same way on the donor (same exception class:
     :func:`transplant.verify.ladder.donor_shared_imports`): what the donor runs, a warning in a
     passing stage, not a fault of the transplant.
@@ -110,13 +113,16 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
     items = report.get("imports", [])
     if not items:
         return "skip", "no import names to check (set verify.imports)"
-    uncheckable, donor_too = _imports_excused(items, driver, donor_shared)
+    uncheckable, donor_too = _imports_excused(items, driver, donor_shared, needs_gpu)
     skipped = {id(i) for i, _ in uncheckable} | {id(i) for i in donor_too}
     failed = [i for i in items if not i.get("ok") and id(i) not in skipped]
     note = ""
     if uncheckable:
-        named = ", ".join(f"{i['name']} (needs {lib})" for i, lib in uncheckable)
-        note = f"; not checkable here: {named}, the NVIDIA driver's library, absent on this host"
+        named = ", ".join(f"{i['name']} (needs {lib})" for i, lib in uncheckable if lib != "needs: [gpu]")
+        marked = ", ".join(i["name"] for i, lib in uncheckable if lib == "needs: [gpu]")
+        note = f"; not checkable here: {named}, the NVIDIA driver's library, absent on this host" if named else ""
+        if marked:
+            note += f"; not checkable here: {marked} (verify.imports: needs: [gpu]), and this host has no NVIDIA driver"
     if donor_too:
         note += _donor_note([f"{i['name']} ({clip(str(i.get('error')), 160)})" for i in donor_too])
     if failed:
@@ -131,24 +137,28 @@ def judge_imports(report: Mapping[str, Any], *, driver: bool = True, donor_share
     return "pass", f"{head}: {parts}{note}"
 
 
-def _imports_excused(items: Sequence[Mapping[str, Any]], driver: bool, donor_shared: Collection[str]
-                     ) -> tuple[list[tuple[Mapping[str, Any], str]], list[Mapping[str, Any]]]:
-    """The failed imports not checkable here: (those needing an absent driver's library, with
-    its soname; those failing the same way on the donor)."""
-    uncheckable = [(i, missing_driver_library(i.get("error"))) for i in items if not i.get("ok") and not driver]
+def _imports_excused(items: Sequence[Mapping[str, Any]], driver: bool, donor_shared: Collection[str],
+                     needs_gpu: Collection[str] = ()) -> tuple[list[tuple[Mapping[str, Any], str]], list[Mapping[str, Any]]]:
+    """The failed imports not checkable here: (those needing an absent driver, with what shows
+    it: its library's soname, or the manifest's ``needs: [gpu]``; those failing the same way
+    on the donor)."""
+    uncheckable = [(i, missing_driver_library(i.get("error")) or ("needs: [gpu]" if i["name"] in needs_gpu else None))
+                   for i in items if not i.get("ok") and not driver]
     needing = [(i, lib) for i, lib in uncheckable if lib]
     taken = {id(i) for i, _ in needing}
     shared = set(donor_shared)
     return needing, [i for i in items if not i.get("ok") and id(i) not in taken and i["name"] in shared]
 
 
-def imports_unchecked(report: Mapping[str, Any], *, driver: bool = True, donor_shared: Collection[str] = ()
-                      ) -> tuple[dict[str, str], ...]:
+def imports_unchecked(report: Mapping[str, Any], *, driver: bool = True, donor_shared: Collection[str] = (),
+                      needs_gpu: Collection[str] = ()) -> tuple[dict[str, str], ...]:
     """The imports :func:`judge_imports` excuses, as :attr:`StageResult.unchecked` items:
-    ``no-driver`` (needs the absent driver's library), ``donor-identical`` (fails the same way
-    on the donor)."""
-    needing, donor_too = _imports_excused(report.get("imports", []), driver, donor_shared)
-    return (tuple({"item": str(i["name"]), "cause": "no-driver", "evidence": f"needs {lib}"} for i, lib in needing)
+    ``no-driver`` (needs the absent driver's library, or the manifest says it needs a GPU),
+    ``donor-identical`` (fails the same way on the donor)."""
+    needing, donor_too = _imports_excused(report.get("imports", []), driver, donor_shared, needs_gpu)
+    return (tuple({"item": str(i["name"]), "cause": "no-driver",
+                   "evidence": f"{lib}: {clip(str(i.get('error')), 200)}" if lib == "needs: [gpu]" else f"needs {lib}"}
+                  for i, lib in needing)
             + tuple({"item": str(i["name"]), "cause": "donor-identical", "evidence": clip(str(i.get("error")), 300)}
                     for i in donor_too))
 
@@ -503,8 +513,6 @@ def judge_provenance(report: Mapping[str, Any], shipped: Sequence[str]) -> tuple
                     f"{len(inside)} libraries mapped from the venv, {len(mapped) - len(inside)} from the system, "
                     f"none shadowing a library the venv ships{note}")
 
-#: Exception classes whose message means "the platform has no GPU" in sglang's and torch's words.
-_GPU_WORDS = ("cuda", "gpu", "nvidia", "no accelerator", "device")
 
 
 def judge_resolve(report: Mapping[str, Any]) -> tuple[str, str]:
@@ -532,7 +540,7 @@ def judge_resolve(report: Mapping[str, Any]) -> tuple[str, str]:
     if report.get("config_json") is False:
         return "skip", (f"{method}() needs the model's config.json, and {model}/config.json is absent on the "
                         f"target; put the model there to run it ({error})")
-    if report.get("gpu") is not True and any(word in error.lower() for word in _GPU_WORDS):
+    if report.get("gpu") is not True and any(word in error.lower() for word in GPU_WORDS):
         return "skip", f"{method}() needs a GPU, and none is visible here ({error})"
     return "fail", f"{method}() failed: {error}"
 

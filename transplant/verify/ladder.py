@@ -19,6 +19,8 @@ from transplant.core.import_names import SHARED_OBJECT, import_names, record_top
 from transplant.core.inventory import Distribution, Inventory
 
 __all__ = [
+    "GPU_WORDS",
+    "sort_donor_imports",
     "failure_class",
     "system_library_gap",
     "overlaid",
@@ -318,4 +320,28 @@ def system_library_gap(error: str | None, here: Collection[str] | None, donor: C
     if name in donor and name not in here:
         return f"{name}: the donor's system has it, this host's has not"
     return None
+
+
+#: Words whose presence in an error means "the platform has no GPU" in sglang's, torch's and
+#: their kernels' own messages ("The NVIDIA driver does not expose a usable CUDA device", "no
+#: accelerator", "Found no NVIDIA driver on your system").
+GPU_WORDS = ("cuda", "gpu", "nvidia", "no accelerator", "device")
+
+
+def sort_donor_imports(report: Mapping[str, Any], *, driver: bool) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The donor's imports report (``{"imports": [{"name", "ok", "error"}]}``) sorted for a
+    starting manifest: (the names that import, in order; name -> error of those that fail only
+    for want of a GPU, on a donor host without a driver (``driver`` False): a driver library
+    they cannot open, or an error in :data:`GPU_WORDS`' terms; name -> error of the others,
+    which fail in the donor itself)."""
+    passed, gpu, failed = [], {}, {}
+    for item in report.get("imports", []):
+        name, error = str(item.get("name")), str(item.get("error") or "")
+        if item.get("ok"):
+            passed.append(name)
+        elif not driver and (missing_driver_library(error) or any(w in error.lower() for w in GPU_WORDS)):
+            gpu[name] = error
+        else:
+            failed[name] = error
+    return passed, gpu, failed
 

@@ -341,7 +341,8 @@ def run_stages(
             joint["native"] = report.pop("native", None)
             joint["native_preload"] = report.pop("native_preload", None)
             driver, gap = driver_facts()
-            status, reason = judge_imports(report, driver=driver)
+            gpu = [n for n, wants in settings.needs.items() if "gpu" in wants]
+            status, reason = judge_imports(report, driver=driver, needs_gpu=gpu)
             shared: set[str] = set()
             if status == "fail" and donor_run is not None and "imports" not in settings.required:
                 # the donor is the reference: a name failing there with the same exception class is what the
@@ -349,8 +350,8 @@ def run_stages(
                 failed = [i["name"] for i in report.get("imports", []) if not i.get("ok")]
                 shared = ladder.donor_shared_imports(report, _on_donor(donor_run, "stage_imports", failed, None)) \
                     if failed else set()
-                status, reason = judge_imports(report, driver=driver, donor_shared=shared)
-            unchecked = judges.imports_unchecked(report, driver=driver, donor_shared=shared)
+                status, reason = judge_imports(report, driver=driver, donor_shared=shared, needs_gpu=gpu)
+            unchecked = judges.imports_unchecked(report, driver=driver, donor_shared=shared, needs_gpu=gpu)
             details = {**report, "derived_from": [d.display_name for d in dists], "skipped": dict(settings.skip_imports)}
             if status == "fail":
                 theirs = donor()

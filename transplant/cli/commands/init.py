@@ -24,7 +24,11 @@ from transplant.errors import TransplantError
 from transplant.pipeline.gather import gather
 from transplant.hosts.host import SSHOptions, connect
 from transplant.core.hostspec import HostSpec
-from transplant.core.starting_manifest import Draft, draft, render
+from transplant.core.starting_manifest import Draft, draft, render, with_checked_imports
+from transplant.core.inventory import Inventory
+from transplant.errors import HostError, ProbeError
+from transplant.hosts.host import Host
+from transplant.hosts.probing import run_script
 from transplant.core.manifest import parse_manifest
 from transplant.hosts.probing import take_inventory
 from transplant.core.units import count
@@ -82,6 +86,10 @@ def init_command(args: argparse.Namespace, console: Console,
             facts = gather(manifest, dhost, thost, reporter=Shown(step=status.update))
         final = draft(facts.donor, facts.target, names, donor_at=donor_at, target_at=target_at, path=path,
                       donor_elf=facts.donor_elf, target_elf=facts.target_elf)
+        candidates = [n for n in final.data["verify"]["imports"] if isinstance(n, str)]
+        if candidates:
+            with console.status(f"importing {count(len(candidates), 'name')} in the donor"):
+                final = _checked_in_donor(final, dhost, donor_venv, candidates, facts.donor)
     data = _with_ssh(final.data, args)
     final = Draft(data=data, notes=final.notes, rounds=final.rounds, findings=final.findings)
     header = [f"written by transplant init on {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from "
@@ -104,8 +112,32 @@ def init_command(args: argparse.Namespace, console: Console,
                   highlight=False)
     for f in left:
         console.print(f"  still an error: [{f.code}] {f.message[:200]}", highlight=False, markup=False)
+    for name, note in final.notes.get("imports", {}).items():
+        console.print(f"  verify import {name}: needs: [gpu] ({note})", highlight=False, markup=False)
+    for name, error in final.notes.get("imports-left-out", {}).items():
+        console.print(f"  left out of verify.imports: {name} fails in the donor itself: {error}", highlight=False,
+                      markup=False)
     console.print(f"next: transplant plan {path}", highlight=False, markup=False)
     return final
+
+
+#: How long the donor may take to import init's candidate names (one interpreter: torch once).
+DONOR_IMPORTS_TIMEOUT = 300.0
+
+
+def _checked_in_donor(final: Draft, host: Host, venv: str, names: list[str], donor: Inventory) -> Draft:
+    """The draft with its candidate imports run in the donor's venv on the donor's host (one
+    interpreter, so torch is imported once, within :data:`DONOR_IMPORTS_TIMEOUT`): only what
+    imports there is proposed (see :func:`with_checked_imports`). When the donor cannot run them
+    (a timeout, a broken interpreter) the draft is kept as it is."""
+    from transplant.verify.ladder import sort_donor_imports
+
+    try:
+        report = run_script(host, venv, "stage_imports", names, timeout=DONOR_IMPORTS_TIMEOUT)
+    except (HostError, ProbeError):
+        return final
+    passed, gpu, failed = sort_donor_imports(report, driver=donor.nvidia.available)
+    return with_checked_imports(final, passed, gpu, failed)
 
 
 def _with_ssh(data: dict, args: argparse.Namespace) -> dict:
