@@ -105,3 +105,28 @@ def test_apply_with_the_plans_own_hints_then_verify_replan_and_rollback(stacks, 
     assert not any(c["copy"] or c["remove"] for c in again["changes"])
     run("rollback", str(m), "--yes")  # checks the target hash for hash against the state before
     assert installed(work) == before
+
+
+def test_inits_own_manifest_ends_green_and_strict_names_the_gpu_bound_stages(stacks, work, tmp_path):
+    """The operator's first path on the real pair, on this driverless machine: init, plan, apply,
+    verify with init's own manifest has no failing stage (what needs a GPU is said, with its
+    cause); ``--strict`` fails exactly the stages that hold GPU-bound checks."""
+    m = tmp_path / "init.yaml"
+    before = installed(work)
+    run("init", "--donor", f"local:{DONOR}", "--target", f"local:{work}", "--out", str(m))
+    imports = yaml.safe_load(m.read_text())["verify"]["imports"]
+    assert {"name": "deep_ep", "needs": ["gpu"]} in imports and "sglang" in imports and "torch" in imports
+    planned = run("plan", str(m), "--json", check=False)
+    assert not [f for f in json.loads(planned.stdout)["findings"] if f["severity"] == "error"]
+    run("apply", str(m), "--yes")
+    try:
+        report = json.loads(run("verify", str(m), "--json", check=False).stdout)
+        assert report["ok"] is True, json.dumps([s for s in report["stages"] if s["status"] == "fail"], indent=1)
+        assert set(report["causes"]) <= {"not-requested", "no-driver"}, report["causes"]
+        assert "imports:deep_ep" in report["causes"]["no-driver"]
+        strict = json.loads(run("verify", str(m), "--json", "--strict", check=False).stdout)
+        failed = sorted(s["name"] for s in strict["stages"] if s["status"] == "fail")
+        assert failed == ["imports", "smoke"], strict["verdict"]
+    finally:
+        run("rollback", str(m), "--yes")
+    assert installed(work) == before

@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
     a.add_argument("--verify", action="store_true", help="verify each target after applying to it")
+    a.add_argument("--strict", action="store_true", help="with --verify: what could not be checked here fails")
+    a.add_argument("--rollback-on-failure", action="store_true",
+                   help="with --verify: roll the transaction back, unattended, when verify fails (fleets, CI)")
     a.add_argument("--compress", action="store_true",
                    help="compress the file stream (zstd where both hosts have it, else zlib): for a slow link "
                         "between the controller and a host; one target only")

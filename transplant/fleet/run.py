@@ -30,7 +30,7 @@ from transplant.donor.sources import HostSource, Opened
 from transplant.errors import FleetError, TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
 from transplant.hosts.host import SSHOptions, connect
-from transplant.pipeline import apply_plan, plan_target, verify_target
+from transplant.pipeline import apply_plan, plan_target, roll_back_newest, verify_target
 from transplant.verify.judges import StageResult
 from transplant.reporting import QUIET, Prefixed, Reporter
 
@@ -127,7 +127,7 @@ def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
 def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened, ssh: SSHOptions, *,
                force: bool = False, verify_after: bool = False,
                donor_inventory: Callable[[], Inventory | None] | None = None, plan: Plan | None = None,
-               reporter: Reporter = QUIET) -> TargetResult:
+               reporter: Reporter = QUIET, strict: bool = False, rollback_on_failure: bool = False) -> TargetResult:
     """Plan, apply or verify one target (``action``: ``plan``, ``apply`` or ``verify``) with the
     steps of :mod:`transplant.pipeline`.
 
@@ -136,6 +136,8 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
     :param plan: for apply, the plan shown to (and confirmed by) the user; None plans afresh.
         Apply refuses it as stale when the target changed since (``transplant.apply.execute``).
     :param reporter: told this target's steps, progress and notes (plan, apply, verify).
+    :param strict: verify's ``--strict``; :param rollback_on_failure: after an apply whose verify
+        failed, roll that transaction back (its id in the result's note).
     :returns: the result; errors are caught into it, never raised.
     """
     started = time.monotonic()
@@ -165,8 +167,11 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                             result.note = "nothing to change"
             if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):
                 result.stages, ok = verify_target(m.verify, host, target.venv, ssh=ssh, donor_inventory=donor_inventory,
-                                                  reporter=reporter)
+                                                  reporter=reporter, strict=strict)
                 result.code = EXIT_OK if ok else EXIT_BLOCKED
+                if not ok and rollback_on_failure and result.applied is not None:
+                    done = roll_back_newest(host, target.venv, reporter=reporter)
+                    result.note = f"verify failed: rolled back {', '.join(done)} (--rollback-on-failure)"
     except TransplantError as exc:
         result.code, result.error, result.hint = EXIT_FAIL, exc.message, exc.hint
     except Exception as exc:  # noqa: BLE001 - one target's fault must not hide the others' results
@@ -180,7 +185,8 @@ def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], open
               jobs: int = 4, force: bool = False, verify_after: bool = False,
               donor_inventory: Callable[[], Inventory | None] | None = None,
               done: Callable[[TargetResult], None] | None = None,
-              plans: Mapping[Endpoint, Plan] | None = None, reporter: Reporter = QUIET) -> list[TargetResult]:
+              plans: Mapping[Endpoint, Plan] | None = None, reporter: Reporter = QUIET,
+              strict: bool = False, rollback_on_failure: bool = False) -> list[TargetResult]:
     """:func:`run_target` for every target, at most ``jobs`` at a time; results in ``targets`` order.
 
     :param done: called (from a worker thread, one call at a time) as each target finishes.
@@ -195,7 +201,8 @@ def run_fleet(action: str, manifest: Manifest, targets: Sequence[Endpoint], open
 
     def one(target: Endpoint) -> TargetResult:
         res = run_target(action, manifest, target, opened, ssh, force=force, verify_after=verify_after,
-                         donor_inventory=donor_inventory, plan=(plans or {}).get(target),
+                         donor_inventory=donor_inventory, plan=(plans or {}).get(target), strict=strict,
+                         rollback_on_failure=rollback_on_failure,
                          reporter=reporter if reporter is QUIET else Prefixed(reporter, f"{target}: "))
         if done is not None:
             with lock:

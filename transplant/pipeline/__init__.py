@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # apply's and verify's modules load when those steps run: a p
     from transplant.apply.execute import ApplyResult
     from transplant.verify.judges import StageResult
 
-__all__ = ["plan_target", "apply_plan", "verify_target"]
+__all__ = ["plan_target", "apply_plan", "verify_target", "roll_back_newest"]
 
 
 def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
@@ -136,3 +136,25 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     if record:
         record_verified(target, venv, ok, time.time(), log=verified_log(default_state_dir()), ssh=ssh)
     return results, ok
+
+
+def roll_back_newest(target: Host, venv: str, *, reporter: Reporter = QUIET) -> list[str]:
+    """Roll back the newest committed transaction of ``venv`` on ``target`` under the target's lock
+    (``apply --verify --rollback-on-failure`` of a fleet's target); returns the ids rolled back.
+
+    :raises TransactionError: a transaction is interrupted, the target drifted since, or as
+        :func:`transplant.apply.txn.undo`."""
+    from transplant.apply import txn
+    from transplant.apply.execute import new_transaction_id
+    from transplant.errors import TransactionError
+
+    lock = new_transaction_id()
+    txn.acquire(target, venv, lock, "transplant rollback", reporter=reporter)
+    try:
+        if txn.interrupted(target, venv):
+            raise TransactionError(f"{target.label}:{venv}: a transaction is interrupted; undo it first",
+                                   hint="transplant apply MANIFEST --rollback")
+        return txn.undo(target, venv, to=None, lock=lock, reporter=reporter)
+    finally:
+        txn.release(target, venv, lock)
+

@@ -15,7 +15,7 @@ is importable, a round trip through torch's NumPy bridge (``from_numpy``, ``Tens
 fails under a NumPy major the torch was not built for).
 
 Prints ``{"ok", "device", "reason", "torch", "cuda", "unavailable"?, "checks": [{"name", "dtype",
-"rel_error", "bound", "ok"}], "subchecks": [{"name", "status", "reason"}]}`` (``unavailable``:
+"rel_error", "bound", "ok"}], "subchecks": [{"name", "status", "reason", "needs"?}]}`` (``unavailable``:
 ``"cuda"`` when that device was asked for and torch sees none; ``missing``: ``"torch"`` when
 the venv has no torch). Stdlib only
 apart from torch, triton, sgl_kernel, flashinfer and numpy, which it tests.
@@ -105,8 +105,12 @@ def axpy(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 """
 
 
-def _sub(name, status, reason):
-    return {"name": name, "status": status, "reason": reason}
+def _sub(name, status, reason, needs=None):
+    # needs: "gpu" on a sub-check skipped for want of a CUDA device (a fact, not its text)
+    out = {"name": name, "status": status, "reason": reason}
+    if needs:
+        out["needs"] = needs
+    return out
 
 
 def _triton(torch, device):
@@ -114,7 +118,7 @@ def _triton(torch, device):
     if importlib.util.find_spec("triton") is None:
         return _sub(name, "skip", "triton is not installed")
     if device != "cuda":
-        return _sub(name, "skip", "no GPU: a triton kernel needs one")
+        return _sub(name, "skip", "no GPU: a triton kernel needs one", needs="gpu")
     try:
         filename = "<transplant-smoke-triton>"
         linecache.cache[filename] = (len(_TRITON_KERNEL), None, _TRITON_KERNEL.splitlines(True), filename)
@@ -140,7 +144,7 @@ def _rmsnorm(torch, device, package):
     if importlib.util.find_spec(package) is None:
         return _sub(name, "skip", "{} is not installed".format(package))
     if device != "cuda":
-        return _sub(name, "skip", "no GPU: {}'s kernels run on CUDA only".format(package))
+        return _sub(name, "skip", "no GPU: {}'s kernels run on CUDA only".format(package), needs="gpu")
     try:
         module = __import__(package)
         func = getattr(module, "rmsnorm", None)

@@ -534,7 +534,17 @@ def run_stages(
             return Outcome("fail", f"{reason}; {gap}", report)
         if status == "fail":
             return against_donor("smoke", status, reason, report, [settings.smoke_device], None)
-        return status, reason, report
+        # what ran on the CPU, or not at all, for want of a GPU: not checked here (--strict fails it)
+        cause = "no-driver" if not live.nvidia.available else "no-device"
+        unchecked = tuple({"item": str(sub.get("name")), "cause": cause, "evidence": str(sub.get("reason"))}
+                          for sub in report.get("subchecks", []) if sub.get("status") == "skip"
+                          and sub.get("needs") == "gpu")
+        if report.get("device") == "cpu" and settings.smoke_device == "auto":
+            _, gap = driver_facts()
+            if gap:  # the donor's host would have run it on its GPU: this host lost what serving needs
+                return Outcome("fail", f"{reason}; {gap}", report)
+            unchecked = ({"item": "cuda", "cause": cause, "evidence": str(report.get("reason"))}, *unchecked)
+        return Outcome(status, reason, report, None, unchecked)
 
     run("smoke", smoke)
 

@@ -343,7 +343,10 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
         + "); the target now matches the plan hash for hash")))
     if args.verify:
         applied["verify"] = True
-        return verify_command(args, console, manifest=given)
+        code = verify_command(args, console, manifest=given)
+        if code == EXIT_BLOCKED:
+            return _after_failed_verify(args, console, given, result.transaction)
+        return code
     return EXIT_OK
 
 
@@ -358,30 +361,64 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
         if not args.yes and console.input(f"roll back {manifest.target}? \\[y/N] ").strip().lower() not in ("y", "yes"):
             console.print("nothing was changed")
             return EXIT_FAIL
-        txid = new_transaction_id()
-        txn.acquire(target, venv, txid, "transplant rollback", reporter=Shown(note=printer(console)),
-                    break_lock=args.break_lock)
-        try:
-            interrupted = txn.interrupted(target, venv)
-            for completed in txn.record_completed(target, venv):
-                console.print(completed.describe(), markup=False)
-            if interrupted:
-                raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
-                                      hint=f"transplant apply {shlex.quote(args.manifest)} --rollback")
-            from transplant.cli.progress import step
+        _roll_back(console, target, venv, manifest, to=args.to, force=args.force, break_lock=args.break_lock)
+    return EXIT_OK
 
-            with step(console, f"rolling back {manifest.target}") as update:
-                def say(line: str) -> None:
-                    console.print(line, markup=False)
-                    update(line)
 
-                done = txn.undo(target, venv, to=args.to, force=args.force, lock=txid, reporter=Shown(step=say),
-                                listing=f"transplant history {shlex.quote(args.manifest)}")
-        finally:
-            txn.release(target, venv, txid)
+def _roll_back(console: Console, target: Host, venv: str, manifest: Manifest, *, to: str | None, force: bool,
+               break_lock: bool) -> list[str]:
+    """Roll back the target's newest transaction (or every one after ``to``) under its lock,
+    saying each step and the result; returns the ids rolled back.
+
+    :raises TransplantError: a transaction is interrupted (undo it first); as :func:`txn.undo`."""
+    txid = new_transaction_id()
+    txn.acquire(target, venv, txid, "transplant rollback", reporter=Shown(note=printer(console)), break_lock=break_lock)
+    try:
+        interrupted = txn.interrupted(target, venv)
+        for completed in txn.record_completed(target, venv):
+            console.print(completed.describe(), markup=False)
+        if interrupted:
+            raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
+                                  hint=f"transplant apply {shlex.quote(manifest.path)} --rollback")
+        from transplant.cli.progress import step
+
+        with step(console, f"rolling back {manifest.target}") as update:
+            def say(line: str) -> None:
+                console.print(line, markup=False)
+                update(line)
+
+            done = txn.undo(target, venv, to=to, force=force, lock=txid, reporter=Shown(step=say),
+                            listing=f"transplant history {shlex.quote(manifest.path)}")
+    finally:
+        txn.release(target, venv, txid)
     console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "
                                 f"recorded before {'them' if len(done) > 1 else 'it'} hash for hash"))
-    return EXIT_OK
+    return done
+
+
+def _after_failed_verify(args: argparse.Namespace, console: Console, manifest: Manifest, transaction: str) -> int:
+    """``apply --verify`` whose verify failed: the way back. ``--rollback-on-failure`` rolls the
+    transaction back unattended; on a terminal without ``--yes`` the operator is asked; else the
+    rollback command is named. Returns 3 (verify failed) either way."""
+    again = f"transplant rollback {shlex.quote(manifest.path)}"
+    if getattr(args, "rollback_on_failure", False):
+        console.print(f"verify failed after transaction {transaction}: rolling it back (--rollback-on-failure)",
+                      markup=False, highlight=False)
+    elif not args.yes and sys.stdin.isatty():
+        answer = console.input(f"verify failed after transaction {transaction}: roll it back? \\[y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.print(f"transaction {transaction} stays applied; to undo it later: {again}", markup=False,
+                          highlight=False)
+            return EXIT_BLOCKED
+    else:
+        console.print(f"verify failed after transaction {transaction}; to undo it: {again} --yes (or apply with "
+                      f"--rollback-on-failure to do it unattended)", markup=False, highlight=False)
+        return EXIT_BLOCKED
+    with ExitStack() as stack:
+        session = Session(manifest, console, stack)
+        _roll_back(console, session.host("target"), manifest.target.venv, manifest, to=None, force=False,
+                   break_lock=False)
+    return EXIT_BLOCKED
 
 
 def history_command(args: argparse.Namespace, console: Console) -> int:

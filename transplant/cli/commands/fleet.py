@@ -124,6 +124,8 @@ def run_fleet_command(action: str, args: argparse.Namespace, console: Console, m
     with console.status(f"{action} on {len(targets)} targets, {jobs} at a time"):
         results = run_fleet(action, manifest, targets, opened, ssh, jobs=jobs, force=getattr(args, "force", False),
                             verify_after=getattr(args, "verify", False), donor_inventory=donor_inventory,
+                            strict=getattr(args, "strict", False),
+                            rollback_on_failure=getattr(args, "rollback_on_failure", False),
                             done=lambda r: console.print(_line(action, r), markup=False, highlight=False),
                             plans=shown)
     if action == "plan" or (action == "apply" and args.yes):
