@@ -392,6 +392,11 @@ def test_recover_from_a_snapshot_and_bad_targets(snaplab, tmp_path, capsys):
         lab.hosts["donor"].start_sshd()
     assert main(["recover", "--snapshot", "nope", "--target", lab.hosts["t2"].spec]) == 1
     assert "snapshot nope: not found" in " ".join(capsys.readouterr().out.split())
+    # without a terminal and without --yes: the hint is recover's own (apply's would skip verify)
+    assert main(["recover", "--target", f"{lab.hosts['t2'].spec}:{VENV}", "--snapshot", snap["id"]]) == 1
+    said = " ".join(capsys.readouterr().out.split())
+    assert "recover needs confirmation" in said and "add --yes to this recover command" in said
+    assert "transplant apply" not in said
     assert main(["recover", "--target", "bad host!", "--snapshot", snap["id"]]) == 64
     assert "--target 'bad host!'" in capsys.readouterr().out
     m = write_manifest(tmp_path, lab)

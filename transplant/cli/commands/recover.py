@@ -8,6 +8,7 @@ The logic lives in :mod:`transplant.recover.status`, :mod:`transplant.recover.re
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -126,6 +127,10 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
     console.print(f"rebuilding {recovery.origin} on {target}; the manifest for it: {recovery.manifest}",
                   markup=False, highlight=False)
     options = CommandOptions(manifest=str(recovery.manifest), yes=args.yes, force=args.force)
+    if not args.yes and not sys.stdin.isatty():  # apply would ask, and its own hint would skip verify
+        raise TransplantError("recover needs confirmation before it applies, and standard input is not a terminal",
+                              hint="add --yes to this recover command (it plans, applies and verifies; "
+                                   f"nothing was changed on {target})")
     console.rule("recover: 1/3 plan")
     code = plan_command(options, console)
     if code == EXIT_BLOCKED and not args.force:
