@@ -258,11 +258,12 @@ def run_stages(
                           f"host has none ({live.nvidia.reason or 'no driver'})")
 
         def against_donor(stage: str, status: str, reason: str, report: Mapping[str, Any], args: list,
-                           request: Mapping[str, Any] | None) -> Outcome:
+                           request: Mapping[str, Any] | None,
+                           judge: Callable[[Mapping[str, Any]], tuple[str, str]]) -> Outcome:
             """A stage that failed in the target, run the same way in the donor's venv on its host: a
             skip (``donor-identical``, with the donor's evidence) when it fails there with the same
             class (:func:`ladder.failure_class`), unless ``verify.required`` names the stage; else the
-            failure as it is, saying that the donor passes it."""
+            failure as it is, saying how the donor fared (``judge``: the stage's judge of a report)."""
             mine = ladder.failure_class(stage, report)
             if donor_run is None or stage in settings.required or mine is None:
                 return Outcome(status, reason, report)
@@ -277,8 +278,10 @@ def run_stages(
                     else f"the donor: {clip(evidence, 300)}"
                 return Outcome("skip", f"fails identically in the donor ({mine}): {reason}; {said}",
                                {**report, "donor": dict(theirs)}, "donor-identical")
-            return Outcome(status, f"{reason}; the donor passes this stage" if yours is None
-                           else f"{reason}; the donor fails it otherwise ({yours})", {**report, "donor": dict(theirs)})
+            verdict, why = judge(theirs)
+            return Outcome(status, f"{reason}; the donor passes this stage" if verdict == "pass"
+                           else f"{reason}; the donor fails it otherwise ({clip(why, 300)})",
+                           {**report, "donor": dict(theirs)})
 
         dists = ladder.overlaid(live, settings.overlay) if live is not None else []
         if live is not None and not settings.overlay and settings.imports:
@@ -465,7 +468,8 @@ def run_stages(
             status, reason = judge_server_args(check.expect, report)
             if status == "fail":
                 return against_donor("server-args", status, reason, report,
-                                      [check.entry, json.dumps(wanted), *check.args], None)
+                                      [check.entry, json.dumps(wanted), *check.args], None,
+                                      lambda theirs: judge_server_args(check.expect, theirs))
             return status, reason, report
 
         def server_args_stages() -> None:
@@ -533,7 +537,7 @@ def run_stages(
                              report)
             return Outcome("fail", f"{reason}; {gap}", report)
         if status == "fail":
-            return against_donor("smoke", status, reason, report, [settings.smoke_device], None)
+            return against_donor("smoke", status, reason, report, [settings.smoke_device], None, judge_smoke)
         # what ran on the CPU, or not at all, for want of a GPU: not checked here (--strict fails it)
         cause = "no-driver" if not live.nvidia.available else "no-device"
         unchecked = tuple({"item": str(sub.get("name")), "cause": cause, "evidence": str(sub.get("reason"))}
