@@ -135,6 +135,8 @@ def test_verify_fails_a_broken_import(hosts, tmp_path, capsys):
     stages = {s["name"]: s for s in json.loads(capsys.readouterr().out)["stages"]}
     assert stages["imports"]["status"] == "fail"
     assert "no_such_module: ModuleNotFoundError" in stages["imports"]["reason"]
+    # the donor lacks it too, but a name missing from both venvs is a wrong name, not "what the donor runs"
+    assert not stages["imports"]["unchecked"]
 
 
 def test_verify_without_manifest_over_ssh(hosts, tmp_path, capsys):

@@ -542,3 +542,14 @@ def test_an_import_failing_on_another_loader_error_in_the_donor_is_not_shared():
                                                                  "export function (PyInit__fido)"}]}
     assert donor_shared_imports(target, donor) == set()
     assert donor_shared_imports(target, target) == {"fido"}
+
+
+def test_a_name_missing_from_both_venvs_is_never_what_the_donor_runs():
+    from transplant.verify.ladder import donor_shared_imports
+
+    missing = {"imports": [{"name": "no_such_module", "ok": False,
+                            "error": "ModuleNotFoundError: No module named 'no_such_module'"},
+                           {"name": "alpha.gone", "ok": False, "error": "ModuleNotFoundError: No module named 'alpha.gone'"},
+                           {"name": "brokenpkg", "ok": False,
+                            "error": "ModuleNotFoundError: No module named 'missing_dependency_xyz'"}]}
+    assert donor_shared_imports(missing, missing) == {"brokenpkg"}  # only a dependency the donor lacks too

@@ -185,8 +185,9 @@ def _relative(path: str, prefix: str) -> str | None:
 def donor_shared_imports(report: Mapping[str, Any], donor: Mapping[str, Any] | None) -> set[str]:
     """The import names that failed on the target and fail on the donor too, with the same
     exception class (``ImportError``...) and, where the error is the loader's, the same loader
-    error (:func:`load_error`: the same missing soname or undefined symbol); empty without a
-    donor report."""
+    error (:func:`load_error`: the same missing soname or undefined symbol); a name that is
+    itself missing from both venvs is not among them (:func:`_names_itself_missing`); empty
+    without a donor report."""
     if not donor:
         return set()
     def kind(item: Mapping[str, Any]) -> str:
@@ -194,7 +195,20 @@ def donor_shared_imports(report: Mapping[str, Any], donor: Mapping[str, Any] | N
         loader = MISSING_LIBRARY.search(error) or UNDEFINED_SYMBOL.search(error)
         return error.split(":", 1)[0] + (f" ({load_error(error)})" if loader else "")
     theirs = {i.get("name"): kind(i) for i in donor.get("imports", []) if not i.get("ok")}
-    return {i["name"] for i in report.get("imports", []) if not i.get("ok") and theirs.get(i.get("name")) == kind(i)}
+    return {i["name"] for i in report.get("imports", []) if not i.get("ok") and theirs.get(i.get("name")) == kind(i)
+            and not _names_itself_missing(i)}
+
+
+def _names_itself_missing(item: Mapping[str, Any]) -> bool:
+    """Whether an import failed because the module itself (or its package) exists in neither
+    venv (``ModuleNotFoundError: No module named 'x'`` for ``x`` or ``x.y``): a wrong name,
+    which no host can check, never "what the donor runs". A missing module it imports in turn
+    is another matter (a dependency the donor lacks too)."""
+    missing = re.search(r"^ModuleNotFoundError: No module named '([^']+)'", str(item.get("error") or ""))
+    if missing is None:
+        return False
+    name = str(item.get("name"))
+    return name == missing.group(1) or name.startswith(missing.group(1) + ".")
 
 
 def inside_roots(path: str, roots: Sequence[str]) -> bool:
