@@ -224,3 +224,14 @@ def test_an_accept_entry_without_a_reason_gets_a_generic_example(tmp_path):
     # the twin: with a reason it loads, and the reason is kept as written
     m = load_manifest(write(tmp_path / "ok", GOOD + "accept:\n  - {code: lockstep-mismatch, reason: no GPU here}\n"))
     assert [(a.code, a.reason) for a in m.accept] == [("lockstep-mismatch", "no GPU here")]
+
+
+def test_an_import_entry_may_say_it_needs_a_gpu_and_nothing_else(tmp_path):
+    m = load_manifest(write(tmp_path, GOOD.replace("imports: [torch, sglang]",
+                                                   "imports: [torch, {name: deep_ep, needs: [gpu]}]")))
+    assert m.verify.imports == ("torch", "deep_ep") and m.verify.needs == {"deep_ep": ("gpu",)}
+    found = problems(tmp_path / "bad", GOOD.replace("imports: [torch, sglang]",
+                                                    "imports: [{name: a, needs: [cpu]}, {needs: [gpu]}, {name: b-c}]"))
+    assert found == ["verify.imports[0].needs: expected a list of gpu, got a list; fix: write needs: [gpu]",
+                     "verify.imports[1].name: missing; fix: add it: name: deep_ep",
+                     "verify.imports[2].name: expected an import name, got the string 'b-c'; fix: write e.g. flashinfer"]

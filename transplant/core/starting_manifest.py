@@ -38,7 +38,7 @@ from transplant.core.import_names import import_names
 from transplant.core.manifest import Manifest, normalize_pattern, parse_manifest
 from transplant.core.plan import Finding
 from transplant.core.planner import plan, selected_names
-from transplant.core.units import count
+from transplant.core.units import count, visible
 
 __all__ = ["Draft", "draft", "render", "ROUNDS", "MODEL_PLACEHOLDER", "DRAFT_PLACEHOLDER"]
 
@@ -236,16 +236,10 @@ def with_checked_imports(d: Draft, passed: Sequence[str], gpu: Mapping[str, str]
         elif name not in failed:
             imports.append(name)
     verify["imports"] = imports
-    notes = {**d.notes, "imports": {n: f"needs a GPU: in the donor, on a host without a driver: {_one_line(e)}"
+    notes = {**d.notes, "imports": {n: f"needs a GPU: in the donor, on a host without a driver: {visible(e, 160)}"
                                     for n, e in gpu.items() if n in names},
-             "imports-left-out": {n: _one_line(e) for n, e in failed.items() if n in names}}
+             "imports-left-out": {n: visible(e, 160) for n, e in failed.items() if n in names}}
     return Draft(data={**d.data, "verify": verify}, notes=notes, rounds=d.rounds, findings=d.findings)
-
-
-def _one_line(text: str, limit: int = 160) -> str:
-    """An error as one comment line: control characters and line breaks as spaces, cut at ``limit``."""
-    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def _why(finding: Finding) -> str:

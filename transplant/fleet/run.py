@@ -30,7 +30,7 @@ from transplant.donor.sources import HostSource, Opened
 from transplant.errors import FleetError, TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
 from transplant.hosts.host import SSHOptions, connect
-from transplant.pipeline import apply_plan, plan_target, roll_back_newest, verify_target
+from transplant.pipeline import apply_plan, plan_target, roll_back, verify_target
 from transplant.verify.judges import StageResult
 from transplant.reporting import QUIET, Prefixed, Reporter
 
@@ -170,7 +170,7 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                                                   reporter=reporter, strict=strict)
                 result.code = EXIT_OK if ok else EXIT_BLOCKED
                 if not ok and rollback_on_failure and result.applied is not None:
-                    done = roll_back_newest(host, target.venv, reporter=reporter)
+                    done = roll_back(host, target.venv, reporter=reporter)
                     result.note = f"verify failed: rolled back {', '.join(done)} (--rollback-on-failure)"
     except TransplantError as exc:
         result.code, result.error, result.hint = EXIT_FAIL, exc.message, exc.hint

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # apply's and verify's modules load when those steps run: a p
     from transplant.apply.execute import ApplyResult
     from transplant.verify.judges import StageResult
 
-__all__ = ["plan_target", "apply_plan", "verify_target", "roll_back_newest"]
+__all__ = ["plan_target", "apply_plan", "verify_target", "roll_back"]
 
 
 def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patches: list[PatchFile] | None = None,
@@ -138,23 +138,31 @@ def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSH
     return results, ok
 
 
-def roll_back_newest(target: Host, venv: str, *, reporter: Reporter = QUIET) -> list[str]:
-    """Roll back the newest committed transaction of ``venv`` on ``target`` under the target's lock
-    (``apply --verify --rollback-on-failure`` of a fleet's target); returns the ids rolled back.
+def roll_back(target: Host, venv: str, *, to: str | None = None, force: bool = False, break_lock: bool = False,
+              reporter: Reporter = QUIET, listing: str = "transplant history MANIFEST",
+              undo_interrupted: str = "transplant apply MANIFEST --rollback") -> list[str]:
+    """Roll back the newest committed transaction of ``venv`` on ``target`` (or every one after
+    ``to``) under the target's lock, after recording the outcome of transactions a host script
+    finished alone (each told to ``reporter`` as a note); returns the ids rolled back.
 
-    :raises TransactionError: a transaction is interrupted, the target drifted since, or as
-        :func:`transplant.apply.txn.undo`."""
+    :param listing: the command that lists the transactions, and :param undo_interrupted: the one
+        that undoes an interrupted transaction, for the hints.
+    :raises TransactionError: a transaction is interrupted, the target drifted since (unless
+        ``force``), or as :func:`transplant.apply.txn.undo`; :raises LockError: the lock is held
+        (unless ``break_lock``)."""
     from transplant.apply import txn
     from transplant.apply.execute import new_transaction_id
     from transplant.errors import TransactionError
 
     lock = new_transaction_id()
-    txn.acquire(target, venv, lock, "transplant rollback", reporter=reporter)
+    txn.acquire(target, venv, lock, "transplant rollback", reporter=reporter, break_lock=break_lock)
     try:
-        if txn.interrupted(target, venv):
+        interrupted = txn.interrupted(target, venv)
+        for completed in txn.record_completed(target, venv):
+            reporter.note(completed.describe())
+        if interrupted:
             raise TransactionError(f"{target.label}:{venv}: a transaction is interrupted; undo it first",
-                                   hint="transplant apply MANIFEST --rollback")
-        return txn.undo(target, venv, to=None, lock=lock, reporter=reporter)
+                                   hint=undo_interrupted)
+        return txn.undo(target, venv, to=to, force=force, lock=lock, reporter=reporter, listing=listing)
     finally:
         txn.release(target, venv, lock)
-

@@ -29,6 +29,7 @@ __all__ = [
     "judge_interpreter",
     "judge_native",
     "native_kinds",
+    "native_verdict",
     "native_unchecked",
     "imports_unchecked",
     "CAUSES",
@@ -344,11 +345,8 @@ def judge_native(report: Mapping[str, Any], *, driver: bool, venv: str = "",
     Status: fail on any failure; skip when there is no library, or none could be checked;
     else pass.
     """
-    libraries = report.get("libraries", [])
-    if not libraries:
-        return "skip", "the overlaid distributions ship no shared objects"
     kinds = native_kinds(report, driver=driver, shipped=shipped, donor_shared=donor_shared, donor_system=donor_system)
-    return _native_verdict(libraries, kinds, report, venv)
+    return native_verdict(report, kinds, venv)
 
 
 def native_kinds(report: Mapping[str, Any], *, driver: bool, shipped: Iterable[str] | None = None,
@@ -436,10 +434,13 @@ def native_unchecked(report: Mapping[str, Any], kinds: Mapping[str, tuple[str, A
     return tuple(out)
 
 
-def _native_verdict(libraries: Sequence[Mapping[str, Any]], kinds: dict[str, tuple[str, Any]],
-                    report: Mapping[str, Any], venv: str) -> tuple[str, str]:
-    """:func:`judge_native`'s (status, reason) from the kinds of its failed objects."""
-    for path, (kind, names) in list(kinds.items()):
+def native_verdict(report: Mapping[str, Any], found: Mapping[str, tuple[str, Any]], venv: str) -> tuple[str, str]:
+    """:func:`judge_native`'s (status, reason) from the kinds :func:`native_kinds` found (not changed)."""
+    libraries = report.get("libraries", [])
+    if not libraries:
+        return "skip", "the overlaid distributions ship no shared objects"
+    kinds = dict(found)
+    for path, (kind, names) in found.items():
         if kind == "system":
             kinds[path] = ("fail", "missing " + ", ".join(names) + " (the donor's system has "
                            + ("it" if len(names) == 1 else "them") + "; this host's has not)")

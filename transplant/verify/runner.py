@@ -397,10 +397,10 @@ def run_stages(
                 rel = [p[len(venv.rstrip("/")) + 1:] for p in failed]
                 theirs = _on_donor(donor_run, "stage_native", [], {"paths": rel, "preload": preload})
                 shared = ladder.donor_shared_objects(report, theirs, venv)
-            status, reason = judges.judge_native(report, driver=driver, venv=venv, shipped=shipped,
-                                                 donor_shared=shared, donor_system=system)
-            kinds = judges.native_kinds(report, driver=driver, shipped=shipped, donor_shared=shared,
-                                        donor_system=system)
+            if shared:
+                kinds = judges.native_kinds(report, driver=driver, shipped=shipped, donor_shared=shared,
+                                            donor_system=system)
+            status, reason = judges.native_verdict(report, kinds, venv)
             unchecked = judges.native_unchecked(report, kinds, venv)
             if status == "fail" and gap:
                 reason += f"; {gap}"

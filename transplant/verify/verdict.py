@@ -60,16 +60,23 @@ def counts(results: Sequence[StageResult]) -> dict[str, int]:
     return {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
 
 
+def _by_cause(results: Sequence[StageResult], *, stages: bool) -> dict[str, list[str]]:
+    """Cause -> the skipped stages' names (``stages``), or the passing stages' unchecked items as
+    ``STAGE:ITEM``; in the order of :data:`CAUSES` (a :class:`StageResult` holds no other cause)."""
+    found: dict[str, list[str]] = {}
+    for r in results:
+        if stages and r.status == "skip":
+            found.setdefault(r.cause or "not-run", []).append(r.name)
+        for u in r.unchecked if not stages and r.status == "pass" else ():
+            found.setdefault(str(u["cause"]), []).append(f"{r.name}:{u['item']}")
+    return {c: found[c] for c in CAUSES if c in found}
+
+
 def causes_of(results: Sequence[StageResult]) -> dict[str, list[str]]:
     """Cause -> the names of what it kept from being checked: skipped stages by name, and
     unchecked items as ``STAGE:ITEM``; in the order of :data:`CAUSES`, empty causes left out."""
-    found: dict[str, list[str]] = {}
-    for r in results:
-        if r.status == "skip":
-            found.setdefault(r.cause or "not-run", []).append(r.name)
-        for u in r.unchecked if r.status == "pass" else ():
-            found.setdefault(str(u["cause"]), []).append(f"{r.name}:{u['item']}")
-    return {c: found[c] for c in [*CAUSES, *sorted(set(found) - set(CAUSES))] if c in found}
+    skipped, items = _by_cause(results, stages=True), _by_cause(results, stages=False)
+    return {c: skipped.get(c, []) + items.get(c, []) for c in CAUSES if c in skipped or c in items}
 
 
 def verdict_line(results: Sequence[StageResult], *, strict_mode: bool = False) -> str:
@@ -79,18 +86,13 @@ def verdict_line(results: Sequence[StageResult], *, strict_mode: bool = False) -
     word = "failed" if n["fail"] else "passed"
     line = f"verify {word}{' (--strict)' if strict_mode else ''}: {n['pass']} passed, {n['fail']} failed, " \
            f"{n['skip']} skipped"
-    by_cause = causes_of(results)
-    stages = [(c, [x for x in names if ":" not in x]) for c, names in by_cause.items()]
-    shown = [f"{CAUSES.get(c, c)}: {', '.join(names)}" for c, names in stages if names]
-    if shown:
-        line += " (" + "; ".join(shown) + ")"
-    items = [(c, [x for x in names if ":" in x]) for c, names in by_cause.items()]
-    items = [(c, names) for c, names in items if names]
+    skipped = _by_cause(results, stages=True)
+    if skipped:
+        line += " (" + "; ".join(f"{CAUSES[c]}: {', '.join(names)}" for c, names in skipped.items()) + ")"
+    items = _by_cause(results, stages=False)
     if items:
-        total = sum(len(names) for _, names in items)
-        parts = []
-        for c, names in items:
-            listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-            parts.append(f"{CAUSES.get(c, c)}: {listed}")
+        total = sum(len(names) for names in items.values())
+        parts = [f"{CAUSES[c]}: " + ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                 for c, names in items.items()]
         line += f"; not checked here: {total} item{'s' if total != 1 else ''} ({'; '.join(parts)})"
     return line

@@ -367,30 +367,19 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
 
 def _roll_back(console: Console, target: Host, venv: str, manifest: Manifest, *, to: str | None, force: bool,
                break_lock: bool) -> list[str]:
-    """Roll back the target's newest transaction (or every one after ``to``) under its lock,
-    saying each step and the result; returns the ids rolled back.
+    """:func:`transplant.pipeline.roll_back` with each step and note shown, then the result said."""
+    from transplant.cli.progress import step
+    from transplant.pipeline import roll_back
 
-    :raises TransplantError: a transaction is interrupted (undo it first); as :func:`txn.undo`."""
-    txid = new_transaction_id()
-    txn.acquire(target, venv, txid, "transplant rollback", reporter=Shown(note=printer(console)), break_lock=break_lock)
-    try:
-        interrupted = txn.interrupted(target, venv)
-        for completed in txn.record_completed(target, venv):
-            console.print(completed.describe(), markup=False)
-        if interrupted:
-            raise TransplantError(f"{manifest.target}: a transaction is interrupted; undo it first",
-                                  hint=f"transplant apply {shlex.quote(manifest.path)} --rollback")
-        from transplant.cli.progress import step
+    quoted = shlex.quote(manifest.path)
+    with step(console, f"rolling back {manifest.target}") as update:
+        def say(line: str) -> None:
+            console.print(line, markup=False)
+            update(line)
 
-        with step(console, f"rolling back {manifest.target}") as update:
-            def say(line: str) -> None:
-                console.print(line, markup=False)
-                update(line)
-
-            done = txn.undo(target, venv, to=to, force=force, lock=txid, reporter=Shown(step=say),
-                            listing=f"transplant history {shlex.quote(manifest.path)}")
-    finally:
-        txn.release(target, venv, txid)
+        done = roll_back(target, venv, to=to, force=force, break_lock=break_lock,
+                         reporter=Shown(step=say, note=printer(console)), listing=f"transplant history {quoted}",
+                         undo_interrupted=f"transplant apply {quoted} --rollback")
     console.print(Text.assemble(("rolled back", "bold green"), f" {', '.join(done)}: the target matches the state "
                                 f"recorded before {'them' if len(done) > 1 else 'it'} hash for hash"))
     return done
