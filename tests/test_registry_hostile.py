@@ -31,14 +31,12 @@ CREDS = Credentials("lab", "s3cret", "the test")
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory) -> Path:
-    """A self-signed certificate for localhost, 127.0.0.1 and 127.0.0.2 (key and certificate in one PEM)."""
+    """A self-signed certificate for localhost, 127.0.0.1 and 127.0.0.2 (its key beside it, ``key.pem``)."""
     folder = tmp_path_factory.mktemp("hostile-tls")
     key, crt = folder / "key.pem", folder / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
                     "-keyout", str(key), "-out", str(crt),
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1,IP:127.0.0.2"], check=True, capture_output=True)
-    both = folder / "both.pem"
-    both.write_text(crt.read_text() + key.read_text())
     return crt
 
 
@@ -52,8 +50,8 @@ def _own_state(tmp_path, monkeypatch):
 
 
 class Server:
-    """A real HTTP(S) server on ``address`` answering every request with ``serve(handler)``;
-    ``seen`` records (method, path, headers) of each request, ``sent`` the body bytes written."""
+    """A real HTTP(S) server on ``address`` answering every request with ``serve(handler)`` (TLS with
+    ``cert`` and the ``key.pem`` beside it); ``seen`` records (method, path, headers) of each request, ``sent`` the body bytes written."""
 
     def __init__(self, serve: Callable[[BaseHTTPRequestHandler], None], *, cert: Path | None = None,
                  address: str = "127.0.0.1"):
@@ -81,7 +79,7 @@ class Server:
         self.httpd.daemon_threads = True
         if self.cert is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(str(self.cert.parent / "both.pem"))
+            context.load_cert_chain(str(self.cert), str(self.cert.with_name("key.pem")))
             self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

@@ -8,7 +8,10 @@ The distribution API is plain HTTPS (the OCI distribution specification, v1.0/1.
 Authentication as registries do it (the Docker token specification): a 401 carries
 ``WWW-Authenticate: Basic realm=...`` (the credentials are then sent as basic auth) or
 ``Bearer realm=...,service=...,scope=...`` (a token is asked of the realm, with the
-credentials when there are any, and sent as ``Authorization: Bearer``). Credentials come
+credentials when there are any, and sent as ``Authorization: Bearer``). The realm must be https
+and, to get credentials, on the registry's host or one the operator names (:class:`Settings`).
+Every answer is bounded: a progress deadline, a size limit, a nesting limit for its JSON, and no
+redirect from https to http. Credentials come
 from ``TRANSPLANT_REGISTRY_USER``/``TRANSPLANT_REGISTRY_PASSWORD``, else from the Docker
 credential file (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``: ``auths.<registry>.auth``,
 base64 ``user:password``); credential helpers are reported as unsupported. TLS is verified
@@ -328,12 +331,13 @@ class _Progress:
             now = time.monotonic()
             if now - start < self.seconds:
                 continue
-            if self._window < self.least:
-                with self._lock:
+            with self._lock:
+                if self._window < self.least:
                     self.expired = True
                     self._cut()
-                return
-            start, self._window = now, 0
+                    return
+                self._window = 0
+            start = now
 
     def _cut(self) -> None:
         if self._sock is not None:

@@ -395,7 +395,7 @@ class RegistrySource(SnapshotSource):
             reporter.note(line)
             return 0, len(paths)
         if not reply.get("unreachable"):
-            kept = f" ({reply.get('received', 0)} bytes verified so far are kept; apply again to resume)" \
+            kept = f" ({reply.get('received', 0)} bytes received so far are kept; apply again to resume)" \
                 if reply.get("interrupted") else ""
             raise RegistryError(f"{target.label}: the pull from {self.reference} failed: {reply.get('error')}{kept}",
                                 hint="push the snapshot again" if reply.get("refused") else
