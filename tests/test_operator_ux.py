@@ -492,3 +492,40 @@ def test_a_fleet_plan_stores_its_donor_snapshot_once(pair, capsys):
     assert main(["plan", str(m)]) == 0
     assert f"the identical stored snapshot {stored.stem} (not stored again)" in flat(capsys.readouterr().out)
     assert list(index.glob("*.json")) == [stored]
+
+
+def test_history_and_rollback_take_the_venv_itself_when_the_manifest_is_lost(pair, capsys, monkeypatch):
+    """In an incident the manifest is often gone; the transactions are recorded in the venv:
+    ``history`` and ``rollback`` take ``HOST:VENV``. rollback names the transaction and its path
+    count before it asks, refuses before asking where its files changed since, and status says
+    afterwards what was applied and rolled back."""
+    import io
+    import sys
+
+    tmp_path, manifest = pair
+    assert main(["apply", str(manifest()), "--yes"]) == 0
+    venv = f"local:{tmp_path / 'target'}"
+    capsys.readouterr()
+    assert main(["history", venv, "--json"]) == 0
+    [applied] = [t for t in json.loads(capsys.readouterr().out)["transactions"] if t["state"] == "committed"]
+    # off a terminal without --yes: refused, naming what would be undone; nothing changed
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main(["rollback", venv]) == 1
+    out = flat(capsys.readouterr().out)
+    assert f"rollback of transaction {applied['id']} (" in out and " paths) on " in out, out
+    assert f"transplant rollback {venv} --yes" in out
+    # a file of the transaction edited by hand: refused before anyone is asked
+    foo = tmp_path / "target" / "lib" / "python3.11" / "site-packages" / "foo"
+    (foo / "extra.py").write_text("E = 'edited'\n")
+    assert main(["rollback", venv]) == 1
+    out = flat(capsys.readouterr().out)
+    assert "changed since it was applied" in out and "foo/extra.py" in out and "needs confirmation" not in out, out
+    (foo / "extra.py").write_text("E = 1\n")
+    assert main(["rollback", venv, "--yes"]) == 0
+    assert (foo / "__init__.py").read_text() == "V = 1\n"
+    capsys.readouterr()
+    assert main(["status", venv]) == 0
+    out = flat(capsys.readouterr().out)
+    assert f"nothing transplant applied is in place: transaction {applied['id']} was applied and rolled back" in out
+    assert main(["history", venv]) == 0
+    assert applied["id"] in flat(capsys.readouterr().out)

@@ -4,6 +4,7 @@ resume, rollback, history. Local venvs built from real wheels; the venv state fo
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -719,16 +720,18 @@ def _record(venv: Path) -> dict:
 
 
 def test_a_rollback_after_an_apply_reads_no_unchanged_file(world, capsys, monkeypatch):
-    """Both checks of ``transplant rollback`` (nothing changed since the commit; the target is as
-    before) take every file at the stat identity its transaction recorded: none is read."""
+    """Every check of ``transplant rollback`` (nothing changed since the commit, before asking and
+    again under the lock; the target is as before) takes every file at the stat identity its
+    transaction recorded: none is read."""
     venv, m = _aged(world, "unread")
     assert main(["apply", m, "--yes"]) == 0, capsys.readouterr().out
     record = _record(venv)
     replies = _counting(monkeypatch)
     assert main(["rollback", m, "--yes"]) == 0, capsys.readouterr().out
     assert snapshot(venv) == world["before"] and imports(venv) == "1"
-    drift, restored = replies
-    assert drift["differ"] == [] and drift["hashed"] == 0 and drift["trusted"] == _files(record["after"]) > 20
+    asked, drift, restored = replies
+    for check in (asked, drift):
+        assert check["differ"] == [] and check["hashed"] == 0 and check["trusted"] == _files(record["after"]) > 20
     assert restored["differ"] == [] and restored["hashed"] == 0 and restored["trusted"] == _files(record["before"]) > 20
 
 
@@ -834,3 +837,29 @@ def json_object(path: Path) -> dict:
     value = json.loads(path.read_text())
     assert isinstance(value, dict)
     return value
+
+
+def test_status_checks_the_files_apply_did_not_need_to_copy_by_their_record_rows(tmp_path, capsys):
+    """``alpha/same.py`` is the same in alpha 1.0 and 2.0, so apply leaves it; a hand edit of it after
+    apply is drift all the same, found by its RECORD row, and said apart from the applied paths."""
+    wheels = tmp_path / "wheels"
+    same = {"alpha/same.py": "SAME = 1\n"}
+    donor = make_venv(tmp_path / "donor", [build_wheel(wheels, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", **same})])
+    target = make_venv(tmp_path / "target", [build_wheel(wheels / "old", "alpha", "1.0",
+                                                         {"alpha/__init__.py": "V = 1\n", **same})])
+    m = tmp_path / "m.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {donor}}}\ntarget: {{host: local, venv: {target}}}\n"
+                 f"overlay: [alpha]\n")
+    assert main(["apply", str(m), "--yes"]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["status", f"local:{target}", "--json"]) == 0
+    clean = json.loads(capsys.readouterr().out)
+    assert clean["drift"] == [] and clean["record_checked"] >= 1
+    assert f"{SITE}/alpha/same.py" not in txn.call(LocalHost(), str(target), "txn", {
+        "id": txn.history(LocalHost(), str(target))["transactions"][-1]["id"]})["after"], "apply did not copy it"
+    (target / SITE / "alpha" / "same.py").write_text("SAME = 2  # edited by hand\n")
+    assert main(["status", f"local:{target}"]) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert "alpha/same.py" in out and "(not written by apply: its RECORD row)" in out, out
+    assert "other files of the applied distributions (by their RECORD rows) no longer match" in out \
+        or "other file of the applied distributions (by their RECORD rows) no longer match" in out, out

@@ -461,6 +461,48 @@ def history(host: Host, venv: str) -> dict[str, Any]:
     return {"transactions": reply.get("transactions", []), "events": reply.get("events", [])}
 
 
+def _chosen(host: Host, venv: str, to: str | None, listing: str) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """The committed transactions a rollback undoes (the newest, or every one after ``to``; ids
+    oldest first) and each one's applier ``txn`` reply.
+
+    :raises TransactionError: ``to`` is unknown, or nothing is committed (after it)."""
+    label = f"{host.label}:{venv}"
+    every = history(host, venv)["transactions"]
+    known = [t["id"] for t in every]
+    if to is not None and to not in known:
+        raise TransactionError(f"{label}: no transaction {to!r}", hint=f"list them: {listing}")
+    ids = [t["id"] for t in every if t["state"] == "committed"]
+    order = {t["id"]: n for n, t in enumerate(every)}  # the applier's order: oldest first (not the ids' text)
+    chosen = ids[-1:] if to is None else [i for i in ids if order[i] > order[to]]
+    if not chosen:
+        raise TransactionError(f"{label}: no committed transaction to roll back"
+                               + (f" after {to}" if to else ""))
+    return chosen, {txid: call(host, venv, "txn", {"id": txid}) for txid in chosen}
+
+
+def preview_undo(host: Host, venv: str, *, to: str | None, force: bool = False,
+                 listing: str = "transplant history MANIFEST") -> list[tuple[str, int]]:
+    """What :func:`undo` would roll back, read only, before anyone is asked: ``[(transaction id,
+    paths it wrote or removed)]``, newest first. Unless ``force``, the files of each must still
+    be as it left them (the check :func:`undo` makes first).
+
+    :raises TransactionError: as :func:`undo` would before changing anything (an unknown ``to``,
+        nothing to roll back, files changed since; nothing is changed)."""
+    chosen, infos = _chosen(host, venv, to, listing)
+    label = f"{host.label}:{venv}"
+    if not force and len(chosen) > 1:
+        _refuse_drift_up_front(host, venv, chosen, infos, label)
+    elif not force:
+        [txid] = chosen
+        drifted = check_state(host, venv, infos[txid]["after"], recorded=(txid, "after"))
+        if drifted:
+            raise TransactionError(
+                f"{label}: transaction {txid}'s files changed since it was applied; rolling it back would lose "
+                f"that; nothing was rolled back", hint="look at the files listed; add --force to roll back anyway",
+                mismatches=drifted)
+    return [(txid, len(infos[txid]["after"])) for txid in reversed(chosen)]
+
+
 def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, lock: str, force: bool = False,
          listing: str = "transplant history MANIFEST") -> list[str]:
     """Roll back committed transactions, newest first: the newest one (``to`` None), or every
@@ -482,18 +524,7 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
         or a rolled-back state differs from its record.
     """
     label = f"{host.label}:{venv}"
-    every = history(host, venv)["transactions"]
-    txns = [t for t in every if t["state"] == "committed"]
-    known = [t["id"] for t in every]
-    if to is not None and to not in known:
-        raise TransactionError(f"{label}: no transaction {to!r}", hint=f"list them: {listing}")
-    ids = [t["id"] for t in txns]
-    order = {t["id"]: n for n, t in enumerate(every)}  # the applier's order: oldest first (not the ids' text)
-    chosen = ids[-1:] if to is None else [i for i in ids if order[i] > order[to]]
-    if not chosen:
-        raise TransactionError(f"{label}: no committed transaction to roll back"
-                               + (f" after {to}" if to else ""))
-    infos = {txid: call(host, venv, "txn", {"id": txid}) for txid in chosen}
+    chosen, infos = _chosen(host, venv, to, listing)
     ahead = not force and len(chosen) > 1  # all or none: every check before the first rollback
     if ahead:
         _refuse_drift_up_front(host, venv, chosen, infos, label)

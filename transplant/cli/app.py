@@ -156,16 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_options(a)
     a.set_defaults(func=apply_command)
     r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
-    r.add_argument("manifest", help="the manifest whose target to roll back")
+    r.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
+                   help="the manifest whose target to roll back, or the venv itself (local:/srv/venv, "
+                        "root@gpu-07:/root/venv): its transactions are recorded in it")
     r.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
     r.add_argument("--force", action="store_true", help="roll back even if files changed since the transaction")
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     r.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
+    ssh_options(r, what=", for HOST:VENV")
     r.set_defaults(func=rollback_command)
     h = sub.add_parser("history", help="list the transactions recorded in the target venv")
-    h.add_argument("manifest", help="the manifest whose target to read")
+    h.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
+                   help="the manifest whose target to read, or the venv itself (local:/srv/venv)")
     h.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.history/1)")
+    ssh_options(h, what=", for HOST:VENV")
     h.set_defaults(func=history_command)
     v = sub.add_parser("verify", help="prove the target venv works: the verify ladder, interpreter to a served request")
     v.add_argument("manifest", metavar="MANIFEST|HOST:VENV",

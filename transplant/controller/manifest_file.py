@@ -138,7 +138,7 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
         if _looks_like_location(name):
             raise ManifestError(name, ["(file): not found, and this command takes a manifest, not HOST:VENV; fix: "
                                        "give the path of the manifest that names this target (HOST:VENV is taken "
-                                       "by plan/apply/verify --target, status, inventory, init and clone)"]) from None
+                                       "by plan/apply/verify --target, status, history, rollback, inventory, init and clone)"]) from None
         raise ManifestError(name, ["(file): not found; fix: give the path of an existing manifest, "
                                    "e.g. manifests/seed-migration.yaml"]) from None
     except NotRegular as exc:

@@ -5,7 +5,8 @@ transaction's ``after.json`` (the state it left, path -> hash, None for a remova
 history events (``started`` with its source and recipe, ``applied``, ``verified``). The
 state the venv should be in is every committed transaction's ``after`` in order, a later
 one winning for a path; each path is hashed on the target now and compared, and every
-one that no longer matches is drift. A committed transaction whose history has no outcome (its
+one that no longer matches is drift. So is a file of an applied distribution that apply did
+not write (the same in both versions) and that no longer matches its RECORD row. A committed transaction whose history has no outcome (its
 host script completed the commit after the controller died) gets it recorded first, under the
 target's lock (see :func:`transplant.apply.txn.record_completed`); while another apply holds the lock it
 is listed as ``unrecorded`` instead. Bytecode (``__pycache__/*.pyc``) is left out: the
@@ -20,6 +21,7 @@ from typing import Any
 
 from transplant.apply import txn
 from transplant.hosts.host import Host
+from transplant.hosts.probing import take_inventory
 from transplant.core.planner import pyc_source
 from transplant.recover.provenance import committed
 from transplant.reporting import QUIET, Reporter
@@ -59,12 +61,18 @@ class Status:
     completed: tuple[txn.Completed, ...] = ()
     #: every applied path, bytecode included (the unit history's and the table's ``paths`` count)
     applied_paths: int = 0
+    #: the applied distributions' other files, checked against their RECORD rows
+    record_checked: int = 0
+    #: ids of transactions applied and then rolled back, oldest first
+    rolled_back: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (schema ``transplant.status/1``)."""
         return {"schema": "transplant.status/1", "where": self.where,
                 "transactions": [t.__dict__ for t in self.transactions], "interrupted": list(self.interrupted),
-                "drift": list(self.drift), "checked": self.checked, "unrecorded": list(self.unrecorded),
+                "drift": list(self.drift), "checked": self.checked, "record_checked": self.record_checked,
+                "rolled_back": list(self.rolled_back),
+                "unrecorded": list(self.unrecorded),
                 "completed": [{"id": c.id, "outcome": c.outcome, "committed_at": c.committed_at}
                               for c in self.completed]}
 
@@ -129,8 +137,34 @@ def read_status(host: Host, venv: str, *, reporter: Reporter = QUIET, record: bo
             files=len(info["after"])))
     interrupted = tuple(t["id"] for t in record["transactions"] if t.get("state") not in
                         ("committed", "rolled-back", "aborted"))
+    rolled_back = tuple(t["id"] for t in record["transactions"] if t.get("state") == "rolled-back")
     checked = {p: h for p, h in expected.items() if pyc_source(p) is None}
     drift = txn.check_state(host, venv, checked) if checked else []
+    rows = _record_rows(host, venv, expected) if expected else {}
+    drift += [f"{line} (not written by apply: its RECORD row)" for line in txn.check_state(host, venv, rows)] \
+        if rows else []
     return Status(where=f"{host.label}:{venv}", transactions=tuple(done), interrupted=interrupted,
                   drift=tuple(drift), checked=len(checked), unrecorded=tuple(txn.unrecorded(record)),
-                  completed=tuple(completed), applied_paths=len(expected))
+                  completed=tuple(completed), applied_paths=len(expected), record_checked=len(rows),
+                  rolled_back=rolled_back)
+
+
+def _record_rows(host: Host, venv: str, expected: dict[str, str | None]) -> dict[str, str]:
+    """The files apply did not write (identical in both versions, so not copied) of the
+    distributions the transactions applied (those whose ``RECORD`` a transaction wrote), each with
+    its RECORD row's hash: a hand edit of such a file is drift as much as one of a copied file.
+    Bytecode, symlinks, unhashed rows and rows outside the venv are left out."""
+    records = {p.rsplit("/", 1)[0] for p, h in expected.items() if h is not None and p.endswith(".dist-info/RECORD")}
+    if not records:
+        return {}
+    inventory = take_inventory(host, venv, record=True)
+    rows: dict[str, str] = {}
+    for dist in inventory.distributions:
+        if dist.dist_info not in records:
+            continue
+        for path, entry in dist.files.items():
+            if path in expected or pyc_source(path) is not None or entry.record_hash is None \
+                    or entry.symlink is not None or entry.error:
+                continue
+            rows[path] = entry.record_hash
+    return rows

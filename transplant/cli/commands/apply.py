@@ -351,28 +351,48 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
 
 
 def rollback_command(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
+    """``transplant rollback MANIFEST|HOST:VENV``: say which transactions would be undone and
+    their path counts, refuse (nothing changed) where their files changed since (unless
+    ``--force``), ask (unless ``--yes``), then roll back."""
     with ExitStack() as stack:
-        session = Session(manifest, console, stack)
-        target, venv = session.host("target"), manifest.target.venv
+        target, venv, label = _located(args, console, stack)
+        quoted = shlex.quote(args.manifest)
+        undone = txn.preview_undo(target, venv, to=args.to, force=args.force,
+                                  listing=f"transplant history {quoted}")
+        what = "; ".join(f"transaction {txid} ({count(paths, 'path')})" for txid, paths in undone)
         if not args.yes and not sys.stdin.isatty():
-            raise TransplantError("rollback needs confirmation and standard input is not a terminal",
-                                  hint=f"add --yes: transplant rollback {shlex.quote(args.manifest)} --yes")
-        if not args.yes and console.input(f"roll back {manifest.target}? \\[y/N] ").strip().lower() not in ("y", "yes"):
+            raise TransplantError(f"rollback of {what} on {label} needs confirmation and standard input is not a "
+                                  f"terminal", hint=f"add --yes: transplant rollback {quoted} --yes")
+        if not args.yes and console.input(f"roll back {what} on {label}? \\[y/N] ").strip().lower() not in ("y", "yes"):
             console.print("nothing was changed")
             return EXIT_FAIL
-        _roll_back(console, target, venv, manifest, to=args.to, force=args.force, break_lock=args.break_lock)
+        _roll_back(console, target, venv, label, quoted, to=args.to, force=args.force, break_lock=args.break_lock)
     return EXIT_OK
 
 
-def _roll_back(console: Console, target: Host, venv: str, manifest: Manifest, *, to: str | None, force: bool,
+def _located(args: argparse.Namespace, console: Console, stack: ExitStack) -> tuple[Host, str, str]:
+    """The target a ``rollback`` or ``history`` argument names, connected: ``HOST:VENV`` (with
+    ``--identity-file`` and ``--known-hosts``) or a manifest's (with its ssh settings);
+    ``(host, venv, label)``."""
+    from transplant.cli.locations import is_location, resolve_location
+    from transplant.hosts.host import connect
+
+    if is_location(args.manifest):
+        spec, venv, options, label = resolve_location(args.manifest, getattr(args, "identity_file", None),
+                                                      getattr(args, "known_hosts", None))
+        return stack.enter_context(connect(spec, options)), venv, label
+    manifest = load_manifest(args.manifest)
+    return Session(manifest, console, stack).host("target"), manifest.target.venv, str(manifest.target)
+
+
+def _roll_back(console: Console, target: Host, venv: str, label: str, quoted: str, *, to: str | None, force: bool,
                break_lock: bool) -> list[str]:
-    """:func:`transplant.pipeline.roll_back` with each step and note shown, then the result said."""
+    """:func:`transplant.pipeline.roll_back` with each step and note shown, then the result said;
+    ``quoted``: the manifest or ``HOST:VENV`` as the commands in hints name it."""
     from transplant.cli.progress import step
     from transplant.pipeline import roll_back
 
-    quoted = shlex.quote(manifest.path)
-    with step(console, f"rolling back {manifest.target}") as update:
+    with step(console, f"rolling back {label}") as update:
         def say(line: str) -> None:
             console.print(line, markup=False)
             update(line)
@@ -405,19 +425,21 @@ def _after_failed_verify(args: argparse.Namespace, console: Console, manifest: M
         return EXIT_BLOCKED
     with ExitStack() as stack:
         session = Session(manifest, console, stack)
-        _roll_back(console, session.host("target"), manifest.target.venv, manifest, to=None, force=False,
+        _roll_back(console, session.host("target"), manifest.target.venv, str(manifest.target),
+                   shlex.quote(manifest.path), to=None, force=False,
                    break_lock=False)
     return EXIT_BLOCKED
 
 
 def history_command(args: argparse.Namespace, console: Console) -> int:
-    manifest = load_manifest(args.manifest)
+    """``transplant history MANIFEST|HOST:VENV``: the transactions recorded in the target venv."""
     with ExitStack() as stack:
-        record = txn.history(Session(manifest, console, stack).host("target"), manifest.target.venv)
+        target, venv, label = _located(args, console, stack)
+        record = txn.history(target, venv)
     if args.json:
         print(json.dumps({"schema": "transplant.history/1", **record}, indent=2, sort_keys=True))
     else:
-        console.print(history_table(record["transactions"], record["events"], str(manifest.target)))
+        console.print(history_table(record["transactions"], record["events"], label))
     return EXIT_OK
 
 

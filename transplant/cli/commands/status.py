@@ -35,7 +35,12 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
         return EXIT_BLOCKED if status.drift else EXIT_OK
-    if not status.transactions:
+    if not status.transactions and status.rolled_back:
+        console.print(f"{status.where}: nothing transplant applied is in place: "
+                      f"{agree(len(status.rolled_back), 'transaction', 'transactions')} "
+                      f"{', '.join(status.rolled_back)} {agree(len(status.rolled_back), 'was', 'were')} applied and "
+                      f"rolled back (transplant history {status.where} lists them)", markup=False)
+    elif not status.transactions:
         console.print(f"{status.where}: transplant has applied nothing here (no committed transaction)", markup=False)
     else:
         console.print(status_table(status))
@@ -51,11 +56,14 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
     skipped = status.applied_paths - status.checked
     aside = (f" ({count(skipped, 'bytecode file')} of the {count(status.applied_paths, 'applied path')} "
              f"{agree(skipped, 'is', 'are')} not compared: Python rewrites {agree(skipped, 'it', 'them')} at import)") if skipped > 0 else ""
+    rows = (f" and {count(status.record_checked, 'other file')} of the applied distributions "
+            f"(by their RECORD rows)") if status.record_checked else ""
     if status.drift:
-        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths no longer match"
-                      f"{aside}:")
+        console.print(f"[bold red]drift[/]: {len(status.drift)} of {status.checked} applied paths{rows} no longer "
+                      f"match{aside}:")
         for line in status.drift[:50]:
             console.print(f"  {line}", markup=False, highlight=False)
     elif status.transactions:
-        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths match what was applied{aside}")
+        console.print(f"[bold green]no drift[/]: all {status.checked} applied paths{rows} match what was "
+                      f"applied{aside}")
     return EXIT_BLOCKED if status.drift else EXIT_OK
