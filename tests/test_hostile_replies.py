@@ -1,0 +1,261 @@
+"""A target whose applier session answers badly: the target venv's ``bin/python`` is a real script
+that runs the real interpreter for every host script but the applier's session, which it answers
+with truncated JSON, lines that are not JSON, a document 200,000 levels deep, a line far past the
+reply limit, a stalled reply, a process that reads nothing, or ``{"ok": true}`` to everything. Each
+gives one clear error naming the host and venv, in bounded time, with every process it started
+ended (by the pids it recorded) and nothing on the target changed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from transplant.apply import txn
+from transplant.errors import HostError
+from transplant.hosts.host import LocalHost
+from transplant.hosts.probing import ScriptSession
+from transplant.lab.wheels import build_wheel, make_venv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The applier session's stand-in: reads requests (one per line) and answers as MODE says.
+HOSTILE = r'''
+import json, os, sys, time
+mode = sys.argv[1]
+out = sys.stdout.buffer
+served = 0
+if mode == "deaf":  # never reads a request: a controller writing a large one must not block for good
+    time.sleep(3600)
+for line in sys.stdin.buffer:
+    served += 1
+    if mode == "truncated":
+        out.write(b'{"ok": true, "error": nu\n')
+    elif mode == "garbage":
+        out.write(b"\x1b]0;owned\x07\x1b[2Jthis is not json\n")
+    elif mode == "deep":
+        out.write(b"[" * 200000 + b"]" * 200000 + b"\n")
+    elif mode == "long":
+        chunk = b"x" * (1 << 20)
+        for _ in range(64):
+            out.write(chunk)
+    elif mode == "stall":
+        out.write(b'{"ok": true, "served": ')
+        out.flush()
+        time.sleep(3600)
+    elif mode == "ok":
+        out.write(b'{"ok": true}\n')
+    elif mode == "ok-counted":
+        out.write(json.dumps({"ok": True, "served": served}).encode() + b"\n")
+    elif mode == "out-of-step":
+        out.write(json.dumps({"ok": True, "served": served + 1}).encode() + b"\n")
+    out.flush()
+if sys.argv[2:] != ["exit"]:
+    time.sleep(3600)  # its input ended: a well-behaved applier exits; this one is ended by the controller
+'''
+
+
+def _hostile(venv: Path, mode: str, *, every: bool = False) -> Path:
+    """Make ``venv``'s ``bin/python`` a script that runs :data:`HOSTILE` in ``mode`` for the
+    applier's session (``every``: for every applier run, one-shot ones too) and the real
+    interpreter (``bin/python-real``, so the venv is still its prefix) for everything else; each
+    hostile process appends its pid to ``<venv>/../<name>.pids``. Returns that file."""
+    pids = venv.parent / f"{venv.name}.pids"
+    script = venv.parent / f"{venv.name}-hostile.py"
+    script.write_text(HOSTILE)
+    python = venv / "bin" / "python"
+    real = venv / "bin" / "python-real"
+    os.rename(python, real)
+    test = ('case "$a" in *"def session(prefix)"*) hostile=1;; esac' if every else '[ "$a" = --session ] && hostile=1')
+    python.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        hostile=
+        for a in "$@"; do {test}; done
+        if [ -n "$hostile" ]; then
+          echo $$ >> '{pids}'
+          exec '{real}' -I -S '{script}' '{mode}' {'exit' if every else ''}
+        fi
+        exec "$(dirname "$0")/python-real" "$@"
+        """))
+    python.chmod(0o755)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended: only its exit status is left)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _recorded(pids: Path) -> list[int]:
+    return [int(p) for p in pids.read_text().split()] if pids.exists() else []
+
+
+def _ended(pids: list[int], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def tree(root: Path) -> dict[str, tuple[int, bytes | str]]:
+    """Every entry under ``root`` (its state folder included), with its mode and content or link."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if "__pycache__" in p.parts:
+            continue
+        info = p.lstat()
+        body = os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else ""
+        out[str(p.relative_to(root))] = (info.st_mode, body)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A donor with alpha 2.0 and a maker of fresh targets with alpha 1.0, each with its manifest."""
+    base = tmp_path_factory.mktemp("hostile")
+    new = build_wheel(base / "wheels", "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", "alpha/more.py": "M = 1\n"})
+    old = build_wheel(base / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
+    donor = make_venv(base / "donor", [new])
+    pristine = make_venv(base / "pristine", [old])
+
+    def target(name: str) -> tuple[Path, Path]:
+        venv = base / name
+        subprocess.run(["cp", "-a", str(pristine), str(venv)], check=True)
+        manifest = base / f"{name}.yaml"
+        manifest.write_text(textwrap.dedent(f"""\
+            version: 1
+            donor: {{host: local, venv: {donor}}}
+            target: {{host: local, venv: {venv}}}
+            overlay: [alpha]
+            """))
+        return venv, manifest
+
+    return base, target
+
+
+def _apply(base: Path, manifest: Path) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(base / "state"), "COLUMNS": "200"}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "transplant", "apply", str(manifest), "--yes"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return done, time.monotonic() - started
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("truncated", "not JSON"),
+    ("garbage", "not JSON"),
+    ("deep", "nested too deeply"),
+    ("ok", "out of step"),
+    ("ok-counted", "reply to looking for an interrupted transaction is not one the applier gives"),
+    ("out-of-step", "out of step"),
+])
+def test_an_apply_whose_applier_session_answers_badly_fails_clearly_and_changes_nothing(pair, mode, says):
+    base, target = pair
+    venv, manifest = target(f"bad-{mode}")
+    pids = _hostile(venv, mode)
+    before = tree(venv)
+    done, took = _apply(base, manifest)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "Traceback" not in output and "KeyError" not in output, output
+    assert f"error: local:{venv}: " in output and says in output, output
+    assert "\x1b" not in output and "\x07" not in output  # the garbage's escapes are shown, never sent
+    assert took < 60, took
+    started = _recorded(pids)
+    assert started and _ended(started), (started, [p for p in started if _alive(p)])
+    assert len(started) == 1  # broken: never started again for the apply's own clean-up
+    assert tree(venv) == before
+
+
+def _session(base, target, name: str, mode: str, **limits) -> tuple[ScriptSession, Path, Path]:
+    venv, _ = target(name)
+    pids = _hostile(venv, mode)
+    return ScriptSession(LocalHost(), str(venv), "applier", **limits), venv, pids
+
+
+@pytest.mark.parametrize("mode, limits, says", [
+    ("long", {"limit": 4 << 20}, "reply passed 4.0 MiB without ending"),
+    ("stall", {"stall": 1.0}, "reply (begun, 23 bytes so far) moved less than 65536 bytes in 1 s"),
+])
+def test_a_reply_past_its_size_or_stalled_once_begun_is_stopped(pair, mode, limits, says):
+    """The limits themselves: a 64 MiB line against a 4 MiB limit, a reply that stops after its
+    first bytes against a 1 s progress deadline (the defaults are 256 MiB and 60 s)."""
+    base, target = pair
+    opened, venv, pids = _session(base, target, f"limit-{mode}", mode, **limits)
+    before = tree(venv)
+    started = time.monotonic()
+    with pytest.raises(HostError, match="local:.*" + says.replace("(", r"\(").replace(")", r"\)")):
+        opened.request("pending", {}, timeout=600)
+    assert time.monotonic() - started < 20
+    assert _ended(opened.pids) and _ended(_recorded(pids))
+    with pytest.raises(HostError, match=says.split()[0]):  # broken: the same error, nothing started
+        opened.request("pending", {})
+    assert opened.started == 1
+    opened.close()
+    assert tree(venv) == before
+
+
+def test_a_process_that_reads_no_request_does_not_hold_the_controller(pair):
+    """A request of megabytes to a process that never reads: the write stops at the progress
+    deadline instead of blocking in ``write`` for good."""
+    base, target = pair
+    opened, venv, pids = _session(base, target, "deaf", "deaf", stall=1.0)
+    started = time.monotonic()
+    with pytest.raises(HostError, match=r"request \(it reads nothing\) moved less than"):
+        opened.request("check", {"id": "x", "expect": {f"f{i:07}": "sha256=" + "0" * 64 for i in range(100000)}},
+                       timeout=600)
+    assert time.monotonic() - started < 20
+    assert _ended(opened.pids) and _ended(_recorded(pids))
+    opened.close()
+
+
+def test_the_default_limits_are_generous_for_real_replies_and_finite():
+    opened = ScriptSession(LocalHost(), "/nonexistent", "applier")
+    assert 64 << 20 <= opened.limit <= 1 << 30 and 10 <= opened.stall <= 300 and opened.pace > 0
+
+
+def test_ok_true_to_every_one_shot_operation_is_a_clear_error(pair):
+    """Without a session (one process per operation) the reply's shape is checked the same."""
+    base, target = pair
+    venv, _ = target("ok-oneshot")
+    pids = _hostile(venv, "ok", every=True)
+    for op, request in (("history", {}), ("pending", {}), ("txn", {"id": "x"}), ("begin", {"id": "x", "steps": []})):
+        with pytest.raises(HostError, match=f"local:{venv}: the applier's reply to .* is not one the applier gives "
+                                            r"\(.* is missing, not "):
+            txn.call(LocalHost(), str(venv), op, request)
+    assert _ended(_recorded(pids), within=15)
+
+
+@pytest.mark.parametrize("op, reply, problem", [
+    ("pending", {"ok": True, "interrupted": [1], "lock": None, "active": None, "exists": True},
+     "interrupted is [1], not a list of transactions"),
+    ("begin", {"ok": True, "staged": "/x", "free": True, "needed": 1}, "free is true, not a byte count"),
+    ("lock", {"ok": False, "error": None}, "a failed reply whose error is null"),
+    ("lock", {"ok": 1}, "ok is 1, not true or false"),
+    ("history", {"ok": True, "events": [], "transactions": [{"id": "a", "state": 3}]}, "transactions is"),
+])
+def test_reply_shapes_name_the_key_at_fault(op, reply, problem):
+    assert problem in (txn.reply_problem(op, reply) or "")
+
+
+def test_the_real_applier_replies_pass_their_shape_checks(pair):
+    """Every operation an apply and its history use, answered by the real applier: no false alarm."""
+    base, target = pair
+    venv, manifest = target("real")
+    done, _ = _apply(base, manifest)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with txn.session(LocalHost(), str(venv)) as opened:
+        record = txn.history(LocalHost(), str(venv))
+        info = txn.call(LocalHost(), str(venv), "txn", {"id": record["transactions"][0]["id"]})
+        assert txn.reply_problem("txn", info) is None and opened.started == 1
