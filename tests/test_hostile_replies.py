@@ -52,6 +52,9 @@ for line in sys.stdin.buffer:
         out.write(b'{"ok": true}\n')
     elif mode == "ok-counted":
         out.write(json.dumps({"ok": True, "served": served}).encode() + b"\n")
+    elif mode == "evil-error":  # a failure whose text would repaint and retitle a terminal
+        out.write(json.dumps({"ok": False, "served": served,
+                              "error": "\x1b]0;owned\x07\x1b[2J\x1b[31mred\u202eevil\x9b31m"}).encode() + b"\n")
     elif mode == "out-of-step":
         out.write(json.dumps({"ok": True, "served": served + 1}).encode() + b"\n")
     out.flush()
@@ -60,11 +63,12 @@ if sys.argv[2:] != ["exit"]:
 '''
 
 
-def _hostile(venv: Path, mode: str, *, every: bool = False) -> Path:
+def _hostile(venv: Path, mode: str, *, every: bool = False, linger: bool = True) -> Path:
     """Make ``venv``'s ``bin/python`` a script that runs :data:`HOSTILE` in ``mode`` for the
     applier's session (``every``: for every applier run, one-shot ones too) and the real
     interpreter (``bin/python-real``, so the venv is still its prefix) for everything else; each
-    hostile process appends its pid to ``<venv>/../<name>.pids``. Returns that file."""
+    hostile process appends its pid to ``<venv>/../<name>.pids``; ``linger`` False: it exits when
+    its input ends (else it stays until ended). Returns that file."""
     pids = venv.parent / f"{venv.name}.pids"
     script = venv.parent / f"{venv.name}-hostile.py"
     script.write_text(HOSTILE)
@@ -78,7 +82,7 @@ def _hostile(venv: Path, mode: str, *, every: bool = False) -> Path:
         for a in "$@"; do {test}; done
         if [ -n "$hostile" ]; then
           echo $$ >> '{pids}'
-          exec '{real}' -I -S '{script}' '{mode}' {'exit' if every else ''}
+          exec '{real}' -I -S '{script}' '{mode}' {'' if linger and not every else 'exit'}
         fi
         exec "$(dirname "$0")/python-real" "$@"
         """))
@@ -259,3 +263,104 @@ def test_the_real_applier_replies_pass_their_shape_checks(pair):
         record = txn.history(LocalHost(), str(venv))
         info = txn.call(LocalHost(), str(venv), "txn", {"id": record["transactions"][0]["id"]})
         assert txn.reply_problem("txn", info) is None and opened.started == 1
+
+
+# -- text from a host reaches the terminal with its control characters shown ---------------------
+
+EVIL = "\x1b]0;owned\x07\x1b[2J\x1b[31mred\u202eevil\x9b31m"
+RAW = ("\x1b]0;owned", "\x1b[2J", "\x1b[31mred", "\u202e", "\x9b31m")
+
+
+def _in_a_terminal(argv: list[str], env: dict[str, str]) -> str:
+    """Run ``argv`` with a pseudo-terminal as its standard input, output and error; all it wrote."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=env, start_new_session=True)
+    os.close(slave)
+    got = bytearray()
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: every writer of the terminal is gone
+            break
+        if not chunk:
+            break
+        got.extend(chunk)
+    os.close(master)
+    proc.wait(timeout=120)
+    return got.decode("utf-8", "replace")
+
+
+def test_a_hosts_error_text_is_shown_not_obeyed_on_a_terminal(pair):
+    """The applier's error with CSI and OSC sequences, a C1 CSI and a bidirectional override, through
+    ``transplant apply`` on a real pseudo-terminal: every one is shown as its escape."""
+    base, target = pair
+    venv, manifest = target("evil")
+    pids = _hostile(venv, "evil-error", linger=False)
+    before = tree(venv)
+    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(base / "state"), "COLUMNS": "200", "TERM": "xterm"}
+    out = _in_a_terminal([sys.executable, "-m", "transplant", "apply", str(manifest), "--yes"], env)
+    assert "transaction failed: \\x1b]0;owned\\x1b[2J\\x1b[31mred\\u202eevil\\x9b31m" in out, out
+    assert not any(raw in out for raw in RAW), repr(out)
+    assert _ended(_recorded(pids)) and tree(venv) == before
+
+
+def _renders(console) -> None:
+    """Plain lines, an error, a rich table, a plan-like line and the progress lines, each with host text."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from transplant.cli.progress import ByteProgress, step
+    from transplant.cli.render import history_table
+
+    console.print(f"donor source: host{EVIL}:/venv", markup=False)
+    table = Table(title=f"plan: {EVIL}")
+    table.add_column("distribution")
+    table.add_row(Text(f"dist{EVIL}"))
+    console.print(table)
+    console.print(history_table([{"id": f"t{EVIL}", "state": "committed", "source": f"h:{EVIL}"}],
+                                [{"id": f"t{EVIL}", "event": f"applied{EVIL}", "time": 0}], f"h:{EVIL}"))
+    with step(console, f"probing {EVIL}") as update:
+        update(f"reading {EVIL}")
+    progress = ByteProgress(console, 100, {})
+    with progress:
+        progress.step(f"copying {EVIL}")
+        progress.note(f"note {EVIL}")
+        progress.progress(50, 100)
+
+
+def test_every_renderer_shows_control_characters_off_and_on_a_terminal():
+    import io
+    import pty
+    import threading
+
+    from transplant.cli.app import _console
+
+    plain = io.StringIO()
+    _renders(_console(plain, 120))
+    master, slave = pty.openpty()
+    got = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with os.fdopen(slave, "w") as stream:
+        console = _console(stream, 120)
+        assert console.is_terminal
+        _renders(console)
+        stream.flush()
+    reader.join(timeout=5)
+    os.close(master)
+    for out in (plain.getvalue(), got.decode("utf-8", "replace")):
+        assert not any(raw in out for raw in RAW), repr(out)
+        assert out.count("\\x1b]0;owned") >= 8, out  # each renderer showed it

@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -383,15 +384,47 @@ def _print_error(console: Console, exc: TransplantError) -> None:
         console.print(Text(line), highlight=False, soft_wrap=True)
 
 
+#: Per thread, whether a :func:`_console`'s render is under way (its nested renders do not clean).
+_RENDERING = threading.local()
+
+
 def _console(stream: Any, width: int | None) -> Console:
     """rich's Console on ``stream`` (``width`` columns; None: the terminal's), but a closed pipe
-    is raised to :func:`main` (rich would exit with 1)."""
+    is raised to :func:`main` (rich would exit with 1), and every piece of text it writes has its
+    control characters made visible (:func:`transplant.core.units.visible_lines`).
+
+    The text is cleaned where it leaves rich, not where it is made: the plain lines, tables,
+    error messages, spinner and progress texts of every command all pass through
+    :meth:`Console.render`, and host names, paths, errors from hosts and registries, and names
+    from files reach them from many places; rich's own control codes (cursor moves, styles) are
+    segments of their own and are kept. (rich drops a few control characters itself, but not the
+    escape that starts a CSI or OSC sequence.)"""
     from rich.console import Console
+    from rich.segment import Segment
+
+    from transplant.core.units import visible_lines
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:
             self.quiet = True
             raise BrokenPipeError
+
+        def render(self, renderable: Any, options: Any = None) -> Any:
+            # only the outermost render cleans: a table lays its cells out first and would crop
+            # a cell's text made longer inside it (what was laid out too narrow overflows instead)
+            if getattr(_RENDERING, "depth", 0):
+                yield from super().render(renderable, options)
+                return
+            _RENDERING.depth = 1
+            try:
+                for segment in super().render(renderable, options):
+                    text = segment.text
+                    if segment.control or text.isprintable() or text == "\n":
+                        yield segment
+                    else:
+                        yield Segment(visible_lines(text), segment.style)
+            finally:
+                _RENDERING.depth = 0
 
     return _Console(file=stream, width=width)
 
