@@ -364,3 +364,70 @@ def test_every_renderer_shows_control_characters_off_and_on_a_terminal():
     for out in (plain.getvalue(), got.decode("utf-8", "replace")):
         assert not any(raw in out for raw in RAW), repr(out)
         assert out.count("\\x1b]0;owned") >= 8, out  # each renderer showed it
+
+
+# -- over SSH: a loopback lab host ------------------------------------------------------------------
+
+SSH_DONOR, SSH_TARGET = "/srv/hostile-donor", "/srv/hostile-target"
+
+
+def _lab_install(host, venv: str, wheels: list[Path]) -> None:
+    python = getattr(sys, "_base_executable", sys.executable)
+    host.run(["rm", "-rf", venv])
+    host.run([python, "-m", "venv", "--without-pip", venv])
+    host.run([python, "-m", "pip", "--python", f"{venv}/bin/python", "install", "-q", "--no-index", "--no-deps",
+              "--disable-pip-version-check", *map(str, wheels)])
+
+
+@pytest.fixture(scope="module")
+def lab_pair(lab, tmp_path_factory):
+    wheels = tmp_path_factory.mktemp("hostile-ssh")
+    new = build_wheel(wheels, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n"})
+    old = build_wheel(wheels / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
+    _lab_install(lab.hosts["donor"], SSH_DONOR, [new])
+    return lab, old
+
+
+@pytest.mark.parametrize("mode, says", [("truncated", "not JSON"), ("deep", "nested too deeply"),
+                                        ("ok-counted", "is not one the applier gives")])
+def test_over_ssh_a_bad_session_is_named_and_its_remote_process_ended(lab_pair, tmp_path, mode, says):
+    """The target on a loopback SSH host: the error names the SSH host and venv, and the hostile
+    process on the host (which lingers after its input ends, so a closed channel alone would not
+    end it) is ended by the pid it ran as."""
+    lab, old = lab_pair
+    host = lab.hosts["target"]
+    venv = f"{SSH_TARGET}-{mode}"
+    _lab_install(host, venv, [old])
+    inside = host.path(venv)
+    # the stand-in, written where the host sees it; its paths are the host's own
+    script = host.path(f"{venv}-hostile.py")
+    script.write_text(HOSTILE)
+    os.rename(inside / "bin" / "python", inside / "bin" / "python-real")
+    (inside / "bin" / "python").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        for a in "$@"; do
+          if [ "$a" = --session ]; then
+            echo $$ >> '{venv}.pids'
+            exec '{venv}/bin/python-real' -I -S '{venv}-hostile.py' '{mode}'
+          fi
+        done
+        exec "$(dirname "$0")/python-real" "$@"
+        """))
+    (inside / "bin" / "python").chmod(0o755)
+    before = tree(inside)
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: "{lab.hosts['donor'].spec}", venv: {SSH_DONOR}}}
+        target: {{host: "{host.spec}", venv: {venv}}}
+        ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}}}
+        overlay: [alpha]
+        """))
+    done, took = _apply(tmp_path, manifest)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Traceback" not in output, output
+    assert f"error: {host.spec}:{venv}: " in output and says in " ".join(output.split()), output
+    assert took < 90, took
+    pids = _recorded(host.path(f"{venv}.pids"))
+    assert len(pids) == 1 and _ended(pids), pids  # lab hosts share this pid namespace
+    assert tree(inside) == before

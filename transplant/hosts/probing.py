@@ -232,6 +232,9 @@ _NOT_OURS = ("transplant's host scripts print one JSON object per reply; check t
              "to standard output")
 
 
+#: The first line a :class:`ScriptSession` on an SSH host prints on stderr: ``#transplant-pid PID``.
+_PID_LINE = b"#transplant-pid"
+
 #: The largest reply line a :class:`ScriptSession` reads (bytes): the real pair's transaction
 #: record is 37 MB; a line past this is not a reply of transplant's applier.
 REPLY_LIMIT = 256 << 20
@@ -255,9 +258,9 @@ class ScriptSession:
     A reply no applier gives (a line longer than ``limit``, one that stalls once begun, text
     that is not a JSON object, a document nested too deeply, a reply that does not count the
     requests served: see :meth:`request`) ends the process (its process group killed; over SSH
-    the local ``ssh``, so the remote command loses its channel) and breaks the session: every
-    later request raises the same error and starts nothing, so a host that answers badly is
-    never asked again in this command.
+    the local ``ssh``, and the remote process by the pid its shell said on stderr before it ran
+    the interpreter) and breaks the session: every later request raises the same error and
+    starts nothing, so a host that answers badly is never asked again in this command.
 
     :ivar started: how many processes this session has started (1 for a session that never
         lost its process).
@@ -280,6 +283,8 @@ class ScriptSession:
         self._buffer = b""
         self._served = 0
         self._broken: HostError | None = None
+        self._remote_pid: int | None = None
+        self._said_pid = threading.Event()
         self._stderr = bytearray()
         self._lock = threading.Lock()
 
@@ -287,8 +292,17 @@ class ScriptSession:
         code = remote.source(self.script).decode()
         flags = _isolation(self.script)
         self._buffer, self._stderr, self._served = b"", bytearray(), 0
+        argv = [self.python, *flags, "-c", code, "--session"]
+        remote_host = not isinstance(self.host, LocalHost)
+        if remote_host:
+            # the remote process's pid, said first on its stderr, so that a session broken for a bad
+            # reply can end it (killing the local ssh only closes its channel: a program that
+            # neither reads nor writes would live on); exec keeps that pid for the interpreter
+            argv = ["sh", "-c", f'echo "{_PID_LINE.decode()} $$" >&2; exec "$@"', "sh", *argv]
+        self._remote_pid: int | None = None
+        said = self._said_pid = threading.Event()
         try:
-            proc = self.host.spawn([self.python, *flags, "-c", code, "--session"])
+            proc = self.host.spawn(argv)
         except OSError as exc:  # a local interpreter that is missing: as a shell (and SSH) reports it
             raise _no_reply(self.host, self.venv, self.script, self.python,
                             127 if isinstance(exc, FileNotFoundError) else 126,
@@ -298,6 +312,13 @@ class ScriptSession:
         errors = self._stderr
 
         def drain() -> None:  # its stderr, kept to the last 8 KiB, so the pipe never fills
+            if remote_host:
+                first = proc.stderr.readline(128)
+                if first.startswith(_PID_LINE + b" ") and first[len(_PID_LINE) + 1:].strip().isdigit():
+                    self._remote_pid = int(first[len(_PID_LINE) + 1:])
+                else:
+                    errors.extend(first)
+            said.set()
             for chunk in iter(lambda: proc.stderr.read1(1 << 14), b""):
                 errors.extend(chunk)
                 del errors[:-8192]
@@ -383,6 +404,13 @@ class ScriptSession:
         except OSError:
             pass
         kill_group(proc)
+        self._said_pid.wait(timeout=5)
+        remote_pid = self._remote_pid
+        if remote_pid is not None:  # over SSH: the host's process too, by the pid it said
+            try:
+                self.host.run(["kill", "-KILL", str(remote_pid)], timeout=30)
+            except (HostError, OSError, ValueError):
+                pass  # the host is gone: so is the session's channel
         self._drain.join(timeout=5)
         self._proc, self._buffer = None, b""
 
