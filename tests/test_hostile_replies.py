@@ -160,7 +160,7 @@ def _apply(base: Path, manifest: Path) -> tuple[subprocess.CompletedProcess, flo
     ("truncated", "not JSON"),
     ("garbage", "not JSON"),
     ("deep", "nested too deeply"),
-    ("ok", "out of step"),
+    ("ok", "does not count the requests served, as every reply of transplant's applier does"),
     ("ok-counted", "reply to looking for an interrupted transaction is not one the applier gives"),
     ("out-of-step", "out of step"),
 ])

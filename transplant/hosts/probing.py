@@ -367,11 +367,16 @@ class ScriptSession:
                 document = _document(self.label, self.script, reply.decode("utf-8", "replace"))
                 del reply
                 served = document.get("served")
+                if "served" not in document:
+                    raise HostError(
+                        f"{self.label}: the {self.script} script's reply to request {self._served} of its process "
+                        f"does not count the requests served, as every reply of transplant's {self.script} does: "
+                        f"another program answers", hint=_NOT_OURS)
                 if served != self._served or isinstance(served, bool):
                     raise HostError(
                         f"{self.label}: the {self.script} script's reply to request {self._served} of its "
-                        f"process counts {visible(repr(served), 40)} requests served; its output is out of step "
-                        f"with its requests", hint=_NOT_OURS)
+                        f"process counts {visible(json.dumps(served), 40)} requests served; its output is out of "
+                        f"step with its requests", hint=_NOT_OURS)
             except _Malformed as exc:
                 self._break(proc, exc.error)
                 raise exc.error from None
