@@ -177,3 +177,83 @@ def test_smoke_without_torch_on_either_side_is_a_skip_by_that_fact(applied, tmp_
     code, strict = verify(manifest(applied, tmp_path, "trixie-twin", "verify: {smoke: {device: cuda}}\n"), capsys,
                           "--strict")
     assert code == 3 and stages(strict)["smoke"]["status"] == "fail"
+
+
+def snapshot_of_donor(applied, tmp_path, capsys, verify_block: str) -> dict:
+    """A snapshot of the trixie donor taken with ``verify_block``: the donor's verify results are
+    recorded in it while the donor is alive."""
+    store = tmp_path / "store"
+    capsys.readouterr()
+    assert main(["snapshot", manifest(applied, tmp_path, "trixie-twin", verify_block), "--out", str(store),
+                 "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def from_snapshot(applied, tmp_path, target: str, snap: dict, verify_block: str) -> str:
+    """A manifest whose donor is the snapshot (the donor host gone), to ``target``."""
+    path = tmp_path / f"snap-to-{target}.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{snapshot: {snap['path']}}}
+        target: {{host: "{applied.hosts[target].spec}", venv: {VENV}}}
+        ssh: {{identity_file: {applied.identity_file}, known_hosts: {applied.known_hosts}}}
+        overlay: [fido, plug, refuse, newglibc]
+        """) + verify_block)
+    return str(path)
+
+
+#: imports (plug fails everywhere, fido where libcbor is missing) and a parser refusing everywhere
+BOTH = ("verify: {imports: [fido, plug], server_args: {entry: 'refuse:parse', args: [--speculative-algorithm, DFLASH], "
+        "expect: {speculative_algorithm: DFLASH}}}\n")
+
+
+def test_a_donor_gone_is_stood_in_for_by_the_results_its_snapshot_recorded(applied, tmp_path, capsys):
+    snap = snapshot_of_donor(applied, tmp_path, capsys, BOTH)
+    index = json.loads(open(snap["path"], encoding="utf-8").read())
+    ran = {r["script"]: r for r in index["donor_verify"]["runs"]}
+    assert set(ran) == {"stage_imports", "stage_native", "stage_server_args"}, ran.keys()
+    assert {i["name"]: i["ok"] for i in ran["stage_imports"]["report"]["imports"]}["plug"] is False
+    # the twin: plug and the parser fail there as they did in the donor, by the record
+    code, doc = verify(from_snapshot(applied, tmp_path, "trixie-twin", snap, BOTH), capsys)
+    imports, args = stages(doc)["imports"], stages(doc)["server-args"]
+    assert code == 0 and imports["status"] == "pass", imports
+    assert [(u["item"], u["cause"]) for u in imports["unchecked"]] == [("plug", "donor-identical")]
+    assert args["status"] == "skip" and args["cause"] == "donor-identical", args
+    assert f"the donor's results recorded with snapshot {snap['id']} on " in args["reason"]
+    # bookworm: what fails only there still fails, naming the library its system lacks
+    code, doc = verify(from_snapshot(applied, tmp_path, "bookworm", snap, BOTH), capsys)
+    imports = stages(doc)["imports"]
+    assert code == 3 and imports["status"] == "fail" and "fido" in imports["reason"], imports
+    assert "libcbor.so.0.10: the donor's system has it, this host's has not" in imports["reason"]
+    assert [u["item"] for u in imports["unchecked"]] == ["plug"]
+    assert f"recorded with snapshot {snap['id']}" in imports["reason"]
+    # the plain output says what stands in for the donor, and when it was recorded
+    capsys.readouterr()
+    main(["verify", from_snapshot(applied, tmp_path, "trixie-twin", snap, BOTH)])
+    out = capsys.readouterr().out
+    assert f"the donor is snapshot {snap['id']}: its verify results recorded on " in out.replace("\n", " ")
+
+
+def test_a_snapshot_without_recorded_results_excuses_nothing(applied, tmp_path, capsys):
+    from transplant.donor.snapshot import _index_digest
+
+    snap = snapshot_of_donor(applied, tmp_path, capsys, BOTH)
+    index = json.loads(open(snap["path"], encoding="utf-8").read())
+    del index["donor_verify"]  # as a snapshot taken before the donor's results were recorded
+    index["digest"] = _index_digest(index)
+    with open(snap["path"], "w", encoding="utf-8") as out:
+        json.dump(index, out)
+    code, doc = verify(from_snapshot(applied, tmp_path, "trixie-twin", snap, BOTH), capsys)
+    imports, args = stages(doc)["imports"], stages(doc)["server-args"]
+    assert code == 3 and imports["status"] == "fail" and "plug" in imports["reason"] and not imports["unchecked"]
+    assert args["status"] == "fail", args
+    # a record edited after the snapshot was taken is refused with the whole snapshot
+    (tmp_path / "again").mkdir()
+    snap2 = snapshot_of_donor(applied, tmp_path / "again", capsys, BOTH)
+    text = open(snap2["path"], encoding="utf-8").read().replace('"ok": false', '"ok": true')
+    with open(snap2["path"], "w", encoding="utf-8") as out:
+        out.write(text)
+    capsys.readouterr()
+    assert main(["verify", from_snapshot(applied, tmp_path, "trixie-twin", snap2, BOTH)]) != 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "hash mismatch" in said and "it was not used" in said, said

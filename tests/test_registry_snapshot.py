@@ -24,7 +24,7 @@ from transplant.donor.oci import Reference, RegistryError, find_credentials, par
 from conftest import lab_skip_reason
 from test_snapshot_lab import ELF, SITE, VENV, _build_elf, files_of, install, write_manifest
 
-NAMES = ("donor", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9")
+NAMES = ("donor", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9", "t10")
 
 
 # -- pure parts: references, credentials, challenges ------------------------------------------------
@@ -409,3 +409,118 @@ def test_the_target_side_puller_refuses_a_digest_that_is_not_sha256_hex(tmp_path
     reply = json.loads(done.stdout)
     assert reply["ok"] is False and "refusing the blob digest" in reply["error"]
     assert not (tmp_path / "cache").exists() and not (tmp_path / "escaped").exists()
+
+
+# -- a hostile registry in front of the real one: apply refuses, the target is unchanged ----------
+
+def _proxy(registry, mode: str, victim: str, storage=None):
+    """A TLS server (the lab registry's certificate) that passes every request on to ``registry``,
+    except a GET of blob ``victim``: answered ``endless`` (no end, no length), ``trickle`` (a byte
+    every half second) or ``downgrade`` (a redirect to ``storage``, plain http)."""
+    import ssl
+    import time
+    import urllib.error
+    import urllib.request
+
+    from test_registry_hostile import Server
+
+    upstream = urllib.request.build_opener(
+        urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(registry.ca))))
+
+    def serve(h) -> None:
+        if h.command == "GET" and h.path.endswith(f"/blobs/{victim}"):
+            h.send_response(307 if mode == "downgrade" else 200)
+            if mode == "downgrade":
+                h.send_header("Location", f"{storage.url}{h.path}")
+                h.send_header("Content-Length", "0")
+            elif mode == "trickle":
+                h.send_header("Content-Length", "100000")
+            h.end_headers()
+            for n in range(1 << 30):
+                if mode == "downgrade" or (mode == "trickle" and n >= 60):
+                    return
+                server.write(h, b"x" * (1 if mode == "trickle" else 65536))
+                if mode == "trickle":
+                    time.sleep(0.5)
+        size = int(h.headers.get("Content-Length") or 0)
+        request = urllib.request.Request(f"https://localhost:{registry.port}{h.path}", method=h.command,
+                                         data=h.rfile.read(size) if size else None)
+        for key in ("Authorization", "Range", "Accept", "Content-Type"):
+            if h.headers.get(key):
+                request.add_header(key, h.headers[key])
+        try:
+            with upstream.open(request, timeout=30) as response:
+                status, headers, body = response.status, response.headers, response.read()
+        except urllib.error.HTTPError as exc:
+            status, headers, body = exc.code, exc.headers, exc.read()
+        h.send_response(status)
+        for key in ("WWW-Authenticate", "Content-Type", "Docker-Content-Digest", "Content-Range", "Location"):
+            if headers.get(key):
+                h.send_header(key, headers[key])
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(body)
+
+    server = Server(serve, cert=registry.ca)
+    return server
+
+
+def test_a_hostile_registry_is_refused_by_apply_on_the_target_and_the_relay(reglab, tmp_path, capsys, monkeypatch):
+    import time
+
+    from test_registry_hostile import Server
+
+    lab, registry = reglab
+    login(monkeypatch, registry)
+    pushed = push(capsys, write_manifest(tmp_path, lab), registry, "hostile", tmp_path / "store")
+    from transplant.donor.oci import Client
+
+    manifest, _ = Client(Reference.parse(pushed["pushed"]), ca=registry.ca,
+                         credentials=find_credentials(registry.host)).get_manifest()
+    alpha = [layer for layer in manifest["layers"] if layer["annotations"]["org.transplant.dist"] == "alpha"][0]
+    before = files_of(lab, "t10")
+    blobs = lab.hosts["t10"].path(f"{VENV}/.transplant/blobs")
+
+    def apply_through(proxy) -> str:
+        donor = pushed["pushed"].replace(registry.host, proxy.registry)
+        m = write_manifest(tmp_path, lab, donor=f"{{snapshot: {donor}, ca: {registry.ca}}}", target="t10",
+                           name="hostile.yaml")
+        assert main(["apply", m, "--yes"]) == 1
+        out = " ".join(capsys.readouterr().out.split())
+        assert "Traceback" not in out
+        assert files_of(lab, "t10") == before, "refused: nothing changed on the target"
+        return out
+
+    # an endless blob: cut at its size on the target (the partial deleted) ...
+    with _proxy(registry, "endless", alpha["digest"]) as proxy:
+        out = apply_through(proxy)
+        assert f"blob {alpha['digest']} kept coming past its descriptor's {alpha['size']} bytes: refused" in out
+        assert not list(blobs.glob("*")), "nothing of the endless blob was kept on the target"
+        # ... and on the controller's relay path, for a target that cannot reach the registry
+        host = lab.hosts["t10"]
+        (host.root / "hosts").write_text("127.0.0.254 localhost\n")
+        host.run(["mount", "--bind", "/srv/hosts", "/etc/hosts"])
+        try:
+            out = apply_through(proxy)
+        finally:
+            host.run(["umount", "/etc/hosts"], check=False)
+        assert "relaying the files through the controller instead" in out
+        assert f"kept coming, more than its descriptor's {alpha['size']} bytes: refused" in out
+        assert 0 < proxy.sent < 64 << 20, "the endless blob was sent, and read only in part"
+        assert not list((tmp_path / "state" / "oci-cache").rglob("blob.tar")), "nothing kept on the controller"
+
+    # a trickle: stopped by the progress deadline, not left at "copying ..." for ever
+    monkeypatch.setenv("TRANSPLANT_REGISTRY_PROGRESS", "64/1")
+    with _proxy(registry, "trickle", alpha["digest"]) as proxy:
+        started = time.monotonic()
+        out = apply_through(proxy)
+        assert "came slower than 64 bytes in 1 s: stopped" in out
+        assert time.monotonic() - started < 25
+    monkeypatch.delenv("TRANSPLANT_REGISTRY_PROGRESS")
+
+    # a redirect from https down to http: refused, the http address never asked
+    with Server(lambda h: None) as storage, _proxy(registry, "downgrade", alpha["digest"], storage) as proxy:
+        out = apply_through(proxy)
+        assert "which is not https: refused" in out
+        assert storage.seen == []

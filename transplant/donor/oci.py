@@ -8,7 +8,10 @@ The distribution API is plain HTTPS (the OCI distribution specification, v1.0/1.
 Authentication as registries do it (the Docker token specification): a 401 carries
 ``WWW-Authenticate: Basic realm=...`` (the credentials are then sent as basic auth) or
 ``Bearer realm=...,service=...,scope=...`` (a token is asked of the realm, with the
-credentials when there are any, and sent as ``Authorization: Bearer``). Credentials come
+credentials when there are any, and sent as ``Authorization: Bearer``). The realm must be https
+and, to get credentials, on the registry's host or one the operator names (:class:`Settings`).
+Every answer is bounded: a progress deadline, a size limit, a nesting limit for its JSON, and no
+redirect from https to http. Credentials come
 from ``TRANSPLANT_REGISTRY_USER``/``TRANSPLANT_REGISTRY_PASSWORD``, else from the Docker
 credential file (``$DOCKER_CONFIG/config.json`` or ``~/.docker/config.json``: ``auths.<registry>.auth``,
 base64 ``user:password``); credential helpers are reported as unsupported. TLS is verified
@@ -20,10 +23,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import http.client
+import ipaddress
 import json
 import os
 import re
+import socket
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -36,11 +44,21 @@ from transplant.errors import RegistryError
 from transplant.reporting import QUIET, Reporter
 
 __all__ = ["RegistryError", "Reference", "Credentials", "find_credentials", "Client", "parse_challenge",
-           "is_oci", "MANIFEST_TYPE", "USER_VAR", "PASSWORD_VAR"]
+           "is_oci", "MANIFEST_TYPE", "USER_VAR", "PASSWORD_VAR", "INSECURE_VAR", "TOKEN_HOSTS_VAR", "PROGRESS_VAR",
+           "Settings", "parse_json", "MANIFEST_LIMIT"]
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 USER_VAR = "TRANSPLANT_REGISTRY_USER"
 PASSWORD_VAR = "TRANSPLANT_REGISTRY_PASSWORD"
+INSECURE_VAR = "TRANSPLANT_REGISTRY_INSECURE"
+TOKEN_HOSTS_VAR = "TRANSPLANT_REGISTRY_TOKEN_HOSTS"
+PROGRESS_VAR = "TRANSPLANT_REGISTRY_PROGRESS"
+MANIFEST_LIMIT = 4 << 20  # the distribution spec's limit a registry must accept, and what transplant reads
+TAGS_LIMIT = 4 << 20
+TOKEN_LIMIT = 1 << 20
+ERROR_LIMIT = 64 << 10
+JSON_DEPTH = 64  # OCI manifests nest 4 deep, a snapshot's index about 6
+PROGRESS_DEFAULT = (1024, 30.0)  # at least 1 KiB every 30 s, whatever the per-read timeout
 _BLOCK = 1 << 20
 _NAME = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -186,18 +204,275 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), params
 
 
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _hostname(netloc: str) -> str:
+    """``host[:port]`` (``[v6]:port`` too) -> ``host``, lower-case."""
+    return (urllib.parse.urlsplit("//" + netloc).hostname or "").lower()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the operator allows a registry client (from the environment; see :meth:`from_env`).
+
+    :ivar insecure: ``host[:port]`` entries of loopback registries spoken to over plain http
+        (an entry without a port: every port of that host).
+    :ivar token_hosts: host names besides the registry's own that may receive the credentials
+        as its token service (``Bearer realm``).
+    :ivar progress: (bytes, seconds): an answer must bring at least that many bytes in every
+        such interval (its headers within the first), or it is cut off.
+    """
+
+    insecure: tuple[str, ...] = ()
+    token_hosts: tuple[str, ...] = ()
+    progress: tuple[int, float] = PROGRESS_DEFAULT
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read ``TRANSPLANT_REGISTRY_INSECURE`` (comma-separated ``host[:port]``, loopback only),
+        ``TRANSPLANT_REGISTRY_TOKEN_HOSTS`` (comma-separated host names) and
+        ``TRANSPLANT_REGISTRY_PROGRESS`` (``BYTES/SECONDS``, default ``1024/30``).
+
+        :raises RegistryError: an insecure entry that is not a loopback address, a bad progress value.
+        """
+        env = os.environ if env is None else env
+        insecure = tuple(e.strip().lower() for e in env.get(INSECURE_VAR, "").split(",") if e.strip())
+        for entry in insecure:
+            if not _is_loopback(_hostname(entry)):
+                raise RegistryError(f"{INSECURE_VAR}: {entry} is not a loopback address; only a registry on this "
+                                    f"host (localhost, 127.0.0.0/8, ::1) may be spoken to without TLS",
+                                    hint=f"give the registry a certificate (ca: names a private CA), or remove "
+                                         f"{entry} from {INSECURE_VAR}")
+        hosts = tuple(e.strip().lower() for e in env.get(TOKEN_HOSTS_VAR, "").split(",") if e.strip())
+        progress = PROGRESS_DEFAULT
+        text = env.get(PROGRESS_VAR, "").strip()
+        if text:
+            least, _, seconds = text.partition("/")
+            try:
+                progress = (int(least), float(seconds))
+                if progress[0] < 1 or not 0 < progress[1] < 86400:
+                    raise ValueError
+            except ValueError:
+                raise RegistryError(f"{PROGRESS_VAR}={text!r} is not BYTES/SECONDS (both positive)",
+                                    hint=f"e.g. {PROGRESS_VAR}=1024/30: at least 1 KiB every 30 s") from None
+        return cls(insecure=insecure, token_hosts=hosts, progress=progress)
+
+    def is_insecure(self, netloc: str) -> bool:
+        """Whether ``host[:port]`` is a loopback registry the operator allows plain http to."""
+        netloc = netloc.lower()
+        return _is_loopback(_hostname(netloc)) and (netloc in self.insecure or _hostname(netloc) in self.insecure)
+
+
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def parse_json(body: bytes, what: str, *, depth: int = JSON_DEPTH) -> Any:
+    """Decode a registry's JSON answer, refusing one nested deeper than ``depth`` before decoding it
+    (the decoder recurses once per level: 100,000 levels would end in a RecursionError).
+
+    :raises RegistryError: not JSON, or nested too deep (the message names ``what``).
+    """
+    level = deepest = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub(b'""', body)):
+        level += 1 if bracket in b"[{" else -1
+        if level > deepest:
+            deepest = level
+            if deepest > depth:
+                raise RegistryError(f"{what} is nested more than {depth} levels deep: refused (no registry "
+                                    f"document is)", hint="check what answers at that address")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise RegistryError(f"{what} is not JSON", hint="check what answers at that address") from None
+
+
+class _Progress:
+    """A progress deadline for one answer: at least ``least`` bytes every ``seconds`` (the headers
+    within the first interval), else its socket is shut down, which ends any read blocked on it.
+    A per-read timeout alone lets a byte every few seconds keep a download open forever.
+    """
+
+    def __init__(self, least: int, seconds: float) -> None:
+        self.least, self.seconds = least, seconds
+        self.expired = False
+        self.received = 0
+        self._window = 0
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._started = time.monotonic()
+        threading.Thread(target=self._watch, daemon=True, name="registry-progress").start()
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.expired:
+                self._cut()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self._window += count
+            self.received += count
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        start = self._started
+        while not self._done.wait(min(1.0, self.seconds / 4)):
+            now = time.monotonic()
+            if now - start < self.seconds:
+                continue
+            with self._lock:
+                if self._window < self.least:
+                    self.expired = True
+                    self._cut()
+                    return
+                self._window = 0
+            start = now
+
+    def _cut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def error(self, where: str, what: str) -> RegistryError:
+        return RegistryError(f"{where}: {what} came slower than {self.least} bytes in {self.seconds:g} s "
+                             f"({self.received} bytes in all): stopped",
+                             hint=f"check the registry and the network; {PROGRESS_VAR}=BYTES/SECONDS sets the "
+                                  f"least progress (default {PROGRESS_DEFAULT[0]}/{PROGRESS_DEFAULT[1]:g})")
+
+
+def _watched(connection: type, request: urllib.request.Request):
+    """A connection factory for ``do_open`` that hands the connected socket to the request's deadline."""
+    progress = getattr(request, "transplant_progress", None)
+
+    def factory(host: str, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = connection(host, **kwargs)
+        if progress is not None:
+            plain = conn.connect
+
+            def connect() -> None:
+                plain()
+                progress.attach(conn.sock)
+            conn.connect = connect
+        return conn
+    return factory
+
+
+class _HTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__(context=context)
+        self._tls = context
+
+    def https_open(self, req: urllib.request.Request):  # noqa: D102 - urllib's name
+        return self.do_open(_watched(http.client.HTTPSConnection, req), req, context=self._tls)
+
+
+class _HTTP(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request):  # noqa: D102 - urllib's name
+        return self.do_open(_watched(http.client.HTTPConnection, req), req)
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects (blob storage elsewhere) but never from https down to http; the
+    redirected request keeps the progress deadline."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's name
+        old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if old.scheme == "https" and new.scheme != "https":
+            raise RegistryError(f"{old.netloc}: {req.get_method()} {old.path} was redirected to {newurl}, which is "
+                                f"not https: refused (a downgrade would let anyone on the path change the bytes)",
+                                hint="the registry's storage must be served over https")
+        out = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if out is not None:
+            out.transplant_progress = getattr(req, "transplant_progress", None)
+        return out
+
+
+class _Answer:
+    """An open answer: ``status``, ``headers``, bounded reads under the progress deadline; close it."""
+
+    def __init__(self, response: Any, progress: _Progress | None, where: str) -> None:
+        self.response, self.progress, self.where = response, progress, where
+        self.status = response.status
+        self.headers = response.headers
+
+    def blocks(self, what: str):
+        """Yield the body in blocks as they arrive (each at most 1 MiB).
+
+        :raises RegistryError: the progress deadline passed, or the connection broke."""
+        read = getattr(self.response, "read1", None) or self.response.read
+        while True:
+            try:
+                block = read(_BLOCK)
+            except (OSError, http.client.HTTPException) as exc:
+                if self.progress is not None and self.progress.expired:
+                    raise self.progress.error(self.where, what) from None
+                raise RegistryError(f"{self.where}: {what} broke off ({exc})") from None
+            if self.progress is not None:
+                if self.progress.expired:
+                    raise self.progress.error(self.where, what)
+                self.progress.add(len(block))
+            if not block:
+                return
+            yield block
+
+    def read(self, limit: int, what: str) -> bytes:
+        """The whole body, refused when it is (or says it is) larger than ``limit`` bytes.
+
+        :raises RegistryError: larger than ``limit``, too slow, or broken off."""
+        declared = self.headers.get("Content-Length") or ""
+        if declared.isdigit() and int(declared) > limit:
+            raise RegistryError(f"{self.where}: {what} is {declared} bytes, more than the {limit} transplant "
+                                f"reads: refused", hint="check what answers at that address")
+        data = bytearray()
+        for block in self.blocks(what):
+            data += block
+            if len(data) > limit:
+                raise RegistryError(f"{self.where}: {what} is larger than the {limit} bytes transplant reads: "
+                                    f"refused", hint="check what answers at that address")
+        return bytes(data)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        self.response.close()
+
+    def __enter__(self) -> _Answer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Client:
     """One repository on one registry, authenticated lazily on the first 401.
 
     :param ca: a CA bundle (PEM) to verify the registry's certificate with; None: the system CAs.
     :param credentials: None: anonymous (a registry asking for credentials then gets a clear error).
     :param timeout: seconds for each request's connect and reads.
+    :param settings: what the operator allows (plain http to a loopback registry, token hosts, the
+        progress deadline); None: :meth:`Settings.from_env`.
+    :raises RegistryError: the CA bundle cannot be read; bad settings in the environment.
     """
 
     def __init__(self, reference: Reference, *, ca: Path | None = None, credentials: Credentials | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, settings: Settings | None = None) -> None:
         self.ref = reference
-        self.base = f"https://{reference.registry}/v2/{reference.repository}"
+        self.settings = settings if settings is not None else Settings.from_env()
+        scheme = "http" if self.settings.is_insecure(reference.registry) else "https"
+        self.base = f"{scheme}://{reference.registry}/v2/{reference.repository}"
         self.credentials = credentials
         self.timeout = timeout
         self.ca = ca
@@ -206,20 +481,50 @@ class Client:
         except (OSError, ssl.SSLError) as exc:
             raise RegistryError(f"the CA bundle {ca} cannot be read ({exc})",
                                 hint="name a PEM file of CA certificates with ca:") from None
-        # redirects (blob storage elsewhere) are followed; Authorization is an unredirected header,
-        # so it never leaves for the storage host
-        self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=self.context))
+        # redirects (blob storage elsewhere) are followed, never down to http; Authorization is an
+        # unredirected header, so it never leaves for the storage host
+        self._opener = urllib.request.build_opener(_HTTPS(self.context), _HTTP(), _Redirects())
         self._auth: str | None = None
         self._scheme: str | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
 
     # -- transport ---------------------------------------------------------------------------
-    def _open(self, method: str, url: str, *, headers: Mapping[str, str] | None = None,
-              data: bytes | BinaryIO | None = None, ok: tuple[int, ...] = (200,), scope: str = "pull"):
-        """One request, authenticated (a 401 is answered once); returns the open response.
+    def _send(self, request: urllib.request.Request, *, watch: bool = True) -> _Answer:
+        """Send one request under the progress deadline (``watch``; not for a streamed upload,
+        whose answer waits for the whole body to be sent).
 
-        :raises RegistryError: unreachable, or a status not in ``ok`` (the registry's error text in the message).
+        :raises urllib.error.HTTPError: an error status (its body still readable, bounded).
+        :raises RegistryError: too slow, unreachable, or redirected to http.
+        """
+        progress = _Progress(*self.settings.progress) if watch else None
+        request.transplant_progress = progress  # type: ignore[attr-defined]
+        where = self.ref.registry
+        try:
+            return _Answer(self._opener.open(request, timeout=self.timeout), progress, where)
+        except urllib.error.HTTPError as exc:
+            exc.transplant_progress = progress  # type: ignore[attr-defined]  # stopped by _drop
+            raise
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            if progress is not None:
+                progress.stop()
+                if progress.expired:
+                    raise progress.error(where, f"the answer to {request.get_method()} "
+                                                f"{urllib.parse.urlsplit(request.full_url).path}") from None
+            reason = getattr(exc, "reason", exc)
+            raise RegistryError(f"{where}: cannot be reached ({reason})",
+                                hint="check the address, the network, and the CA bundle (ca:) if it uses a "
+                                     "private CA", unreachable=True) from None
+        except BaseException:
+            if progress is not None:
+                progress.stop()
+            raise
+
+    def _open(self, method: str, url: str, *, headers: Mapping[str, str] | None = None,
+              data: bytes | BinaryIO | None = None, ok: tuple[int, ...] = (200,), scope: str = "pull") -> _Answer:
+        """One request, authenticated (a 401 is answered once); returns the open answer.
+
+        :raises RegistryError: unreachable, too slow, or a status not in ``ok`` (the registry's error text in the message).
         """
         for attempt in (0, 1):
             request = urllib.request.Request(url, method=method, data=data)
@@ -228,32 +533,30 @@ class Client:
             if self._auth:
                 request.add_unredirected_header("Authorization", self._auth)
             try:
-                response = self._opener.open(request, timeout=self.timeout)
+                answer = self._send(request, watch=not hasattr(data, "read"))
             except urllib.error.HTTPError as exc:
                 if exc.code == 401 and attempt == 0 and exc.headers.get("WWW-Authenticate"):
+                    _drop(exc)
                     self._authenticate(exc.headers["WWW-Authenticate"], scope)
                     if hasattr(data, "seek"):
                         data.seek(0)  # type: ignore[union-attr]
                     continue
                 raise self._status_error(method, url, exc) from None
-            except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                raise RegistryError(f"{self.ref.registry}: cannot be reached ({reason})",
-                                    hint="check the address, the network, and the CA bundle (ca:) if it uses a "
-                                         "private CA", unreachable=True) from None
-            if response.status not in ok:
-                response.close()
-                raise RegistryError(f"{self.ref.registry}: {method} {url} answered {response.status}",
-                                    status=response.status)
-            return response
+            if answer.status not in ok:
+                answer.close()
+                raise RegistryError(f"{self.ref.registry}: {method} {url} answered {answer.status}",
+                                    status=answer.status)
+            return answer
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _status_error(self, method: str, url: str, exc: urllib.error.HTTPError) -> RegistryError:
         try:
-            body = json.loads(exc.read().decode("utf-8", "replace"))
+            body = json.loads(exc.read(ERROR_LIMIT).decode("utf-8", "replace"))
             detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in body.get("errors", []))
-        except (ValueError, AttributeError, OSError):
+        except (ValueError, AttributeError, OSError, RecursionError, http.client.HTTPException):
             detail = ""
+        finally:
+            _drop(exc)
         where = f"{self.ref.registry}/{self.ref.repository}"
         if exc.code == 401:
             who = f"the credentials from {self.credentials.source}" if self.credentials else "no credentials"
@@ -266,6 +569,28 @@ class Client:
         return RegistryError(f"{where}: {method} {urllib.parse.urlsplit(url).path} answered {exc.code}"
                              + (f" ({detail})" if detail else ""), status=exc.code)
 
+    def _check_realm(self, realm: str) -> urllib.parse.SplitResult:
+        """The token service's address, if credentials and tokens may go there: https (or a loopback
+        registry configured insecure), and, when there are credentials, the registry's own host or
+        one the operator allows (``TRANSPLANT_REGISTRY_TOKEN_HOSTS``), as docker and oras do.
+
+        :raises RegistryError: the realm is not https, or another host with credentials to send."""
+        parts = urllib.parse.urlsplit(realm)
+        host = (parts.hostname or "").lower()
+        where = self.ref.registry
+        if not host or parts.scheme not in ("https", "http") or \
+                (parts.scheme == "http" and not self.settings.is_insecure(parts.netloc)):
+            raise RegistryError(f"{where}: the registry sends token requests to {realm!r}, which is not an https "
+                                f"address: refused (credentials and tokens never go in clear text)",
+                                hint=f"a loopback token service without TLS must be named in {INSECURE_VAR}",
+                                status=401)
+        if self.credentials is not None and host != _hostname(where) and host not in self.settings.token_hosts:
+            raise RegistryError(f"{where}: the registry sends token requests to {host} ({realm}), another host: "
+                                f"the credentials from {self.credentials.source} are not sent there",
+                                hint=f"if {host} is this registry's token service, allow it: "
+                                     f"export {TOKEN_HOSTS_VAR}={host}", status=401)
+        return parts
+
     def _authenticate(self, header: str, scope: str) -> None:
         scheme, params = parse_challenge(header)
         if scheme == "basic":
@@ -277,23 +602,25 @@ class Client:
             return
         if scheme != "bearer" or not params.get("realm"):
             raise RegistryError(f"{self.ref.registry}: unsupported authentication challenge {header!r}", status=401)
+        self._check_realm(params["realm"])
         query = {"service": params.get("service", ""),
                  "scope": params.get("scope") or f"repository:{self.ref.repository}:{scope}"}
         url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
         request = urllib.request.Request(url)
         if self.credentials is not None:
             request.add_unredirected_header("Authorization", self.credentials.basic())
+        what = f"the token service {params['realm']}"
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                doc = json.loads(response.read())
+            with self._send(request) as answer:
+                doc = parse_json(answer.read(TOKEN_LIMIT, "the token answer"), f"{self.ref.registry}: the token answer")
         except urllib.error.HTTPError as exc:
             raise self._status_error("token", url, exc) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise RegistryError(f"{self.ref.registry}: the token service {params['realm']} failed ({exc})",
-                                unreachable=isinstance(exc, (urllib.error.URLError, OSError))) from None
-        token = doc.get("token") or doc.get("access_token")
-        if not token:
-            raise RegistryError(f"{self.ref.registry}: the token service {params['realm']} returned no token")
+        except RegistryError as exc:
+            raise RegistryError(f"{self.ref.registry}: {what} failed ({exc.message})", hint=exc.hint,
+                                unreachable=exc.unreachable) from None
+        token = (doc.get("token") or doc.get("access_token")) if isinstance(doc, dict) else None
+        if not isinstance(token, str) or not token:
+            raise RegistryError(f"{self.ref.registry}: {what} returned no token")
         self._scheme, self._auth = "bearer", f"Bearer {token}"
 
     @property
@@ -339,7 +666,7 @@ class Client:
                              headers={"Content-Length": "0"}, data=b"")
         location = started.headers.get("Location") or ""
         started.close()
-        url = urllib.parse.urljoin(f"https://{self.ref.registry}/", location)
+        url = urllib.parse.urljoin(self.base.split("/v2/", 1)[0] + "/", location)
         url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})
         size = path.stat().st_size
         with open(path, "rb") as body:
@@ -348,41 +675,62 @@ class Client:
         self.bytes_sent += size
         return size
 
-    def read_blob(self, digest: str, *, limit: int = 64 << 20) -> bytes:
+    def read_blob(self, digest: str, *, size: int | None = None, limit: int = 64 << 20) -> bytes:
         """A small blob (a config) in memory, its digest checked.
 
-        :raises RegistryError: missing, larger than ``limit``, or its bytes do not hash to ``digest``.
+        :param size: the descriptor's size in bytes: no more is read (None: up to ``limit``).
+        :raises RegistryError: missing, larger than ``size`` or ``limit``, too slow, or its bytes do
+            not hash to ``digest``.
         """
-        with self._open("GET", f"{self.base}/blobs/{digest}") as response:
-            data = response.read(limit + 1)
-        if len(data) > limit:
-            raise RegistryError(f"{self.ref}: blob {digest} is larger than {limit} bytes")
+        if size is not None and size > limit:
+            raise RegistryError(f"{self.ref}: blob {digest} is {size} bytes, more than the {limit} transplant reads "
+                                f"into memory: refused", hint="push the snapshot again")
+        with self._open("GET", f"{self.base}/blobs/{digest}") as answer:
+            data = answer.read(limit if size is None else size, f"blob {digest}")
         self.bytes_received += len(data)
         check_digest(data, digest, f"{self.ref}: blob")
         return data
 
-    def fetch_blob(self, digest: str, dest: Path, *, reporter: Reporter = QUIET) -> int:
+    def fetch_blob(self, digest: str, dest: Path, *, size: int | None = None, reporter: Reporter = QUIET) -> int:
         """Download blob ``digest`` to ``dest``, resuming a partial ``dest`` with a Range request,
         and verify its sha256; a blob that fails is removed.
 
+        :param size: the descriptor's size in bytes: a registry sending more is cut off there and
+            refused (None: not capped; the digest is still checked).
         :param reporter: its ``progress`` told (bytes of the blob in ``dest``, the blob's size in
-            bytes; 0 when the registry does not say) after each block.
+            bytes; 0 when unknown) after each block.
         :returns: bytes received now.
-        :raises RegistryError: unreachable, missing, or a digest mismatch (tampered or damaged).
+        :raises RegistryError: unreachable, missing, too slow, larger than ``size``, or a digest
+            mismatch (tampered or damaged).
         """
         have = dest.stat().st_size if dest.exists() else 0
+        if size is not None and have > size:
+            dest.unlink()
+            have = 0
         headers = {"Range": f"bytes={have}-"} if have else {}
-        response = self._open("GET", f"{self.base}/blobs/{digest}", headers=headers, ok=(200, 206))
+        answer = self._open("GET", f"{self.base}/blobs/{digest}", headers=headers, ok=(200, 206))
         got = 0
-        length = response.headers.get("Content-Length") or ""
-        start = have if response.status == 206 else 0  # a 200 sends the whole blob again
-        size = start + int(length) if length.isdigit() else 0
-        with response, open(dest, "ab" if response.status == 206 else "wb") as out:
-            for block in iter(lambda: response.read(_BLOCK), b""):
-                out.write(block)
-                got += len(block)
-                reporter.progress(start + got, size)
-        self.bytes_received += got
+        length = answer.headers.get("Content-Length") or ""
+        start = have if answer.status == 206 else 0  # a 200 sends the whole blob again
+        total = size if size is not None else (start + int(length) if length.isdigit() else 0)
+
+        def too_large(amount: str) -> RegistryError:
+            dest.unlink(missing_ok=True)
+            return RegistryError(f"{self.ref}: blob {digest} {amount}, more than its descriptor's {size} bytes: "
+                                 f"refused (nothing of it was used)", hint="push the snapshot again from its store; "
+                                                                           "check what answers at that address")
+        with answer, open(dest, "ab" if answer.status == 206 else "wb") as out:
+            if size is not None and length.isdigit() and start + int(length) > size:
+                raise too_large(f"is announced as {start + int(length)} bytes")
+            try:
+                for block in answer.blocks(f"blob {digest}"):
+                    if size is not None and start + got + len(block) > size:
+                        raise too_large("kept coming")
+                    out.write(block)
+                    got += len(block)
+                    reporter.progress(start + got, total)
+            finally:
+                self.bytes_received += got
         found = "sha256:" + file_sha256(dest)
         if found != digest:
             dest.unlink()
@@ -399,43 +747,47 @@ class Client:
         self.bytes_sent += len(body)
         return "sha256:" + hashlib.sha256(body).hexdigest()
 
-    def get_manifest(self, version: str | None = None) -> tuple[dict[str, Any], str]:
+    def get_manifest(self, version: str | None = None, *, limit: int = MANIFEST_LIMIT) -> tuple[dict[str, Any], str]:
         """The manifest named by ``version`` (a tag or digest; None: the reference's) and its digest.
 
-        :raises RegistryError: missing (404 names the reference), not JSON, or (for a digest)
-            content that does not hash to it.
+        :param limit: the most bytes read (default 4 MiB, the distribution spec's manifest limit).
+        :raises RegistryError: missing (404 names the reference), larger than ``limit``, too slow,
+            not a JSON object (or nested too deep), or (for a digest) content that does not hash to it.
         """
         version = version or self.ref.version
         try:
-            response = self._open("GET", f"{self.base}/manifests/{version}", headers={"Accept": MANIFEST_TYPE})
+            answer = self._open("GET", f"{self.base}/manifests/{version}", headers={"Accept": MANIFEST_TYPE})
         except RegistryError as exc:
             if exc.status == 404:
                 raise RegistryError(f"{self.ref.registry}/{self.ref.repository}: no manifest {version}",
                                     hint=f"list the snapshots there: transplant snapshot --list --out "
                                          f"oci://{self.ref.registry}/{self.ref.repository}", status=404) from None
             raise
-        with response:
-            body = response.read()
+        with answer:
+            body = answer.read(limit, f"the manifest {version}")
         self.bytes_received += len(body)
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if version.startswith("sha256:"):
             check_digest(body, version, f"{self.ref}: manifest")
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise RegistryError(f"{self.ref}: the manifest {version} is not JSON") from None
+        doc = parse_json(body, f"{self.ref}: the manifest {version}")
+        if not isinstance(doc, dict):
+            raise RegistryError(f"{self.ref}: the manifest {version} is not a JSON object")
         return doc, digest
 
     def tags(self) -> list[str]:
-        """The repository's tags (``[]`` when the repository does not exist)."""
+        """The repository's tags (``[]`` when the repository does not exist).
+
+        :raises RegistryError: as :meth:`get_manifest` (the answer read up to 4 MiB)."""
         try:
-            with self._open("GET", f"{self.base}/tags/list") as response:
-                doc = json.loads(response.read())
+            with self._open("GET", f"{self.base}/tags/list") as answer:
+                doc = parse_json(answer.read(TAGS_LIMIT, "the tag list"), f"{self.ref.registry}/{self.ref.repository}: "
+                                                                          f"the tag list")
         except RegistryError as exc:
             if exc.status == 404:
                 return []
             raise
-        return sorted(doc.get("tags") or [])
+        tags = doc.get("tags") if isinstance(doc, dict) else None
+        return sorted(t for t in tags or [] if isinstance(t, str))
 
     def delete_manifest(self, digest: str) -> None:
         """Delete the manifest ``digest`` (and so every tag on it).
@@ -452,6 +804,13 @@ class Client:
                                     status=exc.status) from None
             raise
 
+
+def _drop(exc: urllib.error.HTTPError) -> None:
+    """Close an error answer and end its progress deadline."""
+    progress = getattr(exc, "transplant_progress", None)
+    if progress is not None:
+        progress.stop()
+    exc.close()
 
 def file_sha256(path: Path) -> str:
     """Hex sha256 of a file's bytes."""

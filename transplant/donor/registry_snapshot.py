@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tarfile
 import threading
@@ -33,7 +34,8 @@ from typing import Any
 from transplant.donor import store as cas
 from transplant.core.elf_facts import ElfReport
 from transplant.hosts.host import Host
-from transplant.donor.oci import (MANIFEST_TYPE, Client, Reference, RegistryError, file_sha256, find_credentials)
+from transplant.donor.oci import (MANIFEST_TYPE, Client, Reference, RegistryError, file_sha256, find_credentials,
+                                  parse_json)
 from transplant.hosts.probing import run_script
 from transplant.donor.registry_elf import answer, precompute
 from transplant.donor.snapshot import Snapshot, SnapshotError, SnapshotSource, load_snapshot
@@ -51,6 +53,7 @@ PATCHES_TYPE = "application/vnd.transplant.snapshot.patches.v1.tar"
 ELF_TYPE = "application/vnd.transplant.snapshot.elf.v1+json"
 DIST_KEY = "org.transplant.dist"
 ID_KEY = "org.transplant.snapshot.id"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def cache_store() -> Path:
@@ -188,10 +191,19 @@ def push(snap: Snapshot, reference: Reference, client: Client, *, reporter: Repo
 
 
 def _check_manifest(doc: dict[str, Any], where: str) -> None:
+    """:raises SnapshotError: not a transplant snapshot, or a descriptor without a sha256 digest and a
+    size in bytes (each blob is read no further than its size)."""
     if doc.get("artifactType") != ARTIFACT_TYPE or not isinstance(doc.get("config"), dict) \
             or doc["config"].get("mediaType") != CONFIG_TYPE or not isinstance(doc.get("layers"), list):
         raise SnapshotError(f"{where}: not a transplant snapshot (artifactType {ARTIFACT_TYPE!r} expected, found "
                             f"{doc.get('artifactType')!r})", hint="name a tag pushed by transplant snapshot --push")
+    for n, descriptor in enumerate([doc["config"], *doc["layers"]]):
+        if not isinstance(descriptor, dict) or not isinstance(descriptor.get("digest"), str) \
+                or not _DIGEST.fullmatch(descriptor["digest"]) or type(descriptor.get("size")) is not int \
+                or descriptor["size"] < 0:
+            what = "the config" if n == 0 else f"layer {n}"
+            raise SnapshotError(f"{where}: {what} of the manifest has no sha256 digest and size in bytes",
+                                hint="push the snapshot again")
 
 
 def open_registry(text: str, *, ca: str | None = None, base: Path | None = None,
@@ -219,10 +231,10 @@ def open_registry(text: str, *, ca: str | None = None, base: Path | None = None,
     client = client_for(reference, ca_path)
     doc, digest = client.get_manifest()
     _check_manifest(doc, str(reference))
-    config = client.read_blob(doc["config"]["digest"])
+    config = client.read_blob(doc["config"]["digest"], size=doc["config"]["size"])
     store = cache or cache_store()
     try:
-        sid = json.loads(config)["id"]
+        sid = parse_json(config, f"{reference}: the config")["id"]
         if not isinstance(sid, str) or not sid or "/" in sid or sid.startswith("."):
             raise ValueError(f"bad id {sid!r}")
     except (ValueError, KeyError, TypeError) as exc:
@@ -287,7 +299,7 @@ class RegistrySource(SnapshotSource):
         incoming = cas.new_tmp(self.snapshot.store)
         try:
             blob = incoming / "blob.tar"
-            self.client.fetch_blob(layer["digest"], blob)
+            self.client.fetch_blob(layer["digest"], blob, size=int(layer["size"]))
             with tarfile.open(blob, "r:") as tar:
                 for member in tar:
                     if member.name in members and member.isfile():
@@ -324,7 +336,9 @@ class RegistrySource(SnapshotSource):
         if self.elf_layer is not None:
             with self._pull_lock:
                 if self._elf_doc is None:
-                    self._elf_doc = json.loads(self.client.read_blob(self.elf_layer["digest"], limit=1 << 30))
+                    data = self.client.read_blob(self.elf_layer["digest"], size=int(self.elf_layer["size"]),
+                                                 limit=1 << 30)
+                    self._elf_doc = parse_json(data, f"{self.reference}: the ELF facts layer")
             report = answer(self._elf_doc, files, kwargs, label=self.label)
             if report is not None:
                 return report
@@ -360,6 +374,7 @@ class RegistrySource(SnapshotSource):
         request = {
             "url": self.client.base, "authorization": self.client.pull_authorization(),
             "ca": self.client.ca.read_text() if self.client.ca else None, "timeout": 60,
+            "progress": list(self.client.settings.progress),
             "cache": f"{venv.rstrip('/')}/.transplant/blobs", "dest": staged, "blobs": list(blobs.values()),
             "links": links, "stop_after": int(stop) if stop and stop.isdigit() else None,
         }
@@ -380,7 +395,7 @@ class RegistrySource(SnapshotSource):
             reporter.note(line)
             return 0, len(paths)
         if not reply.get("unreachable"):
-            kept = f" ({reply.get('received', 0)} bytes verified so far are kept; apply again to resume)" \
+            kept = f" ({reply.get('received', 0)} bytes received so far are kept; apply again to resume)" \
                 if reply.get("interrupted") else ""
             raise RegistryError(f"{target.label}: the pull from {self.reference} failed: {reply.get('error')}{kept}",
                                 hint="push the snapshot again" if reply.get("refused") else

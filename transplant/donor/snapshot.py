@@ -54,6 +54,7 @@ from transplant.hosts.probing import take_inventory
 from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
 from transplant.core.units import agree, count
+from transplant.verify import recorded
 
 __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "capture", "load_snapshot",
            "list_snapshots", "prune", "default_store", "SnapshotSource", "TEXTS"]
@@ -73,6 +74,8 @@ class Snapshot:
         ``snapshot <id> of <host>:<venv>``.
     :ivar files: venv-relative path -> ``{"hash", "size", "mode"}`` or ``{"symlink"}``.
     :ivar patches: ``[{"local", "dest", "hash", "size"}]``; :ivar manifest: ``{"data", "dir"}``.
+    :ivar donor_verify: the donor's verify results recorded when it was taken
+        (:mod:`transplant.verify.recorded`), or None for a snapshot taken without them.
     """
 
     id: str
@@ -87,6 +90,7 @@ class Snapshot:
     files: dict[str, dict[str, Any]]
     patches: tuple[dict[str, Any], ...]
     manifest: dict[str, Any]
+    donor_verify: dict[str, Any] | None = None
 
     @property
     def size(self) -> int:
@@ -199,12 +203,15 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
         cas.put(store, patch.hash, base / patch.local)
         patches.append({"local": patch.local, "dest": patch.dest, "hash": patch.hash, "size": patch.size})
     data = yaml.safe_load(Path(manifest.path).read_text(encoding="utf-8"))
+    reporter.step("running the donor's verify stages in its venv, to stand in for it when it is gone")
+    donor_verify = recorded.record(manifest.verify, donor, venv, inventory)
     sid = _new_id()
     document = {
         "schema": SNAPSHOT_SCHEMA, "id": sid, "created": time.time(),
         "donor": {"host": str(manifest.donor.host), "venv": venv},
         "overlay": list(manifest.overlay), "dists": list(names), "inventory": dict(inventory.document),
         "files": files, "patches": patches, "manifest": {"data": data, "dir": str(base)},
+        "donor_verify": donor_verify,
     }
     document["digest"] = _index_digest(document)
     same = _same_content(store, document)
@@ -222,8 +229,9 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
 
 
 #: Keys of an index document that differ between two captures of the same content: its own
-#: identity and time, and (in ``inventory``) the probe's timing and hash-cache counts.
-_OWN_KEYS = ("id", "created", "digest")
+#: identity and time, the donor's verify results (their timings), and (in ``inventory``) the
+#: probe's timing and hash-cache counts.
+_OWN_KEYS = ("id", "created", "digest", "donor_verify")
 _VOLATILE_INVENTORY_KEYS = ("probe_seconds", "hash_cache")
 
 
@@ -254,6 +262,8 @@ def _same_content(store: Path, document: Mapping[str, Any]) -> Snapshot | None:
             other = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             continue
+        if document.get("donor_verify") and not (isinstance(other, dict) and other.get("donor_verify")):
+            continue  # one taken without the donor's verify results is not reused for one with them
         if isinstance(other, dict) and _content_key(other) == key:
             try:
                 return load_snapshot(str(path))
@@ -328,10 +338,12 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
             raise ValueError(f"the donor venv {donor['venv']!r} is not an absolute path")
         label = f"snapshot {doc['id']} of {donor['host']}:{donor['venv']}"
         inventory = parse_inventory(doc["inventory"], label=label)
+        donor_verify = recorded.check_record(doc["donor_verify"]) if doc.get("donor_verify") is not None else None
         return Snapshot(id=str(doc["id"]), path=where, store=where.resolve().parent.parent,
                         created=float(doc["created"]), donor_host=str(donor["host"]), donor_venv=str(donor["venv"]),
                         overlay=tuple(doc["overlay"]), dists=tuple(doc["dists"]), inventory=inventory,
-                        files=dict(doc["files"]), patches=tuple(doc["patches"]), manifest=dict(doc["manifest"]))
+                        files=dict(doc["files"]), patches=tuple(doc["patches"]), manifest=dict(doc["manifest"]),
+                        donor_verify=donor_verify)
     except (KeyError, TypeError, ValueError, ProbeError) as exc:
         raise SnapshotError(f"snapshot {where}: damaged index ({type(exc).__name__}: {exc})",
                             hint="take the snapshot again") from None

@@ -276,11 +276,11 @@ def run_stages(
                 evidence = str(theirs.get("reason") or theirs.get("error") or mine)
                 said = "the donor says the same" if evidence == str(report.get("reason") or report.get("error")) \
                     else f"the donor: {clip(evidence, 300)}"
-                return Outcome("skip", f"fails identically in the donor ({mine}): {reason}; {said}",
+                return Outcome("skip", f"fails identically in the donor ({mine}): {reason}; {said}{_recorded(theirs)}",
                                {**report, "donor": dict(theirs)}, "donor-identical")
             verdict, why = judge(theirs)
-            return Outcome(status, f"{reason}; the donor passes this stage" if verdict == "pass"
-                           else f"{reason}; the donor fails it otherwise ({clip(why, 300)})",
+            return Outcome(status, (f"{reason}; the donor passes this stage" if verdict == "pass"
+                                    else f"{reason}; the donor fails it otherwise ({clip(why, 300)})") + _recorded(theirs),
                            {**report, "donor": dict(theirs)})
 
         dists = ladder.overlaid(live, settings.overlay) if live is not None else []
@@ -351,9 +351,10 @@ def run_stages(
                 # the donor is the reference: a name failing there with the same exception class is what the
                 # donor runs, not checkable better here (verify.required: [imports] makes it fail regardless)
                 failed = [i["name"] for i in report.get("imports", []) if not i.get("ok")]
-                shared = ladder.donor_shared_imports(report, _on_donor(donor_run, "stage_imports", failed, None)) \
-                    if failed else set()
+                answer = _on_donor(donor_run, "stage_imports", failed, None) if failed else None
+                shared = ladder.donor_shared_imports(report, answer)
                 status, reason = judge_imports(report, driver=driver, donor_shared=shared, needs_gpu=gpu)
+                reason += _recorded(answer)
             unchecked = judges.imports_unchecked(report, driver=driver, donor_shared=shared, needs_gpu=gpu)
             details = {**report, "derived_from": [d.display_name for d in dists], "skipped": dict(settings.skip_imports)}
             if status == "fail":
@@ -401,6 +402,8 @@ def run_stages(
                 kinds = judges.native_kinds(report, driver=driver, shipped=shipped, donor_shared=shared,
                                             donor_system=system)
             status, reason = judges.native_verdict(report, kinds, venv)
+            if shared:
+                reason += _recorded(theirs)
             unchecked = judges.native_unchecked(report, kinds, venv)
             if status == "fail" and gap:
                 reason += f"; {gap}"
@@ -601,6 +604,16 @@ def _on_donor(donor_run: DonorRun, script: str, args: list, request: Mapping[str
         return donor_run(script, args, request)
     except TransplantError:
         return None
+
+
+def _recorded(answer: Mapping[str, Any] | None) -> str:
+    """``; the donor's results recorded with snapshot ID on DATE (AGE)`` for an answer from a
+    snapshot's record (:mod:`transplant.verify.recorded`), else nothing: a reason that uses the
+    donor's word says when the donor said it."""
+    from transplant.verify.recorded import provenance
+
+    said = provenance(answer)
+    return f"; the donor's results {said}" if said else ""
 
 
 def donor_reader(read: Callable[[], Inventory]) -> Callable[[], Inventory | None]:

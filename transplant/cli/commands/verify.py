@@ -33,11 +33,19 @@ __all__ = ["verify_command", "parse_imports", "is_location"]
 
 
 def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
-    """A :data:`transplant.verify.runner.DonorRun` for a donor that can run code (a host, not a
-    snapshot): the host script runs in the donor's venv with the manifest's verify
-    environment; a request's ``paths`` are made absolute there and its ``prefix`` reported."""
+    """A :data:`transplant.verify.runner.DonorRun` for the donor: on a host, the host script runs
+    in the donor's venv with the manifest's verify environment (a request's ``paths`` made
+    absolute there and its ``prefix`` reported); a snapshot answers from the donor's verify
+    results recorded when it was taken (:mod:`transplant.verify.recorded`), or None when it holds
+    none (then nothing failing in the target is compared with the donor)."""
+    from transplant.donor.snapshot import SnapshotSource
     from transplant.donor.sources import HostSource
 
+    if isinstance(source, SnapshotSource):
+        from transplant.verify import recorded
+
+        snap = source.snapshot
+        return recorded.recorded_runner(snap.donor_verify, snap.id) if recorded.has_record(snap.donor_verify) else None
     if not isinstance(source, HostSource):
         return None
 
@@ -50,6 +58,19 @@ def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
         return {**report, "prefix": root}
 
     return run
+
+
+def donor_said(source: object) -> str | None:
+    """The line verify prints when its donor is a snapshot: whether the donor's recorded verify
+    results stand in for it, and their age; None for a donor on a host."""
+    from transplant.donor.snapshot import SnapshotSource
+
+    if not isinstance(source, SnapshotSource):
+        return None
+    from transplant.verify import recorded
+
+    snap = source.snapshot
+    return recorded.summary(snap.donor_verify, snap.id, snap.created)
 
 
 def parse_imports(text: str | None) -> tuple[str, ...]:
@@ -204,6 +225,9 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 
             donor = donor_reader(read_donor)
             donor_run = donor_runner(opened.source, settings) if opened is not None else None
+            said = donor_said(opened.source) if opened is not None else None
+            if said:
+                console.print(said, highlight=False, markup=False)
         from transplant.cli.progress import StagesShown
         from transplant.pipeline import verify_target
 
