@@ -50,12 +50,14 @@ def _env(base: Path) -> dict[str, str]:
     return {**os.environ, "TRANSPLANT_STATE_DIR": str(base / "state"), "COLUMNS": "100"}
 
 
-def _into_a_pipe_closed_early(argv: list[str], env: dict[str, str], *, read_lines: int) -> tuple[int, str, bytes]:
+def _into_a_pipe_closed_early(argv: list[str], env: dict[str, str], *, read_lines: int,
+                              both: bool = False) -> tuple[int, str, bytes]:
     """Run transplant with standard output a real pipe whose reader reads ``read_lines`` lines (0:
-    none) and closes its end, as ``| head -N`` does; its exit code, standard error, and what was read."""
+    none) and closes its end, as ``| head -N`` does (``both``: standard error too, as ``2>&1 | head``);
+    its exit code, standard error (empty with ``both``), and what was read."""
     read, write = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "transplant", *argv], stdout=write, stderr=subprocess.PIPE,
-                            cwd=ROOT, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", *argv], stdout=write,
+                            stderr=write if both else subprocess.PIPE, cwd=ROOT, env=env)
     os.close(write)
     got = b""
     with os.fdopen(read, "rb") as reader:
@@ -63,17 +65,18 @@ def _into_a_pipe_closed_early(argv: list[str], env: dict[str, str], *, read_line
             got += reader.readline()
     # the read end is closed now: every later write of the command meets a broken pipe
     _, err = proc.communicate(timeout=300)
-    return proc.returncode, err.decode(errors="replace"), got
+    return proc.returncode, (err or b"").decode(errors="replace"), got
 
 
-@pytest.mark.parametrize("read_lines", [0, 1])
-def test_apply_into_a_pipe_closed_early_applies_or_fails(pair, read_lines):
-    """``transplant apply M --yes | head -1`` (and a reader gone before the first line): the
-    transaction is done, verified by its exit code 0 and the target's files; never a quiet 0 with
-    nothing applied."""
+@pytest.mark.parametrize("read_lines, both", [(0, False), (1, False), (1, True)])
+def test_apply_into_a_pipe_closed_early_applies_or_fails(pair, read_lines, both):
+    """``transplant apply M --yes | head -1`` (a reader gone before the first line; ``2>&1 | head
+    -1``): the transaction is done, shown by its exit code 0 and the target's files; never a quiet
+    0 with nothing applied."""
     base, target = pair
-    venv, manifest = target(f"piped-apply-{read_lines}")
-    code, err, got = _into_a_pipe_closed_early(["apply", str(manifest), "--yes"], _env(base), read_lines=read_lines)
+    venv, manifest = target(f"piped-apply-{read_lines}-{both}")
+    code, err, got = _into_a_pipe_closed_early(["apply", str(manifest), "--yes"], _env(base), read_lines=read_lines,
+                                               both=both)
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert code == 0, err
     assert (venv / SITE / "alpha" / "m39.py").read_text() == "N = 39\n"  # the work is done
