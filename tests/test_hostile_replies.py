@@ -23,6 +23,7 @@ from transplant.hosts.probing import ScriptSession
 from transplant.lab.wheels import build_wheel, make_venv
 
 ROOT = Path(__file__).resolve().parent.parent
+SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
 #: The applier session's stand-in: reads requests (one per line) and answers as MODE says.
 HOSTILE = r'''
@@ -431,3 +432,24 @@ def test_over_ssh_a_bad_session_is_named_and_its_remote_process_ended(lab_pair, 
     pids = _recorded(host.path(f"{venv}.pids"))
     assert len(pids) == 1 and _ended(pids), pids  # lab hosts share this pid namespace
     assert tree(inside) == before
+
+
+def test_a_donors_metadata_with_escape_sequences_is_shown_not_obeyed_by_plan_and_inventory(tmp_path):
+    """A donor's METADATA whose version and summary hold CSI and OSC sequences: the plan view (its
+    table, findings and fixes) and the inventory table on a real pseudo-terminal show them escaped."""
+    new = build_wheel(tmp_path / "wheels", "alpha", "2.0", {"alpha/__init__.py": "V = 2\n"})
+    old = build_wheel(tmp_path / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
+    donor, target = make_venv(tmp_path / "donor", [new]), make_venv(tmp_path / "target", [old])
+    meta = next((donor / SITE).glob("alpha-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 2.0", "Version: 2.0\x1b]0;owned\x07\x1b[2J")
+                    .replace("Name: alpha", "Name: alpha\nSummary: \x1b[31mred\u202e"))
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(f"version: 1\ndonor: {{host: local, venv: {donor}}}\ntarget: {{host: local, venv: {target}}}\n"
+                        f"overlay: [alpha]\n")
+    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "150", "TERM": "xterm"}
+    plan = _in_a_terminal([sys.executable, "-m", "transplant", "plan", str(manifest)], env)
+    inventory = _in_a_terminal([sys.executable, "-m", "transplant", "inventory", f"local:{donor}"], env)
+    for out in (plan, inventory):
+        assert not any(raw in out for raw in RAW), repr(out)
+        assert "2.0\\x1b]0;owned" in out, out
+    assert "metadata-invalid" in plan and plan.count("\\x1b]0;owned") >= 3, plan  # table, finding, fix
