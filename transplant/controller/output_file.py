@@ -47,7 +47,7 @@ def check_output(path: str | os.PathLike, *, option: str, replace: bool, hint: s
     if not parent.is_dir():
         raise TransplantError(f"{option} {path}: the folder {parent} does not exist", hint=hint)
     try:
-        fd, trial = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".trial", dir=str(parent))
+        fd, trial = tempfile.mkstemp(prefix=".transplant-", suffix=".trial", dir=str(parent))
     except OSError as exc:
         raise TransplantError(f"{option} {path}: no file can be written in the folder {parent} "
                               f"({exc.strerror or exc})", hint=hint) from None
