@@ -191,3 +191,19 @@ def test_a_venv_path_that_is_not_utf8_is_a_clear_error(pair, command):
     assert "UnicodeEncodeError" not in output and "Traceback" not in output, output
     assert "venv-\\xff: the venv path holds bytes that are not UTF-8" in " ".join(output.split()), output
     assert sorted(os.listdir(odd)) == before and not (base / "never.yaml").exists()
+
+
+@pytest.mark.parametrize("out, said", [
+    ("/proc/self/store", "no file can be written in the folder /proc/self"),
+    ("/proc/self/mem", "/proc/self/mem exists and is not a folder"),
+    ("/dev/null", "/dev/null exists and is not a folder"),
+    ("/sys/kernel/store", "no file can be written in the folder /sys/kernel"),
+])
+def test_snapshot_out_that_is_no_folder_one_can_fill_is_refused(pair, out, said):
+    base, target = pair
+    venv, manifest = target("snapshot-" + out.strip("/").replace("/", "-"))
+    done = subprocess.run([sys.executable, "-m", "transplant", "snapshot", str(manifest), "--out", out],
+                          capture_output=True, text=True, cwd=ROOT, env=_env(base), timeout=120)
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1 and f"error: --out {out}: {said}" in output, output
+    assert "Traceback" not in output
