@@ -137,3 +137,45 @@ def test_init_proposes_no_smoke_pass_where_no_torch_will_be(flow, tmp_path):
                  "--out", str(manifest), *ssh_flags(systems)]) == 0
     text = manifest.read_text()
     assert "imports: [alpha, beta]" in text and "smoke:" not in text
+
+
+def test_a_target_that_is_no_venv_is_refused_even_with_force(flow, tmp_path, capsys):
+    """The target named is a Debian host's own Python, ``/usr`` (``/usr/bin/python`` as Debian's
+    python-is-python3 makes it; no pyvenv.cfg): plan names it, apply refuses it with ``--force``
+    too and writes nothing; ``allow_shared_interpreter: true``, said loudly in the manifest, makes
+    it a warning."""
+    systems = flow[0]
+    prepare(flow, "trixie", "bookworm")
+    d, t = systems.hosts["trixie"], systems.hosts["bookworm"]
+    t.run(["ln", "-sf", "python3", "/usr/bin/python"])
+    try:
+        _refused_then_allowed(systems, d, t, tmp_path, capsys)
+    finally:
+        t.run(["rm", "-f", "/usr/bin/python"])
+
+
+def _refused_then_allowed(systems, d, t, tmp_path, capsys) -> None:
+    listing = ["sh", "-c", "ls -R /usr/lib/python3 /usr/local/lib 2>/dev/null | md5sum"]
+    before = t.run(listing).stdout
+
+    def manifest(extra: str = "") -> str:
+        path = tmp_path / f"prefix{len(extra)}.yaml"
+        path.write_text(f"version: 1\ndonor: {{host: \"{d.spec}\", venv: {VENV}}}\n"
+                        f"target: {{host: \"{t.spec}\", venv: /usr{extra}}}\n"
+                        f"ssh: {{identity_file: {systems.identity_file}, known_hosts: {systems.known_hosts}}}\n"
+                        f"overlay: [beta]\n")
+        return str(path)
+
+    capsys.readouterr()
+    assert main(["plan", manifest(), "--json"]) != 0
+    doc = json.loads(capsys.readouterr().out)
+    [finding] = [f for f in doc["findings"] if f["code"] == "target-not-a-venv"]
+    assert finding["severity"] == "error" and "is not a venv (no pyvenv.cfg)" in finding["message"]
+    assert "allow_shared_interpreter: true" in finding["hint"]
+    assert main(["apply", manifest(), "--yes", "--force"]) != 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "target-not-a-venv" in said, said
+    assert t.run(listing).stdout == before, "nothing was written into the host's Python"
+    main(["plan", manifest(", allow_shared_interpreter: true"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [f["severity"] for f in doc["findings"] if f["code"] == "target-not-a-venv"] == ["warning"]

@@ -69,7 +69,7 @@ def test_every_problem_is_listed_with_key_path_and_fix(tmp_path):
         "version: expected 1, got a number (2); fix: write version: 1 (the only manifest version)",
         "donor.host: bad host name 'ct 129' in 'root@ct 129'; fix: write \"local\" or [user@]host[:port], e.g. root@ct200:22",
         "donor.venv: expected an absolute path, got 'relative'; fix: start it with '/', e.g. /root/venv_sglang",
-        "target.extra: unknown key; fix: remove it; allowed keys: host, venv, base",
+        "target.extra: unknown key; fix: remove it; allowed keys: host, venv, base, allow_shared_interpreter",
         "overlay[1]: 'a b' is not a distribution name or glob; fix: use letters, digits, '-', '_', '.' and the globs '*' and '?'",
         "patches[0].source: '../outside.py' is absolute or leaves the manifest's folder; fix: keep patch files in a folder beside the manifest and name them relative to it",
         "patches[0].dest: '/etc/passwd' is absolute or leaves site-packages; fix: name it relative to site-packages, e.g. sglang/srt/server_args.py",

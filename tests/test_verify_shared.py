@@ -149,15 +149,15 @@ def test_a_constructor_that_aborts_is_pinned_on_its_file_and_the_rest_load(venvs
     assert _torch_imports(tmp_path) == 2, "the forked loader's torch, and the next loader's"
 
 
-def test_names_that_do_not_begin_with_torch_fork_the_loader_before_any_import(venvs, tmp_path):
-    """``ext`` alone (it imports torch itself): the loader is forked before the process imports
-    anything, so that it has imported nothing but its preload, which it imports itself."""
+def test_names_that_do_not_begin_with_torch_still_import_it_once(venvs, tmp_path):
+    """``ext`` alone (it imports torch itself): the process imports the preload first and forks
+    the loader then, so that it has imported nothing but its preload, and torch is imported once."""
     settings = dataclasses.replace(_settings(tmp_path), imports=("ext",))
     by = _by_name(run_stages(settings, target=LocalHost(), venv=venvs["good"]))
     assert by["imports"].status == "pass" and by["imports"].reason == "1 import: ext 1.0"
     assert by["native-load"].reason == "1 of 1 shared object loads (RTLD_NOW)"
     assert by["native-load"].details["preload"] == [{"name": "torch", "ok": True, "error": None}]
-    assert _torch_imports(tmp_path) == 2, "ext's, in the imports process, and the loader's preload"
+    assert _torch_imports(tmp_path) == 1, "the imports process's preload, which the loader and ext share"
 
 
 def test_the_inventory_verify_takes_looks_on_disk_only_at_shared_objects(venvs, tmp_path):
@@ -182,3 +182,60 @@ def test_the_inventory_verify_takes_looks_on_disk_only_at_shared_objects(venvs, 
         c10 = dists["torch"].files[f"{site}/torch/lib/libc10.so"]
         assert c10.exists is True and c10.size == (copy / site / "torch/lib/libc10.so").stat().st_size
     assert set(lean["ext"].files) == set(full["ext"].files), "every RECORD row is there"
+
+
+#: A package noting the process that imports it (``<name>-<pid>`` in IMPORTED_DIR) and loading its
+#: own library by path, as extension packages do.
+NOTES = textwrap.dedent('''\
+    import ctypes, os
+    open(os.path.join(os.environ["IMPORTED_DIR"], __name__ + "-%d" % os.getpid()), "w").close()
+    ctypes.CDLL(os.path.join(os.path.dirname(__file__), "libown.so"))
+    __version__ = "1.0"
+    ''')
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory) -> str:
+    """torch and ``pa``, ``pc`` (each notes its importing process and loads its ``libown.so``),
+    ``pb`` (its import ends the process with status 9)."""
+    root = tmp_path_factory.mktemp("jobs")
+    own = _gcc(root, "libown.so", "int own(void) { return 1; }\n")
+    wheels = root / "wheels"
+    made = [build_wheel(wheels, "torch", "2.9.1", {"torch/__init__.py": "__version__ = '2.9.1'\n"}, tag=TAG)]
+    for name in ("pa", "pc"):
+        made.append(build_wheel(wheels, name, "1.0", {f"{name}/__init__.py": NOTES,
+                                                      f"{name}/libown.so": own.read_bytes()}, tag=TAG))
+    made.append(build_wheel(wheels, "pb", "1.0", {"pb/__init__.py": "import os\nos._exit(9)\n"}, tag=TAG))
+    return str(make_venv(root / "venv", made))
+
+
+def _imports(venv: str, names: list[str], jobs: int, tmp_path: Path) -> dict:
+    from transplant import remote
+    from transplant.hosts.probing import run_script
+
+    imported = tmp_path / f"imported-{jobs}"
+    imported.mkdir()
+    request = {"jobs": jobs, "provenance": {"modules": ["torch", *names], "optional": ["torch"],
+                                            "source": remote.source("stage_provenance").decode()}}
+    return run_script(LocalHost(), venv, "stage_imports", names, request=request,
+                      env={"IMPORTED_DIR": str(imported)}, timeout=60)
+
+
+def test_import_workers_give_the_document_one_process_gives(packages, tmp_path):
+    """Three processes import pa, pb and pc (one each): the results, in the names' order, are
+    those of one process, but for the name whose worker died; what the workers mapped is in the
+    provenance report."""
+    names = ["pa", "pb", "pc"]
+    alone = _imports(packages, ["pa", "pc"], 1, tmp_path)
+    apart = _imports(packages, names, 3, tmp_path)
+    assert [i["name"] for i in apart["imports"]] == names
+    same = lambda doc: {i["name"]: (i["ok"], i["version"], i["file"]) for i in doc["imports"] if i["name"] != "pb"}
+    assert same(apart) == same(alone) and all(ok for ok, _, _ in same(apart).values())
+    pids = {p.name.split("-")[0]: p.name.split("-")[1] for p in (tmp_path / "imported-3").iterdir()}
+    assert set(pids) == {"pa", "pc"} and pids["pa"] != pids["pc"], "pa and pc were imported by two processes"
+    [pb] = [i for i in apart["imports"] if i["name"] == "pb"]
+    assert pb["ok"] is False and pb["error"] == \
+        "SystemError: the import worker ended (exit status 9) without answering", pb
+    mapped = [m for m in apart["provenance"]["mapped"] if m.endswith("/libown.so")]
+    assert {Path(m).parent.name for m in mapped} == {"pa", "pc"}, apart["provenance"]["mapped"]
+    assert [i["name"] for i in apart["provenance"]["imported"]] == ["torch", *names]

@@ -49,11 +49,15 @@ class Endpoint:
 
     :ivar base: the target only (``target.base``): a venv to clone to ``venv`` (and relocate)
         while ``venv`` does not exist, before the overlay; None when there is none.
+    :ivar allow_shared_interpreter: a target only (``allow_shared_interpreter: true``): apply may
+        write into a Python prefix that is not a venv (no ``pyvenv.cfg``: a pyenv or system
+        interpreter, which other programs share); refused otherwise, even with ``--force``.
     """
 
     host: HostSpec
     venv: str
     base: Endpoint | None = None
+    allow_shared_interpreter: bool = False
 
     def __str__(self) -> str:
         return f"{self.host}:{self.venv}"
@@ -276,11 +280,19 @@ def _relative(path: str) -> str | None:
     return norm
 
 
-def _endpoint(c: Problems, value: Any, key: str, *, base: bool = False) -> Endpoint | None:
+def _endpoint(c: Problems, value: Any, key: str, *, base: bool = False, target: bool = False) -> Endpoint | None:
     allowed = {"host": 'host: root@gpu-07 (or "local")', "venv": "venv: /root/venv_sglang"}
     if base:
         allowed["base"] = "base: /root/venv_base (a venv on the target's host to clone first)"
+    if target:
+        allowed["allow_shared_interpreter"] = ("allow_shared_interpreter: true (let apply write into a Python "
+                                               "prefix that is not a venv)")
     data = c.mapping(value, key, allowed, required=("host", "venv"))
+    shared = data.get("allow_shared_interpreter", False)
+    if not isinstance(shared, bool):
+        c.add(f"{key}.allow_shared_interpreter", f"expected true or false, got {kind(shared)}",
+              "write allow_shared_interpreter: true only to write into a Python prefix that is not a venv")
+        shared = False
     host = venv = None
     if "host" in data:
         text = c.string(data["host"], f"{key}.host", 'write "local" or [user@]host[:port], e.g. root@ct200')
@@ -313,8 +325,9 @@ def _endpoint(c: Problems, value: Any, key: str, *, base: bool = False) -> Endpo
     if host is None or venv is None:
         return None
     if base and data.get("base") is not None:
-        return _with_base(c, Endpoint(host=host, venv=venv), data["base"], f"{key}.base")
-    return Endpoint(host=host, venv=venv)
+        found = _with_base(c, Endpoint(host=host, venv=venv), data["base"], f"{key}.base")
+        return replace(found, allow_shared_interpreter=shared) if found is not None else None
+    return Endpoint(host=host, venv=venv, allow_shared_interpreter=shared)
 
 
 def _with_base(c: Problems, target: Endpoint, value: Any, key: str) -> Endpoint | None:
@@ -391,7 +404,7 @@ def _targets(c: Problems, value: Any) -> tuple[Endpoint, ...]:
         return ()
     out: list[Endpoint] = []
     for i, item in enumerate(value):
-        end = _endpoint(c, item, f"targets[{i}]")
+        end = _endpoint(c, item, f"targets[{i}]", target=True)
         if end is not None and end in out:
             c.add(f"targets[{i}]", f"{end} is listed twice", "keep one entry per host and venv")
         elif end is not None:
@@ -830,7 +843,7 @@ def parse_manifest(data: Any, *, path: str, codes: tuple[str, ...] = ()) -> Mani
     if "target" in top and "targets" in top:
         c.add("targets", "both target and targets are given", "list every target under targets: and drop target:")
     elif "target" in top:
-        one = _endpoint(c, top["target"], "target", base=True)
+        one = _endpoint(c, top["target"], "target", base=True, target=True)
         targets = (one,) if one is not None else ()
     elif "targets" in top:
         targets = _targets(c, top["targets"])

@@ -48,10 +48,12 @@ FINDING_CODES = (
     "closure-unmet", "closure-excluded", "target-record-missing",
     "undefined-symbol", "numpy-abi-mismatch", "libcuda-unversioned-missing",
     "outside-venv", "ptx-too-new", "host-library-missing", "python-version-mismatch", "cpu-isa-unsupported", "driver-unusable",
+    "target-not-a-venv",
 )
 #: Codes that neither ``accept:`` nor ``--force`` lets through: applying past them would leave
-#: the target in a state no installer can describe (a RECORD claiming another distribution's files).
-UNFORCEABLE = ("file-owner-conflict",)
+#: the target in a state no installer can describe (a RECORD claiming another distribution's
+#: files), or write into a Python installation other programs share (a target that is no venv).
+UNFORCEABLE = ("file-owner-conflict", "target-not-a-venv")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -551,6 +551,28 @@ def _accept(manifest: Manifest, findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def _not_a_venv(manifest: Manifest, target: Inventory) -> list[Finding]:
+    """``target-not-a-venv``: the target prefix has no ``pyvenv.cfg`` (PEP 405: a venv is the folder
+    holding one), so it is a Python installation itself (pyenv's, the system's), which other
+    programs share: an error apply refuses even with ``--force`` (:data:`UNFORCEABLE`), a warning
+    where the manifest's target says ``allow_shared_interpreter: true``."""
+    if target.interpreter.pyvenv_cfg is not None:
+        return []
+    where = f"{manifest.target.host}:{target.interpreter.prefix}"
+    if manifest.target.allow_shared_interpreter:
+        return [Finding(code="target-not-a-venv", severity="warning", dists=(),
+                        message=f"{where} is not a venv (no pyvenv.cfg): apply writes into a Python installation "
+                                f"other programs share, as target.allow_shared_interpreter allows",
+                        hint="make a venv for the stack instead: python3 -m venv PATH", files=("pyvenv.cfg",))]
+    return [Finding(code="target-not-a-venv", severity="error", dists=(),
+                    message=f"{where} is not a venv (no pyvenv.cfg): it is a Python installation itself (pyenv's, "
+                            f"the system's), which other programs share; apply does not write into it, not even "
+                            f"with --force",
+                    hint=f"make a venv and name it as the target: python3 -m venv {target.interpreter.prefix}-venv; "
+                         f"or, to write into this installation anyway, add allow_shared_interpreter: true to the "
+                         f"manifest's target", files=("pyvenv.cfg",))]
+
+
 def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Sequence[PatchFile] = (), *,
          donor_elf: ElfReport | None = None, target_elf: ElfReport | None = None) -> Plan:
     """Compute what apply must do to make ``target`` hold ``donor``'s overlay set and patches.
@@ -579,6 +601,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     removed = [n for n in selected_names(manifest.remove, target) if n not in names]
     findings += _unmatched_removals(manifest, removed, names, target)
     findings += _owner_conflicts(manifest, names, removed, donor, target)
+    findings += _not_a_venv(manifest, target)
     patched = {patch_destination(p, target) for p in patches}
     owned_elsewhere: set[str] = set()
     known: dict[str, FileEntry] = {}

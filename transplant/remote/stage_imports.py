@@ -21,6 +21,13 @@ installed) and nothing else: after the leading names that are those modules, in 
 else before the first import. The document then also holds ``"native"``, stage_native's
 report (null when the child died before saying which paths it was asked), and
 ``"native_preload"``, the modules it preloaded.
+
+The preload modules (torch) are imported first, before the loader child is forked. With
+``"jobs": N`` (or ``"auto"``: this host's CPUs, at most 4) the other names are imported by up to
+N processes at once: this one and workers forked from it once the preload is imported (each
+name's package in one of them, so a stack's shared imports are not repeated in each), each
+answering its names' results and, for the provenance report, what it mapped; the document is the
+one a single process importing every name would give, in the order of the names.
 """
 
 import importlib
@@ -60,34 +67,34 @@ def _outside(path):
 
 
 def main(names, request):
-    results = []
     native = request.get("native")
     forked = None
     # native-load's loader is forked once this process has imported its preload modules (torch)
-    # and nothing else: where the names begin with them, after those imports; else before any
-    preload, fork_at = _preload(native, names) if native else ([], None)
-    for index, name in enumerate(names + [None]):
-        if index == fork_at:
-            forked = _fork_loader(native, preload, results)
-        if name is None:
-            break
-        started = time.monotonic()
-        try:
-            module = importlib.import_module(name)
-        except BaseException as exc:  # noqa: BLE001 - a failing import is the finding
-            last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-            where = "{}:{}".format(last[0].filename, last[0].lineno) if last else None
-            results.append({"name": name, "ok": False, "version": None, "file": None,
-                            "error": "{}: {}".format(type(exc).__name__, exc)[:2000], "where": where,
-                            "seconds": round(time.monotonic() - started, 3)})
-            continue
-        results.append({"name": name, "ok": True, "version": _version(module, name),
-                        "file": getattr(module, "__file__", None),
-                        "outside": _outside(getattr(module, "__file__", None)), "error": None,
-                        "seconds": round(time.monotonic() - started, 3)})
+    # and nothing else: they are imported first (a name among them keeps its result), so that
+    # neither the loader nor an import worker imports torch a second time
+    preload = _preload(native) if native else []
+    done = {}
+    for name in preload:
+        outcome = _import(name)
+        if name in names:
+            done[name] = outcome
+    if native:
+        forked = _fork_loader(native, preload, list(done.values()))
+    rest = [n for n in names if n not in done]
+    groups = _groups(rest, _jobs(request.get("jobs")))
+    workers = [_Worker(group, request.get("provenance")) for group in groups[1:]]
+    for name in groups[0] if groups else []:
+        done[name] = _import(name)
+    facts = []
+    for worker in workers:
+        got = worker.collect()
+        done.update(got["imports"])
+        if got.get("facts"):
+            facts.append(got["facts"])
+    results = [done[n] for n in names if n in done]
     document = {"imports": results}
     if request.get("provenance"):
-        document["provenance"] = _provenance(request["provenance"], results)
+        document["provenance"] = _merged(_provenance(request["provenance"], results), facts)
     if native:
         document["native"] = forked.report() if forked is not None else None
         document["native_preload"] = preload
@@ -95,17 +102,118 @@ def main(names, request):
     return 0
 
 
-def _preload(native, names):
-    """(the preload modules, installed ones only among ``optional``; the index in ``names`` of the
-    name before which the loader is forked: after the leading names that are the preloads, in
-    their order, so that it has imported those and nothing else; the loader imports the others)."""
+def _import(name):
+    """Import ``name``: its result (``{"name", "ok", "version", "file", "outside", "error", "seconds"}``)."""
+    started = time.monotonic()
+    try:
+        module = importlib.import_module(name)
+    except BaseException as exc:  # noqa: BLE001 - a failing import is the finding
+        last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+        where = "{}:{}".format(last[0].filename, last[0].lineno) if last else None
+        return {"name": name, "ok": False, "version": None, "file": None,
+                "error": "{}: {}".format(type(exc).__name__, exc)[:2000], "where": where,
+                "seconds": round(time.monotonic() - started, 3)}
+    return {"name": name, "ok": True, "version": _version(module, name),
+            "file": getattr(module, "__file__", None),
+            "outside": _outside(getattr(module, "__file__", None)), "error": None,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def _jobs(asked):
+    """How many processes import the names: the request's ``jobs`` (an int, at least 1; ``"auto"``:
+    this host's usable CPUs, at most 4; absent: 1)."""
+    if asked == "auto":
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        return max(1, min(4, cpus))
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 1 else 1
+
+
+def _groups(names, jobs):
+    """``names`` in at most ``jobs`` groups, the names of one top-level package in one group (they
+    share most of their imports), the packages dealt round-robin in their order."""
+    tops = {}
+    for name in names:
+        tops.setdefault(name.split(".")[0], []).append(name)
+    groups = [[] for _ in range(min(jobs, len(tops)))]
+    for index, members in enumerate(tops.values()):
+        groups[index % len(groups)].extend(members)
+    return groups
+
+
+class _Worker:
+    """A child forked from this process (after the preload imports) that imports ``names`` and, when
+    the request asks for provenance, says this process's facts after them; its answer comes back
+    through a pipe drained by a thread (so the child never waits for the caller)."""
+
+    def __init__(self, names, provenance):
+        import threading
+
+        self.names = names
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            os.close(read)
+            code = 1
+            try:
+                answer = {"imports": {n: _import(n) for n in names}}
+                if provenance:
+                    answer["facts"] = _provenance(provenance, [], only_facts=True)
+                data = json.dumps(answer).encode()
+                while data:
+                    data = data[os.write(write, data):]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        self._chunks = []
+        self._thread = threading.Thread(target=self._drain, args=(read,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, fd):
+        with os.fdopen(fd, "rb") as handle:
+            for chunk in iter(lambda: handle.read(65536), b""):
+                self._chunks.append(chunk)
+
+    def collect(self):
+        """``{"imports": {name: result}, "facts": ...}`` once the child has ended; a child that died
+        without answering has each of its names failed with how it ended."""
+        self._thread.join()
+        _, status = os.waitpid(self.pid, 0)
+        try:
+            return json.loads(b"".join(self._chunks))
+        except ValueError:
+            how = ("killed by signal {}".format(os.WTERMSIG(status)) if os.WIFSIGNALED(status)
+                   else "exit status {}".format(os.WEXITSTATUS(status)))
+            return {"imports": {n: {"name": n, "ok": False, "version": None, "file": None, "where": None,
+                                    "error": "SystemError: the import worker ended ({}) without answering".format(how),
+                                    "seconds": None} for n in self.names}}
+
+
+def _merged(report, others):
+    """The provenance report of this process with the shared objects and extension modules the
+    import workers (``others``: their facts) mapped added: together, what one process importing
+    every name would have mapped."""
+    for key in ("mapped", "extension_modules", "beside_source"):
+        seen = {json.dumps(v) for v in report.get(key, [])}
+        for other in others:
+            for value in other.get(key, []):
+                if json.dumps(value) not in seen:
+                    seen.add(json.dumps(value))
+                    report[key].append(value)
+    return report
+
+
+def _preload(native):
+    """The preload modules to import before anything else (those of ``optional`` only where
+    installed)."""
     optional = set(native.get("optional") or ())
-    preload = [n for n in native.get("preload", [])
-               if n not in optional or importlib.util.find_spec(n) is not None]
-    at = 0
-    while at < len(preload) and at < len(names) and names[at] == preload[at]:
-        at += 1
-    return preload, at
+    return [n for n in native.get("preload", [])
+            if n not in optional or importlib.util.find_spec(n) is not None]
 
 
 def _fork_loader(native, preload, results):
@@ -118,9 +226,14 @@ def _fork_loader(native, preload, results):
     return script["Forked"](preload, sys.stdin.buffer)
 
 
-def _provenance(request, results):
+def _provenance(request, results, only_facts=False):
     """``stage_provenance``'s report of this process, its ``modules`` imported (those not yet
-    imported here, in its order; each one's outcome as it was here)."""
+    imported here, in its order; each one's outcome as it was here); ``only_facts``: this
+    process's facts as they are, importing nothing more (an import worker's)."""
+    if only_facts:
+        script = {"__name__": "_transplant_stage_provenance"}
+        exec(compile(request["source"], "stage_provenance.py", "exec"), script)  # noqa: S102 - transplant's own script
+        return script["facts"]([])
     done = {r["name"]: {"name": r["name"], "ok": r["ok"], "error": r["error"] and r["error"][:500]} for r in results}
     optional = set(request.get("optional") or ())
     imported = []

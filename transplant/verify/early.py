@@ -59,8 +59,10 @@ def first_line(modules: list[str], optional: list[str], preload: list[str], gues
     """The first line of the imports script's request: the provenance script's ``facts`` after
     ``modules`` (``optional`` ones only where installed) under ``"provenance"``, and the loader
     child of native-load forked once ``preload`` is imported (only those installed when
-    ``guess``), whose paths come on the second line (:func:`second_line`)."""
-    return json.dumps({"provenance": {"modules": modules, "optional": optional,
+    ``guess``), whose paths come on the second line (:func:`second_line`); the names imported
+    by as many processes as the host has CPUs (at most 4)."""
+    return json.dumps({"jobs": "auto",
+                       "provenance": {"modules": modules, "optional": optional,
                                       "source": remote.source("stage_provenance").decode()},
                        "native": {"preload": preload, "optional": preload if guess else [],
                                   "source": remote.source("stage_native").decode()}}).encode() + b"\n"
