@@ -3,6 +3,7 @@ and history, driving the ``applier`` host script (see :mod:`transplant.remote.ap
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import socket
@@ -13,7 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from transplant.errors import TransactionError
+from transplant.core.units import visible
+from transplant.errors import HostError, TransactionError
 from transplant.hosts.host import Host
 from transplant.hosts.probing import ScriptSession, run_script
 from transplant.reporting import QUIET, Reporter
@@ -35,6 +37,7 @@ __all__ = [
     "check_state",
     "history",
     "undo",
+    "reply_problem",
 ]
 
 
@@ -96,7 +99,9 @@ def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: b
 
     :param check: raise when the reply says ``ok: false``; False returns it for the caller.
     :raises TransactionError: the operation failed (with ``check``).
-    :raises HostError: as :func:`transplant.hosts.probing.run_script`.
+    :raises HostError: as :func:`transplant.hosts.probing.run_script`, or the reply is not of the
+        shape the applier gives for ``op`` (:func:`reply_problem`; the session's process is ended
+        and the session answers every later request with that error).
     """
     with _OPEN_LOCK:
         opened = _OPEN.get(_key(host, venv))
@@ -104,9 +109,98 @@ def call(host: Host, venv: str, op: str, request: Mapping[str, Any], *, check: b
         reply = opened.request(op, request, timeout=timeout)
     else:
         reply = run_script(host, venv, "applier", [op], request=dict(request), timeout=timeout)
+    problem = reply_problem(op, reply)
+    if problem is not None:
+        error = HostError(f"{host.label}:{venv}: the applier's reply to {_DOING.get(op, op)} is not one the applier "
+                          f"gives ({visible(problem, 200)}); nothing more is asked of that venv",
+                          hint="check that the venv's bin/python is a real Python interpreter (transplant's applier "
+                               "runs in it) and that nothing on the host prints to standard output")
+        if opened is not None:
+            opened.abandon(error)  # its process is not the applier: ended, and never asked again
+        raise error
     if check and not reply.get("ok"):
         raise TransactionError(f"{host.label}:{venv}: {_DOING.get(op, op)} failed: {reply.get('error')}")
     return reply
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _objects(*keys: tuple[str, Any]) -> Any:
+    """A check for a list of objects, each with ``keys`` (``(name, check)``)."""
+    def check(value: Any) -> bool:
+        return isinstance(value, list) and all(
+            isinstance(v, dict) and all(test(v.get(name)) for name, test in keys) for v in value)
+    return check
+
+
+def _kind(*types: type) -> Any:
+    return lambda value: isinstance(value, types) and not isinstance(value, bool)
+
+
+_DICT, _LIST, _TEXT = _kind(dict), _kind(list), _kind(str)
+_TXNS = _objects(("id", _TEXT), ("state", _TEXT))
+
+#: What each applier operation's successful reply holds, beyond ``ok`` and ``error``: key ->
+#: (check, what it must be); every key is required. The keys the controller reads, no more.
+_OK_SHAPES: dict[str, dict[str, tuple[Any, str]]] = {
+    "pending": {"interrupted": (_TXNS, "a list of transactions (objects with id and state)"),
+                "lock": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+                "active": (lambda v: v is None or _count(v), "a process id or null"),
+                "exists": (lambda v: isinstance(v, bool), "true or false")},
+    "begin": {"staged": (_TEXT, "a path"), "free": (_count, "a byte count"), "needed": (_count, "a byte count")},
+    "heads": {"rewritten": (_LIST, "a list")},
+    "records": {"rows": (_count, "a row count")},
+    "check": {"differ": (_texts, "a list of strings"), "verified": (_DICT, "an object")},
+    "state": {"differ": (_texts, "a list of strings")},
+    "commit": {"steps": (_count, "a step count"), "removed": (_count, "a file count")},
+    "rollback": {"steps": (_count, "a step count")},
+    "txn": {"plan": (lambda v: isinstance(v, dict) and _objects(("path", _TEXT), ("op", _TEXT))(v.get("steps")),
+                     "an object whose steps are a list of objects with path and op"),
+            "state": (_TEXT, "a string"), "before": (_DICT, "an object"), "after": (_DICT, "an object"),
+            "committed_at": (lambda v: v is None or _number(v), "a time or null")},
+    "history": {"events": (_objects(), "a list of objects"), "transactions": (_TXNS, "a list of transactions "
+                                                                                       "(objects with id and state)")},
+    "tidy": {"removed": (lambda v: isinstance(v, bool), "true or false")},
+}
+#: The keys a failed reply may hold that the controller reads: checked when present.
+_FAILED_SHAPES: dict[str, dict[str, tuple[Any, str]]] = {
+    "lock": {"held": (_DICT, "an object")},
+    "begin": {"needed": (_count, "a byte count"), "free": (_count, "a byte count"),
+              "unwritable": (_texts, "a list of strings")},
+    "check": {"differ": (_texts, "a list of strings")},
+}
+
+
+def reply_problem(op: str, reply: Mapping[str, Any]) -> str | None:
+    """What is wrong with the applier's ``reply`` to ``op`` (one line naming the key and what it
+    must be), or None when it has the shape the applier gives: ``ok`` true or false, ``error`` a
+    string when not ok, and the keys the controller reads of that operation's reply (a session
+    that answers ``{"ok": true}`` to everything is caught here, not by a KeyError later)."""
+    ok = reply.get("ok")
+    if not isinstance(ok, bool):
+        return f"ok is {_shown(ok)}, not true or false"
+    if not ok and not isinstance(reply.get("error"), str):
+        return f"a failed reply whose error is {_shown(reply.get('error'))}, not a string"
+    for key, (test, what) in (_OK_SHAPES if ok else _FAILED_SHAPES).get(op, {}).items():
+        if (ok or key in reply) and not test(reply.get(key)):
+            return f"{key} is {_shown(reply.get(key)) if key in reply else 'missing'}, not {what}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A value of a reply, short, for a message."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 #: What each applier operation is, as the operator reads it in an error (``reading the

@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -335,7 +336,66 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Run the parsed command; returns its exit code."""
+    """Run the parsed command; returns its exit code.
+
+    Standard output and error are written through :class:`_Discarding` while it runs: a reader
+    that went away (``transplant apply M --yes | head -1``) never stops the command half-way;
+    its work is done (the output is not the work), the rest of its output discarded, and its
+    exit code is the work's."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Discarding(sys.stdout), _Discarding(sys.stderr)
+    try:
+        return _run_command(args)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+class _Discarding:
+    """A text stream that, once its reader is gone (a broken pipe), discards what is written
+    instead of raising: the descriptor is pointed at /dev/null (so the interpreter's last flush,
+    and whatever else writes there, succeed too) and every later write is dropped. Everything
+    else is the wrapped stream's.
+
+    :ivar closed_pipe: whether the reader went away.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def _gone(self) -> None:
+        self.closed_pipe = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+            self._stream.flush()  # what was buffered goes to /dev/null now
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured in tests)
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """:func:`_run`'s body, its output streams made :class:`_Discarding`."""
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
     wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
     console = _console(stream, wide)
@@ -345,7 +405,7 @@ def _run(args: argparse.Namespace) -> int:
         code = args.func(args, console)
         sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return code
-    except BrokenPipeError:
+    except BrokenPipeError:  # not through _Discarding (a stream of its own): the command stopped part-way
         return _closed_pipe()
     except TransplantError as exc:
         _print_error(console, exc)
@@ -388,30 +448,68 @@ def _print_error(console: Console, exc: TransplantError) -> None:
         console.print(Text(line), highlight=False, soft_wrap=True)
 
 
+#: Per thread, whether a :func:`_console`'s render is under way (its nested renders do not clean).
+_RENDERING = threading.local()
+
+
 def _console(stream: Any, width: int | None) -> Console:
     """rich's Console on ``stream`` (``width`` columns; None: the terminal's), but a closed pipe
-    is raised to :func:`main` (rich would exit with 1)."""
+    is raised to :func:`main` (rich would exit with 1), and every piece of text it writes has its
+    control characters made visible (:func:`transplant.core.units.visible_lines`).
+
+    The text is cleaned where it leaves rich, not where it is made: the plain lines, tables,
+    error messages, spinner and progress texts of every command all pass through
+    :meth:`Console.render`, and host names, paths, errors from hosts and registries, and names
+    from files reach them from many places; rich's own control codes (cursor moves, styles) are
+    segments of their own and are kept. (rich drops a few control characters itself, but not the
+    escape that starts a CSI or OSC sequence.)"""
     from rich.console import Console
+    from rich.segment import Segment
+
+    from transplant.core.units import visible_lines
 
     class _Console(Console):
         def on_broken_pipe(self) -> None:
             self.quiet = True
             raise BrokenPipeError
 
+        def render(self, renderable: Any, options: Any = None) -> Any:
+            # only the outermost render cleans: a table lays its cells out first and would crop
+            # a cell's text made longer inside it (what was laid out too narrow overflows instead)
+            if getattr(_RENDERING, "depth", 0):
+                yield from super().render(renderable, options)
+                return
+            _RENDERING.depth = 1
+            try:
+                for segment in super().render(renderable, options):
+                    text = segment.text
+                    if segment.control or text.isprintable() or text == "\n":
+                        yield segment
+                    else:
+                        yield Segment(visible_lines(text), segment.style)
+            finally:
+                _RENDERING.depth = 0
+
     return _Console(file=stream, width=width)
 
 
 def _closed_pipe() -> int:
-    """The reader of our output went away (``transplant plan | head``): not an error, exit 0 quietly.
+    """The reader of our output went away and the command stopped part-way (a write that did not
+    go through :class:`_Discarding`): its work may be unfinished, so this is a failure (1), said
+    on standard error where it is still open; never a quiet 0.
 
     As the Python documentation (``signal``, "Note on SIGPIPE") recommends: point standard
     output at /dev/null so that the interpreter's final flush does not fail again.
     """
     devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured in tests)
-            pass
+    try:
+        os.dup2(devnull, sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured in tests)
+        pass
     os.close(devnull)
-    return EXIT_OK
+    try:
+        print("error: the output pipe closed before the command ended; its work may be unfinished",
+              file=sys.__stderr__, flush=True)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_FAIL

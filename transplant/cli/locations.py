@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transplant.hosts.host import SSHOptions
 from transplant.core.hostspec import HostSpec
+from transplant.core.units import visible
 from transplant.errors import UsageError
 
 __all__ = ["is_location", "parse_location", "resolve_location"]
@@ -27,10 +28,20 @@ def is_location(text: str) -> bool:
 def parse_location(text: str) -> tuple[HostSpec, str]:
     """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
 
-    :raises UsageError: no ``:/`` in the text, a control character in the venv path, or a bad host part.
+    :raises UsageError: no ``:/`` in the text, bytes that are not UTF-8 (the command line's
+        undecodable bytes, as lone surrogates), a control character in the venv path, or a bad host part.
     """
     host, sep, venv = text.partition(":/")
     fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
+    if not _utf8(text):
+        # the command line's bytes that are not UTF-8 arrive as lone surrogates: they cannot go into the
+        # JSON of a host script's request, an SSH command or a message, so they are refused here, named
+        shown = visible(text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+        if not _utf8(host):
+            raise UsageError(f"{shown}: the host holds bytes that are not UTF-8 (shown as \\xNN)",
+                             hint="name the host in UTF-8 text, as ssh_config and DNS do")
+        raise UsageError(f"{shown}: the venv path holds bytes that are not UTF-8 (shown as \\xNN); transplant "
+                         f"names venvs in UTF-8 text only", hint="rename the folder to a UTF-8 name (mv), then name it so")
     if not sep:
         raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
     if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
@@ -39,6 +50,16 @@ def parse_location(text: str) -> tuple[HostSpec, str]:
         return HostSpec.parse(host), "/" + venv
     except ValueError as exc:
         raise UsageError(f"{text!r}: {exc}", hint=fix) from None
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogate, which is how Python decodes a command
+    line's bytes that are not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def resolve_location(text: str, identity_file: str | None = None,

@@ -8,6 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from transplant.controller.output_file import check_output
 from transplant.controller.regular_file import NotRegular, read_regular
 from transplant.errors import PlanError, TransplantError
 from transplant.core.plan import Plan, plan_from_dict, write_plan
@@ -22,19 +23,15 @@ MAX_PLAN_BYTES = 256 << 20
 def check_plan_destination(path: str | os.PathLike, *, manifest: str) -> None:
     """Refuse a ``--out`` path that cannot or must not be replaced by a plan file.
 
-    :raises TransplantError: its folder is missing, it is a folder or another non-regular
-        file (a device, a FIFO), or it is the manifest itself.
+    :raises TransplantError: as :func:`transplant.controller.output_file.check_output` (its folder
+        is missing or takes no new file, it is a folder or another non-regular file: a device, a
+        FIFO, a symlink), or it is the manifest itself.
     """
     target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    fix = "give --out a new file name in an existing folder, e.g. --out plan.json"
-    if not parent.is_dir():
-        raise TransplantError(f"--out {path}: the folder {parent} does not exist", hint=fix)
-    if target.exists() or target.is_symlink():
-        if not target.is_file() or target.is_symlink():
-            raise TransplantError(f"--out {path}: exists and is not a regular file; refusing to replace it", hint=fix)
-        if target.resolve() == Path(manifest).resolve():
-            raise TransplantError(f"--out {path}: that is the manifest itself", hint=fix)
+    fix = "give --out a new file name in a folder you can write, e.g. --out plan.json"
+    check_output(path, option="--out", replace=True, hint=fix)
+    if target.exists() and target.resolve() == Path(manifest).resolve():
+        raise TransplantError(f"--out {path}: that is the manifest itself", hint=fix)
 
 
 def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
@@ -46,7 +43,10 @@ def save_plan(plan: Plan, path: str | os.PathLike, *, manifest: str) -> None:
     """
     check_plan_destination(path, manifest=manifest)
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent) or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent) or ".")
+    except OSError as exc:  # the folder changed since the check
+        raise TransplantError(f"--out {path}: cannot write the plan ({exc.strerror or exc})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             # the manifest's path absolute: the plan is applied from any folder

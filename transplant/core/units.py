@@ -3,7 +3,7 @@ cut to a length at a word boundary."""
 
 from __future__ import annotations
 
-__all__ = ["human_bytes", "count", "agree", "clip", "visible"]
+__all__ = ["human_bytes", "count", "agree", "clip", "visible", "visible_lines"]
 
 
 def human_bytes(count: int | None) -> str:
@@ -57,3 +57,15 @@ def visible(text: str, limit: int = 300) -> str:
     unprintable character shown as its escape (``\\x1b``), so nothing it holds acts on a terminal."""
     shown = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text[:limit])
     return shown + ("..." if len(text) > limit else "")
+
+
+def visible_lines(text: str) -> str:
+    """``text`` whole with each control or other unprintable character but the line break shown as
+    its escape (``\\x1b``, ``\\u202e``, a non-UTF-8 byte's ``\\udcff``), so nothing it holds acts on a
+    terminal (an escape sequence repaints or retitles it; a bidirectional override reorders what is
+    read); text without such characters is returned as it is (one check per line)."""
+    if text.isprintable():
+        return text
+    return "\n".join(line if line.isprintable() else
+                     "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in line)
+                     for line in text.split("\n"))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from transplant import remote
 from transplant.collector import collector_paused
+from transplant.core.units import human_bytes, visible
 from transplant.errors import HostError, ProbeError
 from transplant.hosts.controller_cache import ControllerCache, HashGroups
 from transplant.hosts.host import Host, LocalHost, kill_group
@@ -204,14 +205,44 @@ def _no_reply(host: Host, venv: str, script: str, python: str, returncode: int |
 
 
 def _document(label: str, script: str, line: str) -> dict[str, Any]:
-    """The JSON object of a host script's reply line."""
+    """The JSON object of a host script's reply line.
+
+    :raises HostError: the line is not JSON, is nested deeper than the decoder recurses (the C
+        decoder stops at the interpreter's recursion limit with a RecursionError: bounded, never
+        a crash), or is not an object; the message shows the line's start with its control
+        characters made visible.
+    """
     try:
         document = json.loads(line)
     except ValueError as exc:
-        raise HostError(f"{label}: the {script} script printed something that is not JSON ({exc})") from None
+        raise HostError(f"{label}: the {script} script printed something that is not JSON ({exc}): "
+                        f"{visible(line, 120)}", hint=_NOT_OURS) from None
+    except RecursionError:
+        raise HostError(f"{label}: the {script} script printed a JSON document nested too deeply to read "
+                        f"({len(line)} characters)", hint=_NOT_OURS) from None
     if not isinstance(document, dict):
-        raise HostError(f"{label}: the {script} script printed {type(document).__name__}, expected an object")
+        raise HostError(f"{label}: the {script} script printed {type(document).__name__}, expected an object",
+                        hint=_NOT_OURS)
     return document
+
+
+#: The hint of a reply no transplant host script prints.
+_NOT_OURS = ("transplant's host scripts print one JSON object per reply; check that the venv's bin/python is a "
+             "real Python interpreter and that nothing on the host (a shell start file, a sitecustomize) prints "
+             "to standard output")
+
+
+#: The first line a :class:`ScriptSession` on an SSH host prints on stderr: ``#transplant-pid PID``.
+_PID_LINE = b"#transplant-pid"
+
+#: The largest reply line a :class:`ScriptSession` reads (bytes): the real pair's transaction
+#: record is 37 MB; a line past this is not a reply of transplant's applier.
+REPLY_LIMIT = 256 << 20
+#: Once a reply (or a request) started moving, at least :data:`REPLY_PACE` bytes must pass in each
+#: :data:`REPLY_STALL` seconds until its line ends (a progress deadline: a host trickling a byte
+#: every few seconds is stopped, a slow link is not).
+REPLY_STALL = 60.0
+REPLY_PACE = 64 << 10
 
 
 class ScriptSession:
@@ -224,34 +255,70 @@ class ScriptSession:
     timeout) the next request starts a fresh one. :meth:`close` ends its input, so it exits.
     Requests are sent one at a time (a lock serialises threads).
 
+    A reply no applier gives (a line longer than ``limit``, one that stalls once begun, text
+    that is not a JSON object, a document nested too deeply, a reply that does not count the
+    requests served: see :meth:`request`) ends the process (its process group killed; over SSH
+    the local ``ssh``, and the remote process by the pid its shell said on stderr before it ran
+    the interpreter) and breaks the session: every later request raises the same error and
+    starts nothing, so a host that answers badly is never asked again in this command.
+
     :ivar started: how many processes this session has started (1 for a session that never
         lost its process).
+    :ivar pids: the local process id of each process started, oldest first (the venv's python
+        for a local host, ``ssh`` for an SSH host).
     """
 
-    def __init__(self, host: Host, venv: str, script: str = "applier", *, python: str | None = None) -> None:
+    def __init__(self, host: Host, venv: str, script: str = "applier", *, python: str | None = None,
+                 limit: int = REPLY_LIMIT, stall: float = REPLY_STALL, pace: int = REPLY_PACE) -> None:
+        """:param limit: the longest reply line read, in bytes (:data:`REPLY_LIMIT`).
+        :param stall: seconds in which a reply or request under way must move ``pace`` bytes
+            (:data:`REPLY_STALL`, :data:`REPLY_PACE`)."""
         self.host, self.venv, self.script = host, venv, script
         self.python = python or venv_python(venv)
         self.label = f"{host.label}:{venv}"
         self.started = 0
+        self.pids: list[int] = []
+        self.limit, self.stall, self.pace = limit, stall, pace
         self._proc: subprocess.Popen | None = None
         self._buffer = b""
+        self._served = 0
+        self._broken: HostError | None = None
+        self._remote_pid: int | None = None
+        self._said_pid = threading.Event()
         self._stderr = bytearray()
         self._lock = threading.Lock()
 
     def _start(self) -> subprocess.Popen:
         code = remote.source(self.script).decode()
         flags = _isolation(self.script)
-        self._buffer, self._stderr = b"", bytearray()
+        self._buffer, self._stderr, self._served = b"", bytearray(), 0
+        argv = [self.python, *flags, "-c", code, "--session"]
+        remote_host = not isinstance(self.host, LocalHost)
+        if remote_host:
+            # the remote process's pid, said first on its stderr, so that a session broken for a bad
+            # reply can end it (killing the local ssh only closes its channel: a program that
+            # neither reads nor writes would live on); exec keeps that pid for the interpreter
+            argv = ["sh", "-c", f'echo "{_PID_LINE.decode()} $$" >&2; exec "$@"', "sh", *argv]
+        self._remote_pid: int | None = None
+        said = self._said_pid = threading.Event()
         try:
-            proc = self.host.spawn([self.python, *flags, "-c", code, "--session"])
+            proc = self.host.spawn(argv)
         except OSError as exc:  # a local interpreter that is missing: as a shell (and SSH) reports it
             raise _no_reply(self.host, self.venv, self.script, self.python,
                             127 if isinstance(exc, FileNotFoundError) else 126,
                             f"{self.python}: {exc.strerror or 'No such file or directory'}".encode()) from None
         self.started += 1
+        self.pids.append(proc.pid)
         errors = self._stderr
 
         def drain() -> None:  # its stderr, kept to the last 8 KiB, so the pipe never fills
+            if remote_host:
+                first = proc.stderr.readline(128)
+                if first.startswith(_PID_LINE + b" ") and first[len(_PID_LINE) + 1:].strip().isdigit():
+                    self._remote_pid = int(first[len(_PID_LINE) + 1:])
+                else:
+                    errors.extend(first)
+            said.set()
             for chunk in iter(lambda: proc.stderr.read1(1 << 14), b""):
                 errors.extend(chunk)
                 del errors[:-8192]
@@ -266,7 +333,7 @@ class ScriptSession:
         (an apply starts the applier while it plans); nothing is asked. A failure to start is
         left for the first request to report (it starts a process again)."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
+            if self._broken is None and (self._proc is None or self._proc.poll() is not None):
                 try:
                     self._start()
                 except HostError:
@@ -275,31 +342,126 @@ class ScriptSession:
     def request(self, op: str, request: Mapping[str, Any], *, timeout: float | None = 3600.0) -> dict[str, Any]:
         """Send one operation and return its reply.
 
-        :param timeout: seconds to wait for the reply; None waits without limit. Past it the
-            local process is killed (over SSH the remote one may finish its step on its own).
+        :param timeout: seconds to wait for the reply (its request's sending included); None
+            waits without limit. Past it the local process is killed (over SSH the remote one
+            may finish its step on its own). Whatever the timeout, a request or reply that
+            started moving must keep moving (``stall``, ``pace``).
         :raises HostError: the process could not start, died without replying (its stderr tail
-            in the message; the next request starts a fresh one), timed out, or replied with
-            something that is not a JSON object.
+            in the message; the next request starts a fresh one), timed out, or replied with a
+            line longer than ``limit``, one that stalled, something that is not a JSON object,
+            one nested too deeply, or one whose ``served`` is not the count of requests this
+            process was sent (its output is out of step: another program answers); each of the
+            last five also breaks the session (see the class).
         """
         line = (json.dumps({"op": op, "request": dict(request)}) + "\n").encode()
         with self._lock:
+            if self._broken is not None:
+                raise self._broken
             proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                proc.stdin.write(line)
-                proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                pass  # it died: the read below reports why
-            try:
-                reply = self._read_line(proc, timeout)
-            except HostError:
+                self._send(proc, line, deadline, timeout)
+                del line
+                reply = self._read_line(proc, deadline, timeout)
+                self._served += 1
+                document = _document(self.label, self.script, reply.decode("utf-8", "replace"))
+                del reply
+                served = document.get("served")
+                if "served" not in document:
+                    raise HostError(
+                        f"{self.label}: the {self.script} script's reply to request {self._served} of its process "
+                        f"does not count the requests served, as every reply of transplant's {self.script} does: "
+                        f"another program answers", hint=_NOT_OURS)
+                if served != self._served or isinstance(served, bool):
+                    raise HostError(
+                        f"{self.label}: the {self.script} script's reply to request {self._served} of its "
+                        f"process counts {visible(json.dumps(served), 40)} requests served; its output is out of "
+                        f"step with its requests", hint=_NOT_OURS)
+            except _Malformed as exc:
+                self._break(proc, exc.error)
+                raise exc.error from None
+            except HostError as exc:
+                if exc.hint is _NOT_OURS:  # not an applier's reply: never asked again
+                    self._break(proc, exc)
                 raise
             except BaseException:  # interrupted while waiting (Ctrl-C): stopped, as a one-off command is,
                 kill_group(proc)   # so that no late reply is ever read as the next request's
                 self._proc = None
                 raise
-        return _document(self.label, self.script, reply.decode("utf-8", "replace"))
+        return document
 
-    def _read_line(self, proc: subprocess.Popen, timeout: float | None) -> bytes:
+    def abandon(self, error: HostError) -> None:
+        """Break the session for a reply its caller found malformed (of another shape than the
+        operation's): its process ends, as for a reply :meth:`request` refuses itself, and every
+        later request raises ``error`` and starts nothing."""
+        with self._lock:
+            proc = self._proc
+            if proc is not None:
+                self._break(proc, error)
+            self._broken = error
+
+    def _break(self, proc: subprocess.Popen, error: HostError) -> None:
+        """End ``proc`` (its input closed, its process group killed) and keep ``error`` as the
+        answer to every later request."""
+        self._broken = error
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        kill_group(proc)
+        self._said_pid.wait(timeout=5)
+        remote_pid = self._remote_pid
+        if remote_pid is not None:  # over SSH: the host's process too, by the pid it said
+            try:
+                self.host.run(["kill", "-KILL", str(remote_pid)], timeout=30)
+            except (HostError, OSError, ValueError):
+                pass  # the host is gone: so is the session's channel
+        self._drain.join(timeout=5)
+        self._proc, self._buffer = None, b""
+
+    def _stalled(self, moving: str) -> _Malformed:
+        return _Malformed(HostError(
+            f"{self.label}: the {self.script} script's {moving} moved less than {self.pace} bytes in "
+            f"{self.stall:g} s; stopped", hint=_NOT_OURS))
+
+    def _send(self, proc: subprocess.Popen, data: bytes, deadline: float | None, timeout: float | None) -> None:
+        """Write ``data`` to the process's input without ever blocking past ``deadline`` or a
+        stall (a process that reads nothing would otherwise hold the controller in ``write``
+        for good); a process that is gone is left for the read to report.
+
+        :raises _Malformed: the process took less than ``pace`` bytes in ``stall`` seconds.
+        :raises HostError: ``deadline`` passed (the process is killed).
+        """
+        fd = proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        view, sent = memoryview(data), 0
+        window, moved = time.monotonic(), 0
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_WRITE)
+            while sent < len(view):
+                try:
+                    wrote = os.write(fd, view[sent:sent + (1 << 20)])
+                except BlockingIOError:
+                    wrote = 0
+                except OSError:  # it died (a broken pipe): the read reports why
+                    return
+                sent += wrote
+                moved += wrote
+                now = time.monotonic()
+                if now - window >= self.stall:
+                    if moved < self.pace:
+                        raise self._stalled("request (it reads nothing)")
+                    window, moved = now, 0
+                if wrote:
+                    continue
+                if deadline is not None and now >= deadline:
+                    self._kill(proc)
+                    raise HostError(f"{self.label}: the {self.script} script took no request within {timeout:g} s "
+                                    f"and was stopped")
+                wait = window + self.stall - now
+                selector.select(max(0.0, wait if deadline is None else min(wait, deadline - now)))
+
+    def _read_line(self, proc: subprocess.Popen, deadline: float | None, timeout: float | None) -> bytes:
         """The next reply line (without its newline), read until it ends.
 
         The pieces read are kept apart and only the newest is searched for the newline, so a
@@ -307,20 +469,34 @@ class ScriptSession:
         not one pass over all that came before for each piece (7.8 s for that reply, against
         0.45 s to read it in the host's own process).
 
-        :raises HostError: the script gave no reply within ``timeout`` seconds, or ended first.
+        Before its first byte a reply may take until ``deadline`` (the step runs on the host);
+        once begun it must move ``pace`` bytes in each ``stall`` seconds, and end within
+        ``limit`` bytes.
+
+        :raises _Malformed: the line passed ``limit`` bytes, or stalled once begun.
+        :raises HostError: the script gave no reply before ``deadline``, or ended first.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
         fd = proc.stdout.fileno()
         pieces, end = [self._buffer], self._buffer.find(b"\n")
+        size = len(self._buffer)
+        window, moved = time.monotonic(), 0
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
             while end < 0:
-                left = None if deadline is None else deadline - time.monotonic()
+                now = time.monotonic()
+                if size and now - window >= self.stall:
+                    if moved < self.pace:
+                        raise self._stalled(f"reply (begun, {size} bytes so far)")
+                    window, moved = now, 0
+                left = None if deadline is None else deadline - now
                 if left is not None and left <= 0:
                     self._kill(proc)
                     raise HostError(f"{self.label}: the {self.script} script gave no reply within {timeout:g} s "
                                     f"and was stopped")
-                if not selector.select(left):
+                wait = left
+                if size:
+                    wait = window + self.stall - now if wait is None else min(wait, window + self.stall - now)
+                if not selector.select(None if wait is None else max(0.0, wait)):
                     continue
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
@@ -329,8 +505,16 @@ class ScriptSession:
                     self._drain.join(timeout=5)
                     raise _no_reply(self.host, self.venv, self.script, self.python, proc.returncode,
                                     bytes(self._stderr))
-                pieces.append(chunk)
+                if not size:
+                    window = time.monotonic()  # the reply begins: its pace is measured from here
+                size += len(chunk)
+                moved += len(chunk)
                 end = chunk.find(b"\n")
+                if (size if end < 0 else size - len(chunk) + end) > self.limit:
+                    raise _Malformed(HostError(
+                        f"{self.label}: the {self.script} script's reply passed {human_bytes(self.limit)} without "
+                        f"ending; stopped", hint=_NOT_OURS))
+                pieces.append(chunk)
         line, _, self._buffer = b"".join(pieces).partition(b"\n")
         return line
 
@@ -365,6 +549,15 @@ class ScriptSession:
                     stream.close()
                 except OSError:
                     pass
+
+
+class _Malformed(Exception):
+    """Raised inside :meth:`ScriptSession.request` for a reply no applier gives (``error``: what
+    the caller is told); the session ends its process and breaks on it."""
+
+    def __init__(self, error: HostError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class WaitingScript:

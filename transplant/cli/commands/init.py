@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from transplant.cli.progress import Shown
+from transplant.controller.output_file import check_output
 from transplant.errors import TransplantError
 from transplant.pipeline.gather import gather
 from transplant.hosts.host import SSHOptions, connect
@@ -53,6 +54,8 @@ def init_command(args: argparse.Namespace, console: Console,
                               hint="give another --out, or move the file away first")
     if not out.parent.is_dir():
         raise TransplantError(f"{out}: its folder {out.parent} does not exist", hint="create the folder first")
+    check_output(out, option="--out", replace=False, hint="give --out a new file name in a folder you can write, "
+                                                          "e.g. --out manifest.yaml")
     donor_spec, donor_venv = parse_location(args.donor)
     target_spec, target_venv = parse_location(args.target)
     options = SSHOptions.from_files(args.identity_file, args.known_hosts)

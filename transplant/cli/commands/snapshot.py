@@ -69,6 +69,10 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     if not isinstance(manifest.donor, Endpoint):
         raise TransplantError(f"{manifest.path}: the donor is already a snapshot ({manifest.donor.path})",
                               hint="snapshot a manifest whose donor is a host")
+    from transplant.controller.output_file import check_output_folder
+
+    check_output_folder(store, option="--out", hint="name a folder you can write for the store, e.g. --out "
+                                                    "snapshots (or leave --out out: the state folder's)")
     with ExitStack() as stack:
         with console.status(f"connecting to the donor {manifest.donor.host}"):
             donor = stack.enter_context(connect(manifest.donor.host, ssh_options(manifest)))

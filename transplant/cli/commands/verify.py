@@ -138,11 +138,17 @@ def _clear_line(caches: list, names: tuple[str, ...], again: str) -> str:
 
 
 def _check_junit(path: str) -> None:
+    """Refuse a ``--junit`` destination before verify runs (see
+    :func:`transplant.controller.output_file.check_output`)."""
+    from transplant.controller.output_file import check_output
+
     target = Path(path)
     if target.is_dir() or (target.exists() and not target.is_file()):
         raise TransplantError(f"--junit {path}: not a regular file", hint="name a file, e.g. --junit verify.xml")
     if not target.resolve().parent.is_dir():
         raise TransplantError(f"--junit {path}: its folder does not exist", hint="create the folder first")
+    check_output(path, option="--junit", replace=True, hint="name a file in a folder you can write, e.g. --junit "
+                                                            "verify.xml")
 
 
 def is_location(text: str) -> bool:
