@@ -190,8 +190,10 @@ def test_snapshot_reports_its_steps_and_the_bytes_read(world):
     recorded = RecordingReporter()
     result = capture(manifest, LocalHost(), world / "store", reporter=recorded)
     steps = recorded.steps()
-    assert steps[0].startswith("probing the donor") and steps[-1] == f"reading {result.fetched} file{'' if result.fetched == 1 else 's'} from the donor"
-    read = recorded.progress_of(steps[-1])
+    reading = f"reading {result.fetched} file{'' if result.fetched == 1 else 's'} from the donor"
+    assert steps[0].startswith("probing the donor") and reading in steps
+    assert steps[-1] == "running the donor's verify stages in its venv, to stand in for it when it is gone"
+    read = recorded.progress_of(reading)
     assert read and monotone(read) and read[-1][0] == read[-1][1] > 30 * 4000
 
 

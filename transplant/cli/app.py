@@ -397,8 +397,7 @@ class _Discarding:
 def _run_command(args: argparse.Namespace) -> int:
     """:func:`_run`'s body, its output streams made :class:`_Discarding`."""
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
-    wide = None if stream.isatty() or "COLUMNS" in os.environ else 120  # piped: no 80-column squeeze
-    console = _console(stream, wide)
+    console = _console(stream, None if stream.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
     from rich.text import Text
 
     try:
@@ -452,6 +451,12 @@ def _print_error(console: Console, exc: TransplantError) -> None:
 _RENDERING = threading.local()
 
 
+#: The width laid out for a pipe or a file (no ``COLUMNS``): wide enough that nothing is wrapped,
+#: so each finding, path and hint stays on its own line for grep; tables are only as wide as
+#: their content.
+PIPE_WIDTH = 4000
+
+
 def _console(stream: Any, width: int | None) -> Console:
     """rich's Console on ``stream`` (``width`` columns; None: the terminal's), but a closed pipe
     is raised to :func:`main` (rich would exit with 1), and every piece of text it writes has its
@@ -462,9 +467,17 @@ def _console(stream: Any, width: int | None) -> Console:
     :meth:`Console.render`, and host names, paths, errors from hosts and registries, and names
     from files reach them from many places; rich's own control codes (cursor moves, styles) are
     segments of their own and are kept. (rich drops a few control characters itself, but not the
-    escape that starts a CSI or OSC sequence.)"""
-    from rich.console import Console
+    escape that starts a CSI or OSC sequence.)
+
+    Off a terminal (a pipe, a file) text is not wrapped, tables have no box drawing (their
+    columns are separated by spaces) and no line ends in padding; ``NO_COLOR`` (no-color.org: set
+    and not empty) drops every style, bold included, on a terminal too."""
+    import copy
+
+    from rich.console import Console, Group
     from rich.segment import Segment
+    from rich.table import Table
+    from rich.text import Text
 
     from transplant.core.units import visible_lines
 
@@ -476,21 +489,49 @@ def _console(stream: Any, width: int | None) -> Console:
         def render(self, renderable: Any, options: Any = None) -> Any:
             # only the outermost render cleans: a table lays its cells out first and would crop
             # a cell's text made longer inside it (what was laid out too narrow overflows instead)
+            plain = not self.is_terminal
+            if plain and isinstance(renderable, Table) and (renderable.box is not None or renderable.title):
+                title = renderable.title
+                renderable = copy.copy(renderable)  # the caller's table keeps its box and title
+                renderable.box, renderable.title = None, None
+                if title:  # a line of its own: never folded to the table's width
+                    renderable = Group(title if isinstance(title, Text) else Text(str(title)), renderable)
             if getattr(_RENDERING, "depth", 0):
                 yield from super().render(renderable, options)
                 return
             _RENDERING.depth = 1
             try:
+                line: list[Segment] = []
                 for segment in super().render(renderable, options):
                     text = segment.text
-                    if segment.control or text.isprintable() or text == "\n":
+                    if not (segment.control or text.isprintable() or text == "\n"):
+                        segment = Segment(visible_lines(text), segment.style)
+                    if not plain:
+                        yield segment
+                    elif segment.text == "\n":  # a line's end: its padding dropped
+                        yield from _without_padding(line)
+                        line = []
                         yield segment
                     else:
-                        yield Segment(visible_lines(text), segment.style)
+                        line.append(segment)
+                yield from _without_padding(line)
             finally:
                 _RENDERING.depth = 0
 
-    return _Console(file=stream, width=width)
+    no_color = bool(os.environ.get("NO_COLOR"))
+    return _Console(file=stream, width=width, soft_wrap=width == PIPE_WIDTH,
+                    **({"color_system": None} if no_color else {}))
+
+
+def _without_padding(line: list[Any]) -> list[Any]:
+    """A line's segments less the spaces at its end (a table pads each cell to its column)."""
+    from rich.segment import Segment
+
+    while line and not line[-1].control and not line[-1].text.strip(" "):
+        line = line[:-1]
+    if line and not line[-1].control and line[-1].text != line[-1].text.rstrip(" "):
+        line = [*line[:-1], Segment(line[-1].text.rstrip(" "), line[-1].style)]
+    return line
 
 
 def _closed_pipe() -> int:

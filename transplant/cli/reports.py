@@ -6,7 +6,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -29,7 +28,7 @@ def snapshots_table(snapshots: Sequence[Any], store: str) -> Table:
     """One row per snapshot: id (never cut), when, distributions (count), files, bytes; the donor and
     the names follow below the table (:func:`snapshot_dists`)."""
     table = Table(title="snapshots in the store (its path above)" if len(store) > 40 else f"snapshots in {store}",
-                  title_justify="left", box=box.SIMPLE_HEAD)
+                  title_justify="left")
     longest = max((len(s.id) for s in snapshots), default=2)
     table.add_column("id", no_wrap=True, min_width=longest)  # an id is typed back whole (--prune ID, donor: {snapshot: ID})
     for column in ("taken (UTC)", "dists", "files", "bytes"):

@@ -403,8 +403,8 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
 class _Answer:
     """An open answer: ``status``, ``headers``, bounded reads under the progress deadline; close it."""
 
-    def __init__(self, response: Any, progress: _Progress | None, where: str) -> None:
-        self.response, self.progress, self.where = response, progress, where
+    def __init__(self, response: Any, deadline: _Progress | None, where: str) -> None:
+        self.response, self.progress, self.where = response, deadline, where
         self.status = response.status
         self.headers = response.headers
 

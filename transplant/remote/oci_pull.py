@@ -147,8 +147,8 @@ class Redirects(urllib.request.HTTPRedirectHandler):
         return out
 
 
-def too_slow(progress, what):
-    return Slow("%s came slower than %d bytes in %g s: stopped" % (what, progress.least, progress.seconds))
+def too_slow(deadline, what):
+    return Slow("%s came slower than %d bytes in %g s: stopped" % (what, deadline.least, deadline.seconds))
 
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")

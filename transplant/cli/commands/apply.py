@@ -356,6 +356,7 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
     ``--force``), ask (unless ``--yes``), then roll back."""
     with ExitStack() as stack:
         target, venv, label = _located(args, console, stack)
+        stack.enter_context(txn.session(target, venv))  # the question's checks and the rollback: one applier process
         quoted = shlex.quote(args.manifest)
         undone = txn.preview_undo(target, venv, to=args.to, force=args.force,
                                   listing=f"transplant history {quoted}")
