@@ -309,7 +309,13 @@ def test_history_table_says_whether_each_verify_passed():
     console = Console(width=300, record=True, color_system=None)
     console.print(table)
     text = console.export_text()
-    assert "applied 00:00:00, verify failed 00:01:00, verify passed 00:02:00, verify ? 00:03:00" in text
+    # several verifies of one transaction: one entry, the last outcome where it stands, and the count of each
+    assert "applied 00:00:00, verify ? 00:03:00 (3 verifies: 1 passed, 1 failed, 1 ?)" in text
+    for ok, said in ((False, "verify failed 00:01:00"), (True, "verify passed 00:01:00")):
+        console = Console(width=300, record=True, color_system=None)
+        console.print(history_table([{"id": "t1", "state": "committed", "source": "d", "steps": 3}],
+                                    [events[0], {**events[1], "ok": ok}], "local:/v"))
+        assert f"applied 00:00:00, {said}" in console.export_text()
 
 
 def test_imports_needing_the_driver_are_not_checkable_without_one():

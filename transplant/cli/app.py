@@ -508,12 +508,19 @@ def _console(stream: Any, width: int | None) -> Console:
                         segment = Segment(visible_lines(text), segment.style)
                     if not plain:
                         yield segment
-                    elif segment.text == "\n":  # a line's end: its padding dropped
-                        yield from _without_padding(line)
-                        line = []
-                        yield segment
-                    else:
+                        continue
+                    # a wrapped text (COLUMNS set off a terminal) is one segment holding its line
+                    # ends, each after the space it broke at: split there, so each line loses its padding
+                    if segment.control or "\n" not in segment.text:
                         line.append(segment)
+                        continue
+                    for index, part in enumerate(segment.text.split("\n")):
+                        if index:  # a line's end: its padding dropped
+                            yield from _without_padding(line)
+                            line = []
+                            yield Segment("\n")
+                        if part:
+                            line.append(Segment(part, segment.style))
                 yield from _without_padding(line)
             finally:
                 _RENDERING.depth = 0

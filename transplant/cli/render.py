@@ -110,44 +110,55 @@ def verify_junit(results: Sequence[StageResult], target: str) -> str:
 
 
 def inventory_table(inv: Inventory) -> Table:
-    """One row per distribution: name, version, files in RECORD, bytes, installer.
+    """One row per distribution: name, version, files in RECORD, RECORD's bytes, installer.
 
-    Files are the RECORD rows inside the venv; bytes are those files' sizes on disk when the
-    probe looked at them, else the sum of RECORD's size column (a summary: ``record_files``)."""
+    Files are the RECORD rows inside the venv; bytes are the sum of those rows' RECORD size
+    column, with or without ``--files`` (the summary's ``record_bytes``, or each file's
+    ``record_size``): the column keeps one meaning whatever the options, and its header says
+    which (sizes on disk, where ``--files`` looked at them, are in ``--json``)."""
     table = Table(title=f"{inv.label} (Python {inv.interpreter.version}, {inv.interpreter.machine}, "
                         f"glibc {inv.interpreter.glibc}; {inv.nvidia.reason or inv.nvidia.driver_version})",
                   title_justify="left")
-    for column in ("distribution", "version", "files", "bytes", "installer"):  # names and versions never wrap
-        table.add_column(column, justify="right" if column in ("files", "bytes") else "left",
+    for column in ("distribution", "version", "files", "bytes (RECORD)", "installer"):  # names and versions never wrap
+        table.add_column(column, justify="right" if column in ("files", "bytes (RECORD)") else "left",
                          no_wrap=column != "installer")
     for d in inv.distributions:
         if d.record is None and d.record_files is not None:
             count, size = d.record_files, d.record_bytes or 0
         else:
-            count, size = len(d.files), sum(e.size or 0 for e in d.files.values())
+            count, size = len(d.files), sum(e.record_size or 0 for e in d.files.values())
         table.add_row(Text(d.display_name), Text(d.raw_version or "?"), str(count), human_bytes(size),
                       Text(d.installer or "-"))
     return table
 
 
-def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], where: str) -> Group:
+def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]],
+                  where: str) -> Group | Text:
     """Transactions of a target, then one line per transaction naming its source: id, state, paths (those it leaves, as ``status``
     counts them; older records without them show their step count), and the events recorded for each.
 
     :param events: history entries ``{"id", "event", "time": epoch seconds, ...}``; a
         ``verified`` event carries ``ok`` (bool, written by :func:`transplant.recover.provenance.record_verified`)
         and is shown as ``verify passed`` or ``verify failed`` (``verify ?`` when ``ok`` is not a
-        bool): the word "verified" alone read as a success for verifies that failed. An outcome with
+        bool): the word "verified" alone read as a success for verifies that failed. The verify
+        events of one transaction are folded into one entry where it had more than one, at the place of its
+        last (``verify failed 12:00:09 (5 verifies: 3 passed, 2 failed)``): a target verified every few
+        minutes by a timer made the events cell thousands of entries long. An outcome with
         ``completed_by: "host"`` (a commit its host script completed after the controller died,
         recorded later by :func:`transplant.apply.txn.record_completed`) is shown as ``applied by the host``.
     :param where: the target, for the title.
+    :returns: the table and its source lines; with no transaction, the one line
+        ``no transactions in WHERE`` (a table without rows read as a fault of the output).
     """
+    if not transactions:
+        return Text(f"no transactions in {where}: transplant has applied nothing to this venv")
     table = Table(title=f"transactions in {where}", title_justify="left")
     longest = max((len(str(t["id"])) for t in transactions), default=2)
     table.add_column("id", no_wrap=True, min_width=longest)  # an id is typed back whole (rollback --to ID)
     for column in ("state", "paths", "events"):  # paths: the unit status counts
         table.add_column(column, no_wrap=column in ("state", "paths"))
     by_id: dict[str, list[str]] = {}
+    verifies: dict[str, list[str]] = {}  # per transaction: each verify's outcome (passed, failed, ?), in order
     for event in events:
         if not isinstance(event, Mapping):
             continue
@@ -157,12 +168,23 @@ def history_table(transactions: Sequence[Mapping[str, Any]], events: Sequence[Ma
         except (OverflowError, OSError, ValueError):
             stamp = "?"
         name = str(event.get("event"))
+        key = str(event.get("id"))
+        shown = by_id.setdefault(key, [])
         if name == "verified":
             ok = event.get("ok")
-            name = "verify passed" if ok is True else "verify failed" if ok is False else "verify ?"
-        elif event.get("completed_by") == "host":
+            outcome = "passed" if ok is True else "failed" if ok is False else "?"
+            outcomes = verifies.setdefault(key, [])
+            outcomes.append(outcome)
+            if len(outcomes) > 1:  # one entry for them all, where the last one stands
+                shown[:] = [entry for entry in shown if not entry.startswith("verify ")]
+                tally = ", ".join(f"{outcomes.count(o)} {o}" for o in ("passed", "failed", "?") if o in outcomes)
+                shown.append(f"verify {outcome} {stamp} ({len(outcomes)} verifies: {tally})")
+            else:
+                shown.append(f"verify {outcome} {stamp}")
+            continue
+        if event.get("completed_by") == "host":
             name = f"{name} by the host"
-        by_id.setdefault(str(event.get("id")), []).append(f"{name} {stamp}")
+        shown.append(f"{name} {stamp}")
     for t in transactions:
         table.add_row(Text(str(t["id"])), Text(str(t["state"])),
                       str(t.get("paths", t.get("steps", ""))), Text(", ".join(by_id.get(str(t["id"]), []))))
