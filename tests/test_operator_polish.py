@@ -33,11 +33,12 @@ def pair(tmp_path, monkeypatch):
     make_venv(tmp_path / "donor", [new, bar])
     make_venv(tmp_path / "target", [old, bar])
 
-    def manifest(name: str = "m.yaml", overlay: str = "[foo]", extra: str = "", target: str | None = None):
+    def manifest(name: str = "m.yaml", overlay: str = "[foo]", extra: str = "", target: Path | None = None,
+                 donor: Path | None = None):
         m = tmp_path / name
         m.write_text(textwrap.dedent(f"""\
             version: 1
-            donor: {{host: local, venv: {tmp_path / 'donor'}}}
+            donor: {{host: local, venv: {donor or tmp_path / 'donor'}}}
             target: {{host: local, venv: {target or tmp_path / 'target'}}}
             overlay: {overlay}
             """) + extra)
@@ -118,3 +119,106 @@ def test_the_inventory_bytes_column_is_records_sizes_with_or_without_files(pair)
     assert rows[()] == rows[("--files",)] and len(rows[()]) == 1, rows
     [row] = rows[()]
     assert "KiB" not in row and "MiB" not in row, row  # RECORD's few bytes, not the 64 KiB on disk
+
+
+# -- suggestions where a person mistypes -----------------------------------------------------------
+
+def test_a_misspelled_overlay_name_gets_did_you_mean_from_either_side(pair):
+    tmp_path, manifest = pair
+    wheels = sorted((tmp_path / "wheels").rglob("*.whl"))
+    old = [w for w in wheels if w.name.startswith(("foo-1.0", "bar_utils"))]
+    only = build_wheel(tmp_path / "wheels" / "only", "quux-tool", "1.0", {"quux_tool/__init__.py": "Q = 1\n"})
+    target = make_venv(tmp_path / "target2", [*old, only])
+    m = manifest(overlay="[foo, bar-utlis, quux-tol]", target=target)
+    code, piped, filed = run80(tmp_path, "plan", str(m))
+    assert code == 3
+    for text in (piped, filed):
+        said = flat(text)
+        assert "overlay entry 'bar-utlis' matches no distribution on the donor" in said, text
+        assert "did you mean bar-utils?" in said, text  # the donor's name
+        assert "did you mean quux-tool (on the target only)?" in said, text  # the target's, said to be there alone
+
+
+def test_a_misspelled_remove_name_gets_did_you_mean(pair):
+    tmp_path, manifest = pair
+    code, piped, filed = run80(tmp_path, "plan", str(manifest(extra="remove: [bar-utlis]\n")))
+    assert code == 0
+    for text in (piped, filed):
+        assert "remove entry 'bar-utlis' matches no distribution on the target; did you mean bar-utils?" in flat(text)
+
+
+def test_a_remove_that_collides_with_the_overlay_offers_both_fixes(pair):
+    tmp_path, manifest = pair
+    m = manifest(extra="remove: [foo]\n")
+    code, piped, filed = run80(tmp_path, "plan", str(m))
+    assert code == 0
+    for text in (piped, filed):
+        said = flat(text)
+        assert "remove entry 'foo' removes nothing: the overlay brings foo from the donor" in said, text
+        assert f"either drop 'foo' from remove: in {m} (the donor's foo arrives), or drop foo from overlay: " \
+               f"(the target's is removed)" in said, text
+
+
+def test_a_file_owner_conflict_offers_both_fixes(pair):
+    """foo-renamed on the donor writes foo's files (a renamed distribution); the target's foo stays."""
+    tmp_path, manifest = pair
+    renamed = build_wheel(tmp_path / "wheels" / "renamed", "foo-renamed", "3.0",
+                          {"foo/__init__.py": "V = 3\n", "foo/extra.py": "E = 3\n"})
+    donor = make_venv(tmp_path / "donor2", [renamed])
+    m = manifest(overlay="[foo-renamed]", donor=donor)
+    code, piped, filed = run80(tmp_path, "plan", str(m))
+    assert code == 3
+    for text in (piped, filed):
+        said = flat(text)
+        assert "file-owner-conflict" in said, text
+        # the snippet takes the first fix; the second is said with the other hints
+        assert "add: remove: [foo]" in said and "overlay:" not in said.split("add:", 1)[1].split("file-owner")[0], text
+        assert "file-owner-conflict: the other fix: leave foo-renamed out of overlay: (the target keeps foo)" in said
+
+
+@pytest.mark.parametrize("host, said, code", [
+    # OpenSSH's URL is read as one: the port is the port, not a path or a host called "ssh"
+    ("ssh://root@127.0.0.1:1", "root@127.0.0.1:1: cannot connect to port 1", 1),
+    ("http://127.0.0.1", "transplant reaches hosts over ssh only; write local, [user@]host[:port] or "
+                         "ssh://[user@]host[:port]", 1),
+    ("ssh://127.0.0.1/opt/venv", "the path goes in 'venv' (host: ssh://127.0.0.1, venv: /opt/venv)", 1),
+])
+def test_a_manifest_host_written_as_an_ssh_url_is_read_as_one(pair, host, said, code):
+    tmp_path, _ = pair
+    m = tmp_path / "url.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {tmp_path / 'donor'}}}\n"
+                 f"target: {{host: '{host}', venv: /opt/venv}}\noverlay: [foo]\n")
+    got, piped, filed = run80(tmp_path, "plan", str(m))
+    assert got == code
+    for text in (piped, filed):
+        assert said in flat(text) and "Traceback" not in text, text
+
+
+@pytest.mark.parametrize("location, said, code", [
+    ("ssh://root@127.0.0.1:1/opt/venv", "root@127.0.0.1:1: cannot connect to port 1", 1),
+    ("ssh://root@127.0.0.1:1", "expected the venv's absolute path after the host", 64),
+    ("http://127.0.0.1/opt/venv", "transplant reaches hosts over ssh only", 64),
+])
+def test_host_venv_written_as_an_ssh_url_is_read_as_one(pair, location, said, code):
+    tmp_path, _ = pair
+    got, piped, filed = run80(tmp_path, "inventory", location)
+    assert got == code
+    for text in (piped, filed):
+        assert said in flat(text) and "Traceback" not in text, text
+
+
+def test_clone_and_verify_given_a_bare_path_suggest_its_local_form(pair):
+    tmp_path, _ = pair
+    target = tmp_path / "target"
+    code, piped, filed = run80(tmp_path, "clone", str(target), f"local:{tmp_path / 'copy'}")
+    assert code == 64 and not (tmp_path / "copy").exists()
+    for text in (piped, filed):
+        assert f"local:{target}" in flat(text) and "venv_sglang" not in text, text
+    # a relative path: its absolute local: form (the process runs in the repository)
+    code, piped, _ = run80(tmp_path, "clone", "some/venv", f"local:{tmp_path / 'copy'}")
+    assert code == 64 and f"local:{ROOT / 'some' / 'venv'}" in flat(piped), piped
+    for given in (str(target), str(tmp_path / "not-there")):
+        code, piped, filed = run80(tmp_path, "verify", given)
+        assert code == 64
+        for text in (piped, filed):
+            assert f"hint: to verify the venv itself: transplant verify local:{given}" in flat(text), text

@@ -17,7 +17,7 @@ from transplant.core.hostspec import HostSpec
 from transplant.core.units import visible
 from transplant.errors import UsageError
 
-__all__ = ["is_location", "parse_location", "resolve_location"]
+__all__ = ["is_location", "parse_location", "resolve_location", "local_form"]
 
 
 def is_location(text: str) -> bool:
@@ -26,13 +26,21 @@ def is_location(text: str) -> bool:
 
 
 def parse_location(text: str) -> tuple[HostSpec, str]:
-    """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``.
+    """Split ``HOST:VENV`` (``root@gpu:22:/root/venv``, ``local:/srv/venv``) at the ``:`` before the venv's ``/``,
+    or ``ssh://[user@]host[:port]/VENV`` (OpenSSH's URL; the path is the venv's) after its host.
 
     :raises UsageError: no ``:/`` in the text, bytes that are not UTF-8 (the command line's
         undecodable bytes, as lone surrogates), a control character in the venv path, or a bad host part.
     """
     host, sep, venv = text.partition(":/")
-    fix = "write e.g. local:/root/venv_sglang or root@gpu-07:/root/venv_sglang"
+    fix = "write e.g. local:/root/venv_sglang, root@gpu-07:/root/venv_sglang or ssh://root@gpu-07:2222/root/venv_sglang"
+    scheme, url, rest = text.partition("://")
+    if url and "/" not in scheme and "@" not in scheme and _utf8(text):  # a URL: its path is the venv
+        authority, slash, path = rest.partition("/")
+        if scheme.lower() == "ssh" and not path:
+            raise UsageError(f"{text!r}: expected the venv's absolute path after the host "
+                             f"(ssh://[user@]host[:port]/VENV)", hint=fix)
+        host, sep, venv = f"{scheme}://{authority}", slash, path
     if not _utf8(text):
         # the command line's bytes that are not UTF-8 arrive as lone surrogates: they cannot go into the
         # JSON of a host script's request, an SSH command or a message, so they are refused here, named
@@ -43,6 +51,8 @@ def parse_location(text: str) -> tuple[HostSpec, str]:
         raise UsageError(f"{shown}: the venv path holds bytes that are not UTF-8 (shown as \\xNN); transplant "
                          f"names venvs in UTF-8 text only", hint="rename the folder to a UTF-8 name (mv), then name it so")
     if not sep:
+        if ":" not in text and text.strip():  # a bare path: the same path, as the form that names it
+            fix = f"a venv on this machine is written local:PATH: {local_form(text)}"
         raise UsageError(f"{text!r}: expected HOST:VENV with an absolute venv path", hint=fix)
     if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in venv):
         raise UsageError(f"{text!r}: the venv path holds a control character (a newline, a tab...)", hint=fix)
@@ -50,6 +60,12 @@ def parse_location(text: str) -> tuple[HostSpec, str]:
         return HostSpec.parse(host), "/" + venv
     except ValueError as exc:
         raise UsageError(f"{text!r}: {exc}", hint=fix) from None
+
+
+def local_form(path: str) -> str:
+    """``local:`` and ``path`` made absolute (``~`` expanded; from the current folder), as a
+    hint names it for a bare path given where ``HOST:VENV`` belongs."""
+    return "local:" + os.path.abspath(os.path.expanduser(path))
 
 
 def _utf8(text: str) -> bool:

@@ -42,6 +42,12 @@ _NAMED = re.compile(r"add to (remove|overlay):? in \S+?: (?!\[)(.+)")
 _NAMED_ONE = re.compile(r"(?:^|, )([A-Za-z0-9][A-Za-z0-9._*-]*) \(")
 
 
+#: How a hint whose first fix is a manifest addition (gathered into the snippet) offers another
+#: one, worded without "add ... to" (``; the other fix: leave x out of overlay: ...``): that part
+#: is listed with the other hints, so the snippet never holds both fixes and the second is not lost.
+OTHER_FIX = "the other fix: "
+
+
 def _human(count: int) -> str:
     from transplant.core.units import human_bytes
     return human_bytes(count)
@@ -161,10 +167,15 @@ def manifest_snippet(findings: Sequence[Finding]) -> tuple[dict[str, list[str]],
             found += [(key, n.strip().strip("'\"")) for n in names.split(",") if n.strip()]
         for key, rest in _NAMED.findall(hint):
             found += [(key, n) for n in _NAMED_ONE.findall(rest)]
-        if found:  # the finding's own line says the rest of it
+        if found:  # the finding's own line says the rest of it, but another fix it offers (said apart)
             for key, name in found:
                 if name not in adds[key]:
                     adds[key].append(name)
+            for part in hint.split("; "):
+                if part.startswith(OTHER_FIX):
+                    codes = other.setdefault(part, [])
+                    if f.code not in codes:
+                        codes.append(f.code)
             continue
         last = hint.rsplit(" ", 1)
         if len(last) == 2 and last[1] in f.dists:

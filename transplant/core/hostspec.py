@@ -1,7 +1,8 @@
 """Host addresses as a manifest or command line writes them (pure core).
 
 ``local`` names the controller itself; anything else is ``[user@]host[:port]``, with
-IPv6 literals in brackets (``root@[::1]:2222``), as OpenSSH's ``ssh://`` URIs write them.
+IPv6 literals in brackets (``root@[::1]:2222``), as OpenSSH's ``ssh://`` URIs write them; that
+URI itself (``ssh://root@gpu-07:2222``) is read too.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["HostSpec", "LOCAL"]
+__all__ = ["HostSpec", "LOCAL", "FORMS"]
+
+#: The host forms transplant reads, as its messages name them.
+FORMS = "write local, [user@]host[:port] or ssh://[user@]host[:port]"
 
 # matched whole (fullmatch): ``$`` would also match before a final newline ("root\n")
 _USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]*")
@@ -45,11 +49,12 @@ class HostSpec:
 
     @classmethod
     def parse(cls, text: str) -> HostSpec:
-        """Parse ``local`` or ``[user@]host[:port]``.
+        """Parse ``local``, ``[user@]host[:port]`` or ``ssh://[user@]host[:port]`` (OpenSSH's URL form).
 
         :raises ValueError: the text is empty, has spaces or shell characters, a bad
             user or host name, or a port outside 1..65535, ``local`` in another case (did you
-            mean ``local``), or a ``HOST:/path`` location where a host alone belongs; the message says which.
+            mean ``local``), a ``HOST:/path`` location or a URL with a path where a host alone belongs,
+            or a URL of another scheme than ``ssh``; the message says which (and the accepted forms).
         """
         if not isinstance(text, str) or not text.strip():
             raise ValueError("expected 'local' or [user@]host[:port], got an empty value")
@@ -57,6 +62,19 @@ class HostSpec:
             return cls(hostname="local")
         if text.strip().lower() == "local":
             raise ValueError(f"{text!r} is not a host name; did you mean 'local' (the controller, in lower case)?")
+        scheme, sep, rest = text.partition("://")
+        if sep and "/" not in scheme and "@" not in scheme:  # a URL: OpenSSH's ssh:// form is read as one
+            if scheme.lower() != "ssh":
+                raise ValueError(f"{text!r}: transplant reaches hosts over ssh only; {FORMS}")
+            authority, slash, path = rest.partition("/")
+            if path:
+                raise ValueError(f"{text!r} holds a venv path; the host is 'ssh://{authority}' alone and the path "
+                                 f"goes in 'venv' (host: ssh://{authority}, venv: /{path})")
+            if authority.lower() == "local":
+                raise ValueError(f"{text!r}: the controller is written local, without ssh://")
+            if not authority:
+                raise ValueError(f"{text!r} names no ssh host; {FORMS}")
+            return cls.parse(authority)
         head, slash, path = text.partition(":/")
         if slash:
             raise ValueError(f"{text!r} holds a venv path; the host is {head!r} alone and the path goes in 'venv' "

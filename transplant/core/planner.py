@@ -355,10 +355,15 @@ def _overlay_findings(manifest: Manifest, donor: Inventory, target: Inventory) -
         is_glob = any(ch in pattern for ch in "*?[")
         on_target = sorted(n for n in target_names if fnmatchcase(n, pattern))
         where = f"; the target has {', '.join(on_target)}" if on_target else ""
+        # a mistyped name: the names of either side it is one or two keystrokes from (the donor's
+        # first, what an overlay can bring; a target-only one says so, as the overlay cannot bring it)
+        close = [] if is_glob else [n for n in sorted(donor_names) if _typo_of(pattern, n)] + \
+            [f"{n} (on the target only)" for n in sorted(target_names - donor_names) if _typo_of(pattern, n)]
+        guess = f"; did you mean {' or '.join(close)}?" if close else ""
         findings.append(Finding(
             # the entry itself when the target has nothing it matches: accept: [{dists: [ENTRY]}] can name it
             code="overlay-no-match", severity="warning" if is_glob else "error", dists=tuple(on_target) or (pattern,),
-            message=f"overlay entry {pattern!r} matches no distribution on the donor {donor.label}{where}",
+            message=f"overlay entry {pattern!r} matches no distribution on the donor {donor.label}{where}{guess}",
             hint=f"remove {pattern!r} from overlay in {manifest.path}, or fix its spelling "
                  f"(names are compared after PEP 503 normalisation)",
         ))
@@ -394,7 +399,8 @@ def _unmatched_removals(manifest: Manifest, removed: list[NormalizedName], overl
             hint = "nothing to do"
         elif moved:
             message = f"remove entry {pattern!r} removes nothing: the overlay brings {', '.join(moved)} from the donor"
-            hint = f"drop it from remove: in {manifest.path}, or from overlay"
+            hint = (f"either drop {pattern!r} from remove: in {manifest.path} (the donor's {', '.join(moved)} "
+                    f"arrives), or drop {', '.join(moved)} from overlay: (the target's is removed)")
         elif close:
             message = (f"remove entry {pattern!r} matches no distribution on the target; did you mean "
                        f"{' or '.join(close)}?")
@@ -478,8 +484,11 @@ def _owner_conflicts(manifest: Manifest, names: list[NormalizedName], removed: l
                        f"{', '.join(owners)}'s files (a renamed distribution?)"),
             hint="nothing to do" if donor_too else
                  f"add {name!r} to remove: in {manifest.path} ({', '.join(owners)} replaces it; the donor "
-                 f"{'has no ' + repr(name) if theirs is None else 'has it with other files'}); this cannot be "
-                 f"accepted or forced",
+                 f"{'has no ' + repr(name) if theirs is None else 'has it with other files'}); the other fix: "
+                 # the other fix is worded without "add ... to": plan's snippet and init take those words as edits
+                 + (f"overlay the donor's build of {name!r} too (its RECORD does not list those files)"
+                    if theirs is not None else f"leave {', '.join(owners)} out of overlay: (the target keeps {name})")
+                 + "; this cannot be accepted or forced",
             files=tuple(shared[:10]),
         ))
     return out
