@@ -222,3 +222,43 @@ def test_clone_and_verify_given_a_bare_path_suggest_its_local_form(pair):
         assert code == 64
         for text in (piped, filed):
             assert f"hint: to verify the venv itself: transplant verify local:{given}" in flat(text), text
+
+
+# -- a Python minor mismatch -----------------------------------------------------------------------
+
+OTHER_MINOR = next((p for p in sorted(Path("/root/.pyenv/versions").glob("3.1[2-9].*/bin/python3"))
+                    if p.exists()), None) if Path("/root/.pyenv/versions").is_dir() else None
+
+
+@pytest.mark.skipif(OTHER_MINOR is None, reason="needs a second Python minor (pyenv) for the target venv")
+def test_a_python_minor_mismatch_is_named_so_and_its_script_note_names_the_targets_own_interpreter(pair):
+    """The donor's console script starts with its ``bin/python3.11``; the target venv is 3.12 and
+    has no ``bin/python3.11``: the finding is python-version-mismatch, and the script-prefix note
+    names the interpreter apply writes, which the target venv has."""
+    tmp_path, manifest = pair
+    tool = build_wheel(tmp_path / "wheels" / "tool", "tool", "1.0", {"tool.py": "def main():\n    print('ran')\n"},
+                       entry_points="[console_scripts]\ntool = tool:main\n")
+    donor = make_venv(tmp_path / "donor3")
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(donor / "bin" / f"python{minor}"), "install", "-q",
+                    "--no-index", "--no-deps", "--disable-pip-version-check", str(tool)], check=True)
+    assert (donor / "bin" / "tool").read_text().startswith(f"#!{donor}/bin/python{minor}\n")
+    target = tmp_path / "target3"
+    subprocess.run([str(OTHER_MINOR), "-m", "venv", "--without-pip", str(target)], check=True)
+    theirs = subprocess.run([str(target / "bin" / "python"), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert theirs != minor and not (target / "bin" / f"python{minor}").exists()
+    code, piped, filed = run80(tmp_path, "plan", str(manifest(overlay="[tool]", donor=donor, target=target)))
+    assert code == 3
+    for text in (piped, filed):
+        said = flat(text)
+        assert f"python-version-mismatch" in said and f"Python {minor} vs {theirs}" in said, text
+        assert "interpreter-missing" not in said, text
+        joined = "".join(text.split())  # at 80 columns a long path is folded where it reaches the edge
+        assert f"applyrewritesitsfirstlineto{target}/bin/python{theirs}" in joined, text
+        named = set(re.findall(re.escape(str(target)) + r"/bin/python[0-9]*(?:\.[0-9]+)?", joined))
+        assert named and all(Path(p).exists() for p in named), named  # no interpreter the target venv lacks
+    # forced through, apply writes that interpreter into the script, not the donor's minor
+    code, piped, _ = run80(tmp_path, "apply", str(tmp_path / "m.yaml"), "--yes", "--force")
+    assert code == 0, piped
+    assert (target / "bin" / "tool").read_text().splitlines()[0] == f"#!{target}/bin/python{theirs}"

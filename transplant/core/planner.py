@@ -112,6 +112,7 @@ def _distribution_change(
     findings: list[Finding],
     prefixes: tuple[str, str] = ("", ""),
     leave: frozenset[str] = frozenset(),
+    target_minor: str | None = None,
 ) -> Change:
     old = newest(olds) if olds else None
     if new.record is None:
@@ -165,7 +166,7 @@ def _distribution_change(
         elif not entry.exists or (content := entry.content) is None:
             missing.append(path)
             continue
-        elif entry.head is not None and (head := rewritten_head(entry.head, *prefixes)) is not None:
+        elif entry.head is not None and (head := rewritten_head(entry.head, *prefixes, target_minor)) is not None:
             rewritten = FileCopy(path=path, size=entry.size, hash=content, head=head, body_hash=entry.body_hash)
         if rewritten is not None:  # arrives changed for the target: compare what it will be
             if rewritten.head is not None:
@@ -625,7 +626,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     for name in names:
         new = newest(donor_by[name])
         change = _distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
-                                      findings, prefixes, leave.get(name, frozenset()))
+                                      findings, prefixes, leave.get(name, frozenset()), target.interpreter.minor)
         if name in needed_by:
             change = replace(change, reason=f"{change.reason}; needed by {needed_by[name]}")
         changes.append(change)

@@ -173,9 +173,14 @@ def shebang_interpreter(head: str) -> str | None:
 _SHEBANG_MAX = 127
 
 
-def rewritten_head(head: str, donor_prefix: str, target_prefix: str) -> str | None:
+def rewritten_head(head: str, donor_prefix: str, target_prefix: str, target_minor: str | None = None) -> str | None:
     """The head a script must get on the target when its interpreter lies in the donor's
     prefix, or None when it needs no rewrite.
+
+    :param target_minor: the target interpreter's ``major.minor`` (``3.12``), or None (the same
+        interpreter as the donor's: a clone). A versioned name the target's venv does not have
+        (the donor's ``bin/python3.11`` in a 3.12 venv) becomes the target's own
+        (``bin/python3.12``): a venv holds ``python``, ``python3`` and ``python3.N`` of its minor alone.
 
     The interpreter becomes the target's ``bin/<same name>``; when that path has a space
     or a shell character, or is too long for a shebang, pip's ``#!/bin/sh`` + ``'''exec'``
@@ -186,6 +191,10 @@ def rewritten_head(head: str, donor_prefix: str, target_prefix: str) -> str | No
     if interpreter is None or donor_prefix == target_prefix or not interpreter.startswith(donor_prefix + "/"):
         return None
     new = target_prefix + interpreter[len(donor_prefix):]
+    folder, _, base = new.rpartition("/")
+    versioned = re.fullmatch(r"python(\d+\.\d+)", base)
+    if target_minor is not None and versioned and versioned.group(1) != target_minor:
+        new = f"{folder}/python{target_minor}"
     ending = "\r\n" if head.splitlines(keepends=True)[0].endswith("\r\n") else "\n"
     sh_form = head.startswith("#!/bin/sh") and len(head.splitlines()) > 1
     if sh_form or len(new) + 2 > _SHEBANG_MAX or any(ch in new for ch in " \t\"'$`\\"):
@@ -197,18 +206,20 @@ def script_findings(env: EnvironmentAfter) -> list[Finding]:
     """``script-prefix``: overlaid console scripts whose shebang names the donor's prefix
     (info: apply rewrites them for the target's interpreter)."""
     donor_prefix, target_prefix = env.donor.interpreter.prefix, env.target.interpreter.prefix
+    minor = env.target.interpreter.minor
     out = []
     for name in env.overlaid:
         dist = env.after[name]
-        scripts = sorted(p for p, e in dist.files.items()
-                         if e.head is not None and rewritten_head(e.head, donor_prefix, target_prefix) is not None)
+        heads = {p: (e.head, new) for p, e in dist.files.items()
+                 if e.head is not None and (new := rewritten_head(e.head, donor_prefix, target_prefix, minor)) is not None}
+        scripts = sorted(heads)
         if scripts:
-            # the interpreters the shebangs actually name (bin/python3, bin/python3.11...), not a guess
-            named = sorted({m.group(0) for p in scripts
-                            for m in [re.search(re.escape(donor_prefix) + r"/bin/[^\s\"'`$\\]+", dist.files[p].head or "")]
-                            if m}) or [f"{donor_prefix}/bin/python"]
+            # the interpreters the shebangs actually name (bin/python3, bin/python3.11...), not a guess, and
+            # those apply writes (the target's own bin/python3.12 where the donor's was 3.11)
+            named = sorted({shebang_interpreter(old) or f"{donor_prefix}/bin/python" for old, _ in heads.values()})
             theirs = ", ".join(named)
-            ours = ", ".join(target_prefix + n[len(donor_prefix):] for n in named)
+            ours = ", ".join(sorted({shebang_interpreter(new) or f"{target_prefix}/bin/python"
+                                     for _, new in heads.values()}))
             out.append(Finding(
                 code="script-prefix", severity="info", dists=(name,),
                 message=f"{describe(dist)}: {count(len(scripts), 'console script')} {agree(len(scripts), 'starts', 'start')} with the donor's "
@@ -244,7 +255,8 @@ def _drifted(dist: Distribution, skip: set[str]) -> tuple[list[str], list[str]]:
     return changed, missing
 
 
-def _relocated_here(donor: Distribution, target: Distribution, donor_prefix: str, target_prefix: str) -> set[str]:
+def _relocated_here(donor: Distribution, target: Distribution, donor_prefix: str, target_prefix: str,
+                    target_minor: str | None = None) -> set[str]:
     """Console scripts of ``target`` that are exactly what apply makes of the donor's script:
     its body with the head :func:`rewritten_head` gives. They are apply's own edit, not a
     local one, whatever their RECORD row says (an apply before RECORD rows were set kept
@@ -255,7 +267,7 @@ def _relocated_here(donor: Distribution, target: Distribution, donor_prefix: str
         there = theirs.get(path)
         if entry.head is None or there is None:
             continue
-        head = rewritten_head(entry.head, donor_prefix, target_prefix)
+        head = rewritten_head(entry.head, donor_prefix, target_prefix, target_minor)
         if head is not None and there.script_identity == f"script:{entry.body_hash}:{head}":
             out.add(path)
     return out
@@ -295,7 +307,8 @@ def drift_findings(env: EnvironmentAfter) -> list[Finding]:
             ))
         donor_files = dist.files
         for old in env.target.by_name().get(name, []):
-            moved = _relocated_here(dist, old, env.donor.interpreter.prefix, env.target.interpreter.prefix)
+            moved = _relocated_here(dist, old, env.donor.interpreter.prefix, env.target.interpreter.prefix,
+                                    env.target.interpreter.minor)
             changed, _ = _drifted(old, target_skip | moved)
             if changed:  # bytes the donor has too (its drift, said above) are not the target's edit: apply keeps them
                 theirs = old.files
