@@ -262,3 +262,97 @@ def test_a_python_minor_mismatch_is_named_so_and_its_script_note_names_the_targe
     code, piped, _ = run80(tmp_path, "apply", str(tmp_path / "m.yaml"), "--yes", "--force")
     assert code == 0, piped
     assert (target / "bin" / "tool").read_text().splitlines()[0] == f"#!{target}/bin/python{theirs}"
+
+
+# -- the apply bar at 80 columns -------------------------------------------------------------------
+
+@pytest.mark.parametrize("width", [80, 60, 40])
+def test_the_apply_bar_at_80_columns_drops_columns_not_digits_and_speaks_bytes_alone(width):
+    """apply's ByteProgress on a terminal of ``width`` columns, a 9 GiB copy reported as rsync
+    reports it, then the commit's long step name: each frame it draws is one line within the
+    width, every figure whole (rich's columns cut them: ``9.0/…``, ``0:00:…``, and put a second line
+    under them), and bytes are counted in one unit family (``GiB``, ``GiB/s``; not ``GB/s``)."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from transplant.cli.progress import ByteProgress
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=True, color_system=None)
+    total = 9 * 1024 ** 3
+    frames = []
+
+    def frame() -> list[str]:
+        bar._progress.refresh()
+        drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\r", "\n", out.getvalue())
+        lines = [line for line in drawn.split("\n") if line.strip()]
+        return lines[-1:]
+
+    with ByteProgress(console, total, {"files": total - 4096, "patches": 4096}) as bar:
+        bar.step("files")
+        for done in (1, 10, 37, 99):
+            bar.progress(done, 100)
+            time.sleep(0.05)
+            frames += frame()
+        bar.step("commit")
+        frames += frame()
+    assert len(frames) == 5, frames
+    for line in frames:
+        assert len(line) <= width, (width, line)
+        amounts = re.search(r"\d+(?:\.\d)? (?:B|KiB|MiB|GiB) of 9\.0 GiB", line)
+        assert amounts, line  # the done-of-total figure, whole
+        assert "…" not in line[amounts.start():], line  # no figure after it is cut either
+        assert not re.search(r"\b[kMGT]B\b|[kMGT]B/s", line), line  # one family: binary units only
+    copying = frames[:4]
+    assert all(line.startswith("copying files") for line in copying), copying
+    if width >= 80:
+        assert all(re.search(r"\d+% [\d.]+ (?:B|KiB|MiB|GiB)/s", line) for line in copying[1:]), copying
+        assert "━" in copying[-1], copying  # the bar stays where there is room for it
+    assert frames[-1].startswith("committing"), frames
+
+
+def test_apply_in_a_real_80_column_terminal_keeps_each_line_within_it(pair):
+    """apply run in a pseudo-terminal of 80 columns (its bar, spinner and summary as a person sees
+    them): exit 0, and no line it draws is wider than the terminal or cut inside a figure."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import time
+
+    tmp_path, manifest = pair
+    big = build_wheel(tmp_path / "wheels" / "big", "foo", "3.0",
+                      {"foo/__init__.py": "V = 3\n", "foo/blob.bin": os.urandom(48 * 1024 * 1024)})
+    donor = make_venv(tmp_path / "donor-big", [big])
+    m = manifest(donor=donor)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(tmp_path / "state"), "TERM": "xterm-256color"}
+    env.pop("COLUMNS", None)
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", "apply", str(m), "--yes"], cwd=ROOT, env=env,
+                            stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    got = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal's other end closed: the command ended
+            break
+        if not chunk:
+            break
+        got += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0, got.decode(errors="replace")
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", got.decode(errors="replace"))
+    lines = [line for line in re.split(r"[\r\n]", drawn) if line.strip()]
+    assert any(line.startswith("applied transaction") for line in lines), lines
+    frames = [line for line in lines if re.search(r"(?:B|KiB|MiB) of 48\.0 MiB", line)]
+    assert frames, lines  # the bar drew at least its first frame
+    for line in lines:
+        assert len(line) <= 80, line
+    for line in frames:  # every figure whole, bytes in one family
+        assert "…" not in line and not re.search(r"[kMG]B/s", line), line

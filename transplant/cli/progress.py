@@ -1,6 +1,7 @@
 """Progress of long steps (face), on a terminal and off one (CI, a log file, ``| tee``).
 
-On a terminal a step shows a spinner and a byte transfer a bar (rich). Off a terminal rich
+On a terminal a step shows a spinner and a byte transfer a bar (rich; one line that fits the width,
+its columns dropped before any figure is cut: :class:`FittedByteProgress`). Off a terminal rich
 shows nothing, so a step of minutes would be silent; there every step prints plain lines
 instead: when it starts, every :data:`EVERY` seconds how far it is, and when it ends with its
 seconds; the copy's bytes at most every :data:`COPY_EVERY` seconds, as they pass 25, 50 and
@@ -18,12 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import Progress, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
 
-__all__ = ["step", "Shown", "StagesShown", "printer", "ByteProgress", "EVERY", "COPY_EVERY"]
+__all__ = ["step", "Shown", "StagesShown", "printer", "ByteProgress", "FittedByteProgress", "byte_line_parts",
+           "EVERY", "COPY_EVERY"]
 
 #: Seconds between two plain progress lines off a terminal.
 EVERY = 30.0
@@ -183,9 +185,7 @@ class ByteProgress:
 
     def __enter__(self) -> ByteProgress:
         if self.console.is_terminal:
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                                      TransferSpeedColumn(), TimeRemainingColumn(), TimeElapsedColumn(),
-                                      console=self.console, transient=True)
+            self._progress = FittedByteProgress(console=self.console, transient=True)
             self._progress.__enter__()
             self._task = self._progress.add_task("copying", total=self.total)
         else:
@@ -267,3 +267,94 @@ class ByteProgress:
         rate = completed / copying if copying > 0 else 0
         _plain(self.console, f"copying: {100 * completed // self.total}% ({self._human(completed)} of "
                              f"{self._human(self.total)}), {self._human(rate)}/s, {copying:.0f} s")
+
+
+#: The narrowest bar worth drawing (columns); below it the bar is dropped, not the figures.
+_BAR_MIN = 10
+
+
+def _clock(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def byte_line_parts(task: Task, width: int) -> tuple[str, int, list[str]]:
+    """How one byte bar's line fits ``width`` columns: (description, bar columns, figures).
+
+    Every figure is in bytes of binary units, the rate too (``3.3 GiB of 9.0 GiB``, ``1.2
+    GiB/s``): one unit family on the bar (rich's columns put ``GiB`` beside ``GB/s``). What does
+    not fit is dropped whole, never cut inside: first the elapsed time, then the time left, the
+    rate, the bar (below :data:`_BAR_MIN` columns) and the percentage; the done-of-total figure
+    stays, and the description is shortened (ending in ``…``) only when that alone is too wide.
+
+    :returns: the description to show, the bar's width in columns (0: no bar), and the figures
+        in their order (``["3.3 GiB of 9.0 GiB", "37%", "1.2 GiB/s", "0:00:05 left", "0:00:03"]``,
+        less those dropped).
+    """
+    from transplant.core.units import human_bytes
+
+    total = task.total or 0
+    done = min(task.completed, total) if total else task.completed
+    amounts = f"{human_bytes(int(done))} of {human_bytes(int(total))}"
+    percent = f"{100 * done // total:.0f}%" if total else None
+    rate = f"{human_bytes(int(task.speed))}/s" if task.speed else None
+    left = _clock(task.time_remaining)
+    elapsed = _clock(task.elapsed)
+    # the optional parts, in the order they are given up (the first goes first)
+    optional = {"elapsed": elapsed, "left": f"{left} left" if left else None, "rate": rate, "bar": "", "percent": percent}
+    description = str(task.description)
+
+    def used(kept: dict[str, str | None], bar: int) -> int:
+        figures = [amounts] + [v for k, v in kept.items() if k != "bar" and v]
+        return len(description) + 1 + sum(len(f) + 1 for f in figures) - 1 + (bar + 1 if "bar" in kept else 0)
+
+    kept = {k: v for k, v in optional.items() if v is not None}
+    for drop in ("elapsed", "left", "rate", "bar", "percent", None):
+        if used(kept, _BAR_MIN) <= width:
+            break
+        kept.pop(drop, None) if drop else None
+    bar = 0
+    if "bar" in kept:
+        bar = min(40, width - used(kept, 0))  # the room left is the bar's, as rich's own bar at most 40
+    figures = [amounts] + [kept[k] for k in ("percent", "rate", "left", "elapsed") if kept.get(k)]
+    room = width - (sum(len(f) + 1 for f in figures) - 1) - (bar + 1 if bar else 0) - 1
+    if len(description) > room:  # only words go: the figures keep every digit
+        description = description[:max(room - 1, 0)].rstrip() + "…" if room > 1 else ""
+    return description, bar, figures
+
+
+class FittedByteProgress(Progress):
+    """rich's Progress drawing each task as one byte bar's line that fits the console's width
+    (:func:`byte_line_parts`): at 80 columns rich's own columns were squeezed into cells and cut
+    their figures (``9.0/…``, ``0:00:…``) onto a second line."""
+
+    def __init__(self, *, console: Console, transient: bool = True) -> None:
+        self._fitted_to = console  # rich asks for the first frame inside its own __init__
+        super().__init__(console=console, transient=transient)
+
+    def make_tasks_table(self, tasks: list[Task]) -> Any:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        width = self._fitted_to.width
+        table = Table.grid(padding=(0, 1), expand=False)
+        rows = []
+        for task in tasks:
+            if not task.visible:
+                continue
+            description, bar, figures = byte_line_parts(task, width)
+            cells: list[Any] = [Text(description, no_wrap=True, overflow="crop")]
+            if bar:
+                cells.append(ProgressBar(total=task.total, completed=task.completed, width=bar,
+                                         pulse=not task.started, animation_time=task.get_time()))
+            cells.append(Text(" ".join(figures), no_wrap=True, overflow="crop"))
+            rows.append(cells)
+        columns = max((len(r) for r in rows), default=0)
+        for _ in range(columns):
+            table.add_column(no_wrap=True)
+        for cells in rows:
+            table.add_row(*cells)
+        return table
