@@ -221,7 +221,7 @@ def test_clone_and_verify_given_a_bare_path_suggest_its_local_form(pair):
         code, piped, filed = run80(tmp_path, "verify", given)
         assert code == 64
         for text in (piped, filed):
-            assert f"hint: to verify the venv itself: transplant verify local:{given}" in flat(text), text
+            assert f"hint: to name the venv itself: transplant verify local:{given}" in flat(text), text
 
 
 # -- a Python minor mismatch -----------------------------------------------------------------------
@@ -356,3 +356,13 @@ def test_apply_in_a_real_80_column_terminal_keeps_each_line_within_it(pair):
         assert len(line) <= 80, line
     for line in frames:  # every figure whole, bytes in one family
         assert "…" not in line and not re.search(r"[kMG]B/s", line), line
+
+
+@pytest.mark.parametrize("command", ["inventory", "status", "history", "rollback"])
+def test_commands_that_take_host_venv_given_a_bare_path_suggest_its_local_form(pair, command):
+    tmp_path, _ = pair
+    for given in (tmp_path / "target", tmp_path / "not-there"):
+        code, piped, filed = run80(tmp_path, command, str(given))
+        assert code == 64
+        for text in (piped, filed):
+            assert f"local:{given}" in flat(text) and "/root/venv" not in text and "Traceback" not in text, text

@@ -17,7 +17,7 @@ from transplant.core.hostspec import HostSpec
 from transplant.core.units import visible
 from transplant.errors import UsageError
 
-__all__ = ["is_location", "parse_location", "resolve_location", "local_form"]
+__all__ = ["is_location", "parse_location", "resolve_location", "local_form", "refuse_bare_venv_path"]
 
 
 def is_location(text: str) -> bool:
@@ -68,6 +68,21 @@ def local_form(path: str) -> str:
     return "local:" + os.path.abspath(os.path.expanduser(path))
 
 
+def refuse_bare_venv_path(text: str, command: str) -> None:
+    """A folder, or a path that is not there and is not named like a YAML file, given where a
+    manifest or ``HOST:VENV`` belongs: most likely the venv itself, written without ``local:``.
+
+    :param command: the command as the hint names it (``verify``).
+    :raises UsageError: naming that path in the ``local:`` form (``transplant verify local:/abs/path``).
+    """
+    import shlex
+
+    if os.path.isdir(text) or (not os.path.lexists(text) and not text.endswith((".yaml", ".yml"))):
+        what = "is a folder" if os.path.isdir(text) else "is no file here"
+        raise UsageError(f"{text!r} {what}, not a manifest",
+                         hint=f"to name the venv itself: transplant {command} {shlex.quote(local_form(text))}")
+
+
 def _utf8(text: str) -> bool:
     """Whether ``text`` encodes as UTF-8 (no lone surrogate, which is how Python decodes a command
     line's bytes that are not UTF-8)."""
@@ -96,7 +111,11 @@ def resolve_location(text: str, identity_file: str | None = None,
         return spec, venv, SSHOptions.from_files(identity_file, known_hosts), text
     if not os.path.exists(text):
         raise UsageError(f"{text!r}: neither a manifest file nor HOST:VENV",
-                         hint="give a manifest (its target is read), or e.g. local:/root/venv or root@gpu-07:/root/venv")
+                         hint="give a manifest (its target is read), or the venv as HOST:VENV"
+                              + (f": {local_form(text)} on this machine" if ":" not in text and text.strip() else
+                                 ", e.g. local:/root/venv or root@gpu-07:/root/venv"))
+    if os.path.isdir(text):  # the venv itself, written without local:
+        raise UsageError(f"{text!r} is a folder, not a manifest", hint=f"name the venv itself: {local_form(text)}")
     manifest = load_manifest(text)
     if manifest.targets and len(manifest.targets) > 1:
         raise UsageError(f"{text}: the manifest names {len(manifest.targets)} targets; this command reads one",

@@ -375,13 +375,14 @@ def _located(args: argparse.Namespace, console: Console, stack: ExitStack) -> tu
     """The target a ``rollback`` or ``history`` argument names, connected: ``HOST:VENV`` (with
     ``--identity-file`` and ``--known-hosts``) or a manifest's (with its ssh settings);
     ``(host, venv, label)``."""
-    from transplant.cli.locations import is_location, resolve_location
+    from transplant.cli.locations import is_location, refuse_bare_venv_path, resolve_location
     from transplant.hosts.host import connect
 
     if is_location(args.manifest):
         spec, venv, options, label = resolve_location(args.manifest, getattr(args, "identity_file", None),
                                                       getattr(args, "known_hosts", None))
         return stack.enter_context(connect(spec, options)), venv, label
+    refuse_bare_venv_path(args.manifest, args.command)
     manifest = load_manifest(args.manifest)
     return Session(manifest, console, stack).host("target"), manifest.target.venv, str(manifest.target)
 

@@ -275,20 +275,6 @@ def verify_command(args: argparse.Namespace, console: Console, manifest: Manifes
         return _verify_command(args, console, manifest)
 
 
-def _refuse_bare_venv_path(text: str) -> None:
-    """A folder, or a path that is not there and is not named like a YAML file, given where a
-    manifest or ``HOST:VENV`` belongs: most likely the venv itself, written without ``local:``.
-
-    :raises UsageError: naming that path in the ``local:`` form (``transplant verify local:/abs/path``).
-    """
-    from transplant.cli.locations import local_form
-
-    if os.path.isdir(text) or (not os.path.lexists(text) and not text.endswith((".yaml", ".yml"))):
-        what = "is a folder" if os.path.isdir(text) else "is no file here"
-        raise UsageError(f"{text!r} {what}, not a manifest",
-                         hint=f"to verify the venv itself: transplant verify {shlex.quote(local_form(text))}")
-
-
 def _verify_command(args: argparse.Namespace, console: Console, manifest: Manifest | None) -> int:
     """:func:`verify_command`'s work."""
     from transplant.cli.locations import parse_location
@@ -299,7 +285,9 @@ def _verify_command(args: argparse.Namespace, console: Console, manifest: Manife
     from transplant.controller.manifest_file import load_manifest
 
     if manifest is None:
-        _refuse_bare_venv_path(args.manifest)
+        from transplant.cli.locations import refuse_bare_venv_path
+
+        refuse_bare_venv_path(args.manifest, "verify")
         manifest, targets = targets_of(args, load_manifest(args.manifest))
         if len(targets) > 1:
             if getattr(args, "junit", None) or parse_clear(getattr(args, "clear_jit_caches", None))[1]:
