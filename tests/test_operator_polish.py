@@ -350,12 +350,12 @@ def test_apply_in_a_real_80_column_terminal_keeps_each_line_within_it(pair):
     drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", got.decode(errors="replace"))
     lines = [line for line in re.split(r"[\r\n]", drawn) if line.strip()]
     assert any(line.startswith("applied transaction") for line in lines), lines
-    frames = [line for line in lines if re.search(r"(?:B|KiB|MiB) of 48\.0 MiB", line)]
+    frames = [(line, amounts) for line in lines if (amounts := re.search(r"(?:B|KiB|MiB) of 48\.0 MiB", line))]
     assert frames, lines  # the bar drew at least its first frame
     for line in lines:
         assert len(line) <= 80, line
-    for line in frames:  # every figure whole, bytes in one family
-        assert "…" not in line and not re.search(r"[kMG]B/s", line), line
+    for line, amounts in frames:  # every figure whole (a long step name may be shortened), bytes in one family
+        assert "…" not in line[amounts.start():] and not re.search(r"[kMG]B/s", line), line
 
 
 @pytest.mark.parametrize("command", ["inventory", "status", "history", "rollback"])

@@ -272,6 +272,10 @@ class ByteProgress:
 #: The narrowest bar worth drawing (columns); below it the bar is dropped, not the figures.
 _BAR_MIN = 10
 
+#: Columns a step's name may claim before a figure is dropped to make room for it; a longer name is
+#: shortened (``committing: renaming the st…``) where the figures need its room.
+_DESCRIPTION_CLAIM = 28
+
 
 def _clock(seconds: float | None) -> str | None:
     if seconds is None:
@@ -306,18 +310,22 @@ def byte_line_parts(task: Task, width: int) -> tuple[str, int, list[str]]:
     optional = {"elapsed": elapsed, "left": f"{left} left" if left else None, "rate": rate, "bar": "", "percent": percent}
     description = str(task.description)
 
-    def used(kept: dict[str, str | None], bar: int) -> int:
+    # a long step name (the commit's) claims at most this much before a figure is dropped for it
+    claimed = min(len(description), _DESCRIPTION_CLAIM)
+
+    def used(kept: dict[str, str | None], bar: int, words: int) -> int:
         figures = [amounts] + [v for k, v in kept.items() if k != "bar" and v]
-        return len(description) + 1 + sum(len(f) + 1 for f in figures) - 1 + (bar + 1 if "bar" in kept else 0)
+        return words + 1 + sum(len(f) + 1 for f in figures) - 1 + (bar + 1 if "bar" in kept else 0)
 
     kept = {k: v for k, v in optional.items() if v is not None}
-    for drop in ("elapsed", "left", "rate", "bar", "percent", None):
-        if used(kept, _BAR_MIN) <= width:
+    for drop in ("elapsed", "left", "rate", "bar", "percent"):
+        if used(kept, _BAR_MIN, claimed) <= width:
             break
-        kept.pop(drop, None) if drop else None
+        kept.pop(drop, None)
     bar = 0
-    if "bar" in kept:
-        bar = min(40, width - used(kept, 0))  # the room left is the bar's, as rich's own bar at most 40
+    if "bar" in kept:  # the room the whole name leaves is the bar's (at most 40 columns, as rich's own bar),
+        # and at least _BAR_MIN: it fits beside the claimed part of the name (the loop above saw to it)
+        bar = max(_BAR_MIN, min(40, width - used(kept, 0, len(description))))
     figures = [amounts] + [kept[k] for k in ("percent", "rate", "left", "elapsed") if kept.get(k)]
     room = width - (sum(len(f) + 1 for f in figures) - 1) - (bar + 1 if bar else 0) - 1
     if len(description) > room:  # only words go: the figures keep every digit
