@@ -35,7 +35,8 @@ def parse_location(text: str) -> tuple[HostSpec, str]:
     host, sep, venv = text.partition(":/")
     fix = "write e.g. local:/root/venv_sglang, root@gpu-07:/root/venv_sglang or ssh://root@gpu-07:2222/root/venv_sglang"
     scheme, url, rest = text.partition("://")
-    if url and "/" not in scheme and "@" not in scheme and _utf8(text):  # a URL: its path is the venv
+    # a URL: its path is the venv (local:///srv/venv stays the controller's //srv/venv, as it always was)
+    if url and "/" not in scheme and "@" not in scheme and scheme != "local" and _utf8(text):
         authority, slash, path = rest.partition("/")
         if scheme.lower() == "ssh" and not path:
             raise UsageError(f"{text!r}: expected the venv's absolute path after the host "
