@@ -60,7 +60,7 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
            "the donor is neither a host nor a local snapshot (no plan is kept for it)" if memo and key is None else None)
     if key is not None:
         reporter.step("asking both venvs whether anything changed since the last plan")
-        kept = memos.recall(key, source, target, manifest.target.venv)
+        kept = memos.recall(key, source, target, manifest.target.venv, manifest=manifest, patches=patches)
         if not isinstance(kept, str):
             reporter.note(f"nothing changed on either venv since the plan of {memos.planned_when(kept.planned_at)}"
                           f"; nothing was read again (TRANSPLANT_PLAN_MEMO=0 plans afresh)")
