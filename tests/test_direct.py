@@ -179,7 +179,10 @@ def test_apply_pulls_directly_and_says_so(lab, wheels, tmp_path, capsys, monkeyp
     manifest = _pair(lab, wheels, "/srv/direct-apply", tmp_path)
     home = Path("~/.ssh/known_hosts").expanduser()
     before = home.read_bytes() if home.exists() else None
+    mine = Path("~/.ssh/authorized_keys").expanduser()  # the lab's hosts share this machine's home folder
+    mine_before = mine.read_bytes() if mine.exists() else None
     out = _apply(capsys, manifest)
+    assert (mine.read_bytes() if mine.exists() else None) == mine_before, "the key went to the donor's own file"
     assert "directly" in out and "pulled from" in out and "nothing through the controller" in out
     assert "as TRANSPLANT_TRANSFER=direct asks" in out
     donor, target = lab.hosts["donor"], lab.hosts["target"]

@@ -132,12 +132,18 @@ def test_an_edited_plan_memo_is_refused_by_apply_and_plan_and_nothing_changes(pa
     assert "refusing the kept plan of" in " ".join("".join(capsys.readouterr()).split())
 
 
-def test_an_untouched_memo_still_passes_the_check_and_applies(pair, capsys):  # noqa: F811
+@pytest.mark.parametrize("overlay", ["overlay: [foo]", "overlay: [{closure: foo}]", "overlay: [foo]\nremove: [bar]",
+                                     "overlay: ['f*']"])
+def test_an_untouched_memo_still_passes_the_check_and_applies(pair, capsys, overlay):  # noqa: F811
+    """The twin of the tampered memos: what plan kept (closures, globs and remove: too) is applied as kept."""
+    m = pair / "m.yaml"
+    m.write_text(m.read_text().replace("overlay: [foo]", overlay))
     plan(pair, capsys)
-    assert main(["apply", str(pair / "m.yaml"), "--yes"]) == 0
+    assert main(["apply", str(m), "--yes"]) == 0
     out = " ".join("".join(capsys.readouterr()).split())
     assert "nothing changed on either venv since the plan of" in out, "the kept plan was used"
     assert (pair / "target" / SITE / "foo" / "__init__.py").read_text() == "V = 2\n"
+    assert (pair / "target" / SITE / "bar").exists() == ("remove: [bar]" not in overlay)
 
 
 def _group_writable_memo(root: Path) -> tuple[Path, str]:
