@@ -38,14 +38,22 @@ __all__ = ["kept_plan_problems"]
 _EXACT = re.compile(r"[a-z0-9]+([-._][a-z0-9]+)*\Z")
 
 
-def _metadata_owner(path: str) -> str | None:
-    """The normalised distribution name of the ``NAME-VERSION.dist-info`` / ``.egg-info`` folder
-    ``path`` lies in (or is), or None when it lies in none."""
+def _metadata_stem(path: str) -> str | None:
+    """The ``NAME-VERSION`` stem of the ``.dist-info`` / ``.egg-info`` folder ``path`` lies in (or
+    is), or None when it lies in none."""
     for part in path.split("/"):
         for suffix in (".dist-info", ".egg-info"):
             if part.endswith(suffix) and len(part) > len(suffix):
-                return canonicalize_name(part[: -len(suffix)].split("-", 1)[0])
+                return part[: -len(suffix)]
     return None
+
+
+def _stem_names(stem: str, name: str) -> bool:
+    """Whether a metadata folder's stem names the normalised distribution ``name``: its part before a
+    version (``foo_bar-1.0`` -> ``foo-bar``; an old folder whose name kept its dashes, ``foo-bar-1.0``,
+    too: any leading run of its dash-separated parts)."""
+    parts = stem.split("-")
+    return any(canonicalize_name("-".join(parts[:i])) == name for i in range(1, len(parts) + 1))
 
 
 def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFile]) -> list[str]:
@@ -74,11 +82,11 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
         patterns = plain
 
     expected = {p.dest: p for p in patches}
-    prefixes = {f[: -len(dest) - 1] for f in plan.patch_files for dest in expected if f.endswith("/" + dest)}
-    site = next(iter(prefixes)) if len(prefixes) == 1 else None
-    if site is None and expected or len(plan.patch_files) != len(expected) \
-            or (site is not None and set(plan.patch_files) != {f"{site}/{d}" for d in expected}) \
-            or (site is not None and not site.endswith(("site-packages", "dist-packages"))):
+    # the one site-packages folder every patch destination lies in (venv-relative, as the target's probe said)
+    candidates = sorted({f[: -len(dest) - 1] for f in plan.patch_files for dest in expected if f.endswith("/" + dest)})
+    site = next((c for c in candidates if c.endswith(("site-packages", "dist-packages"))
+                 and set(plan.patch_files) == {f"{c}/{d}" for d in expected}), None)
+    if (site is None and expected) or (not expected and plan.patch_files):
         problems.append(f"its patch destinations {list(plan.patch_files)} are not the manifest's patch files "
                         f"{sorted(expected)} in one site-packages folder")
     wanted_patch = {f"{site}/{d}": p for d, p in expected.items()} if site is not None else {}
@@ -102,15 +110,15 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
                 problems.append(f"{label}: it does not copy exactly the manifest's {patch.local} "
                                 f"({patch.hash}, {patch.size} bytes)")
         elif change.action == "remove":
-            if not any(fnmatchcase(change.name, p) for p in manifest.remove) \
-                    or any(fnmatchcase(change.name, p) for p in patterns):
+            if not any(fnmatchcase(change.name, p) for p in manifest.remove):  # (the donor lacks it if overlaid too)
                 problems.append(f"{label}: uninstalled, but the manifest's remove: does not name it")
             if change.copy:
                 problems.append(f"{label}: an uninstall that copies files")
         else:
             if not any(fnmatchcase(change.name, p) for p in patterns):
                 problems.append(f"{label}: the manifest's overlay does not select it")
-            if change.dist_info is None or _metadata_owner(change.dist_info) != change.name:
+            stem = None if change.dist_info is None else _metadata_stem(change.dist_info)
+            if stem is None or not _stem_names(stem, change.name):
                 problems.append(f"{label}: its metadata folder {change.dist_info!r} is not {change.name}'s")
             for copy in change.copy:
                 if copy.source != "donor" or copy.local is not None:
@@ -118,8 +126,9 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
                                     f"not from the donor")
         if change.kind == "distribution":
             for path in [c.path for c in change.copy] + list(change.remove):
-                owner = _metadata_owner(path)
-                if owner is not None and owner != change.name:
+                stem = _metadata_stem(path)
+                if stem is not None and not _stem_names(stem, change.name):
+                    owner = canonicalize_name(stem.split("-", 1)[0])
                     problems.append(f"{label}: {path} lies in another distribution's metadata ({owner})")
                     break
         if len(problems) >= 20:
