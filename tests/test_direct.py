@@ -430,3 +430,56 @@ def test_a_donor_behind_a_jump_host_is_relayed(lab, lab_connect, tmp_path):
     config.write_text(f"Host {donor.address}\n  ProxyJump root@{jump.address}:{jump.port}\n")
     way, why = route(lab_connect("donor", config=config), lab_connect("target"))
     assert way is None and "ProxyJump" in why
+
+
+@hosts
+def test_apply_killed_during_its_direct_pull_leaves_a_key_the_next_apply_removes_and_says_so(lab, wheels, tmp_path,
+                                                                                             capsys, monkeypatch):
+    """``transplant apply`` SIGKILLed (by the pid this test started) while the target pulls: its
+    one-time key stays authorised on the donor; the next apply (``--resume``) removes it, says so,
+    and applies."""
+    import base64
+    import hashlib
+    import signal
+    import subprocess
+    import time
+
+    from transplant.cli.app import main
+
+    monkeypatch.setenv("TRANSPLANT_TRANSFER", "direct")
+    top = "/srv/direct-killed-apply"
+    manifest = _pair(lab, wheels, top, tmp_path)
+    donor = lab.hosts["donor"]
+    site = donor.path(f"{top}/donor/{SITE}")
+    size = 1 << 30
+    donor.run(["truncate", "-s", str(size), f"{top}/donor/{SITE}/alpha/huge.bin"])  # a GiB the pull takes seconds on
+    digest = hashlib.sha256()
+    zeros = bytes(1 << 20)
+    for _ in range(size >> 20):
+        digest.update(zeros)
+    record = next(site.glob("alpha-2.0.dist-info")) / "RECORD"
+    row = f"alpha/huge.bin,sha256={base64.urlsafe_b64encode(digest.digest()).rstrip(b'=').decode()},{size}\n"
+    record.write_text(record.read_text() + row)
+    keys = donor.path(LAB_AUTHORIZED_KEYS)
+    proc = subprocess.Popen([sys.executable, "-m", "transplant", "apply", manifest, "--yes"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if keys.exists() and "transplant-pull" in keys.read_text():
+                break
+            time.sleep(0.02)
+        time.sleep(0.3)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # only the pid started here
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert [line for line in keys.read_text().splitlines() if "transplant-pull" in line], "its key stayed"
+    time.sleep(2)  # the target's receiver sees its input end and stops
+    code = main(["apply", manifest, "--resume", "--yes"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0, out
+    assert "removed the one-time pull key that a transplant killed during its direct pull" in out, out
+    assert f"pid {proc.pid}" in out
+    assert _agents(_state(), lab) == [], "nothing of either pull is left"
+    assert _files(lab.hosts["target"], f"{top}/target") == _files(donor, f"{top}/donor")

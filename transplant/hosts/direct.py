@@ -16,7 +16,7 @@ What lets the target log in to the donor, and what it trusts (:func:`route`):
   sha256; any other list is refused before a byte is sent), an ``expiry-time``; the private key is
   handed to the receiver on its standard input, written beside the staged files (0600) and removed
   once the login is done. The line is removed from the donor's authorized_keys when the pull ends;
-  what a killed controller left is removed by the next direct pull from that donor, which says so
+  what a killed controller left is removed by the next apply from that donor, which says so
   (:func:`transplant.hosts.pullkey.sweep_left`). No agent is forwarded: a process on the target
   that takes the key can fetch the planned files and nothing else;
 * the donor's host key: the lines the controller's own known_hosts files hold for the donor, as

@@ -13,8 +13,9 @@ files and nothing else, until the pull ends: the controller then removes the lin
 authorized_keys (success, error, Ctrl-C: a ``with`` block).
 
 A controller killed before it could remove the line (SIGKILL, a power cut) leaves a record in its
-state folder (``<state>/pulls/<id>.json``, written before the key is authorised); the next direct
-pull from that donor removes what a killed one left and says so (:func:`sweep_left`), and the
+state folder (``<state>/pulls/<id>.json``, written before the key is authorised); the next apply
+from that donor (whichever way it copies) removes what a killed one left and says so
+(:func:`sweep_left`), and the
 donor itself drops lines past their expiry whenever a pull key is added or removed there (and
 sshd refuses them anyway).
 """
