@@ -185,6 +185,7 @@ def test_apply_pulls_directly_and_says_so(lab, wheels, tmp_path, capsys, monkeyp
     assert (mine.read_bytes() if mine.exists() else None) == mine_before, "the key went to the donor's own file"
     assert "directly" in out and "pulled from" in out and "nothing through the controller" in out
     assert "as TRANSPLANT_TRANSFER=direct asks" in out
+    assert "a one-time key the donor authorised for this pull alone" in out
     donor, target = lab.hosts["donor"], lab.hosts["target"]
     assert _files(target, "/srv/direct-apply/target") == _files(donor, "/srv/direct-apply/donor")
     # the donor's key was pinned in the transaction's folder on the target, and nowhere else
