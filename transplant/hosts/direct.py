@@ -239,6 +239,7 @@ def stream_direct(
     listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths) + b"\0"
     # long enough for the whole pull at a slow 5 MB/s, at least ten minutes; removed when the pull ends anyway
     lifetime = max(600.0, total / 5e6 + 120) if timeout is None else min(max(600.0, total / 5e6 + 120), timeout + 120)
+    lifetime = min(lifetime, 86_000.0)  # the donor accepts an expiry within a day
     sweep_left(state_dir, donor, reporter)  # what a killed controller left authorised on this donor
     key = OneTimeKey(state_dir, donor, src_python, donor_root, paths, mode, lifetime)
     try:
