@@ -53,4 +53,14 @@ def test_each_edit_is_named():
     copy = dataclasses.replace(patch.copy[0], local="m.yaml")
     assert "does not copy exactly the manifest's" in \
         problems(changes=tuple(dataclasses.replace(c, copy=(copy,)) if c is patch else c for c in made.changes))
+    error = next(f for f in made.findings if f.severity == "error" and f.accepted is None)
+    waved = dataclasses.replace(error, accepted="edited in")
+    assert f"its error {error.code}" in problems(findings=tuple(waved if f is error else f for f in made.findings))
+    assert "marked accepted, but the manifest's accept: does not name it" in \
+        problems(findings=tuple(waved if f is error else f for f in made.findings))
+    accepting = manifest(["sglang"], remove=["nvidia-cuda-runtime-cu12"],
+                         accept=[{"code": error.code, "dists": list(error.dists), "reason": "known"}])
+    kept = plan(accepting, donor, target, _patches())
+    assert any(f.accepted == "known" for f in kept.findings)
+    assert kept_plan_problems(kept, accepting, _patches()) == [], "an accept: of the manifest's own passes"
     assert problems() == "", "the twin: the plan as made"

@@ -11,10 +11,12 @@ manifest itself allows, without reading either venv (:func:`kept_plan_problems`)
   the exact names a closure of the manifest brought), and every distribution it uninstalls one
   that ``remove:`` names and the overlay does not (it cannot remove other distributions);
 - a distribution's copies are its donor files (never a controller file), and no copy or removal
-  reaches into another distribution's metadata folder.
+  reaches into another distribution's metadata folder;
+- a finding is accepted exactly where the manifest's ``accept:`` says (an edit cannot wave an
+  error through the gate by marking it accepted).
 
 What the manifest cannot say (which files of a selected distribution its RECORD lists, which
-findings the inventories give) is the memo's own: the memo is refused outright when another
+findings the inventories give: a finding removed from the memo is not seen) is the memo's own: the memo is refused outright when another
 user could have written it (:func:`transplant.controller.state.refuse_loose`), the copy hashes
 every file it writes against the plan, and the stale-plan check under the lock asks the target
 again.
@@ -135,4 +137,11 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
             break
     for dest in sorted(set(wanted_patch) - {c.name for c in plan.changes if c.kind == "patch"}):
         problems.append(f"the manifest's patch file for {dest} is missing from it")
+    for f in plan.findings:  # accepted exactly as the manifest's accept: list says (the planner's rule)
+        entry = next((a for a in manifest.accept if a.matches(f.code, f.dists)), None)
+        if f.accepted != (entry.reason if entry is not None else None):
+            problems.append(f"its {f.severity} {f.code} ({', '.join(f.dists)}) is "
+                            + ("marked accepted, but the manifest's accept: does not name it" if entry is None else
+                               "not accepted as the manifest's accept: says"))
+            break
     return problems[:20]
