@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # rich loads when an error renders, not when a command starts
 
 __all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",
            "TransactionError", "NoDonorError", "StoreError", "SnapshotError", "RecoverError", "FleetError",
-           "UsageError", "RegistryError"]
+           "UsageError", "RegistryError", "ConfigError"]
 
 
 class TransplantError(Exception):
@@ -157,3 +157,11 @@ class RegistryError(TransplantError):
         super().__init__(message, hint=hint)
         self.status = status
         self.unreachable = unreachable
+
+
+class ConfigError(TransplantError):
+    """The operator's config file (``~/.config/transplant/config.toml``) cannot be used: not TOML,
+    an unknown key, a value of the wrong type, or a file others may write; the message names the
+    file and the key, the hint the fix."""
+
+    reference = "config-invalid"
