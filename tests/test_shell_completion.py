@@ -131,16 +131,16 @@ def test_bash_completes_commands_options_manifests_and_hosts(place):
     assert "config" in commands and "completion" in commands
     assert got["transplant pl"] == ["plan"]
     # manifests: *.yaml and *.yml, and folders to go into; not the other files
-    assert sorted(got["transplant plan "]) == ["m.yaml", "n.yml", "sub"]
+    assert sorted(got["transplant plan "]) == ["m.yaml", "n.yml", "sub/"]
     # a saved plan too where apply takes one
-    assert sorted(got["transplant apply "]) == ["m.yaml", "n.yml", "plan.json", "sub"]
+    assert sorted(got["transplant apply "]) == ["m.yaml", "n.yml", "plan.json", "sub/"]
     # every option of the parser's plan, and only those
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]
     assert sorted(got["transplant plan --"]) == sorted(f for a in plan._actions for f in a.option_strings
                                                        if f.startswith("--"))
     # MANIFEST|HOST:VENV: the host forms (local:, each Host without a wildcard, Include followed) and manifests
     assert sorted(got["transplant status "]) == sorted(["local:", "gpu-07:", "gpu-08:", "ct130:", "lab-a:",
-                                                        "m.yaml", "n.yml", "sub"])
+                                                        "m.yaml", "n.yml", "sub/"])
     assert got["transplant status gpu"] == ["gpu-07:", "gpu-08:"]
     # after local:, the local folders; bash replaces what follows the word's last ':'
     assert got[f"transplant status local:{work}/s"] == [f"{work}/sub/"]
@@ -148,13 +148,13 @@ def test_bash_completes_commands_options_manifests_and_hosts(place):
     # clone's second argument is a HOST:VENV only
     assert got["transplant clone local:/srv/a "] == ["local:", "gpu-07:", "gpu-08:", "ct130:", "lab-a:"]
     assert got["transplant init --donor "] == ["local:", "gpu-07:", "gpu-08:", "ct130:", "lab-a:"]
-    assert sorted(got["transplant init --out "]) == ["m.yaml", "n.yml", "notes.txt", "plan.json", "sub"]
+    assert sorted(got["transplant init --out "]) == ["m.yaml", "n.yml", "notes.txt", "plan.json", "sub/"]
     assert got["transplant completion "] == ["bash", "zsh", "fish"]
     # --clear-jit-caches takes its names after '=': the next word is verify's manifest or venv
     assert "m.yaml" in got["transplant verify --clear-jit-caches "]
     assert "local:" in got["transplant verify --clear-jit-caches "]
     assert sorted(got["transplant verify --json m.yaml --junit "]) == ["m.yaml", "n.yml", "notes.txt",
-                                                                      "plan.json", "sub"]
+                                                                      "plan.json", "sub/"]
 
 
 def test_install_writes_where_bash_completion_loads_it(place):
@@ -279,3 +279,47 @@ def test_zsh_completes_for_real_in_an_interactive_shell(place):
     assert "transplant status gpu-0" in typed.replace("\a", "")
     listed = done.stdout.split("listed: ", 1)[1]
     assert "gpu-07:" in listed and "gpu-08:" in listed
+
+
+def test_bash_completes_for_real_on_a_pty(place):
+    """The script sourced in an interactive bash on a pty, readline doing the completing (its word
+    breaks at ':' included): ``transplant status gp<Tab>`` adds the common part of two hosts, ``7<Tab>``
+    the rest with no backslash before the ':' and no space after it, ``plan <Tab><Tab>`` lists the
+    manifests and the folder."""
+    import pty
+    import select
+    import time
+
+    tmp_path, work, env = place
+    script = tmp_path / "transplant.bash"
+    script.write_text(_run([TRANSPLANT, "completion", "bash"], env).stdout)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: an interactive bash in the work folder
+        os.chdir(work)
+        os.execvpe("bash", ["bash", "--norc", "--noprofile", "-i"], env)
+
+    def until(text: str, seconds: float = 20) -> str:
+        seen, end = b"", time.time() + seconds
+        while time.time() < end and text.encode() not in seen:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    break
+        return seen.decode(errors="replace")
+
+    try:
+        os.write(fd, f"PS1='> '; source {script}; echo READY\n".encode())
+        until("READY\r\n")
+        os.write(fd, b"transplant status gp\t")
+        assert "u-0" in until("u-0").split("status gp", 1)[1]
+        os.write(fd, b"7\t")
+        after = until(":")
+        assert after.replace("\a", "").startswith("7:") and "\\:" not in after
+        os.write(fd, b"x\x15transplant plan \t\t")  # Ctrl-U: a new line
+        listed = until("sub/")
+        assert "m.yaml" in listed and "n.yml" in listed and "sub/" in listed and "plan.json" not in listed
+    finally:
+        os.write(fd, b"\x15exit\n")
+        os.waitpid(pid, 0)
+        os.close(fd)

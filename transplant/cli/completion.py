@@ -166,9 +166,9 @@ _BASH = r'''# transplant completion for bash, made by `transplant completion bas
 
 _transplant_files() {  # $1: the word; then the endings to offer (none: every file); folders always
     local cur="$1" f s; shift
-    compopt -o filenames 2>/dev/null
+    _transplant_filenames=1
     while IFS= read -r f; do
-        if [[ -d "$f" ]]; then COMPREPLY+=("$f"); continue; fi
+        if [[ -d "$f" ]]; then COMPREPLY+=("${f%/}/"); continue; fi
         if (( $# == 0 )); then COMPREPLY+=("$f"); continue; fi
         for s in "$@"; do [[ "$f" == *"$s" ]] && { COMPREPLY+=("$f"); break; }; done
     done < <(compgen -f -- "$cur")
@@ -183,17 +183,18 @@ _transplant_hosts() {  # $1: the word; $2: the transplant command to ask
             [[ "$h" == "$cur"* ]] && COMPREPLY+=("$h")
         done < <("$2" completion --hosts 2>/dev/null)
     fi
-    compopt -o nospace 2>/dev/null
 }
 
 _transplant_value() {  # $1: kind; $2: the word; $3: the transplant command; $4: the choices
+    local f
     case "$1" in
         manifest) _transplant_files "$2" .yaml .yml ;;
         plan) _transplant_files "$2" .yaml .yml .json ;;
         host) _transplant_hosts "$2" "$3" ;;
         manifest-host) _transplant_hosts "$2" "$3"; [[ "$2" == *:* ]] || _transplant_files "$2" .yaml .yml ;;
         file) _transplant_files "$2" ;;
-        dir) compopt -o filenames 2>/dev/null; COMPREPLY+=($(compgen -d -- "$2")) ;;
+        dir) _transplant_filenames=1
+             while IFS= read -r f; do COMPREPLY+=("${f%/}/"); done < <(compgen -d -- "$2") ;;
         choice) COMPREPLY+=($(compgen -W "$4" -- "$2")) ;;
     esac
 }
@@ -201,7 +202,7 @@ _transplant_value() {  # $1: kind; $2: the word; $3: the transplant command; $4:
 _transplant() {
     # the words are split at blanks only (bash's own words are split at ':' and '=' too, which
     # would cut HOST:VENV in three); what bash replaces is the word after its last break, below
-    local line="${COMP_LINE:0:COMP_POINT}" cur prev cmd="" kind="" i n=0 skip=""
+    local line="${COMP_LINE:0:COMP_POINT}" cur prev cmd="" kind="" i n=0 skip="" _transplant_filenames=""
     local -a words
     read -ra words <<< "$line"
     if [[ "$line" =~ [[:space:]]$ ]]; then cur=""; else cur="${words[-1]}"; unset 'words[-1]'; fi
@@ -252,6 +253,10 @@ _transplant() {
 
 _transplant_colon() {  # bash replaces only what follows the word's last ':': drop what precedes it
     local cur="$1" k
+    # a host form (NAME:, local:/path/) or a folder is completed further: no space after the only candidate
+    if (( ${#COMPREPLY[@]} == 1 )) && [[ "${COMPREPLY[0]}" == *[:/] ]]; then compopt -o nospace 2>/dev/null; fi
+    # file names are quoted by readline (spaces...), but not beside host forms: it would write NAME\:
+    if [[ -n "$_transplant_filenames" && " ${COMPREPLY[*]} " != *": "* ]]; then compopt -o filenames 2>/dev/null; fi
     if [[ "$cur" == *:* && "$COMP_WORDBREAKS" == *:* ]]; then
         local colon="${cur%"${cur##*:}"}"
         for k in "${!COMPREPLY[@]}"; do COMPREPLY[k]="${COMPREPLY[k]#"$colon"}"; done
