@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import textwrap
@@ -143,9 +144,10 @@ def test_the_ssh_defaults_of_the_file_are_used_below_flags_and_manifests(home, t
     write(path, f'[ssh]\nidentity_file = "{tmp_path}/key-from-file"\n')
     done = run(["status", "root@127.0.0.9:/srv/venv"], env)
     assert done.returncode == 1
-    assert f"identity file {tmp_path}/key-from-file does not exist" in done.stdout
+    assert (f"identity file {tmp_path}/key-from-file does not exist (the config file's ssh.identity_file; "
+            f"see 'transplant config')") in done.stdout
     done = run(["status", "root@127.0.0.9:/srv/venv", "--identity-file", str(tmp_path / "key-from-flag")], env)
-    assert done.returncode == 1 and f"identity file {tmp_path}/key-from-flag does not exist" in done.stdout
+    assert done.returncode == 1 and f"identity file {tmp_path}/key-from-flag does not exist\n" in done.stdout
     manifest = tmp_path / "m.yaml"
     manifest.write_text(f"version: 1\ndonor: {{host: root@127.0.0.9, venv: /srv/a}}\n"
                         f"target: {{host: root@127.0.0.10, venv: /srv/b}}\noverlay: [foo]\n"
@@ -255,6 +257,11 @@ def test_output_width_and_color_of_the_file_on_a_terminal(home, tmp_path):
     env, path = home
     deep = tmp_path / ("a-long-folder-name-" * 4) / "state"
     write(path, f'state_dir = "{deep}"\n')
+    at_80 = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _on_a_pty(["config"], env, 80)).splitlines()
+    assert max(len(x.rstrip("\r")) for x in at_80[1:]) <= 80
+    # the long value folds inside its column, no character lost
+    assert "".join(x.split("│")[2].strip() for x in at_80 if x.count("│") == 4
+                   and x.split("│")[1].strip() in ("state_dir", "")) == str(deep)
     wide = _on_a_pty(["config"], env, 200)
     assert "\x1b[" in wide  # styled on a terminal by default (the table's header is bold)
     assert max(len(x) for x in wide.splitlines()) > 100

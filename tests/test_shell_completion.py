@@ -165,6 +165,11 @@ def test_install_writes_where_bash_completion_loads_it(place):
     assert done.stdout.splitlines()[0] == f"wrote {path}"
     assert path.read_text() == _run([TRANSPLANT, "completion", "bash"], env).stdout
     assert _bash(path, ["transplant st"], env, work)["transplant st"] == ["status"]
+    # zsh: ~/.zfunc, and the line ~/.zshrc needs
+    done = _run([TRANSPLANT, "completion", "zsh", "--install"], env)
+    assert done.returncode == 0
+    assert done.stdout.splitlines() == [f"wrote {env['HOME']}/.zfunc/_transplant",
+                                        "add fpath=(~/.zfunc $fpath) before compinit in ~/.zshrc, then start a new zsh"]
     # fish's own folder, under XDG_CONFIG_HOME
     assert _run([TRANSPLANT, "completion", "fish", "--install"], env).returncode == 0
     assert (tmp_path / "config" / "fish" / "completions" / "transplant.fish").is_file()
