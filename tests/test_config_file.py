@@ -278,3 +278,17 @@ def test_output_width_and_color_of_the_file_on_a_terminal(home, tmp_path):
     piped = run(["config"], env).stdout
     (line,) = [x for x in piped.splitlines() if x.split()[:1] == ["state_dir"]]
     assert line.split() == ["state_dir", str(deep), "file"]
+
+
+def test_a_reader_that_goes_away_early(home):
+    """``transplant config | true`` and ``transplant completion bash | true``: the reader is gone
+    before the first write (``true`` exits at once, transplant takes a fifth of a second to start):
+    exit 0 (the command's work is only its output), no traceback; ``| head -1``: the first line."""
+    env, _path = home
+    for args in ("config", "completion bash", "config --json"):
+        for reader, lines in (("true", 0), ("head -1", 1)):
+            done = subprocess.run(["bash", "-c", f'"{TRANSPLANT}" {args} | {reader}; echo "codes ${{PIPESTATUS[*]}}" >&2'],
+                                  env=env, capture_output=True, text=True, timeout=60)
+            assert len(done.stdout.splitlines()) == lines
+            assert done.stderr.strip().splitlines()[-1] == "codes 0 0", done.stderr
+            assert "Traceback" not in done.stderr
