@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # rich loads when an error renders, not when a command starts
 
 __all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",
            "TransactionError", "NoDonorError", "StoreError", "SnapshotError", "RecoverError", "FleetError",
-           "UsageError", "RegistryError", "ConfigError"]
+           "UsageError", "RegistryError", "StateError", "ConfigError"]
 
 
 class TransplantError(Exception):
@@ -157,6 +157,15 @@ class RegistryError(TransplantError):
         super().__init__(message, hint=hint)
         self.status = status
         self.unreachable = unreachable
+
+
+class StateError(TransplantError):
+    """A state file or folder (the controller's state folder, a plan memo, the verified log, a snapshot
+    index; a target's ``.transplant`` folder, journal, history) that another user could have written:
+    owned by someone other than the user running transplant (or root), or writable by its group or
+    others. Refused as OpenSSH refuses a loose key or config file; the hint is the chmod/chown."""
+
+    reference = "state-untrusted"
 
 
 class ConfigError(TransplantError):
