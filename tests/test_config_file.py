@@ -292,3 +292,23 @@ def test_a_reader_that_goes_away_early(home):
             assert len(done.stdout.splitlines()) == lines
             assert done.stderr.strip().splitlines()[-1] == "codes 0 0", done.stderr
             assert "Traceback" not in done.stderr
+
+
+def test_the_registry_client_takes_the_file_settings_below_the_environment(tmp_path, monkeypatch):
+    """The registry client that snapshot --push, recover and apply make: plain http to the loopback
+    registry and the progress deadline the file names; the environment variable wins."""
+    from transplant.donor.oci import Client, Reference
+
+    for var in _CLEARED:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    write(tmp_path / "xdg" / "transplant" / "config.toml",
+          '[registry]\ninsecure = ["127.0.0.1:5000"]\nprogress = "4096/12"\n')
+    ref = Reference.parse("oci://127.0.0.1:5000/team/snaps:v1")
+    client = Client(ref)
+    assert client.base == "http://127.0.0.1:5000/v2/team/snaps"
+    assert client.settings.progress == (4096, 12.0)
+    monkeypatch.setenv("TRANSPLANT_REGISTRY_PROGRESS", "10/3")
+    monkeypatch.setenv("TRANSPLANT_REGISTRY_INSECURE", "127.0.0.1:6000")
+    client = Client(ref)
+    assert client.base == "https://127.0.0.1:5000/v2/team/snaps" and client.settings.progress == (10, 3.0)
