@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # rich loads when an error renders, not when a command starts
 
 __all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",
            "TransactionError", "NoDonorError", "StoreError", "SnapshotError", "RecoverError", "FleetError",
-           "UsageError", "RegistryError", "StateError"]
+           "UsageError", "RegistryError", "StateError", "ConfigError"]
 
 
 class TransplantError(Exception):
@@ -166,3 +166,11 @@ class StateError(TransplantError):
     others. Refused as OpenSSH refuses a loose key or config file; the hint is the chmod/chown."""
 
     reference = "state-untrusted"
+
+
+class ConfigError(TransplantError):
+    """The operator's config file (``~/.config/transplant/config.toml``) cannot be used: not TOML,
+    an unknown key, a value of the wrong type, or a file others may write; the message names the
+    file and the key, the hint the fix."""
+
+    reference = "config-invalid"

@@ -87,7 +87,10 @@ class SSHHost(Host):
         self._master = False
         self._kept: Path | None = None  # the control socket of a master kept between commands
         if options.identity_file is not None and not Path(options.identity_file).expanduser().is_file():
-            raise HostError(f"{self.label}: identity file {options.identity_file} does not exist",
+            # the operator's config file gave it (no flag, no manifest key): say so, or it is a mystery
+            configured = options.identity_file == SSHOptions.DEFAULTS.get("identity_file")
+            raise HostError(f"{self.label}: identity file {options.identity_file} does not exist"
+                            + (" (the config file's ssh.identity_file; see 'transplant config')" if configured else ""),
                             hint=f"ssh-keygen -t ed25519 -f {shlex.quote(str(options.identity_file))}")
         if not options.verify_host_keys:
             import sys
