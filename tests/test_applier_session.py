@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,8 @@ from transplant.apply import txn
 from transplant.errors import HostError
 from transplant.hosts.host import LocalHost
 from transplant.hosts.probing import ScriptSession
-from transplant.lab.wheels import build_wheel, make_venv
+
+from alpha_pair import alpha_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,22 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def pair(tmp_path_factory):
     """A donor with alpha 2.0 (five files) and a maker of fresh targets with alpha 1.0."""
     base = tmp_path_factory.mktemp("sess")
-    files = {f"alpha/m{i}.py": f"N = {i}\n" for i in range(4)}
-    new = build_wheel(base / "wheels", "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", **files})
-    old = build_wheel(base / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
-    donor = make_venv(base / "donor", [new])
-    pristine = make_venv(base / "pristine", [old])
+    made = alpha_pair(base, {f"alpha/m{i}.py": f"N = {i}\n" for i in range(4)})
 
     def target(name: str) -> tuple[Path, str]:
-        venv = base / name
-        subprocess.run(["cp", "-a", str(pristine), str(venv)], check=True)
-        manifest = base / f"{name}.yaml"
-        manifest.write_text(textwrap.dedent(f"""\
-            version: 1
-            donor: {{host: local, venv: {donor}}}
-            target: {{host: local, venv: {venv}}}
-            overlay: [alpha]
-            """))
+        venv, manifest = made(name)
         return venv, str(manifest)
 
     return base, target

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from transplant.lab.wheels import build_wheel, make_venv
+
+from alpha_pair import alpha_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
@@ -23,25 +23,7 @@ SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packag
 def pair(tmp_path_factory):
     """A donor with alpha 2.0 and a maker of fresh targets with alpha 1.0, each with its manifest."""
     base = tmp_path_factory.mktemp("outputs")
-    files = {f"alpha/m{i}.py": f"N = {i}\n" for i in range(40)}
-    new = build_wheel(base / "wheels", "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", **files})
-    old = build_wheel(base / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
-    donor = make_venv(base / "donor", [new])
-    pristine = make_venv(base / "pristine", [old])
-
-    def target(name: str) -> tuple[Path, Path]:
-        venv = base / name
-        subprocess.run(["cp", "-a", str(pristine), str(venv)], check=True)
-        manifest = base / f"{name}.yaml"
-        manifest.write_text(textwrap.dedent(f"""\
-            version: 1
-            donor: {{host: local, venv: {donor}}}
-            target: {{host: local, venv: {venv}}}
-            overlay: [alpha]
-            verify:
-              imports: [alpha]
-            """))
-        return venv, manifest
+    target = alpha_pair(base, {f"alpha/m{i}.py": f"N = {i}\n" for i in range(40)}, "verify:\n  imports: [alpha]\n")
 
     return base, target
 

@@ -22,6 +22,8 @@ from transplant.hosts.host import LocalHost
 from transplant.hosts.probing import ScriptSession
 from transplant.lab.wheels import build_wheel, make_venv
 
+from alpha_pair import alpha_pair
+
 ROOT = Path(__file__).resolve().parent.parent
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
@@ -129,22 +131,7 @@ def tree(root: Path) -> dict[str, tuple[int, bytes | str]]:
 def pair(tmp_path_factory):
     """A donor with alpha 2.0 and a maker of fresh targets with alpha 1.0, each with its manifest."""
     base = tmp_path_factory.mktemp("hostile")
-    new = build_wheel(base / "wheels", "alpha", "2.0", {"alpha/__init__.py": "V = 2\n", "alpha/more.py": "M = 1\n"})
-    old = build_wheel(base / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})
-    donor = make_venv(base / "donor", [new])
-    pristine = make_venv(base / "pristine", [old])
-
-    def target(name: str) -> tuple[Path, Path]:
-        venv = base / name
-        subprocess.run(["cp", "-a", str(pristine), str(venv)], check=True)
-        manifest = base / f"{name}.yaml"
-        manifest.write_text(textwrap.dedent(f"""\
-            version: 1
-            donor: {{host: local, venv: {donor}}}
-            target: {{host: local, venv: {venv}}}
-            overlay: [alpha]
-            """))
-        return venv, manifest
+    target = alpha_pair(base, {"alpha/more.py": "M = 1\n"})
 
     return base, target
 

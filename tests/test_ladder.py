@@ -462,7 +462,8 @@ def test_junit_that_cannot_be_written_is_a_clear_error(built, tmp_path, monkeypa
     target = "/proc/transplant-verify.xml"  # an existing folder no one can create files in, root included
     assert main(["verify", f"local:{built['good']}", "--imports", "fakecuda", "--junit", target]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert f"--junit {target}: could not write it" in out and "Traceback" not in out
+    # refused before any stage runs, naming the folder where no file can be made
+    assert f"--junit {target}: no file can be written in the folder /proc" in out and "Traceback" not in out
 
 
 DRIVER_LOADER = textwrap.dedent('''\

@@ -239,7 +239,8 @@ def _spied_apply(monkeypatch, manifest: Path, *extra: str, argv: list[str] | Non
     def script(argv) -> str:
         if "-c" not in argv:
             return argv[0]
-        code = argv[argv.index("-c") + 1]
+        # a session's interpreter runs under ``sh -c 'echo pid; exec "$@"'``: its code is the last -c's
+        code = argv[len(argv) - 1 - argv[::-1].index("-c") + 1]
         return by_code.get(code, "identity" if "boot_id" in code else "other")
 
     for method in ("run", "spawn"):

@@ -826,8 +826,9 @@ def test_a_transaction_without_usable_stat_records_rolls_back_reading_every_file
     replies = _counting(monkeypatch)
     assert main(["rollback", m, "--yes"]) == 0, capsys.readouterr().out
     assert snapshot(venv) == world["before"]
-    drift, restored = replies
-    assert drift["trusted"] == 0 and drift["hashed"] == _files(record["after"])
+    asked, drift, restored = replies  # the check before the question, again under the lock, then the result
+    for check in (asked, drift):
+        assert check["trusted"] == 0 and check["hashed"] == _files(record["after"])
     assert restored["trusted"] == 0 and restored["hashed"] == _files(record["before"])
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # rich loads when an error renders, not when a command starts
 
 __all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",
            "TransactionError", "NoDonorError", "StoreError", "SnapshotError", "RecoverError", "FleetError",
-           "UsageError", "RegistryError"]
+           "UsageError", "RegistryError", "StateError", "ConfigError"]
 
 
 class TransplantError(Exception):
@@ -157,3 +157,20 @@ class RegistryError(TransplantError):
         super().__init__(message, hint=hint)
         self.status = status
         self.unreachable = unreachable
+
+
+class StateError(TransplantError):
+    """A state file or folder (the controller's state folder, a plan memo, the verified log, a snapshot
+    index; a target's ``.transplant`` folder, journal, history) that another user could have written:
+    owned by someone other than the user running transplant (or root), or writable by its group or
+    others. Refused as OpenSSH refuses a loose key or config file; the hint is the chmod/chown."""
+
+    reference = "state-untrusted"
+
+
+class ConfigError(TransplantError):
+    """The operator's config file (``~/.config/transplant/config.toml``) cannot be used: not TOML,
+    an unknown key, a value of the wrong type, or a file others may write; the message names the
+    file and the key, the hint the fix."""
+
+    reference = "config-invalid"

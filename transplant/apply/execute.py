@@ -600,7 +600,8 @@ def _described(result: TransferResult, src: Host, dst: Host) -> tuple[str, str]:
         return way, f"{human_bytes(result.bytes)} on the wire"
     if result.how == "direct":
         way = (f"streamed {src.label} -> {dst.label} directly: {dst.label} pulled from {src.label} over its own ssh "
-               f"(a scoped agent, the donor's pinned host key), nothing through the controller")
+               f"(with a one-time key the donor authorised for this pull alone, the donor's pinned host key), "
+               f"nothing through the controller")
     elif local_src and local_dst:
         way = "streamed on this machine"
     elif local_src:

@@ -124,6 +124,44 @@ def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
 
 
+def _cmd_config(args: argparse.Namespace, console: Console) -> int:
+    from transplant.cli.commands.config import config_command
+
+    return config_command(args, console)
+
+
+def _cmd_completion(args: argparse.Namespace, console: Console) -> int:
+    """``completion SHELL``: the script on standard output; ``--install``: written to the shell's
+    completion folder (the path said); ``--hosts``: the ``HOST:VENV`` forms, one a line."""
+    from transplant.cli import completion
+    from transplant.errors import UsageError
+
+    if args.hosts:
+        print("\n".join(completion.host_forms()))
+        return EXIT_OK
+    if args.shell is None:
+        raise UsageError("name the shell: transplant completion bash|zsh|fish",
+                         hint="transplant completion bash --install (or: source <(transplant completion bash))")
+    text = completion.script(args.shell, build_parser())
+    if not args.install:
+        sys.stdout.write(text)
+        return EXIT_OK
+    path = completion.install_path(args.shell)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise TransplantError(f"cannot write {path}: {exc.strerror}",
+                              hint=f"transplant completion {args.shell} > FILE, into a folder your shell reads") from None
+    console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
+    console.print({"bash": "a new bash loads it (bash-completion); this one: source " + shlex.quote(str(path)),
+                   "zsh": "add fpath=(~/.zfunc $fpath) before compinit in ~/.zshrc, then start a new zsh",
+                   "fish": "a new fish loads it"}[args.shell], markup=False, highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``transplant``."""
     parser = _Parser(prog="transplant", description="Move working CUDA Python environments between GPU hosts.")
@@ -257,6 +295,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keep", action="store_true",
                    help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")
     d.set_defaults(func=_cmd_demo)
+    g = sub.add_parser("config", help="show each default in effect and where it came from (flag, environment, "
+                       "config file, default)")
+    g.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.config/1)")
+    ssh_options(g)
+    g.set_defaults(func=_cmd_config)
+    m = sub.add_parser("completion", help="print or install the shell completion script (bash, zsh, fish)")
+    m.add_argument("shell", nargs="?", choices=("bash", "zsh", "fish"), help="the shell to complete in")
+    m.add_argument("--install", action="store_true",
+                   help="write it where the shell finds it (bash: ~/.local/share/bash-completion/completions/; "
+                        "fish: ~/.config/fish/completions/; zsh: ~/.zfunc/, which must be on fpath)")
+    m.add_argument("--hosts", action="store_true", help=argparse.SUPPRESS)  # what the scripts ask at each <Tab>
+    m.set_defaults(func=_cmd_completion)
     return parser
 
 
@@ -320,11 +370,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"and removes nothing")
             args = parser.parse_args(_bare_options(argv))  # argparse's own error for the stray arguments
         try:
-            from transplant.cli.warm import connect_early
+            config_error = _use_config(args)
+            if config_error is None:
+                from transplant.cli.warm import connect_early
 
-            connect_early(args)  # apply: both SSH connections open while the command's modules import
+                connect_early(args)  # apply: both SSH connections open while the command's modules import
             began = True
-            return _run(args)
+            return _run(args, config_error)
         finally:
             from transplant.hosts import early
 
@@ -335,7 +387,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _run(args: argparse.Namespace) -> int:
+def _use_config(args: argparse.Namespace) -> TransplantError | None:
+    """Read the operator's config file before the command does anything, and set its SSH defaults
+    (:attr:`transplant.hosts.host.SSHOptions.DEFAULTS`); the file's error, for the command to
+    report instead of running (None: the file is fine or absent). ``completion`` reads none (a
+    <Tab> never fails for it)."""
+    from transplant.hosts.host import SSHOptions
+
+    SSHOptions.DEFAULTS = {}
+    if args.func is _cmd_completion:
+        return None
+    from transplant.controller.config_file import load_config
+
+    try:
+        config = load_config()
+    except TransplantError as exc:
+        return exc
+    SSHOptions.DEFAULTS = {k: config.get(f"ssh.{k}") for k in ("identity_file", "known_hosts")
+                           if config.get(f"ssh.{k}") is not None}
+    return None
+
+
+def _run(args: argparse.Namespace, config_error: TransplantError | None = None) -> int:
     """Run the parsed command; returns its exit code.
 
     Standard output and error are written through :class:`_Discarding` while it runs: a reader
@@ -345,7 +418,7 @@ def _run(args: argparse.Namespace) -> int:
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Discarding(sys.stdout), _Discarding(sys.stderr)
     try:
-        return _run_command(args)
+        return _run_command(args, config_error)
     finally:
         sys.stdout, sys.stderr = saved
 
@@ -394,13 +467,18 @@ class _Discarding:
         return getattr(self._stream, name)
 
 
-def _run_command(args: argparse.Namespace) -> int:
-    """:func:`_run`'s body, its output streams made :class:`_Discarding`."""
+def _run_command(args: argparse.Namespace, config_error: TransplantError | None = None) -> int:
+    """:func:`_run`'s body, its output streams made :class:`_Discarding`; ``config_error``: the
+    config file's, reported instead of running the command."""
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
-    console = _console(stream, None if stream.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH)
+    width, color = _output_style(config_error is None and args.func is not _cmd_completion)
+    console = _console(stream, None if "COLUMNS" in os.environ else width if stream.isatty() else PIPE_WIDTH,
+                       color=color)
     from rich.text import Text
 
     try:
+        if config_error is not None:
+            raise config_error
         code = args.func(args, console)
         sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return code
@@ -457,7 +535,20 @@ _RENDERING = threading.local()
 PIPE_WIDTH = 4000
 
 
-def _console(stream: Any, width: int | None) -> Console:
+def _output_style(configured: bool) -> tuple[int | None, bool]:
+    """The terminal width (None: the terminal's own) and whether to colour, from the config file's
+    ``[output]`` (``configured`` False: the file is not read); ``COLUMNS`` and ``NO_COLOR`` win
+    where :func:`_console` is given them."""
+    if not configured:
+        return None, True
+    from transplant.controller.config_file import load_config
+
+    config = load_config()  # already read and checked by _use_config
+    color = config.get("output.color")
+    return config.get("output.width"), True if color is None else color
+
+
+def _console(stream: Any, width: int | None, *, color: bool = True) -> Console:
     """rich's Console on ``stream`` (``width`` columns; None: the terminal's), but a closed pipe
     is raised to :func:`main` (rich would exit with 1), and every piece of text it writes has its
     control characters made visible (:func:`transplant.core.units.visible_lines`).
@@ -471,7 +562,8 @@ def _console(stream: Any, width: int | None) -> Console:
 
     Off a terminal (a pipe, a file) text is not wrapped, tables have no box drawing (their
     columns are separated by spaces) and no line ends in padding; ``NO_COLOR`` (no-color.org: set
-    and not empty) drops every style, bold included, on a terminal too."""
+    and not empty), or ``color`` False (the config file's ``output.color = false``), drops every
+    style, bold included, on a terminal too."""
     import copy
 
     from rich.console import Console, Group
@@ -525,7 +617,7 @@ def _console(stream: Any, width: int | None) -> Console:
             finally:
                 _RENDERING.depth = 0
 
-    no_color = bool(os.environ.get("NO_COLOR"))
+    no_color = bool(os.environ.get("NO_COLOR")) or not color
     return _Console(file=stream, width=width, soft_wrap=width == PIPE_WIDTH,
                     **({"color_system": None} if no_color else {}))
 

@@ -16,7 +16,11 @@
 
 A failure after the copy began removes the destination again (it was absent or an empty
 folder, which is made again, or a venv ``replace`` allowed to go); nothing outside the destination venv and the controller's state
-folder is written.
+folder is written. A clone killed where it cannot clean up (SIGKILL, a power cut) leaves its
+marker, :data:`MARKER`, at the top of the destination: it is written before anything is copied and
+removed once the clone is relocated, so the next clone says "an interrupted clone is here; --replace
+removes it" (not "exists and is not empty"), ``--replace`` removes it, ``target.base`` does not
+take it for the finished venv, and a source holding it is refused.
 """
 
 from __future__ import annotations
@@ -38,10 +42,13 @@ from transplant.hosts.transfer import copy_tree
 from transplant.reporting import QUIET, Reporter
 from transplant.core.units import agree, count
 
-__all__ = ["CloneResult", "clone", "venv_exists", "STATE"]
+__all__ = ["CloneResult", "clone", "venv_exists", "STATE", "MARKER"]
 
 #: transplant's state folder inside a venv; never copied into a clone.
 STATE = ".transplant"
+#: The file at the top of a clone's destination while the clone is under way (the host script's
+#: ``relocate.MARKER``): written before the copy, removed once the clone is relocated.
+MARKER = ".transplant-cloning"
 
 @dataclass(frozen=True, kw_only=True)
 class CloneResult:
@@ -203,14 +210,18 @@ def clone(
                                    implementation=interp.implementation, version=str(interp.version), check=answer,
                                    tried=tried, editable=facts.editable, external=scanned["external"],
                                    lock=scanned["lock"], replace=replace, size=scanned["bytes"], pth=facts.pth)
+    if MARKER in scanned.get("top", ()):
+        problems.append(f"{source} is itself an interrupted clone (it holds the {MARKER} marker): its files may be "
+                        f"half-copied or not relocated; fix: clone it again from its own source with --replace")
     if problems:
         raise TransplantError(f"cannot clone {source} to {dest}; nothing was copied:\n"
                               + "\n".join(f"  - {p}" for p in problems))
     for line in warnings:
         reporter.note(f"warning: {line}")
     assert answer is not None  # no problems means the destination answered
-    if answer["dest_state"] == "venv":
-        reporter.step(f"removing the venv at {dest} (--replace)")
+    if answer["dest_state"] in ("venv", "interrupted"):
+        reporter.step(f"removing the {'venv' if answer['dest_state'] == 'venv' else 'interrupted clone'} at {dest} "
+                      f"(--replace)")
         _run(dst, ["rm", "-rf", "--one-file-system", "--", dst_venv], "remove the old destination venv", timeout)
     made = missing_parents(dst_venv, answer.get("parent") or posixpath.dirname(dst_venv))
     if made:
@@ -220,16 +231,20 @@ def clone(
         _run(dst, ["mkdir", "--", dst_venv], "create the destination", timeout)
     method = "cp --reflink=auto" if same_host else "rsync -aH"
     reporter.step(f"copying {scanned['files']} files ({method})")
+    marker = posixpath.join(dst_venv, MARKER)
     try:
+        # before anything is copied: a clone killed from here on leaves a destination that says what it is
+        _run(dst, ["touch", "--", marker], "mark the clone in progress", timeout)
         if same_host:
             entries = [posixpath.join(src_venv, name) for name in scanned["top"]]
             if entries:
                 _run(dst, ["cp", "-a", "--reflink=auto", "-t", dst_venv, "--", *entries], "copy the venv", timeout)
         else:
-            copy_tree(src, src_venv, dst, dst_venv, staging=Path(state_dir) / "relay", exclude=(STATE,),
+            copy_tree(src, src_venv, dst, dst_venv, staging=Path(state_dir) / "relay", exclude=(STATE, MARKER),
                       reporter=reporter, timeout=timeout)
         reporter.step(f"relocating {count(len(relocation.edits), 'file')} and {count(len(relocation.links), 'symlink')} to {dst_venv}")
         done = _relocate_call(dst, dst_venv, "relocate", relocation.to_request(dst_venv), timeout=timeout)
+        _run(dst, ["rm", "-f", "--", marker], "remove the clone's in-progress marker", timeout)  # done: a venv now
     except BaseException as exc:
         try:
             dst.run(["rm", "-rf", "--one-file-system", "--", dst_venv], timeout=timeout)
@@ -249,11 +264,14 @@ def clone(
 
 
 def venv_exists(host: Host, venv: str) -> bool:
-    """True when ``venv/pyvenv.cfg`` exists on ``host`` (``target.base`` clones only while it does not).
+    """True when ``venv/pyvenv.cfg`` exists on ``host`` and no clone's :data:`MARKER` does
+    (``target.base`` clones only while it does not: an interrupted clone is not the venv, and the
+    clone then says so).
 
     :raises HostError: the host cannot be reached.
     """
-    return host.run(["test", "-e", posixpath.join(venv, "pyvenv.cfg")]).returncode == 0
+    return host.run(["sh", "-c", 'test -e "$1" && test ! -e "$2"', "sh", posixpath.join(venv, "pyvenv.cfg"),
+                     posixpath.join(venv, MARKER)]).returncode == 0
 
 
 def _run(host: Host, argv: list[str], what: str, timeout: float | None) -> None:

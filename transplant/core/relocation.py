@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -304,6 +305,10 @@ def preflight(
                             f"choose a path outside the source and not above it")
         elif state == "not-a-folder":
             problems.append(f"the destination {dest} exists and is not a folder; fix: choose another path")
+        elif state == "interrupted" and not replace:
+            problems.append(f"an interrupted clone is here: {dest} holds what a clone stopped part-way left (its "
+                            f".transplant-cloning marker); --replace removes it: transplant clone {source} {dest} "
+                            f"--replace (or remove it yourself: rm -rf {shlex.quote(dest_venv)})")
         elif state == "nonempty" or (state == "venv" and not replace):
             problems.append(f"the destination {dest} exists and is not empty; fix: choose another path"
                             + (", or pass --replace to delete that venv first" if state == "venv" else
@@ -312,7 +317,7 @@ def preflight(
         # a missing parent folder is made, as python -m venv, virtualenv and conda do (see missing_parents);
         # the nearest folder that exists must be writable (checked below)
         free = check.get("free")
-        if isinstance(free, int) and free < size + MARGIN and not (replace and state == "venv"):
+        if isinstance(free, int) and free < size + MARGIN and not (replace and state in ("venv", "interrupted")):
             problems.append(f"the destination's filesystem at {check.get('parent')} has {_mib(free)} free; the "
                             f"clone needs {_mib(size)} plus {_mib(MARGIN)}; fix: free space there, or choose "
                             f"another filesystem")

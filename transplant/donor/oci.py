@@ -235,24 +235,58 @@ class Settings:
     progress: tuple[int, float] = PROGRESS_DEFAULT
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, config: Any = None) -> Settings:
         """Read ``TRANSPLANT_REGISTRY_INSECURE`` (comma-separated ``host[:port]``, loopback only),
         ``TRANSPLANT_REGISTRY_TOKEN_HOSTS`` (comma-separated host names) and
-        ``TRANSPLANT_REGISTRY_PROGRESS`` (``BYTES/SECONDS``, default ``1024/30``).
+        ``TRANSPLANT_REGISTRY_PROGRESS`` (``BYTES/SECONDS``, default ``1024/30``); a variable that is
+        not set takes the config file's ``registry.insecure``, ``registry.token_hosts``,
+        ``registry.progress`` (:mod:`transplant.controller.config_file`).
 
+        :param env: the environment (None: ``os.environ``); :param config: the config file's
+            :class:`~transplant.controller.config_file.Config` (None: read it when ``env`` is None,
+            none when an environment is given).
         :raises RegistryError: an insecure entry that is not a loopback address, a bad progress value.
+        :raises ConfigError: the config file cannot be used.
         """
+        return cls.with_sources(env, config)[0]
+
+    @classmethod
+    def with_sources(cls, env: Mapping[str, str] | None = None,
+                     config: Any = None) -> tuple[Settings, dict[str, str]]:
+        """:meth:`from_env`, and where each value came from: ``insecure``, ``token_hosts``,
+        ``progress`` -> ``environment (VAR)``, ``file`` or ``default``."""
+        if config is None and env is None:
+            from transplant.controller.config_file import load_config
+
+            config = load_config()
         env = os.environ if env is None else env
-        insecure = tuple(e.strip().lower() for e in env.get(INSECURE_VAR, "").split(",") if e.strip())
+        sources: dict[str, str] = {}
+
+        def text_of(name: str, var: str, key: str) -> tuple[str, str]:
+            """The setting's text (comma-separated for lists) and the name its errors give it."""
+            if env.get(var, "").strip():
+                sources[name] = f"environment ({var})"
+                return env[var], var
+            value = config.get(key) if config is not None else None
+            if value is not None:
+                sources[name] = "file"
+                return (",".join(value) if isinstance(value, tuple) else value), config.label(key)
+            sources[name] = "default"
+            return "", var
+
+        text, where = text_of("insecure", INSECURE_VAR, "registry.insecure")
+        insecure = tuple(e.strip().lower() for e in text.split(",") if e.strip())
         for entry in insecure:
             if not _is_loopback(_hostname(entry)):
-                raise RegistryError(f"{INSECURE_VAR}: {entry} is not a loopback address; only a registry on this "
+                raise RegistryError(f"{where}: {entry} is not a loopback address; only a registry on this "
                                     f"host (localhost, 127.0.0.0/8, ::1) may be spoken to without TLS",
                                     hint=f"give the registry a certificate (ca: names a private CA), or remove "
-                                         f"{entry} from {INSECURE_VAR}")
-        hosts = tuple(e.strip().lower() for e in env.get(TOKEN_HOSTS_VAR, "").split(",") if e.strip())
+                                         f"{entry} from {where}")
+        text, _ = text_of("token_hosts", TOKEN_HOSTS_VAR, "registry.token_hosts")
+        hosts = tuple(e.strip().lower() for e in text.split(",") if e.strip())
         progress = PROGRESS_DEFAULT
-        text = env.get(PROGRESS_VAR, "").strip()
+        text, where = text_of("progress", PROGRESS_VAR, "registry.progress")
+        text = text.strip()
         if text:
             least, _, seconds = text.partition("/")
             try:
@@ -260,9 +294,9 @@ class Settings:
                 if progress[0] < 1 or not 0 < progress[1] < 86400:
                     raise ValueError
             except ValueError:
-                raise RegistryError(f"{PROGRESS_VAR}={text!r} is not BYTES/SECONDS (both positive)",
-                                    hint=f"e.g. {PROGRESS_VAR}=1024/30: at least 1 KiB every 30 s") from None
-        return cls(insecure=insecure, token_hosts=hosts, progress=progress)
+                raise RegistryError(f"{where}={text!r} is not BYTES/SECONDS (both positive)",
+                                    hint=f"e.g. {where}=1024/30: at least 1 KiB every 30 s") from None
+        return cls(insecure=insecure, token_hosts=hosts, progress=progress), sources
 
     def is_insecure(self, netloc: str) -> bool:
         """Whether ``host[:port]`` is a loopback registry the operator allows plain http to."""

@@ -44,6 +44,7 @@ from transplant.core.closure import closure
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.errors import ProbeError, SnapshotError, TransplantError
 from transplant.controller.patch_files import read_patch_files
+from transplant.controller.state import refuse_loose, private_folder
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory, inside_path, parse_inventory, protected_path
@@ -219,7 +220,7 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
         return CaptureResult(snapshot=same, fetched=len(by_hash), reused=reused, bytes_read=bytes_read,
                              seconds=time.monotonic() - started, existing=True)
     index = store / "index"
-    index.mkdir(parents=True, exist_ok=True)
+    private_folder(index)
     tmp = index / f".{sid}.json.tmp"
     tmp.write_text(json.dumps(document, sort_keys=True), encoding="utf-8")
     os.replace(tmp, index / f"{sid}.json")
@@ -306,12 +307,16 @@ def load_snapshot(path: str, *, base: Path | None = None, store: Path | None = N
     :param path: the index file, or a snapshot id (looked up in ``store``).
     :raises SnapshotError: missing, unreadable, not JSON or of another schema; the message
         names the file and the fix.
+    :raises StateError: the index, its folder or the store is owned by another user or writable
+        by group or others.
     """
     store = store or default_store()
     where = resolve_path(path, base=base, store=store)
     listing = f"transplant snapshot --list --out {store}"
     if where.is_dir():
         where = _only_index(path, where)
+    # the store, its index folder and the index: what the index maps is written on a target
+    refuse_loose(where, "the snapshot index", state_dir=Path(os.path.abspath(where)).parent.parent)
     try:
         doc = json.loads(where.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from transplant.remote._common import record_hash_of  # RECORD's hash form, one definition
 from transplant.errors import StoreError
+from transplant.controller.state import private_folder
 
 __all__ = ["StoreError", "object_key", "object_path", "has", "put", "read_into", "new_tmp", "object_sizes",
            "locked"]
@@ -69,7 +70,7 @@ def has(store: Path, digest: str) -> bool:
 
 def new_tmp(store: Path) -> Path:
     """A fresh folder under ``store/tmp`` for files on their way in (the caller removes it)."""
-    (store / "tmp").mkdir(parents=True, exist_ok=True)
+    private_folder(store / "tmp")
     return Path(tempfile.mkdtemp(prefix="in-", dir=store / "tmp"))
 
 
@@ -154,7 +155,7 @@ def locked(store: Path, *, exclusive: bool):
     """Hold the store's lock (``store/lock``, flock(2)) for the ``with`` block: shared for
     writers that add objects then an index (captures may run together), exclusive for
     prune, which must not remove objects a capture has stored but not yet indexed."""
-    store.mkdir(parents=True, exist_ok=True)
+    private_folder(store)
     with open(store / "lock", "a+b") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:

@@ -81,7 +81,9 @@ class ControllerCache:
         only costs speed, so an unwritable state folder is not an error."""
         path = self.path(host, venv)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            from transplant.controller.state import private_folder
+
+            private_folder(path.parent)
             temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             with temporary.open("w") as handle:  # encoded as it is written: tens of MB for a large donor
                 json.dump({"schema": self.schema, "entries": entries if isinstance(entries, dict) else dict(entries)},
@@ -183,7 +185,9 @@ class HashGroups:
                 groups[name] = (name + b"\t", body, b"\n")
         path = self.path(host, venv)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            from transplant.controller.state import private_folder
+
+            private_folder(path.parent)
             temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             with temporary.open("wb") as handle:
                 handle.write(json.dumps({"schema": self.schema}, separators=(",", ":")).encode() + b"\n")

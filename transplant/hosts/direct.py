@@ -9,27 +9,30 @@ paths and the reply.
 
 What lets the target log in to the donor, and what it trusts (:func:`route`):
 
-* authentication: a private agent on the controller holding only the identity file the donor
-  connection uses, with a lifetime, restricted to two hops (``ssh-add -h``: a login to the target
-  from the controller, and from the target to the donor as the donor's user; each hop's host key
-  checked by the agent; OpenSSH 8.9+ on the controller and as the target's ``ssh``)
-  (:class:`transplant.hosts.agent.ScopedAgent`), forwarded to the
-  target on that one connection only (``ForwardAgent=<socket>``, OpenSSH 8.2+;
-  ``ControlPath=none``: never the shared master) and stopped as soon as the stream has begun (the
-  login is done then), or when the transfer ends in any way;
+* authentication: a one-time ed25519 key pair made on the controller for this pull
+  (:class:`transplant.hosts.pullkey.OneTimeKey`), its public key authorised on the donor, over the
+  controller's own connection, for this pull alone: ``restrict`` (no pty, no forwarding), a forced
+  command that runs ``stream_send`` read-only and serves only the planned list of paths (its
+  sha256; any other list is refused before a byte is sent), an ``expiry-time``; the private key is
+  handed to the receiver on its standard input, written beside the staged files (0600) and removed
+  once the login is done. The line is removed from the donor's authorized_keys when the pull ends;
+  what a killed controller left is removed by the next apply from that donor, which says so
+  (:func:`transplant.hosts.pullkey.sweep_left`). No agent is forwarded: a process on the target
+  that takes the key can fetch the planned files and nothing else;
 * the donor's host key: the lines the controller's own known_hosts files hold for the donor, as
   the controller connects to it (``ssh -G``'s host name, port, ``HostKeyAlias``; found with
   ``ssh-keygen -F``), written only in the transaction's folder on the target (``PATH`` beside
   ``staged/``), and the target's ``ssh`` reads no ssh_config of the target (``-F /dev/null``) and
   checks strictly against that file alone (``StrictHostKeyChecking=yes``, ``GlobalKnownHostsFile
   /dev/null``, ``BatchMode=yes``), connecting to the host name, port and user the controller
-  resolved, forwarding nothing further (``-a -x``, ``ClearAllForwardings``).
+  resolved, forwarding nothing (``-a -x``, ``ClearAllForwardings``), with the one-time key alone
+  (``IdentitiesOnly``, ``IdentityAgent=none``).
 
-Not direct (the relay instead, the reason said): a donor reached with no identity file of its own
-(the operator's agent, certificates), through ``ProxyJump``/``ProxyCommand``, with host key
-checking off, or with no key line found; donor and target the same SSH server. A direct transfer
-that cannot start (the target cannot reach the donor, login refused, no ``ssh`` there: no byte of
-the stream came, nothing written) raises ``HostError`` with code
+Not direct (the relay instead, the reason said): a donor reached through
+``ProxyJump``/``ProxyCommand``, with host key checking off, or with no key line found; donor and
+target the same SSH server. A direct transfer that cannot start (the key could not be authorised on
+the donor, the target cannot reach the donor, login refused, no ``ssh`` there: no byte of the
+stream came, nothing written) raises ``HostError`` with code
 :data:`transplant.hosts.stream.UNAVAILABLE`, and the caller relays.
 """
 
@@ -47,7 +50,7 @@ from pathlib import Path
 
 from transplant import remote
 from transplant.errors import HostError
-from transplant.hosts.agent import AgentUnavailable, ScopedAgent
+from transplant.hosts.pullkey import KeyUnavailable, OneTimeKey, sweep_left
 from transplant.hosts.host import Host
 from transplant.hosts.ssh import SSHHost
 from transplant.hosts.stream import UNAVAILABLE, _Side, _stop, _reply, compression_for, progress_line
@@ -56,14 +59,17 @@ from transplant.reporting import QUIET, Reporter
 
 __all__ = ["Route", "route", "stream_direct", "pin_path", "DIRECT_MIN_BYTES"]
 
-#: Below this many bytes the relay is used unless direct is forced: direct's two fresh SSH
-#: handshakes (controller -> target, target -> donor; the relay rides the master connections) and
-#: the agent cost 1.2-1.5 s on the loaded 2-core loopback lab, which its saving per byte (no
+#: Below this many bytes the relay is used unless direct is forced: direct's fresh SSH handshake
+#: (target -> donor; the relay rides the master connections) and its credential cost 1.2-1.5 s on the
+#: loaded 2-core loopback lab (measured with the scoped agent the one-time key replaced; the key's own
+#: cost, a key made and two host scripts on the donor, was not measured apart), which its saving per byte (no
 #: decryption and encryption again on the controller) repays from about 100 MB there (measured:
 #: BENCHMARKS.md, "Direct or relayed"). A real network to a remote controller favours direct sooner.
 DIRECT_MIN_BYTES = 100 << 20
 #: Name of the pinned known_hosts file in the transaction's folder (beside ``staged/``).
 PIN_NAME = "donor-known-hosts"
+#: Name of the one-time key's file on the target while the login to the donor is made.
+KEY_NAME = "donor-pull-key"
 _UNSAFE = set(" \t\n\"'\\")
 
 
@@ -74,10 +80,7 @@ class Route:
     :ivar hostname: / :ivar port: / :ivar user: ``ssh -G``'s answer for the donor.
     :ivar key_alias: its ``HostKeyAlias``, or None.
     :ivar pinned: the donor's host key lines (known_hosts form, newline-terminated).
-    :ivar identity: the identity file the donor connection uses (added to the scoped agent).
     :ivar connect_timeout: seconds, as the controller's.
-    :ivar hops: the agent's destination constraints: the target, then target ``>`` user@donor.
-    :ivar hop_keys: known_hosts lines of the target and the donor, for those constraints.
     """
 
     hostname: str
@@ -85,15 +88,17 @@ class Route:
     user: str
     key_alias: str | None
     pinned: str
-    identity: Path
     connect_timeout: float
-    hops: tuple[str, ...] = ()
-    hop_keys: str = ""
 
 
 def pin_path(staged: str) -> str:
     """The pinned known_hosts file of a transaction whose staged folder is ``staged`` (absolute)."""
     return posixpath.join(posixpath.dirname(posixpath.normpath(staged)), PIN_NAME)
+
+
+def key_path(pin: str) -> str:
+    """Where the target's receiver writes the one-time key while it logs in: beside the pinned file."""
+    return posixpath.join(posixpath.dirname(pin), KEY_NAME)
 
 
 def _keys_for(name: str, files: Sequence[str]) -> str:
@@ -142,39 +147,30 @@ def _route(donor: SSHHost, target: SSHHost) -> tuple[Route | None, str]:
     if not opts.verify_host_keys:
         return None, "host key checking is off for the donor (ssh.verify_host_keys: false), and the target is " \
                      "never let connect unchecked"
-    if opts.identity_file is None:
-        return None, "the donor connection names no identity file (the operator's agent or ssh_config keys), so " \
-                     "there is no single key to lend the target"
     seen, other = donor.resolved(), target.resolved()
     for key, what in (("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")):
         if seen.get(key, "none") not in ("", "none"):
             return None, f"the donor is reached through {what} {seen[key]}, which the target may not reach"
     name, hostname, port, alias = _known_name(seen, donor.spec.hostname)
     user = seen.get("user") or ""
-    there, *_ = _known_name(other, target.spec.hostname)
     if (hostname, port) == (other.get("hostname"), int(other.get("port") or 22)):
         return None, "donor and target are the same SSH server"
     files = _files(seen)
     pinned = _keys_for(name, files)
     if not pinned:
         return None, f"no host key line for {name} in {', '.join(files) or 'the known_hosts files'} to pin"
-    target_keys = _keys_for(there, _files(other)) if target.options.verify_host_keys else ""
-    if not target_keys:
-        return None, f"no host key line for the target {there} to restrict the lent key to"
-    for value in (there, name):
-        if ">" in value or "@" in value or "," in value:
-            return None, f"the host name {value!r} cannot be used in an agent key constraint"
-    identity = Path(opts.identity_file).expanduser().absolute()
     for value in (hostname, user, alias or ""):
         if value.startswith("-") or _UNSAFE & set(value):
             return None, f"the donor's resolved name {value!r} cannot be passed to ssh safely"
-    hops = (there, f"{there}>{user + '@' if user else ''}{name}")
-    return Route(hostname, port, user, alias, pinned, identity, opts.connect_timeout, hops, target_keys + pinned), ""
+    return Route(hostname, port, user, alias, pinned, opts.connect_timeout), ""
 
 
-def _pull_argv(r: Route, pin: str, send: list[str]) -> list[str]:
-    """The ``ssh`` the receiver runs on the target: strict checks against the pinned file only."""
-    argv = ["ssh", "-F", "/dev/null", "-T", "-a", "-x", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+def _pull_argv(r: Route, pin: str, key: str, send: list[str]) -> list[str]:
+    """The ``ssh`` the receiver runs on the target: the one-time key alone (no agent, no other
+    identity), strict checks against the pinned file only. ``send`` is what it asks for; the
+    donor's forced command runs the planned sender whatever is asked."""
+    argv = ["ssh", "-F", "/dev/null", "-T", "-a", "-x", "-i", key, "-o", "IdentitiesOnly=yes",
+            "-o", "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={pin.replace('%', '%%')}", "-o", "GlobalKnownHostsFile=/dev/null",
             "-o", "CheckHostIP=no", "-o", "UpdateHostKeys=no", "-o", "ControlMaster=no", "-o", "ControlPath=none",
             "-o", "ClearAllForwardings=yes", "-o", "PermitLocalCommand=no", "-o", "PasswordAuthentication=no",
@@ -212,14 +208,14 @@ def stream_direct(
 
     :param route: from :func:`route`. :param pin: where the target writes the pinned known_hosts
         lines (absolute; must lie beside ``dst_root``: :func:`pin_path`).
-    :param state_dir: the controller's state folder (the scoped agent's socket lives under it).
+    :param state_dir: the controller's state folder (the one-time key's record lives under it).
     :param src_python: / :param dst_python: the interpreters on the donor / the target.
     :param compress: as for ``stream_files``: the stream is compressed between donor and target.
     :param total: / :param reporter: / :param timeout: as for ``stream_files`` (seconds, None: no limit).
     :returns: as ``stream_files``, with ``how`` ``direct``.
     :raises ValueError: a relpath or root refused (as ``stream_files``).
     :raises HostError: with code ``UNAVAILABLE``: the direct path could not start (a blank in
-        ``pin``'s path, the agent, the target
+        ``pin``'s path, the one-time key could not be authorised on the donor, the target
         could not reach or log in to the donor, no ``ssh`` on the target; nothing was written but
         the pinned file); otherwise a side failed or the timeout passed (both stopped).
     """
@@ -236,23 +232,29 @@ def stream_direct(
     if compress not in (True, False, "zstd", "zlib"):
         raise ValueError(f"compress must be True, False, 'zstd' or 'zlib', got {compress!r}")
     mode = compress if isinstance(compress, str) else compression_for(donor, target) if compress else "none"
-    send = [src_python, "-I", "-S", "-c", remote.source("stream_send").decode(), donor_root, "--compress", mode]
+    key_file = key_path(pin)
     receive = [dst_python, "-I", "-S", "-c", remote.source("stream_receive").decode(), dst_root, "--compress", mode,
-               "--known-hosts", pin, route.pinned, "--from-ssh", *_pull_argv(route, pin, send)]
+               "--known-hosts", pin, route.pinned, "--identity", key_file,
+               "--from-ssh", *_pull_argv(route, pin, key_file, ["transplant-pull"])]
     listing = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths) + b"\0"
-    lifetime = math.ceil(route.connect_timeout * 3 + 30)  # long enough for two logins, then it ends anyway
-    agent = ScopedAgent(state_dir, route.identity, lifetime, constraints=route.hops, hostkeys=route.hop_keys)
+    # long enough for the whole pull at a slow 5 MB/s, at least ten minutes; removed when the pull ends anyway
+    lifetime = max(600.0, total / 5e6 + 120) if timeout is None else min(max(600.0, total / 5e6 + 120), timeout + 120)
+    lifetime = min(lifetime, 86_000.0)  # the donor accepts an expiry within a day
+    sweep_left(state_dir, donor, reporter)  # what a killed controller left authorised on this donor
+    key = OneTimeKey(state_dir, donor, src_python, donor_root, paths, mode, lifetime)
     try:
         try:
-            agent.start()
-        except AgentUnavailable as exc:
+            key.start()
+        except KeyUnavailable as exc:
             raise HostError(f"direct: {exc}", code=UNAVAILABLE) from None
+        assert key.private is not None
+        secret = str(len(key.private)).encode() + b"\n" + key.private
         try:
-            proc = target.spawn_forwarding(receive, agent.socket)
+            proc = target.spawn(receive)
         except HostError as exc:
             raise HostError(f"direct: the receiving side could not start: {exc.message}", code=UNAVAILABLE) from None
         side = _Side("receiving", target, dst_root, proc)
-        threads = _watch(side, listing, total, reporter, agent.close)
+        threads = _watch(side, secret + listing, total, reporter)
         deadline = None if timeout is None else started + timeout
         try:
             while proc.poll() is None:
@@ -272,15 +274,15 @@ def stream_direct(
             for thread in threads:
                 thread.join(5)
     finally:
-        agent.close()
+        key.close()
     reply = _reply(side)
     return _result(reply, side, donor, donor_root, target, paths, mode, total, reporter, started)
 
 
-def _watch(side: _Side, listing: bytes, total: int, reporter: Reporter, connected) -> list[threading.Thread]:
-    """Threads, started, that write the listing to the receiver (its standard input left open: its
-    end tells the receiver the controller stopped), read its standard error (progress lines, the
-    ``transplant-connected`` line, which calls ``connected()``; the rest kept as its tail) and its reply."""
+def _watch(side: _Side, listing: bytes, total: int, reporter: Reporter) -> list[threading.Thread]:
+    """Threads, started, that write the one-time key and the listing to the receiver (its standard
+    input left open: its end tells the receiver the controller stopped), read its standard error
+    (progress lines, the ``transplant-connected`` line; the rest kept as its tail) and its reply."""
     proc = side.proc
     side.connected = False
 
@@ -297,7 +299,6 @@ def _watch(side: _Side, listing: bytes, total: int, reporter: Reporter, connecte
                 continue
             if line.strip() == b"transplant-connected":
                 side.connected = True
-                connected()
             else:
                 side.tail.extend(line)
                 del side.tail[:-8192]

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from transplant.errors import HostError
 from transplant.core.hostspec import LOCAL, HostSpec
@@ -90,6 +91,16 @@ class SSHOptions:
     #: same settings to ride (:mod:`transplant.hosts.ssh_persist`; the commands' setting); False: each
     #: host opens its own and closes it
     persist: bool = False
+
+    #: the operator's defaults for ``identity_file`` and ``known_hosts`` (their config file's
+    #: ``[ssh]``), which the command line sets before a command runs: a field left None (no flag,
+    #: no manifest ``ssh:`` key) takes it; empty: the SSH defaults above
+    DEFAULTS: ClassVar[dict[str, Path]] = {}
+
+    def __post_init__(self) -> None:
+        for name, value in SSHOptions.DEFAULTS.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)  # frozen: set once, as it is made
 
     @classmethod
     def from_files(cls, identity_file: str | None, known_hosts: str | None) -> "SSHOptions":

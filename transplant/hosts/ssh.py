@@ -87,7 +87,10 @@ class SSHHost(Host):
         self._master = False
         self._kept: Path | None = None  # the control socket of a master kept between commands
         if options.identity_file is not None and not Path(options.identity_file).expanduser().is_file():
-            raise HostError(f"{self.label}: identity file {options.identity_file} does not exist",
+            # the operator's config file gave it (no flag, no manifest key): say so, or it is a mystery
+            configured = options.identity_file == SSHOptions.DEFAULTS.get("identity_file")
+            raise HostError(f"{self.label}: identity file {options.identity_file} does not exist"
+                            + (" (the config file's ssh.identity_file; see 'transplant config')" if configured else ""),
                             hint=f"ssh-keygen -t ed25519 -f {shlex.quote(str(options.identity_file))}")
         if not options.verify_host_keys:
             import sys
@@ -352,31 +355,6 @@ class SSHHost(Host):
             return tracked(subprocess.Popen(ssh, stdin=subprocess.PIPE if stdin is None else stdin,
                                             stdout=subprocess.PIPE if stdout is None else stdout,
                                             stderr=subprocess.PIPE, start_new_session=True))
-        except OSError as exc:
-            raise HostError(f"{self.label}: cannot start ssh: {exc.strerror or exc}",
-                            hint="install the OpenSSH client (apt-get install openssh-client)") from None
-
-    def spawn_forwarding(self, argv: Sequence[str], agent: str) -> subprocess.Popen:
-        """Start ``argv`` on the SSH host over a connection of its own (``ControlPath=none``: never
-        the master, so no other command shares what it forwards), forwarding the agent at the
-        socket path ``agent`` and nothing else (``ForwardAgent=<path>``, OpenSSH 8.2+; given on the
-        command line, so no ssh_config lowers or widens it); pipes open, as :meth:`spawn`. The
-        connection's own login uses that agent too (``IdentityAgent``), besides this host's identity
-        file: OpenSSH 9.2 asks the server for agent forwarding only when the connection itself has
-        an agent, so ``ForwardAgent=<path>`` alone forwards nothing (seen on this lab).
-
-        :raises ValueError: ``agent`` is not an absolute path without blanks or quotes.
-        :raises HostError: ``ssh`` cannot be started.
-        """
-        if not agent.startswith("/") or any(c in agent for c in " \t\n\"'\\%"):
-            raise ValueError(f"agent socket path {agent!r}: not an absolute path ssh can take as it is")
-        items = _check_argv(argv)
-        ssh = [*self._argv(control=False), "-o", "ControlMaster=no", "-o", "ControlPath=none",
-               "-o", f"IdentityAgent={agent}", "-o", f"ForwardAgent={agent}", "-o", "ForwardX11=no", "-o", "ClearAllForwardings=yes",
-               "-T", "--", self._destination(), shlex.join(items)]
-        try:
-            return subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
         except OSError as exc:
             raise HostError(f"{self.label}: cannot start ssh: {exc.strerror or exc}",
                             hint="install the OpenSSH client (apt-get install openssh-client)") from None

@@ -56,13 +56,13 @@ def persist_enabled() -> bool:
 def _folder() -> Path | None:
     """``<state>/ssh``, made with mode 0700; None when it cannot be made, or is a symlink, another
     user's, or open to others (its sockets would let them in)."""
-    from transplant.controller.state import default_state_dir
+    from transplant.controller.state import default_state_dir, private_folder
 
     # absolute, with ~ expanded as ssh would: a relative or ~ state folder would otherwise be checked
     # here in one place and bound by ssh in another (ControlPath expands ~ to the login's home)
     folder = Path(os.path.abspath(os.path.expanduser(default_state_dir() / "ssh")))
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_folder(folder)
         st = os.lstat(folder)
     except OSError:
         return None

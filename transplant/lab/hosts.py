@@ -381,6 +381,10 @@ def _wait_gone(current) -> None:
         time.sleep(0.02)
 
 
+#: A lab host's own authorized_keys file (its ``/srv``), read by its sshd besides the lab's shared one and
+#: named to transplant's host scripts by ``TRANSPLANT_AUTHORIZED_KEYS``: a direct pull authorises its
+#: one-time key here, never in the controller's own ``~/.ssh`` (the lab's hosts share its home folder).
+LAB_AUTHORIZED_KEYS = "/srv/.ssh/authorized_keys"
 #: PATH of every SSH session on a lab host: its own ``/srv/bin`` first.
 HOST_PATH = "/srv/bin:/usr/local/bin:/usr/bin:/bin"
 
@@ -395,7 +399,8 @@ def sshd_config(host: LabHost, host_key: str, authorized_keys: str, pid_file: st
             f"Port {host.port}",
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
-            f"AuthorizedKeysFile {authorized_keys}",
+            # the second file is the host's own (its /srv): a direct pull's one-time key is authorised there
+            f"AuthorizedKeysFile {authorized_keys} {LAB_AUTHORIZED_KEYS}",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
@@ -410,7 +415,7 @@ def sshd_config(host: LabHost, host_key: str, authorized_keys: str, pid_file: st
             "MaxStartups 64:30:128",
             "Subsystem sftp internal-sftp",
             # each host's own /srv/bin comes first: stand-ins for host tools (nvidia-smi) live there
-            f"SetEnv PATH={HOST_PATH}",
+            f"SetEnv PATH={HOST_PATH} TRANSPLANT_AUTHORIZED_KEYS={LAB_AUTHORIZED_KEYS}",
             "",
         ]
     )

@@ -60,7 +60,7 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
            "the donor is neither a host nor a local snapshot (no plan is kept for it)" if memo and key is None else None)
     if key is not None:
         reporter.step("asking both venvs whether anything changed since the last plan")
-        kept = memos.recall(key, source, target, manifest.target.venv)
+        kept = memos.recall(key, source, target, manifest.target.venv, manifest=manifest, patches=patches)
         if not isinstance(kept, str):
             reporter.note(f"nothing changed on either venv since the plan of {memos.planned_when(kept.planned_at)}"
                           f"; nothing was read again (TRANSPLANT_PLAN_MEMO=0 plans afresh)")
@@ -104,6 +104,10 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
     stager = getattr(opened.source, "stage", None)  # a registry snapshot: each target pulls its files itself
     donor_host, donor_root = (None, None) if stager else opened.source.files(
         [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
+    if donor_host is not None:  # a pull key a killed apply left authorised on this donor goes now, whatever the way
+        from transplant.hosts.pullkey import sweep_left
+
+        sweep_left(default_state_dir(), donor_host, reporter)
     return execute(plan, donor=donor_host, target=target, manifest_dir=Path(manifest.path).resolve().parent,
                    state_dir=default_state_dir(), donor_root=donor_root, recipe=make_recipe(manifest, plan, opened),
                    break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, stager=stager, reporter=reporter,

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import time
 import zlib
@@ -47,11 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from transplant.controller.regular_file import NotRegular, read_regular
-from transplant.controller.state import default_state_dir
+from transplant.controller.state import default_state_dir, private_folder, refuse_loose
+from transplant.core.kept_plan import kept_plan_problems
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan, plan_from_dict, write_plan
 from transplant.core.planner import PatchFile
-from transplant.errors import TransplantError
+from transplant.errors import PlanError, StateError, TransplantError
 from transplant.hosts.host import Host
 from transplant.hosts.probing import fingerprint
 
@@ -157,13 +159,27 @@ def _ask(sides: list[tuple[Host, str, dict[str, Any]]]) -> list[dict[str, Any]]:
         return [f.result() for f in futures]
 
 
-def recall(key: str, source: object, target: Host, venv: str) -> Recalled | str:
+def recall(key: str, source: object, target: Host, venv: str, *, manifest: Manifest,
+           patches: Sequence[PatchFile]) -> Recalled | str:
     """The kept plan for ``key`` when both venvs' fingerprints equal those it was kept with;
     else why not, in a few words for one line (``the donor changed since the last plan``): there
     is none kept, it is unreadable, anything differs, or a host does not answer (the full plan
     that follows reports that properly). Costs nothing beyond the fingerprints it asks anyway.
+
+    The memo is trusted no more than a saved plan: it is refused when another user could have
+    written it (or a folder it lies in), and its plan when it holds what ``manifest`` does not
+    allow (:func:`transplant.core.kept_plan.kept_plan_problems`: another target or donor, a
+    distribution the overlay does not select, one ``remove:`` does not name, a patch file not
+    the manifest's): an edit after ``plan`` kept it.
+
+    :param manifest: the effective manifest planned (the donor as opened, the target planned against).
+    :param patches: its patch files as read now.
+    :raises StateError: the memo, the plan-memo folder or the state folder is owned by another
+        user or writable by group or others (the hint is the chmod/chown).
+    :raises PlanError: the memo's plan holds what the manifest does not allow (the hint removes it).
     """
     path = _path(key)
+    refuse_loose(path, "the plan memo")
     try:
         packed = read_regular(path, MAX_MEMO_BYTES)  # a FIFO put there is not waited on
         inflate = zlib.decompressobj()
@@ -193,9 +209,18 @@ def recall(key: str, source: object, target: Host, venv: str) -> Recalled | str:
         if side.get("extra_paths") and answer.get("extra") != side.get("extra"):
             return f"a file the {which}'s plan read outside the venv changed since the last plan"
     try:
-        return Recalled(plan_from_dict(memo["plan"], source=str(path)), float(memo["planned_at"]), dict(memo["target"]))
+        kept = Recalled(plan_from_dict(memo["plan"], source=str(path)), float(memo["planned_at"]), dict(memo["target"]))
     except (TransplantError, KeyError, TypeError, ValueError):
         return "the kept plan could not be read"
+    problems = kept_plan_problems(kept.plan, manifest, patches)
+    if problems:
+        quoted = shlex.quote(str(path))
+        raise PlanError(
+            f"{path}: refusing the kept plan of {manifest.path} (the plan memo): it holds what the manifest does "
+            f"not allow, so it was changed after plan kept it: " + "; ".join(problems[:5])
+            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "") + "; nothing was changed",
+            hint=f"remove it, then plan afresh: rm {quoted} && transplant plan {shlex.quote(manifest.path)}")
+    return kept
 
 
 def remember(key: str, plan: Plan, started: float, *, source: object, target: Host, venv: str,
@@ -238,10 +263,13 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
     path = _path(key)
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_folder(path.parent)  # 0700, each folder made (the state folder too): nobody else writes a memo
         if path.parent.is_symlink() or not path.parent.is_dir():
             return False  # the memos live in a real folder of the state folder's own, or nowhere
-        with temporary.open("wb") as handle:
+        refuse_loose(path.parent, "the plan memo's folder")
+        # 0600 whatever the umask: a memo others could write would be refused when read
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                               0o600), "wb") as handle:
             packer = zlib.compressobj(1)
 
             def write(text: str) -> None:
@@ -252,7 +280,7 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
             write("}")
             handle.write(packer.flush())
         os.replace(temporary, path)
-    except OSError:
+    except (OSError, StateError):
         try:
             temporary.unlink(missing_ok=True)
         except OSError:

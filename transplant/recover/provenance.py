@@ -19,6 +19,7 @@ import yaml
 from transplant.apply import txn
 from transplant.errors import TransplantError
 from transplant.controller.patch_files import read_patch_files
+from transplant.controller.state import refuse_loose, private_folder
 from transplant.hosts.host import Host, SSHOptions
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
@@ -83,7 +84,7 @@ def record_verified(host: Host, venv: str, ok: bool, when: float, *, log: Path |
         recipe = started.get("recipe") if isinstance(started.get("recipe"), dict) else {}
         keys = {k: str(Path(v).absolute()) for k, v in (("identity_file", getattr(ssh, "identity_file", None)),
                                                          ("known_hosts", getattr(ssh, "known_hosts", None))) if v}
-        log.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(log.parent)
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"time": when, "host": str(host.spec), "venv": venv, "transaction": txid,
                                      "snapshot": recipe.get("snapshot"), "ssh": keys}, sort_keys=True) + "\n")
@@ -92,7 +93,12 @@ def record_verified(host: Host, venv: str, ok: bool, when: float, *, log: Path |
 
 def known_states(log: Path) -> list[dict[str, Any]]:
     """The entries of the controller's verified log (see :func:`record_verified`), newest first,
-    one per host and venv (its newest)."""
+    one per host and venv (its newest).
+
+    :raises StateError: the log (or a folder from the state folder down to it) is owned by another
+        user or writable by group or others: what it names would be rebuilt on a host.
+    """
+    refuse_loose(log, "the verified log", state_dir=log.parent)
     try:
         lines = log.read_text(encoding="utf-8").splitlines()
     except OSError:

@@ -14,12 +14,12 @@ __all__ = ["source", "SCRIPTS", "ISOLATED", "WATCHED", "SHARED_MODULE"]
 
 SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "stage_native",
            "stage_provenance", "stage_serve", "stage_jit", "relocate", "oci_pull",
-           "stream_send", "stream_receive")
+           "stream_send", "stream_receive", "pull_key")
 
 
 #: Scripts that only read (or write files) and never import the venv's distributions: they run
 #: with ``-I -S``, so none of the venv's ``.pth`` code runs and nothing is written there.
-ISOLATED = ("probe", "elf_facts", "applier", "relocate", "oci_pull", "stream_send", "stream_receive")
+ISOLATED = ("probe", "elf_facts", "applier", "relocate", "oci_pull", "stream_send", "stream_receive", "pull_key")
 
 
 #: Read-only scripts that end once nothing reads their output (the controller gone, or given up on

@@ -180,6 +180,48 @@ def _state_dir(prefix):
     return _real_folder(os.path.join(prefix, STATE))
 
 
+def _refuse_loose(path, what):
+    """Refuse a state file or folder another user could have written (as OpenSSH refuses a loose
+    key): owned by another uid than this process's (root's are accepted) or writable by its group
+    or others. A symlink or an absent path passes here (the reads refuse symlinks themselves)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        return
+    me = os.geteuid()
+    if info.st_uid not in (me, 0):
+        raise Refused("refused: {} ({}) is owned by uid {}, not by uid {} (the user transplant runs as) or root: "
+                      "another user could have written it; if its content is yours: chown {} {}, otherwise "
+                      "remove it".format(path, what, info.st_uid, me, me, _quote(path)))
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise Refused("refused: {} ({}) is writable by its group or others (mode {:04o}): another user could have "
+                      "written it; fix: chmod go-w {}".format(path, what, stat.S_IMODE(info.st_mode), _quote(path)))
+
+
+def _quote(path):
+    return path if re.match(r"[A-Za-z0-9_@%+=:,./-]+\Z", path) else "'" + path.replace("'", "'\"'\"'") + "'"
+
+
+#: The state folder's own entries checked by :func:`_refuse_loose_state` before every operation,
+#: and a transaction folder's by :func:`_txn_dir`.
+_STATE_ENTRIES = (("lock", "the lock"), ("history.jsonl", "the history"), ("txn", "the transactions' folder"),
+                  ("cache", "the caches' folder"))
+_TXN_ENTRIES = ("plan.json", "state", "journal.jsonl", "before.json", "after.json", "before-known.json",
+                "after-known.json")
+
+
+def _refuse_loose_state(prefix):
+    """:func:`_refuse_loose` for the venv's state folder and its lock, history and folders."""
+    folder = os.path.join(prefix, STATE)
+    if not os.path.isdir(folder):
+        return
+    _refuse_loose(folder, "transplant's state folder in the venv")
+    for name, what in _STATE_ENTRIES:
+        _refuse_loose(os.path.join(folder, name), what)
+
+
 def _txn_dir(prefix, txid):
     if not isinstance(txid, str) or not txid or "/" in txid or txid.startswith(".") or "\0" in txid:
         raise Refused("refused: bad transaction id {!r}".format(txid))
@@ -187,6 +229,9 @@ def _txn_dir(prefix, txid):
     folder = os.path.join(root, txid)
     if os.path.islink(folder):
         raise Refused("refused: {} is a symlink".format(folder))
+    _refuse_loose(folder, "a transaction's folder")
+    for name in _TXN_ENTRIES:
+        _refuse_loose(os.path.join(folder, name), "a transaction's record" if name != "journal.jsonl" else "its journal")
     return folder
 
 
@@ -1257,6 +1302,7 @@ def answer(prefix, name, request):
         _REAL_FOLDERS.clear()
         _LINKED_ROOTS.clear()
         _MADE_FOLDERS.clear()
+        _refuse_loose_state(prefix)
         return op(prefix, request)
     except Refused as exc:
         return {"ok": False, "error": str(exc)}

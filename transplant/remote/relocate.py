@@ -10,7 +10,9 @@ Operations:
   before anything is copied): ``{"dest", "paths": [...]}`` -> this interpreter's
   ``implementation``, ``version``, ``executable``; ``dest_state`` (``absent``, ``empty``,
   ``venv`` (a folder whose regular file ``pyvenv.cfg`` has a ``home`` key, and which is
-  neither the user's home folder nor a mount point), ``nonempty``, ``not-a-folder``);
+  neither the user's home folder nor a mount point), ``interrupted`` (a folder holding the
+  marker a clone writes before copying and removes when done, ``.transplant-cloning``: what a
+  killed clone left; neither the home folder, ``/`` nor a mount point), ``nonempty``, ``not-a-folder``);
   ``real``: the destination's real path (symlinks resolved); ``overlap``: given the
   source's ``identity`` as ``source``, ``same`` (the destination is the source), ``inside``
   (it lies inside the source), ``contains`` (it holds the source), or null (none of these,
@@ -330,6 +332,12 @@ def relocate(request):
             "scan": scan(root, old)}
 
 
+#: The file a clone puts at the top of its destination before it copies anything and removes once
+#: the clone is relocated (transplant.clone.cloning.MARKER): a destination holding it is what a
+#: clone killed part-way left.
+MARKER = ".transplant-cloning"
+
+
 def _dest_state(dest):
     if not os.path.lexists(dest):
         return "absent"
@@ -337,6 +345,10 @@ def _dest_state(dest):
         return "not-a-folder"
     if not os.listdir(dest):
         return "empty"
+    marker = os.path.join(dest, MARKER)
+    if os.path.isfile(marker) and not os.path.islink(marker) and not os.path.ismount(dest) \
+            and os.path.realpath(dest) not in (os.path.realpath(os.path.expanduser("~")), "/"):
+        return "interrupted"
     return "venv" if _replaceable_venv(dest) else "nonempty"
 
 

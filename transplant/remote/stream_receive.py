@@ -33,14 +33,18 @@ ROOT ``-`` (uncompressed only, not with ``--from-ssh``): the folder is the input
 absolute path and a newline), read before the stream's first line, so that this side can start
 before the controller knows the folder (a small apply starts it as soon as it connects).
 
-The direct transfer (``ROOT [--compress MODE] --known-hosts PATH LINES --from-ssh SSH-ARGV...``): this
-side fetches the stream itself. It writes ``LINES`` (the donor's host key lines, pinned by the
-controller) to ``PATH``, a new file (``O_EXCL | O_NOFOLLOW``, mode 0600) that must lie beside ROOT
-(in the transaction's folder); reads the NUL-separated list of paths from standard input up to an
+The direct transfer (``ROOT [--compress MODE] --known-hosts PATH LINES [--identity KEY] --from-ssh
+SSH-ARGV...``): this side fetches the stream itself. It writes ``LINES`` (the donor's host key lines,
+pinned by the controller) to ``PATH``, a new file (``O_EXCL | O_NOFOLLOW``, mode 0600) that must lie
+beside ROOT (in the transaction's folder); with ``--identity``, reads the one-time private key the
+donor authorised for this pull alone from standard input first (its length in decimal, a newline,
+its bytes: never in argv, which others here can read) into ``KEY`` (a new 0600 file beside ROOT too,
+named by ``SSH-ARGV``'s ``-i``), removed as soon as the stream's first line arrived (the login is
+done) or the pull failed; reads the NUL-separated list of paths from standard input up to an
 empty name (two NULs in a row); starts ``SSH-ARGV`` (an ``ssh`` to the donor that runs
 ``stream_send``; an argv, no shell here) with that list as its standard input, and reads the stream
 from its standard output. Once the stream's first line arrived it says ``transplant-connected`` on
-standard error (the controller then stops the agent that let ``ssh`` log in). Standard input stays
+standard error. Standard input stays
 open: its end (the controller gone or stopping this side) stops the transfer. The reply gains
 ``"sender": {"code", "said", "sent"}`` (the ``ssh``'s exit status, the tail of its standard error,
 the sender's ``transplant-sent`` figures) and, on failure, ``"unavailable": true`` when no byte of the
@@ -337,6 +341,7 @@ def receive(root, stream, meter, pull=None):
         raise Refused("the input is not a transplant file stream")
     if pull is not None:
         pull.connected = True
+        pull.forget_key()  # logged in: the key is of no more use here
         sys.stderr.write("transplant-connected\n")
         sys.stderr.flush()
     folders = _Folders(root)
@@ -379,33 +384,53 @@ class Unavailable(Refused):
 class _Pull:
     """The direct transfer's ``ssh`` to the donor (see the module docstring)."""
 
-    def __init__(self, root, known, lines, ssh):
+    def __init__(self, root, known, lines, ssh, identity=None):
         self.connected, self.finished, self.proc = False, False, None
         self.tail, self.sent = bytearray(), None
+        self.identity = None
         here = os.path.dirname(os.path.normpath(root))
-        if not os.path.isabs(known) or os.path.dirname(os.path.normpath(known)) != here or \
-                os.path.normpath(known) == os.path.normpath(root):
-            raise Refused("the pinned known_hosts file {} must lie beside {}".format(known, root))
-        fd = os.open(known, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600)
-        try:
-            data = lines.encode("utf-8")
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
+        for path, what in ((known, "the pinned known_hosts file"), (identity, "the one-time key")):
+            if path is not None and (not os.path.isabs(path) or os.path.dirname(os.path.normpath(path)) != here or
+                                     os.path.normpath(path) == os.path.normpath(root)):
+                raise Refused("{} {} must lie beside {}".format(what, path, root))
+        _write_new(known, lines.encode("utf-8"))
         listing = bytearray()
-        while not listing.endswith(b"\0\0"):
-            chunk = os.read(0, 1 << 16)
-            if not chunk:
-                raise Refused("the list of paths ended without its closing empty name")
-            listing.extend(chunk)
-        if listing.index(b"\0\0") != len(listing) - 2:
-            raise Refused("bytes after the list of paths")
+        if identity is not None:
+            # the one-time private key comes first on standard input (never in argv, which others
+            # on this host can read): its length in decimal and a newline, then its bytes
+            head = b""
+            while not head.endswith(b"\n"):
+                byte = os.read(0, 1)
+                if not byte or len(head) > 8:
+                    raise Refused("the one-time key's length line did not come")
+                head += byte
+            size = int(head)
+            if not 0 < size <= 16384:
+                raise Refused("a one-time key of {} bytes".format(size))
+            key = bytearray()
+            while len(key) < size:
+                chunk = os.read(0, size - len(key))
+                if not chunk:
+                    raise Refused("the one-time key was cut short")
+                key.extend(chunk)
+            self.identity = identity
+            _write_new(identity, bytes(key))
         try:
-            self.proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         close_fds=True)
-        except OSError as exc:
-            raise Unavailable("cannot start {} on this host: {}".format(ssh[0], exc.strerror or exc))
+            while not listing.endswith(b"\0\0"):
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    raise Refused("the list of paths ended without its closing empty name")
+                listing.extend(chunk)
+            if listing.index(b"\0\0") != len(listing) - 2:
+                raise Refused("bytes after the list of paths")
+            try:
+                self.proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, close_fds=True)
+            except OSError as exc:
+                raise Unavailable("cannot start {} on this host: {}".format(ssh[0], exc.strerror or exc))
+        except BaseException:
+            self.forget_key()
+            raise
         self.fd = self.proc.stdout.fileno()
         try:  # a 1 MiB pipe (Linux; 64 KiB by default): fewer, larger reads, as the relay's pipe
             import fcntl
@@ -421,6 +446,15 @@ class _Pull:
             self.proc.stdin.close()
         except OSError:
             pass
+
+    def forget_key(self):
+        """Remove the one-time key file (the login is done, or the pull ended); idempotent."""
+        identity, self.identity = self.identity, None
+        if identity is not None:
+            try:
+                os.unlink(identity)
+            except OSError:
+                pass
 
     def _errors(self):
         for line in iter(self.proc.stderr.readline, b""):
@@ -468,15 +502,29 @@ class _Pull:
         return {"code": code, "said": self.said(), "sent": self.sent}
 
 
+def _write_new(path, data):
+    """Write ``data`` to ``path``, a new file (``O_EXCL | O_NOFOLLOW``, mode 0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
 def _options(argv):
-    """(root, compression, pull: None or (known_hosts path, its lines, ssh argv))."""
+    """(root, compression, pull: None or (known_hosts path, its lines, ssh argv, identity path or None))."""
     pull = None
     if "--from-ssh" in argv:
         at = argv.index("--from-ssh")
         argv, ssh = argv[:at], argv[at + 1:]
+        identity = None
+        if len(argv) >= 2 and argv[-2] == "--identity":
+            identity, argv = argv[-1], argv[:-2]
         if len(argv) < 3 or argv[-3] != "--known-hosts" or not ssh:
-            raise Refused("usage: stream_receive ROOT [--compress MODE] --known-hosts PATH LINES --from-ssh ARGV...")
-        pull, argv = (argv[-2], argv[-1], ssh), argv[:-3]
+            raise Refused("usage: stream_receive ROOT [--compress MODE] --known-hosts PATH LINES [--identity PATH] "
+                          "--from-ssh ARGV...")
+        pull, argv = (argv[-2], argv[-1], ssh, identity), argv[:-3]
         if argv[:1] == ["-"]:
             raise Refused("stream_receive: ROOT - (the folder on the input) does not go with --from-ssh")
     return _plain_options(argv) + (pull,)
@@ -536,6 +584,7 @@ def main(argv):
             message = str(exc)
         reply = {"ok": False, "error": message, "eof": isinstance(exc, EndOfInput)}
         if pull is not None:
+            pull.forget_key()
             pull.stop()
             reply.update(sender=pull.report(), unavailable=not pull.connected and not isinstance(exc, Stopped))
         elif isinstance(exc, Unavailable):

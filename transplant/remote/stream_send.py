@@ -1,6 +1,8 @@
 """Send files as one framed stream on standard output: the source side of a stream transfer.
 
-Run on the host that has the files as ``python -I -S -c <this file> ROOT [--compress MODE]``.
+Run on the host that has the files as ``python -I -S -c <this file> ROOT [--compress MODE]
+[--listing-sha256 HEX]`` (the digest: the direct pull's forced command on the donor, which serves
+only the list of paths whose raw bytes hash to it; any other list is refused before a byte is sent).
 Standard input is the list of paths to send, relative to ROOT, NUL-separated. Standard output
 gets ``STREAM_MAGIC`` and one frame per path (``_common.FRAME``: kind, path length, mode, size,
 mtime_ns; then the path, then ``size`` bytes), then the end frame ``E`` with the number of
@@ -19,6 +21,7 @@ Errors go to standard error, exit status 1. Stdlib only, Python 3.9+.
 """
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -180,20 +183,33 @@ def _refuse(out, rel, message):
 
 
 def _options(argv):
+    """(root, compression, the listing's sha256 hex or None)."""
+    usage = "usage: stream_send ROOT [--compress none|zlib|zstd] [--listing-sha256 HEX]"
+    digest = None
+    if len(argv) >= 2 and argv[-2] == "--listing-sha256":
+        digest, argv = argv[-1], argv[:-2]
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise Failed(usage)
     if not argv or argv[0].startswith("-"):
-        raise Failed("usage: stream_send ROOT [--compress none|zlib|zstd]")
+        raise Failed(usage)
     root, mode = argv[0], "none"
     if argv[1:2] == ["--compress"] and len(argv) == 3 and argv[2] in ("none", "zlib", "zstd"):
         mode = argv[2]
     elif len(argv) != 1:
-        raise Failed("usage: stream_send ROOT [--compress none|zlib|zstd]")
-    return root, mode
+        raise Failed(usage)
+    return root, mode, digest
 
 
 def main(argv):
     try:
-        root, mode = _options(argv)
-        paths = [p for p in sys.stdin.buffer.read().split(b"\0") if p]
+        root, mode, digest = _options(argv)
+        listing = sys.stdin.buffer.read()
+        # the direct pull's one-time key runs this as its forced command with the planned list's digest:
+        # any other list (another file of the donor) is refused before a byte is sent
+        if digest is not None and hashlib.sha256(listing).hexdigest() != digest:
+            raise Failed("refused: the list of paths asked for is not the one this pull was authorised for; "
+                         "nothing was sent")
+        paths = [p for p in listing.split(b"\0") if p]
         out = _Output(mode)
         entries, content = send(root, paths, out)
         out.close()
