@@ -242,6 +242,16 @@ def with_checked_imports(d: Draft, passed: Sequence[str], gpu: Mapping[str, str]
     return Draft(data={**d.data, "verify": verify}, notes=notes, rounds=d.rounds, findings=d.findings)
 
 
+def with_checked_server_args(d: Draft, refused: str) -> Draft:
+    """The draft without ``verify.server_args``, which the donor's own parser refuses (``refused``:
+    its reason): a check that fails in the donor checks nothing of the transplant; the reason is
+    kept for a comment and init's summary."""
+    verify = {k: v for k, v in (d.data.get("verify") or {}).items() if k != "server_args"}
+    notes = {**d.notes, "server-args-left-out": {"server_args": f"the donor's own parser refuses it: "
+                                                                f"{visible(refused, 200)}"}}
+    return Draft(data={**d.data, "verify": verify}, notes=notes, rounds=d.rounds, findings=d.findings)
+
+
 def _why(finding: Finding) -> str:
     """``code: reason`` for a comment: the finding's code and the hint's first parenthesis
     (``(a CUDA 13 environment does not load it, and the donor runs without it)``)."""
@@ -300,6 +310,8 @@ def render(d: Draft, *, header: Sequence[str] = ()) -> str:
     if left:
         lines.append("  # left out, failing in the donor itself: " + "; ".join(f"{n} ({e})" for n, e in left.items()))
     lines.append(f"  imports: {_flow(verify.get('imports', []))}")
+    for why in d.notes.get("server-args-left-out", {}).values():
+        lines.append(f"  # server_args (sglang's parser with DFLASH) left out: {why}")
     if "server_args" in verify:
         sa = verify["server_args"]
         lines += [f"  # sglang's own parser with DFLASH; replace {MODEL_PLACEHOLDER} and {DRAFT_PLACEHOLDER} with the",

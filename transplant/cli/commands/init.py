@@ -25,7 +25,7 @@ from transplant.errors import TransplantError
 from transplant.pipeline.gather import gather
 from transplant.hosts.host import SSHOptions, connect
 from transplant.core.hostspec import HostSpec
-from transplant.core.starting_manifest import Draft, draft, render, with_checked_imports
+from transplant.core.starting_manifest import Draft, draft, render, with_checked_imports, with_checked_server_args
 from transplant.core.inventory import Inventory
 from transplant.errors import HostError, ProbeError
 from transplant.hosts.host import Host
@@ -117,6 +117,8 @@ def init_command(args: argparse.Namespace, console: Console,
         console.print(f"  still an error: [{f.code}] {f.message[:200]}", highlight=False, markup=False)
     for name, note in final.notes.get("imports", {}).items():
         console.print(f"  verify import {name}: needs: [gpu] ({note})", highlight=False, markup=False)
+    for why in final.notes.get("server-args-left-out", {}).values():
+        console.print(f"  left out of verify: server_args: {why}", highlight=False, markup=False)
     for name, error in final.notes.get("imports-left-out", {}).items():
         console.print(f"  left out of verify.imports: {name} fails in the donor itself: {error}", highlight=False,
                       markup=False)
@@ -133,14 +135,41 @@ def _checked_in_donor(final: Draft, host: Host, venv: str, names: list[str], don
     interpreter, so torch is imported once, within :data:`DONOR_IMPORTS_TIMEOUT`): only what
     imports there is proposed (see :func:`with_checked_imports`). When the donor cannot run them
     (a timeout, a broken interpreter) the draft is kept as it is."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from transplant.verify.ladder import sort_donor_imports
 
-    try:
-        report = run_script(host, venv, "stage_imports", names, timeout=DONOR_IMPORTS_TIMEOUT)
-    except (HostError, ProbeError):
+    parser = (final.data.get("verify") or {}).get("server_args")
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="init-donor") as pool:
+        parsed = pool.submit(_donor_parses, host, venv, parser) if parser else None
+        try:
+            report = run_script(host, venv, "stage_imports", names, timeout=DONOR_IMPORTS_TIMEOUT)
+        except (HostError, ProbeError):
+            report = None
+        refused = parsed.result() if parsed is not None else None
+    if refused:
+        final = with_checked_server_args(final, refused)
+    if report is None:
         return final
     passed, gpu, failed = sort_donor_imports(report, driver=donor.nvidia.available)
     return with_checked_imports(final, passed, gpu, failed)
+
+
+def _donor_parses(host: Host, venv: str, parser: dict) -> str | None:
+    """Why the donor's own parser refuses the proposed ``server_args`` (its judge's reason), or
+    None when it parses them as expected, or could not be asked (then the proposal stays)."""
+    import json
+
+    from transplant.verify.judges import judge_server_args
+
+    wanted = {"attrs": sorted(parser["expect"]), "resolve": False}
+    try:
+        report = run_script(host, venv, "stage_server_args", [parser["entry"], json.dumps(wanted), *parser["args"]],
+                            timeout=DONOR_IMPORTS_TIMEOUT)
+    except (HostError, ProbeError):
+        return None
+    status, reason = judge_server_args(parser["expect"], report)
+    return reason if status == "fail" else None
 
 
 def _with_ssh(data: dict, args: argparse.Namespace) -> dict:
