@@ -41,7 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 from . import compile_transplant
@@ -192,12 +192,15 @@ def verify_summary(text: str) -> str:
 
 def report(results: dict[str, tuple[float, int, int, str]], root: Path) -> str:
     """The markdown section: every measurement, then each target of the issue met or missed."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## Real pair ({root}, measured {stamp}, load average {os.getloadavg()[0]:.1f}, one run each)", "",
              "| measurement | seconds | peak RSS | exit | plan or stages |", "| --- | ---: | ---: | ---: | --- |"]
     lines += [f"| {name} | {s:.2f} | {rss / 2**20:.0f} MiB | {code} | {what} |"
               for name, (s, rss, code, what) in results.items()]
-    get = lambda name: results[name][0]  # noqa: E731
+
+    def get(name):
+        return results[name][0]
+
     plans = [v for k, v in results.items() if k.startswith("plan")]
     rows = []
     if plans:

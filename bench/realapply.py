@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 from . import compile_transplant
@@ -131,7 +131,7 @@ def measure(root: Path, work: Path, say=print) -> dict[str, tuple[float, str]]:
 
 def report(results: dict[str, tuple[float, str]], root: Path) -> str:
     """The markdown section: every measurement, and the apply's ratios to the tar floor."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     floor = results["tar floor"][0]
     lines = [f"## Real pair's forward apply ({root}, measured {stamp}, load average {os.getloadavg()[0]:.1f})", "",
              "| measurement | seconds | x tar floor | steps |", "| --- | ---: | ---: | --- |"]

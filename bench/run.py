@@ -276,7 +276,10 @@ def measure(bench: Bench, runs: int, say, only: set[str] | None = None) -> dict[
     """The measurements at one scale (``only``: those groups of :data:`GROUPS`; None: all):
     name -> (median seconds, bytes moved, peak RSS)."""
     out: dict[str, tuple] = {}
-    wanted = (lambda group: only is None or group in only)  # noqa: E731
+
+    def wanted(group):
+        return only is None or group in only
+
 
     def repeat(name: str, body, reset: bool = False) -> None:
         results = []
@@ -451,7 +454,10 @@ def _growth(results: dict[float, dict[str, tuple]]) -> list[str]:
 def _targets(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int]) -> list[str]:
     scale = min(results, key=lambda s: abs(s - 1))
     r = results[scale]
-    get = lambda name: r[name][0]  # noqa: E731
+
+    def get(name):
+        return r[name][0]
+
     rows = [
         ("inventory (metadata) no slower than pip inspect", lambda: get("inventory: transplant probe (metadata)"),
          lambda: get("inventory: pip inspect"), "s"),

@@ -38,15 +38,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
+from rich.console import Console
 
-from transplant.hosts.host import HostSpec, connect  # noqa: E402
-from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings  # noqa: E402
-from transplant.hosts.probing import take_inventory  # noqa: E402
-from transplant.cli.progress import Shown  # noqa: E402
-from transplant.cli.render import stages_table, verify_json, verify_junit  # noqa: E402
-from transplant.verify.judges import overall_ok  # noqa: E402
-from transplant.verify.runner import run_stages  # noqa: E402
+from transplant.hosts.host import HostSpec, connect
+from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings
+from transplant.hosts.probing import take_inventory
+from transplant.cli.progress import Shown
+from transplant.cli.render import stages_table, verify_json, verify_junit
+from transplant.verify.judges import overall_ok
+from transplant.verify.runner import run_stages
 
 OVERLAY = ("torch", "triton", "nvidia-*", "sgl-kernel", "sglang-kernel", "sglang", "flashinfer-python",
            "flashinfer-cubin", "flashinfer-jit-cache")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -265,7 +266,7 @@ def test_a_compressed_direct_stream_is_compressed_between_donor_and_target(lab, 
     assert result.bytes < sum(len(d) for d in FILES.values()) + 1_300_000 // 4  # the text shrank on the wire
 
 
-def _as_pull_key(lab, key: Path, listing: bytes, command: str = "id") -> "subprocess.CompletedProcess[bytes]":
+def _as_pull_key(lab, key: Path, listing: bytes, command: str = "id") -> subprocess.CompletedProcess[bytes]:
     """``ssh`` from here to the donor with only ``key`` (no agent, no other identity), asking for
     ``command`` with ``listing`` on its standard input."""
     import subprocess

@@ -24,7 +24,7 @@ from transplant.lab.wheels import build_wheel, make_venv
 from transplant.core.manifest import ServeCheck, VerifySettings
 from transplant.hosts.probing import take_inventory
 from transplant.reporting import RecordingReporter
-from transplant.verify.runner import GROUP, STAGES, run_stages
+from transplant.verify.runner import GROUP, run_stages
 
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
@@ -374,7 +374,7 @@ def test_bare_clear_jit_caches_before_the_venv_leaves_the_venv_positional(built,
     (tmp_path / "triton" / "x" / "f").write_text("x")
     assert main(["verify", "--clear-jit-caches", f"local:{built['good']}", "--imports", "fakecuda"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"--clear-jit-caches removed nothing; not removed, outside the target venv" in out
+    assert "--clear-jit-caches removed nothing; not removed, outside the target venv" in out
     assert (tmp_path / "triton" / "x" / "f").read_text() == "x"
 
 

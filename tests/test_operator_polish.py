@@ -252,7 +252,7 @@ def test_a_python_minor_mismatch_is_named_so_and_its_script_note_names_the_targe
     assert code == 3
     for text in (piped, filed):
         said = flat(text)
-        assert f"python-version-mismatch" in said and f"Python {minor} vs {theirs}" in said, text
+        assert "python-version-mismatch" in said and f"Python {minor} vs {theirs}" in said, text
         assert "interpreter-missing" not in said, text
         joined = "".join(text.split())  # at 80 columns a long path is folded where it reaches the edge
         assert f"applyrewritesitsfirstlineto{target}/bin/python{theirs}" in joined, text

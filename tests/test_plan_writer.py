@@ -155,7 +155,7 @@ def test_plain_copy_is_the_dataclass_built_by_init():
     assert plain.identity == "sha256=x" and plain.source == "donor" and plain.record_scripts == ()
     assert FileCopy.plain("a/b.py", None, "sha256=x") != built
     with pytest.raises(FrozenInstanceError):
-        plain.size = 4  # type: ignore[misc]
+        plain.size = 4  # type: ignore[misc]  # the assignment a frozen dataclass refuses is the test
 
 
 def test_donor_has_file_asks_the_last_donor_distribution_listing_the_path():

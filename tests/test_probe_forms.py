@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from transplant import remote
 from transplant.core.inventory import COLUMNS, parse_inventory
 from transplant.errors import ProbeError
 from transplant.hosts.host import LocalHost
@@ -106,7 +103,10 @@ def test_the_summary_counts_what_the_full_form_lists(venv: Path) -> None:
         assert got.record_bytes == sum(e.record_size or 0 for e in dist.record if e.path is not None), name
     assert summary["alpha"].record_bytes > 0
     # the venv's part halves (the host's facts, such as its library names, are the same in both)
-    venv_part = lambda doc: json.dumps({k: v for k, v in doc.items() if k != "host"})  # noqa: E731
+
+    def venv_part(doc):
+        return json.dumps({k: v for k, v in doc.items() if k != "host"})
+
     assert len(venv_part(summary_doc)) < len(venv_part(_full(venv))) / 2
 
 
@@ -269,12 +269,12 @@ def test_inputs_noted_a_block_at_a_time_are_those_noted_one_by_one(tmp_path: Pat
                 stats.append(os.lstat(name))
             except OSError:
                 stats.append(None)
-        for name, st in zip(names, stats):
+        for name, st in zip(names, stats, strict=True):
             one.note(name, st)
         block.note("first", None)  # a block after a single note: the chunks start part way
         one_first = probe._Inputs(limit)
         one_first.note("first", None)
-        for name, st in zip(names, stats):
+        for name, st in zip(names, stats, strict=True):
             one_first.note(name, st)
         ids = block.array("q")
         for st in stats:

@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from transplant.cli.app import main
 from transplant.lab.wheels import build_wheel, make_venv

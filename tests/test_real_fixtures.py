@@ -32,7 +32,7 @@ def summary(result) -> dict:
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def planned(name: str):
     """The plan of one recorded scenario (made once per test session)."""
     recorded = load(DATA / f"{name}.json.gz")

@@ -73,7 +73,7 @@ class Server:
                 except (OSError, ssl.SSLError):
                     pass  # the client hung up: what these tests want
 
-            do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = handle_one  # noqa: N815 - http.server names
+            do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = handle_one  # http.server names
 
         self.httpd = ThreadingHTTPServer((self.address, 0), Handler)
         self.httpd.daemon_threads = True

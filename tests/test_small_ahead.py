@@ -20,7 +20,6 @@ import pytest
 
 from transplant.controller.manifest_file import load_manifest
 from transplant.donor.sources import open_donor
-from transplant.errors import HostError
 from transplant.hosts.host import LocalHost, SSHOptions
 from transplant.hosts.probing import close_prestarted, prestart, take_inventory, take_prestarted
 from transplant.hosts.ssh import SSHHost

@@ -95,7 +95,7 @@ def test_the_second_command_rides_the_first_ones_master_and_prints_the_same(venv
     code, first, err = _plan(m, capsys)
     assert code == 0, err
     after_first = _logins(lab)
-    assert [a - b for a, b in zip(after_first, before)] == [1, 1], "the first command logs in on each host"
+    assert [a - b for a, b in zip(after_first, before, strict=True)] == [1, 1], "the first command logs in on each host"
     folder = state / "ssh"
     assert stat.S_IMODE(folder.lstat().st_mode) == 0o700 and len(_sockets(state)) == 2, \
         "each host's master is kept, its socket in a private folder of the state folder"
@@ -127,7 +127,7 @@ def test_with_persist_0_each_command_logs_in_and_keeps_nothing(venvs, state, tmp
         before = _logins(lab)
         code, _, err = _plan(m, capsys)
         assert code == 0, err
-        assert [a - b for a, b in zip(_logins(lab), before)] == [1, 1]
+        assert [a - b for a, b in zip(_logins(lab), before, strict=True)] == [1, 1]
     assert _sockets(state) == []
 
 

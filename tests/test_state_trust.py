@@ -114,7 +114,7 @@ TAMPERED = {
 
 
 @pytest.mark.parametrize("how", sorted(TAMPERED))
-def test_an_edited_plan_memo_is_refused_by_apply_and_plan_and_nothing_changes(pair, capsys, how):  # noqa: F811
+def test_an_edited_plan_memo_is_refused_by_apply_and_plan_and_nothing_changes(pair, capsys, how):  # noqa: F811 - pytest passes the imported fixture by this name
     edit, said = TAMPERED[how]
     shutil.copytree(pair / "target", pair / "victim", symlinks=True)
     plan(pair, capsys)  # keeps the memo
@@ -134,7 +134,7 @@ def test_an_edited_plan_memo_is_refused_by_apply_and_plan_and_nothing_changes(pa
 
 @pytest.mark.parametrize("overlay", ["overlay: [foo]", "overlay: [{closure: foo}]", "overlay: [foo]\nremove: [bar]",
                                      "overlay: ['f*']"])
-def test_an_untouched_memo_still_passes_the_check_and_applies(pair, capsys, overlay):  # noqa: F811
+def test_an_untouched_memo_still_passes_the_check_and_applies(pair, capsys, overlay):  # noqa: F811 - pytest passes the imported fixture by this name
     """The twin of the tampered memos: what plan kept (closures, globs and remove: too) is applied as kept."""
     m = pair / "m.yaml"
     m.write_text(m.read_text().replace("overlay: [foo]", overlay))
@@ -173,7 +173,7 @@ LOOSE = {"group-writable-memo": _group_writable_memo, "world-writable-memo-folde
 
 
 @pytest.mark.parametrize("how", sorted(LOOSE))
-def test_a_state_file_another_user_could_write_is_refused_naming_it_and_the_fix(pair, capsys, how):  # noqa: F811
+def test_a_state_file_another_user_could_write_is_refused_naming_it_and_the_fix(pair, capsys, how):  # noqa: F811 - pytest passes the imported fixture by this name
     if os.geteuid() != 0 and "another-user" in how:
         pytest.skip("giving a file to another user needs root")
     plan(pair, capsys)
@@ -189,7 +189,7 @@ def test_a_state_file_another_user_could_write_is_refused_naming_it_and_the_fix(
     assert _tree(pair / "target") == before, "nothing changed on the target"
 
 
-def test_the_memo_and_its_folders_are_made_private_whatever_the_umask(pair, capsys):  # noqa: F811
+def test_the_memo_and_its_folders_are_made_private_whatever_the_umask(pair, capsys):  # noqa: F811 - pytest passes the imported fixture by this name
     shutil.rmtree(pair / "state", ignore_errors=True)
     old = os.umask(0o002)
     try:
@@ -201,7 +201,7 @@ def test_the_memo_and_its_folders_are_made_private_whatever_the_umask(pair, caps
     assert "nothing changed on either venv" in plan(pair, capsys)[1], "and the next plan uses it"
 
 
-def test_a_loose_history_or_state_folder_on_the_target_is_refused_there(pair, capsys):  # noqa: F811
+def test_a_loose_history_or_state_folder_on_the_target_is_refused_there(pair, capsys):  # noqa: F811 - pytest passes the imported fixture by this name
     assert main(["apply", str(pair / "m.yaml"), "--yes"]) == 0
     capsys.readouterr()
     history = pair / "target" / ".transplant" / "history.jsonl"
@@ -224,7 +224,7 @@ def test_a_loose_history_or_state_folder_on_the_target_is_refused_there(pair, ca
     assert _tree(pair / "target") == before, "nothing changed on the target"
 
 
-def test_a_loose_verified_log_and_snapshot_index_are_refused(pair, capsys, tmp_path):  # noqa: F811
+def test_a_loose_verified_log_and_snapshot_index_are_refused(pair, capsys, tmp_path):  # noqa: F811 - pytest passes the imported fixture by this name
     from transplant.donor.snapshot import load_snapshot
     from transplant.errors import StateError
     from transplant.recover.provenance import known_states

@@ -92,7 +92,7 @@ def test_local_to_local_moves_exactly_the_listed_files_hashed_as_written(tmp_pat
     # bytes counted once: the stream's length, the content plus a frame header per entry
     assert total <= result.bytes <= total + 200 * (len(FILES) + 1)
     seen = [e[1:] for e in recorded.events if e[0] == "progress"]
-    assert seen[-1] == (total, total) and all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+    assert seen[-1] == (total, total) and all(a[0] <= b[0] for a, b in zip(seen, seen[1:], strict=False))
 
 
 @hosts

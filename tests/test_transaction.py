@@ -519,7 +519,7 @@ def test_relocated_console_scripts_get_their_record_rows_and_a_second_plan_is_a_
     donor_rows, target_rows = _rows(donor / record), _rows(target / record)
     assert [r[0] for _, r in target_rows] == [r[0] for _, r in donor_rows]
     scripts = 0
-    for (donor_line, _), (line, row) in zip(donor_rows, target_rows):
+    for (donor_line, _), (line, row) in zip(donor_rows, target_rows, strict=False):
         if row[0].startswith("../../../bin/"):
             scripts += 1
             assert row[1:] == _file_row(target / "bin" / row[0].rsplit("/", 1)[1]), row

@@ -4,7 +4,6 @@ its own mount namespace)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 import threading

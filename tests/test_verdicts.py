@@ -105,9 +105,9 @@ def test_clip():
 
 # --- the ladder's later stages (plain data) ---
 
-from transplant.verify import judges, ladder  # noqa: E402
-from transplant.core.inventory import Distribution, FileEntry  # noqa: E402
-from transplant.cli.render import verify_junit  # noqa: E402
+from transplant.verify import judges, ladder  # noqa: E402 - imported where the section that uses them starts
+from transplant.core.inventory import Distribution, FileEntry  # noqa: E402 - imported where the section that uses them starts
+from transplant.cli.render import verify_junit  # noqa: E402 - imported where the section that uses them starts
 
 
 def _dist(name, top_level=(), paths=()):

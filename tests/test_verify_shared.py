@@ -229,7 +229,10 @@ def test_import_workers_give_the_document_one_process_gives(packages, tmp_path):
     alone = _imports(packages, ["pa", "pc"], 1, tmp_path)
     apart = _imports(packages, names, 3, tmp_path)
     assert [i["name"] for i in apart["imports"]] == names
-    same = lambda doc: {i["name"]: (i["ok"], i["version"], i["file"]) for i in doc["imports"] if i["name"] != "pb"}
+
+    def same(doc):
+        return {i["name"]: (i["ok"], i["version"], i["file"]) for i in doc["imports"] if i["name"] != "pb"}
+
     assert same(apart) == same(alone) and all(ok for ok, _, _ in same(apart).values())
     pids = {p.name.split("-")[0]: p.name.split("-")[1] for p in (tmp_path / "imported-3").iterdir()}
     assert set(pids) == {"pa", "pc"} and pids["pa"] != pids["pc"], "pa and pc were imported by two processes"

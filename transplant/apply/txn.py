@@ -262,7 +262,10 @@ def _holder(raw: Any) -> Holder | None:
             alive = False
         except PermissionError:
             alive = True
-    text = (lambda v: str(v)[:200] if v is not None else None)
+
+    def text(v: object) -> str | None:
+        return str(v)[:200] if v is not None else None
+
     return Holder(id=text(raw.get("id")), controller=text(controller), pid=pid, since=since,
                   command=text(raw.get("command")), alive=alive)
 

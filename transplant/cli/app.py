@@ -326,7 +326,7 @@ def _spaced_cache_names(argv: Sequence[str]) -> str | None:
     that is not an option follows it (verify takes one manifest or HOST:VENV, so a file named
     ``triton`` in the current folder is not what was meant): the names were meant with ``=``
     (:func:`_bare_options` would leave them as a stray manifest argument); else None."""
-    for at, (option, word) in enumerate(zip(argv, argv[1:])):
+    for at, (option, word) in enumerate(zip(argv, argv[1:], strict=False)):
         later = [a for a in argv[at + 2:] if not a.startswith("-")]
         if option != "--clear-jit-caches" or (os.path.lexists(word) and not later):
             continue
@@ -343,7 +343,7 @@ def _unknown_cache_word(argv: Sequence[str], args: argparse.Namespace) -> str | 
     and other arguments were left over (``verify --clear-jit-caches bogus VENV``): it was meant as
     cache names, and is none (:func:`_spaced_cache_names` catches real names); else None."""
     taken = getattr(args, "manifest", None)
-    for option, word in zip(argv, argv[1:]):
+    for option, word in zip(argv, argv[1:], strict=False):
         if option == "--clear-jit-caches" and word == taken and not word.startswith("-"):
             return word
     return None

@@ -66,6 +66,11 @@ def _files(change) -> str:
     return f"{len(change.copy)}" + (f" / -{len(change.remove)}" if change.remove else "")
 
 
+def _file_count(change) -> str:
+    """``1 file``, ``3 files``, ``3 / -1 files`` (copied / removed): the noun agrees with the count."""
+    return f"{_files(change)} files" if change.remove else count(len(change.copy), "file")
+
+
 def _label(change) -> str:
     return change.name if change.kind == "distribution" else f"patch {change.name.rsplit('site-packages/', 1)[-1]}"
 
@@ -121,7 +126,7 @@ def change_lines(plan: Plan) -> list[Text]:
             line = f"- {change.name}=={change.from_version}"
         else:
             line = f"~ {change.name} {change.from_version} -> {change.to_version} ({change.action})"
-        out.append(Text(f"{line}  {count(_files(change), 'file')}, {_human(change.bytes)}", style=style))
+        out.append(Text(f"{line}  {_file_count(change)}, {_human(change.bytes)}", style=style))
     if kept:
         out.append(Text(f"= {kept} kept as they are", style="dim"))
     return out

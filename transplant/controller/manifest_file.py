@@ -26,7 +26,7 @@ class _DuplicateKey(Exception):
 class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping (YAML 1.2 says keys are unique)."""
 
-    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+    def construct_mapping(self, node, deep=False):  # PyYAML's signature
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -178,7 +178,7 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
                             f"fix: create it or correct the path")
         elif patch.source.endswith("/") and not source.is_dir():
             problems.append(f"patches[{i}].source: {patch.source!r} is not a folder; fix: drop the trailing '/'")
-        elif not (base in source.resolve().parents):
+        elif base not in source.resolve().parents:
             problems.append(f"patches[{i}].source: {patch.source!r} resolves outside {base} (a symlink); "
                             f"fix: copy the file beside the manifest")
     if problems:

@@ -263,7 +263,7 @@ class Decoder:
 
     def _compile(self) -> list[tuple[str, Any, bool, bool, bool]]:
         hints = typing.get_type_hints(self.cls)
-        specs = []
+        specs: list[tuple[str, Any, bool, bool, bool]] = []
         for f in dataclasses.fields(self.cls):
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             tp = hints[f.name]
@@ -342,7 +342,7 @@ class Decoder:
                     out[k] = each(v, entry_path(path, k))
                 return out
             return mapping
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             inner_decoder = self.nested.get(tp) or Decoder(tp, unknown=self.unknown, null_default=self.null_default,
                                                           nested=self.nested)
             self.nested.setdefault(tp, inner_decoder)

@@ -400,7 +400,7 @@ def _check_row(row: list, path: str) -> None:
     """
     if not row or len(row) > len(COLUMNS):
         raise DecodeError(path, f"a list of 1 to {len(COLUMNS)} values ({', '.join(COLUMNS)})", row)
-    for column, allowed, value in zip(COLUMNS, _COLUMN_TYPES, row):
+    for column, allowed, value in zip(COLUMNS, _COLUMN_TYPES, row, strict=False):
         if type(value) not in allowed:
             raise DecodeError(f"{path}.{column}", " or ".join(_COLUMN_NAMES[t] for t in allowed), value)
         if type(value) is int and column in ("venv_path", "hash") and value != 1:
@@ -453,7 +453,7 @@ def _row_entries(rows: list, path: str, site: str | None) -> tuple[FileEntry, ..
 
     :raises DecodeError: as :func:`_row_entry`.
     """
-    out = []
+    out: list[FileEntry] = []
     append = out.append
     good, pads, new = _GOOD_SHAPES, _PAD_LISTS, _new_entry
     width = len(COLUMNS)
@@ -503,7 +503,7 @@ def _entry_maker(names: tuple[str, ...]) -> Any:
     lines = "".join(f"    s{i}(entry, v{i})\n" for i in range(len(names)))
     scope: dict[str, Any] = {f"s{i}": setter for i, setter in enumerate(setters)}
     scope.update(create=object.__new__, FileEntry=FileEntry)
-    exec(f"def new_entry({values}):\n    entry = create(FileEntry)\n{lines}    return entry\n", scope)  # noqa: S102
+    exec(f"def new_entry({values}):\n    entry = create(FileEntry)\n{lines}    return entry\n", scope)  # noqa: S102 - text made of numbered names alone (above)
     return scope["new_entry"]
 
 
@@ -564,8 +564,8 @@ def expanded(document: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(d.get("record"), list):
             entries = []
             for row in d["record"]:
-                entry = {"venv_path": None, "record_hash": None, "record_size": None}
-                entry.update((k, v) for k, v in zip(COLUMNS, row) if v is not None)
+                entry: dict[str, Any] = {"venv_path": None, "record_hash": None, "record_size": None}
+                entry.update((k, v) for k, v in zip(COLUMNS, row, strict=False) if v is not None)
                 if entry["venv_path"] == 1:
                     entry["venv_path"] = f"{site}/{entry['path']}"
                 if entry.get("hash") == 1:

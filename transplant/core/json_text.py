@@ -78,7 +78,7 @@ def dump_indented(obj: Any, write: Callable[[str], object], indent: int = 2, *,
         newline = "\n" + " " * (indent * (level + 1))
         befores = [("{" if i == 0 else ",") + newline + encode_basestring_ascii(name) + ": "
                    for i, name in enumerate(names[cls])]
-        out = keyed[(cls, level)] = [(before, name, before + "null") for before, name in zip(befores, names[cls])]
+        out = keyed[(cls, level)] = [(before, name, before + "null") for before, name in zip(befores, names[cls], strict=True)]
         return out
 
     def instance(o: Any, level: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transplant.core.plan import Plan
+from transplant.core.plan import Change, Plan
 from transplant.core.units import agree, count
 
 __all__ = ["expected_state", "drift", "plan_differences", "transaction_steps"]
@@ -41,7 +41,7 @@ def drift(plan: Plan, donor_fingerprint: str, target_fingerprint: str) -> list[s
 def plan_differences(saved: Plan, fresh: Plan, *, shown: int = 8) -> list[str]:
     """What differs between a saved plan and the plan made now, one line per change
     (``torch: planned rebuild 2.11.0+cu128 -> 2.11.0+cu130, now keep``), at most ``shown``."""
-    def key(plan: Plan) -> dict[tuple[str, str], object]:
+    def key(plan: Plan) -> dict[tuple[str, str], Change]:
         return {(c.kind, c.name): c for c in plan.changes}
 
     before, now = key(saved), key(fresh)
@@ -52,14 +52,15 @@ def plan_differences(saved: Plan, fresh: Plan, *, shown: int = 8) -> list[str]:
             continue
         name = k[1]
         if a is None:
-            out.append(f"{name}: not in the saved plan, now {b.action}")  # type: ignore[union-attr]
+            assert b is not None  # both absent: equal, passed over above
+            out.append(f"{name}: not in the saved plan, now {b.action}")
         elif b is None:
-            out.append(f"{name}: planned {a.action}, now nothing to do")  # type: ignore[union-attr]
+            out.append(f"{name}: planned {a.action}, now nothing to do")
         else:
-            was = f"{a.action} {a.from_version or '-'} -> {a.to_version or '-'}"  # type: ignore[union-attr]
-            new = f"{b.action} {b.from_version or '-'} -> {b.to_version or '-'}"  # type: ignore[union-attr]
+            was = f"{a.action} {a.from_version or '-'} -> {a.to_version or '-'}"
+            new = f"{b.action} {b.from_version or '-'} -> {b.to_version or '-'}"
             out.append(f"{name}: planned {was}, now {new}" if was != new else
-                       _differ(name, len(set(a.copy) ^ set(b.copy)) + len(set(a.remove) ^ set(b.remove))))  # type: ignore[union-attr]
+                       _differ(name, len(set(a.copy) ^ set(b.copy)) + len(set(a.remove) ^ set(b.remove))))
     if len(out) > shown:
         out = out[:shown] + [f"and {len(out) - shown} more"]
     return out

@@ -28,7 +28,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 import yaml
-from packaging.utils import NormalizedName, canonicalize_name
+from packaging.utils import canonicalize_name
 
 from transplant.core.elf_facts import ElfReport
 from transplant.core.closure import closure, expand
@@ -166,7 +166,7 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
     rounds = 0
     errors: list[Finding] = []
     donor_names, target_names = set(donor_latest), set(target_latest)
-    for rounds in range(1, ROUNDS + 1):
+    for _round in range(1, ROUNDS + 1):
         manifest = _manifest(data_of(), path)
         result = plan(manifest, donor, target, donor_elf=donor_elf, target_elf=target_elf)
         errors = [f for f in result.findings if f.severity == "error"]
@@ -273,7 +273,7 @@ def _main_import(dist: Any) -> str | None:
 def _evaluates(req: Any, markers: Mapping[str, str]) -> bool:
     try:
         return bool(req.marker.evaluate({**markers, "extra": ""}))
-    except Exception:  # an undefined marker variable counts as applying, as elsewhere
+    except Exception:  # noqa: BLE001 - an undefined marker variable counts as applying, as elsewhere
         return True
 
 

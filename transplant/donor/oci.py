@@ -409,12 +409,12 @@ class _HTTPS(urllib.request.HTTPSHandler):
         super().__init__(context=context)
         self._tls = context
 
-    def https_open(self, req: urllib.request.Request):  # noqa: D102 - urllib's name
+    def https_open(self, req: urllib.request.Request):  # urllib's name
         return self.do_open(_watched(http.client.HTTPSConnection, req), req, context=self._tls)
 
 
 class _HTTP(urllib.request.HTTPHandler):
-    def http_open(self, req: urllib.request.Request):  # noqa: D102 - urllib's name
+    def http_open(self, req: urllib.request.Request):  # urllib's name
         return self.do_open(_watched(http.client.HTTPConnection, req), req)
 
 
@@ -422,7 +422,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     """Follow redirects (blob storage elsewhere) but never from https down to http; the
     redirected request keeps the progress deadline."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's name
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's name and signature
         old, new = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
         if old.scheme == "https" and new.scheme != "https":
             raise RegistryError(f"{old.netloc}: {req.get_method()} {old.path} was redirected to {newurl}, which is "

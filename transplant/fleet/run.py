@@ -114,7 +114,7 @@ def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
     :raises HostError: the donor could not be read; :raises SnapshotError: as :func:`capture`.
     """
     if not isinstance(opened.source, HostSource):
-        return opened, DonorRead(snapshot=str(getattr(opened.source, "snapshot").path))
+        return opened, DonorRead(snapshot=str(opened.source.snapshot.path))
     result = capture(opened.manifest, opened.source.host, store, reporter=reporter)
     source = stack.enter_context(SnapshotSource(result.snapshot))
     read = DonorRead(bytes=result.bytes_read, files=result.fetched, snapshot=str(result.snapshot.path))

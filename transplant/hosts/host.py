@@ -103,7 +103,7 @@ class SSHOptions:
                 object.__setattr__(self, name, value)  # frozen: set once, as it is made
 
     @classmethod
-    def from_files(cls, identity_file: str | None, known_hosts: str | None) -> "SSHOptions":
+    def from_files(cls, identity_file: str | None, known_hosts: str | None) -> SSHOptions:
         """Settings from the ``--identity-file`` / ``--known-hosts`` options (paths as given;
         None or empty where an option is not given: the SSH defaults above)."""
         return cls(identity_file=Path(identity_file) if identity_file else None,
@@ -259,7 +259,7 @@ class Host(abc.ABC):
         if not mine:
             try:
                 return entry.result()
-            except Exception:  # the other caller's failure: ask again here (a Ctrl-C while waiting is ours: raised)
+            except Exception:  # noqa: BLE001 - the other caller's failure: ask again here (a Ctrl-C while waiting is ours: raised)
                 return self.remembered(key, compute)
         try:
             value = compute()
@@ -377,7 +377,7 @@ class LocalHost(Host):
 
 #: The host commands this controller started (:func:`tracked`) that may still run: what
 #: :func:`stop_commands` stops. Weak: a command whose Popen is gone is gone from here.
-_LIVE: "weakref.WeakSet[subprocess.Popen]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()
 
 
 #: Set while an interrupt stops this controller's commands (:func:`interrupt_stops_commands`):

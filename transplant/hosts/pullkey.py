@@ -92,7 +92,7 @@ class OneTimeKey:
         self.private: bytes | None = None
         self._authorised = False
 
-    def __enter__(self) -> "OneTimeKey":
+    def __enter__(self) -> OneTimeKey:
         self.start()
         return self
 

@@ -53,7 +53,7 @@ CONFIG_ENV = "TRANSPLANT_SSH_CONFIG"
 PERSIST = 120
 _SERVER_KEY = re.compile(r"Server host key: (\S+) (SHA256:\S+)")
 #: The hosts whose master connection this controller opened and has not closed (weak).
-_MASTERS: "weakref.WeakSet[SSHHost]" = weakref.WeakSet()
+_MASTERS: weakref.WeakSet[SSHHost] = weakref.WeakSet()
 
 
 def _operator_config(options: SSHOptions) -> list[str]:

@@ -90,7 +90,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: without it, only a dead controller leaves sshd running
         pass
 
 
@@ -527,7 +527,7 @@ class Lab:
         for host in self.hosts.values():
             try:
                 host.stop_sshd()
-            except Exception as exc:  # stop the others regardless
+            except Exception as exc:  # noqa: BLE001 - stop the others regardless; raised below
                 errors.append(exc)
         self._lock.close()
         if errors:

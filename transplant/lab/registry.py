@@ -145,7 +145,7 @@ class LabRegistry:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 - the http.server name
+            def do_GET(self) -> None:  # the http.server name
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
                 given = self.headers.get("Authorization", "")
                 expected = "Basic " + base64.b64encode(f"{lab.user}:{lab.password}".encode()).decode()

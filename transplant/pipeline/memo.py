@@ -147,7 +147,7 @@ class Recalled:
 def _sides(memo: dict[str, Any], source: object, target: Host, venv: str) -> list[tuple[Host, str, dict[str, Any]]]:
     sides = [(target, venv, memo["target"])]
     if memo.get("donor") is not None:
-        sides.append((getattr(source, "host"), getattr(source, "venv"), memo["donor"]))
+        sides.append((source.host, source.venv, memo["donor"]))
     return sides
 
 
@@ -203,7 +203,7 @@ def recall(key: str, source: object, target: Host, venv: str, *, manifest: Manif
         return "a venv could not be asked whether it changed"
     except (KeyError, TypeError, ValueError):
         return "the kept plan could not be read"
-    for (_, _, side), answer, which in zip(sides, answers, ("target", "donor")):
+    for (_, _, side), answer, which in zip(sides, answers, ("target", "donor"), strict=False):
         if answer.get("inputs") != side.get("digest"):
             return f"the {which} changed since the last plan"
         if side.get("extra_paths") and answer.get("extra") != side.get("extra"):
@@ -307,7 +307,7 @@ def _prune(folder: Path) -> None:
         return
     now = time.time()
     memos = sorted(((at, p) for at, p in dated if p.suffix != ".tmp"), reverse=True)
-    for at, old in memos[MAX_MEMOS:] + [(at, p) for at, p in dated if p.suffix == ".tmp" and at < now - 3600]:
+    for _at, old in memos[MAX_MEMOS:] + [(at, p) for at, p in dated if p.suffix == ".tmp" and at < now - 3600]:
         try:
             old.unlink(missing_ok=True)
         except OSError:

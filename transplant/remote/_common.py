@@ -157,7 +157,7 @@ def read_venv_cache(path, schema):
     """
     if not os.path.isfile(path) or os.path.islink(path):
         return {}
-    with open(path, "r", encoding="utf-8") as handle:
+    with open(path, encoding="utf-8") as handle:
         document = json.load(handle)
     if isinstance(document, dict) and document.get("schema") == schema and isinstance(document.get("entries"), dict):
         return document["entries"]

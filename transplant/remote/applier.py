@@ -271,7 +271,7 @@ def _write_json(path, value):
 
 def _read_json(path, default=None):
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError, RecursionError):
         return default
@@ -591,7 +591,7 @@ def _read_state(folder):
     """The transaction's state; ``damaged`` for anything unreadable or unknown (then it counts
     as interrupted, so a damaged record never lets another apply run over it)."""
     try:
-        with open(os.path.join(folder, "state"), "r", encoding="utf-8", errors="replace") as handle:
+        with open(os.path.join(folder, "state"), encoding="utf-8", errors="replace") as handle:
             text = handle.read(64).strip()
     except OSError:
         return "damaged"
@@ -1045,7 +1045,7 @@ class _Active:
         except OSError:
             os.close(self.fd)
             raise Refused("a commit or rollback is still running in this venv (pid {}); wait for it".format(
-                _active_pid(self.path)))
+                _active_pid(self.path))) from None
         os.ftruncate(self.fd, 0)
         os.write(self.fd, str(os.getpid()).encode())
         return self
@@ -1056,7 +1056,7 @@ class _Active:
 
 def _active_pid(path):
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             return handle.read().strip() or "?"
     except OSError:
         return "?"
@@ -1194,7 +1194,7 @@ def _committed_at(folder, steps):
     when = None
     try:
         fd = os.open(os.path.join(folder, "journal.jsonl"), os.O_RDONLY | os.O_NOFOLLOW)
-        with open(fd, "r", encoding="utf-8", errors="replace") as handle:
+        with open(fd, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 try:
                     entry = json.loads(line)
@@ -1228,7 +1228,7 @@ def history(prefix, request):
     if not os.path.isdir(os.path.join(prefix, STATE)):
         return {"ok": True, "error": None, "events": [], "transactions": []}
     try:
-        with open(os.path.join(_state_dir(prefix), "history.jsonl"), "r", encoding="utf-8", errors="replace") as handle:
+        with open(os.path.join(_state_dir(prefix), "history.jsonl"), encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 try:
                     event = json.loads(line)
@@ -1308,7 +1308,7 @@ def answer(prefix, name, request):
         return {"ok": False, "error": str(exc)}
     except OSError as exc:
         return {"ok": False, "error": "{}: {}".format(exc.filename or "", exc.strerror or exc), "errno": exc.errno}
-    except Exception as exc:  # a damaged state file must give an error, never a traceback
+    except Exception as exc:  # noqa: BLE001 - a damaged state file must give an error, never a traceback
         return {"ok": False, "error": "{}: {}".format(type(exc).__name__, exc)[:500]}
 
 

@@ -131,7 +131,7 @@ class SourceImporter(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         key, _ = self._key(module.__name__)
         code = compile(self.modules[key], ORIGIN + key, "exec", dont_inherit=True)
-        exec(code, module.__dict__)
+        exec(code, module.__dict__)  # noqa: S102 - pyelftools' own source, sent with the request
 
     def get_source(self, fullname):
         """The module's text (lets tracebacks show source lines)."""
@@ -182,7 +182,7 @@ def _elftools():
     if ELFFile is None and _PENDING["error"] is None and _PENDING["modules"] is not None:
         try:
             load_elftools(_PENDING["modules"])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - kept, and raised as ElftoolsUnavailable when a file needs it
             _PENDING["error"] = exc
     if _PENDING["error"] is not None:
         raise ElftoolsUnavailable(str(_PENDING["error"]))
@@ -415,11 +415,11 @@ def _describe(full, torch_symbols, want_device_code, want_versioned, want_numpy)
         return {"error": f"cannot open: {exc.strerror or exc}"}
     except ValueError as exc:
         return {"error": str(exc)}
-    except Exception as exc:  # pyelftools raises many kinds on a damaged header
+    except Exception as exc:  # noqa: BLE001 - pyelftools raises many kinds on a damaged header
         return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
     try:
         return facts(elf, torch_symbols, want_device_code, want_versioned, want_numpy)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - pyelftools raises many kinds on a damaged body
         return {"error": f"cannot read as ELF: {type(exc).__name__}: {exc}"}
     finally:
         stream.close()
@@ -476,11 +476,11 @@ def _defined_in(prefix, rel, wanted, cache):
         cache.opened(rel)
         try:
             stream, elf = open_elf(full)
-        except Exception:
+        except Exception:  # noqa: BLE001 - unreadable: the caller reads no answer as unknown
             return None
         try:
             found = defined_names(elf, unknown)
-        except Exception:
+        except Exception:  # noqa: BLE001 - pyelftools raises many kinds on a damaged file
             return None
         finally:
             stream.close()
@@ -553,7 +553,7 @@ RACY_NS = 2 * 10 ** 9
 CACHE_MAX_ENTRIES = 20000  # a venv has a few hundred to a few thousand shared objects
 
 
-class ElfCache(object):
+class ElfCache:
     """Facts of shared objects kept from one run to the next, keyed by the file's content.
 
     The key of a file is the content hash the controller sends for it (``hashes``: the probe's,
@@ -793,7 +793,7 @@ def libstdcxx():
     versions = []
     try:
         stream, elf = open_elf(path)
-    except Exception:
+    except Exception:  # noqa: BLE001 - unreadable: no versions
         return {"path": path, "versions": versions}
     try:
         verdef = sections_by_type(elf).get("SHT_GNU_verdef")

@@ -193,7 +193,7 @@ def fetch(req, opener, blob, state):
                 response = opener.open(request, timeout=req.get("timeout") or 60)
             except (OSError, http.client.HTTPException):
                 if progress.expired:
-                    raise too_slow(progress, "the answer for " + what)
+                    raise too_slow(progress, "the answer for " + what) from None
                 raise
             start = have if response.status == 206 else 0  # a 200 sends the whole blob again
             if start:
@@ -210,7 +210,7 @@ def fetch(req, opener, blob, state):
                         block = read(BLOCK)
                     except (OSError, http.client.HTTPException):
                         if progress.expired:
-                            raise too_slow(progress, what)
+                            raise too_slow(progress, what) from None
                         raise
                     if progress.expired:
                         raise too_slow(progress, what)
@@ -253,7 +253,7 @@ def extract(path, blob, dest):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             source = tar.extractfile(member)
             with open(target, "wb") as out:
-                for block in iter(lambda: source.read(BLOCK), b""):
+                for block in iter(lambda: source.read(BLOCK), b""):  # noqa: B023 - used up in this iteration
                     out.write(block)
             os.chmod(target, wanted[member.name] & 0o777)
             written += 1

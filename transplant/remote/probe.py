@@ -224,7 +224,7 @@ def _read(path):
     if os.path.islink(path):
         return None
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+        with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()
     except OSError:
         return None
@@ -588,7 +588,7 @@ def _record_identity_of(full, rel):
     return record_identity(data, posixpath.dirname(posixpath.dirname(rel)), _OPTIONS["scripts"])
 
 
-class _Inputs(object):
+class _Inputs:
     """The inputs of one probe, as it looks at them: each noted path (in the order noted; a path
     looked at twice is noted twice) adds its identity (:func:`_stat_identity`: six 64-bit integers,
     machine order) to an array hashed a few thousand at a time, and its name to a compressed
@@ -789,7 +789,7 @@ def _cpu():
     ``flags`` line of ``/proc/cpuinfo``, x86), or None where there is none (another
     architecture, no ``/proc``)."""
     try:
-        with open("/proc/cpuinfo", "r", encoding="utf-8", errors="replace") as handle:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for number, line in enumerate(handle):
                 if number > 10000:
                     break
@@ -816,7 +816,7 @@ def _fingerprint(request):
     def host_facts():
         try:
             host.update(_host_facts())
-        except BaseException as exc:  # raised below, in this thread, as before
+        except BaseException as exc:  # noqa: BLE001 - raised below, in this thread, as before
             raised.append(exc)
 
     # nvidia-smi and ldconfig run while the inputs are unpacked and stat'ed (a plain thread:
@@ -932,7 +932,7 @@ def _run_hash_jobs():
     _OPTIONS["hash_cache_report"] = cache.save()
 
 
-class _HashCache(object):
+class _HashCache:
     """Content hashes of the venv's files, kept in ``<venv>/.transplant/cache/hashes.json``.
 
     An entry is reused only while the file's ``(st_dev, st_ino, st_size, st_mtime_ns,
@@ -1232,7 +1232,7 @@ def _interpreter(prefix):
         "cache_tag": sys.implementation.cache_tag,
         "soabi": sysconfig.get_config_var("SOABI"),
         "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        "abi_tag": "cp{0}{1}".format(*sys.version_info[:2]) if sys.implementation.name == "cpython" else None,
+        "abi_tag": "cp{}{}".format(*sys.version_info[:2]) if sys.implementation.name == "cpython" else None,
         "machine": platform.machine(),
         "glibc": _glibc(),
         "pyvenv_cfg": cfg,
@@ -1250,10 +1250,8 @@ def _nvidia():
         return {"available": False, "reason": "no nvidia-smi on PATH"}
     query = ["--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader,nounits"]
     try:
-        out = subprocess.run([exe] + query, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             timeout=30, check=False)
-        header = subprocess.run([exe], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                timeout=30, check=False)
+        out = subprocess.run([exe] + query, capture_output=True, timeout=30, check=False)
+        header = subprocess.run([exe], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"available": False, "reason": "nvidia-smi failed: {}".format(exc)}
     module = _kernel_module()
@@ -1286,7 +1284,7 @@ def _nvidia():
 def _kernel_module():
     """The loaded NVIDIA kernel module's version from ``/proc/driver/nvidia/version``, or None."""
     try:
-        with open("/proc/driver/nvidia/version", "r", encoding="utf-8", errors="replace") as handle:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as handle:
             text = handle.read(4096)
     except OSError:
         return None
@@ -1301,7 +1299,7 @@ def _ldconfig():
         if not os.path.exists(exe):
             continue
         try:
-            out = subprocess.run([exe, "-p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30, check=False)
+            out = subprocess.run([exe, "-p"], capture_output=True, timeout=30, check=False)
         except (OSError, subprocess.SubprocessError):
             continue
         ran = out.returncode == 0

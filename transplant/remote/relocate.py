@@ -266,7 +266,7 @@ def _update_records(root, edited):
         if os.path.islink(record):
             continue
         site = os.path.dirname(folder)
-        with open(record, "r", encoding="utf-8", newline="") as handle:
+        with open(record, encoding="utf-8", newline="") as handle:
             rows = list(csv.reader(handle))
         touched = False
         for row in rows:

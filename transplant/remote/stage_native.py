@@ -288,7 +288,7 @@ class Forked:
             remaining = [p for p in paths if foreign(p, self.host) is None]
             sys.argv = ["-c", json.dumps(self.preload), self.interp or ""]
             sys.stdin = io.StringIO("\n".join(remaining) + "\n")
-            exec(compile(CHILD, "<native-load child>", "exec"), {"__name__": "__main__"})  # noqa: S102
+            exec(compile(CHILD, "<native-load child>", "exec"), {"__name__": "__main__"})  # noqa: S102 - this file's own child text, run in this process
             code = 0
         except BaseException:  # noqa: BLE001 - said on stderr, as a child of its own would
             import traceback

@@ -47,7 +47,7 @@ def _gpu():
         return os.path.exists("/dev/nvidia0") or None
     try:
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a broken torch answers "unknown", as no torch does
         return False
 
 
@@ -101,7 +101,7 @@ def main(argv):
             parsed = func(args)
     except SystemExit as exc:
         result["exit_code"] = exc.code if isinstance(exc.code, int) else 1
-        lines = [l for l in captured.getvalue().splitlines() if l.strip()]
+        lines = [line for line in captured.getvalue().splitlines() if line.strip()]
         result["error"] = (lines[-1] if lines else "the parser exited with code {}".format(exc.code))[:2000]
     except BaseException as exc:  # noqa: BLE001 - the failure is the finding
         tb = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []

@@ -211,7 +211,7 @@ class _Folders:
                     pass
             except OSError as exc:
                 raise Refused("refusing to write through {}: it is a symlink or not a folder inside the staged "
-                              "folder ({})".format(where, exc.strerror))
+                              "folder ({})".format(where, exc.strerror)) from None
         raise Refused("cannot make the folder {}".format(where))
 
     def close_some(self):
@@ -360,7 +360,7 @@ def receive(root, stream, meter, pull=None):
             try:
                 rel = normal_relpath(rel)
             except ValueError as exc:
-                raise Refused(str(exc))
+                raise Refused(str(exc)) from None
             folder, name = folders.parent(rel)
             if kind == b"F":
                 files[rel] = _write_file(folder, name, mode, size, mtime_ns, stream, meter, rel)
@@ -427,7 +427,7 @@ class _Pull:
                 self.proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, close_fds=True)
             except OSError as exc:
-                raise Unavailable("cannot start {} on this host: {}".format(ssh[0], exc.strerror or exc))
+                raise Unavailable("cannot start {} on this host: {}".format(ssh[0], exc.strerror or exc)) from None
         except BaseException:
             self.forget_key()
             raise

@@ -210,7 +210,7 @@ def judge_server_args(expect: Mapping[str, Any], report: Mapping[str, Any]) -> t
             wrong.append(f"{key}={shown!s} (expected {want!s})")
     if wrong:
         return "fail", "parsed, but " + "; ".join(wrong)
-    shown = " ".join(str((values[k].get("name") or values[k].get("value"))) for k in expect)
+    shown = " ".join(str(values[k].get("name") or values[k].get("value")) for k in expect)
     return "pass", f"parsed; {shown} ({', '.join(expect)})" if expect else "parsed (no expect map to compare)"
 
 

@@ -38,7 +38,7 @@ from transplant.pipeline import apply_plan
 __all__ = ["apply_command", "rollback_command", "history_command", "ApplyInterrupted"]
 
 
-def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Session", manifest_path: str,
+def _finish_interrupted(args: argparse.Namespace, console: Console, session: Session, manifest_path: str,
                         how: str | None, discarded: list[dict] | None = None) -> bool:
     """Handle --resume / --rollback, or refuse while a transaction is interrupted; first record
     the outcome of any commit the target's host script completed after its controller died
@@ -131,7 +131,7 @@ class ApplyInterrupted(KeyboardInterrupt):
 
 
 @contextmanager
-def _truth_on_interrupt(target: "Host", venv: str, manifest_path: str) -> Iterator[None]:
+def _truth_on_interrupt(target: Host, venv: str, manifest_path: str) -> Iterator[None]:
     """Turn a Ctrl-C in the block into :class:`ApplyInterrupted` saying what the target's records
     show of the transaction this command began (:func:`_after_interrupt`); a plain
     KeyboardInterrupt when they cannot be read."""
@@ -145,7 +145,7 @@ def _truth_on_interrupt(target: "Host", venv: str, manifest_path: str) -> Iterat
         raise ApplyInterrupted(said) from None
 
 
-def _after_interrupt(target: "Host", venv: str, since: str, manifest_path: str) -> str | None:
+def _after_interrupt(target: Host, venv: str, since: str, manifest_path: str) -> str | None:
     """What is true on the target after a Ctrl-C: the newest transaction whose id is not older
     than ``since`` (the command's start), by its recorded state; none: nothing began, and a state
     folder left empty is removed (the applier's ``tidy``: empty folders, and what a killed applier

@@ -43,7 +43,10 @@ def clone_report(console: Console, result: CloneResult) -> None:
     r, left = result.relocation, result.leftovers
     kinds = Counter(e.kind for e in r.edits)
     edited = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "no file"
-    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False)
+
     say(f"copied {count(result.files, 'file')} ({human_bytes(result.bytes)}) from {result.source} to {result.dest} "
         f"with {result.method}")
     say(f"rewrote what named {r.old} ({edited}); repointed {count(len(r.links), 'symlink')}; updated "

@@ -40,7 +40,9 @@ def _recover_default(args: argparse.Namespace, console: Console, store: Path, by
     from transplant.recover.rebuild import RecoverError
     from transplant.donor.snapshot import list_snapshots, load_snapshot
 
-    say = (lambda line, style=None: console.print(line, style=style, markup=False, highlight=False))
+    def say(line: str, style: str | None = None) -> None:
+        console.print(line, style=style, markup=False, highlight=False)
+
     tried = []
     for entry in known_states(verified_log(default_state_dir())):
         where = f"{entry['host']}:{entry['venv']}"

@@ -165,7 +165,7 @@ def driver_findings(env: EnvironmentAfter) -> list[Finding]:
     names = sorted({e.name for e in evidence if (e.major, e.minor or 0) > have})
     minimum = driver_minimum(need) or "a newer one"
     sev = "error" if have[0] < need[0] else "warning"
-    why = ("a CUDA {0} runtime does not start on a CUDA {1} driver".format(need[0], have[0]) if sev == "error" else
+    why = (f"a CUDA {need[0]} runtime does not start on a CUDA {have[0]} driver" if sev == "error" else
            "minor version compatibility runs it, but PTX newer than the driver cannot be JIT-compiled")
     return [Finding(
         code="driver-too-old", severity=sev, dists=tuple(names),

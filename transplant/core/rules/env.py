@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from packaging.utils import NormalizedName
-from packaging.version import InvalidVersion, Version
 
 from transplant.core.elf_facts import ElfFacts, ElfReport, is_shared_object
 from transplant.core.inventory import Distribution, FileEntry, Inventory

@@ -198,7 +198,7 @@ def platform_findings(env: EnvironmentAfter) -> list[Finding]:
                         f"{agree(len(carried), 'it', 'them')} "
                         f"either (cross-compile stubs, optional variants): " + "; ".join(carried[:3])
                         + (f"; and {len(carried) - 3} more" if len(carried) > 3 else "") + "; nothing in the donor "
-                        f"loads them, so nothing here will",
+                        "loads them, so nothing here will",
                 hint="nothing to do",
                 files=tuple(p.split(" ", 1)[0] for p in carried[:_SHOWN]),
             ))
