@@ -43,7 +43,7 @@ class Pulled:
     """
 
     name: NormalizedName
-    version: str
+    version: str | None
     chain: tuple[str, ...]
     reason: str
 
@@ -130,8 +130,8 @@ def _accepts(req: Requirement, dist: Distribution | None) -> bool:
 
 def closure(
     roots: Sequence[str],
-    donor: Mapping[NormalizedName, Distribution],
-    target: Mapping[NormalizedName, Distribution],
+    donor: Mapping[str, Distribution],
+    target: Mapping[str, Distribution],
     markers: Mapping[str, str],
     *,
     overlay: Sequence[str] = (),

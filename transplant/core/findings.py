@@ -53,21 +53,21 @@ RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_majo
 _SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
 
 
-def _versions(dists: Mapping[NormalizedName, Distribution]) -> dict:
+def _versions(dists: Mapping[str, Distribution]) -> dict:
     return {n: d.version for n, d in dists.items()}
 
 
-def _reqs(dists: Mapping[NormalizedName, Distribution]) -> dict:
+def _reqs(dists: Mapping[str, Distribution]) -> dict:
     return {n: d.requires_dist for n, d in dists.items()}
 
 
 def requirement_findings(
-    after: Mapping[NormalizedName, Distribution],
+    after: Mapping[str, Distribution],
     markers: Mapping[str, str],
     *,
-    reference: list[Mapping[NormalizedName, Distribution]],
+    reference: list[Mapping[str, Distribution]],
     venv: str,
-    donor: Mapping[NormalizedName, Distribution] | None = None,
+    donor: Mapping[str, Distribution] | None = None,
     changes: Callable[[str], bool] | None = None,
     overlaid: Collection[str] = (),
     manifest: str = "the manifest",
@@ -132,14 +132,14 @@ def requirement_findings(
     return findings
 
 
-def _requirement_fix(u: Unmet, dist: Distribution, donor: Mapping[NormalizedName, Distribution],
+def _requirement_fix(u: Unmet, dist: Distribution, donor: Mapping[str, Distribution],
                      overlaid: Collection[str], venv: str, manifest: str) -> str:
     """The one fix for an unmet requirement: bring the donor's build of what is needed, or of
     the requirer when the overlay sets what it needs, or remove a requirer the donor runs
     without; a pip command only when the donor offers nothing that meets it."""
-    have = donor.get(u.required)  # type: ignore[call-overload]
+    have = donor.get(u.required)
     if u.required in overlaid and u.requirer not in overlaid:
-        theirs = donor.get(u.requirer)  # type: ignore[call-overload]
+        theirs = donor.get(u.requirer)
         if theirs is None:
             return (f"add {u.requirer!r} to remove: in {manifest} (the donor runs without it; its pin would undo "
                     f"the overlay's {u.required})")
@@ -151,7 +151,7 @@ def _requirement_fix(u: Unmet, dist: Distribution, donor: Mapping[NormalizedName
     return f"{pip(venv)} install {shlex.quote(str(u.requirement))}"
 
 
-def _satisfies(env: Mapping[NormalizedName, Distribution], unmet: Unmet) -> bool:
+def _satisfies(env: Mapping[str, Distribution], unmet: Unmet) -> bool:
     """Whether ``env`` has a distribution that meets the unmet requirement (PEP 440, pre-releases allowed)."""
     have = env.get(unmet.required)
     if have is None:
@@ -161,7 +161,7 @@ def _satisfies(env: Mapping[NormalizedName, Distribution], unmet: Unmet) -> bool
     return have.version is not None and unmet.requirement.specifier.contains(have.version, prereleases=True)
 
 
-def _duplicates(inv: Inventory, side: str, overlaid: tuple[NormalizedName, ...]) -> list[Finding]:
+def _duplicates(inv: Inventory, side: str, overlaid: tuple[str, ...]) -> list[Finding]:
     out = []
     for name, dists in sorted(inv.by_name().items()):
         broken = [d for d in dists if not d.metadata_present]

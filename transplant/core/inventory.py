@@ -291,13 +291,13 @@ class Inventory:
     system_sonames: frozenset[str] | None = field(default=None, repr=False)
     cpu_flags: frozenset[str] | None = field(default=None, repr=False)
 
-    def latest(self) -> dict[NormalizedName, Distribution]:
+    def latest(self) -> dict[str, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
         return {name: newest(dists) for name, dists in self.by_name().items()}
 
-    def by_name(self) -> dict[NormalizedName, list[Distribution]]:
+    def by_name(self) -> dict[str, list[Distribution]]:
         """Distributions grouped by normalised name (a list: duplicates are possible)."""
-        out: dict[NormalizedName, list[Distribution]] = {}
+        out: dict[str, list[Distribution]] = {}
         for dist in self.distributions:
             out.setdefault(dist.name, []).append(dist)
         return out

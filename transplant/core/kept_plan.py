@@ -71,9 +71,9 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
         problems.append(f"it was made from the manifest {plan.manifest!r}, not {manifest.path!r}")
     for side in ("target", "donor"):
         planned, named = getattr(plan, side), getattr(manifest, side)
-        want = (str(getattr(named, "host", "")), getattr(named, "venv", None))
-        if (planned.host, planned.venv) != want:
-            problems.append(f"its {side} is {planned.host}:{planned.venv}, but the manifest names {want[0]}:{want[1]}")
+        named_end = (str(getattr(named, "host", "")), getattr(named, "venv", None))
+        if (planned.host, planned.venv) != named_end:
+            problems.append(f"its {side} is {planned.host}:{planned.venv}, but the manifest names {named_end[0]}:{named_end[1]}")
     patterns = tuple(plan.hash_patterns)
     plain = tuple(manifest.overlay)
     extra = patterns[len(plain):]

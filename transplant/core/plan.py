@@ -250,7 +250,7 @@ def _encode(value: Any) -> Any:
     return value
 
 
-_FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in (Plan, Finding, FileCopy, Change, Side)}
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls)) for cls in (Plan, Finding, FileCopy, Change, Side)}
 
 
 def write_plan(plan: Plan, write: Callable[[str], object], extra: Mapping[str, Any] | None = None) -> None:

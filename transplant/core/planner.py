@@ -130,7 +130,7 @@ def _distribution_change(
     copies: list[FileCopy] = []
     same = 0
     missing: list[str] = []
-    compiled: list[tuple[str, FileEntry]] = []
+    compiled: list[tuple[str, str, int | None, str]] = []  # (bytecode, its source, size, content)
     unsafe = [e.record_path for e in new.record or () if e.path is None and not e.error]
     moved_links = {p: _relinked(e.symlink, p, prefixes) for p, e in new.files.items() if e.symlink is not None}
     unsafe += [f"{p} -> {e.symlink}" for p, e in new.files.items() if e.symlink is not None
@@ -183,8 +183,9 @@ def _distribution_change(
         if present is not None and present.exists and content == present.content:
             same += 1
             continue
-        if path.endswith(".pyc") and pyc_source(path) is not None:  # a name not ending so is no bytecode
-            compiled.append((path, entry))
+        assert content is not None  # bound and checked above: a rewritten copy went on at "continue"
+        if path.endswith(".pyc") and (source_path := pyc_source(path)) is not None:  # a name not ending so is no bytecode
+            compiled.append((path, source_path, entry.size, content))
             continue
         copies.append(FileCopy.plain(path, entry.size, content))
     if own_record is not None:
@@ -195,11 +196,10 @@ def _distribution_change(
         else:
             copies.append(record_copy)
     copied = {c.path for c in copies}
-    for path, entry in compiled:
-        source = pyc_source(path)
+    for path, source, size, content in compiled:
         present = target_files.get(source) or known.get(source)
         if source in copied or source not in new.files or present is None or not present.exists:
-            copies.append(FileCopy.plain(path, entry.size, entry.content))
+            copies.append(FileCopy.plain(path, size, content))
         else:
             same += 1
     copies.sort(key=attrgetter("path"))
@@ -620,7 +620,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
         if dist.name not in names and dist.name not in removed:
             owned_elsewhere.update(dist.files)
     changes = []
-    after: dict[NormalizedName, Distribution] = target.latest()
+    after: dict[str, Distribution] = target.latest()
     prefixes = (donor.interpreter.prefix, target.interpreter.prefix)
     leave = _written_by_others(names, removed, donor, target)
     for name in names:
@@ -654,7 +654,7 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     findings.sort(key=lambda f: (order[f.severity], f.code, f.dists, f.message))
     return Plan(
         manifest=manifest.path,
-        donor=_side(donor.label, str(manifest.donor.host), donor),
+        donor=_side(donor.label, str(manifest.donor.host), donor),  # type: ignore[union-attr]  # a snapshot donor is an Endpoint by now (donor.sources)
         target=_side(target.label, str(manifest.target.host), target),
         changes=tuple(changes),
         findings=tuple(findings),

@@ -67,7 +67,7 @@ class Draft:
 
 
 def _major(inv: Inventory) -> int | None:
-    torch = inv.latest().get("torch")  # type: ignore[call-overload]
+    torch = inv.latest().get("torch")
     if torch is None or torch.version is None:
         return None
     cuda = variant_cuda_version(cuda_variant(torch.version))
@@ -193,19 +193,19 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
         if alone.pulled:
             overlay.append({"closure": r})
             chains = sorted(p.name for p in alone.pulled)
-            notes["overlay"][r] = (f"{r} {donor_latest[r].raw_version} and what it needs: "  # type: ignore[index]
+            notes["overlay"][r] = (f"{r} {donor_latest[r].raw_version} and what it needs: "
                                    f"{count(len(chains), 'distribution')} the target lacks or has at a refused version")
         else:
             overlay.append(r)
     data["overlay"] = overlay
     manifest = _manifest(data, path)
     expanded, _ = expand(manifest, donor, target)
-    brought = selected_names(expanded.overlay, donor)
-    direct = {canonicalize_name(q.name) for r in roots for q in donor_latest[r].requires_dist  # type: ignore[index]
+    chosen = selected_names(expanded.overlay, donor)
+    direct = {canonicalize_name(q.name) for r in roots for q in donor_latest[r].requires_dist
               if q.marker is None or _evaluates(q, target.interpreter.markers)}
-    imported = [donor_latest[n] for n in brought if n in roots or n in direct]
+    imported = [donor_latest[n] for n in chosen if n in roots or n in direct]
     verify: dict[str, Any] = {"imports": [m for m in (_main_import(d) for d in imported) if m]}
-    if "sglang" in brought:
+    if "sglang" in chosen:
         verify["server_args"] = {
             "entry": "sglang.srt.server_args:prepare_server_args",
             "args": ["--model-path", MODEL_PLACEHOLDER, "--speculative-algorithm", "DFLASH",
@@ -214,7 +214,7 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
                        "model_path": MODEL_PLACEHOLDER},
         }
     torch_removed = any(fnmatchcase("torch", g) for g in manifest.remove)
-    if "torch" in brought or ("torch" in target_latest and not torch_removed):
+    if "torch" in chosen or ("torch" in target_latest and not torch_removed):
         verify["smoke"] = {"device": "auto"}  # the smoke pass is torch's: proposed only where torch will be
     data["verify"] = verify
     _manifest(data, path)

@@ -181,7 +181,7 @@ def gather(
                                             donor_source=source, target_source=as_source(target_host, m.target.venv),
                                             timeout=timeout, reporter=reporter)
     torch_side = "donor" if "torch" in names else "target"
-    torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")  # type: ignore[call-overload]
+    torch = (donor_latest if torch_side == "donor" else target.latest()).get("torch")
     own = set(torch.files) if torch is not None else set()
     wanted = sorted({s for report in (donor_elf, target_elf) for f in report.files.values()
                      if f.path not in own and links_libtorch(f)

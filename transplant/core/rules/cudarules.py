@@ -54,7 +54,8 @@ def _donor_anchor(env: EnvironmentAfter) -> int | None:
 def _compact(names: list[str], present: set[str]) -> list[str]:
     """Names for a manifest list, with every ``nvidia-*-cuNN`` group written as that glob when
     the glob matches exactly those of ``present`` (``nvidia-*-cu12``)."""
-    out, groups = [], defaultdict(list)
+    out: list[str] = []
+    groups: defaultdict[str, list[str]] = defaultdict(list)
     for n in names:
         m = _SUFFIXED.match(n)
         (groups[m.group(2)] if m else out).append(n)
@@ -75,7 +76,7 @@ def _fixes(env: EnvironmentAfter, names: list[str], anchor: int) -> str:
     donor = env.donor.latest()
     overlay, remove, other = [], [], []
     for n in names:
-        theirs = donor.get(n)  # type: ignore[call-overload]
+        theirs = donor.get(n)
         if n in env.overlaid:
             other.append(f"the donor's {describe(env.after[n])} is itself for another CUDA major: leave {n!r} out of "
                          f"overlay" + ("" if n.startswith("nvidia-") else f", or build it for CUDA {anchor}"))

@@ -45,14 +45,14 @@ class EnvironmentAfter:
 
     donor: Inventory
     target: Inventory
-    overlaid: tuple[NormalizedName, ...]
-    after: Mapping[NormalizedName, Distribution]
+    overlaid: tuple[str, ...]
+    after: Mapping[str, Distribution]
     removed: tuple[NormalizedName, ...] = ()
     patch_dests: frozenset[str] = frozenset()
     donor_elf: ElfReport | None = None
     target_elf: ElfReport | None = None
     manifest: str = "the manifest"
-    before: Mapping[NormalizedName, Distribution] = field(default_factory=dict)
+    before: Mapping[str, Distribution] = field(default_factory=dict)
     changed: frozenset[str] | None = None
     left: frozenset[str] = frozenset()
     arriving_paths: frozenset[str] | None = None
@@ -73,7 +73,7 @@ class EnvironmentAfter:
         """Whether apply changes the distribution ``name`` (added, other version, removed)."""
         if self.changed is not None:
             return name in self.changed
-        old, new = self.before.get(name), self.after.get(name)  # type: ignore[call-overload]
+        old, new = self.before.get(name), self.after.get(name)
         if old is None or new is None:
             return old is not new
         return old.raw_version != new.raw_version or (name in self.overlaid and old.dist_info != new.dist_info)
@@ -95,7 +95,7 @@ class EnvironmentAfter:
         return {}
 
     def _read_objects(self, name: str) -> list[ElfFacts]:
-        dist, report = self.after.get(name), self.elf(name)  # type: ignore[call-overload]
+        dist, report = self.after.get(name), self.elf(name)
         if dist is None or report is None:
             return []
         arriving = self.arriving if name not in self.overlaid else frozenset()
@@ -160,7 +160,7 @@ class EnvironmentAfter:
         scripts aside: each venv's carry its own interpreter line)."""
         if name in self.overlaid:
             return True
-        dist, theirs = self.after.get(name), self.donor.latest().get(name)  # type: ignore[call-overload]
+        dist, theirs = self.after.get(name), self.donor.latest().get(name)
         if dist is None or theirs is None or dist.raw_version != theirs.raw_version:
             return False
         scripts = self.target.scripts.rstrip("/") + "/"

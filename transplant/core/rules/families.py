@@ -155,7 +155,7 @@ def _donor_runs(env: EnvironmentAfter, torch: Distribution, dist: Distribution) 
     """Whether the donor holds this very pair (same versions, build labels included) on the
     same Python (implementation, major.minor) and machine as the target."""
     donor = env.donor.latest()
-    d_torch, d_dist = donor.get("torch"), donor.get(dist.name)  # type: ignore[call-overload]
+    d_torch, d_dist = donor.get("torch"), donor.get(dist.name)
     same_pair = (d_torch is not None and d_dist is not None and d_torch.raw_version == torch.raw_version
                  and d_dist.raw_version == dist.raw_version)
     d, t = env.donor.interpreter, env.target.interpreter
@@ -176,7 +176,7 @@ def torch_family_findings(env: EnvironmentAfter) -> list[Finding]:
         when the donor runs without it, and otherwise names an install whose release the
         registry has (the table's, or the installed version with torch's build index).
     """
-    torch = env.after.get("torch")  # type: ignore[call-overload]
+    torch = env.after.get("torch")
     if torch is None or torch.version is None:
         return []
     markers = env.target.interpreter.markers
@@ -185,7 +185,7 @@ def torch_family_findings(env: EnvironmentAfter) -> list[Finding]:
     donor = env.donor.latest()
     out = []
     for name in (*_COMPANIONS, "triton"):
-        dist = env.after.get(name)  # type: ignore[call-overload]
+        dist = env.after.get(name)
         if dist is None or dist.version is None:
             continue
         problems, release = _problems(torch, dist, markers)
@@ -197,7 +197,7 @@ def torch_family_findings(env: EnvironmentAfter) -> list[Finding]:
         else:
             spec = _wildcard(release) if release else dist.version.public
             install = "install the matching build: " + _install(venv, name, spec, t_variant)
-        donor_has = donor.get(name)  # type: ignore[call-overload]
+        donor_has = donor.get(name)
         if donor_has is not None and name not in env.overlaid and _fits(torch, donor_has, markers):
             fix = f"add {name!r} to overlay (the donor's {describe(donor_has)} pairs with {describe(torch)})"
         elif donor_has is None and name not in env.overlaid:
@@ -220,7 +220,7 @@ def lockstep_findings(env: EnvironmentAfter) -> list[Finding]:
     """``lockstep-mismatch``: a family of distributions that must move together is split by
     the overlay, or its members disagree on their public version or CUDA label."""
     donor = env.donor.latest()
-    torch = env.after.get("torch")  # type: ignore[call-overload]
+    torch = env.after.get("torch")
     out = []
     for family in family_table()["lockstep"]:
         members = [m for m in family["members"] if m in env.after or m in donor]
@@ -230,13 +230,13 @@ def lockstep_findings(env: EnvironmentAfter) -> list[Finding]:
             left = [m for m in members if m not in env.overlaid and m in donor
                     and (m not in env.after or env.after[m].raw_version != donor[m].raw_version)]
             for m in left:
-                here = env.after.get(m)  # type: ignore[call-overload]
+                here = env.after.get(m)
                 problems.append(f"the overlay moves {', '.join(moved)} but not {m} (the donor has "
                                 f"{donor[m].raw_version}, the target {here.raw_version if here else 'none'})")
             if left:
                 fixes.append(f"add {', '.join(left)} to overlay in {env.manifest}")
         present = {m: env.after[m] for m in members if m in env.after and env.after[m].version is not None}
-        if family["same_public_version"] and len({d.version.public for d in present.values()}) > 1:
+        if family["same_public_version"] and len({d.version.public for d in present.values() if d.version is not None}) > 1:
             problems.append("members are not one release: " + ", ".join(describe(d) for d in present.values()))
             stray = [m for m in present if m not in env.overlaid and m not in donor and m not in env.removed]
             if stray:  # the donor runs its release without them: overlaying is impossible, removing is the fix

@@ -125,8 +125,9 @@ def _tag_platform_problem(tag: Tag, machine: str, glibc: Version | None) -> str 
         return None
     match = _MANYLINUX.match(plat)
     legacy = next((v for k, v in _LEGACY.items() if plat.startswith(k + "_")), None)
-    if match or legacy:
+    if match or legacy is not None:
         need = (int(match.group(1)), int(match.group(2))) if match else legacy
+        assert need is not None  # no match: the legacy name was found
         arch = match.group(3) if match else plat.split("_", 1)[1]
         if arch != machine:
             return f"{plat} is for {arch}, the target is {machine}"
@@ -182,11 +183,11 @@ def platform_findings(env: EnvironmentAfter) -> list[Finding]:
     out = []
     for name in env.overlaid:
         dist = env.after[name]
-        problems = []
+        problems: list[str] = []
         if dist.wheel_tags:
             tag_problems = [_tag_platform_problem(tag, t.machine, glibc) for tag in dist.wheel_tags]
             if all(tag_problems):
-                problems.append(sorted(set(tag_problems))[0])  # type: ignore[type-var]
+                problems.append(sorted({p for p in tag_problems if p is not None})[0])  # all of them said why
         elf = _elf_problems(env, name, t.machine, glibc)
         carried = [p for p, donor_has in elf if donor_has] if env.donor.interpreter.machine == t.machine else []
         problems += [p for p, donor_has in elf if p not in carried]

@@ -32,7 +32,7 @@ def libcuda_findings(env: EnvironmentAfter) -> list[Finding]:
     the folders triton searches holds ``libcuda.so``. Severity by
     :func:`transplant.core.rules.env.severity` over triton, without the donor principle (the
     fault is the target host's): error when apply brings or changes triton, else warning."""
-    triton = env.after.get("triton")  # type: ignore[call-overload]
+    triton = env.after.get("triton")
     facts = env.target.libcuda
     if triton is None or facts is None or not env.target.nvidia.available or facts.unversioned:
         return []

@@ -39,7 +39,7 @@ def torch_libraries(torch: Distribution | None) -> list[str]:
 
 def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
     """Findings for linked objects whose libtorch symbols the torch after apply lacks."""
-    torch = env.after.get("torch")  # type: ignore[call-overload]
+    torch = env.after.get("torch")
     report = env.elf("torch") if torch is not None else None
     out = []
     for name in sorted(env.after):
@@ -76,8 +76,8 @@ def libtorch_findings(env: EnvironmentAfter) -> list[Finding]:
         if not missing:
             continue
         moves, torch_moves = name in env.overlaid, env.changes("torch")
-        donor_torch = env.donor.latest().get("torch")  # type: ignore[call-overload]
-        donor_dist = env.donor.latest().get(name)  # type: ignore[call-overload]
+        donor_torch = env.donor.latest().get("torch")
+        donor_dist = env.donor.latest().get(name)
         if moves and not torch_moves:
             why = f"it moves from the donor without the donor's torch; the target keeps {describe(torch)}"
             fix = (f"add 'torch' to overlay in {env.manifest} (the donor has {describe(donor_torch)})" if donor_torch

@@ -30,7 +30,7 @@ def numpy_findings(env: EnvironmentAfter) -> list[Finding]:
     """One finding per distribution whose shared objects were built with NumPy 1.x headers
     when the numpy after apply is 2.x or newer (``dists`` = the distribution and numpy;
     ``files`` = up to three objects). Severity by :func:`transplant.core.rules.env.severity`."""
-    numpy = env.after.get("numpy")  # type: ignore[call-overload]
+    numpy = env.after.get("numpy")
     if numpy is None or numpy.version is None or numpy.version.major < 2:
         return []
     found: dict[str, list[str]] = defaultdict(list)
@@ -41,11 +41,11 @@ def numpy_findings(env: EnvironmentAfter) -> list[Finding]:
             if not facts.error and facts.numpy_abi == "1":
                 found[name].append(facts.path)
     out = []
-    donor_numpy = env.donor.latest().get("numpy")  # type: ignore[call-overload]
+    donor_numpy = env.donor.latest().get("numpy")
     for name, paths in sorted(found.items()):
-        dist = env.after[name]  # type: ignore[index]
+        dist = env.after[name]
         level = severity(env, [name, "numpy"], paths)
-        theirs = env.donor.latest().get(name)  # type: ignore[call-overload]
+        theirs = env.donor.latest().get(name)
         witness = (f"; the donor runs it with {describe(donor_numpy)}" if name in env.overlaid and donor_numpy
                    else "")
         if level == "info":

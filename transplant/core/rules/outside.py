@@ -27,7 +27,7 @@ def outside_findings(env: EnvironmentAfter) -> list[Finding]:
     out = []
     for folder, why in env.target.outside_folders.items():
         seen = [d for d in env.target.outside if d.dist_info.startswith(folder.rstrip("/") + "/")
-                and env.after.get(d.name) is d]  # type: ignore[call-overload]
+                and env.after.get(d.name) is d]
         if not seen:
             continue
         names = ", ".join(describe(d) for d in seen[:_SHOWN]) + (f" and {len(seen) - _SHOWN} more"

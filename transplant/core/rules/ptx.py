@@ -62,11 +62,11 @@ def ptx_findings(env: EnvironmentAfter) -> list[Finding]:
     have = _driver(env) if nv.available else None
     if have is None:
         return []
-    gpus = {}
-    for gpu in nv.gpus:
-        cc = (gpu.compute_capability or "").split(".")
+    gpus: dict[int, str] = {}
+    for card in nv.gpus:
+        cc = (card.compute_capability or "").split(".")
         if len(cc) == 2 and cc[0].isdigit() and cc[1].isdigit():
-            gpus[int(cc[0]) * 10 + int(cc[1])] = gpu.name
+            gpus[int(cc[0]) * 10 + int(cc[1])] = card.name
     out = []
     for name in env.overlaid:
         for arch, gpu in sorted(gpus.items()):

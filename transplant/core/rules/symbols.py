@@ -119,14 +119,14 @@ def symbol_findings(env: EnvironmentAfter) -> list[Finding]:
         if not missing:
             continue
         path, powner, pside = next((p for p in check.providers if p[2] != check.side), check.providers[0])
-        dist, pdist = env.after[check.owner], env.after[powner]  # type: ignore[index]
+        dist, pdist = env.after[check.owner], env.after[powner]
         level = severity(env, [check.owner, powner], [check.path, path])
         if check.side == "donor":
             why = f"it moves from the donor while {describe(pdist)} stays"
-            theirs, fix_name = env.donor.latest().get(powner), powner  # type: ignore[call-overload]
+            theirs, fix_name = env.donor.latest().get(powner), powner
         else:
             why = f"{describe(pdist)} arrives from the donor while {dist.display_name} stays"
-            theirs, fix_name = env.donor.latest().get(check.owner), check.owner  # type: ignore[call-overload]
+            theirs, fix_name = env.donor.latest().get(check.owner), check.owner
         if level == "info":
             hint, why = "nothing to do", DONOR_RUNS
         elif theirs is not None:
