@@ -59,7 +59,7 @@ def _kind(action: argparse.Action) -> str | None:
         return None  # an optional value is given with '=' (--clear-jit-caches=NAMES): the next word is not it
     if action.choices:
         return "choice"
-    meta = (action.metavar or action.dest or "").upper()
+    meta = ((action.metavar if isinstance(action.metavar, str) else None) or action.dest or "").upper()
     dest = action.dest
     if "MANIFEST" in meta and "HOST" in meta:
         return "manifest-host"
@@ -83,7 +83,8 @@ def commands(parser: argparse.ArgumentParser) -> list[Command]:
     helps = {c.dest: c.help or "" for c in sub._choices_actions}
     out = []
     for name, p in sub.choices.items():
-        options, positionals = [], []
+        options: list[str] = []
+        positionals: list[Arg] = []
         for action in p._actions:
             if action.help == argparse.SUPPRESS:
                 continue

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, Task, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, Task, TaskID, TextColumn, TimeElapsedColumn
 
 __all__ = ["step", "Shown", "StagesShown", "printer", "ByteProgress", "FittedByteProgress", "byte_line_parts",
            "EVERY", "COPY_EVERY"]
@@ -179,8 +179,8 @@ class ByteProgress:
         self._began: float | None = None  # off a terminal: when the copy's first bytes were reported
         self._final = False  # off a terminal: the copy's last line was printed
         self._progress: Progress | None = None
-        self._task = None
-        self._step = None
+        self._task = TaskID(0)  # read only beside _progress, which add_task sets it with
+        self._step: str | None = None
         self._current = ""  # the step the protocol's progress belongs to
 
     def __enter__(self) -> ByteProgress:
@@ -192,7 +192,7 @@ class ByteProgress:
             _plain(self.console, f"copying {self._human(self.total)} ...")
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         if self._progress is not None:
             self._progress.__exit__(*exc_info)
 
@@ -313,7 +313,7 @@ def byte_line_parts(task: Task, width: int) -> tuple[str, int, list[str]]:
     # a long step name (the commit's) claims at most this much before a figure is dropped for it
     claimed = min(len(description), _DESCRIPTION_CLAIM)
 
-    def used(kept: dict[str, str | None], bar: int, words: int) -> int:
+    def used(kept: Mapping[str, str | None], bar: int, words: int) -> int:
         figures = [amounts] + [v for k, v in kept.items() if k != "bar" and v]
         return words + 1 + sum(len(f) + 1 for f in figures) - 1 + (bar + 1 if "bar" in kept else 0)
 
@@ -342,7 +342,7 @@ class FittedByteProgress(Progress):
         self._fitted_to = console  # rich asks for the first frame inside its own __init__
         super().__init__(console=console, transient=transient)
 
-    def make_tasks_table(self, tasks: list[Task]) -> Any:
+    def make_tasks_table(self, tasks: Iterable[Task]) -> Any:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
         from rich.text import Text

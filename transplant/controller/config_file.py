@@ -33,6 +33,7 @@ import tomllib
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from transplant.errors import ConfigError
@@ -57,7 +58,7 @@ _TYPES = {"path": "a string (a path; ~ is your home)", "list": "a list of string
 _PROGRESS = re.compile(r"\d+/\d+(\.\d+)?\Z")
 
 
-def config_path(env: dict[str, str] | None = None) -> Path:
+def config_path(env: Mapping[str, str] | None = None) -> Path:
     """Where the config file is read from: ``$XDG_CONFIG_HOME/transplant/config.toml``, else
     ``~/.config/transplant/config.toml`` (a relative ``XDG_CONFIG_HOME`` is ignored, per the
     specification). ``env``: the environment (None: ``os.environ``)."""

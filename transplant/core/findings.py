@@ -19,7 +19,6 @@ import shlex
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
 
-from packaging.utils import NormalizedName
 
 from transplant.core.inventory import Distribution, Inventory
 from transplant.core.plan import Finding

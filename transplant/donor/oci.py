@@ -170,7 +170,7 @@ def find_credentials(registry: str, env: Mapping[str, str] | None = None, home: 
     except (OSError, ValueError) as exc:
         raise RegistryError(f"{path}: cannot be read as JSON ({exc})", hint="fix the file, or set "
                             f"{USER_VAR} and {PASSWORD_VAR}") from None
-    auths = doc.get("auths") if isinstance(doc.get("auths"), dict) else {}
+    auths = found if isinstance(found := doc.get("auths"), dict) else {}
     for key, entry in auths.items():
         if _registry_key(key) == registry and isinstance(entry, dict) and entry.get("auth"):
             try:
@@ -181,7 +181,7 @@ def find_credentials(registry: str, env: Mapping[str, str] | None = None, home: 
                 raise RegistryError(f"{path}: auths.{key}.auth is not base64 of user:password",
                                     hint=f"log in again (docker login {registry}), or set {USER_VAR} and {PASSWORD_VAR}")
             return Credentials(name, secret, f"{path} (auths.{key})")
-    helpers = doc.get("credHelpers") if isinstance(doc.get("credHelpers"), dict) else {}
+    helpers = found if isinstance(found := doc.get("credHelpers"), dict) else {}
     helper = helpers.get(registry) or (doc.get("credsStore") if registry not in auths else None)
     if helper:
         raise RegistryError(f"{path}: {registry} is served by the credential helper docker-credential-{helper}, "

@@ -395,7 +395,8 @@ def _check_entries(files: Any, patches: Any) -> None:
             if not isinstance(facts["symlink"], str) or not facts["symlink"]:
                 raise ValueError(f"{path}: the symlink target must be text")
             continue
-        cas.object_key(facts.get("hash") if isinstance(facts.get("hash"), str) else "")
+        digest = facts.get("hash")
+        cas.object_key(digest if isinstance(digest, str) else "")
         for key in ("size", "mode"):
             if not isinstance(facts.get(key), int) or isinstance(facts.get(key), bool) or facts[key] < 0:
                 raise ValueError(f"{path}: {key} must be a whole number >= 0")
@@ -403,7 +404,8 @@ def _check_entries(files: Any, patches: Any) -> None:
         if not isinstance(patch, dict) or not isinstance(patch.get("local"), str) \
                 or inside_path(patch["local"]) != patch["local"]:
             raise ValueError(f"patches[{i}]: its local path must stay inside the manifest's folder")
-        cas.object_key(patch.get("hash") if isinstance(patch.get("hash"), str) else "")
+        digest = patch.get("hash")
+        cas.object_key(digest if isinstance(digest, str) else "")
 
 
 def list_snapshots(store: Path) -> list[Snapshot]:

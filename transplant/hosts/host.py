@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import ClassVar
 
 from transplant.errors import HostError
@@ -449,7 +450,7 @@ def interrupt_stops_commands() -> Iterator[None]:
         return
     previous = signal.getsignal(signal.SIGINT)
 
-    def stop(signum: int, frame: object) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         _STOPPING.set()  # first: a command starting now is stopped by tracked() if this misses it
         stop_commands()
         from transplant.hosts.ssh import end_masters

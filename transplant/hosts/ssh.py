@@ -107,6 +107,7 @@ class SSHHost(Host):
             self._lock = getattr(self, "_lock", None) or threading.Lock()
             self._master = getattr(self, "_master", False)
             Path(self._folder, "config").write_text(self._config_text(), encoding="utf-8")
+        assert self._folder is not None  # made just above
         return self._folder
 
     def _config_text(self) -> str:

@@ -35,6 +35,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 from transplant.errors import TransplantError
 
@@ -511,7 +512,7 @@ class Lab:
     def __getitem__(self, name: str) -> LabHost:
         return self.hosts[name]
 
-    def __enter__(self) -> Lab:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -131,9 +131,11 @@ class LabRegistry:
         """Start the token server (a thread, TLS with the registry's certificate); returns its realm URL."""
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import padding
+        from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+        loaded = serialization.load_pem_private_key(key.read_bytes(), password=None)
+        assert isinstance(loaded, rsa.RSAPrivateKey)  # made with -newkey rsa:2048; the tokens say RS256
+        private: rsa.RSAPrivateKey = loaded
         chain = [base64.b64encode(x509.load_pem_x509_certificate(self.ca.read_bytes())
                                   .public_bytes(serialization.Encoding.DER)).decode()]
         lab = self

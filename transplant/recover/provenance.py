@@ -80,8 +80,8 @@ def record_verified(host: Host, venv: str, ok: bool, when: float, *, log: Path |
     txid = done[-1]["id"]
     txn.call(host, venv, "record", {"entry": {"id": txid, "event": "verified", "ok": ok, "time": when}})
     if ok and log is not None:
-        started = next((e for e in record["events"] if e.get("id") == txid and e.get("event") == "started"), {})
-        recipe = started.get("recipe") if isinstance(started.get("recipe"), dict) else {}
+        started: dict[str, Any] = next((e for e in record["events"] if e.get("id") == txid and e.get("event") == "started"), {})
+        recipe = found if isinstance(found := started.get("recipe"), dict) else {}
         keys = {k: str(Path(v).absolute()) for k, v in (("identity_file", getattr(ssh, "identity_file", None)),
                                                          ("known_hosts", getattr(ssh, "known_hosts", None))) if v}
         private_folder(log.parent)

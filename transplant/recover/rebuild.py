@@ -60,7 +60,7 @@ def _controller_ssh(data: dict[str, Any], base: str, ssh: dict[str, str]) -> dic
     """SSH settings for a recovery manifest from a snapshot in the controller's own store: its
     manifest's key and known_hosts files (made absolute from its folder) and connect timeout,
     then ``ssh`` over them. ``verify_host_keys`` is never carried over: host keys are checked."""
-    raw = data.get("ssh") if isinstance(data.get("ssh"), dict) else {}
+    raw = found if isinstance(found := data.get("ssh"), dict) else {}
     out: dict[str, Any] = {}
     for key in ("identity_file", "known_hosts"):
         if isinstance(raw.get(key), str):

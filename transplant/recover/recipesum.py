@@ -54,7 +54,7 @@ def sum_recipes(recipes: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]
     accept = _entries(manifest, "accept")
     manifest_patches = _entries(manifest, "patches")
     for txid, recipe in reversed(recipes[:-1]):  # newer first: a later transaction's word stands
-        data = recipe.get("manifest") if isinstance(recipe.get("manifest"), dict) else {}
+        data = found if isinstance(found := recipe.get("manifest"), dict) else {}
         later_overlay, later_remove = list(overlay), list(remove)
         overlay += [e for e in _entries(data, "overlay") if e not in overlay
                     and not (isinstance(e, str) and any(fnmatchcase(e, str(r)) for r in later_remove))]

@@ -118,33 +118,33 @@ def read_status(host: Host, venv: str, *, reporter: Reporter = QUIET, record: bo
     :raises TransactionError: a committed transaction's records are damaged.
     """
     completed = _record_completed(host, venv, reporter) if record else []
-    record = txn.history(host, venv)
-    events = record["events"]
+    history = txn.history(host, venv)
+    events = history["events"]
     done = []
     expected: dict[str, str | None] = {}
-    for t in committed(record):
+    for t in committed(history):
         info = txn.call(host, venv, "txn", {"id": t["id"]})
         expected.update(info["after"])
         started = _event(events, t["id"], "started") or {}
         applied = _event(events, t["id"], "applied") or {}
         verified = _event(events, t["id"], "verified")
-        recipe = started.get("recipe") if isinstance(started.get("recipe"), dict) else {}
+        recipe = found if isinstance(found := started.get("recipe"), dict) else {}
         done.append(Applied(
             id=t["id"], source=str(started.get("source") or t.get("source") or "?"),
             applied=applied.get("time") if isinstance(applied.get("time"), (int, float)) else None,
             verified=None if verified is None else verified.get("ok") is True,
             manifest=_text(recipe.get("manifest_path")), snapshot=_text(recipe.get("snapshot")),
             files=len(info["after"])))
-    interrupted = tuple(t["id"] for t in record["transactions"] if t.get("state") not in
+    interrupted = tuple(t["id"] for t in history["transactions"] if t.get("state") not in
                         ("committed", "rolled-back", "aborted"))
-    rolled_back = tuple(t["id"] for t in record["transactions"] if t.get("state") == "rolled-back")
+    rolled_back = tuple(t["id"] for t in history["transactions"] if t.get("state") == "rolled-back")
     checked = {p: h for p, h in expected.items() if pyc_source(p) is None}
     drift = txn.check_state(host, venv, checked) if checked else []
     rows = _record_rows(host, venv, expected) if expected else {}
     drift += [f"{line} (not written by apply: its RECORD row)" for line in txn.check_state(host, venv, rows)] \
         if rows else []
     return Status(where=f"{host.label}:{venv}", transactions=tuple(done), interrupted=interrupted,
-                  drift=tuple(drift), checked=len(checked), unrecorded=tuple(txn.unrecorded(record)),
+                  drift=tuple(drift), checked=len(checked), unrecorded=tuple(txn.unrecorded(history)),
                   completed=tuple(completed), applied_paths=len(expected), record_checked=len(rows),
                   rolled_back=rolled_back)
 

@@ -104,12 +104,12 @@ class Refused(Exception):
 #: and a step that puts a symlink empties it too). A transaction's steps lie in a few thousand
 #: folders; ``os.path.realpath`` of each step's folder (an lstat per path component, in Python)
 #: took 38-80 s of the real pair's apply (82,000 steps, each resolved in begin, check and commit).
-_REAL_FOLDERS = {}
+_REAL_FOLDERS: "dict[str, str]" = {}
 
 
 #: Folders made (or found) by :func:`_make_folder` during the operation under way (emptied with
 #: :data:`_REAL_FOLDERS`; a commit's folders are removed only after its last step).
-_MADE_FOLDERS = set()
+_MADE_FOLDERS: "set[str]" = set()
 
 
 def _make_folder(path):
@@ -323,7 +323,7 @@ def _under(root, rel):
 
 #: Whether each root :func:`_under` was given is a symlink, asked once per operation (emptied with
 #: :data:`_REAL_FOLDERS`).
-_LINKED_ROOTS = {}
+_LINKED_ROOTS: "dict[str, bool]" = {}
 
 
 def _content(full):

@@ -171,7 +171,7 @@ def _unseen_sites(prefix, sites):
     return out
 
 
-_REALPATHS = {}
+_REALPATHS: "dict[str, str]" = {}
 
 
 def _real(folder):
@@ -189,7 +189,7 @@ def _real(folder):
     return real
 
 
-_BASES = {}  # prefix -> its normalised form with one trailing "/" ("" for a relative prefix)
+_BASES: "dict[str, str]" = {}  # prefix -> its normalised form with one trailing "/" ("" for a relative prefix)
 
 
 def _inside(prefix, path):
@@ -308,7 +308,7 @@ def _plain(rel):
             and "\0" not in rel)
 
 
-_FOLDERS = {}  # (prefix, folder) -> whether a file there stays inside the prefix (see _row_path)
+_FOLDERS: "dict[tuple[str, str], bool]" = {}  # (prefix, folder) -> whether a file there stays inside the prefix (see _row_path)
 
 
 def _row_path(prefix, site, site_rel, rel):
@@ -520,7 +520,7 @@ def _record_rows(rows, plain, dist_dir, site, site_rel, prefix, hashed, shared, 
 
 
 #: prefix -> {folder: whether a file there stays inside the prefix} (:func:`_record_rows`).
-_FOLDER_OK = {}
+_FOLDER_OK: "dict[str, bool]" = {}
 
 
 def _finish_row(row, digest, head, body):
@@ -849,8 +849,8 @@ def _fingerprint(request):
 
 
 
-_HASH_JOBS = []
-_HASHED_GROUPS = set()  # the normalised names of the distributions whose files were queued for hashing
+_HASH_JOBS: "list[tuple]" = []
+_HASHED_GROUPS: "set[str]" = set()  # the normalised names of the distributions whose files were queued for hashing
 _OPTIONS = {"record": True, "scripts": "bin"}
 _WORKERS = max(1, min(8, os.cpu_count() or 1))
 _SCRIPT_MAX = 1 << 20

@@ -237,7 +237,7 @@ def main():
 
 
 #: The server started and the folder of its tiny model, for :func:`_abandon` (set by :func:`main`).
-_RUNNING = {}
+_RUNNING: "dict[str, object]" = {}
 
 
 def _abandon():

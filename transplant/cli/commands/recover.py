@@ -47,7 +47,7 @@ def _recover_default(args: argparse.Namespace, console: Console, store: Path, by
     for entry in known_states(verified_log(default_state_dir())):
         where = f"{entry['host']}:{entry['venv']}"
         say(f"a state this controller saw verified: transaction {entry.get('transaction')} on {where}")
-        keys = entry.get("ssh") if isinstance(entry.get("ssh"), dict) else {}
+        keys = found if isinstance(found := entry.get("ssh"), dict) else {}
         options = SSHOptions.from_files(args.identity_file, args.known_hosts) if (args.identity_file or args.known_hosts) else SSHOptions(
             identity_file=Path(keys["identity_file"]) if keys.get("identity_file") else None,
             known_hosts=Path(keys["known_hosts"]) if keys.get("known_hosts") else None)
