@@ -32,6 +32,7 @@ import os
 import struct
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["base_objects", "object_size", "write_object", "base_for", "has_fatbin", "mangle"]
@@ -68,7 +69,7 @@ TRITON = _names((("mlir",), ("mlir", "triton"), ("llvm",)), "pass", 5000)
 NV = [f"nvbench{'Gemm' if i % 2 else 'Conv'}{i:05d}" for i in range(3000)]
 
 
-def _source(defined: list[str], undefined: list[str] = ()) -> str:
+def _source(defined: Sequence[str], undefined: Sequence[str] = ()) -> str:
     lines = [f'int d{i}(void) __asm__("{name}");\nint d{i}(void) {{ return {i}; }}' for i, name in enumerate(defined)]
     lines += [f'extern int u{i}(void) __asm__("{name}");' for i, name in enumerate(undefined)]
     if undefined:

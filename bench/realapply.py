@@ -68,6 +68,7 @@ def _tar_pipe(source: Path, listing: Path, dest: Path) -> None:
     :raises RuntimeError: either side exited non-zero."""
     pack = subprocess.Popen(["tar", "-C", str(source), "-cf", "-", "-T", str(listing)], stdout=subprocess.PIPE)
     unpack = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=pack.stdout)
+    assert pack.stdout is not None  # stdout=PIPE
     pack.stdout.close()
     if pack.wait() != 0 or unpack.returncode != 0:
         raise RuntimeError(f"the tar floor failed (exit {pack.returncode} / {unpack.returncode})")

@@ -104,15 +104,15 @@ def _write(site: Path, dist: Dist, version: str, seed: bytes) -> None:
             path.write_bytes(data)
             writer.writerow([rel, _digest(data), size])
         else:
-            digest = hashlib.sha256()
+            hasher = hashlib.sha256()
             with open(path, "wb") as handle:
                 left = size
                 while left:
                     chunk = os.urandom(min(left, 8 * MIB))
                     handle.write(chunk)
-                    digest.update(chunk)
+                    hasher.update(chunk)
                     left -= len(chunk)
-            writer.writerow([rel, "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode(), size])
+            writer.writerow([rel, "sha256=" + base64.urlsafe_b64encode(hasher.digest()).rstrip(b"=").decode(), size])
     info = site / f"{dist.name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     meta = {"METADATA": f"Metadata-Version: 2.1\nName: {dist.name}\nVersion: {version}\n",

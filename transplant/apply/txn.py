@@ -625,7 +625,7 @@ def undo(host: Host, venv: str, *, to: str | None, reporter: Reporter = QUIET, l
     ahead = not force and len(chosen) > 1  # all or none: every check before the first rollback
     if ahead:
         _refuse_drift_up_front(host, venv, chosen, infos, label)
-    done = []
+    done: list[str] = []
     for txid in reversed(chosen):
         info = infos[txid]
         # the newest was just checked whole; an older one again, for the forms the records cannot compare

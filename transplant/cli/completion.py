@@ -83,7 +83,7 @@ def commands(parser: argparse.ArgumentParser) -> list[Command]:
     helps = {c.dest: c.help or "" for c in sub._choices_actions}
     out = []
     for name, p in sub.choices.items():
-        options: list[str] = []
+        options: list[Arg] = []
         positionals: list[Arg] = []
         for action in p._actions:
             if action.help == argparse.SUPPRESS:

@@ -51,7 +51,8 @@ def precompute(snap: Snapshot) -> dict[str, Any]:
         report = run_script(host, root, "elf_facts", request={
             "modules": elftools_sources(), "files": files, "torch_symbols": True, "torch_symbols_skip": own,
             "device_code": True, "libstdcxx": False}, timeout=None)
-        searched, symbols = [], set()
+        searched: list[str] = []
+        symbols: set[str] = set()
         for rel in libraries:
             try:
                 with open(Path(root) / rel, "rb") as stream:

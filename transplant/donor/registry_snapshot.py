@@ -133,7 +133,7 @@ def push(snap: Snapshot, reference: Reference, client: Client, *, reporter: Repo
                             f"returns", hint="add a tag, e.g. :" + snap.id.lower())
     started = time.monotonic()
     sent = uploaded = present = 0
-    layers = []
+    layers: list[dict[str, Any]] = []
     tmp = cas.new_tmp(snap.store)
     try:
         latest = snap.inventory.latest()
@@ -284,7 +284,7 @@ class RegistrySource(SnapshotSource):
                 self.patch_layer = layer
             if layer.get("mediaType") == ELF_TYPE:
                 self.elf_layer = layer
-            for path in by_name.get(name, []):
+            for path in (by_name.get(name, []) if name is not None else []):
                 self.layer_of[path] = layer
         lacking = [p for paths in by_name.values() for p in paths if p not in self.layer_of]
         if lacking:

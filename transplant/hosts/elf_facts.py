@@ -137,6 +137,6 @@ def _keep_controller_cache(host: Host, venv: str, sent: Any, report: Any) -> Non
     fresh = report.pop("entries")
     if not report.get("misses") and not report.get("read"):
         return  # nothing new
-    known = sent.get("known") if isinstance(sent, dict) and isinstance(sent.get("known"), dict) else {}
+    known = found if isinstance(sent, dict) and isinstance(found := sent.get("known"), dict) else {}
     merged = {**known, **fresh} if len(known) + len(fresh) <= _CACHE_MAX_ENTRIES else fresh
     _CONTROLLER_CACHE.write(host, venv, merged)

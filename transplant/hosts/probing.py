@@ -299,7 +299,7 @@ class ScriptSession:
             # reply can end it (killing the local ssh only closes its channel: a program that
             # neither reads nor writes would live on); exec keeps that pid for the interpreter
             argv = ["sh", "-c", f'echo "{_PID_LINE.decode()} $$" >&2; exec "$@"', "sh", *argv]
-        self._remote_pid: int | None = None
+        self._remote_pid = None
         said = self._said_pid = threading.Event()
         try:
             proc = self.host.spawn(argv)

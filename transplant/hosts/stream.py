@@ -81,6 +81,7 @@ class _Side:
         self.tail = bytearray()
         self.sent: dict | None = None
         self.out = bytearray()
+        self.connected = False  # a direct stream's receiver: its ssh hop to the donor said it connected
 
     @property
     def where(self) -> str:
@@ -316,6 +317,7 @@ def _finish(src: Host, dst: Host, paths: list[str], total: int, reporter: Report
             thread.join(5)
     reply = _reply(receiver)
     _raise_failure(sender, receiver, reply)
+    assert reply is not None  # _raise_failure raised without one
     written = {rel: tuple(entry) for rel, entry in reply["files"].items()}
     missing = [p for p in paths if p not in written]
     if missing:
@@ -389,9 +391,10 @@ def _linked(link: Callable[[int, int], None], source: int, sink: int) -> threadi
     return thread
 
 
-def _spawn(host: Host, argv: list[str], name: str, root: str, **fds: int) -> subprocess.Popen:
+def _spawn(host: Host, argv: list[str], name: str, root: str, *, stdin: int | None = None,
+           stdout: int | None = None) -> subprocess.Popen:
     try:
-        return host.spawn(argv, **fds)
+        return host.spawn(argv, stdin=stdin, stdout=stdout)
     except OSError as exc:  # a local interpreter that is missing
         raise HostError(f"stream: the {name} side ({host.label}:{root}) could not start {argv[0]}: "
                         f"{exc.strerror or exc}", code=UNAVAILABLE) from None

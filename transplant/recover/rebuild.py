@@ -90,7 +90,7 @@ def _place(folder: Path, local: str) -> Path:
     return dest
 
 
-def recorded_patches(recipe: dict[str, Any], where: str) -> list[dict[str, str]]:
+def recorded_patches(recipe: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """The recipe's patch entries, each checked before any is read back: ``venv_path`` a
     venv-relative path (not absolute, no ``..``, not the venv's own files), ``local`` a path
     inside the manifest's folder, ``hash`` RECORD's sha256 form. The history lives on the host,
@@ -180,7 +180,7 @@ def from_history(host: Host, venv: str, target: Endpoint, state_dir: Path, *, ss
     held = f", with what the {count(len(summed) - 1, 'earlier transaction')} {', '.join(summed[:-1])} left" \
         if len(summed) > 1 else ""
     return Recovery(manifest=path, origin=f"transaction {applied['id']} of {where} (applied from "
-                                          f"{started.get('source', '?')}, verified){held}")
+                                          f"{(started or {}).get('source', '?')}, verified){held}")
 
 
 def _summed(record: dict[str, Any], applied: dict[str, Any], newest: dict[str, Any], where: str) -> dict[str, Any]:

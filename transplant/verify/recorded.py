@@ -205,7 +205,9 @@ def recorded_runner(document: Mapping[str, Any], snapshot: str) -> Any:
 
 def has_record(document: Mapping[str, Any] | None) -> bool:
     """Whether a snapshot's ``donor_verify`` holds at least one report."""
-    return bool(document) and any(isinstance(r.get("report"), dict) for r in document.get("runs") or [])
+    if not document:
+        return False
+    return any(isinstance(r.get("report"), dict) for r in document.get("runs") or [])
 
 
 def summary(document: Mapping[str, Any] | None, snapshot: str, created: float) -> str:
