@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from transplant import __version__
 from transplant.cli.options import fleet_options, ssh_options
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # rich loads in _run, after the early start (a plan's probes 
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own exit code 2 would read as "changes"
+    def error(self, message: str) -> NoReturn:  # argparse's own exit code 2 would read as "changes"
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -619,7 +619,7 @@ def _console(stream: Any, width: int | None, *, color: bool = True) -> Console:
 
     no_color = bool(os.environ.get("NO_COLOR")) or not color
     return _Console(file=stream, width=width, soft_wrap=width == PIPE_WIDTH,
-                    **({"color_system": None} if no_color else {}))
+                    color_system=None if no_color else "auto")  # rich's default, "auto"
 
 
 def _without_padding(line: list[Any]) -> list[Any]:
@@ -643,7 +643,7 @@ def _closed_pipe() -> int:
     """
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, sys.__stdout__.fileno())
+        os.dup2(devnull, sys.__stdout__.fileno())  # type: ignore[union-attr]  # None: the AttributeError below
     except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured in tests)
         pass
     os.close(devnull)

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -550,7 +550,7 @@ class SnapshotSource:
             self._view = None
             self._written.clear()
 
-    def __enter__(self) -> SnapshotSource:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

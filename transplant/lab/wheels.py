@@ -11,7 +11,7 @@ import io
 import subprocess
 import sys
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from transplant.remote._common import record_hash  # RECORD's hash form, one definition
@@ -26,7 +26,7 @@ def build_wheel(
     out: Path,
     name: str,
     version: str,
-    files: dict[str, str | bytes],
+    files: Mapping[str, str | bytes],
     *,
     requires: tuple[str, ...] = (),
     tag: str = "py3-none-any",

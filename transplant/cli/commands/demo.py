@@ -175,8 +175,8 @@ def _build_all(console: Console, cache: Path) -> dict[str, Path]:
 
 def _make_patches(donor_site: Path, out: Path) -> None:
     spec = importlib.util.spec_from_file_location("demo_make_patches", EXAMPLE / "make_patches.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
     spec.loader.exec_module(module)
     module.main(donor_site, out)
 
@@ -257,7 +257,7 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
     started = time.monotonic()
     venvs = _build_all(console, _cache_root())
     own = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="transplant-demo-")) if own else Path(workdir)
+    work = Path(tempfile.mkdtemp(prefix="transplant-demo-")) if workdir is None else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     results = []
     # the demo's relay staging, snapshot store and log of verified states stay in its work folder
