@@ -38,8 +38,9 @@ def ssh_options(manifest: Manifest) -> SSHOptions:
                       config=resolve(manifest.ssh.config), persist=persist_enabled())
 
 
-_PROBE = ("probe", ("--stdin",))
-_ELF = ("elf_facts", ())
+_Script = tuple[str, tuple[str, ...]]  # (host script, its arguments)
+_PROBE: _Script = ("probe", ("--stdin",))
+_ELF: _Script = ("elf_facts", ())
 
 
 def connect_early(args: argparse.Namespace) -> None:
@@ -90,9 +91,11 @@ def connect_early(args: argparse.Namespace) -> None:
         # shared object moves); once the identity is answered (asked later, they would only slow
         # it) the target's stale-plan probe and the two sides of a small apply's stream
         # (uncompressed: the receiver learns its folder from its input); all wait for their requests
-        first = {"donor": [_PROBE], "target": [_PROBE, _ELF]}
-        later = {"donor": [], "target": [_PROBE]}
+        first: dict[str, list[_Script]] = {"donor": [_PROBE], "target": [_PROBE, _ELF]}
+        later: dict[str, list[_Script]] = {"donor": [], "target": [_PROBE]}
         if not getattr(args, "compress", False):
+            if not isinstance(manifest.donor, Endpoint):
+                return  # a snapshot donor has no venv to stream from: nothing started, as before
             later["donor"].append(("stream_send", side_argv("stream_send", manifest.donor.venv)))
             later["target"].append(("stream_receive", side_argv("stream_receive", "")))
         for side in ("donor", "target"):

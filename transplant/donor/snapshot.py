@@ -48,7 +48,7 @@ from transplant.controller.state import refuse_loose, private_folder
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory, inside_path, parse_inventory, protected_path
-from transplant.core.manifest import Manifest
+from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.planner import selected_names
 from transplant.core.inventory import TEXTS
 from transplant.hosts.probing import take_inventory
@@ -155,7 +155,9 @@ def capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter 
 def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter,
              timeout: float | None) -> CaptureResult:
     started = time.monotonic()
-    venv = manifest.donor.venv
+    end = manifest.donor
+    assert isinstance(end, Endpoint)  # a capture reads a live donor, never another snapshot
+    venv = end.venv
     if manifest.closures:
         # no target here: the closure against an empty target, every donor distribution the roots
         # reach (a superset of what any target's plan selects)
@@ -209,7 +211,7 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
     sid = _new_id()
     document = {
         "schema": SNAPSHOT_SCHEMA, "id": sid, "created": time.time(),
-        "donor": {"host": str(manifest.donor.host), "venv": venv},
+        "donor": {"host": str(end.host), "venv": venv},
         "overlay": list(manifest.overlay), "dists": list(names), "inventory": dict(inventory.document),
         "files": files, "patches": patches, "manifest": {"data": data, "dir": str(base)},
         "donor_verify": donor_verify,

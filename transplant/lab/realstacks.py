@@ -28,7 +28,7 @@ from typing import Any
 
 from transplant.core.elf_facts import ELF_SCHEMA, ElfReport, parse_elf_report
 from transplant.core.inventory import Inventory, expanded, parse_inventory
-from transplant.core.manifest import Manifest, parse_manifest
+from transplant.core.manifest import Endpoint, Manifest, parse_manifest
 
 __all__ = ["SCHEMA", "OVERLAY", "REVERSE_OVERLAY", "REMOVE", "CALIBRATED_OVERLAY", "CALIBRATED_REMOVE", "SERVER_ARGS", "scenario_manifest", "elf_document", "record",
            "load", "Recorded", "trim", "untrim", "manifest_data"]
@@ -204,10 +204,12 @@ def record(manifest: Manifest, scenario: str, out: Path) -> Path:
     from transplant.pipeline.gather import gather
     from transplant.hosts.host import LocalHost
 
+    donor = manifest.donor
+    assert isinstance(donor, Endpoint)  # two local venvs
     facts = gather(manifest, LocalHost(), LocalHost())
     doc = {"schema": SCHEMA, "scenario": scenario, "recorded": time.strftime("%Y-%m-%d"),
            "manifest": {"path": manifest.path, "data": manifest_data(
-               manifest.donor.venv, manifest.target.venv, overlay=list(manifest.overlay), remove=list(manifest.remove))},
+               donor.venv, manifest.target.venv, overlay=list(manifest.overlay), remove=list(manifest.remove))},
            "labels": {"donor": facts.donor.label, "target": facts.target.label},
            "donor": trim(facts.donor.document), "target": trim(facts.target.document),
            "donor_elf": elf_document(facts.donor_elf), "target_elf": elf_document(facts.target_elf)}
