@@ -39,9 +39,9 @@ def _plain(console: Console, line: str) -> None:
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def printer(console: Console, **options: object) -> Callable[[str], None]:
+def printer(console: Console, **options: Any) -> Callable[[str], None]:
     """``line -> console.print(line, markup=False, **options)``: a note or step as a plain line."""
-    return lambda line: console.print(line, markup=False, **options)  # type: ignore[arg-type]
+    return lambda line: console.print(line, markup=False, **options)
 
 
 class Shown:

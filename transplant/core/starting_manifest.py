@@ -145,7 +145,7 @@ def draft(donor: Inventory, target: Inventory, names: Sequence[str], *, donor_at
     stale = sorted(n for n in target_latest if (m := _CU.match(n)) and major is not None and int(m.group(1)) != major
                    and n not in donor_latest)
     if stale:
-        glob = {f"nvidia-*-cu{_CU.match(n).group(1)}" for n in stale}  # type: ignore[union-attr]
+        glob = {f"nvidia-*-cu{_CU.match(n).group(1)}" for n in stale}  # type: ignore[union-attr]  # stale holds only names _CU matched
         for g in sorted(glob):
             if all(n in stale for n in target_latest if fnmatchcase(n, g)):
                 remove.append(g)

@@ -532,7 +532,7 @@ class Client:
         :raises RegistryError: too slow, unreachable, or redirected to http.
         """
         progress = _Progress(*self.settings.progress) if watch else None
-        request.transplant_progress = progress  # type: ignore[attr-defined]
+        request.transplant_progress = progress  # type: ignore[attr-defined]  # read back by the handlers below, which get only the request
         where = self.ref.registry
         try:
             return _Answer(self._opener.open(request, timeout=self.timeout), progress, where)
@@ -573,7 +573,7 @@ class Client:
                     _drop(exc)
                     self._authenticate(exc.headers["WWW-Authenticate"], scope)
                     if hasattr(data, "seek"):
-                        data.seek(0)  # type: ignore[union-attr]
+                        data.seek(0)  # type: ignore[union-attr]  # hasattr just above
                     continue
                 raise self._status_error(method, url, exc) from None
             if answer.status not in ok:

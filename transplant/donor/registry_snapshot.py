@@ -305,7 +305,7 @@ class RegistrySource(SnapshotSource):
                     if member.name in members and member.isfile():
                         dest = incoming / "files" / cas.object_key(members[member.name])
                         dest.parent.mkdir(parents=True, exist_ok=True)
-                        with tar.extractfile(member) as src, open(dest, "wb") as out:  # type: ignore[union-attr]
+                        with tar.extractfile(member) as src, open(dest, "wb") as out:  # type: ignore[union-attr]  # None only for a non-file: isfile() above
                             shutil.copyfileobj(src, out)
                         cas.put(self.snapshot.store, members[member.name], dest, move=True)
         finally:

@@ -29,13 +29,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from transplant.errors import HostError
 from transplant.core.hostspec import LOCAL, HostSpec
 
 #: Guards every host's remembered facts (:meth:`Host.remembered`).
 _REMEMBERING = threading.Lock()
+_T = TypeVar("_T")
 
 __all__ = [
     "HostSpec",
@@ -236,7 +237,7 @@ class Host(abc.ABC):
     def rsync_rsh(self) -> str | None:
         """The value for ``rsync -e`` that reaches this host, quoted for rsync; None for local."""
 
-    def remembered(self, key: tuple, compute: Callable[[], object]) -> object:
+    def remembered(self, key: tuple, compute: Callable[[], _T]) -> _T:
         """``compute()``'s answer for ``key``, computed once per connection (so once per command: a
         command opens each host once) and kept for the connection's life: for facts of the host that
         a command asks more than once and that do not change while it runs (a venv folder's identity).

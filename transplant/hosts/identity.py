@@ -54,4 +54,4 @@ def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[
         result = host.run([python, "-I", "-S", "-c", IDENTITY_SCRIPT, venv], timeout=timeout)
         return parse_identity(result.stdout.decode("ascii", "replace")) if result.ok else None
 
-    return host.remembered(("venv-identity", venv), ask)  # type: ignore[return-value]
+    return host.remembered(("venv-identity", venv), ask)

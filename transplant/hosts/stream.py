@@ -139,7 +139,7 @@ class StartedSides:
                 if proc is not None:
                     _end(proc)
             return None
-        return sides  # type: ignore[return-value]
+        return sides  # type: ignore[return-value]  # both not None: "ready" says so
 
     def close(self) -> None:
         """End both sides when they were not taken (each reaped)."""

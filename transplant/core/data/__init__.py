@@ -59,7 +59,7 @@ def driver_cuda(driver: str) -> tuple[int, int] | None:
         if Version(row["driver"]) <= have:
             version = tuple(int(p) for p in row["cuda"].split("."))
             best = version if best is None or version > best else best
-    return best  # type: ignore[return-value]
+    return best  # type: ignore[return-value]  # the table's cuda column is MAJOR.MINOR: two parts
 
 
 def arch_minimum_cuda(arch: int) -> tuple[int, int] | None:

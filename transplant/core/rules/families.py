@@ -120,7 +120,7 @@ def _problems(torch: Distribution, dist: Distribution, markers: Mapping[str, str
     problems = []
     if dist.name == "triton":
         if want and _requirement_of(torch, "triton") is None and not _in_release(dist.version, want):
-            problems.append(f"torch {torch.version.public} was released with triton {want}, "  # type: ignore
+            problems.append(f"torch {torch.version.public if torch.version else torch.raw_version} was released with triton {want}, "
                             f"not {dist.raw_version} (and names no triton pin)")
         return problems, want if problems else None
     release = None
