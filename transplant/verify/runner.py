@@ -85,6 +85,10 @@ class Outcome(NamedTuple):
     unchecked: tuple[Mapping[str, str], ...] = ()
 
 
+#: What a stage's body returns: an :class:`Outcome`, or its first three fields.
+Answer = Outcome | tuple[str, str, Mapping[str, Any]]
+
+
 def _skip(cause: str, reason: str, details: Mapping[str, Any] | None = None) -> Outcome:
     return Outcome("skip", reason, details or {}, cause)
 
@@ -203,7 +207,7 @@ def run_stages(
                     ended(r.name)
             reporter.progress(state["ended"], total)
 
-    def run(name: str, body: Callable[[], tuple[str, str, Mapping]]) -> StageResult:
+    def run(name: str, body: Callable[[], Answer]) -> StageResult:
         reporter.step(name)
         result = _timed(name, body)
         finish(result)
@@ -231,7 +235,7 @@ def run_stages(
         def donor() -> Inventory | None:
             return donor_future.result() if donor_future else None
 
-        def interpreter() -> tuple[str, str, Mapping]:
+        def interpreter() -> Answer:
             # RECORD's rows, with the disk's facts only for the shared objects (the stages look at no other file
             # through the inventory): not 50,000 lstats and their rows for a CUDA stack
             live = take_inventory(target, venv, record="shared", timeout=timeout)
@@ -323,13 +327,13 @@ def run_stages(
             joint["native_sent"] = True
             return report
 
-        def imports() -> tuple[str, str, Mapping]:
+        def imports() -> Answer:
             try:
                 return imports_body()
             finally:
                 joint_done.set()
 
-        def imports_body() -> tuple[str, str, Mapping]:
+        def imports_body() -> Answer:
             if live is None:  # the interpreter stage failed and said why; that error is said once
                 return _skip("not-run", _NOT_RUN)
             if not names:
@@ -366,7 +370,7 @@ def run_stages(
             return Outcome(status, reason + skipped, details, _cause_of(unchecked) if status == "skip" else None,
                            unchecked)
 
-        def native() -> tuple[str, str, Mapping]:
+        def native() -> Answer:
             if live is None:
                 return _skip("not-run", _NOT_RUN)
             paths = ladder.shared_objects(dists, venv)
@@ -409,7 +413,7 @@ def run_stages(
                 reason += f"; {gap}"
             return Outcome(status, reason, report, _cause_of(unchecked) if status == "skip" else None, unchecked)
 
-        def provenance() -> tuple[str, str, Mapping]:
+        def provenance() -> Answer:
             if live is None:
                 return _skip("not-run", _NOT_RUN)
             if not shipped and not modules:
@@ -434,7 +438,7 @@ def run_stages(
                                             "cuda_torch_libraries": ladder.cuda_torch_libraries(report), **report},
                            cause)
 
-        def requirements() -> tuple[str, str, Mapping]:
+        def requirements() -> Answer:
             if live is None:
                 return _skip("not-run", _NOT_RUN)
             theirs = donor()
@@ -458,7 +462,7 @@ def run_stages(
             return "no-driver" if live is not None and not live.nvidia.available else "no-device"
         resolving = settings.server_args is not None and settings.server_args.resolve
 
-        def server_args() -> tuple[str, str, Mapping]:
+        def server_args() -> Answer:
             check = settings.server_args
             if check is None:
                 return _skip("not-requested", _not_asked("server arguments", "server_args", manifest))
@@ -490,7 +494,7 @@ def run_stages(
             finish(started, StageResult(name="server-args-resolve", status=status, reason=reason, cause=cause,
                                         seconds=float(resolved.get("seconds") or 0.0), details=resolved))
 
-        def jit() -> tuple[str, str, Mapping]:
+        def jit() -> Answer:
             if live is None:
                 return _skip("not-run", _NOT_RUN)
             report = run_script(target, venv, "stage_jit", request={"clear": list(clearing)}, env=env,
@@ -516,7 +520,7 @@ def run_stages(
             for future in [stages.submit(each) for each in group]:
                 future.result()  # a stage's own failure is its result; this raises only a bug's error
 
-    def smoke() -> tuple[str, str, Mapping]:
+    def smoke() -> Answer:
         if settings.smoke_device is None:
             return _skip("not-requested", _not_asked("smoke check", "smoke", manifest))
         if live is None:
@@ -555,7 +559,7 @@ def run_stages(
 
     run("smoke", smoke)
 
-    def serve() -> tuple[str, str, Mapping]:
+    def serve() -> Answer:
         check = settings.serve
         if check is None:
             return _skip("not-requested", _not_asked("serve check", "serve", manifest))
