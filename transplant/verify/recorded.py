@@ -30,7 +30,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeGuard
 
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import VerifySettings
@@ -203,7 +203,7 @@ def recorded_runner(document: Mapping[str, Any], snapshot: str) -> Any:
     return answer
 
 
-def has_record(document: Mapping[str, Any] | None) -> bool:
+def has_record(document: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     """Whether a snapshot's ``donor_verify`` holds at least one report."""
     if not document:
         return False

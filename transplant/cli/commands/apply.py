@@ -112,6 +112,7 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: Ses
             f"{last.get('source') or 'unknown source'}); nothing else runs there until it is finished or undone",
             hint=f"finish it: transplant apply {shlex.quote(args.source)} --resume\n"
                  f"      or undo it: transplant apply {shlex.quote(args.source)} --rollback")
+    assert outcome is not None  # pending and how: finish ran above
     if outcome == "aborted":
         console.print(f"transaction {last['id']} had not changed anything yet (it was staging); discarded"
                       + ("; applying afresh" if how == "resume" else ""), markup=False)
@@ -226,11 +227,11 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
         manifest = load_manifest(source)
     manifest, targets = targets_of(args, manifest)
     if len(targets) > 1:
-        given = [flag for flag, on in (("--resume", args.resume), ("--rollback", args.rollback),
+        flags = [flag for flag, on in (("--resume", args.resume), ("--rollback", args.rollback),
                                        ("--break-lock", args.break_lock),
                                        ("--compress", getattr(args, "compress", False))) if on]
-        if given:
-            raise UsageError(f"{' and '.join(given)} {'acts' if len(given) == 1 else 'act'} on one target; "
+        if flags:
+            raise UsageError(f"{' and '.join(flags)} {'acts' if len(flags) == 1 else 'act'} on one target; "
                              f"name it with --target")
         return run_fleet_action("apply", args, console, manifest, targets)
     if args.json:  # before anything runs: a script asking for JSON must not get an apply without it

@@ -134,15 +134,15 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
                               hint="add --yes to this recover command (it plans, applies and verifies; "
                                    f"nothing was changed on {target})")
     console.rule("recover: 1/3 plan")
-    code = plan_command(options, console)
+    code = plan_command(options, console)  # type: ignore[arg-type]  # CommandOptions stands in for the parsed Namespace
     if code == EXIT_BLOCKED and not args.force:
         console.print("[bold red]recover stopped[/]: the plan is blocked; fix the findings or add --force")
         return code
     console.rule("recover: 2/3 apply")
-    code = apply_command(options, console)
+    code = apply_command(options, console)  # type: ignore[arg-type]  # CommandOptions stands in for the parsed Namespace
     if code != EXIT_OK:
         return code
     console.rule("recover: 3/3 verify")
-    code = verify_command(options, console)
+    code = verify_command(options, console)  # type: ignore[arg-type]  # CommandOptions stands in for the parsed Namespace
     console.print(f"[bold green]recovered[/] {target}" if code == EXIT_OK else "[bold red]recover failed at verify[/]")
     return code
