@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from transplant.collector import collector_paused
 from transplant.controller.patch_files import read_patch_files
@@ -76,7 +76,7 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
     with collector_paused():  # the planner's 70,000 new objects beside both inventories
         plan = make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
                          target_elf=facts.target_elf)
-    if keep:
+    if keep and key is not None:  # keep implies a key; said again for the type checker
         libstdcxx = facts.target_elf.libstdcxx
         extra = [*facts.target.elsewhere, *([libstdcxx.path] if libstdcxx is not None and libstdcxx.path else [])]
         memos.remember(key, plan, started, source=source, target=target, venv=manifest.target.venv,
@@ -108,7 +108,8 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
         from transplant.hosts.pullkey import sweep_left
 
         sweep_left(default_state_dir(), donor_host, reporter)
-    return execute(plan, donor=donor_host, target=target, manifest_dir=Path(manifest.path).resolve().parent,
+    return execute(plan, donor=donor_host,  # type: ignore[arg-type]  # None only beside a stager, which reads no donor host
+                   target=target, manifest_dir=Path(manifest.path).resolve().parent,
                    state_dir=default_state_dir(), donor_root=donor_root, recipe=make_recipe(manifest, plan, opened),
                    break_lock=break_lock, crash_after=crash_after, orphan_at=orphan_at, stager=stager, reporter=reporter,
                    compress=compress, stale_probe=stale_probe, stale_inputs=stale_inputs)
@@ -116,7 +117,7 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
 
 def verify_target(settings: VerifySettings, target: Host, venv: str, *, ssh: SSHOptions | None,
                   record: bool = True, donor_inventory: Callable[[], Inventory | None] | None = None,
-                  strict: bool = False, **stages: object) -> tuple[list[StageResult], bool]:
+                  strict: bool = False, **stages: Any) -> tuple[list[StageResult], bool]:
     """Run the verify ladder (:func:`transplant.verify.runner.run_stages`) in ``venv`` on ``target`` and,
     when ``record`` is true, record the verdict in the target's history and the controller's
     verified log.

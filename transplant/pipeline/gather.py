@@ -191,9 +191,8 @@ def gather(
         reporter.step(f"looking up {count(len(wanted), 'libtorch symbol')} in the {torch_side}'s torch")
         lookup = source if torch_side == "donor" else as_source(target_host, m.target.venv)
         answer = lookup.elf([], torch_symbols=False, defined=(libraries, wanted), timeout=timeout)
-        found = {"defined": answer.defined, "defined_in": answer.defined_in}
         if torch_side == "donor":
-            donor_elf = replace(donor_elf, **found)
+            donor_elf = replace(donor_elf, defined=answer.defined, defined_in=answer.defined_in)
         else:
-            target_elf = replace(target_elf, **found)
+            target_elf = replace(target_elf, defined=answer.defined, defined_in=answer.defined_in)
     return Facts(donor=donor, target=target, donor_elf=donor_elf, target_elf=target_elf)
