@@ -75,8 +75,10 @@ def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) 
     """
     from transplant.errors import TransplantError
 
+    donor = manifest.donor
+    assert isinstance(donor, Endpoint)  # a live donor: a snapshot has no venv of its own to compare
     with ThreadPoolExecutor(max_workers=2) as pool:  # two hosts, two interpreter starts: side by side
-        asked = pool.submit(venv_identity, donor_host, manifest.donor.venv)
+        asked = pool.submit(venv_identity, donor_host, donor.venv)
         theirs = venv_identity(target_host, manifest.target.venv)
         mine = asked.result()
     if mine is not None and mine == theirs:
