@@ -103,3 +103,21 @@ def test_each_folder_resolves_as_realpath_says(tmp_path: Path):
             assert applier._real_dir(folder) == os.path.realpath(folder), name
     finally:
         applier._REAL_FOLDERS.clear()
+
+
+def test_a_running_commit_is_named_by_a_numeric_pid_and_none_when_nothing_runs(prefix: Path):
+    """``pending``'s ``active`` is what the controller accepts (a number or null): it was the lock
+    file's text, which the controller refused while another apply committed."""
+    import fcntl
+
+    assert applier.active(str(prefix)) is None
+    state = prefix / applier.STATE
+    state.mkdir(mode=0o700, exist_ok=True)
+    path = state / "active"
+    path.write_text("4242")
+    assert applier.active(str(prefix)) is None  # written but not held: nothing runs
+    with open(path, "r+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert applier.active(str(prefix)) == 4242
+        path.write_text("")  # held, its pid not written yet
+        assert applier.active(str(prefix)) == 0

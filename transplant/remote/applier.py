@@ -1063,7 +1063,9 @@ def _active_pid(path):
 
 
 def active(prefix):
-    """The pid of a running commit or rollback in this venv, or None."""
+    """The pid (a number) of a running commit or rollback in this venv, or None; 0 for one whose
+    pid is not written yet (the controller reads a number or null: the file's text, a string,
+    broke a controller that asked while another apply committed)."""
     path = os.path.join(_state_dir(prefix), "active")
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -1072,7 +1074,8 @@ def active(prefix):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return _active_pid(path)
+        pid = _active_pid(path)
+        return int(pid) if pid.isdigit() else 0
     finally:
         os.close(fd)
     return None
