@@ -48,6 +48,7 @@ from transplant.hosts.host import HostSpec, SSHOptions
 from transplant.lab import Lab
 from transplant.core.manifest import Endpoint
 from transplant.core.units import human_bytes
+from transplant.donor.registry_snapshot import RegistrySource
 from transplant.donor.sources import open_donor
 from transplant.donor.store import object_key, object_sizes
 
@@ -110,10 +111,12 @@ def measure_registry(lab: Lab, work: Path, count: int, reference: str, ca: Path)
     with ExitStack() as stack:
         opened = open_donor(manifest, ssh, stack)
         results = run_fleet("apply", opened.manifest, targets, opened, ssh, jobs=4)
-        pulls = dict(opened.source.pulls)
-        controller_pulled = opened.source.client.bytes_received
-        patches = {object_key(p["hash"]) for p in opened.source.snapshot.patches}
-        files_pulled = sum(size for name, size in object_sizes(opened.source.snapshot.store).items()
+        source = opened.source
+        assert isinstance(source, RegistrySource)  # the manifest's donor is the registry snapshot
+        pulls = dict(source.pulls)
+        controller_pulled = source.client.bytes_received
+        patches = {object_key(p["hash"]) for p in source.snapshot.patches}
+        files_pulled = sum(size for name, size in object_sizes(source.snapshot.store).items()
                            if name not in patches)
     seconds = time.monotonic() - started
     failed = [r for r in results if r.code != 0]
