@@ -2,7 +2,7 @@
 
 Usage (the README's command)::
 
-    .venv/bin/python -m bench.run [--scales 1,2,4] [--runs 3] [--out BENCHMARKS.md]
+    .venv/bin/python -m bench.run [--scales 1,2,4] [--runs 3] [--out FILE]
 
 Starts two loopback sshd hosts (``transplant.lab``), builds the synthetic serving-shaped
 venvs of :mod:`bench.workload` on them (donor +cu130, target +cu128; real ELF shared
@@ -22,7 +22,7 @@ objects with symbol tables and fatbins), and measures, each
 
 The target is reset from a hardlinked pristine copy before every apply-like run (every
 writer here replaces files by rename, so the pristine copy keeps its bytes). The table is
-printed and written to ``--out`` with the machine's description.
+printed, and written to ``--out`` when given, with the machine's description.
 """
 
 from __future__ import annotations
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", default="1,2,4", help="comma-separated scale factors (1: about 2 GB)")
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (the median is reported)")
-    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="where to write the report")
+    parser.add_argument("--out", help="also write the report to this file (BENCHMARKS.md is edited by hand)")
     parser.add_argument("--only", help=f"comma-separated groups to measure, of {', '.join(GROUPS)} (apply brings "
                                        f"the floor along); default: all")
     args = parser.parse_args(argv)
@@ -510,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[scale] = measure(bench, args.runs, lambda line: print(line, flush=True), only)
                 diff[scale] = bench.diff_bytes
                 report = "# Benchmarks\n\n" + table(results, diff, args.runs)
-                Path(args.out).write_text(report)
+                if args.out:
+                    Path(args.out).write_text(report)
                 print(report, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
