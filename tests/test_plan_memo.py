@@ -2,7 +2,7 @@
 nothing again and prints the same plan; any change the plan would see makes it a full plan again.
 
 Real local venvs built from real wheels, the donor and the target ``local`` hosts; which host
-scripts ran is told by the scripts' own log (``TRANSPLANT_SCRIPT_LOG``), not by timing.
+scripts ran is told by the scripts' own log (``TRANSPLANT_TEST_SCRIPT_LOG``), not by timing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def pair(tmp_path, monkeypatch):
     patch file; the state folder and the scripts' log inside tmp_path. Waits until the files
     are older than the probe's racy window (2 s), as a venv is between two plans."""
     monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(tmp_path / "scripts.log"))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(tmp_path / "scripts.log"))
     monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
     wheels = tmp_path / "wheels"
     bar = build_wheel(wheels / "bar", "bar", "1.0", {"bar/__init__.py": "B = 1\n"})
@@ -182,7 +182,7 @@ def test_a_plan_of_thousands_of_files_is_kept_compressed_and_recalled(tmp_path, 
     import zlib
 
     monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(tmp_path / "scripts.log"))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(tmp_path / "scripts.log"))
     monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
     wheels = tmp_path / "wheels"
     files = {f"big/m{i:04}.py": f"N = {i}\n" for i in range(6000)}

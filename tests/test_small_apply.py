@@ -1,7 +1,7 @@
 """The small apply's overlaps (issue 16): SSH connections opened early and side by side, the
 applier started while the plan gathers, the stale-plan probe started early and asked under the
 lock. Real local venvs built from real wheels, the real loopback SSH lab, processes counted by
-the applier's own start log (``TRANSPLANT_APPLIER_LOG``) and by the waiting probe's own exit."""
+the applier's own start log (``TRANSPLANT_TEST_APPLIER_LOG``) and by the waiting probe's own exit."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_an_unasked_waiting_probe_is_ended_by_closing_it(pair):
 
 def test_a_started_applier_session_serves_its_requests_with_the_process_it_started(pair, monkeypatch):
     log = pair / "applier.log"
-    monkeypatch.setenv("TRANSPLANT_APPLIER_LOG", str(log))
+    monkeypatch.setenv("TRANSPLANT_TEST_APPLIER_LOG", str(log))
     session = ScriptSession(LocalHost(), str(pair / "target"))
     try:
         session.start()
@@ -238,7 +238,7 @@ def test_two_threads_asking_a_venv_identity_at_once_run_its_script_once(pair, mo
     gather = importlib.import_module("transplant.pipeline.gather")  # the module (the package's `gather` is its function)
 
     log = pair / "script.log"
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(log))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(log))
     host, venv = LocalHost(), str(pair / "target")
     answers = []
     threads = [threading.Thread(target=lambda ask=ask: answers.append(ask(host, venv)))

@@ -41,6 +41,7 @@ from transplant.donor.registry_elf import answer, precompute
 from transplant.donor.snapshot import Snapshot, SnapshotError, SnapshotSource, load_snapshot
 from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
+from transplant import testhooks
 from transplant.core.units import count
 
 __all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "DIST_TYPE", "PATCHES_TYPE", "ELF_TYPE", "PushResult", "push", "open_registry",
@@ -370,13 +371,12 @@ class RegistrySource(SnapshotSource):
             entry = blobs.setdefault(layer["digest"], {"digest": layer["digest"], "size": int(layer["size"]),
                                                        "files": []})
             entry["files"].append([path, int(facts["mode"])])
-        stop = os.environ.get("TRANSPLANT_TEST_PULL_STOP_AFTER")
         request = {
             "url": self.client.base, "authorization": self.client.pull_authorization(),
             "ca": self.client.ca.read_text() if self.client.ca else None, "timeout": 60,
             "progress": list(self.client.settings.progress),
             "cache": f"{venv.rstrip('/')}/.transplant/blobs", "dest": staged, "blobs": list(blobs.values()),
-            "links": links, "stop_after": int(stop) if stop and stop.isdigit() else None,
+            "links": links, "stop_after": testhooks.pull_stop_after(),
         }
         reply = run_script(target, venv, "oci_pull", request=request, timeout=timeout)
         for _ in range(2):  # a bearer token that expired during a long pull: a new one, and the pull resumes

@@ -65,7 +65,7 @@ Testing hooks: a request with ``"crash_after": N`` makes ``commit`` or ``rollbac
 process with SIGKILL before step N (a real crash at a chosen point, for the fault tests); with
 ``"orphan_at": N`` it waits before step N until the process that started it is gone (the test
 kills the controller there), then goes on alone, as a host script orphaned mid-commit does.
-``TRANSPLANT_APPLIER_LOG`` in the environment names a file where each process logs its start.
+``TRANSPLANT_TEST_APPLIER_LOG`` in the environment names a file where each process logs its start.
 """
 
 import csv
@@ -86,10 +86,11 @@ import time
 try:
     from _transplant_common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest,
                                     record_hash_of, record_identity, script_head as _split_head, venv_cache_path,
-                                    venv_prefix)
+                                    venv_prefix, APPLIER_LOG, hook_log)
 except ImportError:  # imported on the controller: the shared module beside this script
     from ._common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest, record_hash_of,
-                          record_identity, script_head as _split_head, venv_cache_path, venv_prefix)
+                          record_identity, script_head as _split_head, venv_cache_path, venv_prefix, APPLIER_LOG,
+                          hook_log)
 
 STATE = ".transplant"
 _PROTECTED = ("pyvenv.cfg", STATE)
@@ -1347,12 +1348,9 @@ def session(prefix):
 
 
 def _log_start(argv):
-    """Testing hook: with ``TRANSPLANT_APPLIER_LOG`` set to a file, each process of this script
+    """Testing hook: with ``TRANSPLANT_TEST_APPLIER_LOG`` set to a file, each process of this script
     appends a line there (its pid and operation), so a test counts the processes an apply starts."""
-    where = os.environ.get("TRANSPLANT_APPLIER_LOG")
-    if where:
-        with open(where, "a", encoding="utf-8") as handle:
-            handle.write("{} {}\n".format(os.getpid(), argv[0] if argv else ""))
+    hook_log(APPLIER_LOG, "{} {}".format(os.getpid(), argv[0] if argv else ""))
 
 
 def main(argv):

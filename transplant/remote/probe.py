@@ -86,11 +86,11 @@ import time
 try:
     from _transplant_common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest,
                                     record_hash_of, record_identity, record_identity_of_rows, script_head, script_log,
-                                    venv_cache_path, venv_prefix, write_venv_cache)
+                                    SCRIPT_LOG, hook_log, venv_cache_path, venv_prefix, write_venv_cache)
 except ImportError:  # imported on the controller: the shared module beside this script
     from ._common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest, record_hash_of,
-                          record_identity, record_identity_of_rows, script_head, script_log, venv_cache_path,
-                          venv_prefix, write_venv_cache)
+                          record_identity, record_identity_of_rows, script_head, script_log, SCRIPT_LOG,
+                          hook_log, venv_cache_path, venv_prefix, write_venv_cache)
 
 SCHEMA = "transplant.inventory/1"
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -1470,13 +1470,7 @@ def _say_identity(path):
         said = "-"
     sys.stdout.write("transplant-identity {}\n".format(said))
     sys.stdout.flush()
-    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
-    if log:
-        try:
-            with open(log, "a") as handle:
-                handle.write("identity {}\n".format(path))
-        except OSError:
-            pass
+    hook_log(SCRIPT_LOG, "identity {}".format(path))
 
 
 def _arguments(argv):

@@ -22,7 +22,8 @@ from transplant.apply import txn
 from transplant.apply.execute import check_plan_paths, new_transaction_id
 from transplant.cli.progress import Shown, printer
 from transplant.cli.render import history_table, print_plan
-from transplant.cli.session import Session, crash_after, orphan_at, run_fleet_action, targets_of
+from transplant import testhooks
+from transplant.cli.session import Session, run_fleet_action, targets_of
 from transplant.controller.manifest_file import load_manifest
 from transplant.controller.plan_file import load_plan
 from transplant.core.manifest import Manifest
@@ -76,7 +77,7 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: "Se
                 say(done.describe())
             if pending and how:
                 outcome = txn.finish(target, m.target.venv, pending[-1]["id"], how, lock=txid,
-                                     crash_after=crash_after())
+                                     crash_after=testhooks.crash_after())
                 if outcome == "aborted" and discarded is not None:
                     started = [e for e in txn.history(target, m.target.venv)["events"]
                                if e.get("id") == pending[-1]["id"] and e.get("event") == "started"]
@@ -331,7 +332,7 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
         with ByteProgress(console, plan.copy_bytes, {"files": plan.copy_bytes - patch_bytes,
                                                      "patches": patch_bytes}) as bar:
             result = apply_plan(plan, manifest, opened, session.host("target"), reporter=bar, break_lock=args.break_lock,
-                                crash_after=crash_after(), orphan_at=orphan_at(),
+                                crash_after=testhooks.crash_after(), orphan_at=testhooks.orphan_at(),
                                 compress=getattr(args, "compress", False), stale_probe=stale_probe,
                                 stale_inputs=stale_inputs)
             applied.update(id=result.transaction, manifest=given.path)
