@@ -389,7 +389,6 @@ _COLUMN_TYPES: tuple[tuple[type, ...], ...] = (
 _COLUMN_NAMES = {str: "str", int: "int", bool: "bool", _NONE: "null"}
 #: Row shapes (the tuple of the values' types) already checked against :data:`_COLUMN_TYPES`.
 _GOOD_SHAPES: set[tuple[type, ...]] = set()
-_PADDING = (None,) * len(COLUMNS)
 
 
 def _check_row(row: list, path: str) -> None:
@@ -414,44 +413,17 @@ def _plain(rel: str) -> bool:
             and "\0" not in rel)
 
 
-def _row_entry(row: Any, path: str, site: str | None) -> FileEntry:
-    """One RECORD row of the compact form at key path ``path``; ``site`` is the distribution's
-    site-packages (venv-relative, normal; None when it is not), which a ``venv_path`` of 1 is under.
-
-    :raises DecodeError: a value of another type than :data:`_COLUMN_TYPES` allows.
-    """
-    if type(row) is not list:
-        raise DecodeError(path, "a list", row)
-    shape = tuple(map(type, row))
-    if shape not in _GOOD_SHAPES or (len(row) > 1 and type(row[1]) is int and row[1] != 1) or \
-            (len(row) > 10 and type(row[10]) is int and row[10] != 1):
-        _check_row(row, path)
-        _GOOD_SHAPES.add(shape)
-    (record_path, venv_path, record_hash, record_size, exists, size, mode, symlink, not_a_file, error, digest, head,
-     body_hash, identity) = row + list(_PADDING[len(row):]) if len(row) < len(COLUMNS) else row
-    if venv_path == 1 and type(venv_path) is int:
-        if site is None:
-            raise DecodeError(f"{path}.venv_path", "a string or null (the distribution's site_packages is not "
-                                                   "a normal venv-relative path)", venv_path)
-        venv_path = f"{site}/{record_path}" if _plain(record_path) else inside_path(f"{site}/{record_path}")
-    elif venv_path is not None:
-        venv_path = inside_path(venv_path)
-    if digest == 1 and type(digest) is int:
-        digest = record_hash
-    return _new_entry(record_path, venv_path, record_hash, record_size, exists is True, digest, size, mode, symlink,
-                      "not a regular file" if not_a_file else error, head, body_hash, identity)
-
-
 #: A compact row's missing trailing columns, by the row's length.
 _PAD_LISTS = tuple([None] * (len(COLUMNS) - n) for n in range(len(COLUMNS) + 1))
 
 
 def _row_entries(rows: list, path: str, site: str | None) -> tuple[FileEntry, ...]:
-    """The RECORD rows of one distribution in the compact form, as :func:`_row_entry` reads each
-    (``rows[i]`` at key path ``path[i]``): the same entries and errors, in one loop (a real venv
-    has 110,000 rows: the call per row and its lookups were half of the parse).
+    """The RECORD rows of one distribution in the compact form (``rows[i]`` at key path
+    ``path[i]``), read in one loop rather than a call per row (a real venv has 110,000 rows: the
+    call per row and its lookups were half of the parse).
 
-    :raises DecodeError: as :func:`_row_entry`.
+    :raises DecodeError: a row that is not a list, or a value of another type than
+        :data:`_COLUMN_TYPES` allows.
     """
     out = []
     append = out.append

@@ -246,12 +246,6 @@ class Manifest:
     closures: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
 
-    @property
-    def overlay_roots(self) -> tuple[str, ...]:
-        """The plain overlay patterns and the closures' root names (``sglang`` of
-        ``sglang[http2]``): what the manifest names itself, before any closure is computed."""
-        return self.overlay + tuple(_root_name(c) for c in self.closures if _root_name(c) not in self.overlay)
-
 
 def normalize_pattern(pattern: str) -> str:
     """PEP 503-normalise a distribution name or glob (``NVIDIA_*`` -> ``nvidia-*``).
