@@ -1,4 +1,4 @@
-"""The gate's second round, built for real: wheels written here and installed by pip into
+"""The gate's rules on faults built for real: wheels written here and installed by pip into
 real venvs, objects built with gcc, probed on the local host by the same host scripts as
 over SSH, then planned (and verified) by the real code. Each fault has a fault-free twin
 that must raise nothing."""
