@@ -12,8 +12,8 @@ def compile_transplant() -> bool:
     """Write the bytecode of transplant's own modules (``__pycache__`` beside each, as ``pip
     install`` does for an installed package), so that each measured command loads it rather than
     compiling its modules again: with ``PYTHONDONTWRITEBYTECODE`` set, or an editable checkout
-    never run, every command would otherwise compile about 200 modules first (0.3-0.5 s of a
-    1 s plan, issue 16). Files already compiled are left as they are.
+    never run, every command would otherwise compile about 200 modules first (a large share of a
+    plan with nothing to change). Files already compiled are left as they are.
 
     :returns: whether every module compiled (False: a syntax error, which the measured command
         will then report itself).

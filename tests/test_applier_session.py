@@ -1,4 +1,4 @@
-"""One applier process per apply, rollback and resume (issue 16): the applier's session mode
+"""One applier process per apply, rollback and resume: the applier's session mode
 serves every step of a transaction, counted for real by the applier's own start log
 (``TRANSPLANT_TEST_APPLIER_LOG``), on local venvs built from real wheels."""
 

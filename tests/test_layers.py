@@ -1,4 +1,4 @@
-"""The layering promise, checked on every module's imports (issue 17; import-linter's layers contract).
+"""The layering promise, checked on every module's imports (import-linter's layers contract).
 
 The contract (:data:`CONTRACT`), read from the source with :mod:`ast` (imports inside functions
 count too):
@@ -156,7 +156,7 @@ def test_the_check_fails_when_a_forbidden_import_is_added(tmp_path, module, line
 
 def error_classes_outside(root: Path) -> list[str]:
     """Classes under ``root`` (the package folder) that derive from an error a user sees (a class
-    of ``transplant.errors``), other than in ``errors.py`` itself (issue 17: errors live in one
+    of ``transplant.errors``), other than in ``errors.py`` itself (errors live in one
     module, each with its stable reference). Internal exceptions that never reach a user (the
     decoder's ``DecodeError(ValueError)``, turned into the document's own error) are not counted."""
     import transplant.errors as errors

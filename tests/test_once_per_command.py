@@ -1,4 +1,4 @@
-"""Host facts asked once per command (issue 16): the donor-is-not-the-target identity check runs
+"""Host facts asked once per command: the donor-is-not-the-target identity check runs
 its host script once per venv in an apply, although the command checks it before the plan and the
 plan's gathering checks it again. Counted for real by the identity script's own log
 (``TRANSPLANT_TEST_SCRIPT_LOG``), on local venvs built from real wheels."""

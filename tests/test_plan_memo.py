@@ -1,4 +1,4 @@
-"""The plan memo (issue 16): a plan with nothing changed on either venv since the last one reads
+"""The plan memo: a plan with nothing changed on either venv since the last one reads
 nothing again and prints the same plan; any change the plan would see makes it a full plan again.
 
 Real local venvs built from real wheels, the donor and the target ``local`` hosts; which host
@@ -467,8 +467,8 @@ def test_a_saved_plan_of_a_manifest_named_relatively_applies_with_findings_that_
 
 def test_the_plan_command_starts_its_probes_before_loading_rich_or_the_planner():
     """What ``transplant plan MANIFEST`` loads before each side's probe starts
-    (:func:`transplant.cli.warm.connect_early`): not rich (70 ms of a 1 s no-op plan's start),
-    the pipeline or the planner; each loads after the probes run (issue 16)."""
+    (:func:`transplant.cli.warm.connect_early`): not rich (a noticeable part of a no-op plan's
+    start), the pipeline or the planner; each loads after the probes run."""
     from loading import loaded_after
 
     early = ["transplant.cli.app", "transplant.cli.warm", "transplant.controller.manifest_file", "transplant.hosts.early",

@@ -1,4 +1,4 @@
-"""The small apply's host scripts started ahead (issue 16): the plan's probes, the target's ELF
+"""The small apply's host scripts started ahead: the plan's probes, the target's ELF
 script and stale-plan probe and both sides of the stream start as the connections open and are
 asked later; the donor's ELF script does not run when no shared object moves. Real local venvs
 built from real wheels, gcc-built shared objects, the real loopback SSH lab; processes counted

@@ -1,4 +1,4 @@
-"""The small apply's overlaps (issue 16): SSH connections opened early and side by side, the
+"""The small apply's overlaps: SSH connections opened early and side by side, the
 applier started while the plan gathers, the stale-plan probe started early and asked under the
 lock. Real local venvs built from real wheels, the real loopback SSH lab, processes counted by
 the applier's own start log (``TRANSPLANT_TEST_APPLIER_LOG``) and by the waiting probe's own exit."""

@@ -1,4 +1,4 @@
-"""Trust (issue 14): no stale plan is committed, nothing recorded on a host lowers the controller's
+"""Trust: no stale plan is committed, nothing recorded on a host lowers the controller's
 SSH checks, a target that is the donor under another name is refused, hostile files get one clear
 error, crashes leave exact records. Local venvs (real applier processes) unless a test needs sshd."""
 
@@ -447,7 +447,7 @@ def test_a_target_that_is_the_donor_under_another_name_is_refused(pair, capsys, 
             subprocess.run(["umount", str(tmp_path / "bound")], check=False)
 
 
-# -- issue 14, item 8: a refused input writes nothing on the target ---------------------------------
+# -- a refused input writes nothing on the target -------------------------------------------------
 
 def _tampered_hash(plan: dict, tmp_path: Path) -> None:
     plan["changes"][0]["copy"][-1]["hash"] = "sha256=" + "A" * 43  # hand-edited: no longer what the manifest gives

@@ -31,7 +31,7 @@ from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_INTERRUPTED, EXIT
 
 __all__ = ["main", "EXIT_USAGE"]
 
-if TYPE_CHECKING:  # rich loads in _run, after the early start (a plan's probes begin before it: issue 16)
+if TYPE_CHECKING:  # rich loads in _run, after the early start (a plan's probes begin before it)
     from rich.console import Console
 
 
@@ -42,8 +42,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-# Each command's module is imported when it runs (issue 16): ``apply`` first starts its SSH
-# connections (:func:`transplant.cli.warm.connect_early`), then imports the planner and the rest.
+# Each command's module is imported when it runs, so no command pays for the others': ``apply``
+# first starts its SSH connections (:func:`transplant.cli.warm.connect_early`), then imports the
+# planner and the rest.
 def plan_command(args: argparse.Namespace, console: Console) -> int:
     """:func:`transplant.cli.commands.plan.plan_command`, its module imported when it runs."""
     from transplant.cli.commands.plan import plan_command as command

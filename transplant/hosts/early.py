@@ -1,6 +1,6 @@
 """Connections opened early (edge): SSH master connections started side by side, in threads,
-before the command that needs them asks (issue 16: a small apply spent about 0.2 s per host
-opening them one after the other, after its imports).
+before the command that needs them asks, so that opening them overlaps the command's imports
+and each other instead of following them one after the other.
 
 :func:`start` begins connecting; :func:`transplant.hosts.host.connect` hands the connection to
 the first caller asking for that host with the same settings (:func:`take`), or raises the

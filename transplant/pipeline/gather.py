@@ -168,7 +168,7 @@ def gather(
     extra = {"hashes": _hashes(moving, moving_objects)} if isinstance(live, Host) else {}
     with ThreadPoolExecutor(max_workers=2) as pool:
         # no shared object moves: the donor's script would be asked about no file and nothing
-        # else (its report: no files), so it is not started (issue 16: one host interpreter less)
+        # else (its report: no files), so it is not started: one host interpreter less
         de = pool.submit(source.elf, moving_objects, torch_symbols_skip=own_torch,
                          device_code=bool(target.nvidia.gpus), versioned_symbols=True, numpy_abi=True,
                          timeout=timeout, **extra) if moving_objects else None

@@ -236,7 +236,7 @@ def _read_record(path):
     bytes are UTF-8 (the decoding replaced nothing) and hold no quote, so no field spans a line
     and the newline translation (pip writes RECORD with ``\r\n``) ends the same rows at the same
     places. Then the identity is made of the rows parsed once, not of the file read and parsed
-    again (issue 16: a quarter of a second of the real donor's probe)."""
+    again (on a large venv a noticeable share of the probe)."""
     _note(path)
     if os.path.islink(path):
         return None, False
@@ -268,7 +268,7 @@ def _identity_of_rows(rows, plain, full, rel, size):
 
 def _header_parser():
     """email's ``HeaderParser`` (imported here, not with the probe: a fingerprint parses no
-    METADATA, and email's modules are a third of the probe's start-up imports, issue 16)."""
+    METADATA, and email's modules are a large share of the probe's start-up imports)."""
     import email.parser
 
     return email.parser.HeaderParser()
@@ -595,8 +595,8 @@ class _Inputs(object):
     list of paths, so that nothing per file is kept in memory. The digest is sha256 over those
     identities, then over the sha256 of the packed paths and the non-file facts: the
     fingerprint mode feeds the same paths, in the same order, with their identities now
-    (:meth:`stat_all`: one lstat and one array append per path, no text formatted per file,
-    issue 16); while nothing changed the two digests are equal.
+    (:meth:`stat_all`: one lstat and one array append per path, no text formatted per file);
+    while nothing changed the two digests are equal.
 
     ``racy`` is set when an input's mtime or ctime is at least ``limit_ns`` (the probe's start
     less :data:`_RACY_NS`, this host's clock): a write in the same clock tick as its lstat would
@@ -756,7 +756,7 @@ def _note(path, st=_UNSET):
 def _unpack(text, raw=False):
     """The paths an inputs report packed, in order (none for an empty text): text, or with
     ``raw`` the bytes the file system sees (what ``os.lstat`` of the text path would pass it,
-    without encoding each path again: about 15 % of the fingerprint loop's user time, issue 16),
+    without encoding each path again, a noticeable share of the fingerprint loop's time),
     where this interpreter's file system encoding is UTF-8 with surrogateescape (the packing's
     own: the same bytes); text paths elsewhere."""
     if not text:

@@ -23,7 +23,7 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
     from transplant.pipeline.memo import code_identity, memo_enabled
 
     if memo_enabled():  # a bad TRANSPLANT_PLAN_MEMO is refused before any host is opened or named
-        code_identity()  # the memo key's costly part, while the hosts' probes start (issue 16)
+        code_identity()  # the memo key's costly part, computed while the hosts' probes start
     # a saved plan names its manifest by its absolute path, so its findings' hints must too: apply
     # plans again from that path and refuses a saved plan whose findings read otherwise
     manifest, targets = targets_of(args, load_manifest(os.path.abspath(args.manifest) if args.out else args.manifest))
@@ -49,7 +49,7 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
         save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
         # written as it is encoded, in large pieces: a plan of a large venv is tens of MB of text,
-        # never held whole (json.dump's text: one write per token took 19 s for the real pair's)
+        # never held whole (json.dump's one write per token is slow on a redirected output)
         write_plan(plan, sys.stdout.write, {"donor_source": opened.to_dict()})
         sys.stdout.write("\n")
     else:
