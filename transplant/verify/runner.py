@@ -6,6 +6,10 @@ Each stage runs in a fresh interpreter of the target venv with the manifest's
 ``interpreter``, ``imports``, ``native-load``, ``library-provenance``, ``requirements``,
 ``server-args`` (and ``server-args-resolve`` when asked for), ``smoke``, ``serve``,
 ``jit-caches``. A stage that has nothing to check is a skip with its reason, never a pass.
+The stages are the rows of :data:`transplant.core.verify_stages.STAGES`, run in its order and
+groups: a row that names its script, request and judge runs from the row alone
+(:func:`_from_row`); the ladder's own stages have bodies here (:data:`_BODIES`), functions of the
+one :class:`_Ladder` the stages of a run share.
 
 ``interpreter`` runs first (it takes the live inventory the others read); then the stages
 that do not depend on each other (:data:`GROUP`) run at once, each its own host process, at
