@@ -56,7 +56,8 @@ class Stage:
         ``parallel`` stage that needs another ``parallel`` one runs right after it, in its thread.
     :ivar group: one of :data:`GROUPS`.
     :ivar requirable: whether it runs again in the donor when it fails in the target, so that
-        ``verify.required`` may name it.
+        ``verify.required`` may name it (the runner's own body for the stage compares; a stage
+        run from its row alone is not compared with the donor: its failure is a failure).
     :ivar setting: the ``verify.KEY`` that asks for it (in a ``not-requested`` skip's reason), or
         None when it always runs.
     :ivar what: what the setting gives, in the reason of that skip without a manifest
