@@ -90,6 +90,10 @@ class Outcome(NamedTuple):
     unchecked: tuple[Mapping[str, str], ...] = ()
 
 
+#: What a stage's body returns: an :class:`Outcome`, or its first three fields.
+Answer = Outcome | tuple[str, str, Mapping[str, Any]]
+
+
 def _skip(cause: str, reason: str, details: Mapping[str, Any] | None = None) -> Outcome:
     return Outcome("skip", reason, details or {}, cause)
 
@@ -277,7 +281,7 @@ class _Ladder:
                     self.told_ended(r.name)
             self.reporter.progress(self.ended, self.total)
 
-    def run(self, name: str, body: Callable[[], tuple]) -> StageResult:
+    def run(self, name: str, body: Callable[[], Answer]) -> StageResult:
         """Run one stage's body as its step and keep its result."""
         self.reporter.step(name)
         result = _timed(name, body)
@@ -371,7 +375,7 @@ def _task(ctx: _Ladder, row: verify_stages.Stage, rows: Sequence[verify_stages.S
     return task
 
 
-def _body(ctx: _Ladder, row: verify_stages.Stage) -> Callable[[], tuple]:
+def _body(ctx: _Ladder, row: verify_stages.Stage) -> Callable[[], Answer]:
     """The stage's body: the runner's own for the ladder's stages that need more than their row
     (:data:`_BODIES`), else its script run with its row's request and its report judged."""
     own = _BODIES.get(row.name)
@@ -380,7 +384,7 @@ def _body(ctx: _Ladder, row: verify_stages.Stage) -> Callable[[], tuple]:
     return lambda: _from_row(ctx, row)
 
 
-def _from_row(ctx: _Ladder, row: verify_stages.Stage) -> tuple[str, str, Mapping]:
+def _from_row(ctx: _Ladder, row: verify_stages.Stage) -> Answer:
     """A stage run from its row alone: skipped when its settings do not ask for it or the
     inventory could not be taken; else its script's report, judged."""
     request = row.request(ctx.settings) if row.request is not None else verify_stages.Request()
@@ -407,7 +411,7 @@ def judge_of(row: verify_stages.Stage) -> Callable[..., tuple[str, str]]:
     return found
 
 
-def _interpreter(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _interpreter(ctx: _Ladder) -> Answer:
     # RECORD's rows, with the disk's facts only for the shared objects (the stages look at no other file
     # through the inventory): not 50,000 lstats and their rows for a CUDA stack
     live = take_inventory(ctx.target, ctx.venv, record="shared", timeout=ctx.timeout)
@@ -441,14 +445,14 @@ def _imports_and_facts(ctx: _Ladder) -> dict[str, Any]:
     return report
 
 
-def _imports(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _imports(ctx: _Ladder) -> Answer:
     try:
         return _imports_body(ctx)
     finally:
         ctx.joint_done.set()
 
 
-def _imports_body(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _imports_body(ctx: _Ladder) -> Answer:
     live, settings, joint = ctx.live, ctx.settings, ctx.joint
     if live is None:  # the interpreter stage failed and said why; that error is said once
         return _skip("not-run", _NOT_RUN)
@@ -487,7 +491,7 @@ def _imports_body(ctx: _Ladder) -> tuple[str, str, Mapping]:
                    unchecked)
 
 
-def _native(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _native(ctx: _Ladder) -> Answer:
     live, venv, joint, preload = ctx.live, ctx.venv, ctx.joint, ctx.preload
     if live is None:
         return _skip("not-run", _NOT_RUN)
@@ -532,7 +536,7 @@ def _native(ctx: _Ladder) -> tuple[str, str, Mapping]:
     return Outcome(status, reason, report, _cause_of(unchecked) if status == "skip" else None, unchecked)
 
 
-def _provenance(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _provenance(ctx: _Ladder) -> Answer:
     live, shipped, modules, joint = ctx.live, ctx.shipped, ctx.modules, ctx.joint
     if live is None:
         return _skip("not-run", _NOT_RUN)
@@ -559,7 +563,7 @@ def _provenance(ctx: _Ladder) -> tuple[str, str, Mapping]:
                    cause)
 
 
-def _requirements(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _requirements(ctx: _Ladder) -> Answer:
     live = ctx.live
     if live is None:
         return _skip("not-run", _NOT_RUN)
@@ -583,7 +587,7 @@ def _resolve_cause(ctx: _Ladder, report: Mapping[str, Any]) -> str:
     return "no-driver" if ctx.live is not None and not ctx.live.nvidia.available else "no-device"
 
 
-def _server_args(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _server_args(ctx: _Ladder) -> Answer:
     check = ctx.settings.server_args
     row = verify_stages.stage("server-args")
     request = row.request(ctx.settings) if row.request is not None else None
@@ -620,7 +624,7 @@ def _server_args_stages(ctx: _Ladder) -> None:
                                     seconds=float(resolved.get("seconds") or 0.0), details=resolved))
 
 
-def _jit(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _jit(ctx: _Ladder) -> Answer:
     if ctx.live is None:
         return _skip("not-run", _NOT_RUN)
     report = run_script(ctx.target, ctx.venv, "stage_jit", request={"clear": list(ctx.clearing)}, env=ctx.env,
@@ -644,7 +648,7 @@ def _imports_stages(ctx: _Ladder) -> None:
     ctx.finish(_timed("library-provenance", lambda: _provenance(ctx), started))
 
 
-def _smoke(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _smoke(ctx: _Ladder) -> Answer:
     settings, live = ctx.settings, ctx.live
     row = verify_stages.stage("smoke")
     request = row.request(settings) if row.request is not None else None
@@ -685,7 +689,7 @@ def _smoke(ctx: _Ladder) -> tuple[str, str, Mapping]:
     return Outcome(status, reason, report, None, unchecked)
 
 
-def _serve(ctx: _Ladder) -> tuple[str, str, Mapping]:
+def _serve(ctx: _Ladder) -> Answer:
     check = ctx.settings.serve
     row = verify_stages.stage("serve")
     request = row.request(ctx.settings) if row.request is not None else None
@@ -702,7 +706,7 @@ def _serve(ctx: _Ladder) -> tuple[str, str, Mapping]:
 #: The bodies of the ladder's stages that need more than their row (a process shared with other
 #: stages, the donor as the reference, a judge given more than the report), by stage name. A new
 #: stage needs none: :func:`_from_row` runs it from its row.
-_BODIES: dict[str, Callable[[_Ladder], tuple]] = {
+_BODIES: dict[str, Callable[[_Ladder], Answer]] = {
     "interpreter": _interpreter, "imports": _imports, "native-load": _native, "library-provenance": _provenance,
     "requirements": _requirements, "server-args": _server_args, "smoke": _smoke, "serve": _serve, "jit-caches": _jit}
 
