@@ -113,6 +113,28 @@ def test_plan_shows_the_chain_and_hashes_what_it_brings():
     assert expand(once, inv("/d", donor), inv("/t", target)) == (once, None)
 
 
+def test_the_planner_takes_the_closure_handed_on_rather_than_computing_it_again():
+    donor = [d("app", "2.0", requires=["lib==5.19.0"]), d("lib", "5.19.0", requires=["leaf"]), d("leaf")]
+    target = [d("app", "1.0"), d("lib", "4.57.1")]
+    m = manifest([{"closure": "app"}])
+    _, found = expand(m, inv("/d", donor), inv("/t", target))
+    assert plan(m, inv("/d", donor), inv("/t", target), closure=found) == plan(m, inv("/d", donor), inv("/t", target))
+    # what is handed on is what the plan shows: a closure gathered before leaf was needed brings no leaf
+    _, earlier = expand(m, inv("/d", [d("app", "2.0", requires=["lib==5.19.0"]), d("lib", "5.19.0"), d("leaf")]),
+                        inv("/t", target))
+    handed = plan(m, inv("/d", donor), inv("/t", target), closure=earlier)
+    assert {c.name for c in handed.changes} == {"app", "lib"}
+
+
+def test_without_a_target_the_closure_is_everything_the_roots_reach_on_the_donor():
+    """A snapshot knows no target: every donor distribution the roots reach, with the donor's markers."""
+    donor = [d("app", "2.0", requires=["lib", 'win; sys_platform == "win32"']), d("lib", requires=["leaf"]),
+             d("leaf"), d("win"), d("other")]
+    m, found = expand(manifest(["torch", {"closure": "app"}]), inv("/d", donor), None)
+    assert m.overlay == ("torch", "app", "leaf", "lib") and m.closures == ()
+    assert found is not None and found.roots == ("app",)
+
+
 def test_an_absent_root_is_overlay_no_match():
     result = plan(manifest([{"closure": "nothere"}]), inv("/d", [d("app")]), inv("/t", []))
     assert [(f.code, f.severity) for f in result.findings if f.code == "overlay-no-match"] == [
