@@ -184,7 +184,8 @@ class Bench:
         """Stream ``files`` (relative to ``root`` on the controller) to the target host through a
         link that carries at most ``rate`` bytes a second (a rate-limited copy on the controller:
         a bench-only stand-in for a slow WAN or VPN), compressed or not: (seconds, bytes on the wire)."""
-        from transplant.hosts.host import HostSpec, SSHOptions, LocalHost, connect
+        from transplant.hosts.host import HostSpec, SSHOptions, LocalHost
+        from transplant.hosts.connecting import connect
         from transplant.hosts.stream import stream_files
 
         self.target.run(["rm", "-rf", "/srv/throttled"])

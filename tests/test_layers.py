@@ -136,7 +136,7 @@ def test_the_package_keeps_its_layers():
 
 
 @pytest.mark.parametrize("module, line, expected", [
-    ("core/planner.py", "from transplant.hosts.host import connect", "the pure core imports only the core"),
+    ("core/planner.py", "from transplant.hosts.connecting import connect", "the pure core imports only the core"),
     ("verify/judges.py", "import transplant.verify.runner", "the pure core imports only the core"),
     ("remote/probe.py", "from transplant.errors import HostError", "a host script imports nothing of transplant"),
     ("apply/execute.py", "from transplant.cli.render import print_plan", "an edge imports the face"),

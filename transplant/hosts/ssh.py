@@ -415,7 +415,7 @@ class SSHHost(Host):
 def end_masters(timeout: float = 3.0) -> int:
     """Ask every master connection this controller opened and has not closed to exit now
     (``ssh -O exit`` through its own control socket, all at once), for an interrupt
-    (:func:`transplant.hosts.host.interrupt_stops_commands`): a master holds the pipes of each
+    (:func:`transplant.hosts.connecting.interrupt_stops_commands`): a master holds the pipes of each
     command it carries (the local ``ssh`` passed them to it) until the remote command ends, so
     a thread waiting for a command's output would wait for the remote end even after its local
     ``ssh`` was killed; once the master is gone they close, and sshd closes the remote command's
