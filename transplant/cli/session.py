@@ -23,11 +23,10 @@ from transplant.errors import HostError, TransplantError, UsageError
 from transplant.hosts.host import Host, side_error
 from transplant.hosts.connecting import connect
 from transplant.cli.warm import ssh_options
-from transplant.cli.locations import parse_location  # noqa: F401 - where the commands have always found it
+from transplant.cli.locations import parse_location
 from transplant.pipeline import plan_target
 
-__all__ = ["Session", "ssh_options", "parse_location", "targets_of", "run_fleet_action", "refuse_inside_venvs",
-           "crash_after", "orphan_at"]
+__all__ = ["Session", "targets_of", "run_fleet_action", "refuse_inside_venvs", "crash_after", "orphan_at"]
 
 
 class Session:
