@@ -43,6 +43,7 @@ from transplant.errors import HostError
 from transplant.hosts.host import (CommandResult, Host, SSHOptions, tracked, _check_argv, _check_env, _host_matches, _ssh_config_path,
                     kill_group, read_known_hosts, stopping)
 from transplant.core.hostspec import HostSpec
+from transplant.hosts.probing import close_prestarted
 
 __all__ = ["SSHHost", "CONFIG_ENV", "end_masters"]
 
@@ -384,8 +385,6 @@ class SSHHost(Host):
         close the master connection (one kept between commands stays, for the next command: it
         ends itself once idle ``PERSIST`` seconds) and remove this host's folder."""
         if getattr(self, "_prestarted", None):
-            from transplant.hosts.probing import close_prestarted
-
             close_prestarted(self)
         if getattr(self, "_kept", None) is not None:
             self._master = False
