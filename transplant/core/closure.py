@@ -247,7 +247,7 @@ def expand(manifest: Manifest, donor: Inventory, target: Inventory | None) -> tu
     """
     if not manifest.closures:
         return manifest, None
-    markers = (target or donor).interpreter.markers
+    markers = (target if target is not None else donor).interpreter.markers
     found = closure(manifest.closures, donor.latest(), target.latest() if target is not None else {}, markers,
                     overlay=manifest.overlay, exclude=manifest.exclude, remove=manifest.remove)
     return expanded(manifest, found), found
