@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
-from transplant.hosts.host import HostSpec, connect  # noqa: E402
+from transplant.hosts.host import HostSpec  # noqa: E402
+from transplant.hosts.connecting import connect
 from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings  # noqa: E402
 from transplant.hosts.probing import take_inventory  # noqa: E402
 from transplant.cli.progress import Shown  # noqa: E402

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from transplant.errors import HostError
-from transplant.hosts.host import LOCAL, HostSpec, LocalHost, SSHHost, SSHOptions, connect
+from transplant.hosts.host import LOCAL, HostSpec, LocalHost, SSHOptions
+from transplant.hosts.ssh import SSHHost
+from transplant.hosts.connecting import connect
 from transplant.hosts.transfer import TransferResult, check_relpath, copy_files
 from transplant.reporting import RecordingReporter
 

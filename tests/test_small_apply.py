@@ -18,7 +18,8 @@ from transplant.core.hostspec import HostSpec
 from transplant.donor.sources import open_donor
 from transplant.errors import ApplyError, HostError
 from transplant.hosts import early
-from transplant.hosts.host import LocalHost, SSHOptions, connect, kill_group
+from transplant.hosts.host import LocalHost, SSHOptions, kill_group
+from transplant.hosts.connecting import connect
 from transplant.hosts.probing import ScriptSession, WaitingScript, take_inventory
 from transplant.hosts.ssh import SSHHost
 from transplant.lab.wheels import build_wheel, make_venv

@@ -350,7 +350,8 @@ def _rsh_hostname(host) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("known", ["changed", "absent"])
 def test_checking_off_still_refuses_a_changed_key_and_says_it_is_off(lab, ssh_options, tmp_path, capfd, known):
     from transplant.errors import HostError
-    from transplant.hosts.host import HostSpec, SSHHost, SSHOptions
+    from transplant.hosts.host import HostSpec, SSHOptions
+    from transplant.hosts.ssh import SSHHost
 
     donor = lab.hosts["donor"]
     file = tmp_path / "known_hosts"
@@ -387,7 +388,8 @@ def test_checking_off_still_refuses_a_changed_key_and_says_it_is_off(lab, ssh_op
 ], ids=["revoked-host-key", "revoked-other-key", "ca-for-other-hosts", "ca-only", "mixed"])
 def test_known_hosts_markers_are_honoured_not_a_traceback(lab, ssh_options, tmp_path, lines, refused):
     from transplant.errors import HostError
-    from transplant.hosts.host import HostSpec, SSHHost, SSHOptions
+    from transplant.hosts.host import HostSpec, SSHOptions
+    from transplant.hosts.ssh import SSHHost
 
     donor = lab.hosts["donor"]
     words = {"donor": _key_of(lab, "donor"), "other": _other_key(tmp_path),

@@ -88,7 +88,7 @@ def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_init(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.init import init_command
-    from transplant.cli.session import parse_location
+    from transplant.cli.locations import parse_location
 
     init_command(args, console, parse_location)
     return EXIT_OK
@@ -96,7 +96,7 @@ def _cmd_init(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.clone import clone_command
-    from transplant.cli.session import parse_location
+    from transplant.cli.locations import parse_location
 
     return EXIT_OK if clone_command(args, console, parse_location) else EXIT_BLOCKED
 

@@ -19,12 +19,13 @@ from transplant.core.plan import Plan
 from transplant.controller.patch_files import read_patch_files
 from transplant.donor.sources import Opened, open_donor
 from transplant.errors import HostError, TransplantError, UsageError
-from transplant.hosts.host import Host, connect, side_error
+from transplant.hosts.host import Host, side_error
+from transplant.hosts.connecting import connect
 from transplant.cli.warm import ssh_options
-from transplant.cli.locations import parse_location  # noqa: F401 - where the commands have always found it
+from transplant.cli.locations import parse_location
 from transplant.pipeline import plan_target
 
-__all__ = ["Session", "ssh_options", "parse_location", "targets_of", "run_fleet_action", "refuse_inside_venvs"]
+__all__ = ["Session", "targets_of", "run_fleet_action", "refuse_inside_venvs"]
 
 
 class Session:

@@ -46,7 +46,7 @@ def connect_early(args: argparse.Namespace) -> None:
     """For ``transplant apply MANIFEST`` with one target (no ``--target``, ``--resume``,
     ``--rollback``), start opening the donor's and the target's SSH connections, both at once,
     each then asking its venv's identity (for the donor-is-not-the-target check: it only reads);
-    the command takes them when it connects (:func:`transplant.hosts.host.connect`). Once each is
+    the command takes them when it connects (:func:`transplant.hosts.connecting.connect`). Once each is
     open, the host scripts the command will ask first start there, waiting for their requests
     (:func:`transplant.hosts.probing.prestart`): both plan probes, the target's stale-plan probe
     and its ELF script, and (without ``--compress``) the two sides of a small apply's stream.

@@ -491,7 +491,9 @@ def _overlay(c: Problems, value: Any, path: str) -> tuple[tuple[str, ...], tuple
                         f"name one donor distribution, e.g. {{closure: sglang}}, in overlay of {path}")
         if text is None:
             continue
-        from transplant.core.closure import parse_root
+        # here, not at the top: packaging's requirement parser costs a command's start 60-80 ms,
+        # and only a manifest with a closure needs it
+        from transplant.core.requirements import parse_root
         try:
             name, extras = parse_root(text.strip())
         except ValueError as exc:

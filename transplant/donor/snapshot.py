@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ import yaml
 
 from transplant.donor import store as cas
 from transplant.core.elf_facts import ElfReport
-from transplant.core.closure import closure
+from transplant.core.closure import expand
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.errors import ProbeError, SnapshotError, TransplantError
 from transplant.controller.patch_files import read_patch_files
@@ -161,10 +161,7 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
         # reach (a superset of what any target's plan selects)
         reporter.step(f"reading the donor's metadata for the overlay {agree(len(manifest.closures), 'closure', 'closures')} {', '.join(manifest.closures)}")
         meta = take_inventory(donor, venv, record=False, timeout=timeout)
-        found = closure(manifest.closures, meta.latest(), {}, meta.interpreter.markers, overlay=manifest.overlay,
-                        exclude=manifest.exclude)
-        manifest = replace(manifest, overlay=manifest.overlay + tuple(n for n in found.names
-                                                                      if n not in manifest.overlay), closures=())
+        manifest, _ = expand(manifest, meta, None)
     reporter.step(f"probing the donor {manifest.donor} (hashing the overlaid distributions)")
     inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout,
                                hash_cache="controller")

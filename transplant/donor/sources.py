@@ -19,7 +19,8 @@ from typing import Any, Protocol
 from transplant.core.elf_facts import ElfReport
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.errors import HostError, NoDonorError, TransplantError
-from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.hosts.host import Host, SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import Endpoint, Manifest, SnapshotRef

@@ -29,7 +29,8 @@ from transplant.donor.snapshot import SnapshotSource, capture
 from transplant.donor.sources import HostSource, Opened
 from transplant.errors import FleetError, TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
-from transplant.hosts.host import SSHOptions, connect
+from transplant.hosts.host import SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.pipeline import apply_plan, plan_target, roll_back, verify_target
 from transplant.verify.judges import StageResult
 from transplant.reporting import QUIET, Prefixed, Reporter

@@ -75,7 +75,7 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
     facts = gather(manifest, source, target, patches, reporter=reporter, inputs=keep)
     with collector_paused():  # the planner's 70,000 new objects beside both inventories
         plan = make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
-                         target_elf=facts.target_elf)
+                         target_elf=facts.target_elf, closure=facts.closure)
     if keep:
         libstdcxx = facts.target_elf.libstdcxx
         extra = [*facts.target.elsewhere, *([libstdcxx.path] if libstdcxx is not None and libstdcxx.path else [])]

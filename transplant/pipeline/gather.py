@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from transplant.core.elf_facts import ElfReport, is_shared_object
-from transplant.core.closure import expand
+from transplant.core.closure import Closure, expand
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.hosts.identity import venv_identity
 from transplant.hosts.host import Host
@@ -43,12 +43,15 @@ __all__ = ["Facts", "gather"]
 
 @dataclass(frozen=True, kw_only=True)
 class Facts:
-    """Both inventories and both ELF reports, ready for :func:`transplant.core.planner.plan`."""
+    """Both inventories and both ELF reports, ready for :func:`transplant.core.planner.plan`,
+    and the manifest's closures as computed for them (None: the manifest has none), for the
+    planner's ``closure``."""
 
     donor: Inventory
     target: Inventory
     donor_elf: ElfReport
     target_elf: ElfReport
+    closure: Closure | None = None
 
 
 def _objects(dists: Sequence[Distribution]) -> list[str]:
@@ -88,26 +91,27 @@ def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) 
 
 
 def expand_closures(manifest: Manifest, source: DonorSource, target_host: Host, *, timeout: float | None = 600.0,
-                    reporter: Reporter = QUIET) -> Manifest:
+                    reporter: Reporter = QUIET) -> tuple[Manifest, Closure | None]:
     """The manifest with its closures computed from a metadata-only probe of both venvs
     (versions and Requires-Dist, no RECORD read, nothing hashed: a few seconds even on a
     200-distribution venv), so the hashing probe that follows hashes exactly the closure's
-    distributions. The planner computes the closure again from the hashed inventories; both
-    read the same METADATA, so they agree unless a venv changed in between (then the plan's
-    fingerprint check on apply refuses the plan as stale).
+    distributions. The closure is handed on to the planner (``Facts.closure``), not computed
+    again: the hashing probe reads the same METADATA, so they agree unless a venv changed in
+    between (then the plan's fingerprint check on apply refuses the plan as stale).
 
-    :returns: ``manifest`` itself when it has no closure, else
-        :func:`transplant.core.closure.expand`'s manifest (overlay = exact names, no closures).
+    :returns: (``manifest`` itself, None) when it has no closure, else
+        :func:`transplant.core.closure.expand`'s (manifest with overlay = exact names and no
+        closures, the closure).
     :raises HostError: a host could not be reached; :raises ProbeError: as :func:`take_inventory`.
     """
     if not manifest.closures:
-        return manifest
+        return manifest, None
     reporter.step(f"reading both venvs' metadata for the overlay {agree(len(manifest.closures), 'closure', 'closures')} {', '.join(manifest.closures)}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=(), timeout=timeout, record=False)
         t = pool.submit(take_inventory, target_host, manifest.target.venv, record=False, timeout=timeout)
         donor, target = d.result(), t.result()
-    return expand(manifest, donor, target)[0]
+    return expand(manifest, donor, target)
 
 
 def gather(
@@ -138,7 +142,7 @@ def gather(
     if isinstance(live, Host):
         refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
                            live, target_host)
-    m = expand_closures(m, source, target_host, timeout=timeout, reporter=reporter)
+    m, closures = expand_closures(m, source, target_host, timeout=timeout, reporter=reporter)
     # a snapshot donor is read, not probed: say which it is (its label names the snapshot and its donor)
     what = f"probing the donor {m.donor}" if isinstance(live, Host) or not hasattr(source, "label") else \
         f"reading {source.label}"
@@ -196,4 +200,4 @@ def gather(
             donor_elf = replace(donor_elf, **found)
         else:
             target_elf = replace(target_elf, **found)
-    return Facts(donor=donor, target=target, donor_elf=donor_elf, target_elf=target_elf)
+    return Facts(donor=donor, target=target, donor_elf=donor_elf, target_elf=target_elf, closure=closures)

@@ -377,7 +377,7 @@ def _located(args: argparse.Namespace, console: Console, stack: ExitStack) -> tu
     ``--identity-file`` and ``--known-hosts``) or a manifest's (with its ssh settings);
     ``(host, venv, label)``."""
     from transplant.cli.locations import is_location, refuse_bare_venv_path, resolve_location
-    from transplant.hosts.host import connect
+    from transplant.hosts.connecting import connect
 
     if is_location(args.manifest):
         spec, venv, options, label = resolve_location(args.manifest, getattr(args, "identity_file", None),

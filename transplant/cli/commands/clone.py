@@ -18,7 +18,8 @@ from transplant.cli.progress import Shown
 from transplant.controller.state import default_state_dir
 from transplant.clone.cloning import CloneResult, clone
 from transplant.errors import TransplantError
-from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.hosts.host import Host, SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Manifest
 from transplant.core.units import agree, count, human_bytes

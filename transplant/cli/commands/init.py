@@ -23,7 +23,8 @@ from transplant.cli.progress import Shown
 from transplant.controller.output_file import check_output
 from transplant.errors import TransplantError
 from transplant.pipeline.gather import gather
-from transplant.hosts.host import SSHOptions, connect
+from transplant.hosts.host import SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.starting_manifest import Draft, draft, render, with_checked_imports, with_checked_server_args
 from transplant.core.inventory import Inventory

@@ -16,7 +16,7 @@ from rich.console import Console
 from transplant.cli.render import inventory_table
 from transplant.cli.locations import resolve_location
 from transplant.exitcodes import EXIT_OK
-from transplant.hosts.host import connect
+from transplant.hosts.connecting import connect
 from transplant.hosts.probing import take_inventory
 
 __all__ = ["inventory_command"]

@@ -20,9 +20,10 @@ from transplant.cli.commands.apply import apply_command
 from transplant.cli.commands.plan import plan_command
 from transplant.cli.commands.verify import verify_command
 from transplant.cli.options import CommandOptions
-from transplant.cli.session import parse_location
+from transplant.cli.locations import parse_location
 from transplant.errors import HostError, TransplantError
-from transplant.hosts.host import SSHOptions, connect
+from transplant.hosts.host import SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.manifest import Endpoint
 from transplant.recover.provenance import verified_log

@@ -12,9 +12,9 @@ from rich.text import Text
 
 from transplant.exitcodes import EXIT_OK
 from transplant.errors import UsageError
-from transplant.cli.session import ssh_options
+from transplant.cli.warm import ssh_options
 from transplant.errors import TransplantError
-from transplant.hosts.host import connect
+from transplant.hosts.connecting import connect
 from transplant.core.manifest import Endpoint
 from transplant.controller.manifest_file import load_manifest
 from transplant.core.units import count, human_bytes

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
 from transplant.cli.locations import is_location, resolve_location
-from transplant.hosts.host import connect
+from transplant.hosts.connecting import connect
 from transplant.cli.reports import status_table
 from transplant.core.units import agree, count
 

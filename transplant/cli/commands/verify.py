@@ -15,7 +15,8 @@ from rich.console import Console
 
 from transplant.errors import TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.hosts.host import Host, SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.core.manifest import Manifest, VerifySettings
 from transplant.hosts.probing import run_script
 from transplant.verify.early import Started, start_imports
@@ -268,8 +269,8 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 def verify_command(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
     """``transplant verify MANIFEST|HOST:VENV``: one target (:func:`_verify_one`), or every target of a fleet;
     returns 0 when no stage failed, 3 when one did. Ctrl-C ends the stages' host scripts at once
-    (:func:`transplant.hosts.host.interrupt_stops_commands`), not when each reaches its timeout."""
-    from transplant.hosts.host import interrupt_stops_commands
+    (:func:`transplant.hosts.connecting.interrupt_stops_commands`), not when each reaches its timeout."""
+    from transplant.hosts.connecting import interrupt_stops_commands
 
     with interrupt_stops_commands():
         return _verify_command(args, console, manifest)
