@@ -36,7 +36,6 @@ def test_recover_from_history_rebuilds_every_transaction(tmp_path, capsys, monke
         # two applies in one second: ids hold the second and a random suffix, and here the newer
         # one's suffix sorts first; the applier lists them in the order they began
         import transplant.apply.execute as execute
-        import transplant.cli.commands.apply  # noqa: F401 - bound to the real id maker before the patch
 
         made = execute.new_transaction_id
         ids = iter(["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])

@@ -245,7 +245,6 @@ def test_two_transactions_in_one_second_roll_back_newest_first(world, capsys, mo
     import json
 
     import transplant.apply.execute as execute
-    import transplant.cli.commands.apply  # noqa: F401 - bound to the real id maker before the patch
 
     ids = iter(["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
     monkeypatch.setattr(execute, "new_transaction_id", lambda: next(ids))
