@@ -423,9 +423,9 @@ def _located(args: argparse.Namespace, console: Console, stack: ExitStack) -> tu
     """The target a ``rollback`` or ``history`` argument names, connected: ``HOST:VENV`` (with
     ``--identity-file`` and ``--known-hosts``) or a manifest's (with its ssh settings);
     ``(host, venv, label)``."""
+    from transplant.cli.locations import is_location, refuse_bare_venv_path, resolve_location
     from transplant.cli.session import Session
     from transplant.controller.manifest_file import load_manifest
-    from transplant.cli.locations import is_location, refuse_bare_venv_path, resolve_location
     from transplant.hosts.host import connect
 
     if is_location(args.manifest):
@@ -443,8 +443,7 @@ def _roll_back(console: Console, target: Host, venv: str, label: str, quoted: st
     ``quoted``: the manifest or ``HOST:VENV`` as the commands in hints name it."""
     from rich.text import Text
 
-    from transplant.cli.progress import Shown, printer
-    from transplant.cli.progress import step
+    from transplant.cli.progress import Shown, printer, step
     from transplant.pipeline import roll_back
 
     with step(console, f"rolling back {label}") as update:

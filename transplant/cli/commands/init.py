@@ -189,9 +189,9 @@ def _checked_in_donor(final: Draft, host: Host, venv: str, names: list[str], don
 def _donor_parses(host: Host, venv: str, parser: dict) -> str | None:
     """Why the donor's own parser refuses the proposed ``server_args`` (its judge's reason), or
     None when it parses them as expected, or could not be asked (then the proposal stays)."""
-    from transplant.hosts.probing import run_script
     import json
 
+    from transplant.hosts.probing import run_script
     from transplant.verify.judges import judge_server_args
 
     wanted = {"attrs": sorted(parser["expect"]), "resolve": False}
