@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``MANIFEST|PLAN.json``, the confirmation, transaction and verify options, ``--compress``,
     ``--json`` and the fleet options."""
     parser.add_argument("source", metavar="MANIFEST|PLAN.json",
-                        help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts changed)")
+                        help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts "
+                             "changed)")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     parser.add_argument("--force", action="store_true", help="apply despite error findings")
     parser.add_argument("--resume", action="store_true", help="finish the target's interrupted transaction")

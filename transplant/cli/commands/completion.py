@@ -59,7 +59,8 @@ def handle(args: argparse.Namespace, console: Console) -> int:
         os.replace(tmp, path)
     except OSError as exc:
         raise TransplantError(f"cannot write {path}: {exc.strerror}",
-                              hint=f"transplant completion {args.shell} > FILE, into a folder your shell reads") from None
+                              hint=f"transplant completion {args.shell} > FILE, into a folder your shell "
+                                   f"reads") from None
     console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
     console.print({"bash": "a new bash loads it (bash-completion); this one: source " + shlex.quote(str(path)),
                    "zsh": "add fpath=(~/.zfunc $fpath) before compinit in ~/.zshrc, then start a new zsh",

@@ -32,7 +32,23 @@ if TYPE_CHECKING:
 
     from transplant.lab import Lab
 
-__all__ = ["HELP", "add_arguments", "handle", "run_demo", "remove_work", "EXAMPLE", "VENV", "STAND_INS", "build_demo_venv"]
+__all__ = ["HELP", "add_arguments", "handle", "run_demo", "remove_work", "EXAMPLE", "VENV", "STAND_INS",
+           "build_demo_venv"]
+
+HELP = "replay the seed story on loopback test hosts, then rebuild a host with the donor gone"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--workdir`` and ``--keep``."""
+    parser.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant demo``: :func:`run_demo` in ``--workdir`` (default: a temporary folder)."""
+    return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
+
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "seed-migration"
 VENV = "/srv/venv_sglang"
@@ -59,21 +75,6 @@ def get_jit_cache_providers():
     """AOT kernel providers: none in this stand-in."""
     return []
 '''
-
-
-HELP = "replay the seed story on loopback test hosts, then rebuild a host with the donor gone"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--workdir`` and ``--keep``."""
-    parser.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
-    parser.add_argument("--keep", action="store_true",
-                        help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")
-
-
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant demo``: :func:`run_demo` in ``--workdir`` (default: a temporary folder)."""
-    return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
 
 
 def _cache_root() -> Path:

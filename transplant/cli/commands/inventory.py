@@ -26,8 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("location", metavar="HOST:VENV|MANIFEST",
                         help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv, or a manifest (its target, "
                              "reached with its ssh settings)")
-    parser.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1; without --files each "
-                        "distribution has record_summary {files, bytes} and record null)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the probe's document (schema transplant.inventory/1; without --files each "
+                             "distribution has record_summary {files, bytes} and record null)")
     parser.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
     parser.add_argument("--files", action="store_true",
                         help="look at every RECORD file on disk (exists, size, mode) and list each in --json; without "

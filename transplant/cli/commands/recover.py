@@ -33,9 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source_host", metavar="HOST:VENV",
                         help="a venv whose history holds the state (its newest applied and verified transaction)")
     parser.add_argument("--snapshot", metavar="ID|PATH|oci://REGISTRY/REPO:TAG",
-                        help="a snapshot (without --from or --snapshot: the last state this controller saw verified, "
-                             "from its host or, when that is gone, its snapshot; else the newest snapshot in the store)")
-    parser.add_argument("--ca", metavar="PEM", help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
+                        help="a snapshot (without --from or --snapshot: the last state this controller saw "
+                             "verified, from its host or, when that is gone, its snapshot; else the newest snapshot "
+                             "in the store)")
+    parser.add_argument("--ca", metavar="PEM",
+                        help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
     parser.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
     parser.add_argument("--force", action="store_true",

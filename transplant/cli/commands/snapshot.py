@@ -16,8 +16,9 @@ HELP = "keep the donor's overlay set on the controller, for when the donor is go
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``[MANIFEST]``, ``--out``, ``--list``, ``--prune``, ``--push``, ``--ca``, ``--json``."""
     parser.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
-    parser.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/); with "
-                        "--list or --prune also a registry repository, oci://REGISTRY/REPO (--prune then takes tags)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="the snapshot store (default: the state folder's snapshots/); with --list or --prune "
+                             "also a registry repository, oci://REGISTRY/REPO (--prune then takes tags)")
     parser.add_argument("--list", action="store_true", help="list the snapshots in the store")
     parser.add_argument("--prune", nargs="*", metavar="ID", help="remove these snapshots, then every stored file no "
                         "snapshot uses")

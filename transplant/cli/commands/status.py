@@ -18,7 +18,8 @@ HELP = "what was applied to a venv, from where, when, and what drifted since"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``HOST:VENV|MANIFEST``, ``--json`` and the SSH options."""
     parser.add_argument("location", metavar="HOST:VENV|MANIFEST",
-                        help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh settings)")
+                        help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh "
+                             "settings)")
     parser.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
     ssh_options(parser)
 
