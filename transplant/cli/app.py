@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # rich loads in _run, after the early start (a plan's probes 
     from rich.console import Console
 
 
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own exit code 2 would read as "changes"
         self.print_usage(sys.stderr)
@@ -45,10 +44,10 @@ class _Parser(argparse.ArgumentParser):
 
 #: The commands, in the order ``transplant --help`` lists them: name -> the module holding its
 #: ``HELP`` (the line in that list), ``add_arguments(parser)`` and ``handle(args, console)`` (the
-#: exit code). Each module imports only argparse and :mod:`transplant.cli.options` when loaded;
-#: what its command runs is imported inside ``handle``, so building the parser stays light and a
-#: command's early work (``apply`` opens its SSH connections first, :mod:`transplant.cli.warm`)
-#: begins before the command's own modules load.
+#: exit code). Loading a module loads only the standard library, :mod:`transplant.cli.options`,
+#: the errors and the exit codes; what its command runs is imported inside ``handle``, so building
+#: the parser stays light and a command's early work (``apply`` opens its SSH connections first,
+#: :mod:`transplant.cli.warm`) begins before the command's own modules load.
 COMMANDS: dict[str, ModuleType] = {
     "plan": plan, "apply": apply, "rollback": rollback, "history": history, "verify": verify, "init": init,
     "inventory": inventory, "clone": clone, "snapshot": snapshot, "status": status, "recover": recover,
