@@ -244,11 +244,9 @@ def test_two_transactions_in_one_second_roll_back_newest_first(world, capsys, mo
     # ids hold their second and a random suffix: B's suffix sorts before A's, yet B is the newest
     import json
 
-    import transplant.apply.execute as execute
-    import transplant.cli.commands.apply  # noqa: F401 - bound to the real id maker before the patch
+    from txids import script_transaction_ids
 
-    ids = iter(["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
-    monkeypatch.setattr(execute, "new_transaction_id", lambda: next(ids))
+    script_transaction_ids(monkeypatch, ["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
     venv, m = world["target"]("same-second")
     assert main(["apply", m, "--yes"]) == 0                      # A
     _apply_with_patch(m, "PATCHED = 2\n")                       # B

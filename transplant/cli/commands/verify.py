@@ -11,25 +11,53 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+from transplant.cli.options import fleet_options, ssh_options
 from transplant.errors import TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.hosts.host import Host, SSHOptions
-from transplant.hosts.connecting import connect
-from transplant.core.manifest import Manifest, VerifySettings
-from transplant.hosts.probing import run_script
-from transplant.verify.early import Started, start_imports
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from transplant.core.manifest import Manifest, VerifySettings
     from transplant.donor.sources import Opened
+    from transplant.hosts.host import Host
+    from transplant.verify.early import Started
     from transplant.verify.runner import DonorRun
 
-# The rest (the pipeline, the ladder's runner, the donor sources, the renderers) is imported where it is
-# used, after the imports process has started (transplant.verify.early): its half second of loading then
-# overlaps that process instead of coming before it.
+# What the command runs (the pipeline, the ladder's runner, the donor sources, the renderers) is
+# imported where it is used, after the imports process has started (transplant.verify.early): its
+# half second of loading then overlaps that process instead of coming before it.
 
-__all__ = ["verify_command", "parse_imports", "is_location"]
+__all__ = ["HELP", "add_arguments", "handle", "verify_command", "parse_imports", "is_location"]
+
+
+HELP = "prove the target venv works: the verify ladder, interpreter to a served request"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``MANIFEST|HOST:VENV``, ``--json``, ``--junit``, ``--strict``, ``--imports``,
+    ``--clear-jit-caches``, the SSH options and the fleet options."""
+    parser.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
+                        help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
+                             "check without one")
+    parser.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/3)")
+    parser.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail every stage and item that could not be checked here (no driver, no GPU, no torch, "
+                             "fails identically in the donor): for GPU hosts where everything must run")
+    parser.add_argument("--imports", metavar="NAMES", help="comma-separated import names (without a manifest: the "
+                        "distributions providing them are checked too)")
+    parser.add_argument("--clear-jit-caches", nargs="?", const="", default=None, metavar="NAMES",
+                        help="list the triton, flashinfer and torch-inductor cache folders of the target's user (they "
+                             "are outside the venv, shared by the user's other venvs: nothing is removed); "
+                             "--clear-jit-caches=triton,flashinfer,torch-inductor (or =all) removes the ones named")
+    ssh_options(parser, what=", for HOST:VENV")
+    fleet_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant verify``: see :func:`verify_command`."""
+    return verify_command(args, console)
 
 
 
@@ -39,6 +67,7 @@ def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
     absolute there and its ``prefix`` reported); a snapshot answers from the donor's verify
     results recorded when it was taken (:mod:`transplant.verify.recorded`), or None when it holds
     none (then nothing failing in the target is compared with the donor)."""
+    from transplant.hosts.probing import run_script
     from transplant.donor.snapshot import SnapshotSource
     from transplant.donor.sources import HostSource
 
@@ -175,6 +204,11 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 
     :raises TransplantError: bad manifest or option, unreachable target.
     """
+    from transplant.core.manifest import VerifySettings
+    from transplant.hosts.host import SSHOptions
+    from transplant.hosts.connecting import connect
+    from transplant.verify.early import start_imports
+
     junit = getattr(args, "junit", None)
     strict = bool(getattr(args, "strict", False))
     clearing, clear = parse_clear(getattr(args, "clear_jit_caches", None))
