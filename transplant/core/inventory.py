@@ -239,7 +239,8 @@ class LibcudaFacts:
 
 @dataclass(frozen=True, kw_only=True)
 class Inventory:
-    """Everything the probe saw in one venv on one host.
+    """Everything the probe saw in one venv on one host. The host's facts (``hostname``, ``nvidia``,
+    ``libcuda``, ``system_sonames``, ``cpu_flags``) are filled by their rows of :data:`HOST_FACTS`.
 
     :ivar label: where it came from, e.g. ``root@127.0.0.10:2222:/srv/venv`` (set by the
         caller; the probe does not know how it was reached).
@@ -269,9 +270,6 @@ class Inventory:
         ``ldconfig`` did not run (the host-library rule then finds nothing).
     :ivar cpu_flags: the host CPU's feature flags (``/proc/cpuinfo``: ``avx2``, ``avx512f``...);
         None when the probe did not report them.
-    The host's facts (``hostname``, ``nvidia``, ``libcuda``, ``system_sonames``, ``cpu_flags``)
-    are filled by their rows of :data:`HOST_FACTS`.
-
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
         "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
         None otherwise. Not part of the fingerprint.
