@@ -17,7 +17,7 @@ import json
 import posixpath
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -39,6 +39,8 @@ __all__ = [
     "Gpu",
     "NvidiaFacts",
     "LibcudaFacts",
+    "HostFact",
+    "HOST_FACTS",
     "Inventory",
     "parse_inventory",
     "expanded",
@@ -237,7 +239,8 @@ class LibcudaFacts:
 
 @dataclass(frozen=True, kw_only=True)
 class Inventory:
-    """Everything the probe saw in one venv on one host.
+    """Everything the probe saw in one venv on one host. The host's facts (``hostname``, ``nvidia``,
+    ``libcuda``, ``system_sonames``, ``cpu_flags``) are filled by their rows of :data:`HOST_FACTS`.
 
     :ivar label: where it came from, e.g. ``root@127.0.0.10:2222:/srv/venv`` (set by the
         caller; the probe does not know how it was reached).
@@ -738,23 +741,19 @@ def _inventory(document: dict, label: str) -> Inventory:
     for where, exists in elsewhere.items():
         if not isinstance(exists, bool):
             raise DecodeError(entry_path("elsewhere", where), "a boolean", exists)
-    libcuda = member(host, "libcuda", "host", dict, optional=True)
     return Inventory(
-        system_sonames=_sonames(member(host, "sonames", "host", dict, optional=True)),
-        cpu_flags=_cpu_flags(member(host, "cpu", "host", dict, optional=True)),
+        **{fact.name: fact.parse(member(host, fact.part, "host", fact.wire, optional=not fact.required), fact.cache_key)
+           for fact in HOST_FACTS},
         label=label,
-        hostname=member(host, "hostname", "host", str),
         interpreter=interpreter,
         site_packages=site,
         scripts=member(paths, "scripts", "paths", str, optional=True) or "bin",
         distributions=tuple(dists),
         files=files,
-        nvidia=_NVIDIA(member(host, "nvidia", "host", dict), "host.nvidia"),
         fingerprint=_fingerprint(document),
         texts={k: v for k, v in texts.items() if inside_path(k) == k},
         elsewhere=dict(elsewhere),
         document=document,
-        libcuda=_LIBCUDA(libcuda, "host.libcuda") if libcuda is not None else None,
         **_outside(member(document, "outside", "", list, optional=True) or []),
     )
 
@@ -779,29 +778,67 @@ def _refuse_unseen(unseen: dict | None, site: str, label: str) -> None:
     )
 
 
-def _cpu_flags(reported: dict | None) -> frozenset[str] | None:
+def _cpu_flags(reported: dict | None, path: str) -> frozenset[str] | None:
     """The CPU flags of the probe's ``host.cpu`` (``{"flags": [...]}``); None when absent.
 
     :raises DecodeError: a malformed report."""
     if reported is None:
         return None
-    flags = strings(member(reported, "flags", "host.cpu", list), "host.cpu.flags")
+    flags = strings(member(reported, "flags", path, list), f"{path}.flags")
     return frozenset(flags)
 
 
-def _sonames(reported: dict | None) -> frozenset[str] | None:
+def _sonames(reported: dict | None, path: str) -> frozenset[str] | None:
     """The host's library names from the probe's ``host.sonames`` (``{"ldconfig", "names"}``);
     None when absent or when ``ldconfig`` did not run. A name must be a plain file name.
 
     :raises DecodeError: a malformed report."""
     if reported is None:
         return None
-    ran = member(reported, "ldconfig", "host.sonames", bool)
-    names = member(reported, "names", "host.sonames", list)
+    ran = member(reported, "ldconfig", path, bool)
+    names = member(reported, "names", path, list)
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name or "/" in name or len(name) > 255:
-            raise DecodeError(f"host.sonames.names[{i}]", "a library file name", name)
+            raise DecodeError(f"{path}.names[{i}]", "a library file name", name)
     return frozenset(names) if ran else None
+
+
+@dataclass(frozen=True)
+class HostFact:
+    """One fact of the host a venv is on, as the probe reports it and the inventory keeps it.
+
+    :ivar name: the :class:`Inventory` field it fills (what the rules read).
+    :ivar part: the probe's host-script part that reports it (``HOST_PARTS`` in
+        :mod:`transplant.remote.probe`), and its key in the document's ``host`` section.
+    :ivar wire: the JSON type the part reports (``dict``, ``str``); null counts as absent.
+    :ivar parse: ``(reported value or None when absent, its key path) -> the field's value``.
+    :ivar required: an absent value is an error (else ``parse`` gets None).
+    """
+
+    name: str
+    part: str
+    wire: type
+    parse: Callable[[Any, str], Any]
+    required: bool = False
+
+    @property
+    def cache_key(self) -> str:
+        """``host.<part>``: where the document keeps it; the key path its errors name, and what the
+        plan memo's fingerprint digests (with the whole ``host`` section: a fact that changes
+        makes a kept plan stale)."""
+        return f"host.{self.part}"
+
+
+#: The host's facts the controller reads, one row each: adding one is its host-script part in
+#: ``remote/probe.py`` (``HOST_PARTS``), its row here (with its parser and the :class:`Inventory`
+#: field it fills) and the rule that reads that field.
+HOST_FACTS: tuple[HostFact, ...] = (
+    HostFact("hostname", "hostname", str, lambda value, path: value, required=True),
+    HostFact("nvidia", "nvidia", dict, lambda value, path: _NVIDIA(value, path), required=True),
+    HostFact("libcuda", "libcuda", dict, lambda value, path: _LIBCUDA(value, path) if value is not None else None),
+    HostFact("system_sonames", "sonames", dict, _sonames),
+    HostFact("cpu_flags", "cpu", dict, _cpu_flags),
+)
 
 
 def _outside(folders: list) -> dict[str, Any]:

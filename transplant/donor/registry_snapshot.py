@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transplant.donor import store as cas
 from transplant.core.elf_facts import ElfReport
@@ -43,6 +43,9 @@ from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
 from transplant import testhooks
 from transplant.core.units import count
+
+if TYPE_CHECKING:
+    from transplant.donor.sources import Stager
 
 __all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "DIST_TYPE", "PATCHES_TYPE", "ELF_TYPE", "PushResult", "push", "open_registry",
            "RegistrySource", "client_for", "list_registry", "prune_registry", "layer_files", "cache_store"]
@@ -407,6 +410,21 @@ class RegistrySource(SnapshotSource):
         result = copy_files(host, root, target, staged, list(paths), staging=staging, timeout=timeout)
         self._note(target, _Pull("relay", relay_bytes=result.bytes, line=line))
         return result.bytes, len(paths)
+
+    def memo_identity(self) -> str | None:
+        """None: no plan is kept for a registry snapshot (its cache on the controller is not the snapshot)."""
+        return None
+
+    def stager(self) -> Stager | None:
+        """:meth:`stage`: each target pulls its files from the registry itself."""
+        return self.stage
+
+    def transfer_note(self, target: str) -> str | None:
+        """The line :meth:`stage` said for ``target`` (pulled straight from the registry, or relayed);
+        None when it staged nothing there."""
+        with self._pull_lock:
+            pull = self.pulls.get(target)
+        return pull.line if pull is not None else None
 
     def _note(self, target: Host, pull: _Pull) -> None:
         with self._pull_lock:

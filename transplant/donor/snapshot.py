@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -56,6 +56,9 @@ from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
 from transplant.core.units import agree, count
 from transplant.verify import recorded
+
+if TYPE_CHECKING:
+    from transplant.donor.sources import Stager
 
 __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "capture", "load_snapshot",
            "list_snapshots", "prune", "default_store", "SnapshotSource", "TEXTS"]
@@ -461,7 +464,13 @@ class SnapshotSource:
     asked for is written from the store, hash-checked; it holds a ``pyvenv.cfg`` and a
     ``bin/python`` of the controller's own interpreter, so host scripts that only read
     files (the ELF reader) run on it as on a venv. Thread-safe; :meth:`close` removes it.
+    A :class:`transplant.donor.sources.DonorSource`.
     """
+
+    label: str
+    venv: str
+    live: Host | None = None
+    snapshot: Snapshot
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -481,9 +490,13 @@ class SnapshotSource:
             self._view = view
         return self._view
 
+    def memo_identity(self) -> str | None:
+        """``snapshot <id> <store>``: a snapshot's content never changes under its id."""
+        return f"snapshot {self.snapshot.id} {self.snapshot.store}" if self.snapshot.id else None
+
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None, record: bool = True) -> Inventory:
-        """The donor's inventory as captured (``texts`` and ``record`` are what the capture
+                  timeout: float | None = None, record: bool = True, inputs: bool = False) -> Inventory:
+        """The donor's inventory as captured (``texts``, ``record`` and ``inputs`` are what the capture
         asked for); every distribution ``hash_patterns`` selects must be one whose files the
         snapshot holds.
 
@@ -537,6 +550,14 @@ class SnapshotSource:
         wanted = list(files) + list((kwargs.get("defined") or ((), ()))[0]) + list(kwargs.get("defined_by") or {})
         host, root = self.files([p for p in wanted if p in self.snapshot.files])
         return read_elf_facts(host, root, files, **kwargs)
+
+    def stager(self) -> Stager | None:
+        """None: apply streams the files from the view (:meth:`files`)."""
+        return None
+
+    def transfer_note(self, target: str) -> str | None:
+        """None: the files are streamed as apply's own notes say."""
+        return None
 
     def close(self) -> None:
         """Remove the view folder."""

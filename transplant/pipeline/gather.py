@@ -67,7 +67,7 @@ def _hashes(dists: Sequence[Distribution], files: Sequence[str]) -> dict[str, st
 
 def _label(source: DonorSource, manifest: Manifest) -> str:
     """How the donor's ELF report is named in messages (as its script's report would be)."""
-    return str(getattr(source, "label", None) or manifest.donor)
+    return str(source.label or manifest.donor)
 
 
 def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
@@ -138,18 +138,15 @@ def gather(
     """
     m = manifest
     source = as_source(donor_host, m.donor.venv)
-    live = getattr(source, "host", None)  # a host donor (a snapshot has none): it must not be the target
-    if isinstance(live, Host):
-        refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
-                           live, target_host)
+    live = source.live  # a host donor (a snapshot has none): it must not be the target
+    if live is not None:
+        refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=source.venv)), live, target_host)
     m, closures = expand_closures(m, source, target_host, timeout=timeout, reporter=reporter)
     # a snapshot donor is read, not probed: say which it is (its label names the snapshot and its donor)
-    what = f"probing the donor {m.donor}" if isinstance(live, Host) or not hasattr(source, "label") else \
-        f"reading {source.label}"
+    what = f"probing the donor {m.donor}" if live is not None else f"reading {source.label}"
     reporter.step(f"{what} and probing the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        noted = {"inputs": True} if inputs and isinstance(live, Host) else {}
-        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout, **noted)
+        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout, inputs=inputs)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
                         site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout, hash_cache="venv",
                         inputs=inputs)
@@ -168,8 +165,8 @@ def gather(
     own_torch = [p for inv in (donor, target) for d in inv.distributions if d.name == "torch" for p in d.files
                  if is_shared_object(p)]
     moving_objects, staying_objects = _objects(moving), _objects(staying)
-    # the ELF caches: the donor's on the controller (HostSource), the target's in its state folder
-    extra = {"hashes": _hashes(moving, moving_objects)} if isinstance(live, Host) else {}
+    # the ELF caches: a live donor's on the controller, the target's in its state folder
+    extra = {"hashes": _hashes(moving, moving_objects)} if live is not None else {}
     with ThreadPoolExecutor(max_workers=2) as pool:
         # no shared object moves: the donor's script would be asked about no file and nothing
         # else (its report: no files), so it is not started: one host interpreter less

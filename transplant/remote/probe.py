@@ -779,9 +779,32 @@ def _non_file_facts(prefix, paths, host, interpreter):
 
 
 def _host_facts():
-    cache = _ldconfig()
-    return {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
-            "libcuda": _libcuda(cache), "sonames": _system_sonames(cache), "cpu": _cpu()}
+    """The document's ``host`` section: each part of :data:`HOST_PARTS` under its key."""
+    shared = {}
+    return {key: part(shared) for key, part in HOST_PARTS.items()}
+
+
+def _loader_cache(shared):
+    """:func:`_ldconfig`'s answer, run once per probe however many parts read it (``shared``:
+    what the parts of one :func:`_host_facts` compute once)."""
+    if "ldconfig" not in shared:
+        shared["ldconfig"] = _ldconfig()
+    return shared["ldconfig"]
+
+
+#: The host's facts, each reported under its key in the document's ``host`` section (the key the
+#: plan memo's fingerprint digests with the rest of the section: a fact that changes makes a kept
+#: plan stale). A part is a function of ``shared`` (see :func:`_loader_cache`) returning
+#: JSON-ready data. The controller reads each through its row of ``HOST_FACTS`` in
+#: transplant.core.inventory (its parser and the Inventory field it fills).
+HOST_PARTS = {
+    "hostname": lambda shared: socket.gethostname(),
+    "machine": lambda shared: platform.machine(),
+    "nvidia": lambda shared: _nvidia(),
+    "libcuda": lambda shared: _libcuda(_loader_cache(shared)),
+    "sonames": lambda shared: _system_sonames(_loader_cache(shared)),
+    "cpu": lambda shared: _cpu(),
+}
 
 
 def _cpu():

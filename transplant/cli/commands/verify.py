@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from transplant.core.manifest import Manifest, VerifySettings
-    from transplant.donor.sources import Opened
+    from transplant.donor.sources import DonorSource, Opened
     from transplant.hosts.host import Host
     from transplant.verify.early import Started
     from transplant.verify.runner import DonorRun
@@ -61,45 +61,41 @@ def handle(args: argparse.Namespace, console: Console) -> int:
 
 
 
-def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
+def donor_runner(source: DonorSource, settings: VerifySettings) -> DonorRun | None:
     """A :data:`transplant.verify.runner.DonorRun` for the donor: on a host, the host script runs
     in the donor's venv with the manifest's verify environment (a request's ``paths`` made
     absolute there and its ``prefix`` reported); a snapshot answers from the donor's verify
     results recorded when it was taken (:mod:`transplant.verify.recorded`), or None when it holds
     none (then nothing failing in the target is compared with the donor)."""
     from transplant.hosts.probing import run_script
-    from transplant.donor.snapshot import SnapshotSource
-    from transplant.donor.sources import HostSource
 
-    if isinstance(source, SnapshotSource):
+    snap, live, venv = source.snapshot, source.live, source.venv
+    if snap is not None:
         from transplant.verify import recorded
 
-        snap = source.snapshot
         return recorded.recorded_runner(snap.donor_verify, snap.id) if recorded.has_record(snap.donor_verify) else None
-    if not isinstance(source, HostSource):
+    if live is None:
         return None
 
     def run(script: str, args: list, request: Mapping[str, Any] | None) -> Mapping[str, Any]:
-        root = source.venv.rstrip("/")
+        root = venv.rstrip("/")
         if request is not None and "paths" in request:
             request = {**request, "paths": [f"{root}/{p}" for p in request["paths"]]}
-        report = run_script(source.host, source.venv, script, args, request=request, env=dict(settings.env),
+        report = run_script(live, venv, script, args, request=request, env=dict(settings.env),
                             timeout=settings.timeout)
         return {**report, "prefix": root}
 
     return run
 
 
-def donor_said(source: object) -> str | None:
+def donor_said(source: DonorSource) -> str | None:
     """The line verify prints when its donor is a snapshot: whether the donor's recorded verify
     results stand in for it, and their age; None for a donor on a host."""
-    from transplant.donor.snapshot import SnapshotSource
-
-    if not isinstance(source, SnapshotSource):
+    snap = source.snapshot
+    if snap is None:
         return None
     from transplant.verify import recorded
 
-    snap = source.snapshot
     return recorded.summary(snap.donor_verify, snap.id, snap.created)
 
 
