@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python -m bench.fleet [--scale 0.02] [--counts 1,4,8] [--out BENCHMARKS-fleet.md]
+    .venv/bin/python -m bench.fleet [--scale 0.02] [--counts 1,4,8] [--out FILE]
 
 Starts a donor and 8 target lab hosts, builds the synthetic serving-shaped venvs of
 :mod:`bench.workload` (donor +cu130; every target the same +cu128 venv, hardlinked from
@@ -145,11 +145,11 @@ def _push(lab: Lab, work: Path, registry) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the measurements, print the table and write it to ``--out``."""
+    """Run the measurements, print the table and write it to ``--out`` when given."""
     parser = argparse.ArgumentParser(prog="bench.fleet")
     parser.add_argument("--scale", type=float, default=0.02, help="workload scale (1 = about 2 GB)")
     parser.add_argument("--counts", default="1,4,8", help="numbers of targets")
-    parser.add_argument("--out", default="BENCHMARKS-fleet.md")
+    parser.add_argument("--out", help="also write the table to this file (BENCHMARKS.md is edited by hand)")
     parser.add_argument("--registry", action="store_true",
                         help="also apply from a snapshot in a loopback OCI registry (needs docker-registry)")
     args = parser.parse_args(argv)
@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{human_bytes(r['registry_bytes_per_target'])} | {r['direct']} | {r['seconds']} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    Path(args.out).write_text(text)
+    if args.out:
+        Path(args.out).write_text(text)
     return 0
 
 

@@ -44,7 +44,7 @@ import tempfile
 from datetime import datetime, UTC
 from pathlib import Path
 
-from . import compile_transplant
+from . import compile_transplant, measured
 
 __all__ = ["DEFAULT_ROOT", "MARKER", "VERIFY_IMPORTS", "missing", "identical_distributions", "measure", "plan_summary",
            "verify_summary", "report", "main"]
@@ -108,8 +108,6 @@ def measure(root: Path, say=print, *, verify_only: bool = False) -> dict[str, tu
 
     import yaml
 
-    from .run import _measured
-
     donor, target = root / "donor", root / "target"
     work = Path(tempfile.mkdtemp(prefix="transplant-bench-real-", dir="/tmp"))
     out: dict[str, tuple[float, int, int, str]] = {}
@@ -118,7 +116,7 @@ def measure(root: Path, say=print, *, verify_only: bool = False) -> dict[str, tu
                "PYTHONDONTWRITEBYTECODE": "1"}
 
         def step(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
-            seconds, rss, code, text = _measured(argv, env={**env, **(extra or {})})
+            seconds, rss, code, text = measured(argv, env={**env, **(extra or {})})
             what = plan_summary(text) if argv[:4] == plan[:4] else verify_summary(text) if argv[:4] == verify else ""
             out[name] = (seconds, rss, code, what)
             say(f"  {name}: {seconds:.2f} s, {rss / 2**20:.0f} MiB, exit {code} {what}")

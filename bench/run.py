@@ -2,7 +2,7 @@
 
 Usage (the README's command)::
 
-    .venv/bin/python -m bench.run [--scales 1,2,4] [--runs 3] [--out BENCHMARKS.md]
+    .venv/bin/python -m bench.run [--scales 1,2,4] [--runs 3] [--out FILE]
 
 Starts two loopback sshd hosts (``transplant.lab``), builds the synthetic serving-shaped
 venvs of :mod:`bench.workload` on them (donor +cu130, target +cu128; real ELF shared
@@ -22,7 +22,7 @@ objects with symbol tables and fatbins), and measures, each
 
 The target is reset from a hardlinked pristine copy before every apply-like run (every
 writer here replaces files by rename, so the pristine copy keeps its bytes). The table is
-printed and written to ``--out`` with the machine's description.
+printed, and written to ``--out`` when given, with the machine's description.
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import compile_transplant
+from . import compile_transplant, measured
 
 from transplant.lab import Lab
 
+from .real import DEFAULT_ROOT
 from .workload import SITE, build_venv, differing_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,31 +52,11 @@ VENV, PRISTINE = "/srv/bench", "/srv/bench-pristine"
 OVERLAY = ["torch", "torchvision", "triton", "sgl-kernel", "nvidia-*"]
 
 
-#: Runs a command and prints its peak RSS (KiB) on the last line. A small wrapper process is the
-#: parent, because a child's ru_maxrss starts from its parent's RSS at fork (and survives exec).
-_MEASURE = ("import resource, subprocess, sys\n"
-            "code = subprocess.run(sys.argv[1:]).returncode\n"
-            "print('maxrss', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)\n")
-
-
-def _measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int, str]:
-    """Run a process on the controller: (seconds, peak RSS in bytes of it and its children,
-    exit status, stdout then stderr)."""
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", _MEASURE, *argv], capture_output=True, env=env, cwd=ROOT, text=True)
-    seconds = time.monotonic() - started
-    lines = done.stdout.rstrip().splitlines()
-    if not lines or not lines[-1].startswith("maxrss "):
-        raise RuntimeError(f"{shlex.join(argv)}: the measuring wrapper failed:\n{done.stderr[-2000:]}")
-    _, rss, code = lines[-1].split()
-    return seconds, int(rss) * 1024, int(code), done.stdout + done.stderr
-
-
 def _child(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
-    """:func:`_measured` for transplant commands that must exit 0 or 2: (seconds, peak RSS bytes, output).
+    """:func:`bench.measured` for transplant commands that must exit 0 or 2: (seconds, peak RSS bytes, output).
 
     :raises RuntimeError: any other exit status (the output's tail in the message)."""
-    seconds, rss, code, out = _measured(argv, env)
+    seconds, rss, code, out = measured(argv, env)
     if code not in (0, 2):
         raise RuntimeError(f"{shlex.join(argv)} exited {code}:\n{out[-5000:]}")
     return seconds, rss, out
@@ -184,7 +164,8 @@ class Bench:
         """Stream ``files`` (relative to ``root`` on the controller) to the target host through a
         link that carries at most ``rate`` bytes a second (a rate-limited copy on the controller:
         a bench-only stand-in for a slow WAN or VPN), compressed or not: (seconds, bytes on the wire)."""
-        from transplant.hosts.host import HostSpec, SSHOptions, LocalHost, connect
+        from transplant.hosts.host import HostSpec, SSHOptions, LocalHost
+        from transplant.hosts.connecting import connect
         from transplant.hosts.stream import stream_files
 
         self.target.run(["rm", "-rf", "/srv/throttled"])
@@ -243,8 +224,6 @@ SLOW_SAMPLE = 160 << 20
 def slow_sample() -> tuple[str, list[str], str]:
     """(root, files, what) for the throttled comparison: real shared objects and Python sources of
     the cached real donor (read only) when present, about :data:`SLOW_SAMPLE` bytes; else None."""
-    from bench.real import DEFAULT_ROOT
-
     site = next(iter(sorted((DEFAULT_ROOT / "donor" / "lib").glob("python3*/site-packages"))), None)
     if site is None:
         return "", [], ""
@@ -471,9 +450,9 @@ def _targets(results: dict[float, dict[str, tuple]], diff_bytes: dict[float, int
         ("controller memory at most 300 MiB", lambda: max(v[2] or 0 for v in r.values()) / 2**20, lambda: 300, "MiB"),
     ]
     out = [f"## Targets (scale {scale:g})", "", "| target | measured | limit | met |", "| --- | ---: | ---: | --- |"]
-    for name, measured, limited, unit in rows:
+    for name, value, limited, unit in rows:
         try:
-            got, limit = measured(), limited()
+            got, limit = value(), limited()
         except KeyError:  # not measured in this run (--only)
             continue
         out.append(f"| {name} | {got:.2f} {unit} | {limit:.2f} {unit} | "
@@ -493,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scales", default="1,2,4", help="comma-separated scale factors (1: about 2 GB)")
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (the median is reported)")
-    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"), help="where to write the report")
+    parser.add_argument("--out", help="also write the report to this file (BENCHMARKS.md is edited by hand)")
     parser.add_argument("--only", help=f"comma-separated groups to measure, of {', '.join(GROUPS)} (apply brings "
                                        f"the floor along); default: all")
     args = parser.parse_args(argv)
@@ -516,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[scale] = measure(bench, args.runs, lambda line: print(line, flush=True), only)
                 diff[scale] = bench.diff_bytes
                 report = "# Benchmarks\n\n" + table(results, diff, args.runs)
-                Path(args.out).write_text(report)
+                if args.out:
+                    Path(args.out).write_text(report)
                 print(report, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -14,7 +14,7 @@ measures, each ``--runs`` times from a fresh copy of the target, the median repo
   locally (pip upgrades: it removes 1.0, installs 2.0 and compiles its bytecode).
 
 Issue 16's target: the small apply no slower than pip locally, and at most 2.5 s over SSH.
-Prints a Markdown table; ``TRANSPLANT_APPLIER_LOG`` is set so the applier processes a local
+Prints a Markdown table; ``TRANSPLANT_TEST_APPLIER_LOG`` is set so the applier processes a local
 apply starts are counted too (each process of the applier logs its start there; over SSH the
 variable does not reach the host).
 """
@@ -76,7 +76,7 @@ def measure(runs: int, ssh: bool, say=print, profile: Path | None = None) -> dic
     out: dict[str, tuple[float, float]] = {}
     log = work / "applier.log"
     env = {**os.environ, "TRANSPLANT_STATE_DIR": str(work / "state"), "COLUMNS": "200",
-           "TRANSPLANT_APPLIER_LOG": str(log)}
+           "TRANSPLANT_TEST_APPLIER_LOG": str(log)}
     try:
         old, new = wheels(work / "wheels")
         pristine = make_venv(work / "pristine", [old])
@@ -122,7 +122,8 @@ def measure(runs: int, ssh: bool, say=print, profile: Path | None = None) -> dic
 
 
 def table(results: dict[str, tuple[float, float]], runs: int) -> str:
-    """The Markdown table of :func:`measure`'s results, with issue 16's two limits."""
+    """The Markdown table of :func:`measure`'s results, with the small apply's two limits (no
+    slower than pip locally, at most 2.5 s over SSH)."""
     pip = results["pip install of the same wheel, local"][0]
     lines = [f"Small apply: one distribution of {FILES} files (plus its dist-info), median of {runs} runs.", "",
              "| step | seconds | applier processes | limit | met |", "| --- | ---: | ---: | ---: | --- |"]

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console
 
-from transplant.hosts.host import HostSpec, connect
+from transplant.hosts.host import HostSpec
+from transplant.hosts.connecting import connect
 from transplant.core.manifest import ServeCheck, ServerArgsCheck, VerifySettings
 from transplant.hosts.probing import take_inventory
 from transplant.cli.progress import Shown

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from transplant.hosts.host import HostSpec, SSHHost, SSHOptions, connect
+from transplant.hosts.host import HostSpec, SSHOptions
+from transplant.hosts.ssh import SSHHost
+from transplant.hosts.connecting import connect
 from transplant.lab import Lab
 from transplant.lab.systems import SystemLab
 

@@ -1,6 +1,6 @@
-"""One applier process per apply, rollback and resume (issue 16): the applier's session mode
+"""One applier process per apply, rollback and resume: the applier's session mode
 serves every step of a transaction, counted for real by the applier's own start log
-(``TRANSPLANT_APPLIER_LOG``), on local venvs built from real wheels."""
+(``TRANSPLANT_TEST_APPLIER_LOG``), on local venvs built from real wheels."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def transplant(base: Path, *argv: str, **extra: str) -> tuple[int, list[str]]:
     """Run transplant as a process; returns its exit code and the applier processes it started."""
     log = base / "applier.log"
     log.unlink(missing_ok=True)
-    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(base / "state"), "TRANSPLANT_APPLIER_LOG": str(log),
+    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(base / "state"), "TRANSPLANT_TEST_APPLIER_LOG": str(log),
            "COLUMNS": "200", **extra}
     done = subprocess.run([sys.executable, "-m", "transplant", *argv], cwd=ROOT, env=env, capture_output=True)
     started = log.read_text().splitlines() if log.exists() else []

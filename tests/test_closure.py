@@ -113,6 +113,28 @@ def test_plan_shows_the_chain_and_hashes_what_it_brings():
     assert expand(once, inv("/d", donor), inv("/t", target)) == (once, None)
 
 
+def test_the_planner_takes_the_closure_handed_on_rather_than_computing_it_again():
+    donor = [d("app", "2.0", requires=["lib==5.19.0"]), d("lib", "5.19.0", requires=["leaf"]), d("leaf")]
+    target = [d("app", "1.0"), d("lib", "4.57.1")]
+    m = manifest([{"closure": "app"}])
+    _, found = expand(m, inv("/d", donor), inv("/t", target))
+    assert plan(m, inv("/d", donor), inv("/t", target), closure=found) == plan(m, inv("/d", donor), inv("/t", target))
+    # what is handed on is what the plan shows: a closure gathered before leaf was needed brings no leaf
+    _, earlier = expand(m, inv("/d", [d("app", "2.0", requires=["lib==5.19.0"]), d("lib", "5.19.0"), d("leaf")]),
+                        inv("/t", target))
+    handed = plan(m, inv("/d", donor), inv("/t", target), closure=earlier)
+    assert {c.name for c in handed.changes} == {"app", "lib"}
+
+
+def test_without_a_target_the_closure_is_everything_the_roots_reach_on_the_donor():
+    """A snapshot knows no target: every donor distribution the roots reach, with the donor's markers."""
+    donor = [d("app", "2.0", requires=["lib", 'win; sys_platform == "win32"']), d("lib", requires=["leaf"]),
+             d("leaf"), d("win"), d("other")]
+    m, found = expand(manifest(["torch", {"closure": "app"}]), inv("/d", donor), None)
+    assert m.overlay == ("torch", "app", "leaf", "lib") and m.closures == ()
+    assert found is not None and found.roots == ("app",)
+
+
 def test_an_absent_root_is_overlay_no_match():
     result = plan(manifest([{"closure": "nothere"}]), inv("/d", [d("app")]), inv("/t", []))
     assert [(f.code, f.severity) for f in result.findings if f.code == "overlay-no-match"] == [
@@ -182,3 +204,34 @@ def test_a_drafted_manifest_keeps_its_ssh_settings():
             "ssh": {"identity_file": "/keys/id", "known_hosts": "/keys/known"},
             "overlay": ["sglang"], "verify": {"imports": ["sglang"]}}
     assert yaml.safe_load(render(Draft(data=data)))["ssh"] == data["ssh"]
+
+
+def test_gather_computes_the_closure_once_and_hands_it_to_the_planner(tmp_path, monkeypatch):
+    """Two real venvs: gather's metadata probe computes the closure, its facts carry it, and the
+    plan made with it is the plan the planner makes computing it itself."""
+    import importlib
+
+    from transplant.hosts.host import LocalHost
+    from transplant.lab.wheels import build_wheel, make_venv
+
+    def wheel(name, version, requires=()):
+        return build_wheel(tmp_path / "w" / name / version, name, version,
+                           {f"{name}/__init__.py": f"V = {version!r}\n"}, requires=requires)
+
+    donor = make_venv(tmp_path / "donor", [wheel("app", "2.0", ("lib==2.0",)), wheel("lib", "2.0", ("leaf",)),
+                                            wheel("leaf", "1.0")])
+    target = make_venv(tmp_path / "target", [wheel("app", "1.0"), wheel("lib", "1.0")])
+    m = parse_manifest({"version": 1, "donor": {"host": "local", "venv": str(donor)},
+                        "target": {"host": "local", "venv": str(target)}, "overlay": [{"closure": "app"}]},
+                       path="m.yaml")
+    gathering = importlib.import_module("transplant.pipeline.gather")  # the package's name ``gather`` is the function
+    computed = []
+    real_expand = gathering.expand
+    monkeypatch.setattr(gathering, "expand", lambda *a: computed.append(a) or real_expand(*a))
+    facts = gathering.gather(m, LocalHost(), LocalHost())
+    assert len(computed) == 1 and facts.closure is not None
+    assert facts.closure.roots == ("app",) and [p.name for p in facts.closure.pulled] == ["leaf", "lib"]
+    handed = plan(m, facts.donor, facts.target, donor_elf=facts.donor_elf, target_elf=facts.target_elf,
+                  closure=facts.closure)
+    assert handed == plan(m, facts.donor, facts.target, donor_elf=facts.donor_elf, target_elf=facts.target_elf)
+    assert {c.name for c in handed.changes} == {"app", "leaf", "lib"}

@@ -14,7 +14,8 @@ import pytest
 
 from transplant import remote
 from transplant.errors import HostError
-from transplant.hosts.host import LocalHost, interrupt_stops_commands
+from transplant.hosts.host import LocalHost
+from transplant.hosts.connecting import interrupt_stops_commands
 from transplant.lab.hosts import _mount_namespace, _processes_in
 from transplant.lab.wheels import build_wheel, make_venv
 

@@ -329,7 +329,8 @@ def test_a_pull_key_left_by_a_killed_controller_is_removed_by_the_next_pull_whic
         import dataclasses, sys
         from pathlib import Path
         from transplant.core.hostspec import HostSpec
-        from transplant.hosts.host import SSHOptions, connect
+        from transplant.hosts.host import SSHOptions
+        from transplant.hosts.connecting import connect
         from transplant.hosts.direct import pin_path, route, stream_direct
         options = SSHOptions.from_files({str(lab.identity_file)!r}, {str(lab.known_hosts)!r})
         donor = connect(HostSpec.parse({lab.hosts['donor'].spec!r}), options)

@@ -51,7 +51,7 @@ def test_every_release_in_the_table_is_on_the_registry():
 
 
 def test_an_invented_entry_is_caught():
-    # the table's old entries: torchaudio was never released past 2.11 (issue 13)
+    # the table's old entries: torchaudio was never released past 2.11
     table = {"torch": {"2.14": {"torchvision": "0.29", "torchaudio": "2.14"},
                        "2.9": {"torchvision": "0.24", "torchaudio": "2.9", "triton": "3.5"},
                        "2.99": {"triton": "9.9.0"}}}

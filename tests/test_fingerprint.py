@@ -1,4 +1,4 @@
-"""The probe's inputs and its ``fingerprint`` mode (issue 16: the plan memo's check).
+"""The probe's inputs and its ``fingerprint`` mode (the plan memo's check).
 
 The inputs are hashed as 64-bit lstat identities (``st_dev st_ino st_size st_mtime_ns
 st_ctime_ns st_mode``, no text per file): each change the memo must not miss is made for real
@@ -137,7 +137,7 @@ def test_an_identity_outside_64_bits_is_wrapped_whole():
 
 
 def test_names_outside_ascii_are_stat_ed_as_the_full_probe_stat_ed_them(tmp_path):
-    """The fingerprint stats the packed paths' own bytes (issue 16: no encoding per path): a file
+    """The fingerprint stats the packed paths' own bytes (no encoding per path): a file
     named outside ASCII (RECORD's UTF-8) and a ``.pth`` whose name is not UTF-8 at all (listed by
     the probe, read as text) give the full probe's digest while unchanged, and another one once
     that ``.pth`` is edited with its size and mtime put back."""

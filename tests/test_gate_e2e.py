@@ -141,7 +141,7 @@ def test_apply_rewrites_scripts_and_leaves_one_dist_info(gate, tmp_path, capsys)
     assert script.startswith(f"#!{TARGET}/bin/python\n") and DONOR not in script
     ran = target.run([f"{TARGET}/bin/tool"])
     assert ran.stdout.strip() == b"tool ran"
-    from inventory_docs import digest  # its RECORD row names the file as written (issue 13)
+    from inventory_docs import digest  # its RECORD row names the file as written
 
     row = f"../../../bin/tool,{digest(script)},{len(script.encode())}"
     assert row in target.path(f"{TARGET}/{SITE}/tool-1.0.dist-info/RECORD").read_text().splitlines()

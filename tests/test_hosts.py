@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from transplant.errors import HostError
-from transplant.hosts.host import LOCAL, HostSpec, LocalHost, SSHHost, SSHOptions, connect
+from transplant.hosts.host import LOCAL, HostSpec, LocalHost, SSHOptions
+from transplant.hosts.ssh import SSHHost
+from transplant.hosts.connecting import connect
 from transplant.hosts.transfer import TransferResult, check_relpath, copy_files
 from transplant.reporting import RecordingReporter
 
@@ -99,8 +101,8 @@ def test_run_big_stderr_before_reading_stdin_does_not_deadlock(any_host):
 def test_run_env_and_awkward_arguments(any_host):
     value = "a b'c\"$HOME;`x`\n\\"
     result = any_host.run(
-        ["sh", "-c", 'printf "%s|%s" "$TRANSPLANT_X" "$1"', "sh", "*; rm -rf /tmp/nope"],
-        env={"TRANSPLANT_X": value},
+        ["sh", "-c", 'printf "%s|%s" "$AWKWARD_VALUE" "$1"', "sh", "*; rm -rf /tmp/nope"],
+        env={"AWKWARD_VALUE": value},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{value}|*; rm -rf /tmp/nope".encode()

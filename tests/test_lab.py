@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from transplant.errors import HostError, TransplantError
-from transplant.hosts.host import HostSpec, SSHOptions, connect
+from transplant.hosts.host import HostSpec, SSHOptions
+from transplant.hosts.connecting import connect
 
 pytestmark = pytest.mark.hosts
 

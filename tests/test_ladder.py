@@ -19,7 +19,8 @@ import pytest
 from packaging.version import Version
 
 from transplant.cli.app import main
-from transplant.hosts.host import HostSpec, connect
+from transplant.hosts.host import HostSpec
+from transplant.hosts.connecting import connect
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.core.manifest import ServeCheck, VerifySettings
 from transplant.hosts.probing import take_inventory

@@ -1,7 +1,7 @@
-"""Host facts asked once per command (issue 16): the donor-is-not-the-target identity check runs
+"""Host facts asked once per command: the donor-is-not-the-target identity check runs
 its host script once per venv in an apply, although the command checks it before the plan and the
 plan's gathering checks it again. Counted for real by the identity script's own log
-(``TRANSPLANT_SCRIPT_LOG``), on local venvs built from real wheels."""
+(``TRANSPLANT_TEST_SCRIPT_LOG``), on local venvs built from real wheels."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_an_apply_asks_each_venv_identity_once(tmp_path, monkeypatch):
         overlay: [alpha]
         """))
     log = tmp_path / "script.log"
-    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(tmp_path / "state"), "TRANSPLANT_SCRIPT_LOG": str(log),
+    env = {**os.environ, "TRANSPLANT_STATE_DIR": str(tmp_path / "state"), "TRANSPLANT_TEST_SCRIPT_LOG": str(log),
            "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-m", "transplant", "apply", str(manifest), "--yes"], cwd=ROOT, env=env,
                           capture_output=True)
@@ -48,7 +48,7 @@ def test_an_apply_asks_each_venv_identity_once(tmp_path, monkeypatch):
 def test_a_host_remembers_the_identity_for_its_connection_only(tmp_path, monkeypatch):
     donor, target = _venvs(tmp_path)
     log = tmp_path / "script.log"
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(log))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(log))
     host = LocalHost()
     first = venv_identity(host, str(donor))
     assert first is not None and first == venv_identity(host, str(donor))

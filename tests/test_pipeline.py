@@ -1,4 +1,4 @@
-"""The one pipeline: a fleet apply applies the plans it showed, never plans made later (issue 17).
+"""The one pipeline: a fleet apply applies the plans it showed, never plans made later.
 
 Real local venvs built from real wheels; the donor and the target are ``local`` hosts.
 """

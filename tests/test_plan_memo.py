@@ -1,8 +1,8 @@
-"""The plan memo (issue 16): a plan with nothing changed on either venv since the last one reads
+"""The plan memo: a plan with nothing changed on either venv since the last one reads
 nothing again and prints the same plan; any change the plan would see makes it a full plan again.
 
 Real local venvs built from real wheels, the donor and the target ``local`` hosts; which host
-scripts ran is told by the scripts' own log (``TRANSPLANT_SCRIPT_LOG``), not by timing.
+scripts ran is told by the scripts' own log (``TRANSPLANT_TEST_SCRIPT_LOG``), not by timing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def pair(tmp_path, monkeypatch):
     patch file; the state folder and the scripts' log inside tmp_path. Waits until the files
     are older than the probe's racy window (2 s), as a venv is between two plans."""
     monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(tmp_path / "scripts.log"))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(tmp_path / "scripts.log"))
     monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
     wheels = tmp_path / "wheels"
     bar = build_wheel(wheels / "bar", "bar", "1.0", {"bar/__init__.py": "B = 1\n"})
@@ -182,7 +182,7 @@ def test_a_plan_of_thousands_of_files_is_kept_compressed_and_recalled(tmp_path, 
     import zlib
 
     monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(tmp_path / "scripts.log"))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(tmp_path / "scripts.log"))
     monkeypatch.delenv("TRANSPLANT_PLAN_MEMO", raising=False)
     wheels = tmp_path / "wheels"
     files = {f"big/m{i:04}.py": f"N = {i}\n" for i in range(6000)}
@@ -467,8 +467,8 @@ def test_a_saved_plan_of_a_manifest_named_relatively_applies_with_findings_that_
 
 def test_the_plan_command_starts_its_probes_before_loading_rich_or_the_planner():
     """What ``transplant plan MANIFEST`` loads before each side's probe starts
-    (:func:`transplant.cli.warm.connect_early`): not rich (70 ms of a 1 s no-op plan's start),
-    the pipeline or the planner; each loads after the probes run (issue 16)."""
+    (:func:`transplant.cli.warm.connect_early`): not rich (a noticeable part of a no-op plan's
+    start), the pipeline or the planner; each loads after the probes run."""
     from loading import loaded_after
 
     early = ["transplant.cli.app", "transplant.cli.warm", "transplant.controller.manifest_file", "transplant.hosts.early",

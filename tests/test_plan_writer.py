@@ -1,5 +1,5 @@
 """The plan's one-walk writer and the planner's per-file shortcuts give the answers of the code
-they replaced (issue 16, the forward plan of the real pair): built cases at their edges, each
+they replaced (made for plans as large as the real pair's forward plan): built cases at their edges, each
 compared with the plain form (``json.dumps`` of ``to_dict``; the split rule of ``protected_path``)."""
 
 from __future__ import annotations

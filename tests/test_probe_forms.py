@@ -1,4 +1,4 @@
-"""The probe's fast RECORD path, its compact form and its RECORD summary (issue 16).
+"""The probe's fast RECORD path, its compact form and its RECORD summary.
 
 A real venv gets a distribution whose RECORD names every kind of path the probe must judge:
 plain rows, rows with ``.``/``..``/empty parts, an absolute path, a row through a symlinked
@@ -234,7 +234,7 @@ def test_a_donor_cache_prints_only_the_groups_it_hashed(venv: Path) -> None:
 
 
 def test_the_compact_rows_are_the_full_entries_compacted_with_the_same_inputs(venv: Path) -> None:
-    """The compact form is built row by row in its own loop (issue 16): each row must be exactly
+    """The compact form is built row by row in its own loop: each row must be exactly
     what :func:`probe._compact` makes of the full form's entry (``venv_path`` and ``hash`` 1, the
     trailing nulls left out), hashed or not, and the inputs noted (paths, order, identities) the same."""
     for hashed in ([], ["alpha"]):
@@ -304,7 +304,7 @@ def _identity_by_normpath(data: bytes, site: str, scripts: str) -> str:
 
 @pytest.mark.parametrize("site", ["lib/python3.11/site-packages", "", "lib/./site", "bin/../lib/site", "bin"])
 def test_record_identity_places_plain_rows_as_the_general_route_does(site: str) -> None:
-    """The identity places a plain row by concatenation (issue 16): for every kind of row, and
+    """The identity places a plain row by concatenation: for every kind of row, and
     sites that are normal or not, the same identity as ``normpath(join())`` for each row."""
     rows = ["alpha/__init__.py,sha256=a,1", "../../../bin/tool,sha256=b,2", "./bin/x,sha256=c,3", "a//b,,",
             "/abs/bin/y,sha256=d,4", "bin/tool2,sha256=e,5", ".hidden/x,sha256=f,6", "sub/,,", ",,", "x/../bin/z,sha256=g,7"]

@@ -1,4 +1,4 @@
-"""RECORD rows of console scripts apply relocates (issue 13): the normalised RECORD identity
+"""RECORD rows of console scripts apply relocates: the normalised RECORD identity
 the probe and the applier compute (the same function in both host scripts), and the
 applier's edit of a staged RECORD. Pure: bytes in, identity out; the edit runs on files in
 a temporary folder."""
@@ -28,7 +28,7 @@ DONOR_ROWS = (b"../../../bin/tool,sha256=donorhash,229\r\n"
 
 
 def test_probe_and_applier_carry_the_same_normalisation():
-    """One function, in the module every host script is sent with (it was two copies, issue 17)."""
+    """One function, in the module every host script is sent with (two copies would drift apart)."""
     assert probe.record_identity is applier.record_identity is _common.record_identity
     for script in ("probe", "applier"):
         tree = ast.parse((REMOTE / f"{script}.py").read_text())
@@ -55,7 +55,7 @@ def test_probe_and_applier_give_the_same_identity(data):
     b"\xff\xfe,1\n",
 ])
 def test_the_probe_reads_a_record_once_for_its_rows_and_identity(tmp_path, data):
-    """The probe's RECORD read (issue 16: once, not again for the identity): the text the
+    """The probe's RECORD read (once, not again for the identity): the text the
     metadata read gives, and where it says its rows are the identity's, the same identity."""
     path = tmp_path / "RECORD"
     path.write_bytes(data)
@@ -167,7 +167,7 @@ def test_records_refuses_a_record_that_is_not_staged(transaction):
 @pytest.mark.parametrize("site", ["lib/python3.11/site-packages", "bin", "bin/x", "", "b", "lib/../lib/site", "x/./y", "bi"])
 @pytest.mark.parametrize("scripts", ["bin", "lib", "b", "bin/x"])
 def test_the_identity_blanks_exactly_the_rows_placed_under_the_scripts_folder(site, scripts):
-    """The identity's shortcut for plain paths (issue 16) against the rule written out: each row's
+    """The identity's shortcut for plain paths against the rule written out: each row's
     path joined to ``site`` and normalised; the rows under ``scripts`` lose their hash and size."""
     paths = ["a", "../../../bin/tool", "./bin/x", "bin/x", "bin", "/abs/bin/x", "a//b", "a/.hidden", "a/", "..",
              "x/../bin/t", "", "b/in", "bin/", ".", "a\0b", "lib/x"]

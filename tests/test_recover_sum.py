@@ -35,12 +35,9 @@ def test_recover_from_history_rebuilds_every_transaction(tmp_path, capsys, monke
     if same_second:
         # two applies in one second: ids hold the second and a random suffix, and here the newer
         # one's suffix sorts first; the applier lists them in the order they began
-        import transplant.apply.execute as execute
-        import transplant.cli.commands.apply  # noqa: F401 - bound to the real id maker before the patch
+        from txids import script_transaction_ids
 
-        made = execute.new_transaction_id
-        ids = iter(["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
-        monkeypatch.setattr(execute, "new_transaction_id", lambda: next(ids, None) or made())
+        script_transaction_ids(monkeypatch, ["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
     wheels = tmp_path / "wheels"
     alpha2 = build_wheel(wheels, "alpha", "2.0", {"alpha/__init__.py": "V = 2\n"})
     alpha1 = build_wheel(wheels / "old", "alpha", "1.0", {"alpha/__init__.py": "V = 1\n"})

@@ -1,4 +1,4 @@
-"""One reporting protocol (issue 17): every long step reports through :class:`transplant.reporting.Reporter`.
+"""One reporting protocol: every long step reports through :class:`transplant.reporting.Reporter`.
 
 - An :mod:`ast` scan: no function of ``transplant/`` outside the face (``cli/``) takes a
   callback named ``say``, ``step``, ``announce`` or ``progress``; its twin adds one to a copy

@@ -339,7 +339,7 @@ def _torch_stack(torch_v, **companions):
         dist(n, v, {f"{n}/_C.so": n + v}, requires=reqs) for n, (v, reqs) in companions.items()]
 
 
-def test_issue13_torch_2_14_with_torchaudio_2_11_is_no_error():
+def test_cuda_variant_companion_torch_2_14_with_torchaudio_2_11_is_no_error():
     # sglang 0.5.23 pins torch==2.14.1 and torchaudio==2.11.0; torchaudio 2.11.0 declares no torch
     # requirement and the registry has no torchaudio 2.14: nothing says this pair is wrong
     real = _torch_stack("2.14.1", torchaudio=("2.11.0", []), torchvision=("0.29.1", ["torch>=2.14.0"]))
@@ -354,7 +354,7 @@ def test_issue13_torch_2_14_with_torchaudio_2_11_is_no_error():
     assert "'torchvision==0.29.*'" in f.hint
 
 
-def test_issue13_an_unmet_companion_pin_is_reported_once():
+def test_cuda_variant_companion_an_unmet_companion_pin_is_reported_once():
     # the overlay moves torch to 2.10.0 and leaves torchaudio and torchvision, which pin torch==2.9.1
     # (the table pairs 2.10 with other releases too: requirement-unmet says it, this rule does not)
     donor = _torch_stack("2.10.0", torchaudio=("2.10.0", ["torch==2.10.0"]))
@@ -366,7 +366,7 @@ def test_issue13_an_unmet_companion_pin_is_reported_once():
     assert "torchaudio 2.9.1 requires torch==2.9.1, found 2.10.0" in unmet["torchaudio"].message
 
 
-def test_issue13_the_donors_own_pair_is_info():
+def test_cuda_variant_companion_the_donors_own_pair_is_info():
     pair = _torch_stack("2.2.1+cpu", torchvision=("0.17.1", []))
     target = _torch_stack("2.1.0+cpu", torchvision=("0.16.0+cpu", []))
     [f] = found(run(["torch", "torchvision"], pair, target), "cuda-variant-mismatch")
@@ -377,7 +377,7 @@ def test_issue13_the_donors_own_pair_is_info():
     assert f.severity == "error" and "the donor runs" not in f.message
 
 
-def test_issue13_hint_overlays_the_donors_fitting_companion():
+def test_cuda_variant_companion_hint_overlays_the_donors_fitting_companion():
     donor = _torch_stack("2.9.1+cu128", torchvision=("0.24.1+cu128", ["torch==2.9.1"]))
     target = _torch_stack("2.9.1+cpu", torchvision=("0.24.1+cpu", ["torch==2.9.1"]))
     [f] = found(run(["torch"], donor, target), "cuda-variant-mismatch")
@@ -385,7 +385,7 @@ def test_issue13_hint_overlays_the_donors_fitting_companion():
     assert f.hint == "add 'torchvision' to overlay (the donor's torchvision 0.24.1+cu128 pairs with torch 2.9.1+cu128)"
 
 
-def test_issue13_hint_removes_what_the_donor_runs_without():
+def test_cuda_variant_companion_hint_removes_what_the_donor_runs_without():
     donor = _torch_stack("2.9.1+cu128")
     target = _torch_stack("2.9.1+cpu", torchvision=("0.24.1+cpu", ["torch==2.9.1"]))
     [f] = found(run(["torch"], donor, target), "cuda-variant-mismatch")

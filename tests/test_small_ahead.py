@@ -1,8 +1,8 @@
-"""The small apply's host scripts started ahead (issue 16): the plan's probes, the target's ELF
+"""The small apply's host scripts started ahead: the plan's probes, the target's ELF
 script and stale-plan probe and both sides of the stream start as the connections open and are
 asked later; the donor's ELF script does not run when no shared object moves. Real local venvs
 built from real wheels, gcc-built shared objects, the real loopback SSH lab; processes counted
-by the scripts' own log (``TRANSPLANT_SCRIPT_LOG``) or by the real ``spawn``/``run`` of the
+by the scripts' own log (``TRANSPLANT_TEST_SCRIPT_LOG``) or by the real ``spawn``/``run`` of the
 connections (each call still goes through), not by timing."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _shared_object(folder: Path) -> Path:
 def pair(tmp_path, monkeypatch):
     """A local donor (foo 2.0, pure Python), a target (foo 1.0), a manifest, the scripts' log."""
     monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(tmp_path / "scripts.log"))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(tmp_path / "scripts.log"))
     wheels = tmp_path / "wheels"
     make_venv(tmp_path / "donor", [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n"})])
     make_venv(tmp_path / "target", [build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n"})])

@@ -1,7 +1,7 @@
-"""The small apply's overlaps (issue 16): SSH connections opened early and side by side, the
+"""The small apply's overlaps: SSH connections opened early and side by side, the
 applier started while the plan gathers, the stale-plan probe started early and asked under the
 lock. Real local venvs built from real wheels, the real loopback SSH lab, processes counted by
-the applier's own start log (``TRANSPLANT_APPLIER_LOG``) and by the waiting probe's own exit."""
+the applier's own start log (``TRANSPLANT_TEST_APPLIER_LOG``) and by the waiting probe's own exit."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from transplant.core.hostspec import HostSpec
 from transplant.donor.sources import open_donor
 from transplant.errors import ApplyError, HostError
 from transplant.hosts import early
-from transplant.hosts.host import LocalHost, SSHOptions, connect, kill_group
+from transplant.hosts.host import LocalHost, SSHOptions, kill_group
+from transplant.hosts.connecting import connect
 from transplant.hosts.probing import ScriptSession, WaitingScript, take_inventory
 from transplant.hosts.ssh import SSHHost
 from transplant.lab.wheels import build_wheel, make_venv
@@ -98,7 +99,7 @@ def test_an_unasked_waiting_probe_is_ended_by_closing_it(pair):
 
 def test_a_started_applier_session_serves_its_requests_with_the_process_it_started(pair, monkeypatch):
     log = pair / "applier.log"
-    monkeypatch.setenv("TRANSPLANT_APPLIER_LOG", str(log))
+    monkeypatch.setenv("TRANSPLANT_TEST_APPLIER_LOG", str(log))
     session = ScriptSession(LocalHost(), str(pair / "target"))
     try:
         session.start()
@@ -238,7 +239,7 @@ def test_two_threads_asking_a_venv_identity_at_once_run_its_script_once(pair, mo
     gather = importlib.import_module("transplant.pipeline.gather")  # the module (the package's `gather` is its function)
 
     log = pair / "script.log"
-    monkeypatch.setenv("TRANSPLANT_SCRIPT_LOG", str(log))
+    monkeypatch.setenv("TRANSPLANT_TEST_SCRIPT_LOG", str(log))
     host, venv = LocalHost(), str(pair / "target")
     answers = []
     threads = [threading.Thread(target=lambda ask=ask: answers.append(ask(host, venv)))

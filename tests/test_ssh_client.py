@@ -19,7 +19,8 @@ import pytest
 from conftest import lab_skip_reason
 from transplant.cli.app import main
 from transplant.errors import HostError
-from transplant.hosts.host import HostSpec, LocalHost, SSHOptions, connect
+from transplant.hosts.host import HostSpec, LocalHost, SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.lab import Lab
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.hosts.transfer import copy_files

@@ -1,4 +1,4 @@
-"""Master connections kept between commands (issue 16: the no-op plan over SSH): the second command
+"""Master connections kept between commands (for the no-op plan over SSH): the second command
 with the same settings rides the first one's master (no new SSH login, counted in the real
 loopback sshd's log), a known_hosts file edited since is never ridden past, and
 ``TRANSPLANT_SSH_PERSIST=0`` gives each command its own connections again."""

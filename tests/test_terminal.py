@@ -319,7 +319,7 @@ def test_apply_through_a_pipe_shows_its_steps(world, tmp_path):
 
 
 def test_manifest_ssh_config_is_read_relative_to_the_manifest(tmp_path):
-    from transplant.cli.session import ssh_options as _ssh_options
+    from transplant.cli.warm import ssh_options as _ssh_options
     from transplant.controller.manifest_file import load_manifest
 
     m = tmp_path / "m.yaml"

@@ -244,11 +244,9 @@ def test_two_transactions_in_one_second_roll_back_newest_first(world, capsys, mo
     # ids hold their second and a random suffix: B's suffix sorts before A's, yet B is the newest
     import json
 
-    import transplant.apply.execute as execute
-    import transplant.cli.commands.apply  # noqa: F401 - bound to the real id maker before the patch
+    from txids import script_transaction_ids
 
-    ids = iter(["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
-    monkeypatch.setattr(execute, "new_transaction_id", lambda: next(ids))
+    script_transaction_ids(monkeypatch, ["20260101T000000Z-ffffffff", "20260101T000000Z-00000000"])
     venv, m = world["target"]("same-second")
     assert main(["apply", m, "--yes"]) == 0                      # A
     _apply_with_patch(m, "PATCHED = 2\n")                       # B
@@ -548,7 +546,7 @@ def test_relocated_console_scripts_get_their_record_rows_and_a_second_plan_is_a_
     assert [f["files"] for f in drifted] == [["bin/tool"]] and "on the target" in drifted[0]["message"]
 
 
-# -- issue 14, item 7: a commit the host script completed after its controller died ---------------
+# -- a commit the host script completed after its controller died ----------------------------------
 
 def _orphaned_commit(world, name: str, at: int = 3) -> tuple[Path, str, str]:
     """Start ``apply`` as a process, SIGKILL it while its commit runs (the host script waits at
@@ -670,7 +668,7 @@ def test_a_failed_commit_says_what_the_targets_record_shows(world, capsys, monke
         assert snapshot(venv) == before, "nothing of the live venv changed"
 
 
-# -- issue 16: a rollback reads no file whose stat identity is the one its transaction recorded ------
+# -- a rollback reads no file whose stat identity is the one its transaction recorded ---------------
 
 def _aged(world, name: str) -> tuple[Path, str]:
     """A fresh target, a copy of the donor and of the patch, every file of them last modified an

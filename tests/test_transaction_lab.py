@@ -14,7 +14,8 @@ import pytest
 
 from transplant.apply import txn
 from transplant.cli.app import main
-from transplant.hosts.host import HostSpec, connect
+from transplant.hosts.host import HostSpec
+from transplant.hosts.connecting import connect
 from transplant.lab.wheels import build_wheel
 
 SITE = "lib/python3.11/site-packages"

@@ -1,4 +1,4 @@
-"""Trust (issue 14): no stale plan is committed, nothing recorded on a host lowers the controller's
+"""Trust: no stale plan is committed, nothing recorded on a host lowers the controller's
 SSH checks, a target that is the donor under another name is refused, hostile files get one clear
 error, crashes leave exact records. Local venvs (real applier processes) unless a test needs sshd."""
 
@@ -350,7 +350,8 @@ def _rsh_hostname(host) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("known", ["changed", "absent"])
 def test_checking_off_still_refuses_a_changed_key_and_says_it_is_off(lab, ssh_options, tmp_path, capfd, known):
     from transplant.errors import HostError
-    from transplant.hosts.host import HostSpec, SSHHost, SSHOptions
+    from transplant.hosts.host import HostSpec, SSHOptions
+    from transplant.hosts.ssh import SSHHost
 
     donor = lab.hosts["donor"]
     file = tmp_path / "known_hosts"
@@ -387,7 +388,8 @@ def test_checking_off_still_refuses_a_changed_key_and_says_it_is_off(lab, ssh_op
 ], ids=["revoked-host-key", "revoked-other-key", "ca-for-other-hosts", "ca-only", "mixed"])
 def test_known_hosts_markers_are_honoured_not_a_traceback(lab, ssh_options, tmp_path, lines, refused):
     from transplant.errors import HostError
-    from transplant.hosts.host import HostSpec, SSHHost, SSHOptions
+    from transplant.hosts.host import HostSpec, SSHOptions
+    from transplant.hosts.ssh import SSHHost
 
     donor = lab.hosts["donor"]
     words = {"donor": _key_of(lab, "donor"), "other": _other_key(tmp_path),
@@ -447,7 +449,7 @@ def test_a_target_that_is_the_donor_under_another_name_is_refused(pair, capsys, 
             subprocess.run(["umount", str(tmp_path / "bound")], check=False)
 
 
-# -- issue 14, item 8: a refused input writes nothing on the target ---------------------------------
+# -- a refused input writes nothing on the target -------------------------------------------------
 
 def _tampered_hash(plan: dict, tmp_path: Path) -> None:
     plan["changes"][0]["copy"][-1]["hash"] = "sha256=" + "A" * 43  # hand-edited: no longer what the manifest gives

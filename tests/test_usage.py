@@ -42,11 +42,12 @@ def test_a_missing_manifest_path_is_not_taken_for_host_venv(tmp_path, capsys):
 
 def test_an_apply_stopped_by_ctrl_c_says_how_to_finish_or_undo(tmp_path, capsys, monkeypatch):
     import transplant.cli.app as app
+    import transplant.cli.commands.apply as apply_command
 
     def interrupted(args, console):  # Ctrl-C while the command runs
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(app, "apply_command", interrupted)
+    monkeypatch.setattr(apply_command, "handle", interrupted)  # what the parser dispatches to, read as it is built
     m = str(tmp_path / "my manifest.yaml")
     assert app.main(["apply", m, "--yes"]) == 130
     out = " ".join(capsys.readouterr().out.split())

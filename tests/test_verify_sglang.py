@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from transplant.cli.commands import demo
-from transplant.hosts.host import HostSpec, connect
+from transplant.hosts.host import HostSpec
+from transplant.hosts.connecting import connect
 from transplant.lab.wheels import make_venv
 from transplant.core.manifest import ServerArgsCheck, VerifySettings
 from transplant.verify.runner import run_stages

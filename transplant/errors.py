@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # rich loads when an error renders, not when a command starts (issue 16)
+if TYPE_CHECKING:  # rich loads when an error renders, not when a command starts (every command pays its import)
     from rich.text import Text
 
 __all__ = ["TransplantError", "ManifestError", "HostError", "ProbeError", "PlanError", "ApplyError",

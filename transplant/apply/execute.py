@@ -225,7 +225,7 @@ def _stream_ahead(plan: Plan, donor: Host, donor_root: str, target: Host, *, how
     reads nor writes a file before the copy gives them their input; the receiver learns the staged
     folder then): those the command started as it connected
     (:func:`transplant.hosts.probing.prestart`), else both started now, so that their SSH channels
-    and interpreter starts overlap the lock, the stale-plan check and the begin (issue 16).
+    and interpreter starts overlap the lock, the stale-plan check and the begin instead of following them.
     None: nothing started (a larger or another kind of copy starts its own sides when it copies).
     """
     copies = [cp for c in plan.changes for cp in c.copy if cp.source == "donor"]

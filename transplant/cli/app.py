@@ -20,20 +20,20 @@ import os
 import shlex
 import sys
 import threading
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from transplant import __version__
-from transplant.cli.options import fleet_options, ssh_options
+from transplant.cli.commands import (apply, clone, completion, config, demo, history, init, inventory, plan, recover,
+                                     rollback, snapshot, status, verify)
 from transplant.errors import TransplantError
-from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, exit_code_for
+from transplant.exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_USAGE, exit_code_for
 
-__all__ = ["main", "EXIT_USAGE"]
+__all__ = ["main", "build_parser", "COMMANDS", "EXIT_USAGE"]
 
-if TYPE_CHECKING:  # rich loads in _run, after the early start (a plan's probes begin before it: issue 16)
+if TYPE_CHECKING:  # rich loads in _run, after the early start (a plan's probes begin before it)
     from rich.console import Console
-
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,271 +42,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-# Each command's module is imported when it runs (issue 16): ``apply`` first starts its SSH
-# connections (:func:`transplant.cli.warm.connect_early`), then imports the planner and the rest.
-def plan_command(args: argparse.Namespace, console: Console) -> int:
-    """:func:`transplant.cli.commands.plan.plan_command`, its module imported when it runs."""
-    from transplant.cli.commands.plan import plan_command as command
-
-    return command(args, console)
-
-
-def apply_command(args: argparse.Namespace, console: Console) -> int:
-    """:func:`transplant.cli.commands.apply.apply_command`, its module imported when it runs."""
-    from transplant.cli.commands.apply import apply_command as command
-
-    return command(args, console)
+#: The commands, in the order ``transplant --help`` lists them: name -> the module holding its
+#: ``HELP`` (the line in that list), ``add_arguments(parser)`` and ``handle(args, console)`` (the
+#: exit code). Loading a module loads only the standard library, :mod:`transplant.cli.options`,
+#: the errors and the exit codes; what its command runs is imported inside ``handle``, so building
+#: the parser stays light and a command's early work (``apply`` opens its SSH connections first,
+#: :mod:`transplant.cli.warm`) begins before the command's own modules load.
+COMMANDS: dict[str, ModuleType] = {
+    "plan": plan, "apply": apply, "rollback": rollback, "history": history, "verify": verify, "init": init,
+    "inventory": inventory, "clone": clone, "snapshot": snapshot, "status": status, "recover": recover,
+    "demo": demo, "config": config, "completion": completion,
+}
 
 
-def rollback_command(args: argparse.Namespace, console: Console) -> int:
-    """:func:`transplant.cli.commands.apply.rollback_command`, its module imported when it runs."""
-    from transplant.cli.commands.apply import rollback_command as command
-
-    return command(args, console)
-
-
-def history_command(args: argparse.Namespace, console: Console) -> int:
-    """:func:`transplant.cli.commands.apply.history_command`, its module imported when it runs."""
-    from transplant.cli.commands.apply import history_command as command
-
-    return command(args, console)
-
-
-def inventory_command(args: argparse.Namespace, console: Console) -> int:
-    """:func:`transplant.cli.commands.inventory.inventory_command`, its module imported when it runs."""
-    from transplant.cli.commands.inventory import inventory_command as command
-
-    return command(args, console)
-
-
-def _cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.verify import verify_command  # the verify ladder: off the other commands' path
-
-    return verify_command(args, console)
-
-
-def _cmd_init(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.init import init_command
-    from transplant.cli.session import parse_location
-
-    init_command(args, console, parse_location)
-    return EXIT_OK
-
-
-def _cmd_clone(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.clone import clone_command
-    from transplant.cli.session import parse_location
-
-    return EXIT_OK if clone_command(args, console, parse_location) else EXIT_BLOCKED
-
-
-def _cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.status import status_command
-
-    return status_command(args, console)
-
-
-def _cmd_recover(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.recover import recover_command
-
-    return recover_command(args, console)
-
-
-def _cmd_snapshot(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.snapshot import snapshot_command
-
-    return snapshot_command(args, console)
-
-
-def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.demo import run_demo  # the demo pulls in the lab; keep it off the other commands' path
-
-    return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
-
-
-def _cmd_config(args: argparse.Namespace, console: Console) -> int:
-    from transplant.cli.commands.config import config_command
-
-    return config_command(args, console)
-
-
-def _cmd_completion(args: argparse.Namespace, console: Console) -> int:
-    """``completion SHELL``: the script on standard output; ``--install``: written to the shell's
-    completion folder (the path said); ``--hosts``: the ``HOST:VENV`` forms, one a line."""
-    from transplant.cli import completion
-    from transplant.errors import UsageError
-
-    if args.hosts:
-        print("\n".join(completion.host_forms()))
-        return EXIT_OK
-    if args.shell is None:
-        raise UsageError("name the shell: transplant completion bash|zsh|fish",
-                         hint="transplant completion bash --install (or: source <(transplant completion bash))")
-    text = completion.script(args.shell, build_parser())
-    if not args.install:
-        sys.stdout.write(text)
-        return EXIT_OK
-    path = completion.install_path(args.shell)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise TransplantError(f"cannot write {path}: {exc.strerror}",
-                              hint=f"transplant completion {args.shell} > FILE, into a folder your shell reads") from None
-    console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
-    console.print({"bash": "a new bash loads it (bash-completion); this one: source " + shlex.quote(str(path)),
-                   "zsh": "add fpath=(~/.zfunc $fpath) before compinit in ~/.zshrc, then start a new zsh",
-                   "fish": "a new fish loads it"}[args.shell], markup=False, highlight=False, soft_wrap=True)
-    return EXIT_OK
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``transplant``."""
+def build_parser(commands: Mapping[str, ModuleType] | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``transplant``: one subcommand per entry of ``commands`` (default
+    :data:`COMMANDS`), its options from the module's ``add_arguments``, ``func`` its ``handle``."""
     parser = _Parser(prog="transplant", description="Move working CUDA Python environments between GPU hosts.")
     parser.add_argument("--version", action="version", version=f"transplant {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser("plan", help="inventory both venvs and show what apply would change")
-    p.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
-    p.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
-    p.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
-    p.add_argument("--detailed-exitcode", action="store_true",
-                   help="exit 2 when there are changes (0 none, 3 blocked, 1 failed), as Terraform's")
-    fleet_options(p)
-    p.set_defaults(func=plan_command)
-    a = sub.add_parser("apply", help="copy exactly what differs, then check the target against the plan")
-    a.add_argument("source", metavar="MANIFEST|PLAN.json",
-                   help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts changed)")
-    a.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    a.add_argument("--force", action="store_true", help="apply despite error findings")
-    a.add_argument("--resume", action="store_true", help="finish the target's interrupted transaction")
-    a.add_argument("--rollback", action="store_true", help="undo the target's interrupted transaction")
-    a.add_argument("--break-lock", action="store_true",
-                   help="take the target's lock even if another controller holds it (only when that one is gone)")
-    a.add_argument("--verify", action="store_true", help="verify each target after applying to it")
-    a.add_argument("--strict", action="store_true", help="with --verify: what could not be checked here fails")
-    a.add_argument("--rollback-on-failure", action="store_true",
-                   help="with --verify: roll the transaction back, unattended, when verify fails (fleets, CI)")
-    a.add_argument("--compress", action="store_true",
-                   help="compress the file stream (zstd where both hosts have it, else zlib): for a slow link "
-                        "between the controller and a host; one target only")
-    a.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
-    fleet_options(a)
-    a.set_defaults(func=apply_command)
-    r = sub.add_parser("rollback", help="restore the target to the state before its newest (or every later) transaction")
-    r.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
-                   help="the manifest whose target to roll back, or the venv itself (local:/srv/venv, "
-                        "root@gpu-07:/root/venv): its transactions are recorded in it")
-    r.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
-    r.add_argument("--force", action="store_true", help="roll back even if files changed since the transaction")
-    r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    r.add_argument("--break-lock", action="store_true",
-                   help="take the target's lock even if another controller holds it (only when that one is gone)")
-    ssh_options(r, what=", for HOST:VENV")
-    r.set_defaults(func=rollback_command)
-    h = sub.add_parser("history", help="list the transactions recorded in the target venv")
-    h.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
-                   help="the manifest whose target to read, or the venv itself (local:/srv/venv)")
-    h.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.history/1)")
-    ssh_options(h, what=", for HOST:VENV")
-    h.set_defaults(func=history_command)
-    v = sub.add_parser("verify", help="prove the target venv works: the verify ladder, interpreter to a served request")
-    v.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
-                   help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
-                        "check without one")
-    v.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/3)")
-    v.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
-    v.add_argument("--strict", action="store_true",
-                   help="fail every stage and item that could not be checked here (no driver, no GPU, no torch, "
-                        "fails identically in the donor): for GPU hosts where everything must run")
-    v.add_argument("--imports", metavar="NAMES", help="comma-separated import names (without a manifest: the "
-                   "distributions providing them are checked too)")
-    v.add_argument("--clear-jit-caches", nargs="?", const="", default=None, metavar="NAMES",
-                   help="list the triton, flashinfer and torch-inductor cache folders of the target's user (they are "
-                        "outside the venv, shared by the user's other venvs: nothing is removed); "
-                        "--clear-jit-caches=triton,flashinfer,torch-inductor (or =all) removes the ones named")
-    ssh_options(v, what=", for HOST:VENV")
-    fleet_options(v)
-    v.set_defaults(func=_cmd_verify)
-    n = sub.add_parser("init", help="probe a donor and a target and write a starting manifest")
-    n.add_argument("--donor", required=True, metavar="HOST:VENV", help="the venv that works, e.g. root@ct129:/root/venv")
-    n.add_argument("--target", required=True, metavar="HOST:VENV", help="the venv to bring it to")
-    n.add_argument("--overlay", action="append", metavar="NAME",
-                   help="a distribution to bring with what it needs (a closure), or a glob (default: sglang)")
-    n.add_argument("--out", required=True, metavar="FILE", help="the manifest to write (never overwritten)")
-    ssh_options(n)
-    n.set_defaults(func=_cmd_init)
-    i = sub.add_parser("inventory", help="print what a venv holds")
-    i.add_argument("location", metavar="HOST:VENV|MANIFEST",
-                   help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv, or a manifest (its target, "
-                        "reached with its ssh settings)")
-    i.add_argument("--json", action="store_true", help="print the probe's document (schema transplant.inventory/1; without --files each "
-                        "distribution has record_summary {files, bytes} and record null)")
-    i.add_argument("--hash", action="append", metavar="PATTERN", help="hash the files of these distributions")
-    i.add_argument("--files", action="store_true",
-                   help="look at every RECORD file on disk (exists, size, mode) and list each in --json; without "
-                        "it, files and bytes are counted from RECORD alone, as fast as pip inspect")
-    ssh_options(i)
-    i.set_defaults(func=inventory_command)
-    c = sub.add_parser("clone", help="copy a venv to another path or host and rewrite what names its old prefix")
-    c.add_argument("source", metavar="SRC_HOST:VENV", help="the venv to clone, e.g. local:/srv/venv_base")
-    c.add_argument("dest", metavar="DEST_HOST:VENV", help="where the clone goes (absent or an empty folder)")
-    c.add_argument("--replace", action="store_true",
-                   help="delete a venv (a folder holding pyvenv.cfg) already at the destination first")
-    c.add_argument("--json", action="store_true", help="print the result (schema transplant.clone/1)")
-    ssh_options(c)
-    c.set_defaults(func=_cmd_clone)
-    s = sub.add_parser("snapshot", help="keep the donor's overlay set on the controller, for when the donor is gone")
-    s.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
-    s.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/); with "
-                   "--list or --prune also a registry repository, oci://REGISTRY/REPO (--prune then takes tags)")
-    s.add_argument("--list", action="store_true", help="list the snapshots in the store")
-    s.add_argument("--prune", nargs="*", metavar="ID", help="remove these snapshots, then every stored file no "
-                   "snapshot uses")
-    s.add_argument("--push", metavar="oci://REGISTRY/REPO:TAG",
-                   help="also push the snapshot to an OCI registry (one blob per distribution build)")
-    s.add_argument("--ca", metavar="PEM", help="CA bundle for the registry (default: the system CAs)")
-    s.add_argument("--json", action="store_true", help="print the result as JSON")
-    s.set_defaults(func=_cmd_snapshot)
-    st = sub.add_parser("status", help="what was applied to a venv, from where, when, and what drifted since")
-    st.add_argument("location", metavar="HOST:VENV|MANIFEST",
-                    help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh settings)")
-    st.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
-    ssh_options(st)
-    st.set_defaults(func=_cmd_status)
-    rc = sub.add_parser("recover", help="rebuild the last verified state on a new host: plan, apply, verify")
-    rc.add_argument("--target", required=True, metavar="HOST[:VENV]",
-                    help="the host to rebuild on (the venv defaults to the source's path)")
-    rc.add_argument("--from", dest="source_host", metavar="HOST:VENV",
-                    help="a venv whose history holds the state (its newest applied and verified transaction)")
-    rc.add_argument("--snapshot", metavar="ID|PATH|oci://REGISTRY/REPO:TAG",
-                    help="a snapshot (without --from or --snapshot: the last state this controller saw verified, "
-                         "from its host or, when that is gone, its snapshot; else the newest snapshot in the store)")
-    rc.add_argument("--ca", metavar="PEM", help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
-    rc.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
-    rc.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
-    rc.add_argument("--force", action="store_true",
-                    help="go on despite error findings, or a source whose applied files drifted")
-    ssh_options(rc)
-    rc.set_defaults(func=_cmd_recover)
-    d = sub.add_parser("demo", help="replay the seed story on loopback test hosts, then rebuild a host with the donor gone")
-    d.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
-    d.add_argument("--keep", action="store_true",
-                   help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")
-    d.set_defaults(func=_cmd_demo)
-    g = sub.add_parser("config", help="show each default in effect and where it came from (flag, environment, "
-                       "config file, default)")
-    g.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.config/1)")
-    ssh_options(g)
-    g.set_defaults(func=_cmd_config)
-    m = sub.add_parser("completion", help="print or install the shell completion script (bash, zsh, fish)")
-    m.add_argument("shell", nargs="?", choices=("bash", "zsh", "fish"), help="the shell to complete in")
-    m.add_argument("--install", action="store_true",
-                   help="write it where the shell finds it (bash: ~/.local/share/bash-completion/completions/; "
-                        "fish: ~/.config/fish/completions/; zsh: ~/.zfunc/, which must be on fpath)")
-    m.add_argument("--hosts", action="store_true", help=argparse.SUPPRESS)  # what the scripts ask at each <Tab>
-    m.set_defaults(func=_cmd_completion)
+    for name, module in (COMMANDS if commands is None else commands).items():
+        command = sub.add_parser(name, help=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(func=module.handle)
     return parser
 
 
@@ -395,7 +153,7 @@ def _use_config(args: argparse.Namespace) -> TransplantError | None:
     from transplant.hosts.host import SSHOptions
 
     SSHOptions.DEFAULTS = {}
-    if args.func is _cmd_completion:
+    if args.command == "completion":
         return None
     from transplant.controller.config_file import load_config
 
@@ -471,7 +229,7 @@ def _run_command(args: argparse.Namespace, config_error: TransplantError | None 
     """:func:`_run`'s body, its output streams made :class:`_Discarding`; ``config_error``: the
     config file's, reported instead of running the command."""
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout
-    width, color = _output_style(config_error is None and args.func is not _cmd_completion)
+    width, color = _output_style(config_error is None and args.command != "completion")
     console = _console(stream, None if "COLUMNS" in os.environ else width if stream.isatty() else PIPE_WIDTH,
                        color=color)
     from rich.text import Text
@@ -497,7 +255,7 @@ def _run_command(args: argparse.Namespace, config_error: TransplantError | None 
         said = getattr(stop, "said", None)  # apply's: what the target's records show now
         if said:
             console.print(Text(said), highlight=False, soft_wrap=True)
-        elif args.func is apply_command and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
+        elif args.command == "apply" and not getattr(args, "resume", False) and not getattr(args, "rollback", False):
             # a transaction that had begun stays on the target, and the next apply refuses to start over it
             source = shlex.quote(args.source)
             console.print(Text(f"if the target's transaction had begun: transplant apply {source} --resume "

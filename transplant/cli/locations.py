@@ -12,6 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from transplant.cli.warm import ssh_options
 from transplant.hosts.host import SSHOptions
 from transplant.core.hostspec import HostSpec
 from transplant.core.units import visible
@@ -103,8 +104,6 @@ def resolve_location(text: str, identity_file: str | None = None,
     :raises UsageError: a bad ``HOST:VENV``; :raises ManifestError: an invalid manifest;
         :raises TransplantError: a manifest whose target is given as several (``targets:``).
     """
-    from transplant.cli.session import ssh_options
-    from transplant.errors import UsageError
     from transplant.controller.manifest_file import load_manifest
 
     if is_location(text):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -20,13 +19,13 @@ from transplant.core.plan import Plan
 from transplant.controller.patch_files import read_patch_files
 from transplant.donor.sources import Opened, open_donor
 from transplant.errors import HostError, TransplantError, UsageError
-from transplant.hosts.host import Host, connect, side_error
+from transplant.hosts.host import Host, side_error
+from transplant.hosts.connecting import connect
 from transplant.cli.warm import ssh_options
 from transplant.cli.locations import parse_location
 from transplant.pipeline import plan_target
 
-__all__ = ["Session", "ssh_options", "parse_location", "targets_of", "run_fleet_action", "refuse_inside_venvs",
-           "crash_after", "orphan_at"]
+__all__ = ["Session", "targets_of", "run_fleet_action", "refuse_inside_venvs"]
 
 
 class Session:
@@ -159,17 +158,3 @@ def refuse_inside_venvs(path: str, manifest: Manifest) -> None:
         if end.host.is_local and (resolved == venv or venv in resolved.parents):
             raise TransplantError(f"--out {path}: that is inside the {side} venv {end.venv}",
                                   hint="save plans outside the venvs, e.g. --out plan.json")
-
-
-def crash_after() -> int | None:
-    """Testing hook: ``TRANSPLANT_TEST_CRASH_AFTER=N`` makes the target's commit or rollback
-    kill itself (SIGKILL) before step N, for the fault-injection tests."""
-    value = os.environ.get("TRANSPLANT_TEST_CRASH_AFTER")
-    return int(value) if value and value.isdigit() else None
-
-
-def orphan_at() -> int | None:
-    """Testing hook: ``TRANSPLANT_TEST_ORPHAN_AT=N`` makes the target's commit wait before step N
-    until this controller is gone (the test kills it), then finish alone."""
-    value = os.environ.get("TRANSPLANT_TEST_ORPHAN_AT")
-    return int(value) if value and value.isdigit() else None

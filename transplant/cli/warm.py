@@ -1,6 +1,6 @@
 """What a command starts before it has finished importing (face): the SSH settings of a manifest
 and, for ``transplant apply MANIFEST``, its two hosts' connections opened side by side
-(:mod:`transplant.hosts.early`) while the command's modules import (issue 16).
+(:mod:`transplant.hosts.early`) while the command's modules import, so that the two overlap.
 
 Kept free of the heavy imports (rich, the planner, the pipeline): it runs first.
 """
@@ -47,7 +47,7 @@ def connect_early(args: argparse.Namespace) -> None:
     """For ``transplant apply MANIFEST`` with one target (no ``--target``, ``--resume``,
     ``--rollback``), start opening the donor's and the target's SSH connections, both at once,
     each then asking its venv's identity (for the donor-is-not-the-target check: it only reads);
-    the command takes them when it connects (:func:`transplant.hosts.host.connect`). Once each is
+    the command takes them when it connects (:func:`transplant.hosts.connecting.connect`). Once each is
     open, the host scripts the command will ask first start there, waiting for their requests
     (:func:`transplant.hosts.probing.prestart`): both plan probes, the target's stale-plan probe
     and its ELF script, and (without ``--compress``) the two sides of a small apply's stream.
@@ -56,9 +56,9 @@ def connect_early(args: argparse.Namespace) -> None:
     (``probe --stdin``) starts likewise, on an SSH host once its connection is open and on the
     local host at once: the plan memo's fingerprint (or, when the memo is off or misses, the
     plan's probe) asks it, so its interpreter start, imports and compile (0.2 s of CPU each on
-    the real pair's venvs) overlap the command's imports (issue 16: a plan with nothing to
-    change). Anything else (a saved plan, a fleet, a snapshot donor, a clone's target, a local
-    apply) starts nothing here; what is started and never asked is ended when the command ends.
+    the real pair's venvs) overlap the command's imports (for a plan with nothing to change
+    they are most of its time). Anything else (a saved plan, a fleet, a snapshot donor, a clone's
+    target, a local apply) starts nothing here; what is started and never asked is ended when the command ends.
 
     Never raises: a manifest that does not load, or settings that are bad, start nothing, and
     the command reports them itself as it always did.

@@ -22,14 +22,15 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
 from packaging.markers import UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 
 from transplant.core.inventory import Distribution, Inventory
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Finding
+from transplant.core.requirements import parse_root
 
-__all__ = ["Pulled", "Missing", "Closure", "closure", "parse_root", "expand", "closure_findings"]
+__all__ = ["Pulled", "Missing", "Closure", "closure", "expand", "expanded", "closure_findings"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,21 +94,6 @@ class Closure:
         return tuple(sorted({*self.roots, *(p.name for p in self.pulled)}))
 
 
-def parse_root(text: str) -> tuple[NormalizedName, frozenset[str]]:
-    """``sglang`` or ``sglang[http2,tracing]`` -> (normalised name, normalised extras).
-
-    :raises ValueError: ``text`` is not a PEP 508 name with optional extras (no version,
-        no marker, no URL).
-    """
-    try:
-        req = Requirement(text)
-    except InvalidRequirement as exc:
-        raise ValueError(f"{text!r} is not a distribution name: {exc}") from None
-    if req.specifier or req.marker is not None or req.url:
-        raise ValueError(f"{text!r} has a version, marker or URL; a closure names a distribution (and extras) only")
-    return canonicalize_name(req.name), frozenset(canonicalize_name(e) for e in req.extras)
-
-
 def _applies(req: Requirement, markers: Mapping[str, str], extras: Iterable[str]) -> bool:
     if req.marker is None:
         return True
@@ -141,7 +127,7 @@ def closure(
     """The distributions the closures of ``roots`` bring from ``donor`` to ``target``.
 
     :param roots: closure entries as the manifest writes them (``sglang``, ``sglang[http2]``),
-        already validated by :func:`parse_root`.
+        already validated by :func:`transplant.core.requirements.parse_root`.
     :param donor: the donor's distributions by normalised name (``Inventory.latest()``).
     :param target: the target's, likewise.
     :param markers: the target interpreter's PEP 508 marker environment.
@@ -246,24 +232,37 @@ def _bare(req: Requirement) -> str:
     return f"{canonicalize_name(req.name)}{extras}{req.specifier}"
 
 
-def expand(manifest: Manifest, donor: Inventory, target: Inventory) -> tuple[Manifest, Closure | None]:
+def expand(manifest: Manifest, donor: Inventory, target: Inventory | None) -> tuple[Manifest, Closure | None]:
     """``manifest`` with its closures computed: the overlay becomes the plain patterns, the
     roots and every pulled name (exact names), and ``closures`` is emptied, so the result is
     an ordinary manifest (expanding it again changes nothing).
 
     :param donor: the donor's inventory (metadata is enough: versions and Requires-Dist).
-    :param target: the target's inventory; its marker environment is used.
+    :param target: the target's inventory; its marker environment is used. None: no target is
+        known (a snapshot), so the closure is taken against an empty target with the donor's
+        marker environment: every donor distribution the roots reach, a superset of what any
+        target's plan selects.
     :returns: (the expanded manifest, the :class:`Closure`), or (``manifest``, None) when
         it has no closure.
     """
     if not manifest.closures:
         return manifest, None
-    found = closure(manifest.closures, donor.latest(), target.latest(), target.interpreter.markers,
+    markers = (target if target is not None else donor).interpreter.markers
+    found = closure(manifest.closures, donor.latest(), target.latest() if target is not None else {}, markers,
                     overlay=manifest.overlay, exclude=manifest.exclude, remove=manifest.remove)
+    return expanded(manifest, found), found
+
+
+def expanded(manifest: Manifest, found: Closure | None) -> Manifest:
+    """``manifest`` with the closure ``found`` (:func:`expand`'s, computed once and handed on)
+    written into its overlay as exact names, ``closures`` emptied; ``manifest`` itself when
+    ``found`` is None (no closure). A manifest already expanded is returned unchanged."""
+    if found is None:
+        return manifest
     extra = tuple(n for n in found.names if n not in manifest.overlay)
     # an absent root stays in the overlay as an exact name, so the plan reports overlay-no-match
     extra += tuple(n for n in found.absent_roots if n not in manifest.overlay and n not in extra)
-    return replace(manifest, overlay=manifest.overlay + extra, closures=()), found
+    return replace(manifest, overlay=manifest.overlay + extra, closures=())
 
 
 def closure_findings(found: Closure, manifest: str) -> list[Finding]:

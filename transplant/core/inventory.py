@@ -17,7 +17,7 @@ import json
 import posixpath
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -39,6 +39,8 @@ __all__ = [
     "Gpu",
     "NvidiaFacts",
     "LibcudaFacts",
+    "HostFact",
+    "HOST_FACTS",
     "Inventory",
     "parse_inventory",
     "expanded",
@@ -237,7 +239,8 @@ class LibcudaFacts:
 
 @dataclass(frozen=True, kw_only=True)
 class Inventory:
-    """Everything the probe saw in one venv on one host.
+    """Everything the probe saw in one venv on one host. The host's facts (``hostname``, ``nvidia``,
+    ``libcuda``, ``system_sonames``, ``cpu_flags``) are filled by their rows of :data:`HOST_FACTS`.
 
     :ivar label: where it came from, e.g. ``root@127.0.0.10:2222:/srv/venv`` (set by the
         caller; the probe does not know how it was reached).
@@ -389,7 +392,6 @@ _COLUMN_TYPES: tuple[tuple[type, ...], ...] = (
 _COLUMN_NAMES = {str: "str", int: "int", bool: "bool", _NONE: "null"}
 #: Row shapes (the tuple of the values' types) already checked against :data:`_COLUMN_TYPES`.
 _GOOD_SHAPES: set[tuple[type, ...]] = set()
-_PADDING = (None,) * len(COLUMNS)
 
 
 def _check_row(row: list, path: str) -> None:
@@ -414,44 +416,17 @@ def _plain(rel: str) -> bool:
             and "\0" not in rel)
 
 
-def _row_entry(row: Any, path: str, site: str | None) -> FileEntry:
-    """One RECORD row of the compact form at key path ``path``; ``site`` is the distribution's
-    site-packages (venv-relative, normal; None when it is not), which a ``venv_path`` of 1 is under.
-
-    :raises DecodeError: a value of another type than :data:`_COLUMN_TYPES` allows.
-    """
-    if type(row) is not list:
-        raise DecodeError(path, "a list", row)
-    shape = tuple(map(type, row))
-    if shape not in _GOOD_SHAPES or (len(row) > 1 and type(row[1]) is int and row[1] != 1) or \
-            (len(row) > 10 and type(row[10]) is int and row[10] != 1):
-        _check_row(row, path)
-        _GOOD_SHAPES.add(shape)
-    (record_path, venv_path, record_hash, record_size, exists, size, mode, symlink, not_a_file, error, digest, head,
-     body_hash, identity) = row + list(_PADDING[len(row):]) if len(row) < len(COLUMNS) else row
-    if venv_path == 1 and type(venv_path) is int:
-        if site is None:
-            raise DecodeError(f"{path}.venv_path", "a string or null (the distribution's site_packages is not "
-                                                   "a normal venv-relative path)", venv_path)
-        venv_path = f"{site}/{record_path}" if _plain(record_path) else inside_path(f"{site}/{record_path}")
-    elif venv_path is not None:
-        venv_path = inside_path(venv_path)
-    if digest == 1 and type(digest) is int:
-        digest = record_hash
-    return _new_entry(record_path, venv_path, record_hash, record_size, exists is True, digest, size, mode, symlink,
-                      "not a regular file" if not_a_file else error, head, body_hash, identity)
-
-
 #: A compact row's missing trailing columns, by the row's length.
 _PAD_LISTS = tuple([None] * (len(COLUMNS) - n) for n in range(len(COLUMNS) + 1))
 
 
 def _row_entries(rows: list, path: str, site: str | None) -> tuple[FileEntry, ...]:
-    """The RECORD rows of one distribution in the compact form, as :func:`_row_entry` reads each
-    (``rows[i]`` at key path ``path[i]``): the same entries and errors, in one loop (a real venv
-    has 110,000 rows: the call per row and its lookups were half of the parse).
+    """The RECORD rows of one distribution in the compact form (``rows[i]`` at key path
+    ``path[i]``), read in one loop rather than a call per row (a real venv has 110,000 rows: the
+    call per row and its lookups were half of the parse).
 
-    :raises DecodeError: as :func:`_row_entry`.
+    :raises DecodeError: a row that is not a list, or a value of another type than
+        :data:`_COLUMN_TYPES` allows.
     """
     out: list[FileEntry] = []
     append = out.append
@@ -766,23 +741,19 @@ def _inventory(document: dict, label: str) -> Inventory:
     for where, exists in elsewhere.items():
         if not isinstance(exists, bool):
             raise DecodeError(entry_path("elsewhere", where), "a boolean", exists)
-    libcuda = member(host, "libcuda", "host", dict, optional=True)
     return Inventory(
-        system_sonames=_sonames(member(host, "sonames", "host", dict, optional=True)),
-        cpu_flags=_cpu_flags(member(host, "cpu", "host", dict, optional=True)),
+        **{fact.name: fact.parse(member(host, fact.part, "host", fact.wire, optional=not fact.required), fact.cache_key)
+           for fact in HOST_FACTS},
         label=label,
-        hostname=member(host, "hostname", "host", str),
         interpreter=interpreter,
         site_packages=site,
         scripts=member(paths, "scripts", "paths", str, optional=True) or "bin",
         distributions=tuple(dists),
         files=files,
-        nvidia=_NVIDIA(member(host, "nvidia", "host", dict), "host.nvidia"),
         fingerprint=_fingerprint(document),
         texts={k: v for k, v in texts.items() if inside_path(k) == k},
         elsewhere=dict(elsewhere),
         document=document,
-        libcuda=_LIBCUDA(libcuda, "host.libcuda") if libcuda is not None else None,
         **_outside(member(document, "outside", "", list, optional=True) or []),
     )
 
@@ -807,29 +778,67 @@ def _refuse_unseen(unseen: dict | None, site: str, label: str) -> None:
     )
 
 
-def _cpu_flags(reported: dict | None) -> frozenset[str] | None:
+def _cpu_flags(reported: dict | None, path: str) -> frozenset[str] | None:
     """The CPU flags of the probe's ``host.cpu`` (``{"flags": [...]}``); None when absent.
 
     :raises DecodeError: a malformed report."""
     if reported is None:
         return None
-    flags = strings(member(reported, "flags", "host.cpu", list), "host.cpu.flags")
+    flags = strings(member(reported, "flags", path, list), f"{path}.flags")
     return frozenset(flags)
 
 
-def _sonames(reported: dict | None) -> frozenset[str] | None:
+def _sonames(reported: dict | None, path: str) -> frozenset[str] | None:
     """The host's library names from the probe's ``host.sonames`` (``{"ldconfig", "names"}``);
     None when absent or when ``ldconfig`` did not run. A name must be a plain file name.
 
     :raises DecodeError: a malformed report."""
     if reported is None:
         return None
-    ran = member(reported, "ldconfig", "host.sonames", bool)
-    names = member(reported, "names", "host.sonames", list)
+    ran = member(reported, "ldconfig", path, bool)
+    names = member(reported, "names", path, list)
     for i, name in enumerate(names):
         if not isinstance(name, str) or not name or "/" in name or len(name) > 255:
-            raise DecodeError(f"host.sonames.names[{i}]", "a library file name", name)
+            raise DecodeError(f"{path}.names[{i}]", "a library file name", name)
     return frozenset(names) if ran else None
+
+
+@dataclass(frozen=True)
+class HostFact:
+    """One fact of the host a venv is on, as the probe reports it and the inventory keeps it.
+
+    :ivar name: the :class:`Inventory` field it fills (what the rules read).
+    :ivar part: the probe's host-script part that reports it (``HOST_PARTS`` in
+        :mod:`transplant.remote.probe`), and its key in the document's ``host`` section.
+    :ivar wire: the JSON type the part reports (``dict``, ``str``); null counts as absent.
+    :ivar parse: ``(reported value or None when absent, its key path) -> the field's value``.
+    :ivar required: an absent value is an error (else ``parse`` gets None).
+    """
+
+    name: str
+    part: str
+    wire: type
+    parse: Callable[[Any, str], Any]
+    required: bool = False
+
+    @property
+    def cache_key(self) -> str:
+        """``host.<part>``: where the document keeps it; the key path its errors name, and what the
+        plan memo's fingerprint digests (with the whole ``host`` section: a fact that changes
+        makes a kept plan stale)."""
+        return f"host.{self.part}"
+
+
+#: The host's facts the controller reads, one row each: adding one is its host-script part in
+#: ``remote/probe.py`` (``HOST_PARTS``), its row here (with its parser and the :class:`Inventory`
+#: field it fills) and the rule that reads that field.
+HOST_FACTS: tuple[HostFact, ...] = (
+    HostFact("hostname", "hostname", str, lambda value, path: value, required=True),
+    HostFact("nvidia", "nvidia", dict, lambda value, path: _NVIDIA(value, path), required=True),
+    HostFact("libcuda", "libcuda", dict, lambda value, path: _LIBCUDA(value, path) if value is not None else None),
+    HostFact("system_sonames", "sonames", dict, _sonames),
+    HostFact("cpu_flags", "cpu", dict, _cpu_flags),
+)
 
 
 def _outside(folders: list) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 exact text, handed out in chunks of a few hundred KB.
 
 ``json.dump`` with ``indent`` runs the standard library's pure-Python encoder, one generator per
-level and one ``write`` per token: a forward plan of the real pair (32 MB of text, issue 16) took
-19 s to write to a redirected standard output, 5 s into a string. :func:`dump_indented` builds the
+level and one ``write`` per token: for a large plan (tens of MB of text) that is several times
+slower than building the same text in pieces, and slower still to a redirected standard output.
+:func:`dump_indented` builds the
 same text from lists joined per chunk (strings through the C ``encode_basestring_ascii``), so the
 caller's ``write`` is called a few hundred times and the text is never held whole.
 """

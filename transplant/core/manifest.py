@@ -20,6 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from transplant.errors import ManifestError
+from transplant.core import verify_stages
 from transplant.core.decode import Problems, kind
 from transplant.core.hostspec import HostSpec
 
@@ -214,8 +215,8 @@ class VerifySettings:
 
 
 #: The verify stages that run again in the donor when they fail in the target (the donor is the
-#: reference): what ``verify.required`` may name.
-REQUIRABLE_STAGES = ("imports", "native-load", "server-args", "smoke")
+#: reference): what ``verify.required`` may name (the requirable rows of the stage table).
+REQUIRABLE_STAGES = verify_stages.REQUIRABLE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,12 +246,6 @@ class Manifest:
     targets: tuple[Endpoint, ...] = ()
     closures: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-
-    @property
-    def overlay_roots(self) -> tuple[str, ...]:
-        """The plain overlay patterns and the closures' root names (``sglang`` of
-        ``sglang[http2]``): what the manifest names itself, before any closure is computed."""
-        return self.overlay + tuple(_root_name(c) for c in self.closures if _root_name(c) not in self.overlay)
 
 
 def normalize_pattern(pattern: str) -> str:
@@ -496,7 +491,9 @@ def _overlay(c: Problems, value: Any, path: str) -> tuple[tuple[str, ...], tuple
                         f"name one donor distribution, e.g. {{closure: sglang}}, in overlay of {path}")
         if text is None:
             continue
-        from transplant.core.closure import parse_root
+        # here, not at the top: packaging's requirement parser costs a command's start 60-80 ms,
+        # and only a manifest with a closure needs it
+        from transplant.core.requirements import parse_root
         try:
             name, extras = parse_root(text.strip())
         except ValueError as exc:
@@ -761,12 +758,13 @@ def _verify(c: Problems, value: Any) -> VerifySettings:
                   'write it quoted: python: "3.11"')
     required: list[str] = []
     if "required" in data:
-        hint = f"name stages of {', '.join(REQUIRABLE_STAGES)}, e.g. required: [imports]"
+        accepted = verify_stages.requirable()
+        hint = f"name stages of {', '.join(accepted)}, e.g. required: [imports]"
         if not isinstance(data["required"], list):
             c.add("verify.required", f"expected a list, got {kind(data['required'])}", hint)
         else:
             for i, name in enumerate(data["required"]):
-                if name not in REQUIRABLE_STAGES:
+                if name not in accepted:
                     c.add(f"verify.required[{i}]", f"expected a stage the donor is compared in, got {kind(name)}", hint)
                 else:
                     required.append(name)

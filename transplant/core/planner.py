@@ -23,7 +23,7 @@ from transplant.core.units import agree, count
 from transplant.remote._common import record_hash  # RECORD's hash form, one definition
 from transplant.core.elf_facts import ElfReport
 from transplant.core.findings import EnvironmentAfter, compatibility_findings
-from transplant.core.closure import closure_findings, expand
+from transplant.core.closure import Closure, closure_findings, expand, expanded
 from transplant.core.cuda import cuda_variant, describe_variant
 from transplant.core.inventory import Distribution, FileEntry, Inventory, inside_path, link_escapes, newest, protected_path
 from transplant.core.manifest import Manifest
@@ -584,12 +584,12 @@ def _not_a_venv(manifest: Manifest, target: Inventory) -> list[Finding]:
 
 
 def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Sequence[PatchFile] = (), *,
-         donor_elf: ElfReport | None = None, target_elf: ElfReport | None = None) -> Plan:
+         donor_elf: ElfReport | None = None, target_elf: ElfReport | None = None,
+         closure: Closure | None = None) -> Plan:
     """Compute what apply must do to make ``target`` hold ``donor``'s overlay set and patches.
 
-    :param manifest: the validated manifest (overlay patterns, labels for messages); its
-        closures are computed here (:func:`transplant.core.closure.expand`) and each pulled-in
-        distribution's change says which chain needs it.
+    :param manifest: the validated manifest (overlay patterns, labels for messages); each
+        distribution its closures pull in says in its change which chain needs it.
     :param donor: the donor's inventory, with the overlaid distributions hashed.
     :param target: the target's inventory, with the overlaid distributions and the patch
         destinations hashed.
@@ -598,10 +598,15 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     :param donor_elf: ELF facts of the donor's overlaid shared objects; :param
         target_elf: of the target's others (see :mod:`transplant.pipeline.gather`); None skips
         the rules that read binaries.
+    :param closure: the manifest's closures as the facts were gathered for them
+        (``Facts.closure``: :func:`transplant.core.closure.expand`), so they are not computed
+        twice; None computes them here from ``donor`` and ``target`` (nothing, for a manifest
+        without closures).
     :returns: a :class:`Plan` whose changes are sorted (distributions by name, then
         patches by path) and whose findings are sorted by (severity, code, dists).
     """
-    manifest, found = expand(manifest, donor, target)
+    manifest, found = (expanded(manifest, closure), closure) if closure is not None else \
+        expand(manifest, donor, target)
     findings = _overlay_findings(manifest, donor, target)
     if found is not None:
         findings += closure_findings(found, manifest.path)

@@ -5,7 +5,8 @@ distribution's Requires-Dist is evaluated with the target interpreter's PEP 508 
 environment (``extra`` empty: optional extras are not checked) and matched by PEP 440
 rules, pre-releases allowed, where a specifier without a local label ignores the
 candidate's label (``==0.3.16.post4`` accepts ``0.3.16.post4+cu130``: PEP 440,
-"Version matching").
+"Version matching"). :func:`parse_root` reads a closure's root (a name with extras, as the
+manifest's ``{closure: NAME}`` writes it).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from packaging.markers import UndefinedEnvironmentName
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
 
-__all__ = ["Unmet", "unmet_requirements"]
+__all__ = ["Unmet", "unmet_requirements", "parse_root"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,3 +89,18 @@ def unmet_requirements(
                                  requirement=req, found=version))
     out.sort(key=lambda u: (u.requirer, u.required, str(u.requirement)))
     return out
+
+
+def parse_root(text: str) -> tuple[NormalizedName, frozenset[str]]:
+    """``sglang`` or ``sglang[http2,tracing]`` -> (normalised name, normalised extras).
+
+    :raises ValueError: ``text`` is not a PEP 508 name with optional extras (no version,
+        no marker, no URL).
+    """
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{text!r} is not a distribution name: {exc}") from None
+    if req.specifier or req.marker is not None or req.url:
+        raise ValueError(f"{text!r} has a version, marker or URL; a closure names a distribution (and extras) only")
+    return canonicalize_name(req.name), frozenset(canonicalize_name(e) for e in req.extras)

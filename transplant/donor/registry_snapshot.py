@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transplant.donor import store as cas
 from transplant.core.elf_facts import ElfReport
@@ -41,7 +41,11 @@ from transplant.donor.registry_elf import answer, precompute
 from transplant.donor.snapshot import Snapshot, SnapshotError, SnapshotSource, load_snapshot
 from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
+from transplant import testhooks
 from transplant.core.units import count
+
+if TYPE_CHECKING:
+    from transplant.donor.sources import Stager
 
 __all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "DIST_TYPE", "PATCHES_TYPE", "ELF_TYPE", "PushResult", "push", "open_registry",
            "RegistrySource", "client_for", "list_registry", "prune_registry", "layer_files", "cache_store"]
@@ -370,13 +374,12 @@ class RegistrySource(SnapshotSource):
             entry = blobs.setdefault(layer["digest"], {"digest": layer["digest"], "size": int(layer["size"]),
                                                        "files": []})
             entry["files"].append([path, int(facts["mode"])])
-        stop = os.environ.get("TRANSPLANT_TEST_PULL_STOP_AFTER")
         request = {
             "url": self.client.base, "authorization": self.client.pull_authorization(),
             "ca": self.client.ca.read_text() if self.client.ca else None, "timeout": 60,
             "progress": list(self.client.settings.progress),
             "cache": f"{venv.rstrip('/')}/.transplant/blobs", "dest": staged, "blobs": list(blobs.values()),
-            "links": links, "stop_after": int(stop) if stop and stop.isdigit() else None,
+            "links": links, "stop_after": testhooks.pull_stop_after(),
         }
         reply = run_script(target, venv, "oci_pull", request=request, timeout=timeout)
         for _ in range(2):  # a bearer token that expired during a long pull: a new one, and the pull resumes
@@ -407,6 +410,21 @@ class RegistrySource(SnapshotSource):
         result = copy_files(host, root, target, staged, list(paths), staging=staging, timeout=timeout)
         self._note(target, _Pull("relay", relay_bytes=result.bytes, line=line))
         return result.bytes, len(paths)
+
+    def memo_identity(self) -> str | None:
+        """None: no plan is kept for a registry snapshot (its cache on the controller is not the snapshot)."""
+        return None
+
+    def stager(self) -> Stager | None:
+        """:meth:`stage`: each target pulls its files from the registry itself."""
+        return self.stage
+
+    def transfer_note(self, target: str) -> str | None:
+        """The line :meth:`stage` said for ``target`` (pulled straight from the registry, or relayed);
+        None when it staged nothing there."""
+        with self._pull_lock:
+            pull = self.pulls.get(target)
+        return pull.line if pull is not None else None
 
     def _note(self, target: Host, pull: _Pull) -> None:
         with self._pull_lock:

@@ -32,15 +32,15 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import yaml
 
 from transplant.donor import store as cas
 from transplant.core.elf_facts import ElfReport
-from transplant.core.closure import closure
+from transplant.core.closure import expand
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.errors import ProbeError, SnapshotError, TransplantError
 from transplant.controller.patch_files import read_patch_files
@@ -56,6 +56,9 @@ from transplant.hosts.transfer import copy_files
 from transplant.reporting import QUIET, Reporter
 from transplant.core.units import agree, count
 from transplant.verify import recorded
+
+if TYPE_CHECKING:
+    from transplant.donor.sources import Stager
 
 __all__ = ["SNAPSHOT_SCHEMA", "SnapshotError", "Snapshot", "CaptureResult", "capture", "load_snapshot",
            "list_snapshots", "prune", "default_store", "SnapshotSource", "TEXTS"]
@@ -163,10 +166,7 @@ def _capture(manifest: Manifest, donor: Host, store: Path, *, reporter: Reporter
         # reach (a superset of what any target's plan selects)
         reporter.step(f"reading the donor's metadata for the overlay {agree(len(manifest.closures), 'closure', 'closures')} {', '.join(manifest.closures)}")
         meta = take_inventory(donor, venv, record=False, timeout=timeout)
-        found = closure(manifest.closures, meta.latest(), {}, meta.interpreter.markers, overlay=manifest.overlay,
-                        exclude=manifest.exclude)
-        manifest = replace(manifest, overlay=manifest.overlay + tuple(n for n in found.names
-                                                                      if n not in manifest.overlay), closures=())
+        manifest, _ = expand(manifest, meta, None)
     reporter.step(f"probing the donor {manifest.donor} (hashing the overlaid distributions)")
     inventory = take_inventory(donor, venv, hash_patterns=manifest.overlay, texts=TEXTS, timeout=timeout,
                                hash_cache="controller")
@@ -468,7 +468,13 @@ class SnapshotSource:
     asked for is written from the store, hash-checked; it holds a ``pyvenv.cfg`` and a
     ``bin/python`` of the controller's own interpreter, so host scripts that only read
     files (the ELF reader) run on it as on a venv. Thread-safe; :meth:`close` removes it.
+    A :class:`transplant.donor.sources.DonorSource`.
     """
+
+    label: str
+    venv: str
+    live: Host | None = None
+    snapshot: Snapshot
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -488,9 +494,13 @@ class SnapshotSource:
             self._view = view
         return self._view
 
+    def memo_identity(self) -> str | None:
+        """``snapshot <id> <store>``: a snapshot's content never changes under its id."""
+        return f"snapshot {self.snapshot.id} {self.snapshot.store}" if self.snapshot.id else None
+
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None, record: bool = True) -> Inventory:
-        """The donor's inventory as captured (``texts`` and ``record`` are what the capture
+                  timeout: float | None = None, record: bool = True, inputs: bool = False) -> Inventory:
+        """The donor's inventory as captured (``texts``, ``record`` and ``inputs`` are what the capture
         asked for); every distribution ``hash_patterns`` selects must be one whose files the
         snapshot holds.
 
@@ -544,6 +554,14 @@ class SnapshotSource:
         wanted = list(files) + list((kwargs.get("defined") or ((), ()))[0]) + list(kwargs.get("defined_by") or {})
         host, root = self.files([p for p in wanted if p in self.snapshot.files])
         return read_elf_facts(host, root, files, **kwargs)
+
+    def stager(self) -> Stager | None:
+        """None: apply streams the files from the view (:meth:`files`)."""
+        return None
+
+    def transfer_note(self, target: str) -> str | None:
+        """None: the files are streamed as apply's own notes say."""
+        return None
 
     def close(self) -> None:
         """Remove the view folder."""

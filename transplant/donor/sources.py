@@ -1,10 +1,13 @@
 """Where the donor's facts and bytes come from (edge): a live host, or a snapshot; fallbacks.
 
-A donor source answers three questions: the donor's inventory, the ELF facts of some of
-its files, and where rsync reads its files (a host and a folder). :class:`HostSource` asks
-the donor host; :class:`transplant.donor.snapshot.SnapshotSource` answers from a snapshot on the
-controller. :func:`open_donor` tries the manifest's ``donor`` and then each
-``donor.fallback`` in order, and says which one it used and why.
+A donor source (:class:`DonorSource`) answers every question the pipeline asks of a donor: its
+inventory, the ELF facts of some of its files, where rsync reads its files (a host and a
+folder) or what stages them on a target, its identity for the plan memo, and whether it is a
+live host or a snapshot; nothing asks which class it is. :class:`HostSource` asks the donor
+host; :class:`transplant.donor.snapshot.SnapshotSource` answers from a snapshot on the
+controller, :class:`transplant.donor.registry_snapshot.RegistrySource` from one in an OCI
+registry. :func:`open_donor` tries the manifest's ``donor`` and then each ``donor.fallback``
+in order, and says which one it used and why.
 """
 
 from __future__ import annotations
@@ -14,31 +17,80 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from transplant.core.elf_facts import ElfReport
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.errors import HostError, NoDonorError, TransplantError
-from transplant.hosts.host import Host, SSHOptions, connect
+from transplant.hosts.host import Host, SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.core.hostspec import HostSpec
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import Endpoint, Manifest, SnapshotRef
 from transplant.hosts.probing import take_inventory
 from transplant.reporting import QUIET, Reporter
 
-__all__ = ["DonorSource", "HostSource", "Opened", "open_donor", "as_source", "NoDonorError"]
+if TYPE_CHECKING:  # a live donor needs no snapshot code
+    from transplant.donor.snapshot import Snapshot
+
+__all__ = ["DonorSource", "Stager", "HostSource", "Opened", "open_donor", "as_source", "NoDonorError"]
+
+
+class Stager(Protocol):
+    """Puts a donor's files into a transaction's staging folder on the target itself (a source
+    whose targets fetch the bytes themselves: a registry snapshot)."""
+
+    def __call__(self, target: Host, venv: str, staged: str, paths: Sequence[str], *, staging: Path,
+                 timeout: float | None = None, reporter: Reporter = QUIET) -> tuple[int, int]:
+        """Stage ``paths`` (venv-relative) into the folder ``staged`` on ``target`` (its venv ``venv``);
+        ``staging`` is the controller's staging folder for a relay; ``timeout`` in seconds (None: no limit);
+        ``reporter`` told a note saying how the files came.
+
+        :returns: (bytes carried through the controller, files staged).
+        :raises TransplantError: the files could not be staged (the part verified is kept).
+        """
+        ...
 
 
 class DonorSource(Protocol):
-    """What plan and apply need of a donor (see the module docstring)."""
+    """Everything the pipeline, apply, verify, fleets and recover ask of a donor; no caller asks
+    which kind of source it is. Adding a kind of source: implement every member (the test
+    ``tests/test_donor_sources.py`` compares each signature with this one) and open it in
+    :func:`_open_one`.
 
-    label: str
+    :ivar label: how the donor is named in messages and the recorded recipe.
+    :ivar venv: the donor's venv path (on its live host, or the one a snapshot was taken of).
+    :ivar live: the connected donor host when the donor is read live (its files streamed from
+        it, its probes' inputs kept for the plan memo, the target checked not to be it); None
+        for a snapshot.
+    :ivar snapshot: the snapshot the facts and bytes come from (its index file recorded in the
+        recipe, its recorded verify results standing in for the donor's); None for a live donor.
+    """
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def venv(self) -> str: ...
+
+    @property
+    def live(self) -> Host | None: ...
+
+    @property
+    def snapshot(self) -> Snapshot | None: ...
+
+    def memo_identity(self) -> str | None:
+        """The donor's part of the plan memo's key (:mod:`transplant.pipeline.memo`): one line naming
+        the donor so that equal lines mean the same donor content whenever both venvs' fingerprints
+        agree; None keeps no plan for this source."""
+        ...
 
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
-                  timeout: float | None = None, record: bool = True) -> Inventory:
+                  timeout: float | None = None, record: bool = True, inputs: bool = False) -> Inventory:
         """The donor venv's inventory, the distributions ``hash_patterns`` selects hashed;
         ``texts`` are venv-relative files whose text it carries; ``timeout`` in seconds (None:
-        the probe's default); ``record`` False reads metadata only.
+        the probe's default); ``record`` False reads metadata only; ``inputs`` asks for the
+        probe's inputs digest (``Inventory.inputs``; a source with nothing to probe leaves it as it is).
 
         :raises TransplantError: the donor cannot be read (a host error, a damaged snapshot).
         """
@@ -56,31 +108,58 @@ class DonorSource(Protocol):
         """
         ...
 
+    def stager(self) -> Stager | None:
+        """What stages the donor's files on each target itself; None: apply streams them from
+        :meth:`files`."""
+        ...
+
+    def transfer_note(self, target: str) -> str | None:
+        """The line saying how the donor's files reached the target labelled ``target`` (pulled
+        from a registry, or relayed), for a fleet's report; None when there is nothing to say."""
+        ...
+
 
 class HostSource:
     """A live donor: a connected host and its venv."""
 
+    label: str
+    venv: str
+    live: Host
+    snapshot: Snapshot | None = None
+
     def __init__(self, host: Host, venv: str) -> None:
-        self.host = host
+        self.live = host
         self.venv = venv
         self.label = f"{host.label}:{venv}"
+
+    def memo_identity(self) -> str | None:
+        """``host <label> <venv>``: the plan memo's fingerprints say whether its content changed."""
+        return f"host {self.live.label} {self.venv}"
 
     def inventory(self, *, hash_patterns: Sequence[str], texts: Sequence[str] = (),
                   timeout: float | None = None, record: bool = True, inputs: bool = False) -> Inventory:
         """The probe's inventory, the ``hash_patterns`` distributions hashed (``record`` False: metadata
         only; ``inputs``: with the probe's inputs digest, :func:`take_inventory`'s)."""
-        return take_inventory(self.host, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout,
+        return take_inventory(self.live, self.venv, hash_patterns=hash_patterns, texts=texts, timeout=timeout,
                               record=record, hash_cache="controller", inputs=inputs)
 
     def elf(self, files: Sequence[str], **kwargs: Any) -> ElfReport:
         """:func:`transplant.hosts.elf_facts.read_elf_facts` on the donor (its ELF cache kept on the
         controller unless ``elf_cache`` says otherwise: a donor is never written to)."""
         kwargs.setdefault("elf_cache", "controller")
-        return read_elf_facts(self.host, self.venv, files, **kwargs)
+        return read_elf_facts(self.live, self.venv, files, **kwargs)
 
     def files(self, paths: Sequence[str]) -> tuple[Host, str]:
         """The donor host and its venv: rsync reads the files there."""
-        return self.host, self.venv
+        return self.live, self.venv
+
+    def stager(self) -> Stager | None:
+        """None: apply streams the files from the donor host."""
+        return None
+
+    def transfer_note(self, target: str) -> str | None:
+        """None: the files are streamed as apply's own notes say."""
+        return None
 
 
 def as_source(donor: Host | DonorSource, venv: str) -> DonorSource:
@@ -115,10 +194,10 @@ def _open_one(entry: Endpoint | SnapshotRef, manifest: Manifest, ssh: SSHOptions
     if isinstance(entry, SnapshotRef) and entry.path.startswith("oci://"):
         from transplant.donor.registry_snapshot import open_registry
 
-        source = stack.enter_context(open_registry(entry.path, ca=entry.ca, base=Path(manifest.path).resolve().parent))
-        snap = source.snapshot
+        registry = stack.enter_context(open_registry(entry.path, ca=entry.ca, base=Path(manifest.path).resolve().parent))
+        snap = registry.snapshot
         donor = Endpoint(host=HostSpec.parse(snap.donor_host), venv=snap.donor_venv)
-        return dataclasses.replace(manifest, donor=donor), source, None
+        return dataclasses.replace(manifest, donor=donor), registry, None
     if isinstance(entry, SnapshotRef):
         from transplant.donor.snapshot import SnapshotSource, load_snapshot  # only a snapshot donor needs it
 

@@ -26,10 +26,11 @@ from transplant.core.inventory import Inventory
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.plan import Plan
 from transplant.donor.snapshot import SnapshotSource, capture
-from transplant.donor.sources import HostSource, Opened
+from transplant.donor.sources import Opened
 from transplant.errors import FleetError, TransplantError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_FAIL, EXIT_OK
-from transplant.hosts.host import SSHOptions, connect
+from transplant.hosts.host import SSHOptions
+from transplant.hosts.connecting import connect
 from transplant.pipeline import apply_plan, plan_target, roll_back, verify_target
 from transplant.verify.judges import StageResult
 from transplant.reporting import QUIET, Prefixed, Reporter
@@ -113,9 +114,10 @@ def serve_from_snapshot(opened: Opened, store: Path, stack: ExitStack,
     :param reporter: passed to :func:`capture` (its steps, the bytes read from the donor).
     :raises HostError: the donor could not be read; :raises SnapshotError: as :func:`capture`.
     """
-    if not isinstance(opened.source, HostSource):
-        return opened, DonorRead(snapshot=str(opened.source.snapshot.path))
-    result = capture(opened.manifest, opened.source.host, store, reporter=reporter)
+    live, snap = opened.source.live, opened.source.snapshot
+    if live is None:
+        return opened, DonorRead(snapshot=str(snap.path) if snap is not None else None)
+    result = capture(opened.manifest, live, store, reporter=reporter)
     source = stack.enter_context(SnapshotSource(result.snapshot))
     read = DonorRead(bytes=result.bytes_read, files=result.fetched, snapshot=str(result.snapshot.path))
     why = (f"{opened.why}; " + (f"the identical stored snapshot {result.snapshot.id} (not stored again)"
@@ -160,9 +162,9 @@ def run_target(action: str, manifest: Manifest, target: Endpoint, opened: Opened
                         result.code = EXIT_OK
                         if plan.has_changes:
                             result.applied = apply_plan(plan, m, opened, host, reporter=reporter)
-                            pull = getattr(opened.source, "pulls", {}).get(host.label)
-                            if pull is not None:
-                                result.note = pull.line
+                            pulled = opened.source.transfer_note(host.label)
+                            if pulled is not None:
+                                result.note = pulled
                         else:
                             result.note = "nothing to change"
             if action == "verify" or (action == "apply" and verify_after and result.code == EXIT_OK):

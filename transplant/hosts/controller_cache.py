@@ -98,8 +98,9 @@ _NORMALIZE = re.compile(r"[-_.]+")
 
 
 class HashGroups:
-    """The donor's content-hash cache on the controller, one group per distribution (issue 16:
-    it used to travel whole both ways, tens of MB decoded into objects on the controller).
+    """The donor's content-hash cache on the controller, one group per distribution, so
+    that a probe is sent only the groups it needs and sends back only those that changed (whole, the
+    cache is tens of MB to decode into objects on the controller and send both ways).
 
     The file (``<controller state>/hash-cache/<key>.json``, the key as :meth:`ControllerCache.path`'s)
     is text: the line ``{"schema":"transplant.hashes/2"}``, then one line per group,

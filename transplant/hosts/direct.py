@@ -64,7 +64,7 @@ __all__ = ["Route", "route", "stream_direct", "pin_path", "DIRECT_MIN_BYTES"]
 #: loaded 2-core loopback lab (measured with the scoped agent the one-time key replaced; the key's own
 #: cost, a key made and two host scripts on the donor, was not measured apart), which its saving per byte (no
 #: decryption and encryption again on the controller) repays from about 100 MB there (measured:
-#: BENCHMARKS.md, "Direct or relayed"). A real network to a remote controller favours direct sooner.
+#: BENCHMARKS.md, "When direct pays"). A real network to a remote controller favours direct sooner.
 DIRECT_MIN_BYTES = 100 << 20
 #: Name of the pinned known_hosts file in the transaction's folder (beside ``staged/``).
 PIN_NAME = "donor-known-hosts"

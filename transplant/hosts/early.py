@@ -1,12 +1,12 @@
 """Connections opened early (edge): SSH master connections started side by side, in threads,
-before the command that needs them asks (issue 16: a small apply spent about 0.2 s per host
-opening them one after the other, after its imports).
+before the command that needs them asks, so that opening them overlaps the command's imports
+and each other instead of following them one after the other.
 
-:func:`start` begins connecting; :func:`transplant.hosts.host.connect` hands the connection to
+:func:`start` begins connecting; :func:`transplant.hosts.connecting.connect` hands the connection to
 the first caller asking for that host with the same settings (:func:`take`), or raises the
 error connecting gave (the same :class:`transplant.errors.HostError` that connecting then would
 have raised). A connection nobody took is closed by :func:`close_unused`. Host keys are checked
-exactly as by :func:`transplant.hosts.host.connect`: the connection is the same
+exactly as by :func:`transplant.hosts.connecting.connect`: the connection is the same
 :class:`transplant.hosts.ssh.SSHHost`, only opened sooner.
 """
 
@@ -16,8 +16,11 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from transplant.core.hostspec import HostSpec
-from transplant.hosts.host import Host, SSHOptions
+from transplant.core.hostspec import LOCAL, HostSpec
+from transplant.hosts.host import Host, LocalHost, SSHOptions
+from transplant.hosts.identity import parse_identity, venv_identity
+from transplant.hosts.probing import close_prestarted, prestart
+from transplant.hosts.ssh import SSHHost
 
 __all__ = ["start", "take", "close_unused"]
 
@@ -56,8 +59,6 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None,
         _WAITING[key] = future
 
     def opening() -> None:
-        from transplant.hosts.ssh import SSHHost
-
         try:
             host = SSHHost(spec, options)
         except BaseException as exc:  # noqa: BLE001 - handed to take(), which raises it in the caller
@@ -65,8 +66,6 @@ def start(spec: HostSpec, options: SSHOptions, venv: str | None = None,
             return
         if venv is not None:
             said = _prestart(host, venv, scripts, identity=True)  # first: their starts overlap the identity's round trip
-            from transplant.hosts.identity import parse_identity, venv_identity
-
             # the identity, asked before the connection is handed over (take() returns it
             # remembered): the plan's probe says it as it starts; else (it said nothing) the
             # identity script is asked, as without it
@@ -90,8 +89,6 @@ def _prestart(host: Host, venv: str, scripts: Sequence[tuple[str, Sequence[str]]
     for the command to start when it asks (and to report). With ``identity``, the first probe
     (``--stdin``) also says the venv's identity as it starts: returned (a
     :class:`transplant.hosts.probing.WaitingScript`), else None."""
-    from transplant.hosts.probing import prestart
-
     said = None
     for name, args in scripts:
         tells = identity and said is None and (name, tuple(args)) == ("probe", ("--stdin",))
@@ -119,14 +116,7 @@ def close_unused() -> None:
     """Close every connection started and never taken (a command that failed before it asked,
     or a donor replaced by its fallback), and end the local host's scripts started ahead and
     never asked (:func:`transplant.hosts.probing.close_prestarted`); waits for those still opening."""
-    import sys
-
-    probing = sys.modules.get("transplant.hosts.probing")
-    if probing is not None:  # the local host's scripts started ahead and never asked
-        from transplant.core.hostspec import LOCAL
-        from transplant.hosts.host import LocalHost
-
-        probing.close_prestarted(LocalHost(LOCAL))
+    close_prestarted(LocalHost(LOCAL))  # the local host's scripts started ahead and never asked
     with _LOCK:
         waiting = list(_WAITING.values())
         _WAITING.clear()

@@ -8,7 +8,8 @@ connect, host key unknown or changed, authentication failed, timed out) raises
 
 SSH goes through the system OpenSSH client, for the commands and for rsync alike, over one
 master connection per host (:class:`transplant.hosts.ssh.SSHHost`, which says why), with host
-key verification on by default.
+key verification on by default; :func:`transplant.hosts.connecting.connect` gives the host a
+:class:`~transplant.core.hostspec.HostSpec` names.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import ClassVar, TypeVar
 
 from transplant.errors import HostError
@@ -45,12 +44,9 @@ __all__ = [
     "CommandResult",
     "Host",
     "LocalHost",
-    "SSHHost",
-    "connect",
     "kill_group",
     "tracked",
     "stop_commands",
-    "interrupt_stops_commands",
     "stopping",
     "KnownHosts",
     "read_known_hosts",
@@ -433,42 +429,6 @@ def stop_commands() -> int:
     return stopped
 
 
-@contextmanager
-def interrupt_stops_commands() -> Iterator[None]:
-    """Within the block, Ctrl-C (SIGINT) first stops every tracked host command
-    (:func:`stop_commands`) and closes every SSH master connection
-    (:func:`transplant.hosts.ssh.end_masters`), then raises KeyboardInterrupt as Python's own
-    handler does. For commands that only read (verify): their stages run in worker threads, which
-    would otherwise keep waiting for their host scripts (up to each one's timeout) before the
-    interrupt could end the command. Over SSH, killing the local ``ssh`` is not enough: the
-    master connection holds the command's pipes (it was passed them) until the remote command
-    ends, so the master is closed too; the remote command then finds nothing reading its output
-    (the read-only host scripts end then: ``end_when_unread`` in ``transplant/remote/_common.py``).
-    From the interrupt to the block's end no host command starts (:func:`stopping`). Outside the
-    main thread the block runs unchanged (signals go to the main one)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        _STOPPING.set()  # first: a command starting now is stopped by tracked() if this misses it
-        stop_commands()
-        from transplant.hosts.ssh import end_masters
-
-        end_masters()
-        if callable(previous) and previous is not signal.default_int_handler:
-            previous(signum, frame)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        _STOPPING.clear()
-
-
 def kill_group(proc: subprocess.Popen) -> None:
     """Kill a process started with start_new_session and its group; reap it."""
     try:
@@ -577,25 +537,3 @@ def side_error(side: str, exc: HostError, spec: HostSpec) -> HostError:
             hint += "; without the donor, use a snapshot: donor: {snapshot: ID} or a donor.fallback"
     error = HostError(f"{side} {exc.message}", hint=hint, code=exc.code)
     return error
-
-
-def connect(spec: HostSpec, ssh: SSHOptions | None = None) -> Host:
-    """A :class:`LocalHost` for ``local``, else a connected :class:`SSHHost`.
-
-    :param spec: the host to reach.
-    :param ssh: SSH settings; None uses the defaults (``~/.ssh``, host keys verified).
-
-    A connection :func:`transplant.hosts.early.start` began opening for the same host and settings
-    is taken instead of opening another (it is the same SSHHost, host keys checked alike).
-
-    :raises HostError: an SSH host could not be reached or refused us; the message names it.
-    """
-    if spec.is_local:
-        return LocalHost(spec)
-    from transplant.hosts import early  # a connection an apply started opening at its start
-
-    opened = early.take(spec, ssh or SSHOptions())
-    return opened if opened is not None else SSHHost(spec, ssh or SSHOptions())
-
-
-from transplant.hosts.ssh import SSHHost  # noqa: E402  (it builds on the classes above)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import posixpath
 
 from transplant.hosts.host import Host
+from transplant.remote._common import SCRIPT_LOG
 
 __all__ = ["IDENTITY_SCRIPT", "venv_identity", "parse_identity"]
 
@@ -21,7 +22,7 @@ IDENTITY_SCRIPT = ("import os, sys\n"
                    "try:\n    boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
                    "except OSError:\n    boot = ''\n"
                    "info = os.stat(sys.argv[1])\nprint(boot, info.st_dev, info.st_ino)\n"
-                   "log = os.environ.get('TRANSPLANT_SCRIPT_LOG')\n"
+                   f"log = os.environ.get({SCRIPT_LOG!r})\n"
                    "if log:\n    open(log, 'a').write('identity %s\\n' % sys.argv[1])\n")
 
 
@@ -44,7 +45,7 @@ def venv_identity(host: Host, venv: str, timeout: float | None = 60.0) -> tuple[
 
     Asked once per connection (:meth:`Host.remembered`, key ``("venv-identity", venv)``): the
     apply command asks it early and the plan's gathering again; the second answer is the first
-    one, not another interpreter start on the host. ``TRANSPLANT_SCRIPT_LOG`` in the host's
+    one, not another interpreter start on the host. ``TRANSPLANT_TEST_SCRIPT_LOG`` in the host's
     environment names a file where each run of the script appends a line (a testing hook).
 
     :raises HostError: the host cannot be reached.

@@ -24,7 +24,7 @@ from transplant.hosts.controller_cache import ControllerCache, HashGroups
 from transplant.hosts.host import Host, LocalHost, kill_group
 
 if TYPE_CHECKING:  # loaded by take_inventory: an SSH connection opened early starts its host scripts without it
-    from transplant.core.inventory import Inventory  # (packaging's requirement parser: 60-80 ms, issue 16)
+    from transplant.core.inventory import Inventory  # (packaging's requirement parser is slow to import)
 
 __all__ = ["venv_python", "run_script", "fingerprint", "ScriptSession", "WaitingScript", "take_inventory", "prestart",
            "take_prestarted", "close_prestarted"]
@@ -466,8 +466,7 @@ class ScriptSession:
 
         The pieces read are kept apart and only the newest is searched for the newline, so a
         reply of many megabytes (a transaction's record on the real pair: 37 MB) costs one pass,
-        not one pass over all that came before for each piece (7.8 s for that reply, against
-        0.45 s to read it in the host's own process).
+        not one pass over all that came before for each piece (quadratic in the reply's size).
 
         Before its first byte a reply may take until ``deadline`` (the step runs on the host);
         once begun it must move ``pace`` bytes in each ``stall`` seconds, and end within
@@ -561,7 +560,7 @@ class _Malformed(Exception):
 
 
 class WaitingScript:
-    """A host script started now and asked later (issue 16): ``<python> [-I -S] -c <script> ARGS``
+    """A host script started now and asked later: ``<python> [-I -S] -c <script> ARGS``
     on the host with its standard input held open, so that its SSH channel, interpreter start
     and compile overlap other work; :meth:`ask` then writes the request, ends the input and reads
     the reply. Only for scripts that read their request before anything else (the probe with
@@ -713,8 +712,8 @@ def prestart(host: Host, venv: str, script: str, args: Sequence[str] = (), *, id
     keep it on the connection, so that the next :func:`run_script` (or :func:`take_inventory`)
     of that script, venv and arguments with a request asks it instead of starting one: its SSH
     channel, interpreter start, imports and compile (0.1-0.3 s each on a loaded host) overlap
-    other work (issue 16: the apply command starts the plan's probes and the target's ELF script
-    while it imports and asks the venvs' identities). Each call starts one more process; each is
+    other work (the apply command starts the plan's probes and the target's ELF script while it
+    imports and asks the venvs' identities). Each call starts one more process; each is
     asked at most once. What is kept and never asked is ended by :func:`close_prestarted` (the
     connection's ``close`` calls it): its input ends, it reads an empty request and exits having
     read nothing of the venv.

@@ -43,6 +43,7 @@ from transplant.errors import HostError
 from transplant.hosts.host import (CommandResult, Host, SSHOptions, tracked, _check_argv, _check_env, _host_matches, _ssh_config_path,
                     kill_group, read_known_hosts, stopping)
 from transplant.core.hostspec import HostSpec
+from transplant.hosts.probing import close_prestarted
 
 __all__ = ["SSHHost", "CONFIG_ENV", "end_masters"]
 
@@ -385,8 +386,6 @@ class SSHHost(Host):
         close the master connection (one kept between commands stays, for the next command: it
         ends itself once idle ``PERSIST`` seconds) and remove this host's folder."""
         if getattr(self, "_prestarted", None):
-            from transplant.hosts.probing import close_prestarted
-
             close_prestarted(self)
         if getattr(self, "_kept", None) is not None:
             self._master = False
@@ -416,7 +415,7 @@ class SSHHost(Host):
 def end_masters(timeout: float = 3.0) -> int:
     """Ask every master connection this controller opened and has not closed to exit now
     (``ssh -O exit`` through its own control socket, all at once), for an interrupt
-    (:func:`transplant.hosts.host.interrupt_stops_commands`): a master holds the pipes of each
+    (:func:`transplant.hosts.connecting.interrupt_stops_commands`): a master holds the pipes of each
     command it carries (the local ``ssh`` passed them to it) until the remote command ends, so
     a thread waiting for a command's output would wait for the remote end even after its local
     ``ssh`` was killed; once the master is gone they close, and sshd closes the remote command's

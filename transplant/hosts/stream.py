@@ -109,9 +109,9 @@ ROOT_ON_INPUT = "-"
 
 
 class StartedSides:
-    """Both sides of an uncompressed stream started ahead of the copy (issue 16: for a small apply,
-    their SSH channels and interpreter starts, 0.3-1 s on a loaded host, overlap the plan, the
-    lock and the transaction's begin), each waiting: the sender reads its whole listing before it
+    """Both sides of an uncompressed stream started ahead of the copy (for a small apply
+    their SSH channels and interpreter starts cost more than its bytes, so they overlap the plan,
+    the lock and the transaction's begin), each waiting: the sender reads its whole listing before it
     reads any file, the receiver (ROOT :data:`ROOT_ON_INPUT`) reads its folder's name and then the
     stream's first line before it opens or makes any folder, so nothing is read or written before
     :func:`stream_files` gives them their input. The bytes then pass through the controller (a

@@ -75,7 +75,7 @@ def plan_target(manifest: Manifest, source: DonorSource, target: Host, *, patche
     facts = gather(manifest, source, target, patches, reporter=reporter, inputs=keep)
     with collector_paused():  # the planner's 70,000 new objects beside both inventories
         plan = make_plan(manifest, facts.donor, facts.target, patches, donor_elf=facts.donor_elf,
-                         target_elf=facts.target_elf)
+                         target_elf=facts.target_elf, closure=facts.closure)
     if keep and key is not None:  # keep implies a key; said again for the type checker
         libstdcxx = facts.target_elf.libstdcxx
         extra = [*facts.target.elsewhere, *([libstdcxx.path] if libstdcxx is not None and libstdcxx.path else [])]
@@ -90,7 +90,7 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
                stale_probe: WaitingScript | None = None, stale_inputs: dict | None = None) -> ApplyResult:
     """Carry out ``plan`` on ``target`` as one transaction (:func:`transplant.apply.execute.execute`), the
     donor's files read from ``opened``'s source (a registry snapshot's source stages them on the
-    target itself: its ``stage``), the recipe of where the state came from recorded.
+    target itself: its ``stager``), the recipe of where the state came from recorded.
 
     :param reporter: passed to ``execute`` (its steps, the bytes copied, its notes).
     :param compress: compress the file stream (``execute``'s ``compress``).
@@ -101,7 +101,7 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
     from transplant.apply.execute import execute
     from transplant.recover.provenance import make_recipe
 
-    stager = getattr(opened.source, "stage", None)  # a registry snapshot: each target pulls its files itself
+    stager = opened.source.stager()  # a registry snapshot: each target pulls its files itself
     donor_host, donor_root = (None, None) if stager else opened.source.files(
         [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
     if donor_host is not None:  # a pull key a killed apply left authorised on this donor goes now, whatever the way

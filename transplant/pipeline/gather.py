@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from transplant.core.elf_facts import ElfReport, is_shared_object
-from transplant.core.closure import expand
+from transplant.core.closure import Closure, expand
 from transplant.hosts.elf_facts import read_elf_facts
 from transplant.hosts.identity import venv_identity
 from transplant.hosts.host import Host
@@ -43,12 +43,15 @@ __all__ = ["Facts", "gather"]
 
 @dataclass(frozen=True, kw_only=True)
 class Facts:
-    """Both inventories and both ELF reports, ready for :func:`transplant.core.planner.plan`."""
+    """Both inventories and both ELF reports, ready for :func:`transplant.core.planner.plan`,
+    and the manifest's closures as computed for them (None: the manifest has none), for the
+    planner's ``closure``."""
 
     donor: Inventory
     target: Inventory
     donor_elf: ElfReport
     target_elf: ElfReport
+    closure: Closure | None = None
 
 
 def _objects(dists: Sequence[Distribution]) -> list[str]:
@@ -64,7 +67,7 @@ def _hashes(dists: Sequence[Distribution], files: Sequence[str]) -> dict[str, st
 
 def _label(source: DonorSource, manifest: Manifest) -> str:
     """How the donor's ELF report is named in messages (as its script's report would be)."""
-    return str(getattr(source, "label", None) or manifest.donor)
+    return str(source.label or manifest.donor)
 
 
 def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) -> None:
@@ -90,26 +93,27 @@ def refuse_self_target(manifest: Manifest, donor_host: Host, target_host: Host) 
 
 
 def expand_closures(manifest: Manifest, source: DonorSource, target_host: Host, *, timeout: float | None = 600.0,
-                    reporter: Reporter = QUIET) -> Manifest:
+                    reporter: Reporter = QUIET) -> tuple[Manifest, Closure | None]:
     """The manifest with its closures computed from a metadata-only probe of both venvs
     (versions and Requires-Dist, no RECORD read, nothing hashed: a few seconds even on a
     200-distribution venv), so the hashing probe that follows hashes exactly the closure's
-    distributions. The planner computes the closure again from the hashed inventories; both
-    read the same METADATA, so they agree unless a venv changed in between (then the plan's
-    fingerprint check on apply refuses the plan as stale).
+    distributions. The closure is handed on to the planner (``Facts.closure``), not computed
+    again: the hashing probe reads the same METADATA, so they agree unless a venv changed in
+    between (then the plan's fingerprint check on apply refuses the plan as stale).
 
-    :returns: ``manifest`` itself when it has no closure, else
-        :func:`transplant.core.closure.expand`'s manifest (overlay = exact names, no closures).
+    :returns: (``manifest`` itself, None) when it has no closure, else
+        :func:`transplant.core.closure.expand`'s (manifest with overlay = exact names and no
+        closures, the closure).
     :raises HostError: a host could not be reached; :raises ProbeError: as :func:`take_inventory`.
     """
     if not manifest.closures:
-        return manifest
+        return manifest, None
     reporter.step(f"reading both venvs' metadata for the overlay {agree(len(manifest.closures), 'closure', 'closures')} {', '.join(manifest.closures)}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         d = pool.submit(source.inventory, hash_patterns=(), timeout=timeout, record=False)
         t = pool.submit(take_inventory, target_host, manifest.target.venv, record=False, timeout=timeout)
         donor, target = d.result(), t.result()
-    return expand(manifest, donor, target)[0]
+    return expand(manifest, donor, target)
 
 
 def gather(
@@ -135,19 +139,16 @@ def gather(
     :raises ProbeError: a host script reported something malformed.
     """
     m = manifest
-    source = as_source(donor_host, m.donor.venv)
-    live = getattr(source, "host", None)  # a host donor (a snapshot has none): it must not be the target
-    if isinstance(live, Host):
-        refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=getattr(source, "venv", m.donor.venv))),
-                           live, target_host)
-    m = expand_closures(m, source, target_host, timeout=timeout, reporter=reporter)
+    source = as_source(donor_host, m.donor.venv)  # type: ignore[union-attr]  # open_donor made the donor an Endpoint (a snapshot's own)
+    live = source.live  # a host donor (a snapshot has none): it must not be the target
+    if live is not None:
+        refuse_self_target(replace(m, donor=Endpoint(host=live.spec, venv=source.venv)), live, target_host)
+    m, closures = expand_closures(m, source, target_host, timeout=timeout, reporter=reporter)
     # a snapshot donor is read, not probed: say which it is (its label names the snapshot and its donor)
-    what = f"probing the donor {m.donor}" if isinstance(live, Host) or not hasattr(source, "label") else \
-        f"reading {source.label}"
+    what = f"probing the donor {m.donor}" if live is not None else f"reading {source.label}"
     reporter.step(f"{what} and probing the target {m.target} (hashing the overlaid distributions)")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        noted = {"inputs": True} if inputs and isinstance(live, Host) else {}
-        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout, **noted)
+        d = pool.submit(source.inventory, hash_patterns=m.overlay, texts=TEXTS, timeout=timeout, inputs=inputs)
         t = pool.submit(take_inventory, target_host, m.target.venv, hash_patterns=m.overlay,
                         site_files=[p.dest for p in patches], texts=TEXTS, timeout=timeout, hash_cache="venv",
                         inputs=inputs)
@@ -166,11 +167,11 @@ def gather(
     own_torch = [p for inv in (donor, target) for d in inv.distributions if d.name == "torch" for p in d.files
                  if is_shared_object(p)]
     moving_objects, staying_objects = _objects(moving), _objects(staying)
-    # the ELF caches: the donor's on the controller (HostSource), the target's in its state folder
-    extra = {"hashes": _hashes(moving, moving_objects)} if isinstance(live, Host) else {}
+    # the ELF caches: a live donor's on the controller, the target's in its state folder
+    extra = {"hashes": _hashes(moving, moving_objects)} if live is not None else {}
     with ThreadPoolExecutor(max_workers=2) as pool:
         # no shared object moves: the donor's script would be asked about no file and nothing
-        # else (its report: no files), so it is not started (issue 16: one host interpreter less)
+        # else (its report: no files), so it is not started: one host interpreter less
         de = pool.submit(source.elf, moving_objects, torch_symbols_skip=own_torch,
                          device_code=bool(target.nvidia.gpus), versioned_symbols=True, numpy_abi=True,
                          timeout=timeout, **extra) if moving_objects else None
@@ -197,4 +198,4 @@ def gather(
             donor_elf = replace(donor_elf, defined=answer.defined, defined_in=answer.defined_in)
         else:
             target_elf = replace(target_elf, defined=answer.defined, defined_in=answer.defined_in)
-    return Facts(donor=donor, target=target, donor_elf=donor_elf, target_elf=target_elf)
+    return Facts(donor=donor, target=target, donor_elf=donor_elf, target_elf=target_elf, closure=closures)

@@ -53,6 +53,7 @@ from transplant.core.kept_plan import kept_plan_problems
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan, plan_from_dict, write_plan
 from transplant.core.planner import PatchFile
+from transplant.donor.sources import DonorSource
 from transplant.errors import PlanError, StateError, TransplantError
 from transplant.hosts.host import Host
 from transplant.hosts.probing import fingerprint
@@ -92,27 +93,14 @@ def code_identity() -> str:
     return digest.hexdigest()
 
 
-def _donor_id(source: object) -> str | None:
-    """The donor's part of the key: ``host <label> <venv>`` for a live donor, ``snapshot <id>``
-    for a snapshot (immutable); None for another source (no memo)."""
-    host, venv = getattr(source, "host", None), getattr(source, "venv", None)
-    if isinstance(host, Host) and isinstance(venv, str):
-        return f"host {host.label} {venv}"
-    snapshot = getattr(source, "snapshot", None)
-    snap_id, store = getattr(snapshot, "id", None), getattr(snapshot, "store", None)
-    if isinstance(snap_id, str) and snap_id and type(source).__name__ == "SnapshotSource":
-        return f"snapshot {snap_id} {store}"
-    return None
-
-
-def memo_key(manifest: Manifest, source: object, target: Host, patches: Sequence[PatchFile]) -> str | None:
+def memo_key(manifest: Manifest, source: DonorSource, target: Host, patches: Sequence[PatchFile]) -> str | None:
     """sha256 hex of what a plan depends on besides both venvs' contents (the module docstring);
-    None when the donor is neither a live host nor a local snapshot (no memo then).
+    None when the donor source keeps no plan (its ``memo_identity``: a registry snapshot's).
 
     :raises OSError: never (an unreadable manifest file counts as empty: its effective form is
         in the key anyway).
     """
-    donor = _donor_id(source)
+    donor = source.memo_identity()
     if donor is None:
         return None
     try:
@@ -144,10 +132,12 @@ class Recalled:
     target_inputs: dict[str, Any]
 
 
-def _sides(memo: dict[str, Any], source: object, target: Host, venv: str) -> list[tuple[Host, str, dict[str, Any]]]:
+def _sides(memo: dict[str, Any], source: DonorSource, target: Host, venv: str) -> list[tuple[Host, str, dict[str, Any]]]:
     sides = [(target, venv, memo["target"])]
     if memo.get("donor") is not None:
-        sides.append((source.host, source.venv, memo["donor"]))
+        if source.live is None:  # only a live donor's fingerprint is kept: the memo was edited
+            raise ValueError("a donor fingerprint kept for a donor that is not live")
+        sides.append((source.live, source.venv, memo["donor"]))
     return sides
 
 
@@ -159,7 +149,7 @@ def _ask(sides: list[tuple[Host, str, dict[str, Any]]]) -> list[dict[str, Any]]:
         return [f.result() for f in futures]
 
 
-def recall(key: str, source: object, target: Host, venv: str, *, manifest: Manifest,
+def recall(key: str, source: DonorSource, target: Host, venv: str, *, manifest: Manifest,
            patches: Sequence[PatchFile]) -> Recalled | str:
     """The kept plan for ``key`` when both venvs' fingerprints equal those it was kept with;
     else why not, in a few words for one line (``the donor changed since the last plan``): there
@@ -223,7 +213,7 @@ def recall(key: str, source: object, target: Host, venv: str, *, manifest: Manif
     return kept
 
 
-def remember(key: str, plan: Plan, started: float, *, source: object, target: Host, venv: str,
+def remember(key: str, plan: Plan, started: float, *, source: DonorSource, target: Host, venv: str,
              donor_inputs: Any, target_inputs: Any, target_extra: Sequence[str]) -> bool:
     """Keep ``plan`` for ``key`` (atomically: a temporary file renamed over the last one), with
     each probe's digest, when both probes reported trustworthy inputs (``racy`` false). A change
@@ -244,8 +234,7 @@ def remember(key: str, plan: Plan, started: float, *, source: object, target: Ho
     :param target_extra: absolute paths on the target the plan read outside the probe's inputs.
     :returns: whether a memo was written.
     """
-    donor = _donor_id(source)
-    wanted = [("target", target_inputs)] + ([("donor", donor_inputs)] if donor and donor.startswith("host ") else [])
+    wanted = [("target", target_inputs)] + ([("donor", donor_inputs)] if source.live is not None else [])
     if any(not isinstance(i, dict) or i.get("racy") is not False or not isinstance(i.get("paths"), str)
            or not isinstance(i.get("digest"), str) for _, i in wanted):
         return False

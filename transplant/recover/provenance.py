@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -24,6 +24,9 @@ from transplant.hosts.host import Host, SSHOptions
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Plan
 
+if TYPE_CHECKING:
+    from transplant.donor.sources import Opened
+
 __all__ = ["make_recipe", "record_verified", "last_verified", "known_states", "committed", "verified_log"]
 
 
@@ -32,7 +35,7 @@ def verified_log(state_dir: Path) -> Path:
     return state_dir / "verified.jsonl"
 
 
-def make_recipe(manifest: Manifest, plan: Plan, opened: Any) -> dict[str, Any]:
+def make_recipe(manifest: Manifest, plan: Plan, opened: Opened) -> dict[str, Any]:
     """The recipe apply records (see the module docstring).
 
     :param opened: the :class:`transplant.donor.sources.Opened` donor source in use.
@@ -42,7 +45,8 @@ def make_recipe(manifest: Manifest, plan: Plan, opened: Any) -> dict[str, Any]:
     for p in read_patch_files(manifest):
         dest = next((v for v in sorted(venv_paths) if v.endswith("/" + p.dest)), None)
         patches.append({"local": p.local, "dest": p.dest, "venv_path": dest, "hash": p.hash})
-    snapshot = getattr(getattr(opened.source, "snapshot", None), "path", None)
+    snap = opened.source.snapshot
+    snapshot = snap.path if snap is not None else None
     return {
         "manifest": yaml.safe_load(Path(manifest.path).read_text(encoding="utf-8")),
         "manifest_dir": str(Path(manifest.path).resolve().parent),

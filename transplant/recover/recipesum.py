@@ -44,7 +44,7 @@ def sum_recipes(recipes: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]
     """
     if not recipes:
         raise ValueError("no recipes to sum")
-    newest_id, newest = recipes[-1]
+    _, newest = recipes[-1]
     out = copy.deepcopy(newest)
     manifest = out.setdefault("manifest", {})
     patches = list(out.get("patches") or [])

@@ -10,23 +10,35 @@ from __future__ import annotations
 
 from importlib import resources
 
-__all__ = ["source", "SCRIPTS", "ISOLATED", "WATCHED", "SHARED_MODULE"]
+__all__ = ["source", "SCRIPTS", "STAGE_SCRIPTS", "ISOLATED", "WATCHED", "OWN_WATCH", "SHARED_MODULE"]
 
-SCRIPTS = ("probe", "applier", "stage_imports", "stage_server_args", "stage_smoke", "elf_facts", "stage_native",
-           "stage_provenance", "stage_serve", "stage_jit", "relocate", "oci_pull",
-           "stream_send", "stream_receive", "pull_key")
+def _stage_scripts() -> tuple[str, ...]:
+    """The verify stages' host scripts: every ``stage_*.py`` of this package, by name (sorted),
+    so a new stage's script is sent without being listed here."""
+    return tuple(sorted(entry.name[:-3] for entry in resources.files(__name__).iterdir()
+                        if entry.name.startswith("stage_") and entry.name.endswith(".py")))
+
+
+#: The verify stages' scripts (``stage_*.py``), found in this package.
+STAGE_SCRIPTS = _stage_scripts()
+
+SCRIPTS = ("probe", "applier", "elf_facts", "relocate", "oci_pull", "stream_send", "stream_receive", "pull_key",
+           *STAGE_SCRIPTS)
 
 
 #: Scripts that only read (or write files) and never import the venv's distributions: they run
-#: with ``-I -S``, so none of the venv's ``.pth`` code runs and nothing is written there.
+#: with ``-I -S``, so none of the venv's ``.pth`` code runs and nothing is written there. No stage
+#: script is one: a stage imports what the venv holds, as its programs do.
 ISOLATED = ("probe", "elf_facts", "applier", "relocate", "oci_pull", "stream_send", "stream_receive", "pull_key")
 
+#: Stage scripts that start their own watch instead of the prelude's: ``stage_serve`` first stops
+#: its server.
+OWN_WATCH = ("stage_serve",)
 
 #: Read-only scripts that end once nothing reads their output (the controller gone, or given up on
 #: them: Ctrl-C during ``verify``), by ``end_when_unread`` of ``_common.py``, started by the prelude
-#: :func:`source` puts ahead of them. ``stage_serve`` starts its own watch, which first stops its server.
-WATCHED = ("probe", "stage_imports", "stage_jit", "stage_native", "stage_provenance", "stage_server_args",
-           "stage_smoke")
+#: :func:`source` puts ahead of them: the probe and every stage script but those of :data:`OWN_WATCH`.
+WATCHED = ("probe", *(name for name in STAGE_SCRIPTS if name not in OWN_WATCH))
 
 
 def source(name: str) -> bytes:

@@ -214,17 +214,33 @@ STREAM_MAGIC = b"TRANSPLANT-STREAM/1\n"
 FRAME = struct.Struct(">cHIQq")
 
 
-def script_log(what):
-    """Append ``<what> <venv prefix>`` to the file ``TRANSPLANT_SCRIPT_LOG`` names in the host's
-    environment, when set: a testing hook (the suite counts how many host scripts of each kind a
-    command runs); nothing is written when it is unset, and a write that fails is ignored."""
-    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
-    if log:
+#: Test hooks read on a host (the ``TRANSPLANT_TEST_*`` environment variables; unset, nothing
+#: happens). This module is the one place the host scripts read them; the controller's hooks are
+#: in ``transplant/testhooks.py``, which lists these too.
+#: A file where each host script appends ``<what> <venv prefix>``: the suite counts how many host
+#: scripts of each kind a command runs.
+SCRIPT_LOG = "TRANSPLANT_TEST_SCRIPT_LOG"
+#: A file where each applier process appends ``<pid> <operation>``: the suite counts the applier
+#: processes an apply starts.
+APPLIER_LOG = "TRANSPLANT_TEST_APPLIER_LOG"
+
+
+def hook_log(hook, line):
+    """Append ``line`` to the file the test hook ``hook`` (:data:`SCRIPT_LOG`,
+    :data:`APPLIER_LOG`) names in this host's environment; nothing when it is unset, and a write
+    that fails is ignored (a hook never changes what the script does)."""
+    path = os.environ.get(hook)
+    if path:
         try:
-            with open(log, "a") as handle:
-                handle.write("{} {}\n".format(what, venv_prefix()))
+            with open(path, "a", encoding="utf-8", errors="surrogateescape") as handle:
+                handle.write(line + "\n")
         except OSError:
             pass
+
+
+def script_log(what):
+    """Log ``<what> <venv prefix>`` to the :data:`SCRIPT_LOG` test hook's file, when set."""
+    hook_log(SCRIPT_LOG, "{} {}".format(what, venv_prefix()))
 
 
 def end_when_unread(before=None):

@@ -65,7 +65,7 @@ Testing hooks: a request with ``"crash_after": N`` makes ``commit`` or ``rollbac
 process with SIGKILL before step N (a real crash at a chosen point, for the fault tests); with
 ``"orphan_at": N`` it waits before step N until the process that started it is gone (the test
 kills the controller there), then goes on alone, as a host script orphaned mid-commit does.
-``TRANSPLANT_APPLIER_LOG`` in the environment names a file where each process logs its start.
+``TRANSPLANT_TEST_APPLIER_LOG`` in the environment names a file where each process logs its start.
 """
 
 import csv
@@ -86,10 +86,11 @@ import time
 try:
     from _transplant_common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest,
                                     record_hash_of, record_identity, script_head as _split_head, venv_cache_path,
-                                    venv_prefix)
+                                    venv_prefix, APPLIER_LOG, hook_log)
 except ImportError:  # imported on the controller: the shared module beside this script
     from ._common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest, record_hash_of,
-                          record_identity, script_head as _split_head, venv_cache_path, venv_prefix)
+                          record_identity, script_head as _split_head, venv_cache_path, venv_prefix, APPLIER_LOG,
+                          hook_log)
 
 STATE = ".transplant"
 _PROTECTED = ("pyvenv.cfg", STATE)
@@ -102,8 +103,8 @@ class Refused(Exception):
 
 #: Folder -> its real path, for the operation under way (:func:`answer` empties it before each,
 #: and a step that puts a symlink empties it too). A transaction's steps lie in a few thousand
-#: folders; ``os.path.realpath`` of each step's folder (an lstat per path component, in Python)
-#: took 38-80 s of the real pair's apply (82,000 steps, each resolved in begin, check and commit).
+#: folders; ``os.path.realpath`` of each step's folder (an lstat per path component, in Python,
+#: for each step in begin, check and commit) dominated the applier's time on large applies.
 _REAL_FOLDERS: "dict[str, str]" = {}
 
 
@@ -126,7 +127,7 @@ def _real_dir(folder):
     answer (cached too) and one ``lstat`` of its last part: not a symlink (a folder, a file or
     nothing there), it is the parent's real path joined with that name, as ``realpath`` says; a
     symlink is left to ``realpath``. So a folder costs one ``lstat``, not one per part of its path
-    (``realpath`` looks at every part every time: 2 s of the real pair's 82,022-step apply).
+    (``realpath`` looks at every part every time, which adds up over tens of thousands of steps).
     Anything else is ``realpath``'s alone.
     """
     real = _REAL_FOLDERS.get(folder)
@@ -1063,9 +1064,8 @@ def _active_pid(path):
 
 
 def active(prefix):
-    """The pid (a number) of a running commit or rollback in this venv, or None; 0 for one whose
-    pid is not written yet (the controller reads a number or null: the file's text, a string,
-    broke a controller that asked while another apply committed)."""
+    """The pid (a number: the controller takes a number or null) of a running commit or rollback
+    in this venv, or None; 0 for one whose pid is not written yet."""
     path = os.path.join(_state_dir(prefix), "active")
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -1350,12 +1350,9 @@ def session(prefix):
 
 
 def _log_start(argv):
-    """Testing hook: with ``TRANSPLANT_APPLIER_LOG`` set to a file, each process of this script
+    """Testing hook: with ``TRANSPLANT_TEST_APPLIER_LOG`` set to a file, each process of this script
     appends a line there (its pid and operation), so a test counts the processes an apply starts."""
-    where = os.environ.get("TRANSPLANT_APPLIER_LOG")
-    if where:
-        with open(where, "a", encoding="utf-8") as handle:
-            handle.write("{} {}\n".format(os.getpid(), argv[0] if argv else ""))
+    hook_log(APPLIER_LOG, "{} {}".format(os.getpid(), argv[0] if argv else ""))
 
 
 def main(argv):

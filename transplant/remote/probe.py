@@ -86,11 +86,11 @@ import time
 try:
     from _transplant_common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest,
                                     record_hash_of, record_identity, record_identity_of_rows, script_head, script_log,
-                                    venv_cache_path, venv_prefix, write_venv_cache)
+                                    SCRIPT_LOG, hook_log, venv_cache_path, venv_prefix, write_venv_cache)
 except ImportError:  # imported on the controller: the shared module beside this script
     from ._common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest, record_hash_of,
-                          record_identity, record_identity_of_rows, script_head, script_log, venv_cache_path,
-                          venv_prefix, write_venv_cache)
+                          record_identity, record_identity_of_rows, script_head, script_log, SCRIPT_LOG,
+                          hook_log, venv_cache_path, venv_prefix, write_venv_cache)
 
 SCHEMA = "transplant.inventory/1"
 _NORMALIZE = re.compile(r"[-_.]+")
@@ -236,7 +236,7 @@ def _read_record(path):
     bytes are UTF-8 (the decoding replaced nothing) and hold no quote, so no field spans a line
     and the newline translation (pip writes RECORD with ``\r\n``) ends the same rows at the same
     places. Then the identity is made of the rows parsed once, not of the file read and parsed
-    again (issue 16: a quarter of a second of the real donor's probe)."""
+    again (on a large venv a noticeable share of the probe)."""
     _note(path)
     if os.path.islink(path):
         return None, False
@@ -268,7 +268,7 @@ def _identity_of_rows(rows, plain, full, rel, size):
 
 def _header_parser():
     """email's ``HeaderParser`` (imported here, not with the probe: a fingerprint parses no
-    METADATA, and email's modules are a third of the probe's start-up imports, issue 16)."""
+    METADATA, and email's modules are a large share of the probe's start-up imports)."""
     import email.parser
 
     return email.parser.HeaderParser()
@@ -595,8 +595,8 @@ class _Inputs:
     list of paths, so that nothing per file is kept in memory. The digest is sha256 over those
     identities, then over the sha256 of the packed paths and the non-file facts: the
     fingerprint mode feeds the same paths, in the same order, with their identities now
-    (:meth:`stat_all`: one lstat and one array append per path, no text formatted per file,
-    issue 16); while nothing changed the two digests are equal.
+    (:meth:`stat_all`: one lstat and one array append per path, no text formatted per file);
+    while nothing changed the two digests are equal.
 
     ``racy`` is set when an input's mtime or ctime is at least ``limit_ns`` (the probe's start
     less :data:`_RACY_NS`, this host's clock): a write in the same clock tick as its lstat would
@@ -756,7 +756,7 @@ def _note(path, st=_UNSET):
 def _unpack(text, raw=False):
     """The paths an inputs report packed, in order (none for an empty text): text, or with
     ``raw`` the bytes the file system sees (what ``os.lstat`` of the text path would pass it,
-    without encoding each path again: about 15 % of the fingerprint loop's user time, issue 16),
+    without encoding each path again, a noticeable share of the fingerprint loop's time),
     where this interpreter's file system encoding is UTF-8 with surrogateescape (the packing's
     own: the same bytes); text paths elsewhere."""
     if not text:
@@ -779,9 +779,32 @@ def _non_file_facts(prefix, paths, host, interpreter):
 
 
 def _host_facts():
-    cache = _ldconfig()
-    return {"hostname": socket.gethostname(), "machine": platform.machine(), "nvidia": _nvidia(),
-            "libcuda": _libcuda(cache), "sonames": _system_sonames(cache), "cpu": _cpu()}
+    """The document's ``host`` section: each part of :data:`HOST_PARTS` under its key."""
+    shared = {}
+    return {key: part(shared) for key, part in HOST_PARTS.items()}
+
+
+def _loader_cache(shared):
+    """:func:`_ldconfig`'s answer, run once per probe however many parts read it (``shared``:
+    what the parts of one :func:`_host_facts` compute once)."""
+    if "ldconfig" not in shared:
+        shared["ldconfig"] = _ldconfig()
+    return shared["ldconfig"]
+
+
+#: The host's facts, each reported under its key in the document's ``host`` section (the key the
+#: plan memo's fingerprint digests with the rest of the section: a fact that changes makes a kept
+#: plan stale). A part is a function of ``shared`` (see :func:`_loader_cache`) returning
+#: JSON-ready data. The controller reads each through its row of ``HOST_FACTS`` in
+#: transplant.core.inventory (its parser and the Inventory field it fills).
+HOST_PARTS = {
+    "hostname": lambda shared: socket.gethostname(),
+    "machine": lambda shared: platform.machine(),
+    "nvidia": lambda shared: _nvidia(),
+    "libcuda": lambda shared: _libcuda(_loader_cache(shared)),
+    "sonames": lambda shared: _system_sonames(_loader_cache(shared)),
+    "cpu": lambda shared: _cpu(),
+}
 
 
 def _cpu():
@@ -1468,13 +1491,7 @@ def _say_identity(path):
         said = "-"
     sys.stdout.write("transplant-identity {}\n".format(said))
     sys.stdout.flush()
-    log = os.environ.get("TRANSPLANT_SCRIPT_LOG")
-    if log:
-        try:
-            with open(log, "a") as handle:
-                handle.write("identity {}\n".format(path))
-        except OSError:
-            pass
+    hook_log(SCRIPT_LOG, "identity {}".format(path))
 
 
 def _arguments(argv):

@@ -238,7 +238,7 @@ class _Flusher:
 
     Without it the staged bytes stayed dirty in the page cache (the kernel starts writing them
     only after 30 s or past 10% of memory) and the commit's ``sync`` wrote them all out after the
-    transfer, one after the other: 2.5 s of a 15 s apply for 1.7 GB. Here each file of at least
+    transfer, one after the other, a step of its own on the apply's path. Here each file of at least
     :data:`_FLUSH_MIN` bytes is given to ``fdatasync`` each :data:`_FLUSH_STEP` bytes and when
     written, as dpkg starts each file's write-out as it is unpacked, so the disk works while the
     network and the hashing do. :meth:`finish` waits for every write-out given: the transfer
@@ -532,7 +532,7 @@ def _options(argv):
 
 def _root_line(stream):
     """ROOT ``-``: the folder is the input's first line (an absolute path, at most 4096 bytes), read
-    before the stream; so a receiver can start before the folder is named (issue 16)."""
+    before the stream; so a receiver can start (and pay its start) before the folder is named."""
     line = b""
     while not line.endswith(b"\n"):
         if len(line) > 4096:

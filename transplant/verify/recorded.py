@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeGuard
 
+from transplant.core import verify_stages
 from transplant.core.inventory import Inventory
 from transplant.core.manifest import VerifySettings
 from transplant.errors import TransplantError
@@ -43,8 +44,9 @@ __all__ = ["SCHEMA", "record", "check_record", "recorded_runner", "provenance", 
            "server_args_argv"]
 
 SCHEMA = "transplant.donor-verify/1"
-#: The host scripts whose reports a record may hold (those the runner asks the donor to run).
-SCRIPTS = ("stage_imports", "stage_native", "stage_server_args", "stage_smoke")
+#: The host scripts whose reports a record may hold (those the runner asks the donor to run: the
+#: requirable stages' of the stage table).
+SCRIPTS = tuple(row.script for row in verify_stages.STAGES if row.requirable and row.script)
 #: Most runs one record holds (four are written); a longer list is a damaged record.
 MAX_RUNS = 16
 

@@ -6,36 +6,58 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
-from rich.console import Console
-from rich.text import Text
-
-from transplant.apply import txn
-from transplant.apply.execute import check_plan_paths, new_transaction_id
-from transplant.cli.progress import Shown, printer
-from transplant.cli.render import history_table, print_plan
-from transplant.cli.session import Session, crash_after, orphan_at, run_fleet_action, targets_of
-from transplant.controller.manifest_file import load_manifest
-from transplant.controller.plan_file import load_plan
-from transplant.core.manifest import Manifest
-from transplant.core.plan import Plan
-from transplant.core.promised_state import drift, plan_differences
-from transplant.core.units import count, human_bytes
-from transplant.hosts.host import Host
+from transplant.cli.options import fleet_options
 from transplant.errors import ManifestError, TransplantError, UsageError
-from transplant.hosts.probing import WaitingScript, take_prestarted
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
-from transplant.pipeline import apply_plan
 
-__all__ = ["apply_command", "rollback_command", "history_command", "ApplyInterrupted"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from transplant.cli.session import Session
+    from transplant.core.manifest import Manifest
+    from transplant.core.plan import Plan
+    from transplant.hosts.host import Host
+
+__all__ = ["HELP", "add_arguments", "handle", "apply_command", "rollback_command", "history_command",
+           "ApplyInterrupted"]
+
+HELP = "copy exactly what differs, then check the target against the plan"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``MANIFEST|PLAN.json``, the confirmation, transaction and verify options, ``--compress``,
+    ``--json`` and the fleet options."""
+    parser.add_argument("source", metavar="MANIFEST|PLAN.json",
+                        help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts "
+                             "changed)")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    parser.add_argument("--force", action="store_true", help="apply despite error findings")
+    parser.add_argument("--resume", action="store_true", help="finish the target's interrupted transaction")
+    parser.add_argument("--rollback", action="store_true", help="undo the target's interrupted transaction")
+    parser.add_argument("--break-lock", action="store_true",
+                        help="take the target's lock even if another controller holds it (only when that one is gone)")
+    parser.add_argument("--verify", action="store_true", help="verify each target after applying to it")
+    parser.add_argument("--strict", action="store_true", help="with --verify: what could not be checked here fails")
+    parser.add_argument("--rollback-on-failure", action="store_true",
+                        help="with --verify: roll the transaction back, unattended, when verify fails (fleets, CI)")
+    parser.add_argument("--compress", action="store_true",
+                        help="compress the file stream (zstd where both hosts have it, else zlib): for a slow link "
+                             "between the controller and a host; one target only")
+    parser.add_argument("--json", action="store_true", help="with several targets: print the fleet report as JSON")
+    fleet_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant apply``: see :func:`apply_command`."""
+    return apply_command(args, console)
 
 
 def _finish_interrupted(args: argparse.Namespace, console: Console, session: Session, manifest_path: str,
@@ -57,6 +79,14 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: Ses
         --rollback with nothing interrupted (nothing was changed; the hint names
         ``transplant rollback``); a completed commit whose files differ, with --resume.
     """
+    from rich.text import Text
+
+    from transplant.apply import txn
+    from transplant.apply.execute import new_transaction_id
+    from transplant.cli.progress import Shown, printer
+    from transplant import testhooks
+    from transplant.core.units import count
+
     m = session.manifest
     target = session.host("target")
     say = printer(console)
@@ -76,7 +106,7 @@ def _finish_interrupted(args: argparse.Namespace, console: Console, session: Ses
                 say(done.describe())
             if pending and how:
                 outcome = txn.finish(target, m.target.venv, pending[-1]["id"], how, lock=txid,
-                                     crash_after=crash_after())
+                                     crash_after=testhooks.crash_after())
                 if outcome == "aborted" and discarded is not None:
                     started = [e for e in txn.history(target, m.target.venv)["events"]
                                if e.get("id") == pending[-1]["id"] and e.get("event") == "started"]
@@ -153,6 +183,10 @@ def _after_interrupt(target: Host, venv: str, since: str, manifest_path: str) ->
     left: a lock's temporary file, a begin stopped part-way). A lock this process still holds (a
     Ctrl-C inside the lock's taking or release) is released unless a transaction of this command is
     still open. None when the target cannot be asked within 30 s."""
+    import socket
+
+    from transplant.apply import txn
+
     quoted = shlex.quote(manifest_path)
     try:
         record = txn.call(target, venv, "history", {}, timeout=30)
@@ -206,6 +240,19 @@ def apply_command(args: argparse.Namespace, console: Console) -> int:
 def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str, Any]) -> int:
     """:func:`apply_command`'s work; fills ``applied`` (the transaction's id and the manifest's path)
     once the transaction is applied, and sets its ``verify`` when ``--verify`` begins."""
+    from rich.text import Text
+
+    from transplant.apply import txn
+    from transplant.apply.execute import check_plan_paths
+    from transplant.cli.render import print_plan
+    from transplant import testhooks
+    from transplant.cli.session import Session, run_fleet_action, targets_of
+    from transplant.controller.manifest_file import load_manifest
+    from transplant.controller.plan_file import load_plan
+    from transplant.core.promised_state import drift, plan_differences
+    from transplant.core.units import count, human_bytes
+    from transplant.hosts.probing import WaitingScript, take_prestarted
+    from transplant.pipeline import apply_plan
     from transplant.cli.commands.verify import verify_command
 
     if args.resume and args.rollback:
@@ -332,7 +379,7 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
         with ByteProgress(console, plan.copy_bytes, {"files": plan.copy_bytes - patch_bytes,
                                                      "patches": patch_bytes}) as bar:
             result = apply_plan(plan, manifest, opened, session.host("target"), reporter=bar, break_lock=args.break_lock,
-                                crash_after=crash_after(), orphan_at=orphan_at(),
+                                crash_after=testhooks.crash_after(), orphan_at=testhooks.orphan_at(),
                                 compress=getattr(args, "compress", False), stale_probe=stale_probe,
                                 stale_inputs=stale_inputs)
             applied.update(id=result.transaction, manifest=given.path)
@@ -355,6 +402,9 @@ def rollback_command(args: argparse.Namespace, console: Console) -> int:
     """``transplant rollback MANIFEST|HOST:VENV``: say which transactions would be undone and
     their path counts, refuse (nothing changed) where their files changed since (unless
     ``--force``), ask (unless ``--yes``), then roll back."""
+    from transplant.apply import txn
+    from transplant.core.units import count
+
     with ExitStack() as stack:
         target, venv, label = _located(args, console, stack)
         stack.enter_context(txn.session(target, venv))  # the question's checks and the rollback: one applier process
@@ -377,7 +427,9 @@ def _located(args: argparse.Namespace, console: Console, stack: ExitStack) -> tu
     ``--identity-file`` and ``--known-hosts``) or a manifest's (with its ssh settings);
     ``(host, venv, label)``."""
     from transplant.cli.locations import is_location, refuse_bare_venv_path, resolve_location
-    from transplant.hosts.host import connect
+    from transplant.cli.session import Session
+    from transplant.controller.manifest_file import load_manifest
+    from transplant.hosts.connecting import connect
 
     if is_location(args.manifest):
         spec, venv, options, label = resolve_location(args.manifest, getattr(args, "identity_file", None),
@@ -392,7 +444,9 @@ def _roll_back(console: Console, target: Host, venv: str, label: str, quoted: st
                break_lock: bool) -> list[str]:
     """:func:`transplant.pipeline.roll_back` with each step and note shown, then the result said;
     ``quoted``: the manifest or ``HOST:VENV`` as the commands in hints name it."""
-    from transplant.cli.progress import step
+    from rich.text import Text
+
+    from transplant.cli.progress import Shown, printer, step
     from transplant.pipeline import roll_back
 
     with step(console, f"rolling back {label}") as update:
@@ -412,6 +466,8 @@ def _after_failed_verify(args: argparse.Namespace, console: Console, manifest: M
     """``apply --verify`` whose verify failed: the way back. ``--rollback-on-failure`` rolls the
     transaction back unattended; on a terminal without ``--yes`` the operator is asked; else the
     rollback command is named. Returns 3 (verify failed) either way."""
+    from transplant.cli.session import Session
+
     again = f"transplant rollback {shlex.quote(manifest.path)}"
     if getattr(args, "rollback_on_failure", False):
         console.print(f"verify failed after transaction {transaction}: rolling it back (--rollback-on-failure)",
@@ -436,6 +492,9 @@ def _after_failed_verify(args: argparse.Namespace, console: Console, manifest: M
 
 def history_command(args: argparse.Namespace, console: Console) -> int:
     """``transplant history MANIFEST|HOST:VENV``: the transactions recorded in the target venv."""
+    from transplant.apply import txn
+    from transplant.cli.render import history_table
+
     with ExitStack() as stack:
         target, venv, label = _located(args, console, stack)
         record = txn.history(target, venv)

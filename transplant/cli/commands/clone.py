@@ -10,20 +10,43 @@ import sys
 from collections import Counter
 from contextlib import ExitStack
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.text import Text
-
-from transplant.cli.progress import Shown
-from transplant.controller.state import default_state_dir
-from transplant.clone.cloning import CloneResult, clone
+from transplant.cli.options import ssh_options
 from transplant.errors import TransplantError
-from transplant.hosts.host import Host, SSHOptions, connect
-from transplant.core.hostspec import HostSpec
-from transplant.core.manifest import Manifest
-from transplant.core.units import agree, count, human_bytes
+from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
 
-__all__ = ["clone_report", "clone_command", "clone_base", "pending_note", "saved_plan_refusal"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from transplant.clone.cloning import CloneResult
+    from transplant.core.hostspec import HostSpec
+    from transplant.core.manifest import Manifest
+    from transplant.hosts.host import Host
+
+__all__ = ["HELP", "add_arguments", "handle", "clone_report", "clone_command", "clone_base", "pending_note",
+           "saved_plan_refusal"]
+
+
+HELP = "copy a venv to another path or host and rewrite what names its old prefix"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``SRC_HOST:VENV``, ``DEST_HOST:VENV``, ``--replace``, ``--json`` and the SSH options."""
+    parser.add_argument("source", metavar="SRC_HOST:VENV", help="the venv to clone, e.g. local:/srv/venv_base")
+    parser.add_argument("dest", metavar="DEST_HOST:VENV", help="where the clone goes (absent or an empty folder)")
+    parser.add_argument("--replace", action="store_true",
+                        help="delete a venv (a folder holding pyvenv.cfg) already at the destination first")
+    parser.add_argument("--json", action="store_true", help="print the result (schema transplant.clone/1)")
+    ssh_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant clone``: :func:`clone_command`; returns 0, or 3 when a text file or symlink
+    of the clone still names the old prefix."""
+    from transplant.cli.locations import parse_location
+
+    return EXIT_OK if clone_command(args, console, parse_location) else EXIT_BLOCKED
 
 _SHOWN = 20
 
@@ -40,6 +63,10 @@ def clone_report(console: Console, result: CloneResult) -> None:
     command exits 3); binary files as a warning with their names; bytecode (which needs no
     action) as a one-line note with its count.
     """
+    from rich.text import Text
+
+    from transplant.core.units import agree, count, human_bytes
+
     r, left = result.relocation, result.leftovers
     kinds = Counter(e.kind for e in r.edits)
     edited = ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "no file"
@@ -84,6 +111,12 @@ def clone_command(args: argparse.Namespace, console: Console,
     :returns: True when no text file or symlink of the clone names the old prefix.
     :raises TransplantError: as :func:`transplant.clone.cloning.clone`.
     """
+    from transplant.cli.progress import Shown
+    from transplant.clone.cloning import clone
+    from transplant.controller.state import default_state_dir
+    from transplant.hosts.host import SSHOptions
+    from transplant.hosts.connecting import connect
+
     (src_spec, src_venv), (dst_spec, dst_venv) = parse_location(args.source), parse_location(args.dest)
     options = SSHOptions.from_files(args.identity_file, args.known_hosts)
     with ExitStack() as stack:
@@ -107,6 +140,10 @@ def clone_base(args: argparse.Namespace, console: Console, manifest: Manifest, b
     :raises TransplantError: the clone was declined or could not be asked for, failed, or left
         text files or symlinks naming the base's prefix (the overlay must not run then).
     """
+    from transplant.cli.progress import Shown
+    from transplant.clone.cloning import clone
+    from transplant.controller.state import default_state_dir
+
     base, target = manifest.target.base, manifest.target
     assert base is not None
     console.print(f"target.base: {target} does not exist; cloning {base} to it first", markup=False)

@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from transplant.cli.options import ssh_options
 
-from transplant.controller.config_file import Config, load_config
-from transplant.exitcodes import EXIT_OK
+if TYPE_CHECKING:
+    from rich.console import Console
 
-__all__ = ["Effective", "effective", "config_command", "output_style"]
+    from transplant.controller.config_file import Config
+
+__all__ = ["HELP", "add_arguments", "handle", "Effective", "effective", "config_command", "output_style"]
+
+HELP = "show each default in effect and where it came from (flag, environment, config file, default)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json`` and the SSH options (whose defaults it shows)."""
+    parser.add_argument("--json", action="store_true", help="print them as JSON (schema transplant.config/1)")
+    ssh_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant config``: see :func:`config_command`."""
+    return config_command(args, console)
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,14 @@ def config_command(args: argparse.Namespace, console: Console) -> int:
     """Print the config file's path (and whether it exists), then one row per setting: key,
     value, source; ``--json``: ``{"schema": "transplant.config/1", "file", "present", "settings":
     [{"key", "value", "source"}]}``. Exit 0; 1 when the file cannot be used."""
+    import json
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from transplant.controller.config_file import load_config
+    from transplant.exitcodes import EXIT_OK
+
     config = load_config()
     rows = effective(args, config)
     if args.json:

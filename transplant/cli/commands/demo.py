@@ -16,28 +16,39 @@ folders (apply never writes a file in place, so the cache keeps its bytes).
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
+import argparse
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
-
-import yaml
-from rich.console import Console
-from rich.rule import Rule
+from typing import TYPE_CHECKING
 
 from transplant.errors import TransplantError
-from transplant.lab import Lab
-from transplant.lab.wheels import build_wheel
-from transplant.core.units import count
 
-__all__ = ["run_demo", "remove_work", "EXAMPLE", "VENV", "STAND_INS", "build_demo_venv"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from transplant.lab import Lab
+
+__all__ = ["HELP", "add_arguments", "handle", "run_demo", "remove_work", "EXAMPLE", "VENV", "STAND_INS",
+           "build_demo_venv"]
+
+HELP = "replay the seed story on loopback test hosts, then rebuild a host with the donor gone"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--workdir`` and ``--keep``."""
+    parser.add_argument("--workdir", help="where the demo keeps its hosts (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave the work folder with its manifests and venvs (the hosts are stopped either way)")
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant demo``: :func:`run_demo` in ``--workdir`` (default: a temporary folder)."""
+    return run_demo(console, workdir=Path(args.workdir) if args.workdir else None, keep=args.keep)
+
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "seed-migration"
 VENV = "/srv/venv_sglang"
@@ -79,6 +90,8 @@ def _in_srv(srv: Path, argv: list[str], log: Path, *, check: bool = True) -> Non
     :param check: raise on a non-zero exit (compileall exits 1 when any file, such as a
         Python 2 test fixture inside a package, does not compile: that is not a failure).
     """
+    import subprocess
+
     script = 'mount --bind "$1" /srv && shift && exec "$@"'
     with open(log, "ab") as out:
         done = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
@@ -90,6 +103,8 @@ def _in_srv(srv: Path, argv: list[str], log: Path, *, check: bool = True) -> Non
 
 
 def _stand_in_wheels(role: str, out: Path) -> list[Path]:
+    from transplant.lab.wheels import build_wheel
+
     wheels = []
     for name, version, package in STAND_INS[role]:
         label = version.split("+", 1)[1]
@@ -111,6 +126,8 @@ def build_demo_venv(role: str, cache: Path) -> Path:
     :returns: the folder that is ``/srv`` for the built venv (it holds ``venv_sglang``).
     :raises TransplantError: python3.11, unshare or pip failed; the message names the log.
     """
+    import fcntl
+
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{role}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (a demo and a test run may start together)
@@ -118,6 +135,9 @@ def build_demo_venv(role: str, cache: Path) -> Path:
 
 
 def _build_locked(role: str, cache: Path) -> Path:
+    import hashlib
+    import shutil
+
     requirements = EXAMPLE / f"{role}-requirements.txt"
     key_text = requirements.read_text() + repr(STAND_INS[role]) + _JIT_CACHE_API + PYTHON + "v3-checked-hash"
     key = hashlib.sha256(key_text.encode()).hexdigest()[:12]
@@ -182,6 +202,8 @@ def _make_patches(donor_site: Path, out: Path) -> None:
 
 
 def _write_manifests(lab: Lab, workdir: Path) -> tuple[Path, Path]:
+    import yaml
+
     text = (EXAMPLE / "manifest.yaml").read_text()
     for key, value in (("@DONOR@", lab.hosts["donor"].spec), ("@TARGET@", lab.hosts["target"].spec),
                        ("@IDENTITY@", str(lab.identity_file)), ("@KNOWN_HOSTS@", str(lab.known_hosts))):
@@ -197,6 +219,8 @@ def _write_manifests(lab: Lab, workdir: Path) -> tuple[Path, Path]:
 
 
 def _act(console: Console, title: str, argv: list[str], want: int) -> bool:
+    from rich.rule import Rule
+
     from transplant.cli import main
 
     console.print(Rule(title))
@@ -211,6 +235,9 @@ def _act(console: Console, title: str, argv: list[str], want: int) -> bool:
 
 def _donor_gone(console: Console, lab: Lab, work: Path, full: Path) -> list[bool]:
     """The acts after the story: snapshot the donor, lose it, rebuild a fresh host from the snapshot."""
+    import yaml
+    from rich.rule import Rule
+
     store = work / "snapshots"
     results = [_act(console, "5. keep the donor's overlay set on the controller, while the donor is up",
                     ["snapshot", str(full), "--out", str(store)], 0)]
@@ -240,6 +267,8 @@ def remove_work(console: Console, work: Path) -> None:
     venvs (hardlinked copies, so every file is unlinked: 66.7 s measured by a new user on a busy
     2-core machine), which would otherwise look like a hang at the end. Off a terminal the
     step's own start line says it; on one, a line stays above the spinner."""
+    import shutil
+
     from transplant.cli.progress import step
 
     label = f"removing the demo's work folder {work} (the three hosts' venvs: can take about a minute)"
@@ -251,6 +280,15 @@ def remove_work(console: Console, work: Path) -> None:
 
 def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = False) -> int:
     """Run the demo; returns 0 when every act behaved as the story says, else 1."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from rich.rule import Rule
+
+    from transplant.core.units import count
+    from transplant.lab import Lab
+
     if not (EXAMPLE / "manifest.yaml").exists():
         raise TransplantError(f"the demo's files are not at {EXAMPLE}",
                               hint="run the demo from a source checkout: ./scripts/demo")

@@ -13,28 +13,46 @@ import argparse
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+from transplant.cli.options import ssh_options
+from transplant.errors import HostError, ProbeError, TransplantError
+from transplant.exitcodes import EXIT_OK
 
-from transplant.cli.progress import Shown
-from transplant.controller.output_file import check_output
-from transplant.errors import TransplantError
-from transplant.pipeline.gather import gather
-from transplant.hosts.host import SSHOptions, connect
-from transplant.core.hostspec import HostSpec
-from transplant.core.starting_manifest import Draft, draft, render, with_checked_imports, with_checked_server_args
-from transplant.core.inventory import Inventory
-from transplant.errors import HostError, ProbeError
-from transplant.hosts.host import Host
-from transplant.hosts.probing import run_script
-from transplant.core.manifest import parse_manifest
-from transplant.hosts.probing import take_inventory
-from transplant.core.units import count
+if TYPE_CHECKING:
+    from rich.console import Console
 
-__all__ = ["init_command"]
+    from transplant.core.hostspec import HostSpec
+    from transplant.core.inventory import Inventory
+    from transplant.core.starting_manifest import Draft
+    from transplant.hosts.host import Host
+
+__all__ = ["HELP", "add_arguments", "handle", "init_command"]
+
+
+HELP = "probe a donor and a target and write a starting manifest"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--donor``, ``--target``, ``--out`` (each required), ``--overlay`` and the SSH options."""
+    parser.add_argument("--donor", required=True, metavar="HOST:VENV",
+                        help="the venv that works, e.g. root@ct129:/root/venv")
+    parser.add_argument("--target", required=True, metavar="HOST:VENV", help="the venv to bring it to")
+    parser.add_argument("--overlay", action="append", metavar="NAME",
+                        help="a distribution to bring with what it needs (a closure), or a glob (default: sglang)")
+    parser.add_argument("--out", required=True, metavar="FILE", help="the manifest to write (never overwritten)")
+    ssh_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant init``: :func:`init_command` with ``HOST:VENV`` read by
+    :func:`transplant.cli.session.parse_location`; returns 0 once the manifest is written."""
+    from transplant.cli.locations import parse_location
+
+    init_command(args, console, parse_location)
+    return EXIT_OK
 
 
 def init_command(args: argparse.Namespace, console: Console,
@@ -48,6 +66,18 @@ def init_command(args: argparse.Namespace, console: Console,
     :raises TransplantError: ``--out`` exists (nothing is probed), a name is not on the donor,
         a host cannot be reached (:class:`HostError`), or the file cannot be written.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transplant.cli.progress import Shown
+    from transplant.controller.output_file import check_output
+    from transplant.core.manifest import parse_manifest
+    from transplant.core.starting_manifest import Draft, draft, render
+    from transplant.core.units import count
+    from transplant.hosts.host import SSHOptions
+    from transplant.hosts.connecting import connect
+    from transplant.hosts.probing import take_inventory
+    from transplant.pipeline.gather import gather
+
     out = Path(args.out)
     if out.exists() or out.is_symlink():
         raise TransplantError(f"{out}: already exists; init never overwrites a file",
@@ -137,6 +167,8 @@ def _checked_in_donor(final: Draft, host: Host, venv: str, names: list[str], don
     (a timeout, a broken interpreter) the draft is kept as it is."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from transplant.core.starting_manifest import with_checked_imports, with_checked_server_args
+    from transplant.hosts.probing import run_script
     from transplant.verify.ladder import sort_donor_imports
 
     parser = (final.data.get("verify") or {}).get("server_args")
@@ -160,6 +192,7 @@ def _donor_parses(host: Host, venv: str, parser: dict) -> str | None:
     None when it parses them as expected, or could not be asked (then the proposal stays)."""
     import json
 
+    from transplant.hosts.probing import run_script
     from transplant.verify.judges import judge_server_args
 
     wanted = {"attrs": sorted(parser["expect"]), "resolve": False}

@@ -3,27 +3,53 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+from transplant.cli.options import fleet_options
 
-from transplant.cli.session import Session, refuse_inside_venvs, run_fleet_action, targets_of
-from transplant.controller.manifest_file import load_manifest
-from transplant.core.plan import write_plan
-from transplant.controller.plan_file import check_plan_destination, save_plan
-from transplant.errors import UsageError
-from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_OK
+if TYPE_CHECKING:
+    from rich.console import Console
 
-__all__ = ["plan_command"]
+__all__ = ["HELP", "add_arguments", "handle", "plan_command"]
+
+HELP = "inventory both venvs and show what apply would change"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``MANIFEST``, ``--json``, ``--out``, ``--detailed-exitcode`` and the fleet options."""
+    parser.add_argument("manifest", help="the manifest (YAML; see manifests/REFERENCE.md)")
+    parser.add_argument("--json", action="store_true", help="print the plan document (schema transplant.plan/1)")
+    parser.add_argument("--out", help="save the plan as JSON for a later 'transplant apply FILE'")
+    parser.add_argument("--detailed-exitcode", action="store_true",
+                        help="exit 2 when there are changes (0 none, 3 blocked, 1 failed), as Terraform's")
+    fleet_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant plan``: see :func:`plan_command`."""
+    return plan_command(args, console)
 
 
 def plan_command(args: argparse.Namespace, console: Console) -> int:
+    """Plan the manifest's target (or each ``--target``): print the plan, or its JSON, or save it
+    (``--out``); returns 0 (planned), 2 (changes, with ``--detailed-exitcode``) or 3 (blocked).
+
+    :raises TransplantError: a bad manifest or options, an unreachable host.
+    """
+    import os
+    import sys
+    from contextlib import ExitStack
+
+    from transplant.cli.session import Session, refuse_inside_venvs, run_fleet_action, targets_of
+    from transplant.controller.manifest_file import load_manifest
+    from transplant.controller.plan_file import check_plan_destination, save_plan
+    from transplant.core.plan import write_plan
+    from transplant.errors import UsageError
+    from transplant.exitcodes import EXIT_BLOCKED, EXIT_CHANGES, EXIT_OK
     from transplant.pipeline.memo import code_identity, memo_enabled
 
     if memo_enabled():  # a bad TRANSPLANT_PLAN_MEMO is refused before any host is opened or named
-        code_identity()  # the memo key's costly part, while the hosts' probes start (issue 16)
+        code_identity()  # the memo key's costly part, computed while the hosts' probes start
     # a saved plan names its manifest by its absolute path, so its findings' hints must too: apply
     # plans again from that path and refuses a saved plan whose findings read otherwise
     manifest, targets = targets_of(args, load_manifest(os.path.abspath(args.manifest) if args.out else args.manifest))
@@ -49,7 +75,7 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
         save_plan(plan, args.out, manifest=manifest.path)
     if args.json:
         # written as it is encoded, in large pieces: a plan of a large venv is tens of MB of text,
-        # never held whole (json.dump's text: one write per token took 19 s for the real pair's)
+        # never held whole (json.dump's one write per token is slow on a redirected output)
         write_plan(plan, sys.stdout.write, {"donor_source": opened.to_dict()})
         sys.stdout.write("\n")
     else:

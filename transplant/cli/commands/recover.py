@@ -10,25 +10,44 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+from transplant.cli.options import ssh_options
 
-from transplant.controller.state import default_state_dir
-from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.errors import UsageError
-from transplant.cli.commands.apply import apply_command
-from transplant.cli.commands.plan import plan_command
-from transplant.cli.commands.verify import verify_command
-from transplant.cli.options import CommandOptions
-from transplant.cli.session import parse_location
-from transplant.errors import HostError, TransplantError
-from transplant.hosts.host import SSHOptions, connect
-from transplant.core.hostspec import HostSpec
-from transplant.core.manifest import Endpoint
-from transplant.recover.provenance import verified_log
-from transplant.donor.snapshot import default_store
+if TYPE_CHECKING:
+    from rich.console import Console
 
-__all__ = ["recover_command"]
+    from transplant.donor.snapshot import Snapshot
+    from transplant.recover.rebuild import Recovery
+
+__all__ = ["HELP", "add_arguments", "handle", "recover_command"]
+
+HELP = "rebuild the last verified state on a new host: plan, apply, verify"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--target`` (required), ``--from``, ``--snapshot``, ``--ca``, ``--out``, ``--yes``,
+    ``--force`` and the SSH options."""
+    parser.add_argument("--target", required=True, metavar="HOST[:VENV]",
+                        help="the host to rebuild on (the venv defaults to the source's path)")
+    parser.add_argument("--from", dest="source_host", metavar="HOST:VENV",
+                        help="a venv whose history holds the state (its newest applied and verified transaction)")
+    parser.add_argument("--snapshot", metavar="ID|PATH|oci://REGISTRY/REPO:TAG",
+                        help="a snapshot (without --from or --snapshot: the last state this controller saw "
+                             "verified, from its host or, when that is gone, its snapshot; else the newest snapshot "
+                             "in the store)")
+    parser.add_argument("--ca", metavar="PEM",
+                        help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
+    parser.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
+    parser.add_argument("--force", action="store_true",
+                        help="go on despite error findings, or a source whose applied files drifted")
+    ssh_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant recover``: see :func:`recover_command`."""
+    return recover_command(args, console)
 
 
 def _recover_default(args: argparse.Namespace, console: Console, store: Path, by_history, by_snapshot):
@@ -36,9 +55,13 @@ def _recover_default(args: argparse.Namespace, console: Console, store: Path, by
     (``<state>/verified.jsonl``), newest first: each from its host's history, or from the
     snapshot it was applied from when that host cannot be used; last, the newest snapshot in
     the store."""
-    from transplant.recover.provenance import known_states
-    from transplant.recover.rebuild import RecoverError
+    from transplant.controller.state import default_state_dir
+    from transplant.core.hostspec import HostSpec
     from transplant.donor.snapshot import list_snapshots, load_snapshot
+    from transplant.errors import HostError, TransplantError
+    from transplant.hosts.host import SSHOptions
+    from transplant.recover.provenance import known_states, verified_log
+    from transplant.recover.rebuild import RecoverError
 
     def say(line: str, style: str | None = None) -> None:
         console.print(line, style=style, markup=False, highlight=False)
@@ -83,8 +106,20 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
 
     :raises TransplantError: bad options, nothing to recover from, a refused source.
     """
-    from transplant.recover.rebuild import Recovery, from_history, from_snapshot
-    from transplant.donor.snapshot import Snapshot, load_snapshot
+    from transplant.cli.commands.apply import apply_command
+    from transplant.cli.commands.plan import plan_command
+    from transplant.cli.commands.verify import verify_command
+    from transplant.cli.options import CommandOptions
+    from transplant.cli.locations import parse_location
+    from transplant.controller.state import default_state_dir
+    from transplant.core.hostspec import HostSpec
+    from transplant.core.manifest import Endpoint
+    from transplant.donor.snapshot import default_store, load_snapshot
+    from transplant.errors import TransplantError, UsageError
+    from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
+    from transplant.hosts.host import SSHOptions
+    from transplant.hosts.connecting import connect
+    from transplant.recover.rebuild import from_history, from_snapshot
 
     if args.source_host and args.snapshot:
         raise UsageError("--from and --snapshot exclude each other")

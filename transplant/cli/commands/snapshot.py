@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import json
-from contextlib import ExitStack
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
 
-from transplant.exitcodes import EXIT_OK
-from transplant.errors import UsageError
-from transplant.cli.session import ssh_options
-from transplant.errors import TransplantError
-from transplant.hosts.host import connect
-from transplant.core.manifest import Endpoint
-from transplant.controller.manifest_file import load_manifest
-from transplant.core.units import count, human_bytes
-from transplant.cli.reports import snapshots_table
-from transplant.donor.snapshot import default_store
+__all__ = ["HELP", "add_arguments", "handle", "snapshot_command"]
 
-__all__ = ["snapshot_command"]
+HELP = "keep the donor's overlay set on the controller, for when the donor is gone"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``[MANIFEST]``, ``--out``, ``--list``, ``--prune``, ``--push``, ``--ca``, ``--json``."""
+    parser.add_argument("manifest", nargs="?", help="the manifest whose donor and overlay to capture")
+    parser.add_argument("--out", metavar="DIR",
+                        help="the snapshot store (default: the state folder's snapshots/); with --list or --prune "
+                             "also a registry repository, oci://REGISTRY/REPO (--prune then takes tags)")
+    parser.add_argument("--list", action="store_true", help="list the snapshots in the store")
+    parser.add_argument("--prune", nargs="*", metavar="ID", help="remove these snapshots, then every stored file no "
+                        "snapshot uses")
+    parser.add_argument("--push", metavar="oci://REGISTRY/REPO:TAG",
+                        help="also push the snapshot to an OCI registry (one blob per distribution build)")
+    parser.add_argument("--ca", metavar="PEM", help="CA bundle for the registry (default: the system CAs)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant snapshot``: see :func:`snapshot_command`."""
+    return snapshot_command(args, console)
 
 
 def snapshot_command(args: argparse.Namespace, console: Console) -> int:
@@ -30,7 +39,21 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
 
     :raises TransplantError: bad options or manifest, an unreachable donor, a damaged store.
     """
-    from transplant.donor.snapshot import capture, list_snapshots, prune
+    import json
+    from contextlib import ExitStack
+    from pathlib import Path
+
+    from rich.text import Text
+
+    from transplant.cli.reports import snapshots_table
+    from transplant.cli.warm import ssh_options
+    from transplant.controller.manifest_file import load_manifest
+    from transplant.core.manifest import Endpoint
+    from transplant.core.units import count, human_bytes
+    from transplant.donor.snapshot import capture, default_store, list_snapshots, prune
+    from transplant.errors import TransplantError, UsageError
+    from transplant.exitcodes import EXIT_OK
+    from transplant.hosts.connecting import connect
 
     if (args.out or "").startswith("oci://") or getattr(args, "push", None):
         from transplant.cli.commands.registry import check_registry_options

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.text import Text
+from transplant.cli.options import ssh_options
 
-from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.cli.locations import is_location, resolve_location
-from transplant.hosts.host import connect
-from transplant.cli.reports import status_table
-from transplant.core.units import agree, count
+if TYPE_CHECKING:
+    from rich.console import Console
 
-__all__ = ["status_command"]
+__all__ = ["HELP", "add_arguments", "handle", "status_command"]
+
+HELP = "what was applied to a venv, from where, when, and what drifted since"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``HOST:VENV|MANIFEST``, ``--json`` and the SSH options."""
+    parser.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                        help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh "
+                             "settings)")
+    parser.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
+    ssh_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant status``: see :func:`status_command`."""
+    return status_command(args, console)
 
 
 def status_command(args: argparse.Namespace, console: Console) -> int:
@@ -24,7 +35,17 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
 
     :raises TransplantError: a bad location, an unreachable host, unreadable records.
     """
+    import json
+    import shlex
+
+    from rich.text import Text
+
+    from transplant.cli.locations import is_location, resolve_location
     from transplant.cli.progress import Shown, printer
+    from transplant.cli.reports import status_table
+    from transplant.core.units import agree, count
+    from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
+    from transplant.hosts.connecting import connect
     from transplant.recover.status import read_status
 
     spec, venv, options, label = resolve_location(args.location, args.identity_file, args.known_hosts)

@@ -11,65 +11,91 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+from transplant.cli.options import fleet_options, ssh_options
 from transplant.errors import TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_OK
-from transplant.hosts.host import Host, SSHOptions, connect
-from transplant.core.manifest import Manifest, VerifySettings
-from transplant.hosts.probing import run_script
-from transplant.verify.early import Started, start_imports
 
 if TYPE_CHECKING:
-    from transplant.donor.sources import Opened
+    from rich.console import Console
+
+    from transplant.core.manifest import Manifest, VerifySettings
+    from transplant.donor.sources import DonorSource, Opened
+    from transplant.hosts.host import Host
+    from transplant.verify.early import Started
     from transplant.verify.runner import DonorRun
 
-# The rest (the pipeline, the ladder's runner, the donor sources, the renderers) is imported where it is
-# used, after the imports process has started (transplant.verify.early): its half second of loading then
-# overlaps that process instead of coming before it.
+# What the command runs (the pipeline, the ladder's runner, the donor sources, the renderers) is
+# imported where it is used, after the imports process has started (transplant.verify.early): its
+# half second of loading then overlaps that process instead of coming before it.
 
-__all__ = ["verify_command", "parse_imports", "is_location"]
+__all__ = ["HELP", "add_arguments", "handle", "verify_command", "parse_imports", "is_location"]
+
+
+HELP = "prove the target venv works: the verify ladder, interpreter to a served request"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``MANIFEST|HOST:VENV``, ``--json``, ``--junit``, ``--strict``, ``--imports``,
+    ``--clear-jit-caches``, the SSH options and the fleet options."""
+    parser.add_argument("manifest", metavar="MANIFEST|HOST:VENV",
+                        help="the manifest whose target and verify settings to use, or a venv (local:/srv/venv) to "
+                             "check without one")
+    parser.add_argument("--json", action="store_true", help="print the results (schema transplant.verify/3)")
+    parser.add_argument("--junit", metavar="FILE", help="also write the results as JUnit XML to FILE")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail every stage and item that could not be checked here (no driver, no GPU, no torch, "
+                             "fails identically in the donor): for GPU hosts where everything must run")
+    parser.add_argument("--imports", metavar="NAMES", help="comma-separated import names (without a manifest: the "
+                        "distributions providing them are checked too)")
+    parser.add_argument("--clear-jit-caches", nargs="?", const="", default=None, metavar="NAMES",
+                        help="list the triton, flashinfer and torch-inductor cache folders of the target's user (they "
+                             "are outside the venv, shared by the user's other venvs: nothing is removed); "
+                             "--clear-jit-caches=triton,flashinfer,torch-inductor (or =all) removes the ones named")
+    ssh_options(parser, what=", for HOST:VENV")
+    fleet_options(parser)
+
+
+def handle(args: argparse.Namespace, console: Console) -> int:
+    """``transplant verify``: see :func:`verify_command`."""
+    return verify_command(args, console)
 
 
 
-def donor_runner(source: object, settings: VerifySettings) -> DonorRun | None:
+def donor_runner(source: DonorSource, settings: VerifySettings) -> DonorRun | None:
     """A :data:`transplant.verify.runner.DonorRun` for the donor: on a host, the host script runs
     in the donor's venv with the manifest's verify environment (a request's ``paths`` made
     absolute there and its ``prefix`` reported); a snapshot answers from the donor's verify
     results recorded when it was taken (:mod:`transplant.verify.recorded`), or None when it holds
     none (then nothing failing in the target is compared with the donor)."""
-    from transplant.donor.snapshot import SnapshotSource
-    from transplant.donor.sources import HostSource
+    from transplant.hosts.probing import run_script
 
-    if isinstance(source, SnapshotSource):
+    snap, live, venv = source.snapshot, source.live, source.venv
+    if snap is not None:
         from transplant.verify import recorded
 
-        snap = source.snapshot
         return recorded.recorded_runner(snap.donor_verify, snap.id) if recorded.has_record(snap.donor_verify) else None
-    if not isinstance(source, HostSource):
+    if live is None:
         return None
 
     def run(script: str, args: list, request: Mapping[str, Any] | None) -> Mapping[str, Any]:
-        root = source.venv.rstrip("/")
+        root = venv.rstrip("/")
         if request is not None and "paths" in request:
             request = {**request, "paths": [f"{root}/{p}" for p in request["paths"]]}
-        report = run_script(source.host, source.venv, script, args, request=request, env=dict(settings.env),
+        report = run_script(live, venv, script, args, request=request, env=dict(settings.env),
                             timeout=settings.timeout)
         return {**report, "prefix": root}
 
     return run
 
 
-def donor_said(source: object) -> str | None:
+def donor_said(source: DonorSource) -> str | None:
     """The line verify prints when its donor is a snapshot: whether the donor's recorded verify
     results stand in for it, and their age; None for a donor on a host."""
-    from transplant.donor.snapshot import SnapshotSource
-
-    if not isinstance(source, SnapshotSource):
+    snap = source.snapshot
+    if snap is None:
         return None
     from transplant.verify import recorded
 
-    snap = source.snapshot
     return recorded.summary(snap.donor_verify, snap.id, snap.created)
 
 
@@ -174,6 +200,11 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 
     :raises TransplantError: bad manifest or option, unreachable target.
     """
+    from transplant.core.manifest import VerifySettings
+    from transplant.hosts.host import SSHOptions
+    from transplant.hosts.connecting import connect
+    from transplant.verify.early import start_imports
+
     junit = getattr(args, "junit", None)
     strict = bool(getattr(args, "strict", False))
     clearing, clear = parse_clear(getattr(args, "clear_jit_caches", None))
@@ -268,8 +299,8 @@ def _verify_one(args: argparse.Namespace, console: Console, *, session_class: Ca
 def verify_command(args: argparse.Namespace, console: Console, manifest: Manifest | None = None) -> int:
     """``transplant verify MANIFEST|HOST:VENV``: one target (:func:`_verify_one`), or every target of a fleet;
     returns 0 when no stage failed, 3 when one did. Ctrl-C ends the stages' host scripts at once
-    (:func:`transplant.hosts.host.interrupt_stops_commands`), not when each reaches its timeout."""
-    from transplant.hosts.host import interrupt_stops_commands
+    (:func:`transplant.hosts.connecting.interrupt_stops_commands`), not when each reaches its timeout."""
+    from transplant.hosts.connecting import interrupt_stops_commands
 
     with interrupt_stops_commands():
         return _verify_command(args, console, manifest)

@@ -118,7 +118,7 @@ def symbol_findings(env: EnvironmentAfter) -> list[Finding]:
         missing = _missing(env, check)
         if not missing:
             continue
-        path, powner, pside = next((p for p in check.providers if p[2] != check.side), check.providers[0])
+        path, powner, _ = next((p for p in check.providers if p[2] != check.side), check.providers[0])
         dist, pdist = env.after[check.owner], env.after[powner]
         level = severity(env, [check.owner, powner], [check.path, path])
         if check.side == "donor":

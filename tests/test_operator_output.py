@@ -1,4 +1,4 @@
-"""The operator's second round, from the command line: history folds repeated verifies and says
+"""What the operator reads, from the command line: history folds repeated verifies and says
 when there is nothing, the inventory's bytes column has one named meaning, mistypes get
 suggestions, the apply bar stays readable at 80 columns. Each command runs as a real process
 with its output at 80 columns in a pipe and in a file (local venvs from real wheels; state

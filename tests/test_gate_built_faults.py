@@ -1,4 +1,4 @@
-"""The gate's second round, built for real: wheels written here and installed by pip into
+"""The gate's rules on faults built for real: wheels written here and installed by pip into
 real venvs, objects built with gcc, probed on the local host by the same host scripts as
 over SSH, then planned (and verified) by the real code. Each fault has a fault-free twin
 that must raise nothing."""
@@ -62,7 +62,7 @@ def _found(result, code):
     return [f for f in result.findings if f.code == code]
 
 
-# --- target-record-missing (issue 15, kind 4) ---------------------------------------------------
+# --- target-record-missing -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def recordless(tmp_path_factory):
@@ -142,7 +142,7 @@ def test_verify_passes_an_extension_module_its_own_record_lists_beside_the_sourc
     assert prov.details["beside_source"], "the pair is there and seen, but one RECORD lists both"
 
 
-# --- undefined-symbol (issue 15, kind 5) ---------------------------------------------------------
+# --- undefined-symbol ----------------------------------------------------------------------------
 
 def _gcc(out: Path, source: str, *args: str) -> bytes:
     src = out.with_suffix(".c")
@@ -209,7 +209,7 @@ def test_siblings_that_move_together_or_a_newer_sibling_raise_nothing(siblings):
         assert not _found(result, "undefined-symbol"), overlay
 
 
-# --- numpy-abi-mismatch (issue 15, kind 1) -------------------------------------------------------
+# --- numpy-abi-mismatch --------------------------------------------------------------------------
 
 #: What NumPy's headers compile ``_import_array()`` to, as far as the binary shows: 1.x headers
 #: import ``numpy.core._multiarray_umath``; 2.x headers try ``numpy._core._multiarray_umath`` first.
@@ -257,7 +257,7 @@ def test_numpy_2_builds_and_a_numpy_that_moves_along_raise_nothing(numpy_stacks)
     assert not _found(result, "numpy-abi-mismatch")
 
 
-# --- libcuda-unversioned-missing (issue 15, kind 3) ------------------------------------------------
+# --- libcuda-unversioned-missing -----------------------------------------------------------------
 
 NVIDIA_SMI = """\
 #!/bin/sh
@@ -319,7 +319,7 @@ def test_no_driver_raises_nothing(triton_venvs, tmp_path, monkeypatch):
     assert not _found(_plan(*triton_venvs, ["triton"]), "libcuda-unversioned-missing")
 
 
-# --- outside-venv (issue 15, kind 6) --------------------------------------------------------------
+# --- outside-venv --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def outside(tmp_path_factory):
@@ -378,7 +378,7 @@ def test_an_outside_distribution_that_fits_and_a_system_site_folder(outside, tmp
     assert "include-system-site-packages = true" in folders.values(), folders
 
 
-# --- ptx-too-new (issue 15, kind 2) ---------------------------------------------------------------
+# --- ptx-too-new ---------------------------------------------------------------------------------
 
 FATBIN = Path(__file__).parent / "data" / "fatbin" / "libdevice.so"  # nvcc 13.0: sm_90, sm_90a, sm_120a, compute_90
 

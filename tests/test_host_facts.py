@@ -1,0 +1,73 @@
+"""The host fact table: each fact the controller reads is one row (the Inventory field it fills,
+the probe's host-script part that reports it, its parser), and both sides agree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from transplant.core.inventory import HOST_FACTS, HostFact, Inventory, parse_inventory
+from transplant.remote import probe
+
+#: Parts the probe reports that the controller does not read (the document and its fingerprint keep them).
+REPORTED_ONLY = {"machine"}
+
+
+def table_problems(facts: tuple[HostFact, ...], parts: dict[str, object]) -> list[str]:
+    """Where the fact table and the probe's parts disagree: a row whose part the probe lacks or
+    whose field the inventory lacks, a part no row reads (unless listed as reported only), a
+    field or part named twice. Empty: they agree."""
+    fields = {f.name for f in dataclasses.fields(Inventory)}
+    problems = [f"{f.name}: the probe has no part {f.part!r}" for f in facts if f.part not in parts]
+    problems += [f"{f.name}: not a field of Inventory" for f in facts if f.name not in fields]
+    problems += [f"the probe's part {p!r} has no row" for p in parts if p not in {f.part for f in facts}
+                 and p not in REPORTED_ONLY]
+    for what in ("name", "part"):
+        names = [getattr(f, what) for f in facts]
+        problems += [f"{n}: named by two rows" for n in sorted({n for n in names if names.count(n) > 1})]
+    return problems
+
+
+def test_the_table_and_the_probe_agree() -> None:
+    assert table_problems(HOST_FACTS, probe.HOST_PARTS) == []
+    assert {f.cache_key for f in HOST_FACTS} == {"host.hostname", "host.nvidia", "host.libcuda", "host.sonames",
+                                                 "host.cpu"}
+
+
+def test_a_row_without_its_part_or_field_and_a_part_without_a_row_are_named() -> None:
+    """The positive twin: the check fires on a toy table."""
+    toy = HOST_FACTS + (HostFact("uptime", "uptime", int, lambda value, path: value),)
+    parts = {**probe.HOST_PARTS, "kernel": lambda shared: "6.1"}
+    assert table_problems(toy, parts) == ["uptime: the probe has no part 'uptime'", "uptime: not a field of Inventory",
+                                          "the probe's part 'kernel' has no row"]
+
+
+def _document() -> dict:
+    host = probe._host_facts()
+    return {"schema": "transplant.inventory/1", "host": host,
+            "interpreter": {"executable": "/v/bin/python", "prefix": "/v", "version": "3.11.2",
+                            "implementation": "cpython", "abi_tag": None, "soabi": None, "ext_suffix": None,
+                            "machine": "x86_64", "glibc": None, "pyvenv_cfg": None, "home_exists": None,
+                            "markers": {}},
+            "paths": {"prefix": "/v", "purelib": "lib/python3.11/site-packages",
+                      "platlib": "lib/python3.11/site-packages", "scripts": "bin"},
+            "distributions": []}
+
+
+def test_each_row_fills_its_field_from_the_probes_part() -> None:
+    document = _document()
+    inventory = parse_inventory(document, label="here")
+    assert inventory.hostname == document["host"]["hostname"]
+    for fact in HOST_FACTS:
+        assert getattr(inventory, fact.name) == fact.parse(document["host"].get(fact.part), fact.cache_key)
+
+
+@pytest.mark.parametrize("fact", [f for f in HOST_FACTS if f.wire is dict], ids=lambda f: f.name)
+def test_a_malformed_fact_is_named_by_its_key_path(fact: HostFact) -> None:
+    from transplant.errors import ProbeError
+
+    document = _document()
+    document["host"][fact.part] = ["not", "an", "object"]
+    with pytest.raises(ProbeError, match=f"inventory key '{fact.cache_key}'"):
+        parse_inventory(document, label="here")
