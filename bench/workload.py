@@ -59,7 +59,10 @@ def _small_files(package: str, count: int, rng: random.Random, scale: float = 1.
 def distributions(scale: float = 1.0) -> list[Dist]:
     """The workload's distributions at ``scale`` (1.0: ~2 GB, 300 distributions, ~60,000 files)."""
     rng = random.Random(1130)
-    big = lambda mib: max(1, int(mib * 0.75 * scale * MIB))  # noqa: E731  (sizes: a CUDA serving venv, scaled)
+
+    def big(mib: float) -> int:  # sizes of a CUDA serving venv's large objects, scaled
+        return max(1, int(mib * 0.75 * scale * MIB))
+
     dists = [
         Dist("torch", "2.11.0+cu130", "2.11.0+cu128",
              tuple(_small_files("torch", 12000, rng, scale)) + (("torch/lib/libtorch_cuda.so", big(520)),
