@@ -384,14 +384,37 @@ def _body(ctx: _Ladder, row: verify_stages.Stage) -> Callable[[], Answer]:
     return lambda: _from_row(ctx, row)
 
 
-def _from_row(ctx: _Ladder, row: verify_stages.Stage) -> Answer:
-    """A stage run from its row alone: skipped when its settings do not ask for it or the
-    inventory could not be taken; else its script's report, judged."""
+def _requested(ctx: _Ladder, row: verify_stages.Stage) -> verify_stages.Request | Answer:
+    """Its row's request when the settings ask for the stage and the target's inventory was
+    taken; else the skip that says which (``not-requested`` naming the setting, ``not-run``). A
+    row without a request of its own runs its script with none."""
     request = row.request(ctx.settings) if row.request is not None else verify_stages.Request()
     if request is None:
         return _skip("not-requested", _not_asked(row.what or row.name, row.setting or row.name, ctx.manifest))
     if ctx.live is None and "interpreter" in row.needs:
         return _skip("not-run", _NOT_RUN)
+    return request
+
+
+def _when_asked(name: str) -> Callable[[Callable[[_Ladder, verify_stages.Request], Answer]], Callable[[_Ladder], Answer]]:
+    """A stage body of the runner's own given its row's request, run only when
+    :func:`_requested` gives one (else that skip is the stage's answer)."""
+    def wrap(body: Callable[[_Ladder, verify_stages.Request], Answer]) -> Callable[[_Ladder], Answer]:
+        def run(ctx: _Ladder) -> Answer:
+            request = _requested(ctx, verify_stages.stage(name))
+            return body(ctx, request) if isinstance(request, verify_stages.Request) else request
+
+        return run
+
+    return wrap
+
+
+def _from_row(ctx: _Ladder, row: verify_stages.Stage) -> Answer:
+    """A stage run from its row alone: skipped when its settings do not ask for it or the
+    inventory could not be taken; else its script's report, judged."""
+    request = _requested(ctx, row)
+    if not isinstance(request, verify_stages.Request):
+        return request
     if row.script is None:
         raise ValueError(f"verify stage {row.name!r} has no script and no body of the runner's own")
     report = run_script(ctx.target, ctx.venv, row.script, list(request.args), request=request.document,
@@ -587,14 +610,10 @@ def _resolve_cause(ctx: _Ladder, report: Mapping[str, Any]) -> str:
     return "no-driver" if ctx.live is not None and not ctx.live.nvidia.available else "no-device"
 
 
-def _server_args(ctx: _Ladder) -> Answer:
+@_when_asked("server-args")
+def _server_args(ctx: _Ladder, request: verify_stages.Request) -> Answer:
     check = ctx.settings.server_args
-    row = verify_stages.stage("server-args")
-    request = row.request(ctx.settings) if row.request is not None else None
-    if check is None or request is None:
-        return _skip("not-requested", _not_asked("server arguments", "server_args", ctx.manifest))
-    if ctx.live is None:
-        return _skip("not-run", _NOT_RUN)
+    assert check is not None  # its row asks for the stage only when the check is set
     report = run_script(ctx.target, ctx.venv, "stage_server_args", list(request.args), env=ctx.env,
                         timeout=ctx.timeout)
     ctx.resolved.update(report.get("resolve") or {})
@@ -648,14 +667,10 @@ def _imports_stages(ctx: _Ladder) -> None:
     ctx.finish(_timed("library-provenance", lambda: _provenance(ctx), started))
 
 
-def _smoke(ctx: _Ladder) -> Answer:
+@_when_asked("smoke")
+def _smoke(ctx: _Ladder, request: verify_stages.Request) -> Answer:
     settings, live = ctx.settings, ctx.live
-    row = verify_stages.stage("smoke")
-    request = row.request(settings) if row.request is not None else None
-    if settings.smoke_device is None or request is None:
-        return _skip("not-requested", _not_asked("smoke check", "smoke", ctx.manifest))
-    if live is None:
-        return _skip("not-run", _NOT_RUN)
+    assert live is not None  # _requested skipped the stage without the target's inventory
     report = run_script(ctx.target, ctx.venv, "stage_smoke", list(request.args), env=ctx.env, timeout=ctx.timeout)
     status, reason = judge_smoke(report)
     if status == "skip":  # the smoke script skips only a venv without torch, the device left to auto
@@ -689,14 +704,10 @@ def _smoke(ctx: _Ladder) -> Answer:
     return Outcome(status, reason, report, None, unchecked)
 
 
-def _serve(ctx: _Ladder) -> Answer:
+@_when_asked("serve")
+def _serve(ctx: _Ladder, request: verify_stages.Request) -> Answer:
     check = ctx.settings.serve
-    row = verify_stages.stage("serve")
-    request = row.request(ctx.settings) if row.request is not None else None
-    if check is None or request is None:
-        return _skip("not-requested", _not_asked("serve check", "serve", ctx.manifest))
-    if ctx.live is None:
-        return _skip("not-run", _NOT_RUN)
+    assert check is not None  # its row asks for the stage only when the check is set
     report = run_script(ctx.target, ctx.venv, "stage_serve", request=request.document, env=ctx.env,
                         timeout=request.timeout)
     status, reason = judges.judge_serve(report, check.answer, max_tokens=check.max_tokens)

@@ -55,10 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet_options(parser)
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant apply``: see :func:`apply_command`."""
-    return apply_command(args, console)
-
 
 def _finish_interrupted(args: argparse.Namespace, console: Console, session: Session, manifest_path: str,
                         how: str | None, discarded: list[dict] | None = None) -> bool:
@@ -518,3 +514,7 @@ def _check_saved_plan(saved: Plan, manifest: Manifest, source: Path,
                 f"{source}: the plan's {side} is {planned.host}:{planned.venv}, but its manifest {manifest.path} "
                 f"names {named}; refusing it",
                 hint=f"make a fresh plan: transplant plan {manifest.path} --out {source}")
+
+
+#: ``transplant apply``'s handler, for the command table.
+handle = apply_command

@@ -26,10 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ssh_options(parser)
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant config``: see :func:`config_command`."""
-    return config_command(args, console)
-
 
 @dataclass(frozen=True)
 class Effective:
@@ -122,3 +118,7 @@ def config_command(args: argparse.Namespace, console: Console) -> int:
         table.add_row(Text(r.key), Text(r.value), Text(r.source))
     console.print(table)
     return EXIT_OK
+
+
+#: ``transplant config``'s handler, for the command table.
+handle = config_command

@@ -36,10 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ssh_options(parser)
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant inventory``: see :func:`inventory_command`."""
-    return inventory_command(args, console)
-
 
 def inventory_command(args: argparse.Namespace, console: Console) -> int:
     """Print the venv's distributions as a table, or the probe's document (``--json``); returns 0.
@@ -65,3 +61,7 @@ def inventory_command(args: argparse.Namespace, console: Console) -> int:
     else:
         console.print(inventory_table(inv))
     return EXIT_OK
+
+
+#: ``transplant inventory``'s handler, for the command table.
+handle = inventory_command

@@ -25,10 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet_options(parser)
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant plan``: see :func:`plan_command`."""
-    return plan_command(args, console)
-
 
 def plan_command(args: argparse.Namespace, console: Console) -> int:
     """Plan the manifest's target (or each ``--target``): print the plan, or its JSON, or save it
@@ -88,3 +84,7 @@ def plan_command(args: argparse.Namespace, console: Console) -> int:
         return EXIT_BLOCKED
     changes = plan.has_changes or pending
     return EXIT_CHANGES if changes and getattr(args, "detailed_exitcode", False) else EXIT_OK
+
+
+#: ``transplant plan``'s handler, for the command table.
+handle = plan_command

@@ -45,10 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ssh_options(parser)
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant recover``: see :func:`recover_command`."""
-    return recover_command(args, console)
-
 
 def _recover_default(args: argparse.Namespace, console: Console, store: Path, by_history, by_snapshot):
     """The source when recover is given none: the states this controller saw verified
@@ -181,3 +177,7 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
     code = verify_command(options, console)  # type: ignore[arg-type]  # CommandOptions stands in for the parsed Namespace
     console.print(f"[bold green]recovered[/] {target}" if code == EXIT_OK else "[bold red]recover failed at verify[/]")
     return code
+
+
+#: ``transplant recover``'s handler, for the command table.
+handle = recover_command

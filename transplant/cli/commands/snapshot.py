@@ -28,10 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant snapshot``: see :func:`snapshot_command`."""
-    return snapshot_command(args, console)
-
 
 def snapshot_command(args: argparse.Namespace, console: Console) -> int:
     """``transplant snapshot MANIFEST`` (capture the donor's overlay set), ``--list`` or
@@ -126,3 +122,7 @@ def snapshot_command(args: argparse.Namespace, console: Console) -> int:
         console.print("use it as the donor:")
         console.print(f"  donor: {{snapshot: {snap.path}}}", markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK
+
+
+#: ``transplant snapshot``'s handler, for the command table.
+handle = snapshot_command

@@ -24,10 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ssh_options(parser)
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant status``: see :func:`status_command`."""
-    return status_command(args, console)
-
 
 def status_command(args: argparse.Namespace, console: Console) -> int:
     """``transplant status HOST:VENV|MANIFEST``: print what was applied there and the drift (see
@@ -88,3 +84,7 @@ def status_command(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[bold green]no drift[/]: all {status.checked} applied paths{rows} match what was "
                       f"applied{aside}")
     return EXIT_BLOCKED if status.drift else EXIT_OK
+
+
+#: ``transplant status``'s handler, for the command table.
+handle = status_command

@@ -55,10 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet_options(parser)
 
 
-def handle(args: argparse.Namespace, console: Console) -> int:
-    """``transplant verify``: see :func:`verify_command`."""
-    return verify_command(args, console)
-
 
 
 def donor_runner(source: DonorSource, settings: VerifySettings) -> DonorRun | None:
@@ -325,3 +321,7 @@ def _verify_command(args: argparse.Namespace, console: Console, manifest: Manife
                 raise UsageError("--junit and --clear-jit-caches act on one target; name it with --target")
             return run_fleet_action("verify", args, console, manifest, targets)
     return _verify_one(args, console, session_class=Session, parse_location=parse_location, manifest=manifest)
+
+
+#: ``transplant verify``'s handler, for the command table.
+handle = verify_command
