@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import tempfile
+import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from transplant.hosts.host import HostSpec, SSHOptions
 from transplant.hosts.ssh import SSHHost
 from transplant.hosts.connecting import connect
 from transplant.lab import Lab
+from transplant.lab.wheels import build_wheel, make_venv
 from transplant.lab.systems import SystemLab
 
 from system_hosts import SYSTEMS, shared_python
@@ -102,3 +104,19 @@ def lab_connect(lab, ssh_options) -> Iterator[Callable[..., SSHHost]]:
     yield open_host
     for host in opened:
         host.close()
+
+
+@pytest.fixture
+def foo_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A local donor (foo 2.0), a target (foo 1.0), a manifest; the state folder inside tmp_path."""
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    wheels = tmp_path / "wheels"
+    make_venv(tmp_path / "donor", [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n"})])
+    make_venv(tmp_path / "target", [build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n"})])
+    (tmp_path / "m.yaml").write_text(textwrap.dedent(f"""\
+        version: 1
+        donor: {{host: local, venv: {tmp_path / 'donor'}}}
+        target: {{host: local, venv: {tmp_path / 'target'}}}
+        overlay: [foo]
+        """))
+    return tmp_path

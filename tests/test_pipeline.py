@@ -5,7 +5,6 @@ Real local venvs built from real wheels; the donor and the target are ``local`` 
 
 from __future__ import annotations
 
-import textwrap
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -15,25 +14,13 @@ from transplant.controller.manifest_file import load_manifest
 from transplant.donor.sources import open_donor
 from transplant.fleet.run import run_fleet
 from transplant.hosts.host import SSHOptions
-from transplant.lab.wheels import build_wheel, make_venv
 
 SITE = "lib/python3.11/site-packages"
 
 
 @pytest.fixture
-def fleet(tmp_path, monkeypatch):
-    """A local donor (foo 2.0), a target (foo 1.0), a manifest; the state folder inside tmp_path."""
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    wheels = tmp_path / "wheels"
-    make_venv(tmp_path / "donor", [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n"})])
-    make_venv(tmp_path / "target", [build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n"})])
-    (tmp_path / "m.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        donor: {{host: local, venv: {tmp_path / 'donor'}}}
-        target: {{host: local, venv: {tmp_path / 'target'}}}
-        overlay: [foo]
-        """))
-    return tmp_path
+def fleet(foo_pair: Path) -> Path:
+    return foo_pair
 
 
 def _shown_then_applied(root: Path, between) -> list:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import textwrap
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -29,19 +28,8 @@ SITE = "lib/python3.11/site-packages"
 
 
 @pytest.fixture
-def pair(tmp_path, monkeypatch):
-    """A local donor (foo 2.0), a target (foo 1.0), a manifest; the state folder inside tmp_path."""
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    wheels = tmp_path / "wheels"
-    make_venv(tmp_path / "donor", [build_wheel(wheels, "foo", "2.0", {"foo/__init__.py": "V = 2\n"})])
-    make_venv(tmp_path / "target", [build_wheel(wheels / "1", "foo", "1.0", {"foo/__init__.py": "V = 1\n"})])
-    (tmp_path / "m.yaml").write_text(textwrap.dedent(f"""\
-        version: 1
-        donor: {{host: local, venv: {tmp_path / 'donor'}}}
-        target: {{host: local, venv: {tmp_path / 'target'}}}
-        overlay: [foo]
-        """))
-    return tmp_path
+def pair(foo_pair: Path) -> Path:
+    return foo_pair
 
 
 def _apply_with_waiting_probe(root: Path, between) -> tuple[object, int | None]:
