@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-__all__ = ["fleet_options", "ssh_options", "CommandOptions"]
+__all__ = ["fleet_options", "ssh_options", "yes_option", "break_lock_option", "CommandOptions"]
 
 
 def fleet_options(p: argparse.ArgumentParser) -> None:
@@ -59,3 +59,14 @@ class CommandOptions:
     def source(self) -> str:
         """``apply``'s name for the manifest."""
         return self.manifest
+
+
+def yes_option(p: argparse.ArgumentParser, *, what: str = "") -> None:
+    """``--yes``: no confirmation asked (``what`` says before which step, when not all)."""
+    p.add_argument("--yes", action="store_true", help=f"do not ask for confirmation{what}")
+
+
+def break_lock_option(p: argparse.ArgumentParser) -> None:
+    """``--break-lock``, for a command that changes a target venv under its lock."""
+    p.add_argument("--break-lock", action="store_true",
+                   help="take the target's lock even if another controller holds it (only when that one is gone)")

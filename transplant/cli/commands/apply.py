@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
-from transplant.cli.options import fleet_options
+from transplant.cli.options import break_lock_option, fleet_options, yes_option
 from transplant.errors import ManifestError, TransplantError, UsageError
 from transplant.exitcodes import EXIT_BLOCKED, EXIT_FAIL, EXIT_OK
 
@@ -38,12 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="MANIFEST|PLAN.json",
                         help="a manifest (plans again), or a plan saved with 'plan --out' (refused if the hosts "
                              "changed)")
-    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    yes_option(parser)
     parser.add_argument("--force", action="store_true", help="apply despite error findings")
     parser.add_argument("--resume", action="store_true", help="finish the target's interrupted transaction")
     parser.add_argument("--rollback", action="store_true", help="undo the target's interrupted transaction")
-    parser.add_argument("--break-lock", action="store_true",
-                        help="take the target's lock even if another controller holds it (only when that one is gone)")
+    break_lock_option(parser)
     parser.add_argument("--verify", action="store_true", help="verify each target after applying to it")
     parser.add_argument("--strict", action="store_true", help="with --verify: what could not be checked here fails")
     parser.add_argument("--rollback-on-failure", action="store_true",

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from transplant.cli.options import ssh_options
+from transplant.cli.options import ssh_options, yes_option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca", metavar="PEM",
                         help="CA bundle for an oci:// snapshot's registry (default: the system CAs)")
     parser.add_argument("--out", metavar="DIR", help="the snapshot store (default: the state folder's snapshots/)")
-    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation before apply")
+    yes_option(parser, what=" before apply")
     parser.add_argument("--force", action="store_true",
                         help="go on despite error findings, or a source whose applied files drifted")
     ssh_options(parser)

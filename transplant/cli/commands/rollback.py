@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from transplant.cli.options import ssh_options
+from transplant.cli.options import break_lock_option, ssh_options, yes_option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,9 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "root@gpu-07:/root/venv): its transactions are recorded in it")
     parser.add_argument("--to", metavar="ID", help="undo every transaction after this one (see 'transplant history')")
     parser.add_argument("--force", action="store_true", help="roll back even if files changed since the transaction")
-    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    parser.add_argument("--break-lock", action="store_true",
-                        help="take the target's lock even if another controller holds it (only when that one is gone)")
+    yes_option(parser)
+    break_lock_option(parser)
     ssh_options(parser, what=", for HOST:VENV")
 
 
