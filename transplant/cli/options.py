@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-__all__ = ["fleet_options", "ssh_options", "yes_option", "break_lock_option", "CommandOptions"]
+__all__ = ["fleet_options", "ssh_options", "yes_option", "break_lock_option", "location_argument", "CommandOptions"]
 
 
 def fleet_options(p: argparse.ArgumentParser) -> None:
@@ -70,3 +70,10 @@ def break_lock_option(p: argparse.ArgumentParser) -> None:
     """``--break-lock``, for a command that changes a target venv under its lock."""
     p.add_argument("--break-lock", action="store_true",
                    help="take the target's lock even if another controller holds it (only when that one is gone)")
+
+
+def location_argument(p: argparse.ArgumentParser, *, example: str) -> None:
+    """The positional ``HOST:VENV|MANIFEST`` of a command that reads one venv
+    (:func:`transplant.cli.locations.parse_location`, or a manifest's target); ``example`` shows the form."""
+    p.add_argument("location", metavar="HOST:VENV|MANIFEST",
+                   help=f"e.g. {example}, or a manifest (its target, reached with its ssh settings)")

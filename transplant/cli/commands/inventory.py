@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from transplant.cli.options import ssh_options
+from transplant.cli.options import location_argument, ssh_options
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -23,9 +23,7 @@ HELP = "print what a venv holds"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``HOST:VENV|MANIFEST``, ``--json``, ``--hash``, ``--files`` and the SSH options."""
-    parser.add_argument("location", metavar="HOST:VENV|MANIFEST",
-                        help="e.g. local:/root/venv_sglang or root@gpu-07:22:/root/venv, or a manifest (its target, "
-                             "reached with its ssh settings)")
+    location_argument(parser, example="local:/root/venv_sglang or root@gpu-07:22:/root/venv")
     parser.add_argument("--json", action="store_true",
                         help="print the probe's document (schema transplant.inventory/1; without --files each "
                              "distribution has record_summary {files, bytes} and record null)")

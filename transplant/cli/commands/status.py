@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from transplant.cli.options import ssh_options
+from transplant.cli.options import location_argument, ssh_options
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -17,9 +17,7 @@ HELP = "what was applied to a venv, from where, when, and what drifted since"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``HOST:VENV|MANIFEST``, ``--json`` and the SSH options."""
-    parser.add_argument("location", metavar="HOST:VENV|MANIFEST",
-                        help="e.g. root@gpu-07:/root/venv_sglang, or a manifest (its target, reached with its ssh "
-                             "settings)")
+    location_argument(parser, example="root@gpu-07:/root/venv_sglang")
     parser.add_argument("--json", action="store_true", help="print it as JSON (schema transplant.status/1)")
     ssh_options(parser)
 
