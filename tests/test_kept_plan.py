@@ -64,3 +64,22 @@ def test_each_edit_is_named():
     assert any(f.accepted == "known" for f in kept.findings)
     assert kept_plan_problems(kept, accepting, _patches()) == [], "an accept: of the manifest's own passes"
     assert problems() == "", "the twin: the plan as made"
+
+
+def test_a_metadata_folder_a_package_vendors_is_its_own():
+    """setuptools ships ``setuptools/_vendor/autocommand-2.2.2.dist-info/`` among its own files: an
+    honest plan copies it; the same folder directly in site-packages is another distribution's."""
+    donor, target = seed_inventories()
+    m = manifest(["sglang"])
+    made = plan(m, donor, target, _patches())
+    sglang = next(c for c in made.changes if c.name == "sglang")
+    vendored = dataclasses.replace(sglang.copy[0], path=f"{SITE}/sglang/_vendor/autocommand-2.2.2.dist-info/INSTALLER")
+    installed = dataclasses.replace(sglang.copy[0], path=f"{SITE}/autocommand-2.2.2.dist-info/INSTALLER")
+
+    def with_copy(copy) -> list[str]:
+        changed = dataclasses.replace(sglang, copy=(*sglang.copy, copy))
+        return kept_plan_problems(dataclasses.replace(
+            made, changes=tuple(changed if c is sglang else c for c in made.changes)), m, _patches())
+
+    assert with_copy(vendored) == []
+    assert any("lies in another distribution's metadata (autocommand)" in p for p in with_copy(installed))

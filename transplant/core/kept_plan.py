@@ -11,7 +11,8 @@ manifest itself allows, without reading either venv (:func:`kept_plan_problems`)
   the exact names a closure of the manifest brought), and every distribution it uninstalls one
   that ``remove:`` names and the overlay does not (it cannot remove other distributions);
 - a distribution's copies are its donor files (never a controller file), and no copy or removal
-  reaches into another distribution's metadata folder;
+  reaches into another installed distribution's metadata folder (one in a site directory: a
+  package may vendor a ``.dist-info`` among its own files, as setuptools' ``_vendor`` does);
 - a finding is accepted exactly where the manifest's ``accept:`` says (an edit cannot wave an
   error through the gate by marking it accepted).
 
@@ -24,6 +25,7 @@ again.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
@@ -44,6 +46,27 @@ def _metadata_stem(path: str) -> str | None:
     """The ``NAME-VERSION`` stem of the ``.dist-info`` / ``.egg-info`` folder ``path`` lies in (or
     is), or None when it lies in none."""
     for part in path.split("/"):
+        for suffix in (".dist-info", ".egg-info"):
+            if part.endswith(suffix) and len(part) > len(suffix):
+                return part[: -len(suffix)]
+    return None
+
+
+#: the folders installed distributions' metadata lies in (sysconfig's purelib/platlib; Debian's
+#: python3 names its own ``dist-packages``)
+_SITE_DIRS = ("site-packages", "dist-packages")
+
+
+def _installed_metadata_stem(path: str, own_site: str | None) -> str | None:
+    """The ``NAME-VERSION`` stem of the installed ``.dist-info`` / ``.egg-info`` folder ``path`` lies
+    in: one directly in a site directory (a folder named as in :data:`_SITE_DIRS`, or ``own_site``,
+    the folder the distribution's own metadata lies in); None when it lies in none, or only in a
+    metadata folder a package vendors among its files (``setuptools/_vendor/x-1.0.dist-info``)."""
+    parts = path.split("/")
+    for i, part in enumerate(parts[1:], 1):
+        parent = "/".join(parts[:i])
+        if parent != own_site and parts[i - 1] not in _SITE_DIRS:
+            continue
         for suffix in (".dist-info", ".egg-info"):
             if part.endswith(suffix) and len(part) > len(suffix):
                 return part[: -len(suffix)]
@@ -127,8 +150,9 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
                     problems.append(f"{label}: {copy.path} is copied from {copy.local or copy.source!r}, "
                                     f"not from the donor")
         if change.kind == "distribution":
+            own_site = None if change.dist_info is None else posixpath.dirname(change.dist_info.rstrip("/"))
             for path in [c.path for c in change.copy] + list(change.remove):
-                stem = _metadata_stem(path)
+                stem = _installed_metadata_stem(path, own_site)
                 if stem is not None and not _stem_names(stem, change.name):
                     owner = canonicalize_name(stem.split("-", 1)[0])
                     problems.append(f"{label}: {path} lies in another distribution's metadata ({owner})")
