@@ -79,7 +79,7 @@ def main(names, request):
         if name in names:
             done[name] = outcome
     if native:
-        forked = _fork_loader(native, preload, list(done.values()))
+        forked = _fork_loader(native, preload)
     rest = [n for n in names if n not in done]
     groups = _groups(rest, _jobs(request.get("jobs")))
     workers = [_Worker(group, request.get("provenance")) for group in groups[1:]]
@@ -216,7 +216,7 @@ def _preload(native):
             if n not in optional or importlib.util.find_spec(n) is not None]
 
 
-def _fork_loader(native, preload, results):
+def _fork_loader(native, preload):
     """Fork native-load's loader child now (``stage_native.Forked``): it reads its paths from the
     rest of standard input."""
     script = {"__name__": "_transplant_stage_native"}

@@ -146,9 +146,12 @@ def provenance(report: Mapping[str, Any] | None) -> str | None:
     said = report.get("recorded") if isinstance(report, Mapping) else None
     if not isinstance(said, Mapping):
         return None
-    at = float(said.get("at") or 0.0)
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
-    return f"recorded with snapshot {said.get('snapshot')} on {stamp} ({age(time.time() - at)})"
+    return f"recorded with snapshot {said.get('snapshot')} on {when(float(said.get('at') or 0.0))}"
+
+
+def when(at: float) -> str:
+    """``2026-12-06 04:30 UTC (3 h ago)`` for the epoch seconds ``at``."""
+    return f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))} ({age(time.time() - at)})"
 
 
 def age(seconds: float) -> str:
@@ -215,13 +218,11 @@ def has_record(document: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any
 def summary(document: Mapping[str, Any] | None, snapshot: str, created: float) -> str:
     """The line verify says about its donor when the donor is a snapshot: whether recorded results
     stand in for it, and their age."""
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(created))
     if not has_record(document):
-        return (f"the donor is snapshot {snapshot} (taken {stamp}, {age(time.time() - created)}), which holds no "
+        return (f"the donor is snapshot {snapshot} (taken {when(created)}), which holds no "
                 f"verify results of the donor: nothing failing here is compared with the donor")
     assert document is not None
     scripts: Sequence[str] = [r["script"] for r in document.get("runs", []) if isinstance(r.get("report"), dict)]
     at = float(document.get("recorded") or created)
-    return (f"the donor is snapshot {snapshot}: its verify results recorded on "
-            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(at))} ({age(time.time() - at)}; "
+    return (f"the donor is snapshot {snapshot}: its verify results recorded on {when(at)[:-1]}; "
             f"{', '.join(s.removeprefix('stage_').replace('_', '-') for s in scripts)}) stand in for the donor")
