@@ -281,3 +281,69 @@ def test_a_driver_that_does_not_answer_is_named_broken_and_the_twins_answers(dri
         assert not by_code(twin, "driver-unusable")
     finally:
         install_driver(bookworm, Driver("535.104.05", "12.2", (H100, H100), unversioned_link=False))
+
+
+#: A fatbin built by nvcc 13.0 (tests/data/fatbin/build.sh): SASS for sm_90, sm_90a and sm_120a, and
+#: PTX for compute_90 of PTX ISA 9.0, which a driver older than CUDA 13.0 cannot JIT-compile.
+PTX13 = Path(__file__).parent / "data" / "fatbin" / "libdevice.so"
+B200 = Gpu("NVIDIA B200", "10.0", 183359)
+
+
+def test_ptx_the_targets_driver_cannot_jit_blocks_and_the_twins_newer_driver_runs_it(drivers, tmp_path, capsys):
+    """The same bytes, the same GPU (a B200: no SASS for sm_100, so its driver JIT-compiles the
+    PTX): the driver of CUDA 12.9 on bookworm does not know PTX ISA 9.0, the twin's of 13.0 does."""
+    trixie, bookworm, twin = (drivers.hosts[n] for n in ("trixie", "bookworm", "trixie-twin"))
+    wheel = build_wheel(tmp_path, "ptxkern", "1.0", {"ptxkern/__init__.py": "", "ptxkern/device.so": PTX13.read_bytes()},
+                        tag="cp311-cp311-linux_x86_64")
+    trixie.install(f"/srv/wheels/{wheel.name}", wheel.read_bytes())
+    trixie.run([f"{shared_python()}/bin/python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                "--disable-pip-version-check", "--prefix", VENV, f"/srv/wheels/{wheel.name}"])
+    install_driver(bookworm, Driver("575.51.03", "12.9", (B200,)))
+    install_driver(twin, Driver("580.95.05", "13.0", (B200,)))
+    try:
+        code, doc = plan_json(drivers, tmp_path, "bookworm", capsys, ("ptxkern",))
+        [ptx] = by_code(doc, "ptx-too-new")
+        assert ptx["severity"] == "error" and ptx["dists"] == ["ptxkern"] and code == 3
+        assert "no SASS for the target's NVIDIA B200 (sm_100)" in ptx["message"]
+        assert "driver 575.51.03 (CUDA 12.9)" in ptx["message"]
+        code, clean = plan_json(drivers, tmp_path, "trixie-twin", capsys, ("ptxkern",))
+        assert not by_code(clean, "ptx-too-new") and code == 0, clean["findings"]
+    finally:
+        install_driver(bookworm, Driver("535.104.05", "12.2", (H100, H100), unversioned_link=False))
+        install_driver(twin, Driver("580.95.05", "13.0", (A100,)))
+        site = f"{VENV}/lib/python3.11/site-packages"
+        trixie.run(["rm", "-rf", "--", f"{site}/ptxkern", f"{site}/ptxkern-1.0.dist-info"])
+
+
+def test_a_venv_whose_home_the_targets_system_lacks_blocks_and_the_twin_has_it(stacks, tmp_path, capsys):
+    """One venv, made alike on both hosts, whose ``pyvenv.cfg`` names ``home = /opt/py311/bin``:
+    the twin's system has that Python installation, bookworm's does not (a host re-imaged without
+    the Python build its venvs were made from)."""
+    build = shared_python()
+    for name in ("bookworm", "trixie-twin"):
+        host = stacks.hosts[name]
+        host.run(["rm", "-rf", "/srv/homed", "/opt/py311"])
+        host.run([f"{build}/bin/python3", "-m", "venv", "--without-pip", "/srv/homed"])
+        host.run(["sed", "-i", "s|^home = .*|home = /opt/py311/bin|", "/srv/homed/pyvenv.cfg"])
+    stacks.hosts["trixie-twin"].run(["ln", "-s", build, "/opt/py311"])
+    try:
+        for target, blocked in (("bookworm", True), ("trixie-twin", False)):
+            manifest = tmp_path / f"homed-{target}.yaml"
+            manifest.write_text(textwrap.dedent(f"""\
+                version: 1
+                donor: {{host: "{stacks.hosts['trixie'].spec}", venv: {VENV}}}
+                target: {{host: "{stacks.hosts[target].spec}", venv: /srv/homed}}
+                ssh: {{identity_file: {stacks.identity_file}, known_hosts: {stacks.known_hosts}}}
+                overlay: [kern]
+                """))
+            code = main(["plan", str(manifest), "--json"])
+            found = by_code(json.loads(capsys.readouterr().out), "interpreter-missing")
+            if blocked:
+                [missing] = found
+                assert missing["severity"] == "error" and code == 3
+                assert "home = /opt/py311/bin, which does not exist on" in missing["message"]
+            else:
+                assert not found, found
+    finally:
+        for name in ("bookworm", "trixie-twin"):
+            stacks.hosts[name].run(["rm", "-rf", "/srv/homed", "/opt/py311"])
