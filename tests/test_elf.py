@@ -89,6 +89,9 @@ def _build(fx: Path, src: Path, outside: Path) -> None:
     _, start, size = _section(garbage, ".nv_fatbin")
     first = 16 + 80 + 272  # container header, then the PTX entry's header and payload
     _patch(garbage, start + first, b"\xff" * (size - first))
+    fake_c = src / "fake.c"
+    _cc("gcc", fx / "runpath.so", fake_c, "-Wl,-rpath,/opt/vendor/lib:$ORIGIN/../lib", "-Wl,--enable-new-dtags")
+    _cc("gcc", fx / "rpath.so", fake_c, "-Wl,-rpath,/home/builder/lib", "-Wl,--disable-new-dtags")
     _write(fx / "notelf.so", "not an ELF file\n")
     shutil.copyfile(fx / "libc10.so", outside / "libc10.so")
     (fx / "escape.so").symlink_to(outside / "libc10.so")
@@ -149,6 +152,15 @@ def test_version_needs_soname_and_needed(venv):
     assert report.defined == {} and report.defined_in == ()
     assert report.label == f"local:{venv}"
     assert report.seconds > 0
+
+
+def test_run_path_entries_as_written(venv):
+    report = _read(venv, ["runpath.so", "rpath.so", "libconsumer.so"])
+    runpath, rpath, neither = (report.files[_fx(n)] for n in ("runpath.so", "rpath.so", "libconsumer.so"))
+    assert runpath.runpath == ("/opt/vendor/lib", "$ORIGIN/../lib") and runpath.rpath == ()
+    assert rpath.rpath == ("/home/builder/lib",) and rpath.runpath == ()
+    assert rpath.search_folders == ("/home/builder/lib",)
+    assert neither.runpath == () and neither.rpath == () and neither.search_folders == ()
 
 
 def test_torch_undefined_only_global_and_only_when_linked(venv):

@@ -793,6 +793,79 @@ def test_host_library_nothing_when_provided_by_the_target_the_venv_or_not_read()
     assert f.severity == "info" and "lacks it too" in f.message
 
 
+# --- runpath-outside-venv ------------------------------------------------------------------------
+
+def _runpath_run(runpath, *, donor_seen=None, target_seen=None, target_sonames=frozenset({"libc.so.6"}),
+                 files=None, rpath=()):
+    import dataclasses
+
+    donor = dataclasses.replace(inv([dist("a", "1", files or {"a/x.so": "so"})], DONOR),
+                                system_sonames=frozenset({"libc.so.6"}), elsewhere=donor_seen or {})
+    target = dataclasses.replace(inv([], TARGET), system_sonames=target_sonames, elsewhere=target_seen or {})
+    donor_elf = elf("d", so("a/x.so", needed=("libc.so.6", "libcbor.so.0.10"), runpath=runpath, rpath=rpath))
+    result = plan(manifest(["a"]), donor, target, (), donor_elf=donor_elf, target_elf=elf("t"))
+    return found(result, "runpath-outside-venv"), found(result, "host-library-missing")
+
+
+def test_runpath_origin_entry_resolving_inside_the_venv_is_silent():
+    # $ORIGIN/../a.libs holds the library inside the venv after apply: nothing to say, and no
+    # host path is asked about
+    from transplant.core.rules.hostlibs import runpath_queries
+
+    facts = so("a/x.so", needed=("libcbor.so.0.10",), runpath=("$ORIGIN/../a.libs", "${ORIGIN}"))
+    assert runpath_queries([facts]) == []
+    assert _runpath_run(("$ORIGIN/../a.libs",), files={"a/x.so": "so", "a.libs/libcbor.so.0.10": "lib"}) == ([], [])
+    # without the library in the venv, the $ORIGIN entry changes nothing: host-library-missing's case
+    mine, hostlib = _runpath_run(("$ORIGIN/../a.libs",))
+    assert mine == [] and [f.severity for f in hostlib] == ["info"]
+
+
+def test_runpath_queries_ask_each_absolute_folder_and_its_libraries():
+    from transplant.core.rules.hostlibs import runpath_queries
+
+    facts = so("a/x.so", needed=("libc.so.6", "libcuda.so.1", "libcbor.so.0.10"), rpath=("/opt/v/lib/", "rel"))
+    assert runpath_queries([facts]) == ["/opt/v/lib", "/opt/v/lib/libc.so.6", "/opt/v/lib/libcbor.so.0.10"]
+    # DT_RPATH is ignored when DT_RUNPATH is present (ld.so(8))
+    assert runpath_queries([so("a/x.so", needed=("libm.so.6",), runpath=("/r",), rpath=("/p",))]) == [
+        "/r", "/r/libm.so.6"]
+
+
+def test_runpath_library_only_in_a_donor_folder_the_target_lacks_is_an_error():
+    lib = "/opt/vendor/lib/libcbor.so.0.10"
+    donor_seen = {"/opt/vendor/lib": True, lib: True, "/opt/vendor/lib/libc.so.6": False}
+    absent = {"/opt/vendor/lib": False, lib: False, "/opt/vendor/lib/libc.so.6": False}
+    [f], hostlib = _runpath_run(("/opt/vendor/lib",), donor_seen=donor_seen, target_seen=absent)
+    assert hostlib == []  # the donor finds it: judged here, not as host-library-missing
+    assert f.severity == "error" and "libcbor.so.0.10 from /opt/vendor/lib" in f.message
+    assert f.hint.startswith(f"install libcbor.so.0.10 on the target at {lib} as on the donor")
+    assert "$ORIGIN" in f.hint
+    # the same through DT_RPATH
+    [f], _ = _runpath_run((), rpath=("/opt/vendor/lib",), donor_seen=donor_seen, target_seen=absent)
+    assert f.severity == "error"
+    # the target has it there, or its loader finds it elsewhere, or the venv carries it: silent
+    assert _runpath_run(("/opt/vendor/lib",), donor_seen=donor_seen, target_seen={**absent, lib: True}) == ([], [])
+    assert _runpath_run(("/opt/vendor/lib",), donor_seen=donor_seen, target_seen=absent,
+                        target_sonames=frozenset({"libc.so.6", "libcbor.so.0.10"})) == ([], [])
+    assert _runpath_run(("/opt/vendor/lib",), donor_seen=donor_seen, target_seen=absent,
+                        files={"a/x.so": "so", "a.libs/libcbor.so.0.10": "lib"}) == ([], [])
+    # the target was not asked (an older probe): not judged
+    assert _runpath_run(("/opt/vendor/lib",), donor_seen=donor_seen)[0] == []
+    # the target's library names not read: not judged
+    assert _runpath_run(("/opt/vendor/lib",), donor_seen=donor_seen, target_seen=absent, target_sonames=None) == (
+        [], [])
+
+
+def test_runpath_folder_the_donor_loads_nothing_from_is_info():
+    folder = "/home/builder/src/build/lib"
+    none_there = {folder: False, f"{folder}/libcbor.so.0.10": False, f"{folder}/libc.so.6": False}
+    [f], [h] = _runpath_run((folder,), donor_seen=none_there, target_seen=none_there)
+    assert f.severity == "info" and folder in f.message and "the donor's host has no such folder either" in f.message
+    assert h.severity == "info"  # the library itself: host-library-missing's (the donor lacks it too)
+    # the donor's own venv is not outside it; an unasked donor (a snapshot) is not judged
+    assert _runpath_run((f"{DONOR}/lib",), donor_seen={f"{DONOR}/lib": False})[0] == []
+    assert _runpath_run((folder,), target_seen=none_there)[0] == []
+
+
 # --- cpu-isa-unsupported ------------------------------------------------------------------------
 
 def _cpu_run(flags, needed):

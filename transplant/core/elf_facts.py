@@ -2,7 +2,7 @@
 
 The host script (:mod:`transplant.remote.elf_facts`) reads each file with pyelftools,
 sent to the host with the request, and reports per file: the machine type, the soname,
-DT_NEEDED, the symbol versions it needs (``.gnu.version_r``), its undefined
+DT_NEEDED, DT_RUNPATH and DT_RPATH, the symbol versions it needs (``.gnu.version_r``), its undefined
 libtorch symbols, and the device code in its ``.nv_fatbin`` section. It can also answer
 "which of these symbols do these libraries define" and report the version definitions
 of the ``libstdc++.so.6`` the venv's interpreter loads. :func:`parse_elf_report` is the
@@ -79,6 +79,9 @@ class ElfFacts:
     :ivar elf_class: 32 or 64.
     :ivar soname: DT_SONAME, or None.
     :ivar needed: DT_NEEDED entries in order.
+    :ivar runpath: DT_RUNPATH's folders in order, as written (``$ORIGIN`` not expanded); ``()``
+        without the tag or from an older report (the host script keeps at most 64 per tag).
+    :ivar rpath: DT_RPATH's folders, likewise.
     :ivar version_needs: needed file -> the version names it needs from it
         (``{"libc.so.6": ("GLIBC_2.2.5", "GLIBC_2.33")}``).
     :ivar torch_undefined: undefined, non-weak dynamic symbols in libtorch's namespaces
@@ -107,6 +110,8 @@ class ElfFacts:
     elf_class: int | None = None
     soname: str | None = None
     needed: tuple[str, ...] = ()
+    runpath: tuple[str, ...] = ()
+    rpath: tuple[str, ...] = ()
     version_needs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     torch_undefined: tuple[str, ...] = ()
     device_code: tuple[DeviceCode, ...] = ()
@@ -115,6 +120,13 @@ class ElfFacts:
     numpy_abi: str | None = None
     ptx_isa: Mapping[str, str] = field(default_factory=dict)
     x86_isa_needed: tuple[str, ...] | None = None
+
+    @property
+    def search_folders(self) -> tuple[str, ...]:
+        """The folders the loader searches for this object's DT_NEEDED names before the loader
+        cache: DT_RUNPATH's, or DT_RPATH's when it has no DT_RUNPATH (ld.so(8): DT_RPATH is
+        ignored when DT_RUNPATH is present)."""
+        return self.runpath or self.rpath
 
 
 @dataclass(frozen=True, kw_only=True)

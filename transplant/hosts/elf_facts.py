@@ -111,7 +111,7 @@ def read_elf_facts(
     return parse_elf_report(document, label=f"{host.label}:{venv}")
 
 
-_CACHE_SCHEMA = "transplant.elfcache/2"  # the hosts' cache schema (remote/elf_facts.py)
+_CACHE_SCHEMA = "transplant.elfcache/3"  # the hosts' cache schema (remote/elf_facts.py)
 _CACHE_MAX_ENTRIES = 20000  # as the script's CACHE_MAX_ENTRIES
 
 

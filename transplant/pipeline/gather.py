@@ -12,6 +12,9 @@
    round, are looked up in those libraries (:mod:`transplant.pipeline.symlookup`).
 5. The undefined libtorch symbols of every shared object linked to libtorch are
    looked up in the libraries of the torch the target holds after apply.
+6. When a moving object's run path (DT_RUNPATH or DT_RPATH) names absolute folders, both
+   hosts (the donor only when it is live) are asked whether those folders and the libraries
+   it needs in them exist (``Inventory.elsewhere``, for ``runpath-outside-venv``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from transplant.core.inventory import Distribution, Inventory
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.planner import PatchFile, selected_names
 from transplant.hosts.probing import take_inventory
+from transplant.core.rules.hostlibs import runpath_queries
 from transplant.core.rules.libtorch import links_libtorch, torch_libraries
 from transplant.reporting import QUIET, Reporter
 from transplant.core.rules.venvfiles import editable_sources
@@ -198,4 +202,27 @@ def gather(
             donor_elf = replace(donor_elf, defined=answer.defined, defined_in=answer.defined_in)
         else:
             target_elf = replace(target_elf, defined=answer.defined, defined_in=answer.defined_in)
+    donor, target = _ask_run_paths(donor_elf, donor, target, live, source.venv, target_host, m.target.venv,
+                                   timeout=timeout, reporter=reporter)
     return Facts(donor=donor, target=target, donor_elf=donor_elf, target_elf=target_elf, closure=closures)
+
+
+def _ask_run_paths(donor_elf: ElfReport, donor: Inventory, target: Inventory, live: Host | None, donor_venv: str,
+                   target_host: Host, target_venv: str, *, timeout: float | None,
+                   reporter: Reporter) -> tuple[Inventory, Inventory]:
+    """(donor, target) with ``elsewhere`` answering :func:`runpath_queries` for the moving objects
+    (``donor_elf``): a metadata-only probe on the target and on a live donor, side by side; a
+    snapshot donor's host is not there to ask (its paths stay unasked, and are not judged)."""
+    paths = runpath_queries(donor_elf.files.values())
+    if not paths:
+        return donor, target
+    reporter.step(f"checking {count(len(paths), 'run path folder and library', 'run path folders and libraries')} "
+                  f"outside the venv on both hosts")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        t = pool.submit(take_inventory, target_host, target_venv, record=False, paths_exist=paths, timeout=timeout)
+        d = pool.submit(take_inventory, live, donor_venv, record=False, paths_exist=paths,
+                        timeout=timeout) if live is not None else None
+        target = replace(target, elsewhere={**target.elsewhere, **t.result().elsewhere})
+        if d is not None:
+            donor = replace(donor, elsewhere={**donor.elsewhere, **d.result().elsewhere})
+    return donor, target

@@ -45,6 +45,7 @@ Reply (one JSON line on standard output, schema ``transplant.elf/1``)::
     {"schema": "transplant.elf/1",
      "files": {REL: {"error": str|null, "machine": "EM_X86_64", "elf_class": 64,
                      "soname": str|null, "needed": [...],
+                     "runpath": [DT_RUNPATH folders], "rpath": [DT_RPATH folders],
                      "version_needs": {"libc.so.6": ["GLIBC_2.2.5", ...]},
                      "torch_undefined": [...],
                      "device_code": [{"kind": "sass"|"ptx", "arch": 90, "variant": ""|"a"|"f",
@@ -260,6 +261,31 @@ def dynamic_names(sections):
     return soname, needed
 
 
+SEARCH_PATH_MAX_ENTRIES = 64  # folders kept per tag; real objects list a handful
+SEARCH_PATH_MAX_CHARS = 4096  # PATH_MAX: a longer entry names no folder the loader can open
+
+
+def search_paths(sections):
+    """(DT_RUNPATH entries, DT_RPATH entries): each tag's colon-separated folders in order, as
+    written (``$ORIGIN`` not expanded), at most :data:`SEARCH_PATH_MAX_ENTRIES` per tag, entries
+    longer than :data:`SEARCH_PATH_MAX_CHARS` or holding a NUL left out."""
+    runpath, rpath = [], []
+    dynamic = sections.get("SHT_DYNAMIC")
+    if dynamic is not None:
+        for tag in dynamic.iter_tags():
+            if tag["d_tag"] == "DT_RUNPATH":
+                into, value = runpath, tag.runpath
+            elif tag["d_tag"] == "DT_RPATH":
+                into, value = rpath, tag.rpath
+            else:
+                continue
+            for entry in (value if isinstance(value, str) else "").split(":"):
+                if entry and len(entry) <= SEARCH_PATH_MAX_CHARS and "\0" not in entry \
+                        and len(into) < SEARCH_PATH_MAX_ENTRIES:
+                    into.append(entry)
+    return runpath, rpath
+
+
 def version_needs(sections):
     """{needed file: [version names, in table order]} from ``.gnu.version_r``."""
     section = sections.get("SHT_GNU_verneed")
@@ -361,6 +387,7 @@ def facts(elf, torch_symbols, want_device_code, want_versioned=False, want_numpy
     """The reply object of one readable ELF file."""
     sections = sections_by_type(elf)
     soname, needed = dynamic_names(sections)
+    runpath, rpath = search_paths(sections)
     links_torch = any(name.startswith(TORCH_LIBS) for name in needed)
     machine = elf["e_machine"]
     code, notes = [], []
@@ -375,6 +402,8 @@ def facts(elf, torch_symbols, want_device_code, want_versioned=False, want_numpy
         "elf_class": elf.elfclass,
         "soname": soname,
         "needed": needed,
+        "runpath": runpath,
+        "rpath": rpath,
         "version_needs": version_needs(sections),
         "torch_undefined": torch_undefined(sections) if torch_symbols and links_torch else [],
         "device_code": code,
@@ -548,7 +577,7 @@ def defined_by(prefix, queries, cache=None):
     return answer
 
 
-CACHE_SCHEMA = "transplant.elfcache/2"  # /2: x86_isa_needed
+CACHE_SCHEMA = "transplant.elfcache/3"  # /2: x86_isa_needed; /3: runpath and rpath
 RACY_NS = 2 * 10 ** 9
 CACHE_MAX_ENTRIES = 20000  # a venv has a few hundred to a few thousand shared objects
 
