@@ -32,7 +32,7 @@ def table_problems(facts: tuple[HostFact, ...], parts: dict[str, object]) -> lis
 def test_the_table_and_the_probe_agree() -> None:
     assert table_problems(HOST_FACTS, probe.HOST_PARTS) == []
     assert {f.cache_key for f in HOST_FACTS} == {"host.hostname", "host.nvidia", "host.libcuda", "host.sonames",
-                                                 "host.cpu"}
+                                                 "host.cpu", "host.jit_compilers"}
 
 
 def test_a_row_without_its_part_or_field_and_a_part_without_a_row_are_named() -> None:
@@ -71,3 +71,16 @@ def test_a_malformed_fact_is_named_by_its_key_path(fact: HostFact) -> None:
     document["host"][fact.part] = ["not", "an", "object"]
     with pytest.raises(ProbeError, match=f"inventory key '{fact.cache_key}'"):
         parse_inventory(document, label="here")
+
+
+def test_a_compiler_release_that_is_not_major_minor_is_refused() -> None:
+    from transplant.errors import ProbeError
+
+    document = _document()
+    document["host"]["jit_compilers"] = {"nvcc": {"path": "/usr/local/cuda/bin/nvcc", "source": "default",
+                                                  "release": "12.8; rm -rf /", "build": None, "error": None}}
+    with pytest.raises(ProbeError, match="host.jit_compilers.nvcc.release"):
+        parse_inventory(document, label="here")
+    document["host"]["jit_compilers"]["nvcc"]["release"] = "12.8"
+    nvcc = parse_inventory(document, label="here").jit_compilers.nvcc
+    assert nvcc is not None and nvcc.release == (12, 8) and nvcc.describe() == "/usr/local/cuda/bin/nvcc (CUDA 12.8)"

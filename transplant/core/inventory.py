@@ -39,6 +39,8 @@ __all__ = [
     "Gpu",
     "NvidiaFacts",
     "LibcudaFacts",
+    "JitCompiler",
+    "JitCompilers",
     "HostFact",
     "HOST_FACTS",
     "Inventory",
@@ -238,6 +240,49 @@ class LibcudaFacts:
 
 
 @dataclass(frozen=True, kw_only=True)
+class JitCompiler:
+    """One CUDA compiler a JIT user runs on the host, as the probe found and ran it.
+
+    :ivar path: where it is (absolute). :ivar source: how it was found (``triton``: the ptxas
+        its wheel carries; ``TRITON_PTXAS_PATH``, ``CUDA_HOME``, ``CUDA_PATH``, ``PATH``,
+        ``default``: ``/usr/local/cuda``; ``wheel``: an NVIDIA nvcc wheel's).
+    :ivar release: ``(major, minor)`` from its ``--version`` ("release 12.8"); None when it did
+        not run or printed no release line (:ivar error: then says why).
+    :ivar build: the full version (``12.8.93``), or None.
+    """
+
+    path: str
+    source: str
+    release: tuple[int, int] | None = None
+    build: str | None = None
+    error: str | None = None
+
+    def describe(self) -> str:
+        """``/usr/local/cuda/bin/nvcc (CUDA 12.8, V12.8.93)``."""
+        if self.release is None:
+            return self.path
+        build = f", V{self.build}" if self.build else ""
+        return f"{self.path} (CUDA {self.release[0]}.{self.release[1]}{build})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JitCompilers:
+    """The compilers the host's JIT users run, as the probe's own environment finds them (an SSH
+    session's, not a service's: a unit that sets ``CUDA_HOME`` elsewhere is not seen).
+
+    :ivar triton_ptxas: triton's ``ptxas`` (``TRITON_PTXAS_PATH``, else the one its wheel
+        carries in the venv), None when there is none.
+    :ivar nvcc: the ``nvcc`` flashinfer's JIT runs (``CUDA_HOME``, ``CUDA_PATH``, the ``nvcc``
+        on ``PATH``, ``/usr/local/cuda``), None when there is none.
+    :ivar wheel_nvcc: the ``nvcc`` of NVIDIA's nvcc wheels in site-packages.
+    """
+
+    triton_ptxas: JitCompiler | None = None
+    nvcc: JitCompiler | None = None
+    wheel_nvcc: tuple[JitCompiler, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Inventory:
     """Everything the probe saw in one venv on one host. The host's facts (``hostname``, ``nvidia``,
     ``libcuda``, ``system_sonames``, ``cpu_flags``) are filled by their rows of :data:`HOST_FACTS`.
@@ -268,6 +313,8 @@ class Inventory:
         venv (``ldconfig -p`` and ``LD_LIBRARY_PATH``, see ``_system_sonames`` in
         :mod:`transplant.remote.probe`); None when the probe did not report them or
         ``ldconfig`` did not run (the host-library rule then finds nothing).
+    :ivar jit_compilers: the CUDA compilers the host's JIT users run (triton's ptxas, nvcc);
+        None when the probe did not report them.
     :ivar cpu_flags: the host CPU's feature flags (``/proc/cpuinfo``: ``avx2``, ``avx512f``...);
         None when the probe did not report them.
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
@@ -293,6 +340,7 @@ class Inventory:
     inputs: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     system_sonames: frozenset[str] | None = field(default=None, repr=False)
     cpu_flags: frozenset[str] | None = field(default=None, repr=False)
+    jit_compilers: JitCompilers | None = field(default=None, repr=False)
 
     def latest(self) -> dict[str, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -803,6 +851,51 @@ def _sonames(reported: dict | None, path: str) -> frozenset[str] | None:
     return frozenset(names) if ran else None
 
 
+_RELEASE_TEXT = re.compile(r"(\d{1,3})\.(\d{1,3})")
+
+
+def _jit_compiler(reported: Any, path: str) -> JitCompiler | None:
+    """One compiler of the probe's ``host.jit_compilers``; None for null.
+
+    :raises DecodeError: a malformed entry (a path that is not absolute, a release that is not
+        ``MAJOR.MINOR``, text over its bound)."""
+    if reported is None:
+        return None
+    if not isinstance(reported, dict):
+        raise DecodeError(path, "an object or null", reported)
+    where = member(reported, "path", path, str)
+    source = member(reported, "source", path, str)
+    release = member(reported, "release", path, str, optional=True)
+    build = member(reported, "build", path, str, optional=True)
+    error = member(reported, "error", path, str, optional=True)
+    if not where.startswith("/") or len(where) > 4096 or "\0" in where:
+        raise DecodeError(f"{path}.path", "an absolute path", where)
+    if len(source) > 32:
+        raise DecodeError(f"{path}.source", "a short name", source)
+    match = _RELEASE_TEXT.fullmatch(release) if release is not None else None
+    if release is not None and match is None:
+        raise DecodeError(f"{path}.release", "MAJOR.MINOR", release)
+    if build is not None and not re.fullmatch(r"[0-9.]{1,32}", build):
+        raise DecodeError(f"{path}.build", "a version", build)
+    return JitCompiler(path=where, source=source, build=build, error=error[:300] if error else None,
+                       release=(int(match.group(1)), int(match.group(2))) if match else None)
+
+
+def _jit_compilers(reported: dict | None, path: str) -> JitCompilers | None:
+    """The probe's ``host.jit_compilers``; None when absent (an older probe).
+
+    :raises DecodeError: a malformed report."""
+    if reported is None:
+        return None
+    wheel = member(reported, "wheel_nvcc", path, list, optional=True) or []
+    return JitCompilers(
+        triton_ptxas=_jit_compiler(reported.get("triton_ptxas"), f"{path}.triton_ptxas"),
+        nvcc=_jit_compiler(reported.get("nvcc"), f"{path}.nvcc"),
+        wheel_nvcc=tuple(c for i, item in enumerate(wheel[:4])
+                         if (c := _jit_compiler(item, f"{path}.wheel_nvcc[{i}]")) is not None),
+    )
+
+
 @dataclass(frozen=True)
 class HostFact:
     """One fact of the host a venv is on, as the probe reports it and the inventory keeps it.
@@ -838,6 +931,7 @@ HOST_FACTS: tuple[HostFact, ...] = (
     HostFact("libcuda", "libcuda", dict, lambda value, path: _LIBCUDA(value, path) if value is not None else None),
     HostFact("system_sonames", "sonames", dict, _sonames),
     HostFact("cpu_flags", "cpu", dict, _cpu_flags),
+    HostFact("jit_compilers", "jit_compilers", dict, _jit_compilers),
 )
 
 

@@ -25,7 +25,7 @@ from transplant.core.data import x86_levels
 from transplant.lab.systems import SystemHost
 
 __all__ = ["Gpu", "Driver", "install_driver", "remove_driver", "set_cpu_level", "remove_cpu", "FIELDS", "LIBCUDA",
-           "NVIDIA_SMI"]
+           "NVIDIA_SMI", "Toolkit", "TOOLKITS", "compiler_script", "install_toolkit", "remove_toolkit"]
 
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
@@ -243,3 +243,53 @@ def remove_cpu(host: SystemHost) -> None:
     """Take the CPU stand-in off ``host`` (it reads this machine's ``/proc/cpuinfo`` again)."""
     (host.folder / "cpuinfo").unlink(missing_ok=True)
     _restart(host)
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """A CUDA toolkit release as its compilers print it.
+
+    :ivar release: ``12.8``. :ivar build: the full version (``12.8.93``).
+    :ivar built: nvcc's "Built on" line. :ivar tag: its "Build" line.
+    """
+
+    release: str
+    build: str
+    built: str
+    tag: str
+
+
+#: Releases whose ``nvcc --version`` text is known (the real output of CUDA 12.8 Update 1's nvcc,
+#: as printed on hosts that have it).
+TOOLKITS = {
+    "12.8": Toolkit("12.8", "12.8.93", "Fri_Feb_21_20:23:50_PST_2025", "cuda_12.8.r12.8/compiler.35583870_0"),
+}
+_HEADS = {"nvcc": "nvcc: NVIDIA (R) Cuda compiler driver", "ptxas": "ptxas: NVIDIA (R) Ptx optimizing assembler"}
+
+
+def compiler_script(kit: Toolkit, tool: str) -> str:
+    """A stand-in ``nvcc`` or ``ptxas`` (``tool``) for ``/bin/sh`` that prints ``kit``'s
+    ``--version`` text and fails on anything else (it compiles nothing)."""
+    year = kit.built.rsplit("_", 1)[-1]
+    lines = [_HEADS[tool], f"Copyright (c) 2005-{year} NVIDIA Corporation", f"Built on {kit.built}",
+             f"Cuda compilation tools, release {kit.release}, V{kit.build}", f"Build {kit.tag}"]
+    quoted = " ".join("'" + line + "'" for line in lines)
+    return (f"#!/bin/sh\n# Stand-in for {tool} of CUDA {kit.build} (transplant.lab.standins): it prints its version only.\n"
+            f"case \"$1\" in --version|-V) printf '%s\\n' {quoted}; exit 0;; esac\n"
+            f"echo \"{tool} fatal   : this stand-in compiles nothing\" >&2\nexit 1\n")
+
+
+def install_toolkit(host: SystemHost, kit: Toolkit) -> None:
+    """Give ``host`` CUDA ``kit`` where NVIDIA's packages put it: ``/usr/local/cuda-X.Y/bin/nvcc``
+    and ``ptxas``, and the ``/usr/local/cuda`` link to it (what a JIT user falls back on when
+    neither ``CUDA_HOME`` nor ``PATH`` names one)."""
+    home = f"/usr/local/cuda-{kit.release}"
+    for tool in ("nvcc", "ptxas"):
+        host.install(f"{home}/bin/{tool}", compiler_script(kit, tool).encode(), 0o755)
+    host.run(["rm", "-f", "/usr/local/cuda"])
+    host.run(["ln", "-s", f"cuda-{kit.release}", "/usr/local/cuda"])
+
+
+def remove_toolkit(host: SystemHost, kit: Toolkit) -> None:
+    """Take ``kit`` and the ``/usr/local/cuda`` link off ``host``."""
+    host.run(["rm", "-rf", f"/usr/local/cuda-{kit.release}", "/usr/local/cuda"])

@@ -32,11 +32,14 @@ def build_wheel(
     tag: str = "py3-none-any",
     summary: str = "test wheel",
     entry_points: str | None = None,
+    executable: tuple[str, ...] = (),
 ) -> Path:
     """Write ``<name>-<version>-<tag>.whl`` into ``out`` and return its path.
 
     :param files: archive path -> content (text is UTF-8 encoded).
     :param requires: Requires-Dist lines; :param tag: the WHEEL tag.
+    :param executable: archive paths stored with mode 0755 (pip keeps the executable bit, as
+        for the ``ptxas`` a triton wheel carries).
     """
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
@@ -58,7 +61,12 @@ def build_wheel(
     wheel = out / f"{dist}-{version}-{tag}.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for path, data in contents.items():
-            zf.writestr(path, data)
+            if path in executable:
+                entry = zipfile.ZipInfo(path)
+                entry.external_attr = 0o100755 << 16
+                zf.writestr(entry, data)
+            else:
+                zf.writestr(path, data)
     return wheel
 
 

@@ -804,6 +804,7 @@ HOST_PARTS = {
     "libcuda": lambda shared: _libcuda(_loader_cache(shared)),
     "sonames": lambda shared: _system_sonames(_loader_cache(shared)),
     "cpu": lambda shared: _cpu(),
+    "jit_compilers": lambda shared: _jit_compilers(),
 }
 
 
@@ -822,6 +823,76 @@ def _cpu():
     except OSError:
         pass
     return None
+
+
+#: Where a triton wheel carries its ``ptxas``, relative to site-packages (recent triton, then the
+#: 2.x layout); triton's ``TRITON_PTXAS_PATH`` names another one.
+_TRITON_PTXAS = ("triton/backends/nvidia/bin/ptxas", "triton/third_party/cuda/bin/ptxas")
+#: Where NVIDIA's nvcc wheels put ``nvcc``, relative to site-packages (nvidia-cuda-nvcc-cu12; the
+#: CUDA 13 wheels' shared ``nvidia/cu13`` tree).
+_WHEEL_NVCC = ("nvidia/cuda_nvcc/bin/nvcc", "nvidia/cu13/bin/nvcc")
+_RELEASE = re.compile(r"release (\d{1,3})\.(\d{1,3}), V(\d{1,3}(?:\.\d{1,6}){1,3})")
+
+
+def _compiler_version(path, source):
+    """``{"path", "source", "release": "12.8"|None, "build": "12.8.93"|None, "error": str|None}``
+    for the compiler at ``path``: its ``--version`` (10 s at most, the first 4 KiB read), whose
+    line "Cuda compilation tools, release 12.8, V12.8.93" gives the release."""
+    out = {"path": path[:4096], "source": source, "release": None, "build": None, "error": None}
+    try:
+        run = subprocess.run([path, "--version"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        out["error"] = str(exc)[:300]
+        return out
+    match = _RELEASE.search(run.stdout[:4096].decode("utf-8", "replace"))
+    if match:
+        out["release"] = "{}.{}".format(match.group(1), match.group(2))
+        out["build"] = match.group(3)
+    else:
+        out["error"] = "exit {}: no release line".format(run.returncode)
+    return out
+
+
+def _jit_compilers():
+    """The compilers the JIT users of this venv run, as this process's environment finds them:
+    ``{"triton_ptxas": ..., "nvcc": ..., "wheel_nvcc": [...]}``, each a
+    :func:`_compiler_version` (or None / [] where there is none). triton's ``ptxas``:
+    ``TRITON_PTXAS_PATH``, else the one its wheel carries in site-packages. ``nvcc``: as
+    flashinfer's ``get_cuda_path`` looks (``CUDA_HOME``, ``CUDA_PATH``, the folder above the
+    ``nvcc`` on ``PATH``, ``/usr/local/cuda``), then ``<that>/bin/nvcc``. ``wheel_nvcc``: the
+    ``nvcc`` of NVIDIA's nvcc wheels in site-packages."""
+    import shutil
+
+    prefix = venv_prefix()
+    paths = venv_paths(prefix)
+    sites = list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+    ptxas = None
+    named = os.environ.get("TRITON_PTXAS_PATH") or None
+    if named:
+        ptxas = _compiler_version(named, "TRITON_PTXAS_PATH")
+    else:
+        for site in sites:
+            found = [os.path.join(site, rel) for rel in _TRITON_PTXAS if os.path.isfile(os.path.join(site, rel))]
+            if found:
+                ptxas = _compiler_version(found[0], "triton")
+                break
+    home, source = None, None
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(variable):
+            home, source = os.environ[variable], variable
+            break
+    if home is None:
+        on_path = shutil.which("nvcc")
+        if on_path:
+            home, source = os.path.dirname(os.path.dirname(on_path)), "PATH"
+        elif os.path.exists("/usr/local/cuda"):
+            home, source = "/usr/local/cuda", "default"
+    nvcc = None
+    if home is not None and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+        nvcc = _compiler_version(os.path.join(home, "bin", "nvcc"), source)
+    wheel = [_compiler_version(os.path.join(site, rel), "wheel")
+             for site in sites for rel in _WHEEL_NVCC if os.path.isfile(os.path.join(site, rel))]
+    return {"triton_ptxas": ptxas, "nvcc": nvcc, "wheel_nvcc": wheel[:4]}
 
 
 def _fingerprint(request):
