@@ -141,7 +141,7 @@ def test_a_constructor_that_aborts_is_pinned_on_its_file_and_the_rest_load(venvs
     by = _by_name(run_stages(_settings(tmp_path), target=LocalHost(), venv=venvs["aborts"]))
     native = by["native-load"]
     assert native.status == "fail"
-    assert native.reason.startswith("1 of 3 shared objects does not load: ") and "ext/libboom.so: killed by signal 6" \
+    assert native.reason.startswith("1 of 3 shared objects does not load: ") and "ext/libboom.so: killed by SIGABRT (aborted)" \
         in native.reason, native.reason
     loaded = {Path(lib["path"]).name: lib["ok"] for lib in native.details["libraries"]}
     assert loaded == {"libboom.so": False, "libext.so": True, "libc10.so": True}
@@ -238,7 +238,7 @@ def test_import_workers_give_the_document_one_process_gives(packages, tmp_path):
     assert set(pids) == {"pa", "pc"} and pids["pa"] != pids["pc"], "pa and pc were imported by two processes"
     [pb] = [i for i in apart["imports"] if i["name"] == "pb"]
     assert pb["ok"] is False and pb["error"] == \
-        "SystemError: the import worker ended (exit status 9) without answering", pb
+        "SystemError: the import worker ended (exited with code 9) without answering", pb
     mapped = [m for m in apart["provenance"]["mapped"] if m.endswith("/libown.so")]
     assert {Path(m).parent.name for m in mapped} == {"pa", "pc"}, apart["provenance"]["mapped"]
     assert [i["name"] for i in apart["provenance"]["imported"]] == ["torch", *names]

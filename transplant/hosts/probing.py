@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from transplant import remote
 from transplant.collector import collector_paused
-from transplant.core.units import human_bytes, visible
+from transplant.core.units import clip, human_bytes, visible
 from transplant.errors import HostError, ProbeError
 from transplant.hosts.controller_cache import ControllerCache, HashGroups
 from transplant.hosts.host import Host, LocalHost, kill_group
+from transplant.remote._common import IMPORTING, died_of, ended, last_import
 
 if TYPE_CHECKING:  # loaded by take_inventory: an SSH connection opened early starts its host scripts without it
     from transplant.core.inventory import Inventory  # (packaging's requirement parser is slow to import)
@@ -176,6 +177,10 @@ def _isolation(script: str) -> list[str]:
     return ["-I", "-S"] if script in remote.ISOLATED else []
 
 
+#: A dotted module name, as the imports script is given them (what a hint may put in a command).
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def _no_reply(host: Host, venv: str, script: str, python: str, returncode: int | None, stderr: bytes) -> HostError:
     """The error for a host script that printed no reply: the venv's python is missing, or it
     failed (its stderr tail in the message)."""
@@ -194,13 +199,28 @@ def _no_reply(host: Host, venv: str, script: str, python: str, returncode: int |
             hint="name the venv's own folder (the one with pyvenv.cfg and bin/python)",
             code="interpreter-missing",
         )
-    tail = stderr.decode("utf-8", "replace").strip()[-800:]
-    by_hand = shlex.join([python, "-c", "print(1)"])
-    if host.label != "local":
-        by_hand = f"ssh {shlex.quote(host.label)} {shlex.quote(by_hand)}"
+    text = stderr.decode("utf-8", "replace")
+
+    def by_hand(code: str) -> str:
+        line = shlex.join([python, "-c", code])
+        return line if host.label == "local" else f"ssh {shlex.quote(host.label)} {shlex.quote(line)}"
+
+    died = died_of(returncode, text)
+    if died is not None:  # named (SIGILL: code for CPU features this CPU lacks), never "exit -4"
+        importing = last_import(text)
+        importing = importing if importing and _MODULE_NAME.fullmatch(importing) else None
+        during = f" while importing {importing}" if importing else ""
+        # faulthandler's stack less the import machinery's own frames: the line naming the fault
+        # and the frames of code that is not the interpreter's
+        lines = [line for line in text.strip().splitlines()
+                 if line.strip() and not line.startswith(IMPORTING) and 'File "<frozen ' not in line]
+        said = "; its stderr: " + clip("\n".join(lines), 500) if lines else ""
+        return HostError(f"{label}: the {script} script ended{during}: {ended(-died)}{said}",
+                         hint=f"see it end by hand: {by_hand(f'import {importing}')}" if importing else None)
+    tail = "\n".join(line for line in text.strip().splitlines() if not line.startswith(IMPORTING))[-800:]
     return HostError(
         f"{label}: the {script} script failed in the venv's python (exit {returncode}): {tail}",
-        hint=f"check that the venv's python starts: {by_hand}",
+        hint=f"check that the venv's python starts: {by_hand('print(1)')}",
     )
 
 

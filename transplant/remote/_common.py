@@ -310,3 +310,81 @@ def end_when_unread(before=None):
 
     _thread.start_new_thread(watch, ())
     return True
+
+
+#: How a process killed by SIGILL is named: the processor met an instruction it does not have,
+#: which for a shared object that loaded means code built for CPU features (an x86-64 level,
+#: AVX-512) this CPU lacks. The controller adds the flags that differ from the donor's CPU.
+ILLEGAL_INSTRUCTION = "illegal instruction (SIGILL): the object needs CPU features this CPU lacks"
+
+#: What :mod:`faulthandler` writes, after ``Fatal Python error: ``, for each fatal signal it
+#: catches (CPython's ``Modules/faulthandler.c``, ``faulthandler_handlers``), by signal name.
+FAULT_NAMES = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Illegal instruction": "SIGILL",
+               "Floating point exception": "SIGFPE", "Aborted": "SIGABRT"}
+
+#: The line the imports script writes on standard error before each import of its own process,
+#: so that a process a signal ended says which import killed it.
+IMPORTING = "transplant: importing "
+
+
+def ended(returncode):
+    """How a child process ended, in words, from its exit status as :mod:`subprocess` gives it
+    (an int; negative: the number of the signal that killed it; None: no status came).
+
+    A signal is named by its name (``signal.Signals``: ``SIGSEGV``, ``SIGBUS``, ``SIGABRT``) and
+    its description (``signal.strsignal``); SIGILL as :data:`ILLEGAL_INSTRUCTION`; a number this
+    platform has no name for, as a number. ``ended(-11)``: ``killed by SIGSEGV (segmentation
+    fault)``; ``ended(3)``: ``exited with code 3``.
+    """
+    import signal
+
+    if returncode is None:
+        return "ended without an exit status"
+    if returncode >= 0:
+        return "exited with code {}".format(returncode)
+    number = -returncode
+    try:
+        named = signal.Signals(number)
+    except ValueError:
+        return "killed by signal {}".format(number)
+    if named == signal.SIGILL:
+        return ILLEGAL_INSTRUCTION
+    said = signal.strsignal(named)
+    said = said.split(":")[0] if said else None  # glibc's "Real-time signal 3"; musl adds no colon either
+    return "killed by {}{}".format(named.name, " ({})".format(said[:1].lower() + said[1:]) if said else "")
+
+
+def fault_signal(text):
+    """The signal (a positive number) that :mod:`faulthandler`'s ``Fatal Python error: <what>``
+    line in ``text`` (a process's standard error, str) names, the last such line counting; None
+    when there is none. Over SSH a command a signal ended exits with 255 (the client reports no
+    signal), so the line its faulthandler wrote is how the controller learns which signal."""
+    import signal
+
+    found = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("Fatal Python error: "):
+            name = FAULT_NAMES.get(line[len("Fatal Python error: "):].strip())
+            if name is not None and hasattr(signal, name):
+                found = int(getattr(signal, name))
+    return found
+
+
+def died_of(returncode, text):
+    """The signal that ended a process, from its exit status (negative: the signal, as
+    :mod:`subprocess` gives it) or else its standard error (``text``: :func:`fault_signal`);
+    None when it exited by itself, as far as either says."""
+    if returncode is not None and returncode < 0:
+        return -returncode
+    return fault_signal(text)
+
+
+def last_import(text):
+    """The name after the last :data:`IMPORTING` line of ``text`` (the imports script's standard
+    error), or None."""
+    found = None
+    for line in text.splitlines():
+        if line.startswith(IMPORTING):
+            found = line[len(IMPORTING):].strip()[:200] or None
+    return found

@@ -28,6 +28,12 @@ N processes at once: this one and workers forked from it once the preload is imp
 name's package in one of them, so a stack's shared imports are not repeated in each), each
 answering its names' results and, for the provenance report, what it mapped; the document is the
 one a single process importing every name would give, in the order of the names.
+
+A signal that ends this process (an extension module whose code needs a CPU feature this CPU lacks
+dies of SIGILL) leaves faulthandler's ``Fatal Python error: ...`` on stderr, after a
+``transplant: importing NAME`` line written before each import of this process's own: the
+controller names the signal and the import from them (over SSH the exit status says no signal).
+A worker a signal ended fails its names with the signal's name (``_common.ended``).
 """
 
 import importlib
@@ -37,6 +43,11 @@ import os
 import sys
 import time
 import traceback
+
+try:
+    from _transplant_common import IMPORTING, ended
+except ImportError:  # imported on the controller: the shared module beside this script
+    from ._common import IMPORTING, ended
 
 
 def _version(module, name):
@@ -67,6 +78,12 @@ def _outside(path):
 
 
 def main(names, request):
+    import faulthandler
+
+    # a signal that ends this process (an extension module's code needing a CPU feature this CPU
+    # lacks dies of SIGILL) is said on stderr, which the controller reads when no report comes:
+    # over SSH the exit status says no signal; the IMPORTING lines say which import it was
+    faulthandler.enable(all_threads=False)
     native = request.get("native")
     forked = None
     # native-load's loader is forked once this process has imported its preload modules (torch)
@@ -75,7 +92,7 @@ def main(names, request):
     preload = _preload(native) if native else []
     done = {}
     for name in preload:
-        outcome = _import(name)
+        outcome = _import(name, said=True)
         if name in names:
             done[name] = outcome
     if native:
@@ -84,7 +101,7 @@ def main(names, request):
     groups = _groups(rest, _jobs(request.get("jobs")))
     workers = [_Worker(group, request.get("provenance")) for group in groups[1:]]
     for name in groups[0] if groups else []:
-        done[name] = _import(name)
+        done[name] = _import(name, said=True)
     facts = []
     for worker in workers:
         got = worker.collect()
@@ -102,8 +119,12 @@ def main(names, request):
     return 0
 
 
-def _import(name):
-    """Import ``name``: its result (``{"name", "ok", "version", "file", "outside", "error", "seconds"}``)."""
+def _import(name, said=False):
+    """Import ``name``: its result (``{"name", "ok", "version", "file", "outside", "error", "seconds"}``);
+    ``said``: first an :data:`IMPORTING` line on stderr (this script's own process)."""
+    if said:
+        sys.stderr.write(IMPORTING + name + "\n")
+        sys.stderr.flush()
     started = time.monotonic()
     try:
         module = importlib.import_module(name)
@@ -187,8 +208,7 @@ class _Worker:
         try:
             return json.loads(b"".join(self._chunks))
         except ValueError:
-            how = ("killed by signal {}".format(os.WTERMSIG(status)) if os.WIFSIGNALED(status)
-                   else "exit status {}".format(os.WEXITSTATUS(status)))
+            how = ended(os.waitstatus_to_exitcode(status))
             return {"imports": {n: {"name": n, "ok": False, "version": None, "file": None, "where": None,
                                     "error": "SystemError: the import worker ended ({}) without answering".format(how),
                                     "seconds": None} for n in self.names}}

@@ -7,7 +7,8 @@ interpreter of the same venv (``sys.executable``), one file after the other with
 the library is used); the modules in ``preload`` are imported first, since extensions
 built against torch name ``libc10.so`` without a path and rely on torch having loaded it.
 A child that dies on a file (a constructor that crashes) is replaced by a new one, which
-goes on after that file; the file is reported with the signal.
+goes on after that file; the file is reported with the signal, named (``SIGSEGV``; SIGILL as
+an illegal instruction: code for CPU features this CPU lacks).
 
 Before loading, each file's ELF header (``e_ident`` class and data, ``e_machine``; read with
 :mod:`struct`, the System V gABI layout) is compared with the running interpreter's: an object
@@ -45,6 +46,11 @@ import os
 import struct
 import subprocess
 import sys
+
+try:
+    from _transplant_common import ended
+except ImportError:  # imported on the controller: the shared module beside this script
+    from ._common import ended
 
 #: e_machine values of the System V gABI (elf.h), named as uname -m words.
 _MACHINES = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64", 22: "s390", 40: "arm", 43: "sparcv9", 62: "x86_64",
@@ -223,9 +229,9 @@ def _child_outcome(stdout, returncode, stderr):
             begun = None
     how = None
     if begun is not None:
-        how = ("killed by signal {}".format(-returncode) if returncode < 0
-               else "the process exited with code {}".format(returncode))
-        tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
+        how = ended(returncode) if returncode < 0 else "the process exited with code {}".format(returncode)
+        said = stderr.split("Fatal Python error: ", 1)[0]  # faulthandler's stack (a forked child's) says no more
+        tail = said.strip().splitlines()[-1:] if said.strip() else []
         if tail:
             how += " ({})".format(tail[0][:300])
     return results, loaded, begun, how

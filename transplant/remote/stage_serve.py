@@ -81,10 +81,25 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _ended(returncode):
+    """How the server ended (``_common.ended``: a signal by its name, SIGILL as an illegal
+    instruction); imported when needed, since this script is also loaded from its file alone."""
+    try:
+        from _transplant_common import ended
+    except ImportError:
+        try:
+            from ._common import ended  # imported on the controller, as part of its package
+        except ImportError:  # run from its file: the shared module beside it
+            import runpy
+
+            ended = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_common.py"))["ended"]
+    return ended(returncode)
+
+
 def _stop(proc):
     """SIGTERM the server's process group, SIGKILL after 10 s; returns how it ended."""
     if proc.poll() is not None:
-        how = "had exited with code {}".format(proc.returncode)
+        how = "had {}".format(_ended(proc.returncode))
     else:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -194,7 +209,7 @@ def main():
         while True:
             if proc.poll() is not None:
                 report["exit_code"] = proc.returncode
-                report["error"] = "the server exited with code {} before {} answered".format(proc.returncode, health)
+                report["error"] = "the server {} before {} answered".format(_ended(proc.returncode), health)
                 return
             if time.monotonic() > deadline:
                 report["error"] = "{} did not answer 200 within {:.0f} s".format(health, time.monotonic() - started)

@@ -121,4 +121,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    import faulthandler
+
+    # a fatal signal (SIGILL from code for CPU features this CPU lacks, SIGSEGV) is said on stderr,
+    # which the controller reads when no report comes: over SSH the exit status names no signal
+    faulthandler.enable(all_threads=False)
     sys.exit(main(sys.argv[1:]))

@@ -13,6 +13,9 @@ from typing import Any
 
 from transplant.core.units import clip, count
 from transplant.core.plan import Finding
+from transplant.core.data import x86_levels
+from transplant.core.rules.cpu import missing_flags
+from transplant.remote._common import ILLEGAL_INSTRUCTION
 from transplant.verify.ladder import (DRIVER_SONAMES, GPU_WORDS, MISSING_LIBRARY, SHARED_OBJECT, inside_roots,
                                       library_key, load_error, missing_driver_library, pip_shipped_library,
                                       provenance_conflicts)
@@ -39,6 +42,8 @@ __all__ = [
     "answer_at",
     "judge_jit_caches",
     "stale_versions",
+    "name_cpu_gap",
+    "cpu_level",
 ]
 
 VERIFY_SCHEMA = "transplant.verify/3"  # 2: the ladder's stages, "counts"; 3: "cause", "unchecked", "causes"
@@ -623,3 +628,55 @@ def judge_jit_caches(caches: Sequence[Mapping[str, Any]], *, cleared: bool) -> t
         return "pass", "no JIT cache folders exist (" + ", ".join(c["path"] for c in caches) + ")"
     tail = "".join(f"; warning: {w}" for w in warnings)
     return "pass", "; ".join(parts) + tail
+
+
+#: How many of the CPU flags the target lacks an illegal instruction's reason names.
+_FLAGS_SHOWN = 8
+
+
+def cpu_level(flags: Collection[str] | None) -> str | None:
+    """The highest x86-64 micro-architecture level (``x86-64-v3``...) whose features, with those
+    of the levels below it, ``flags`` (``/proc/cpuinfo`` names) all has (``data/x86_levels.json``:
+    the x86-64 psABI table); None for unknown flags (None) or a CPU below the baseline."""
+    if flags is None:
+        return None
+    reached = None
+    for level in x86_levels()["levels"]:
+        if missing_flags(level, frozenset(flags)):
+            break
+        reached = level
+    return reached
+
+
+def name_cpu_gap(reason: str, target_flags: Collection[str] | None, donor_flags: Collection[str] | None) -> str:
+    """``reason`` with its illegal instruction (:data:`ILLEGAL_INSTRUCTION`: a process killed by
+    SIGILL, as the host scripts and the controller name it) said by the CPU flags the donor's CPU
+    has and this one lacks: ``illegal instruction (SIGILL): the CPU lacks avx512f, avx512bw, ...
+    (the donor's CPU has them; this CPU reaches x86-64-v3)``; the x86-64 levels' flags first (in
+    the psABI table's order), then the others sorted, at most :data:`_FLAGS_SHOWN` named.
+
+    :param target_flags: the target's CPU flags (the probe's ``host.cpu``), None when unknown.
+    :param donor_flags: the donor's, None when unknown (a snapshot donor, an older probe): then
+        the reason keeps the generic words and says the level this CPU reaches.
+    :returns: ``reason`` unchanged when it names no illegal instruction or the target's flags
+        are unknown. The donor's CPU lacking none of them is said too: the illegal instruction
+        is then not a feature the donor's CPU has.
+    """
+    if ILLEGAL_INSTRUCTION not in reason or target_flags is None:
+        return reason
+    level = cpu_level(target_flags)
+    reaches = f"this CPU reaches {level}" if level else "this CPU is below x86-64's baseline"
+    if donor_flags is None:
+        said = f"{ILLEGAL_INSTRUCTION} ({reaches}; the donor's CPU flags are unknown)"
+    else:
+        ordered = [f for flags in x86_levels()["levels"].values() for f in flags]
+        lacking = sorted(set(donor_flags) - set(target_flags),
+                         key=lambda f: (ordered.index(f) if f in ordered else len(ordered), f))
+        if lacking:
+            shown = ", ".join(lacking[:_FLAGS_SHOWN])
+            more = f" and {len(lacking) - _FLAGS_SHOWN} more" if len(lacking) > _FLAGS_SHOWN else ""
+            said = (f"illegal instruction (SIGILL): the CPU lacks {shown}{more}, which the donor's CPU has "
+                    f"({reaches}; an object built for the donor's CPU)")
+        else:
+            said = f"{ILLEGAL_INSTRUCTION} (the donor's CPU has no flag this one lacks; {reaches})"
+    return reason.replace(ILLEGAL_INSTRUCTION, said)

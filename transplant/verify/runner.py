@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, NamedTuple
 
 from transplant.core import verify_stages
@@ -51,6 +51,7 @@ from transplant.core.manifest import VerifySettings
 from transplant.hosts.probing import WaitingScript, run_script, take_inventory
 from transplant.core.rules.recordless import judge_stale_modules, stale_extension_modules
 from transplant.verify.judges import StageResult, judge_imports, judge_requirements, judge_server_args, judge_smoke
+from transplant.remote._common import ILLEGAL_INSTRUCTION
 from transplant.reporting import QUIET, Reporter
 
 __all__ = ["run_stages", "donor_reader", "STAGES", "GROUP", "PARALLEL"]
@@ -272,7 +273,10 @@ class _Ladder:
         return self.donor_future.result() if self.donor_future else None
 
     def finish(self, *done: StageResult) -> None:
-        """Keep the results and report how many of the stages that run have ended."""
+        """Keep the results (an illegal instruction in a reason said by the CPU flags the donor's
+        CPU has and this host's lacks: :func:`judges.name_cpu_gap`) and report how many of the
+        stages that run have ended."""
+        done = tuple(self.cpu_named(r) for r in done)
         with self.lock:  # the count and its report together, so that ``done`` never goes down
             self.results.update((r.name, r) for r in done)
             self.ended += len(done)
@@ -280,6 +284,17 @@ class _Ladder:
                 if self.told_ended is not None:
                     self.told_ended(r.name)
             self.reporter.progress(self.ended, self.total)
+
+    def cpu_named(self, result: StageResult) -> StageResult:
+        """``result`` with an illegal instruction (SIGILL) in its reason named by the CPU flags
+        that differ (the inventories' ``cpu_flags``); the result as it is otherwise. A stage that
+        died of SIGILL here fails whatever the donor does: its CPU having what this one lacks is
+        why it passes there."""
+        if ILLEGAL_INSTRUCTION not in result.reason or self.live is None:
+            return result
+        theirs = self.donor()
+        return replace(result, reason=judges.name_cpu_gap(result.reason, self.live.cpu_flags,
+                                                          theirs.cpu_flags if theirs is not None else None))
 
     def run(self, name: str, body: Callable[[], Answer]) -> StageResult:
         """Run one stage's body as its step and keep its result."""
