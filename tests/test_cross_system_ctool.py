@@ -1,8 +1,9 @@
 """``c-toolchain-missing`` and verify's triton check between lab hosts whose systems differ.
 
 The lab roots are debootstrap minbase: no C compiler. The trixie donor and trixie's twin get a
-real one, Debian's ``gcc`` installed in each host's own layer by apt (measured: about 15 s each,
-both at once), the name triton's launcher build finds on PATH first; bookworm keeps none. The
+real one, Debian's ``gcc`` installed in each host's own layer by apt (measured: 21 s for both at
+once on a 2-core machine under load, 7 s to purge them afterwards), the name triton's launcher
+build finds on PATH first; bookworm keeps none. The
 venvs run this machine's shared Python build (its include folder holds Python.h), and one on
 bookworm runs Debian's own python3 without python3.11-dev: no Python.h. triton is a wheel of
 that name (what the rule reads is the distribution; what verify reads is that it imports).
@@ -30,6 +31,8 @@ pytestmark = pytest.mark.hosts
 VENV, SYSTEM_VENV = "/srv/ctool", "/srv/ctool-sys"
 SMOKE = Path(__file__).parent.parent / "transplant" / "remote" / "stage_smoke.py"
 APT = {"DEBIAN_FRONTEND": "noninteractive"}
+#: dpkg without its fsync calls, which nothing here needs (measured here: install 29 s -> 21 s, purge 13 s -> 7 s).
+UNSAFE_IO = ["-o", "Dpkg::Options::=--force-unsafe-io"]
 
 
 def _each(hosts, step) -> None:
@@ -53,18 +56,18 @@ def _each(hosts, step) -> None:
 
 def _install_gcc(host) -> None:
     host.run(["apt-get", "update", "-q"], env=APT, timeout=300)
-    host.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "gcc"], env=APT, timeout=300)
+    host.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *UNSAFE_IO, "gcc"], env=APT, timeout=300)
 
 
 def _remove_gcc(host) -> None:
-    host.run(["apt-get", "purge", "-y", "-q", "--autoremove", "gcc"], env=APT, timeout=300, check=False)
+    host.run(["apt-get", "purge", "-y", "-q", "--autoremove", *UNSAFE_IO, "gcc"], env=APT, timeout=300, check=False)
     host.run(["apt-get", "clean"], env=APT, check=False)
     host.run(["sh", "-c", "rm -rf /var/lib/apt/lists/*"], check=False)
 
 
 def _plan(systems, folder: Path, target: str, venv: str) -> tuple[int, dict]:
     """``transplant plan`` of triton from the trixie donor to ``target:venv``: (exit code, plan)."""
-    manifest, out = folder / f"to-{target}-{venv.strip('/')}.yaml", folder / "plan.json"
+    manifest, out = folder / f"to-{target}-{venv.strip('/').replace('/', '-')}.yaml", folder / "plan.json"
     manifest.write_text(textwrap.dedent(f"""\
         version: 1
         donor: {{host: "{systems.hosts['trixie'].spec}", venv: {VENV}}}

@@ -35,7 +35,8 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 * ``outside`` lists the folders outside the venv the interpreter imports from (``*.pth``
   path lines, ``include-system-site-packages``) with their distributions, metadata only
   (:func:`_outside`); ``host.libcuda`` says where JIT users find ``libcuda.so``
-  (:func:`_libcuda`).
+  (:func:`_libcuda`); ``host.c_toolchain`` the C compiler and ``Python.h`` triton's launcher
+  build finds (:func:`_c_toolchain`).
 
 * ``hash_cache`` (``--stdin`` only; default true, or ``{"enabled": bool, "min_bytes": int,
   "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
