@@ -96,3 +96,14 @@ def test_the_c_toolchain_is_triton_s_compiler_and_this_interpreter_s_python_h(mo
     facts = parse_inventory({**_document(), "host": {**_document()["host"], "c_toolchain": probe._c_toolchain()}},
                             label="here").c_toolchain
     assert facts is not None and facts.compiler is None and not facts.runnable and not facts.builds
+
+
+def test_a_c_toolchain_report_out_of_bounds_is_refused_by_its_key_path() -> None:
+    from transplant.errors import ProbeError
+
+    for bad in ({"compiler": {"source": "tcc", "command": "tcc"}}, {"include": "relative/include"},
+                {"compiler": {"source": "CC", "command": "x" * 5000}}, {"os": {"id": "d" * 300}}):
+        document = _document()
+        document["host"]["c_toolchain"] = bad
+        with pytest.raises(ProbeError, match="inventory key 'host.c_toolchain"):
+            parse_inventory(document, label="here")

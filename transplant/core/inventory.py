@@ -258,6 +258,12 @@ class CompilerFacts:
     path: str | None = None
     version: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.source not in ("CC", "gcc", "clang"):
+            raise ValueError(f"source {self.source!r} is none of CC, gcc, clang")
+        if any(len(text) > 4096 for text in (self.command, self.path or "", self.version or "")):
+            raise ValueError("a compiler's text is longer than 4096 characters")
+
 
 @dataclass(frozen=True, kw_only=True)
 class OsRelease:
@@ -266,6 +272,10 @@ class OsRelease:
     id: str | None = None
     id_like: str | None = None
     version_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if any(len(text or "") > 256 for text in (self.id, self.id_like, self.version_id)):
+            raise ValueError("an os-release value is longer than 256 characters")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,6 +296,10 @@ class CToolchainFacts:
     include: str | None = None
     python_h: bool = False
     os: OsRelease | None = None
+
+    def __post_init__(self) -> None:
+        if self.include is not None and (not self.include.startswith("/") or len(self.include) > 4096):
+            raise ValueError(f"include {self.include[:100]!r} is not an absolute path")
 
     @property
     def runnable(self) -> bool:

@@ -25,6 +25,7 @@ from transplant.core.data import runtime_c
 from transplant.core.inventory import CToolchainFacts, Inventory
 from transplant.core.plan import Finding
 from transplant.core.rules.env import EnvironmentAfter, describe, severity
+from transplant.core.units import visible
 
 __all__ = ["c_toolchain_findings", "lacks"]
 
@@ -36,9 +37,9 @@ def lacks(facts: CToolchainFacts) -> list[str]:
     if facts.compiler is None:
         out.append("no C compiler (CC is unset and neither gcc nor clang is on PATH)")
     elif facts.compiler.path is None:
-        out.append(f"no C compiler (CC={facts.compiler.command!r} names nothing on PATH)")
+        out.append(f"no C compiler (CC={visible(repr(facts.compiler.command))} names nothing on PATH)")
     if not facts.python_h:
-        out.append(f"no Python.h in {facts.include or 'the interpreter include folder (unread)'}")
+        out.append(f"no Python.h in {visible(facts.include) if facts.include else 'the interpreter include folder (unread)'}")
     return out
 
 
@@ -67,11 +68,11 @@ def _hint(target: Inventory, facts: CToolchainFacts) -> str:
                      + (f" and the headers of its Python {minor}" if not facts.python_h else "")
                      + " with the distribution's package manager")
     if not facts.python_h and not system_python:
-        home = (target.interpreter.pyvenv_cfg or {}).get("home") or "its home"
+        home = visible((target.interpreter.pyvenv_cfg or {}).get("home") or "its home")
         parts.append(f"Python.h comes with the Python build the venv runs ({home}): install that build with its "
-                     f"headers ({facts.include or 'its include folder'})")
+                     f"headers ({visible(facts.include) if facts.include else 'its include folder'})")
     if facts.compiler is not None and facts.compiler.path is None:
-        parts.append(f"or set CC to a compiler that exists (now CC={facts.compiler.command!r})")
+        parts.append(f"or set CC to a compiler that exists (now CC={visible(repr(facts.compiler.command))})")
     return "; ".join(parts) + (" (the probe ran in an SSH session's environment: a service that sets CC or PATH "
                                "may find another compiler; verify.env can give verify the service's)")
 
@@ -96,7 +97,7 @@ def c_toolchain_findings(env: EnvironmentAfter) -> list[Finding]:
                       f"never launched one of its kernels and the transplant breaks nothing that ran there"
                       if donor_missing else
                       f"; the donor's host ({env.donor.hostname}) builds it"
-                      + (f" with {donor.compiler.path}" if donor is not None and donor.compiler is not None
+                      + (f" with {visible(donor.compiler.path)}" if donor is not None and donor.compiler is not None
                          and donor.compiler.path else ""))
         out.append(Finding(
             code="c-toolchain-missing",
