@@ -32,7 +32,7 @@ def table_problems(facts: tuple[HostFact, ...], parts: dict[str, object]) -> lis
 def test_the_table_and_the_probe_agree() -> None:
     assert table_problems(HOST_FACTS, probe.HOST_PARTS) == []
     assert {f.cache_key for f in HOST_FACTS} == {"host.hostname", "host.nvidia", "host.libcuda", "host.sonames",
-                                                 "host.cpu", "host.jit_compilers"}
+                                                 "host.cpu", "host.jit_compilers", "host.c_toolchain"}
 
 
 def test_a_row_without_its_part_or_field_and_a_part_without_a_row_are_named() -> None:
@@ -84,3 +84,37 @@ def test_a_compiler_release_that_is_not_major_minor_is_refused() -> None:
     document["host"]["jit_compilers"]["nvcc"]["release"] = "12.8"
     nvcc = parse_inventory(document, label="here").jit_compilers.nvcc
     assert nvcc is not None and nvcc.release == (12, 8) and nvcc.describe() == "/usr/local/cuda/bin/nvcc (CUDA 12.8)"
+def test_the_c_toolchain_is_triton_s_compiler_and_this_interpreter_s_python_h(monkeypatch, tmp_path) -> None:
+    """``_c_toolchain`` follows triton's order (``CC``, then gcc, then clang on PATH) and looks for
+    Python.h in the interpreter's include folder; a ``CC`` naming nothing has no path."""
+    import os
+    import shutil
+    import sysconfig
+
+    here = probe._c_toolchain()
+    include = sysconfig.get_paths()["include"]
+    assert here["include"] == include and here["python_h"] == os.path.isfile(f"{include}/Python.h")
+    gcc = shutil.which("gcc")
+    if gcc is not None and "CC" not in os.environ:
+        assert here["compiler"]["source"] == "gcc" and here["compiler"]["path"] == gcc
+        assert here["compiler"]["version"]
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    named = probe._c_toolchain()["compiler"]
+    assert named == {"source": "CC", "command": "no-such-compiler-here", "path": None, "version": None}
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert probe._c_toolchain()["compiler"] is None
+    facts = parse_inventory({**_document(), "host": {**_document()["host"], "c_toolchain": probe._c_toolchain()}},
+                            label="here").c_toolchain
+    assert facts is not None and facts.compiler is None and not facts.runnable and not facts.builds
+
+
+def test_a_c_toolchain_report_out_of_bounds_is_refused_by_its_key_path() -> None:
+    from transplant.errors import ProbeError
+
+    for bad in ({"compiler": {"source": "tcc", "command": "tcc"}}, {"include": "relative/include"},
+                {"compiler": {"source": "CC", "command": "x" * 5000}}, {"os": {"id": "d" * 300}}):
+        document = _document()
+        document["host"]["c_toolchain"] = bad
+        with pytest.raises(ProbeError, match="inventory key 'host.c_toolchain"):
+            parse_inventory(document, label="here")

@@ -912,3 +912,64 @@ def test_driver_unusable_shows_the_hosts_text_with_control_characters_made_visib
     assert f.severity == "error" and "\x1b" not in f.message and "\\x1b[2J" in f.message
     assert "kernel module is 570.1" in f.message and len(f.message) < 700
     assert not found(plan(manifest(["nvidia-cuda-runtime"]), donor, target, ()), "driver-unusable")
+
+
+# --- c-toolchain-missing ------------------------------------------------------------------------
+
+def _toolchain(compiler="gcc", python_h=True, include="/usr/include/python3.11", os_id="debian"):
+    from transplant.core.inventory import CompilerFacts, CToolchainFacts, OsRelease
+
+    cc = None if compiler is None else CompilerFacts(
+        source="CC" if compiler.startswith("$") else compiler, command=compiler.lstrip("$"),
+        path=None if compiler.startswith("$") else f"/usr/bin/{compiler}", version=f"{compiler} 12.2.0")
+    return CToolchainFacts(compiler=cc, include=include, python_h=python_h,
+                           os=OsRelease(id=os_id, id_like=None, version_id="12") if os_id else None)
+
+
+def _ctool_run(target, donor, *, target_triton=None, donor_triton="3.5.1"):
+    import dataclasses
+
+    d = dataclasses.replace(inv([dist("triton", donor_triton, {"triton/__init__.py": "t"})], DONOR), c_toolchain=donor)
+    t = dataclasses.replace(inv([dist("triton", target_triton, {"triton/__init__.py": "t"})] if target_triton else [],
+                                TARGET), c_toolchain=target)
+    return found(plan(manifest(["triton"]), d, t, ()), "c-toolchain-missing")
+
+
+def test_c_toolchain_the_target_lacks_and_the_donor_has_blocks_with_the_debian_packages():
+    [f] = _ctool_run(_toolchain(compiler=None, python_h=False), _toolchain())
+    assert f.severity == "error" and f.dists == ("triton",)
+    assert "no C compiler (CC is unset and neither gcc nor clang is on PATH)" in f.message
+    assert "no Python.h in /usr/include/python3.11" in f.message and "builds it with /usr/bin/gcc" in f.message
+    assert f.hint.startswith("on the target, as root: apt-get install -y gcc python3.11-dev")
+    assert f.files == ("/usr/include/python3.11",)
+
+
+def test_c_toolchain_severity_follows_the_package_and_the_donor():
+    # triton already on the target at the same version: apply changes nothing about it
+    [f] = _ctool_run(_toolchain(compiler=None), _toolchain(), target_triton="3.5.1")
+    assert f.severity == "warning" and f.hint == ("on the target, as root: apt-get install -y gcc (the probe ran in "
+                                                   "an SSH session's environment: a service that sets CC or PATH may "
+                                                   "find another compiler; verify.env can give verify the service's)")
+    # the donor cannot build the launcher either: it never launched a kernel, so info
+    [f] = _ctool_run(_toolchain(compiler=None), _toolchain(compiler=None))
+    assert f.severity == "info" and "has no C compiler" in f.message and "either" in f.message
+
+
+def test_c_toolchain_hints_for_another_python_build_a_bad_cc_and_another_system():
+    # Python.h missing from a Python build of its own (not the system's): the headers come with that build
+    [f] = _ctool_run(_toolchain(python_h=False, include="/opt/py/include/python3.11"), _toolchain())
+    assert "Python.h comes with the Python build the venv runs (/usr/bin)" in f.hint and "apt-get" not in f.hint
+    [f] = _ctool_run(_toolchain(compiler="$ccache gcc"), _toolchain())
+    assert "CC='ccache gcc' names nothing on PATH" in f.message and "or set CC to a compiler that exists" in f.hint
+    [f] = _ctool_run(_toolchain(compiler=None, os_id="fedora"), _toolchain())
+    assert f.hint.startswith("on the target, install a C compiler (gcc or clang) with the distribution's")
+
+
+def test_c_toolchain_nothing_when_it_builds_without_triton_or_unread():
+    assert not _ctool_run(_toolchain(), _toolchain(compiler=None))
+    assert not _ctool_run(None, _toolchain())
+    import dataclasses
+
+    d = dataclasses.replace(inv([dist("a", "1", {"a.py": "x"})], DONOR), c_toolchain=_toolchain())
+    t = dataclasses.replace(inv([], TARGET), c_toolchain=_toolchain(compiler=None))
+    assert not found(plan(manifest(["a"]), d, t, ()), "c-toolchain-missing")

@@ -41,6 +41,9 @@ __all__ = [
     "LibcudaFacts",
     "JitCompiler",
     "JitCompilers",
+    "CompilerFacts",
+    "OsRelease",
+    "CToolchainFacts",
     "HostFact",
     "HOST_FACTS",
     "Inventory",
@@ -283,9 +286,81 @@ class JitCompilers:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompilerFacts:
+    """The C compiler a run-time C build (triton's launcher) would use on the host, as the probe's
+    own environment sees it (see ``_c_toolchain`` in :mod:`transplant.remote.probe`).
+
+    :ivar source: where it came from: ``CC`` (the variable), else the name found on PATH
+        (``gcc``, then ``clang``: triton's order).
+    :ivar command: the variable's value or the name, as the build would run it.
+    :ivar path: what PATH resolves ``command`` to; None: nothing runnable by that name (a
+        ``CC`` naming a missing program).
+    :ivar version: the first line of ``<path> --version``, or None.
+    """
+
+    source: str
+    command: str
+    path: str | None = None
+    version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.source not in ("CC", "gcc", "clang"):
+            raise ValueError(f"source {self.source!r} is none of CC, gcc, clang")
+        if any(len(text) > 4096 for text in (self.command, self.path or "", self.version or "")):
+            raise ValueError("a compiler's text is longer than 4096 characters")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OsRelease:
+    """``/etc/os-release``'s ``ID``, ``ID_LIKE`` and ``VERSION_ID`` (each None when absent)."""
+
+    id: str | None = None
+    id_like: str | None = None
+    version_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if any(len(text or "") > 256 for text in (self.id, self.id_like, self.version_id)):
+            raise ValueError("an os-release value is longer than 256 characters")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CToolchainFacts:
+    """What a package building C at run time finds on the host: the compiler and the venv
+    interpreter's headers.
+
+    :ivar compiler: the compiler triton's launcher build would run; None when ``CC`` is unset
+        and neither ``gcc`` nor ``clang`` is on PATH.
+    :ivar include: the interpreter's include folder (``sysconfig`` ``include`` of its default
+        scheme, as triton reads it); None when it could not be read.
+    :ivar python_h: whether ``include`` holds ``Python.h``.
+    :ivar os: the host's ``/etc/os-release`` facts, None where there is none (the hint's
+        package names depend on them).
+    """
+
+    compiler: CompilerFacts | None = None
+    include: str | None = None
+    python_h: bool = False
+    os: OsRelease | None = None
+
+    def __post_init__(self) -> None:
+        if self.include is not None and (not self.include.startswith("/") or len(self.include) > 4096):
+            raise ValueError(f"include {self.include[:100]!r} is not an absolute path")
+
+    @property
+    def runnable(self) -> bool:
+        """Whether a compiler was found that PATH resolves to a program."""
+        return self.compiler is not None and self.compiler.path is not None
+
+    @property
+    def builds(self) -> bool:
+        """Whether both halves of a launcher build are there: a runnable compiler and ``Python.h``."""
+        return self.runnable and self.python_h
+
+
+@dataclass(frozen=True, kw_only=True)
 class Inventory:
     """Everything the probe saw in one venv on one host. The host's facts (``hostname``, ``nvidia``,
-    ``libcuda``, ``system_sonames``, ``cpu_flags``) are filled by their rows of :data:`HOST_FACTS`.
+    ``libcuda``, ``system_sonames``, ``cpu_flags``, ``c_toolchain``) are filled by their rows of :data:`HOST_FACTS`.
 
     :ivar label: where it came from, e.g. ``root@127.0.0.10:2222:/srv/venv`` (set by the
         caller; the probe does not know how it was reached).
@@ -317,6 +392,8 @@ class Inventory:
         None when the probe did not report them.
     :ivar cpu_flags: the host CPU's feature flags (``/proc/cpuinfo``: ``avx2``, ``avx512f``...);
         None when the probe did not report them.
+    :ivar c_toolchain: the C compiler and ``Python.h`` a run-time C build (triton's launchers)
+        finds on the host; None when the probe did not report them (an older probe document).
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
         "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
         None otherwise. Not part of the fingerprint.
@@ -341,6 +418,7 @@ class Inventory:
     system_sonames: frozenset[str] | None = field(default=None, repr=False)
     cpu_flags: frozenset[str] | None = field(default=None, repr=False)
     jit_compilers: JitCompilers | None = field(default=None, repr=False)
+    c_toolchain: CToolchainFacts | None = field(default=None, repr=False)
 
     def latest(self) -> dict[str, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -734,6 +812,7 @@ def _version(value: Any, path: str, obj: Mapping[str, Any]) -> Version:
 _INTERPRETER = Decoder(Interpreter, unknown="ignore", fields={"version": _version})
 _NVIDIA = Decoder(NvidiaFacts, unknown="ignore", null_default=True)
 _LIBCUDA = Decoder(LibcudaFacts, unknown="ignore", null_default=True)
+_C_TOOLCHAIN = Decoder(CToolchainFacts, unknown="ignore", null_default=True)
 
 
 def parse_inventory(document: Any, *, label: str) -> Inventory:
@@ -932,6 +1011,8 @@ HOST_FACTS: tuple[HostFact, ...] = (
     HostFact("system_sonames", "sonames", dict, _sonames),
     HostFact("cpu_flags", "cpu", dict, _cpu_flags),
     HostFact("jit_compilers", "jit_compilers", dict, _jit_compilers),
+    HostFact("c_toolchain", "c_toolchain", dict,
+             lambda value, path: _C_TOOLCHAIN(value, path) if value is not None else None),
 )
 
 

@@ -35,7 +35,8 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
 * ``outside`` lists the folders outside the venv the interpreter imports from (``*.pth``
   path lines, ``include-system-site-packages``) with their distributions, metadata only
   (:func:`_outside`); ``host.libcuda`` says where JIT users find ``libcuda.so``
-  (:func:`_libcuda`).
+  (:func:`_libcuda`); ``host.c_toolchain`` the C compiler and ``Python.h`` triton's launcher
+  build finds (:func:`_c_toolchain`).
 
 * ``hash_cache`` (``--stdin`` only; default true, or ``{"enabled": bool, "min_bytes": int,
   "racy_ns": int, "store": "venv"|"reply", "known": {...}}``): reuse and keep content hashes
@@ -805,7 +806,87 @@ HOST_PARTS = {
     "sonames": lambda shared: _system_sonames(_loader_cache(shared)),
     "cpu": lambda shared: _cpu(),
     "jit_compilers": lambda shared: _jit_compilers(),
+    "c_toolchain": lambda shared: _c_toolchain(),
 }
+
+#: The compilers triton's launcher build tries when ``CC`` is unset, in its order (triton
+#: python/triton/runtime/build.py ``_build``, triton-lang/triton commit 15484adc: ``CC``, else
+#: ``shutil.which("gcc")``, else ``shutil.which("clang")``).
+_TRITON_COMPILERS = ("gcc", "clang")
+#: The longest text :func:`_c_toolchain` reports per string (a ``CC`` value, a path, a version line).
+_MAX_TEXT = 512
+
+
+def _first_line(data):
+    """The first non-blank line of ``data`` (bytes), stripped and bounded, or None."""
+    for line in data.decode("utf-8", "replace").splitlines():
+        if line.strip():
+            return line.strip()[:_MAX_TEXT]
+    return None
+
+
+def _c_toolchain():
+    """What triton's launcher build (``_build``, see :data:`_TRITON_COMPILERS`) would use in
+    this process's environment: ``{"compiler": {"source": "CC"|"gcc"|"clang", "command": the
+    name or path, "path": what PATH resolves it to (None: nothing runnable by that name),
+    "version": the first line of ``<path> --version`` (None: it failed or printed nothing)}
+    or None when ``CC`` is unset and neither name is on PATH, "include": the interpreter's
+    include folder triton passes with ``-I`` (``sysconfig.get_paths`` of the default scheme,
+    Debian's ``posix_local`` read as ``posix_prefix``, as triton does), "python_h": whether
+    that folder holds ``Python.h``, "os": {"id", "id_like", "version_id"} of
+    ``/etc/os-release`` (None where there is none)}``. ``--version`` runs with a 10 s limit."""
+    import shutil
+
+    cc, source = os.environ.get("CC"), "CC"
+    if cc is None:
+        for name in _TRITON_COMPILERS:
+            if shutil.which(name):
+                cc, source = name, name
+                break
+    compiler = None
+    if cc is not None:
+        # triton runs CC as one argv[0] (no shell): a name found on PATH, or a path
+        path = shutil.which(cc) if cc.strip() else None
+        version = None
+        if path:
+            try:
+                out = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+                                     timeout=10, check=False)
+                version = _first_line(out.stdout) or _first_line(out.stderr)
+            except (OSError, subprocess.SubprocessError):
+                version = None
+        compiler = {"source": source, "command": cc[:_MAX_TEXT], "path": path[:_MAX_TEXT] if path else None,
+                    "version": version}
+    try:
+        scheme = sysconfig.get_default_scheme() if hasattr(sysconfig, "get_default_scheme") else \
+            sysconfig._get_default_scheme()
+        if scheme == "posix_local":
+            scheme = "posix_prefix"
+        include = sysconfig.get_paths(scheme=scheme).get("include")
+    except (KeyError, ValueError, AttributeError):
+        include = None
+    return {
+        "compiler": compiler,
+        "include": include[:_MAX_TEXT] if include else None,
+        "python_h": bool(include) and os.path.isfile(os.path.join(include, "Python.h")),
+        "os": _os_release(),
+    }
+
+
+def _os_release():
+    """``{"id", "id_like", "version_id"}`` from ``/etc/os-release`` (each None when absent,
+    values bounded), or None when the file cannot be read."""
+    try:
+        with open("/etc/os-release", encoding="utf-8", errors="replace") as handle:
+            text = handle.read(16384)
+    except OSError:
+        return None
+    found = {}
+    for line in text.splitlines()[:200]:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() in ("ID", "ID_LIKE", "VERSION_ID"):
+            found[key.strip().lower()] = value.strip().strip("\"'")[:64]
+    return {"id": found.get("id"), "id_like": found.get("id_like"), "version_id": found.get("version_id")}
 
 
 def _cpu():

@@ -6,8 +6,9 @@ Usage: ``<venv>/bin/python - DEVICE < stage_smoke.py`` with DEVICE ``cpu``, ``cu
 on the CPU by the relative Frobenius error ``||out - ref|| / ||ref||``. Bounds, per
 dtype: float32 1e-4 (about 100x its unit round-off 6e-8 times sqrt(K) growth, TF32 off),
 bfloat16 2e-2 (its unit round-off is 3.9e-3; K=256 accumulation in float32).
-Then sub-checks, each ``pass``, ``fail`` or ``skip`` with its reason: where triton and a
-GPU are present, a tiny triton kernel (``out = x * 2 + y`` over 4096 float32 values, exact);
+Then sub-checks, each ``pass``, ``fail`` or ``skip`` with its reason: where triton is present
+and the host lacks the C compiler or ``Python.h`` its launcher build needs, a failure naming
+the fact (GPU or not); where triton and a GPU are present, a tiny triton kernel (``out = x * 2 + y`` over 4096 float32 values, exact);
 where sgl_kernel or flashinfer is importable and a GPU is present, its ``rmsnorm`` on a
 16x256 bfloat16 input against the same formula in float64 (bound 2e-2, bfloat16's
 round-off with headroom); without a GPU, or without the package, an honest skip; where numpy
@@ -113,10 +114,39 @@ def _sub(name, status, reason, needs=None):
     return out
 
 
+def _launcher_toolchain():
+    """Why triton's kernel launcher cannot be built here, or None: it is built at the first launch
+    with ``CC``, else ``gcc``, else ``clang`` on PATH, and ``-I`` the interpreter's include folder
+    (triton python/triton/runtime/build.py ``_build``; the probe's ``_c_toolchain`` reads the same)."""
+    import os
+    import shutil
+    import sysconfig
+
+    cc = os.environ.get("CC")
+    lacking = []
+    if cc is None and not (shutil.which("gcc") or shutil.which("clang")):
+        lacking.append("no C compiler (CC is unset and neither gcc nor clang is on PATH)")
+    elif cc is not None and not (cc.strip() and shutil.which(cc)):
+        lacking.append("no C compiler (CC={!r} names nothing on PATH)".format(cc[:200]))
+    scheme = sysconfig.get_default_scheme() if hasattr(sysconfig, "get_default_scheme") else \
+        sysconfig._get_default_scheme()
+    include = sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme).get("include")
+    if not include or not os.path.isfile(os.path.join(include, "Python.h")):
+        lacking.append("no Python.h in {}".format(include))
+    if not lacking:
+        return None
+    return ("{}: triton builds its kernel launcher with them at the first launch, so every triton kernel "
+            "fails here".format(" and ".join(lacking)))
+
+
 def _triton(torch, device):
     name = "triton kernel"
     if importlib.util.find_spec("triton") is None:
         return _sub(name, "skip", "triton is not installed")
+    # a host without what the launcher build needs is broken for triton with or without a GPU here
+    broken = _launcher_toolchain()
+    if broken:
+        return _sub(name, "fail", broken)
     if device != "cuda":
         return _sub(name, "skip", "no GPU: a triton kernel needs one", needs="gpu")
     try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from packaging.version import Version
 
-__all__ = ["cuda_table", "family_table", "driver_minimum", "driver_cuda", "arch_minimum_cuda", "x86_levels"]
+__all__ = ["cuda_table", "family_table", "driver_minimum", "driver_cuda", "arch_minimum_cuda", "x86_levels", "runtime_c"]
 
 
 @cache
@@ -30,6 +30,13 @@ def x86_levels() -> dict[str, Any]:
     """``data/x86_levels.json``: the CPU flags (as ``/proc/cpuinfo`` names them) each x86-64
     micro-architecture level adds, with sources."""
     return _load("x86_levels.json")
+
+
+def runtime_c() -> dict[str, Any]:
+    """``data/runtime_c.json``: the packages that build C with the host's compiler at run time
+    (``builders``: name -> what, source, the failure they raise) and the package names that
+    bring a compiler and Python's headers per distribution family (``packages``), with sources."""
+    return _load("runtime_c.json")
 
 
 def family_table() -> dict[str, Any]:
