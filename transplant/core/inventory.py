@@ -33,6 +33,7 @@ from transplant.core.decode import DecodeError, Decoder, entry_path, item_path, 
 __all__ = [
     "SCHEMA",
     "TEXTS",
+    "GENCODE_STAMP",
     "FileEntry",
     "Distribution",
     "Interpreter",
@@ -53,6 +54,14 @@ __all__ = [
 ]
 
 SCHEMA = "transplant.inventory/1"
+
+#: A generated module's stamp as the probe reports it (``_gencode`` in :mod:`transplant.remote.probe`):
+#: protoc's ``protobuf <domain> <major>.<minor>.<patch><suffix>`` or grpcio-tools' ``grpc <version>``.
+GENCODE_STAMP = re.compile(r"protobuf (PUBLIC|GOOGLE_INTERNAL) ([0-9]{1,6})\.([0-9]{1,6})\.([0-9]{1,6})([0-9A-Za-z.+-]{0,32})"
+                           r"|grpc ([0-9][0-9A-Za-z.+-]{0,63})")
+
+#: The most generated modules' stamps one probe reports (``_GENCODE_MAX`` in :mod:`transplant.remote.probe`).
+GENCODE_MAX = 20000
 
 #: Site-packages files whose text every probe reads for the rules (torch's build facts): the
 #: plan, the snapshot and the stale-plan check under apply's lock read the same set.
@@ -270,6 +279,10 @@ class Inventory:
         ``ldconfig`` did not run (the host-library rule then finds nothing).
     :ivar cpu_flags: the host CPU's feature flags (``/proc/cpuinfo``: ``avx2``, ``avx512f``...);
         None when the probe did not report them.
+    :ivar gencode: venv-relative path -> the version stamped into a generated protobuf or grpc
+        module (``protobuf PUBLIC 5.27.0``, ``grpc 1.66.1``: :data:`GENCODE_STAMP`), for the
+        ``*_pb2.py`` / ``*_pb2_grpc.py`` files RECORD lists that carry one; None when the probe did
+        not read them (an older document, or a probe that did not look at the files).
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
         "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
         None otherwise. Not part of the fingerprint.
@@ -293,6 +306,7 @@ class Inventory:
     inputs: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     system_sonames: frozenset[str] | None = field(default=None, repr=False)
     cpu_flags: frozenset[str] | None = field(default=None, repr=False)
+    gencode: Mapping[str, str] | None = field(default=None, repr=False)
 
     def latest(self) -> dict[str, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -737,6 +751,13 @@ def _inventory(document: dict, label: str) -> Inventory:
     for rel, text in texts.items():
         if text is not None and not isinstance(text, str):
             raise DecodeError(entry_path("texts", rel), "a string or null", text)
+    gencode = member(document, "gencode", "", dict, optional=True)
+    if gencode is not None and len(gencode) > GENCODE_MAX:
+        raise DecodeError("gencode", f"at most {GENCODE_MAX} generated modules (the probe's bound)", len(gencode))
+    for rel, stamp in (gencode or {}).items():
+        if inside_path(rel) != rel or not isinstance(stamp, str) or not GENCODE_STAMP.fullmatch(stamp):
+            raise DecodeError(entry_path("gencode", rel), "a generated module's stamp (protobuf PUBLIC 5.27.0, "
+                                                          "grpc 1.66.1) under a venv-relative path", stamp)
     elsewhere = member(document, "elsewhere", "", dict, optional=True) or {}
     for where, exists in elsewhere.items():
         if not isinstance(exists, bool):
@@ -753,6 +774,7 @@ def _inventory(document: dict, label: str) -> Inventory:
         fingerprint=_fingerprint(document),
         texts={k: v for k, v in texts.items() if inside_path(k) == k},
         elsewhere=dict(elsewhere),
+        gencode=dict(gencode) if gencode is not None else None,
         document=document,
         **_outside(member(document, "outside", "", list, optional=True) or []),
     )
