@@ -31,6 +31,7 @@ from transplant.core.rules.driverstate import driver_state_findings
 from transplant.core.rules.families import lockstep_findings, torch_family_findings
 from transplant.core.rules.hostlibs import host_library_findings, runpath_findings
 from transplant.core.rules.jitcc import jit_compiler_findings
+from transplant.core.rules.gencode import gencode_findings
 from transplant.core.rules.interpreter import interpreter_findings, platform_findings, python_abi_findings, unread_findings
 from transplant.core.rules.libcuda import libcuda_findings
 from transplant.core.rules.libtorch import libtorch_findings
@@ -48,7 +49,7 @@ __all__ = ["EnvironmentAfter", "compatibility_findings", "requirement_findings"]
 RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_major_findings, torch_family_findings,
          lockstep_findings, libtorch_findings, driver_findings, gpu_arch_findings, editable_findings,
          script_findings, drift_findings, unread_findings, recordless_findings,
-         symbol_findings, numpy_findings, libcuda_findings, c_toolchain_findings, outside_findings,
+         symbol_findings, numpy_findings, gencode_findings, libcuda_findings, c_toolchain_findings, outside_findings,
          ptx_findings, jit_compiler_findings, host_library_findings, runpath_findings, cpu_findings,
          driver_state_findings)
 

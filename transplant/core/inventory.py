@@ -33,6 +33,7 @@ from transplant.core.decode import DecodeError, Decoder, entry_path, item_path, 
 __all__ = [
     "SCHEMA",
     "TEXTS",
+    "GENCODE_STAMP",
     "FileEntry",
     "Distribution",
     "Interpreter",
@@ -58,6 +59,14 @@ __all__ = [
 ]
 
 SCHEMA = "transplant.inventory/1"
+
+#: A generated module's stamp as the probe reports it (``_gencode`` in :mod:`transplant.remote.probe`):
+#: protoc's ``protobuf <domain> <major>.<minor>.<patch><suffix>`` or grpcio-tools' ``grpc <version>``.
+GENCODE_STAMP = re.compile(r"protobuf (PUBLIC|GOOGLE_INTERNAL) ([0-9]{1,6})\.([0-9]{1,6})\.([0-9]{1,6})([0-9A-Za-z.+-]{0,32})"
+                           r"|grpc ([0-9][0-9A-Za-z.+-]{0,63})")
+
+#: The most generated modules' stamps one probe reports (``_GENCODE_MAX`` in :mod:`transplant.remote.probe`).
+GENCODE_MAX = 20000
 
 #: Site-packages files whose text every probe reads for the rules (torch's build facts): the
 #: plan, the snapshot and the stale-plan check under apply's lock read the same set.
@@ -394,6 +403,10 @@ class Inventory:
         None when the probe did not report them.
     :ivar c_toolchain: the C compiler and ``Python.h`` a run-time C build (triton's launchers)
         finds on the host; None when the probe did not report them (an older probe document).
+    :ivar gencode: venv-relative path -> the version stamped into a generated protobuf or grpc
+        module (``protobuf PUBLIC 5.27.0``, ``grpc 1.66.1``: :data:`GENCODE_STAMP`), for the
+        ``*_pb2.py`` / ``*_pb2_grpc.py`` files RECORD lists that carry one; None when the probe did
+        not read them (an older document, or a probe that did not look at the files).
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
         "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
         None otherwise. Not part of the fingerprint.
@@ -419,6 +432,7 @@ class Inventory:
     cpu_flags: frozenset[str] | None = field(default=None, repr=False)
     jit_compilers: JitCompilers | None = field(default=None, repr=False)
     c_toolchain: CToolchainFacts | None = field(default=None, repr=False)
+    gencode: Mapping[str, str] | None = field(default=None, repr=False)
 
     def latest(self) -> dict[str, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -864,6 +878,13 @@ def _inventory(document: dict, label: str) -> Inventory:
     for rel, text in texts.items():
         if text is not None and not isinstance(text, str):
             raise DecodeError(entry_path("texts", rel), "a string or null", text)
+    gencode = member(document, "gencode", "", dict, optional=True)
+    if gencode is not None and len(gencode) > GENCODE_MAX:
+        raise DecodeError("gencode", f"at most {GENCODE_MAX} generated modules (the probe's bound)", len(gencode))
+    for rel, stamp in (gencode or {}).items():
+        if inside_path(rel) != rel or not isinstance(stamp, str) or not GENCODE_STAMP.fullmatch(stamp):
+            raise DecodeError(entry_path("gencode", rel), "a generated module's stamp (protobuf PUBLIC 5.27.0, "
+                                                          "grpc 1.66.1) under a venv-relative path", stamp)
     elsewhere = member(document, "elsewhere", "", dict, optional=True) or {}
     for where, exists in elsewhere.items():
         if not isinstance(exists, bool):
@@ -880,6 +901,7 @@ def _inventory(document: dict, label: str) -> Inventory:
         fingerprint=_fingerprint(document),
         texts={k: v for k, v in texts.items() if inside_path(k) == k},
         elsewhere=dict(elsewhere),
+        gencode=dict(gencode) if gencode is not None else None,
         document=document,
         **_outside(member(document, "outside", "", list, optional=True) or []),
     )

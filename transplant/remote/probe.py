@@ -32,6 +32,9 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   dist-info's RECORD, also report ``record_identity`` (:func:`record_identity`);
   ``texts`` always includes the ``*.pth``, ``*.egg-link`` and ``__editable__*.py``
   files at the top of site-packages.
+* ``gencode`` (a full RECORD read only): the versions stamped into the generated protobuf and
+  grpc modules RECORD lists (``*_pb2.py``, ``*_pb2_grpc.py``), by venv-relative path, read from
+  their first 16 KiB (:func:`_gencode`).
 * ``outside`` lists the folders outside the venv the interpreter imports from (``*.pth``
   path lines, ``include-system-site-packages``) with their distributions, metadata only
   (:func:`_outside`); ``host.libcuda`` says where JIT users find ``libcuda.so``
@@ -393,6 +396,8 @@ def _record(dist_dir, site, prefix, hashed, summary=False, shared=False, group=N
         if venv_path is not None:
             facts, st = _file_facts_stat(full)
             entry.update(facts)
+            if "size" in facts and rel.endswith(_GENERATED_ENDS):
+                _GENCODE.append((venv_path, full))
             if hashed and "size" in entry:
                 script = venv_path.startswith(_OPTIONS["scripts"] + "/")
                 # the lstat just taken is the hash cache's key: no second lstat per file
@@ -496,6 +501,8 @@ def _record_rows(rows, plain, dist_dir, site, site_rel, prefix, hashed, shared, 
             continue
         mode = st.st_mode
         if is_reg(mode):
+            if rel.endswith(_GENERATED_ENDS) and not shared:
+                _GENCODE.append((venv_path, full))
             if hashed:
                 entry = [rel, column, record_hash, record_size, True, st.st_size, mode & 0o7777, None, None, None,
                          None, None, None, None]
@@ -1621,6 +1628,56 @@ def _texts(site, prefix, requested):
     return out
 
 
+#: The names protoc (``*_pb2.py``) and grpcio-tools (``*_pb2_grpc.py``) give the modules they generate.
+_GENERATED_ENDS = ("_pb2.py", "_pb2_grpc.py")
+#: (venv-relative path, full path) of each generated module RECORD lists, regular files inside the
+#: venv (filled while RECORD rows are read; :func:`_gencode` reads their stamps).
+_GENCODE: "list[tuple[str, str]]" = []
+#: How much of a generated module's start is read: the stamp follows the imports (protoc's header is
+#: about 600 bytes; a grpc stub imports each message module its services use before its stamp).
+_GENCODE_HEAD = 16 * 1024
+#: The most generated modules whose stamps one probe reports.
+_GENCODE_MAX = 20000
+#: protoc's version check in a ``_pb2.py`` (protobuf's python generator, ``PrintTopBoilerplate``,
+#: since protoc 27.0 / protobuf 5.27.0): domain, major, minor, patch, suffix.
+_PROTOBUF_STAMP = re.compile(
+    r"^_runtime_version\.ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.(PUBLIC|GOOGLE_INTERNAL),"
+    r"\s*([0-9]{1,6}),\s*([0-9]{1,6}),\s*([0-9]{1,6}),\s*'([0-9A-Za-z.+-]{0,32})',", re.M)
+#: grpcio-tools' version check in a ``_pb2_grpc.py`` (grpc's ``src/compiler/python_generator.cc``,
+#: ``PrintPreamble``).
+_GRPC_STAMP = re.compile(r"^GRPC_GENERATED_VERSION = '([0-9][0-9A-Za-z.+-]{0,63})'$", re.M)
+
+
+def _gencode():
+    """venv-relative path -> the version stamped into a generated module RECORD lists:
+    ``protobuf <DOMAIN> <major>.<minor>.<patch><suffix>`` for a ``_pb2.py`` calling
+    ``ValidateProtobufRuntimeVersion``, ``grpc <version>`` for a ``_pb2_grpc.py`` setting
+    ``GRPC_GENERATED_VERSION``; modules without a stamp are left out. Only the first
+    :data:`_GENCODE_HEAD` bytes of each are read (not following a symlink)."""
+    out = {}
+    jobs, _GENCODE[:] = _GENCODE[:_GENCODE_MAX], []  # taken, as the hash jobs are: one probe's modules
+    for rel, full in jobs:
+        try:
+            fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            head = os.read(fd, _GENCODE_HEAD).decode("utf-8", "replace")
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if rel.endswith("_pb2_grpc.py"):
+            match = _GRPC_STAMP.search(head)
+            if match:
+                out[rel] = "grpc " + match.group(1)
+        else:
+            match = _PROTOBUF_STAMP.search(head)
+            if match:
+                out[rel] = "protobuf {} {}.{}.{}{}".format(*match.groups())
+    return out
+
+
 def _elsewhere(paths):
     """Absolute path -> whether it exists on this host (stat only; editable installs' sources)."""
     return {p: os.path.exists(p) for p in paths if isinstance(p, str) and p.startswith("/") and "\0" not in p}
@@ -1747,6 +1804,8 @@ def main(argv):
     }
     if unseen:
         document["unseen"] = unseen
+    if _OPTIONS["record"] is True:  # every RECORD row looked at on disk: the generated modules' stamps
+        document["gencode"] = _gencode()
     if "hash_cache_report" in _OPTIONS:
         document["hash_cache"] = _OPTIONS["hash_cache_report"]
     if _INPUTS is not None:
