@@ -1,7 +1,8 @@
 """Stand-ins for what this machine cannot have, placed on a system lab host where the real
 thing lives: an NVIDIA driver (``/usr/bin/nvidia-smi``, ``libcuda.so.1`` in the multiarch
-library folder and the loader cache, ``/proc/driver/nvidia/version``) with its GPUs, and a
-CPU of another x86-64 level (``/proc/cpuinfo``).
+library folder and the loader cache, ``/proc/driver/nvidia/version``) with its GPUs, a
+forward-compatibility ``libcuda`` where the cuda-compat package puts it (``/usr/local/cuda-X.Y/compat``
+and an ld.so.conf.d entry), and a CPU of another x86-64 level (``/proc/cpuinfo``).
 
 Each stand-in answers as the real one does for what transplant asks of it, and nothing more:
 ``nvidia-smi`` prints its header (driver and CUDA version) and the CSV of ``--query-gpu`` for
