@@ -32,7 +32,8 @@ def table_problems(facts: tuple[HostFact, ...], parts: dict[str, object]) -> lis
 def test_the_table_and_the_probe_agree() -> None:
     assert table_problems(HOST_FACTS, probe.HOST_PARTS) == []
     assert {f.cache_key for f in HOST_FACTS} == {"host.hostname", "host.nvidia", "host.libcuda", "host.sonames",
-                                                 "host.cpu", "host.jit_compilers", "host.c_toolchain"}
+                                                 "host.cpu", "host.jit_compilers", "host.c_toolchain",
+                                                 "host.libcuda_loaded"}
 
 
 def test_a_row_without_its_part_or_field_and_a_part_without_a_row_are_named() -> None:
@@ -64,6 +65,8 @@ def test_each_row_fills_its_field_from_the_probes_part() -> None:
 
 
 @pytest.mark.parametrize("fact", [f for f in HOST_FACTS if f.wire is dict], ids=lambda f: f.name)
+
+
 def test_a_malformed_fact_is_named_by_its_key_path(fact: HostFact) -> None:
     from transplant.errors import ProbeError
 
@@ -84,6 +87,8 @@ def test_a_compiler_release_that_is_not_major_minor_is_refused() -> None:
     document["host"]["jit_compilers"]["nvcc"]["release"] = "12.8"
     nvcc = parse_inventory(document, label="here").jit_compilers.nvcc
     assert nvcc is not None and nvcc.release == (12, 8) and nvcc.describe() == "/usr/local/cuda/bin/nvcc (CUDA 12.8)"
+
+
 def test_the_c_toolchain_is_triton_s_compiler_and_this_interpreter_s_python_h(monkeypatch, tmp_path) -> None:
     """``_c_toolchain`` follows triton's order (``CC``, then gcc, then clang on PATH) and looks for
     Python.h in the interpreter's include folder; a ``CC`` naming nothing has no path."""
@@ -118,3 +123,44 @@ def test_a_c_toolchain_report_out_of_bounds_is_refused_by_its_key_path() -> None
         document["host"]["c_toolchain"] = bad
         with pytest.raises(ProbeError, match="inventory key 'host.c_toolchain"):
             parse_inventory(document, label="here")
+def _library(folder, name: str, word: int = 2, link: bool = True):
+    """An ELF header of word size ``word`` (2: 64-bit) as ``folder/name``, with ``libcuda.so.1`` linking to it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(b"\x7fELF" + bytes([word]) + b"\0" * 59)
+    if link and name != "libcuda.so.1":
+        (folder / "libcuda.so.1").symlink_to(name)
+    return folder / "libcuda.so.1"
+
+
+def test_the_loaded_libcuda_follows_the_loaders_order(tmp_path, monkeypatch) -> None:
+    compat = _library(tmp_path / "cuda-12.8" / "compat", "libcuda.so.570.124.06")
+    driver = _library(tmp_path / "multiarch", "libcuda.so.535.104.05")
+    lib32 = _library(tmp_path / "i386", "libcuda.so.535.104.05", word=1)
+    cache = (True, [("libcuda.so.1", str(lib32)), ("libcuda.so.1", str(driver)), ("libcuda.so", str(driver))])
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    assert probe._libcuda_loaded(cache) == {"path": str(driver), "real": str(driver.resolve()),
+                                            "version": "535.104.05", "how": "ld.so.cache"}
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"::{tmp_path / 'none'}:{compat.parent}")
+    assert probe._libcuda_loaded(cache) == {"path": str(compat), "real": str(compat.resolve()),
+                                            "version": "570.124.06", "how": "LD_LIBRARY_PATH"}
+    plain = _library(tmp_path / "plain", "libcuda.so.1")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(plain.parent))
+    assert probe._libcuda_loaded((False, []))["version"] is None
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    passed_over = probe._libcuda_loaded((True, [("libcuda.so.1", str(lib32))]))  # a 32-bit one is not loaded
+    assert passed_over is None or passed_over["how"] == "default"
+
+
+@pytest.mark.parametrize("bad", [{"path": "rel/libcuda.so.1", "real": "/x", "how": "default"},
+                                 {"path": "/x\x1b[2J", "real": "/x", "how": "default"},
+                                 {"path": "/x", "real": "/x", "version": "570; rm", "how": "default"},
+                                 {"path": "/x", "real": "/x", "how": "RUNPATH"}])
+
+
+def test_a_malformed_loaded_libcuda_is_refused(bad) -> None:
+    from transplant.errors import ProbeError
+
+    document = _document()
+    document["host"]["libcuda_loaded"] = bad
+    with pytest.raises(ProbeError, match="host.libcuda_loaded"):
+        parse_inventory(document, label="here")

@@ -4,6 +4,8 @@ Numbered cases are the issue's cases from public reports."""
 
 from __future__ import annotations
 
+import posixpath
+
 import pytest
 
 from inventory_docs import SITE, digest, dist, document
@@ -311,6 +313,8 @@ def test_platform_the_donor_carries_is_info_only_in_its_own_context():
      "torchvision==0.24.0"),
     ("2.13.0+cpu", "0.16.2+cpu", "torch 2.13 pairs with torchvision 0.28.x, not 0.16.2+cpu", "'torchvision==0.28.*'"),
 ])
+
+
 def test_case7_torch_family_from_other_builds(torch_v, vision_v, why, spec):
     result = run(["torchvision"], [dist("torchvision", vision_v, {"torchvision/_C.so": "v"})],
                  [dist("torch", torch_v, {"torch/__init__.py": "t"})])
@@ -756,6 +760,8 @@ SH_CLOSE = "' " + "'" * 3  # pip's form has three lines; the third closes line 2
     (f"#!/bin/sh\n{SH_EXEC} '/donor/venv/bin/python' \"$0\" \"$@\"\n", "/t",
      f"#!/bin/sh\n{SH_EXEC} /t/bin/python \"$0\" \"$@\"\n{SH_CLOSE}\n"),
 ])
+
+
 def test_shebang_rewrites(head, target, want):
     from transplant.core.rules.venvfiles import rewritten_head
 
@@ -973,3 +979,59 @@ def test_c_toolchain_nothing_when_it_builds_without_triton_or_unread():
     d = dataclasses.replace(inv([dist("a", "1", {"a.py": "x"})], DONOR), c_toolchain=_toolchain())
     t = dataclasses.replace(inv([], TARGET), c_toolchain=_toolchain(compiler=None))
     assert not found(plan(manifest(["a"]), d, t, ()), "c-toolchain-missing")
+
+
+# --- libcuda-compat-mismatch --------------------------------------------------------------------
+
+def _compat_run(gpu: str, *, version="570.124.06", module="535.104.05", path="/usr/local/cuda-12.8/compat/libcuda.so.1",
+                how="ld.so.cache", cuda=True):
+    import dataclasses
+
+    from transplant.core.inventory import Gpu, LoadedLibcuda
+
+    overlay = ["nvidia-cuda-runtime"] if cuda else ["a"]
+    donor = inv([dist("nvidia-cuda-runtime", "12.8.90", {"nvidia/cuda_runtime/lib/libcudart.so.12": "r"})] if cuda
+                else [dist("a", "1", {"a.py": "x"})], DONOR)
+    target = inv([], TARGET, nvidia=NV_H100)
+    nvidia = dataclasses.replace(target.nvidia, driver_version=module, cuda_version="12.2", kernel_module=module,
+                                 gpus=(Gpu(name=gpu, compute_capability="8.9", memory_mib=24564),))
+    loaded = LoadedLibcuda(path=path, real=posixpath.join(posixpath.dirname(path), f"libcuda.so.{version}"),
+                           version=version, how=how)
+    return plan(manifest(overlay), donor, dataclasses.replace(target, nvidia=nvidia, libcuda_loaded=loaded), ())
+
+
+def test_a_compat_libcuda_on_a_geforce_is_an_error_naming_the_library_and_the_module():
+    [f] = found(_compat_run("NVIDIA GeForce RTX 4090"), "libcuda-compat-mismatch")
+    assert f.severity == "error" and f.dists == ("nvidia-cuda-runtime",)
+    assert ("forward-compatibility library 570.124.06 from /usr/local/cuda-12.8/compat/libcuda.so.1 "
+            "(-> libcuda.so.570.124.06), found through ld.so.cache, and the kernel module is 535.104.05") in f.message
+    assert "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE (804" in f.message and "NVIDIA GeForce RTX 4090" in f.message
+    assert f.hint.startswith("on the target: remove the ld.so.conf.d entry naming /usr/local/cuda-12.8/compat")
+    assert f.files == ("/usr/local/cuda-12.8/compat/libcuda.so.1",)
+
+
+def test_a_compat_libcuda_on_a_data_center_gpu_is_a_warning_naming_what_to_verify():
+    [f] = found(_compat_run("NVIDIA H100 80GB HBM3", how="LD_LIBRARY_PATH"), "libcuda-compat-mismatch")
+    assert f.severity == "warning" and "verify that the target's GPUs (NVIDIA H100 80GB HBM3)" in f.message
+    assert "kernel driver branch 535 is one the compat package 570.124.06 supports" in f.message
+    assert "take /usr/local/cuda-12.8/compat out of LD_LIBRARY_PATH" in f.hint
+
+
+def test_the_drivers_own_libcuda_and_a_venv_without_cuda_find_nothing():
+    assert not found(_compat_run("NVIDIA GeForce RTX 4090", version="535.104.05"), "libcuda-compat-mismatch")
+    assert not found(_compat_run("NVIDIA GeForce RTX 4090", cuda=False), "libcuda-compat-mismatch")
+    assert not found(run(["a"], [dist("a", "1", {"a.py": "x"})], [], target_kw={"nvidia": NV_H100}),
+                     "libcuda-compat-mismatch")
+
+
+def test_a_compat_library_inside_the_venv_is_named_so():
+    [f] = found(_compat_run("GeForce GTX 1080", path=f"{TARGET}/lib/python3.11/site-packages/x/libcuda.so.1",
+                            how="LD_LIBRARY_PATH"), "libcuda-compat-mismatch")
+    assert f.severity == "error" and "found through LD_LIBRARY_PATH, inside the venv" in f.message
+
+
+def test_excluded_gpus_match_the_word_only():
+    from transplant.core.rules.cudacompat import excluded_gpus
+
+    assert excluded_gpus(["NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3", "NVIDIA RTX A6000"]) == [
+        "NVIDIA GeForce RTX 4090"]

@@ -27,6 +27,7 @@ from transplant.core.rules.cudarules import cuda_major_findings, driver_findings
 from transplant.core.rules.env import EnvironmentAfter, pip
 from transplant.core.rules.cpu import cpu_findings
 from transplant.core.rules.ctoolchain import c_toolchain_findings
+from transplant.core.rules.cudacompat import libcuda_compat_findings
 from transplant.core.rules.driverstate import driver_state_findings
 from transplant.core.rules.families import lockstep_findings, torch_family_findings
 from transplant.core.rules.hostlibs import host_library_findings, runpath_findings
@@ -51,7 +52,7 @@ RULES = (interpreter_findings, python_abi_findings, platform_findings, cuda_majo
          script_findings, drift_findings, unread_findings, recordless_findings,
          symbol_findings, numpy_findings, gencode_findings, libcuda_findings, c_toolchain_findings, outside_findings,
          ptx_findings, jit_compiler_findings, host_library_findings, runpath_findings, cpu_findings,
-         driver_state_findings)
+         driver_state_findings, libcuda_compat_findings)
 
 _SHOWN = 4  # unmet requirements named in a warning's message; --json has them all in ``dists``
 

@@ -45,6 +45,7 @@ __all__ = [
     "CompilerFacts",
     "OsRelease",
     "CToolchainFacts",
+    "LoadedLibcuda",
     "HostFact",
     "HOST_FACTS",
     "Inventory",
@@ -367,6 +368,24 @@ class CToolchainFacts:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoadedLibcuda:
+    """The ``libcuda.so.1`` the host's dynamic loader resolves for a process of the venv (as the
+    probe's own environment sees it: ``LD_LIBRARY_PATH``, then the loader cache, then the default
+    folders; see ``_libcuda_loaded`` in :mod:`transplant.remote.probe`).
+
+    :ivar path: the absolute path found (``/usr/local/cuda-12.8/compat/libcuda.so.1``).
+    :ivar real: the file it resolves to (``.../libcuda.so.570.124.06``).
+    :ivar version: the version that file's name carries (``570.124.06``); None when it names none.
+    :ivar how: where the loader found it: ``LD_LIBRARY_PATH``, ``ld.so.cache`` or ``default``.
+    """
+
+    path: str
+    real: str
+    version: str | None = None
+    how: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Inventory:
     """Everything the probe saw in one venv on one host. The host's facts (``hostname``, ``nvidia``,
     ``libcuda``, ``system_sonames``, ``cpu_flags``, ``c_toolchain``) are filled by their rows of :data:`HOST_FACTS`.
@@ -407,6 +426,8 @@ class Inventory:
         module (``protobuf PUBLIC 5.27.0``, ``grpc 1.66.1``: :data:`GENCODE_STAMP`), for the
         ``*_pb2.py`` / ``*_pb2_grpc.py`` files RECORD lists that carry one; None when the probe did
         not read them (an older document, or a probe that did not look at the files).
+    :ivar libcuda_loaded: the ``libcuda.so.1`` the host's loader resolves for the venv's processes
+        (:class:`LoadedLibcuda`); None when no folder holds one or the probe did not report it.
     :ivar inputs: the probe's ``inputs`` report when it was asked for one (``{"digest", "count",
         "paths", "racy"}``: what the plan memo checks, see :mod:`transplant.pipeline.memo`);
         None otherwise. Not part of the fingerprint.
@@ -433,6 +454,7 @@ class Inventory:
     jit_compilers: JitCompilers | None = field(default=None, repr=False)
     c_toolchain: CToolchainFacts | None = field(default=None, repr=False)
     gencode: Mapping[str, str] | None = field(default=None, repr=False)
+    libcuda_loaded: LoadedLibcuda | None = field(default=None, repr=False)
 
     def latest(self) -> dict[str, Distribution]:
         """One distribution per normalised name: the newest where dist-info folders are duplicated."""
@@ -827,6 +849,11 @@ _INTERPRETER = Decoder(Interpreter, unknown="ignore", fields={"version": _versio
 _NVIDIA = Decoder(NvidiaFacts, unknown="ignore", null_default=True)
 _LIBCUDA = Decoder(LibcudaFacts, unknown="ignore", null_default=True)
 _C_TOOLCHAIN = Decoder(CToolchainFacts, unknown="ignore", null_default=True)
+_LOADED_LIBCUDA = Decoder(LoadedLibcuda, unknown="ignore", null_default=True)
+#: What ``_libcuda_loaded`` reports: an absolute path without control characters, a dotted version.
+_ABSOLUTE = re.compile(r"^/[^\x00-\x1f\x7f]{0,4095}$")
+_DRIVER_VERSION = re.compile(r"^[0-9]{1,4}(\.[0-9]{1,4}){1,3}$")
+_HOW = ("LD_LIBRARY_PATH", "ld.so.cache", "default")
 
 
 def parse_inventory(document: Any, *, label: str) -> Inventory:
@@ -995,6 +1022,22 @@ def _jit_compilers(reported: dict | None, path: str) -> JitCompilers | None:
         wheel_nvcc=tuple(c for i, item in enumerate(wheel[:4])
                          if (c := _jit_compiler(item, f"{path}.wheel_nvcc[{i}]")) is not None),
     )
+def _libcuda_loaded(reported: dict | None, path: str) -> LoadedLibcuda | None:
+    """The probe's ``host.libcuda_loaded``; None when absent.
+
+    :raises DecodeError: a malformed report (a path that is not absolute or holds control
+        characters, a version that is not dotted numbers, an unknown ``how``)."""
+    if reported is None:
+        return None
+    loaded = _LOADED_LIBCUDA(reported, path)
+    for name in ("path", "real"):
+        if not _ABSOLUTE.match(getattr(loaded, name)):
+            raise DecodeError(f"{path}.{name}", "an absolute path", getattr(loaded, name))
+    if loaded.version is not None and not _DRIVER_VERSION.match(loaded.version):
+        raise DecodeError(f"{path}.version", "a driver version", loaded.version)
+    if loaded.how not in _HOW:
+        raise DecodeError(f"{path}.how", f"one of {', '.join(_HOW)}", loaded.how)
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -1035,6 +1078,7 @@ HOST_FACTS: tuple[HostFact, ...] = (
     HostFact("jit_compilers", "jit_compilers", dict, _jit_compilers),
     HostFact("c_toolchain", "c_toolchain", dict,
              lambda value, path: _C_TOOLCHAIN(value, path) if value is not None else None),
+    HostFact("libcuda_loaded", "libcuda_loaded", dict, _libcuda_loaded),
 )
 
 

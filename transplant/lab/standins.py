@@ -1,7 +1,8 @@
 """Stand-ins for what this machine cannot have, placed on a system lab host where the real
 thing lives: an NVIDIA driver (``/usr/bin/nvidia-smi``, ``libcuda.so.1`` in the multiarch
-library folder and the loader cache, ``/proc/driver/nvidia/version``) with its GPUs, and a
-CPU of another x86-64 level (``/proc/cpuinfo``).
+library folder and the loader cache, ``/proc/driver/nvidia/version``) with its GPUs, a
+forward-compatibility ``libcuda`` where the cuda-compat package puts it (``/usr/local/cuda-X.Y/compat``
+and an ld.so.conf.d entry), and a CPU of another x86-64 level (``/proc/cpuinfo``).
 
 Each stand-in answers as the real one does for what transplant asks of it, and nothing more:
 ``nvidia-smi`` prints its header (driver and CUDA version) and the CSV of ``--query-gpu`` for
@@ -24,8 +25,9 @@ from pathlib import Path
 from transplant.core.data import x86_levels
 from transplant.lab.systems import SystemHost
 
-__all__ = ["Gpu", "Driver", "install_driver", "remove_driver", "set_cpu_level", "remove_cpu", "FIELDS", "LIBCUDA",
-           "NVIDIA_SMI", "Toolkit", "TOOLKITS", "compiler_script", "install_toolkit", "remove_toolkit"]
+__all__ = ["Gpu", "Driver", "install_driver", "remove_driver", "install_compat", "remove_compat", "COMPAT_CONF",
+           "set_cpu_level", "remove_cpu", "FIELDS", "LIBCUDA", "NVIDIA_SMI", "Toolkit", "TOOLKITS", "compiler_script",
+           "install_toolkit", "remove_toolkit"]
 
 NVIDIA_SMI = "/usr/bin/nvidia-smi"
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
@@ -124,7 +126,7 @@ for row in ROWS:
 '''
 
 
-def _libcuda_source(driver: Driver) -> str:
+def _libcuda_source(driver: Driver, init_error: int = 0) -> str:
     major, minor = driver.cuda.split(".")
     names = ", ".join(f'"{g.name}"' for g in driver.gpus) or '""'
     caps = ", ".join(g.compute_capability.replace(".", ", ") for g in driver.gpus) or "0, 0"
@@ -142,7 +144,7 @@ static const char *names[] = {{ {names} }};
 static const int caps[] = {{ {caps} }};
 static const unsigned long long mib[] = {{ {memory} }};
 static int started;
-CUresult cuInit(unsigned int flags) {{ if (flags) return CUDA_ERROR_INVALID_VALUE; if (!count) return CUDA_ERROR_NO_DEVICE; started = 1; return CUDA_SUCCESS; }}
+CUresult cuInit(unsigned int flags) {{ if ({init_error}) return {init_error}; if (flags) return CUDA_ERROR_INVALID_VALUE; if (!count) return CUDA_ERROR_NO_DEVICE; started = 1; return CUDA_SUCCESS; }}
 CUresult cuDriverGetVersion(int *version) {{ if (!version) return CUDA_ERROR_INVALID_VALUE; *version = {int(major) * 1000 + int(minor) * 10}; return CUDA_SUCCESS; }}
 CUresult cuDeviceGetCount(int *n) {{ if (!started) return CUDA_ERROR_NOT_INITIALIZED; *n = count; return CUDA_SUCCESS; }}
 CUresult cuDeviceGet(CUdevice *device, int ordinal) {{
@@ -171,16 +173,18 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {{
 """
 
 
-def build_libcuda(driver: Driver) -> bytes:
+def build_libcuda(driver: Driver, init_error: int = 0) -> bytes:
     """The stand-in ``libcuda.so.1`` for ``driver``, compiled here with ``cc`` (DT_SONAME
-    ``libcuda.so.1``; it needs only the C library, so it loads on every lab release).
+    ``libcuda.so.1``; it needs only the C library, so it loads on every lab release). A non-zero
+    ``init_error`` is what its ``cuInit`` returns (804, CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE,
+    for a forward-compatibility library on a GPU it does not support).
 
     :raises subprocess.CalledProcessError: the compiler failed.
     :raises FileNotFoundError: no ``cc`` here (``apt-get install gcc libc6-dev``).
     """
     with tempfile.TemporaryDirectory(prefix="transplant-libcuda-") as folder:
         source, out = Path(folder) / "libcuda.c", Path(folder) / "libcuda.so.1"
-        source.write_text(_libcuda_source(driver))
+        source.write_text(_libcuda_source(driver, init_error))
         subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(source)],
                        check=True, capture_output=True)
         return out.read_bytes()
@@ -213,6 +217,39 @@ def remove_driver(host: SystemHost) -> None:
     if version.parent.is_dir():
         version.parent.rmdir()
     _restart(host)
+
+
+#: The ld.so.conf.d entry naming the compat folder: read before the multiarch folders' entries
+#: (``/etc/ld.so.conf`` includes ``/etc/ld.so.conf.d/*.conf`` in name order), so the loader cache
+#: gives the compat library first, as on a host set up by NVIDIA's guide.
+COMPAT_CONF = "/etc/ld.so.conf.d/cuda-compat.conf"
+#: What a forward-compatibility libcuda's cuInit returns on a GPU it does not support
+#: (CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, cuda.h).
+COMPAT_NOT_SUPPORTED = 804
+
+
+def install_compat(host: SystemHost, compat: Driver, *, supported: bool = True) -> str:
+    """Give ``host`` a forward-compatibility ``libcuda`` where the cuda-compat package puts it:
+    ``/usr/local/cuda-<compat.cuda>/compat/libcuda.so.<compat.version>`` with the ``libcuda.so.1``
+    and ``libcuda.so`` links, and :data:`COMPAT_CONF` naming that folder, then the loader cache.
+    ``compat`` is the driver release the package was made from; its ``cuInit`` returns
+    :data:`COMPAT_NOT_SUPPORTED` unless ``supported``. Returns the folder."""
+    folder = f"/usr/local/cuda-{compat.cuda}/compat"
+    host.install(f"{folder}/libcuda.so.{compat.version}",
+                 build_libcuda(compat, 0 if supported else COMPAT_NOT_SUPPORTED), 0o755)
+    host.run(["ln", "-sfn", f"libcuda.so.{compat.version}", f"{folder}/libcuda.so.1"])
+    host.run(["ln", "-sfn", "libcuda.so.1", f"{folder}/libcuda.so"])
+    host.install(COMPAT_CONF, f"{folder}\n".encode(), 0o644)
+    host.run(["/sbin/ldconfig"])
+    return folder
+
+
+def remove_compat(host: SystemHost, cuda: str) -> None:
+    """Take the compat library of CUDA ``cuda`` (``12.8``) and :data:`COMPAT_CONF` off ``host``."""
+    if not re.fullmatch(r"\d+\.\d", cuda):
+        raise ValueError(f"CUDA {cuda!r} is not a version")
+    host.run(["rm", "-rf", "--", f"/usr/local/cuda-{cuda}/compat", COMPAT_CONF])
+    host.run(["/sbin/ldconfig"])
 
 
 def _restart(host: SystemHost) -> None:

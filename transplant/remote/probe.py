@@ -810,6 +810,7 @@ HOST_PARTS = {
     "machine": lambda shared: platform.machine(),
     "nvidia": lambda shared: _nvidia(),
     "libcuda": lambda shared: _libcuda(_loader_cache(shared)),
+    "libcuda_loaded": lambda shared: _libcuda_loaded(_loader_cache(shared)),
     "sonames": lambda shared: _system_sonames(_loader_cache(shared)),
     "cpu": lambda shared: _cpu(),
     "jit_compilers": lambda shared: _jit_compilers(),
@@ -1540,6 +1541,59 @@ def _libcuda(cache):
         "ldconfig": ran,
         "triton_libcuda_path": env_path,
     }
+
+
+#: The folders ld.so(8) searches last, after ``LD_LIBRARY_PATH`` and its cache.
+_LOADER_DEFAULTS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
+#: The driver library's file name with its version (``libcuda.so.570.124.06``), as the driver and the
+#: cuda-compat package name the file ``libcuda.so.1`` links to.
+_LIBCUDA_VERSIONED = re.compile(r"^libcuda\.so\.([0-9]{1,4}(?:\.[0-9]{1,4}){1,3})$")
+
+
+def _own_word_size(path):
+    """Whether ``path`` is an ELF object of this process's word size (a multilib host's 32-bit
+    ``libcuda.so.1`` is in the loader cache too; ld.so passes it over). Reads 5 bytes."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(5)
+    except OSError:
+        return False
+    return len(head) == 5 and head[:4] == b"\x7fELF" and head[4] == (2 if sys.maxsize > 2 ** 32 else 1)
+
+
+def _libcuda_loaded(cache):
+    """The ``libcuda.so.1`` the dynamic loader resolves for a process of this interpreter, in
+    ld.so(8)'s order: the ``LD_LIBRARY_PATH`` folders as this process's environment has them, the
+    loader cache (its first ``libcuda.so.1`` of this word size, the one ld.so takes: the cache keeps
+    the order of ld.so.conf's folders), then the default folders. A RUNPATH of the object that
+    opens it is not followed. ``cache``: :func:`_ldconfig`'s answer.
+
+    Returns ``{"path": the path found, "real": the file it resolves to, "version": the version
+    that file's name carries (``libcuda.so.570.124.06`` -> ``570.124.06``) or None, "how":
+    "LD_LIBRARY_PATH" | "ld.so.cache" | "default"}``, or None when no folder holds one."""
+    found = None
+    for folder in (os.environ.get("LD_LIBRARY_PATH") or "").split(":"):
+        candidate = os.path.join(folder, "libcuda.so.1") if folder else None
+        if candidate and _own_word_size(candidate):
+            found = (candidate, "LD_LIBRARY_PATH")
+            break
+    if found is None:
+        for name, path in cache[1]:
+            if name == "libcuda.so.1" and path.startswith("/") and _own_word_size(path):
+                found = (path, "ld.so.cache")
+                break
+    if found is None:
+        for folder in _LOADER_DEFAULTS:
+            candidate = os.path.join(folder, "libcuda.so.1")
+            if _own_word_size(candidate):
+                found = (candidate, "default")
+                break
+    if found is None:
+        return None
+    path, how = found
+    real = os.path.realpath(path)
+    match = _LIBCUDA_VERSIONED.match(os.path.basename(real))
+    return {"path": path[:4096], "real": real[:4096], "version": match.group(1) if match else None, "how": how}
 
 
 def _pth_folders(folder):

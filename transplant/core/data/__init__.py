@@ -13,7 +13,8 @@ from typing import Any
 
 from packaging.version import Version
 
-__all__ = ["cuda_table", "family_table", "driver_minimum", "driver_cuda", "arch_minimum_cuda", "x86_levels", "runtime_c"]
+__all__ = ["cuda_table", "cuda_compat_table", "family_table", "driver_minimum", "driver_cuda", "arch_minimum_cuda",
+           "x86_levels", "runtime_c"]
 
 
 @cache
@@ -24,6 +25,13 @@ def _load(name: str) -> dict[str, Any]:
 def cuda_table() -> dict[str, Any]:
     """``data/cuda.json``: minimum drivers, architecture minimums, CUDA sonames, versioned nvidia-* names."""
     return _load("cuda.json")
+
+
+def cuda_compat_table() -> dict[str, Any]:
+    """``data/cuda_compat.json``: what NVIDIA's CUDA Compatibility guide says of forward
+    compatibility (the systems it applies to, the package, the error at ``cuInit`` where it does
+    not apply), with sources."""
+    return _load("cuda_compat.json")
 
 
 def x86_levels() -> dict[str, Any]:
