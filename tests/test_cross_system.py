@@ -191,10 +191,14 @@ def test_the_driver_stand_in_answers_as_the_real_one(drivers):
 
 def test_a_python_313_donor_and_a_311_target_are_named_as_such(systems, tmp_path, capsys):
     """Debian's own Pythons: 3.13 on trixie, 3.11 on bookworm. The pair is "Python 3.13 vs 3.11",
-    never a missing interpreter, and a cp313 extension is named for its ABI."""
+    never a missing interpreter; a cp313 extension is named for its ABI and stays blocked, while
+    the pure-Python distribution moves into bookworm's lib/python3.11/site-packages over SSH,
+    imports there, passes verify and rolls back."""
     trixie, bookworm = systems.hosts["trixie"], systems.hosts["bookworm"]
     wheels = tmp_path / "wheels"
-    made = [build_wheel(wheels, "purepkg", "1.0", {"purepkg/__init__.py": "X = 1\n"}),
+    made = [build_wheel(wheels, "purepkg", "1.0", {"purepkg/__init__.py": "X = 1\n",
+                                                   "purepkg/cli.py": "def main():\n    print('ran purepkg')\n"},
+                        entry_points="[console_scripts]\npuretool = purepkg.cli:main\n"),
             build_wheel(wheels, "ext313", "1.0", {"ext313/__init__.py": "",
                                                   "ext313/_x.cpython-313-x86_64-linux-gnu.so": b"\x7fELF"},
                         tag="cp313-cp313-linux_x86_64")]
@@ -206,22 +210,57 @@ def test_a_python_313_donor_and_a_311_target_are_named_as_such(systems, tmp_path
         trixie.install(f"/srv/debwheels/{wheel.name}", wheel.read_bytes())
     trixie.run(["/srv/debpy/bin/pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
                 *[f"/srv/debwheels/{w.name}" for w in made]])
-    manifest = tmp_path / "py.yaml"
-    manifest.write_text(textwrap.dedent(f"""\
-        version: 1
-        donor: {{host: "{trixie.spec}", venv: /srv/debpy}}
-        target: {{host: "{bookworm.spec}", venv: /srv/debpy}}
-        ssh: {{identity_file: {systems.identity_file}, known_hosts: {systems.known_hosts}}}
-        overlay: [purepkg, ext313]
-        """))
-    assert main(["plan", str(manifest), "--json"]) == 3
+    cached = trixie.run(["ls", "/srv/debpy/lib/python3.13/site-packages/purepkg/__pycache__"]).stdout.decode().split()
+    assert cached and all(".cpython-313.pyc" in n for n in cached), cached
+
+    def write(overlay: str) -> Path:
+        manifest = tmp_path / "py.yaml"
+        manifest.write_text(textwrap.dedent(f"""\
+            version: 1
+            donor: {{host: "{trixie.spec}", venv: /srv/debpy}}
+            target: {{host: "{bookworm.spec}", venv: /srv/debpy}}
+            ssh: {{identity_file: {systems.identity_file}, known_hosts: {systems.known_hosts}}}
+            overlay: {overlay}
+            verify: {{imports: [purepkg]}}
+            """))
+        return manifest
+
+    assert main(["plan", str(write("[purepkg, ext313]")), "--json"]) == 3
     doc = json.loads(capsys.readouterr().out)
     assert not by_code(doc, "interpreter-missing")
-    [minor] = by_code(doc, "python-version-mismatch")
-    assert minor["severity"] == "error" and minor["message"].startswith("Python 3.13 vs 3.11: ")
-    assert "lib/python3.13/site-packages" in minor["message"]
+    minor = {f["severity"]: f for f in by_code(doc, "python-version-mismatch")}
+    assert sorted(minor) == ["error", "warning"]
+    assert minor["error"]["dists"] == ["ext313"] and minor["error"]["message"].startswith("Python 3.13 vs 3.11: ")
+    assert "lib/python3.13/site-packages" in minor["error"]["message"] and "1 shared object" in minor["error"]["message"]
+    assert minor["warning"]["dists"] == ["purepkg"]
+    assert "from the donor's lib/python3.13/site-packages to the target's lib/python3.11/site-packages" \
+        in minor["warning"]["message"]
     [abi] = by_code(doc, "python-abi-mismatch")
     assert abi["dists"] == ["ext313"] and "cp313-cp313-linux_x86_64" in abi["message"]
+    # the pure distribution alone: no error; applied over SSH it lands where bookworm's 3.11 reads it
+    manifest = write("[purepkg]")
+    assert main(["plan", str(manifest), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert not [f for f in doc["findings"] if f["severity"] == "error"], doc["findings"]
+    [change] = doc["changes"]
+    assert {c["path"]: c["donor_path"] for c in change["copy"]}[
+        "lib/python3.11/site-packages/purepkg/__init__.py"] == "lib/python3.13/site-packages/purepkg/__init__.py"
+    assert main(["apply", str(manifest), "--yes"]) == 0
+    capsys.readouterr()
+    said = bookworm.run(["/srv/debpy/bin/python", "-c", "import purepkg, sys; print(purepkg.X, purepkg.__file__, "
+                         "'%d.%d' % sys.version_info[:2])"]).stdout.decode().split()
+    assert said == ["1", "/srv/debpy/lib/python3.11/site-packages/purepkg/__init__.py", "3.11"], said
+    assert bookworm.run(["/srv/debpy/bin/puretool"]).stdout == b"ran purepkg\n"
+    assert bookworm.run(["test", "!", "-e", "/srv/debpy/lib/python3.13"]).returncode == 0
+    assert main(["verify", str(manifest), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    stages = {s["name"]: s["status"] for s in report["stages"]}
+    assert report["ok"] is True and stages["interpreter"] == "pass" and stages["imports"] == "pass", stages
+    assert main(["rollback", str(manifest), "--yes"]) == 0
+    left = bookworm.run(["find", "/srv/debpy/lib/python3.11/site-packages", "/srv/debpy/bin", "-name", "*purepkg*",
+                         "-o", "-name", "puretool", "-o", "-name", "*.py", "-path", "*purepkg*"]).stdout.decode().split()
+    # what apply wrote is gone; the cpython-311 caches bookworm's Python wrote on import were never the plan's
+    assert left in ([], ["/srv/debpy/lib/python3.11/site-packages/purepkg"]), left
 
 
 def test_a_driver_without_the_unversioned_libcuda_link_blocks_triton_and_the_twin_has_it(drivers, tmp_path, capsys):

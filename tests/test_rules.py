@@ -67,7 +67,9 @@ def test_other_python_version_than_the_donor():
     [f] = found(result, "python-version-mismatch")
     assert f.severity == "error" and f.message.startswith("Python 3.11 vs 3.12: the donor venv runs cpython 3.11.7, "
                                                           "the target venv cpython 3.12.3")
-    assert f.hint == "recreate the target venv with Python 3.11: python3.11 -m venv /target/venv"
+    assert "a 1: its WHEEL says Root-Is-Purelib: false" in f.message and f.dists == ("a",)
+    assert f.hint == ("leave a out of overlay in m.yaml (install builds for Python 3.12 on the target instead), or "
+                      "recreate the target venv with Python 3.11: python3.11 -m venv /target/venv")
 
 
 # --- script-prefix (case 2) -------------------------------------------------------------------

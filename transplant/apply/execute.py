@@ -14,6 +14,7 @@ transaction stays recorded in ``<venv>/.transplant/`` for ``transplant history``
 from __future__ import annotations
 
 import os
+import posixpath
 import shlex
 import shutil
 import tempfile
@@ -28,7 +29,7 @@ from transplant.errors import ApplyError, HostError, TransplantError
 from transplant.hosts.host import Host, LocalHost
 from transplant.core.inventory import inside_path, protected_path
 from transplant.hosts.probing import take_inventory
-from transplant.core.plan import Plan
+from transplant.core.plan import FileCopy, Plan, moved_roots
 from transplant.apply import txn
 from transplant.core.promised_state import expected_state, transaction_steps
 from transplant.hosts.probing import WaitingScript, fingerprint, take_prestarted, venv_python
@@ -62,7 +63,8 @@ def check_plan_paths(plan: Plan, manifest_dir: Path) -> None:
     """Refuse a plan with any path that leaves its root, before anything is written.
 
     Every copied and removed path must be relative to the venv and stay inside it once
-    normalised; every patch source must be a regular file inside the manifest's folder
+    normalised (a copy's ``donor_path`` too, ending in the same file name as its ``path``:
+    :func:`transplant.core.plan.moved_roots`); every patch source must be a regular file inside the manifest's folder
     (symlinks resolved).
 
     :raises ApplyError: naming the first bad path and the change it belongs to.
@@ -80,6 +82,14 @@ def check_plan_paths(plan: Plan, manifest_dir: Path) -> None:
                 raise ApplyError(f"refusing the plan: {change.name}: path {path!r} is part of the venv itself",
                                  hint=_REPLAN)
         for copy in change.copy:
+            if copy.donor_path is not None:
+                where = copy.donor_path
+                if copy.source != "donor" or inside_path(where) != where or protected_path(where):
+                    raise ApplyError(f"refusing the plan: {change.name}: donor path {where!r} of {copy.path} is not "
+                                     f"a normalised path inside the donor venv", hint=_REPLAN)
+                if moved_roots(where, copy.path) is None:
+                    raise ApplyError(f"refusing the plan: {change.name}: {copy.path} is read from {where!r}, which "
+                                     f"does not end in the same file name: no transfer can place it", hint=_REPLAN)
             if copy.source == "donor":
                 continue
             if copy.source != "patch" or copy.local is None or inside_path(copy.local) != copy.local:
@@ -192,6 +202,12 @@ def execute(
     :raises HostError: a host could not be reached or rsync failed (nothing changed).
     """
     check_plan_paths(plan, manifest_dir)
+    if stager is not None and any(cp.donor_path is not None for c in plan.changes for cp in c.copy):
+        raise ApplyError(f"{plan.target.label}: this plan moves files from the donor's site-packages to the target's "
+                         f"of another Python minor, and a registry snapshot's stager places each file at the "
+                         f"snapshot's own path only; nothing was changed",
+                         hint="apply from the live donor or from a local snapshot (transplant snapshot), which stream "
+                              "each file to its place")
     how = transfer_way()  # a bad TRANSPLANT_TRANSFER is said before the lock, the probe or the transaction
     if plan.refused:
         first = plan.refused[0]
@@ -229,6 +245,8 @@ def _stream_ahead(plan: Plan, donor: Host, donor_root: str, target: Host, *, how
     None: nothing started (a larger or another kind of copy starts its own sides when it copies).
     """
     copies = [cp for c in plan.changes for cp in c.copy if cp.source == "donor"]
+    if any(cp.donor_path is not None for cp in copies):  # moved files: one copy per folder pair (_stage)
+        return None
     if not copies or stager is not None or compress or how not in ("stream", "relay") or \
             sum(cp.size or 0 for cp in copies) >= AHEAD_MAX_BYTES:
         return None
@@ -498,8 +516,28 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
         moved, copied = stager(target, plan.target.venv, staged, donor_files, staging=staging, timeout=timeout, reporter=reporter)
     elif donor_files:
         reporter.step("files")
-        transfer = move("files", donor, donor_root, None if isinstance(donor, LocalHost) else venv_python(
-            plan.donor.venv), donor_files, sum(cp.size or 0 for cp in donor_copies), ahead)
+        donor_python = None if isinstance(donor, LocalHost) else venv_python(plan.donor.venv)
+        groups = _by_folders(donor_copies)
+        for (donor_folder, target_folder), group in groups.items():
+            if not donor_folder:
+                transfer = move("files", donor, donor_root, donor_python, [cp.path for cp in group],
+                                sum(cp.size or 0 for cp in group), ahead)
+                continue
+            # a moved pure-Python distribution's files: read below the donor's folder, written below the
+            # target's (the relay stream or rsync; the direct pull writes beside the staged folder only)
+            way = "relay" if how in ("stream", "direct") else how
+            paths = [_below(cp) for cp in group]
+            result, _ = _transfer("files", way, donor, posixpath.join(donor_root, donor_folder), donor_python, target,
+                                  posixpath.join(staged, target_folder), paths, staging=staging,
+                                  total=sum(cp.size or 0 for cp in group), reporter=reporter, timeout=timeout,
+                                  compress=compress, target_python=venv_python(plan.target.venv), state_dir=None)
+            moved += result.bytes
+            copied += len(paths)
+            written.update({posixpath.join(target_folder, path): list(entry) for path, entry in result.written.items()})
+            way_said, amounts = _described(result, donor, target)
+            reporter.note(f"files moved from the donor's {donor_folder} to the target's {target_folder}: "
+                          f"{way_said}, {amounts}")
+            transfer = transfer or way_said
     patch_dir = Path(tempfile.mkdtemp(prefix="patches-", dir=staging))
     try:
         patch_paths = _stage_patches(plan, manifest_dir, patch_dir)
@@ -510,6 +548,26 @@ def _stage(plan: Plan, donor: Host, donor_root: str, target: Host, staged: str, 
     finally:
         shutil.rmtree(patch_dir, ignore_errors=True)
     return moved, copied, written, transfer
+
+
+def _by_folders(copies: list[FileCopy]) -> dict[tuple[str, str], list[FileCopy]]:
+    """The donor's copies grouped by (the donor's folder, the target's folder) of
+    :func:`transplant.core.plan.moved_roots`: ``("", "")`` for those read and written at one path
+    (first, in plan order), then one group for each folder pair moved files lie in."""
+    groups: dict[tuple[str, str], list[FileCopy]] = {("", ""): []}
+    for cp in copies:
+        roots = None if cp.donor_path is None else moved_roots(cp.donor_path, cp.path)
+        groups.setdefault(("", "") if roots is None else roots[:2], []).append(cp)
+    if not groups[("", "")]:
+        del groups[("", "")]
+    return groups
+
+
+def _below(copy: FileCopy) -> str:
+    """The path of a moved copy below its two folders (:func:`transplant.core.plan.moved_roots`)."""
+    roots = moved_roots(copy.read_path, copy.path)
+    assert roots is not None  # grouped by them: check_plan_paths refused any other
+    return roots[2]
 
 
 def transfer_way() -> str:

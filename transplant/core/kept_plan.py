@@ -127,10 +127,10 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
             if patch is None:
                 problems.append(f"{label}: the manifest has no patch file for it")
                 continue
-            copies = [(c.path, c.size, c.hash, c.source, c.local, c.head, c.link, c.record_identity)
+            copies = [(c.path, c.size, c.hash, c.source, c.local, c.head, c.link, c.record_identity, c.donor_path)
                       for c in change.copy]
             want = [] if change.action == "keep" else [
-                (change.name, patch.size, patch.hash, "patch", patch.local, None, None, None)]
+                (change.name, patch.size, patch.hash, "patch", patch.local, None, None, None, None)]
             if copies != want or change.remove:
                 problems.append(f"{label}: it does not copy exactly the manifest's {patch.local} "
                                 f"({patch.hash}, {patch.size} bytes)")
@@ -151,7 +151,8 @@ def kept_plan_problems(plan: Plan, manifest: Manifest, patches: Sequence[PatchFi
                                     f"not from the donor")
         if change.kind == "distribution":
             own_site = None if change.dist_info is None else posixpath.dirname(change.dist_info.rstrip("/"))
-            for path in [c.path for c in change.copy] + list(change.remove):
+            moved = [c.donor_path for c in change.copy if c.donor_path is not None]
+            for path in [c.path for c in change.copy] + list(change.remove) + moved:
                 stem = _installed_metadata_stem(path, own_site)
                 if stem is not None and not _stem_names(stem, change.name):
                     owner = canonicalize_name(stem.split("-", 1)[0])

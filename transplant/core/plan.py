@@ -29,6 +29,7 @@ __all__ = [
     "Plan",
     "plan_from_dict",
     "write_plan",
+    "moved_roots",
 ]
 
 PLAN_SCHEMA = "transplant.plan/1"
@@ -84,7 +85,8 @@ class Finding:
 class FileCopy:
     """One file to write on the target.
 
-    :ivar path: POSIX path relative to the venv prefix, the same on donor and target.
+    :ivar path: POSIX path relative to the venv prefix where the target gets the file (for a
+        donor file: where the donor has it too, unless ``donor_path`` says otherwise).
     :ivar size: bytes (None for a symlink).
     :ivar hash: ``sha256=<urlsafe b64>`` of the content, or ``symlink:<target>``.
     :ivar source: ``donor``, or ``patch`` for a file from the controller.
@@ -103,6 +105,12 @@ class FileCopy:
     :ivar record_scripts: with ``record_identity``, the venv-relative scripts whose RECORD
         rows apply sets to the sha256 and size of the file as written on the target (as
         pip writes rows for the scripts it generates); every other row stays the donor's.
+    :ivar donor_path: for a donor file that lands elsewhere than the donor has it (a pure-Python
+        distribution moved between the site-packages of two Python minors: its file
+        ``lib/python3.13/site-packages/x.py`` lands at ``lib/python3.11/site-packages/x.py``), the
+        venv-relative path the donor side reads; the same file name, ``path``'s folder is the
+        target's. None: the donor reads ``path``. Staging, hashing and the target's state are
+        keyed by ``path``; a snapshot holds the file under ``donor_path``.
     """
 
     path: str
@@ -115,6 +123,12 @@ class FileCopy:
     link: str | None = None
     record_identity: str | None = None
     record_scripts: tuple[str, ...] = ()
+    donor_path: str | None = None
+
+    @property
+    def read_path(self) -> str:
+        """The venv-relative path the donor side reads: ``donor_path``, else ``path``."""
+        return self.donor_path if self.donor_path is not None else self.path
 
     @staticmethod
     def plain(path: str, size: int | None, hash: str) -> FileCopy:
@@ -137,6 +151,25 @@ class FileCopy:
         if self.head is not None:
             return f"script:{self.body_hash}:{self.head}"
         return self.hash
+
+
+def moved_roots(donor_path: str, path: str) -> tuple[str, str, str] | None:
+    """Split a moved file's two venv-relative paths into (the donor's folder, the target's folder,
+    the path below both): the longest trailing run of path components they share is the
+    path below, what precedes it on each side the folder (``lib/python3.13``, ``lib/python3.11``,
+    ``site-packages/x.py``). A transfer copies ``<donor root>/<donor folder>/<below>`` to
+    ``<staged>/<target folder>/<below>``.
+
+    :returns: None when the two paths do not even end in the same file name (no transfer can
+        place such a file), or are the same.
+    """
+    donor_parts, parts = donor_path.split("/"), path.split("/")
+    shared = 0
+    while shared < min(len(donor_parts), len(parts)) - 1 and donor_parts[-1 - shared] == parts[-1 - shared]:
+        shared += 1
+    if shared == 0 or donor_path == path:
+        return None
+    return ("/".join(donor_parts[:-shared]), "/".join(parts[:-shared]), "/".join(parts[-shared:]))
 
 
 _NEW, _SET = object.__new__, object.__setattr__

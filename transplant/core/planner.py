@@ -28,6 +28,7 @@ from transplant.core.cuda import cuda_variant, describe_variant
 from transplant.core.inventory import Distribution, FileEntry, Inventory, inside_path, link_escapes, newest, protected_path
 from transplant.core.manifest import Manifest
 from transplant.core.plan import Change, FileCopy, Finding, Plan, Side
+from transplant.core.rules.interpreter import minor_blockers
 from transplant.core.rules.venvfiles import rewritten_head
 
 __all__ = ["PatchFile", "plan", "selected_names", "pyc_source", "patch_destination"]
@@ -561,6 +562,52 @@ def _accept(manifest: Manifest, findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def _minor_move(donor: Inventory, target: Inventory) -> tuple[str, str] | None:
+    """(the donor's site-packages, the target's) when both are CPython of two minors whose
+    site-packages folders differ (``lib/python3.13/site-packages``, ``lib/python3.11/...``),
+    both in the venv; else None (one minor: every file keeps its venv-relative path)."""
+    d, t = donor.interpreter, target.interpreter
+    if d.implementation != "cpython" or t.implementation != "cpython" or d.minor == t.minor:
+        return None
+    sites = (donor.site_packages, target.site_packages)
+    if sites[0] == sites[1] or any(inside_path(s) != s for s in sites):
+        return None
+    return sites
+
+
+def _relocated(donor: Inventory, target: Inventory, donor_site: str, target_site: str) -> tuple[Inventory, frozenset[str]]:
+    """The donor's inventory as the target will hold it: each distribution that can move to the
+    target's Python minor (:func:`minor_blockers`: pure Python, its files in site-packages or in
+    no folder of the donor's minor) with its dist-info folder and the files under ``donor_site``
+    keyed by the same path under ``target_site`` (its RECORD rows, relative to site-packages,
+    are unchanged); the others as they are. Every rule then compares like with like (a moved file
+    with the target's file at that path).
+
+    :returns: (that inventory, the names moved)."""
+    head, moved, dists = donor_site + "/", set(), []
+    for dist in donor.distributions:
+        if minor_blockers(dist, donor_site, donor.interpreter.minor, target.interpreter):
+            dists.append(dist)
+            continue
+        moved.add(dist.name)
+        record = None if dist.record is None else tuple(
+            replace(e, path=target_site + e.path[len(donor_site):]) if e.path is not None and e.path.startswith(head)
+            else e for e in dist.record)
+        dists.append(replace(dist, dist_info=target_site + dist.dist_info[len(donor_site):], record=record))
+    if not moved:
+        return donor, frozenset()
+    return replace(donor, distributions=tuple(dists)), frozenset(moved)
+
+
+def _read_from(copy: FileCopy, donor_site: str, target_site: str) -> FileCopy:
+    """``copy`` with ``donor_path`` set where it lands in the target's site-packages, moved there
+    from the donor's (:func:`_relocated`); a file outside site-packages (a console script) keeps
+    its one path."""
+    if copy.source != "donor" or not copy.path.startswith(target_site + "/"):
+        return copy
+    return replace(copy, donor_path=donor_site + copy.path[len(target_site):])
+
+
 def _not_a_venv(manifest: Manifest, target: Inventory) -> list[Finding]:
     """``target-not-a-venv``: the target prefix has no ``pyvenv.cfg`` (PEP 405: a venv is the folder
     holding one), so it is a Python installation itself (pyenv's, the system's), which other
@@ -611,6 +658,10 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
     if found is not None:
         findings += closure_findings(found, manifest.path)
     needed_by = {p.name: p.needed_by for p in (found.pulled if found is not None else ())}
+    moves = _minor_move(donor, target)
+    relocated: frozenset[str] = frozenset()
+    if moves is not None:  # another Python minor: pure-Python distributions move to the target's site-packages
+        donor, relocated = _relocated(donor, target, *moves)
     donor_by, target_by = donor.by_name(), target.by_name()
     names = selected_names(manifest.overlay, donor)
     removed = [n for n in selected_names(manifest.remove, target) if n not in names]
@@ -632,6 +683,8 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
         new = newest(donor_by[name])
         change = _distribution_change(name, new, target_by.get(name, []), patched, owned_elsewhere, known,
                                       findings, prefixes, leave.get(name, frozenset()), target.interpreter.minor)
+        if moves is not None and name in relocated:  # the donor side reads each moved file where the donor has it
+            change = replace(change, copy=tuple(_read_from(c, *moves) for c in change.copy))
         if name in needed_by:
             change = replace(change, reason=f"{change.reason}; needed by {needed_by[name]}")
         changes.append(change)
@@ -652,7 +705,8 @@ def plan(manifest: Manifest, donor: Inventory, target: Inventory, patches: Seque
                            patch_dests=frozenset(p.dest for p in patches), donor_elf=donor_elf, target_elf=target_elf,
                            manifest=manifest.path,
                            changed=frozenset(c.name for c in changes if c.kind == "distribution" and not c.is_noop),
-                           left=frozenset(p for paths in leave.values() for p in paths), arriving_paths=arriving)
+                           left=frozenset(p for paths in leave.values() for p in paths), arriving_paths=arriving,
+                           relocated=frozenset(n for n in names if n in relocated))
     findings.extend(compatibility_findings(env))
     findings = _accept(manifest, findings)
     order = {"error": 0, "warning": 1, "info": 2}

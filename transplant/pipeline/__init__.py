@@ -103,7 +103,7 @@ def apply_plan(plan: Plan, manifest: Manifest, opened: Opened, target: Host, *, 
 
     stager = opened.source.stager()  # a registry snapshot: each target pulls its files itself
     donor_host, donor_root = (None, None) if stager else opened.source.files(
-        [cp.path for c in plan.changes for cp in c.copy if cp.source == "donor"])
+        [cp.read_path for c in plan.changes for cp in c.copy if cp.source == "donor"])
     if donor_host is not None:  # a pull key a killed apply left authorised on this donor goes now, whatever the way
         from transplant.hosts.pullkey import sweep_left
 

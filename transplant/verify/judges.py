@@ -275,7 +275,7 @@ def overall_ok(results: Sequence[StageResult]) -> bool:
 
 
 def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | None, *,
-                      python: str | None = None) -> tuple[str, str]:
+                      python: str | None = None, foreign: Sequence[str] | None = None) -> tuple[str, str]:
     """(status, reason) for the target's interpreter.
 
     :param target: ``{"version": "3.11.2", "implementation": "cpython", "home": str | None,
@@ -284,6 +284,11 @@ def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | N
         to compare with (then only ``home`` and ``python`` are checked, and the reason says so).
     :param python: the manifest's ``verify.python`` (``3.11`` or ``3.11.9``): the target's version
         must start with it; None: not checked.
+    :param foreign: venv-relative extension modules of the target venv whose ABI suffix
+        (``.cpython-313-x86_64-linux-gnu.so``, PEP 3149) is not the target interpreter's. With
+        another CPython minor than the donor's, an empty list passes (pure-Python distributions
+        moved between minors: nothing in the venv needs the donor's ABI) and a non-empty one
+        fails naming them; None (not read) fails on the minor alone.
     """
     home, version = target.get("home"), str(target.get("version"))
     if target.get("home_exists") is False:
@@ -299,8 +304,15 @@ def judge_interpreter(target: Mapping[str, Any], expected: Mapping[str, Any] | N
         return "pass", f"{where}; no donor interpreter to compare with"
     want_minor = ".".join(str(expected.get("version")).split(".")[:2])
     if (impl, minor) != (expected.get("implementation"), want_minor):
+        same_impl = impl == expected.get("implementation") == "cpython"
+        if same_impl and foreign is not None and not foreign:
+            return "pass", (f"{where}; the donor runs {expected.get('version')}, another minor, and no extension "
+                            f"module in this venv is built for another Python than {minor} (pure-Python "
+                            f"distributions moved between minors)")
+        named = f" ({count(len(foreign), 'extension module')}: {', '.join(foreign[:3])}" \
+                f"{' ...' if len(foreign) > 3 else ''})" if same_impl and foreign else ""
         return "fail", (f"{where}, but the donor runs {expected.get('implementation')} {expected.get('version')}: "
-                        f"extension modules built for {want_minor} do not load in {minor}")
+                        f"extension modules built for {want_minor} do not load in {minor}{named}")
     return "pass", f"{where}; matches the donor's {expected.get('version')}"
 
 

@@ -457,8 +457,15 @@ def _interpreter(ctx: _Ladder) -> Answer:
     theirs = ctx.donor()
     facts = _interpreter_facts(live)
     expected = _interpreter_facts(theirs) if theirs is not None else None
-    status, reason = judges.judge_interpreter(facts, expected, python=ctx.settings.python)
+    own = _ABI_SUFFIX.search(f"x{live.interpreter.ext_suffix or ''}")
+    foreign = sorted(p for d in live.distributions for p in d.files
+                     if (m := _ABI_SUFFIX.search(p)) is not None and (own is None or m.group(1) != own.group(1)))
+    status, reason = judges.judge_interpreter(facts, expected, python=ctx.settings.python, foreign=foreign)
     return status, reason, {"target": facts, "donor": expected}
+
+
+#: An extension module's ABI tag in its file name (PEP 3149: ``x.cpython-311-x86_64-linux-gnu.so``).
+_ABI_SUFFIX = re.compile(r"\.(cpython-\d+[a-z]*)-[^/]*\.so$")
 
 
 def _imports_and_facts(ctx: _Ladder) -> dict[str, Any]:

@@ -39,6 +39,10 @@ class EnvironmentAfter:
         version, or another dist-info folder.
     :ivar left: venv-relative paths overlaid distributions list but do not carry: another
         distribution wrote them last on both sides (``_written_by_others`` in the planner).
+    :ivar relocated: overlaid names whose files the plan moves from the donor's site-packages to
+        the target's of another Python minor (pure-Python distributions:
+        :func:`transplant.core.rules.interpreter.minor_blockers`); their ``after`` entries are keyed
+        by the target's paths. Empty between venvs of one minor.
     :ivar arriving_paths: :attr:`arriving` when the caller built it already (the planner: every
         path of the overlaid distributions, 66,000 on the real pair); None builds it from ``after``.
     """
@@ -56,6 +60,7 @@ class EnvironmentAfter:
     changed: frozenset[str] | None = None
     left: frozenset[str] = frozenset()
     arriving_paths: frozenset[str] | None = None
+    relocated: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.before:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import re
 import shlex
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.version import InvalidVersion, Version
 
+from transplant.core.elf_facts import is_shared_object
+from transplant.core.inventory import Distribution, Interpreter
 from transplant.core.plan import Finding
 from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, severity
 from transplant.core.units import agree, count
 
-__all__ = ["interpreter_findings", "python_abi_findings", "platform_findings", "unread_findings"]
+__all__ = ["minor_blockers", "interpreter_findings", "python_abi_findings", "platform_findings", "unread_findings"]
 
 _EXT = re.compile(r"\.(cpython-\d+[a-z]*)-[^/]*\.so$")
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(.+)$")
@@ -30,10 +33,69 @@ _MACHINES = {"x86_64": "EM_X86_64", "amd64": "EM_X86_64", "aarch64": "EM_AARCH64
 _SHOWN = 8
 
 
+def minor_blockers(dist: Distribution, donor_site: str, donor_minor: str, target: Interpreter) -> list[str]:
+    """Why ``dist`` (a donor distribution, its files keyed by donor venv-relative paths) cannot move
+    from a Python ``donor_minor`` venv to the CPython ``target`` of another minor; empty when it can.
+
+    It can when it is pure Python: its WHEEL says ``Root-Is-Purelib: true`` (the wheel spec,
+    PEP 427) and every tag has the ABI ``none`` and the platform ``any`` with at least one the
+    target loads (PEP 425, ``packaging.tags.compatible_tags``); it has no shared object
+    (extension module or library, by suffix); its dist-info folder and every file it lists lie in
+    ``donor_site`` (moved to the same path below the target's site-packages: RECORD rows are
+    relative to site-packages, so they stay valid) or outside the venv's ``lib``, in no folder
+    named for the donor's minor (``include/site/python3.13``, another ``lib/python3.13``
+    folder: data the target's Python does not look for there); no symlink names that minor;
+    and its ``Requires-Python`` (PEP 345) admits the target's version. A requirement that does
+    not parse counts as admitting it (``metadata-invalid`` says so).
+
+    :param donor_site: the donor's site-packages, venv-relative (``lib/python3.13/site-packages``).
+    :param donor_minor: ``3.13``. :returns: reasons in words, at most one of each kind.
+    """
+    reasons: list[str] = []
+    tags = dist.wheel_tags
+    if dist.root_is_purelib is not True or not tags:
+        reasons.append("no WHEEL file says Root-Is-Purelib: true" if not tags or dist.root_is_purelib is None
+                       else "its WHEEL says Root-Is-Purelib: false")
+    elif not all(tag.abi == "none" and tag.platform == "any" for tag in tags):
+        reasons.append(f"its WHEEL tags ({', '.join(sorted({str(t) for t in tags})[:4])}) name an ABI or a platform")
+    else:
+        version = (target.version.major, target.version.minor)
+        if not set(tags) & set(compatible_tags(version, platforms=["any"])):
+            reasons.append(f"its WHEEL tags ({', '.join(sorted({str(t) for t in tags})[:4])}) are not loadable by "
+                           f"Python {target.minor}")
+    shared = sorted(p for p in dist.files if is_shared_object(p))
+    if shared:
+        reasons.append(f"{count(len(shared), 'shared object')} ({', '.join(shared[:3])}"
+                       f"{' ...' if len(shared) > 3 else ''})")
+    site, segment = donor_site + "/", f"python{donor_minor}"
+    if not dist.dist_info.startswith(site):
+        reasons.append(f"its metadata folder {dist.dist_info} lies outside {donor_site}")
+    specific = sorted(p for p in dist.files if not p.startswith(site) and (p.startswith("lib/") or segment in p.split("/")))
+    if specific:
+        reasons.append(f"{count(len(specific), 'file')} outside site-packages in a folder of the donor's Python "
+                       f"({', '.join(specific[:3])}{' ...' if len(specific) > 3 else ''})")
+    links = sorted(p for p, e in dist.files.items() if e.symlink is not None and segment in e.symlink.split("/"))
+    if links:
+        reasons.append(f"{count(len(links), 'symlink')} naming python{donor_minor} ({', '.join(links[:3])})")
+    if dist.requires_python:
+        try:
+            admits = SpecifierSet(dist.requires_python).contains(target.version, prereleases=True)
+        except InvalidSpecifier:
+            admits = True
+        if not admits:
+            reasons.append(f"its Requires-Python {dist.requires_python} excludes {target.version}")
+    return reasons
+
+
 def interpreter_findings(env: EnvironmentAfter) -> list[Finding]:
     """``interpreter-missing``: the target's pyvenv.cfg ``home`` does not exist;
     ``python-version-mismatch``: the target runs another Python (implementation or
-    ``major.minor``) than the donor, whose site-packages it does not read."""
+    ``major.minor``) than the donor, whose site-packages it does not read. Between two CPython
+    minors the planner moves pure-Python distributions (:func:`minor_blockers`) into the
+    target's site-packages (``env.relocated``): for them the finding is a warning (the target
+    older than the donor: their code may use what it lacks) or info (newer); the overlaid
+    distributions that cannot move are an error, naming why each cannot; another
+    implementation blocks every overlaid distribution."""
     out = []
     t, d = env.target.interpreter, env.donor.interpreter
     if t.home_exists is False:
@@ -46,18 +108,48 @@ def interpreter_findings(env: EnvironmentAfter) -> list[Finding]:
                  f"{shlex.join([f'python{d.minor}', '-m', 'venv', '--upgrade', t.prefix])}",
             files=("pyvenv.cfg",),
         ))
-    if (d.implementation, d.minor) != (t.implementation, t.minor):
-        names = (f"Python {d.minor} vs {t.minor}" if d.implementation == t.implementation
-                 else f"{d.implementation} {d.minor} vs {t.implementation} {t.minor}")
+    if (d.implementation, d.minor) == (t.implementation, t.minor):
+        return out
+    names = (f"Python {d.minor} vs {t.minor}" if d.implementation == t.implementation
+             else f"{d.implementation} {d.minor} vs {t.implementation} {t.minor}")
+    recreate = (f"recreate the target venv with Python {d.minor}: "
+                f"{shlex.join([f'python{d.minor}', '-m', 'venv', t.prefix])}")
+    moved = [n for n in env.overlaid if n in env.relocated]
+    blocked = [n for n in env.overlaid if n not in env.relocated]
+    if blocked or not moved:
+        why = ""
+        if d.implementation == t.implementation == "cpython":
+            reasons = {n: minor_blockers(env.after[n], env.donor.site_packages, d.minor, t) for n in blocked}
+            why = "; ".join(f"{describe(env.after[n])}: {', '.join(reasons[n]) or 'not pure Python'}"
+                            for n in blocked[:_SHOWN]) + (f"; and {len(blocked) - _SHOWN} more" if len(blocked) > _SHOWN else "")
+            why = (f"; {count(len(blocked), 'overlaid distribution')} cannot move to another minor ({why}): "
+                   f"only pure-Python distributions move, into the target's site-packages") if blocked else ""
         out.append(Finding(
-            code="python-version-mismatch", severity="error", dists=env.overlaid,
+            code="python-version-mismatch", severity="error" if blocked else "info", dists=tuple(blocked),
             message=f"{names}: the donor venv runs {d.implementation} {d.version}, the target venv "
                     f"{t.implementation} {t.version}; the donor's distributions live in {env.donor.site_packages}, "
                     f"which the target's Python does not read ({env.target.site_packages}), and extension modules "
-                    f"built for {d.abi_tag} do not load on {t.abi_tag}; transplant copies files to the same place "
-                    f"in the venv, so it moves distributions only between venvs of one Python minor",
-            hint=f"recreate the target venv with Python {d.minor}: "
-                 f"{shlex.join([f'python{d.minor}', '-m', 'venv', t.prefix])}",
+                    f"built for {d.abi_tag} do not load on {t.abi_tag}" + (why or (
+                        "; transplant moves only pure-Python distributions between two CPython minors"
+                        if blocked else "; no distribution is overlaid, so none moves")),
+            hint=(f"leave {', '.join(blocked)} out of overlay in {env.manifest} (install builds for Python {t.minor} "
+                  f"on the target instead), or {recreate}") if blocked and d.implementation == t.implementation == "cpython"
+                 else recreate if blocked else "nothing to do",
+        ))
+    if moved:
+        older = t.version < d.version
+        out.append(Finding(
+            code="python-version-mismatch", severity="warning" if older else "info", dists=tuple(moved),
+            message=f"{names}: {count(len(moved), 'pure-Python distribution')} ({', '.join(moved[:_SHOWN])}"
+                    f"{' ...' if len(moved) > _SHOWN else ''}) {agree(len(moved), 'moves', 'move')} from the donor's "
+                    f"{env.donor.site_packages} to the target's {env.target.site_packages}, each file to the same path "
+                    f"below it (RECORD's rows are relative to it and stay valid; console scripts get the target's "
+                    f"interpreter); their bytecode caches for Python {d.minor} "
+                    f"(__pycache__/*.cpython-{d.version.major}{d.version.minor}.pyc) are copied as RECORD lists them and Python {t.minor} ignores them, compiling its own"
+                    + (f"; code the donor runs on Python {d.minor} may use language or standard-library features "
+                       f"{t.minor} lacks, which their Requires-Python does not exclude" if older else ""),
+            hint=f"after apply, import them on the target: transplant verify {shlex.quote(env.manifest)}"
+                 if older else "nothing to do",
         ))
     return out
 
