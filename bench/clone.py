@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import statistics
@@ -41,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import compile_transplant, measured
+from . import compile_transplant
 from .workload import SITE, build_venv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,10 +72,23 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+#: CPU seconds (user and system) of the processes each :func:`_timed` ran, in order (a local
+#: command's whole tree: every process it started is waited for); less moved by the machine's
+#: other load than the wall-clock time.
+CPU: list[float] = []
+
+
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def _timed(argv: list[str], env: dict[str, str] | None = None, *, check: bool = True) -> tuple[float, str]:
+    before = _cpu()
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
     seconds = time.monotonic() - started
+    CPU.append(_cpu() - before)
     if check and done.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv[:6])} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return seconds, done.stdout
@@ -82,9 +96,7 @@ def _timed(argv: list[str], env: dict[str, str] | None = None, *, check: bool = 
 
 def _clone(argv: list[str], env: dict[str, str], profile: Path | None) -> tuple[float, dict]:
     profiled = [] if profile is None else ["-m", "cProfile", "-o", str(profile)]
-    seconds, _rss, code, out = measured([sys.executable, *profiled, "-m", "transplant", "clone", *argv, "--json"], env)
-    if code != 0:
-        raise RuntimeError(f"transplant clone exited {code}:\n{out[-4000:]}")
+    seconds, out = _timed([sys.executable, *profiled, "-m", "transplant", "clone", *argv, "--json"], env)
     doc = json.loads(out[out.index("{"):out.rindex("}") + 1])
     if doc["leftovers"]["text"] or doc["leftovers"]["links"]:
         raise RuntimeError(f"the clone left text files naming the old prefix: {doc['leftovers']}")
@@ -99,21 +111,26 @@ def local(scale: float, runs: int, work: Path, env: dict[str, str], profile: Pat
     clone_s: list[float] = []
     cp_s: list[float] = []
     doc: dict = {}
+    clone_cpu: list[float] = []
+    cp_cpu: list[float] = []
     for run in range(runs):
         for dest in (work / f"local-{scale}" / "clone", work / f"local-{scale}" / "cp"):
             shutil.rmtree(dest, ignore_errors=True)
         subprocess.run(["sync"], check=True)
         seconds, _ = _timed(["cp", "-a", str(src), str(work / f"local-{scale}" / "cp")])
         cp_s.append(seconds)
+        cp_cpu.append(CPU[-1])
         subprocess.run(["sync"], check=True)
         prof = None if profile is None else profile / f"local-{scale}-{run + 1}.prof"
         seconds, doc = _clone([f"local:{src}", f"local:{work / f'local-{scale}' / 'clone'}"], env, prof)
         clone_s.append(seconds)
+        clone_cpu.append(CPU[-1])
         say(f"  local {scale}: clone {seconds:.2f} s, cp -a {cp_s[-1]:.2f} s")
     shutil.rmtree(work / f"local-{scale}", ignore_errors=True)
     return {"files": doc["files"], "bytes": doc["bytes"], "edited": len(doc["edited"]),
             "transplant clone": _median(clone_s), "cp -a": _median(cp_s), "runs": runs,
-            "ratio": _median([c / r for c, r in zip(clone_s, cp_s, strict=True)])}
+            "ratio": _median([c / r for c, r in zip(clone_s, cp_s, strict=True)]),
+            "cpu": (_median(clone_cpu), _median(cp_cpu))}
 
 
 def ssh(scale: float, runs: int, work: Path, env: dict[str, str], profile: Path | None, say=print) -> dict:
@@ -158,15 +175,16 @@ def ssh(scale: float, runs: int, work: Path, env: dict[str, str], profile: Path 
 
 def table(results: list[tuple[str, float, dict]]) -> str:
     """The Markdown table: one row per (where, scale), the clone against its reference."""
-    lines = ["| where | scale | files | MiB | edited | transplant clone | reference | x reference (median of the "
+    lines = ["| where | scale | files | MiB | edited | transplant clone | reference (local: CPU s of the clone / of cp) | x reference (median of the "
              "runs' ratios) | limit 2x |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
     for where, scale, row in results:
         ref = "cp -a" if where == "local" else "rsync -aH over ssh"
         others = "" if where == "local" else f"; tar over ssh {row['tar over ssh']:.2f} s"
         ratio = row["ratio"]
+        cpu = f" (CPU {row['cpu'][0]:.2f} / {row['cpu'][1]:.2f} s)" if "cpu" in row else ""
         lines.append(f"| {where} | {scale} | {row['files']} | {row['bytes'] / (1 << 20):.0f} | {row['edited']} | "
-                     f"{row['transplant clone']:.2f} s | {ref} {row[ref]:.2f} s{others} | {ratio:.2f}x | "
+                     f"{row['transplant clone']:.2f} s | {ref} {row[ref]:.2f} s{others}{cpu} | {ratio:.2f}x | "
                      f"{'met' if ratio <= 2 else f'missed, by {ratio / 2:.2f}x'} |")
     return "\n".join(lines)
 
