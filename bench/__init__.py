@@ -1,4 +1,4 @@
-"""Benchmarks of transplant (``python -m bench.run``, ``bench.small``, ``bench.real``, ``bench.fleet``)."""
+"""Benchmarks of transplant (``python -m bench.run``, ``bench.small``, ``bench.real``, ``bench.fleet``, ``bench.clone``)."""
 
 from __future__ import annotations
 

@@ -96,8 +96,40 @@ def measure(lab: Lab, work: Path, count: int, mode: str) -> dict:
             "seconds": round(seconds, 1)}
 
 
-def measure_registry(lab: Lab, work: Path, count: int, reference: str, ca: Path) -> dict:
-    """Apply to ``count`` targets from the registry snapshot ``reference``: controller and registry bytes."""
+def _usage(registry_pid: int | None, sshd_pids: list[int] = []) -> dict[str, float]:  # noqa: B006 - never mutated
+    """What the machine has used so far: CPU seconds of all cores (busy, and in all), of this process
+    and its children (the controller), of the registry process, of what the targets' sshd ran and
+    reaped (``sshd_pids``: each sshd's children's time, the sessions and their commands, counted once
+    they end), and bytes the disks read and wrote (the whole machine's: other work's included)."""
+    import resource
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    out = {"busy": (sum(fields[:8]) - idle) / ticks, "all": sum(fields[:8]) / ticks, "iowait": fields[4] / ticks}
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["controller"] = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    out["registry"] = out["targets"] = 0.0
+    if registry_pid is not None:
+        stat = Path(f"/proc/{registry_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["registry"] = (int(stat[11]) + int(stat[12])) / ticks
+    for pid in sshd_pids:  # fields 16 and 17 (cutime, cstime): the reaped children's CPU
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["targets"] += (int(stat[13]) + int(stat[14])) / ticks
+    read = written = 0
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 9 and parts[2].startswith(("vd", "sd", "nvme")) and not parts[2][-1].isdigit():
+            read += int(parts[5]) * 512
+            written += int(parts[9]) * 512
+    out["disk_read"], out["disk_written"] = float(read), float(written)
+    return out
+
+
+def measure_registry(lab: Lab, work: Path, count: int, reference: str, ca: Path,
+                     registry_pid: int | None = None) -> dict:
+    """Apply to ``count`` targets from the registry snapshot ``reference``: controller and registry
+    bytes, and what the machine used meanwhile (:func:`_usage`)."""
     names = list(TARGETS[:count])
     _reset(lab, names)
     os.environ["TRANSPLANT_STATE_DIR"] = str(work / f"state-registry-{count}")
@@ -107,6 +139,8 @@ def measure_registry(lab: Lab, work: Path, count: int, reference: str, ca: Path)
     manifest = load_manifest(work / "bench-registry.yaml")
     ssh = SSHOptions(identity_file=lab.identity_file, known_hosts=lab.known_hosts)
     targets = [Endpoint(host=HostSpec.parse(lab.hosts[n].spec), venv=VENV) for n in names]
+    sshd = [pid for pid in (lab.hosts[n].pid for n in names) if pid is not None]
+    before = _usage(registry_pid, sshd)
     started = time.monotonic()
     with ExitStack() as stack:
         opened = open_donor(manifest, ssh, stack)
@@ -116,16 +150,26 @@ def measure_registry(lab: Lab, work: Path, count: int, reference: str, ca: Path)
         pulls = dict(source.pulls)
         controller_pulled = source.client.bytes_received
         patches = {object_key(p["hash"]) for p in source.snapshot.patches}
+        layers = sum(int(layer["size"]) for layer in {d["digest"]: d for d in source.layer_of.values()}.values())
         files_pulled = sum(size for name, size in object_sizes(source.snapshot.store).items()
                            if name not in patches)
     seconds = time.monotonic() - started
+    after = _usage(registry_pid, sshd)
+    used = {k: after[k] - before[k] for k in after}
     failed = [r for r in results if r.code != 0]
     if failed:
         raise RuntimeError(f"registry x{count}: {failed[0].target}: {failed[0].error}")
     per_target = [p.registry_bytes for p in pulls.values()]
     return {"targets": count, "mode": "registry", "relayed_bytes": sum(r.applied.bytes_moved for r in results if r.applied),
             "controller_pulled": controller_pulled, "controller_files": files_pulled, "registry_bytes_per_target": max(per_target, default=0),
-            "direct": sum(p.how == "registry" for p in pulls.values()), "seconds": round(seconds, 1)}
+            "direct": sum(p.how == "registry" for p in pulls.values()), "seconds": round(seconds, 1),
+            "registry_bytes_all": sum(per_target), "layers_bytes": layers,
+            "cpu_busy": round(used["busy"] / used["all"], 2) if used["all"] else None,
+            "iowait": round(used["iowait"] / used["all"], 2) if used["all"] else None,
+            "controller_cpu": round(used["controller"], 1), "registry_cpu": round(used["registry"], 1),
+            "targets_cpu": round(used["targets"], 1),
+            "disk_written": int(used["disk_written"]), "disk_read": int(used["disk_read"]),
+            "load": round(os.getloadavg()[0], 1)}
 
 
 def _push(lab: Lab, work: Path, registry) -> tuple[str, int]:
@@ -152,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the table to this file (BENCHMARKS.md is edited by hand)")
     parser.add_argument("--registry", action="store_true",
                         help="also apply from a snapshot in a loopback OCI registry (needs docker-registry)")
+    parser.add_argument("--only-registry", action="store_true",
+                        help="only the registry rows (implies --registry): not the fleet and each-from-the-donor ones")
     args = parser.parse_args(argv)
+    args.registry = args.registry or args.only_registry
     counts = [int(c) for c in args.counts.split(",")]
     work = Path(tempfile.mkdtemp(prefix="transplant-bench-fleet-", dir="/tmp"))
     rows = []
@@ -165,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"target: {{host: \"{lab.hosts['t1'].spec}\", venv: {VENV}}}\n"
                 f"ssh: {{identity_file: {lab.identity_file}, known_hosts: {lab.known_hosts}}}\n"
                 f"overlay: {json.dumps(OVERLAY)}\n")
-            for count in counts:
+            for count in ([] if args.only_registry else counts):
                 for mode in ("fleet", "each"):
                     rows.append(measure(lab, work, count, mode))
                     print(json.dumps(rows[-1]), flush=True)
@@ -175,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                 with LabRegistry(work / "registry") as registry:
                     reference, uploaded = _push(lab, work, registry)
                     for count in counts:
-                        rows.append({**measure_registry(lab, work, count, reference, registry.ca), "pushed": uploaded})
+                        pid = registry._proc.pid if registry._proc else None  # its CPU time is read from /proc
+                        rows.append({**measure_registry(lab, work, count, reference, registry.ca, pid),
+                                     "pushed": uploaded})
                         print(json.dumps(rows[-1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -191,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "each: donor logins | fleet seconds | each seconds |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for count in counts:
+    for count in ([] if args.only_registry else counts):
         f = next(r for r in rows if r["targets"] == count and r["mode"] == "fleet")
         e = next(r for r in rows if r["targets"] == count and r["mode"] == "each")
         lines.append(f"| {count} | {human_bytes(f['donor_bytes'])} | {f['donor_logins']} | "
@@ -207,13 +256,18 @@ def main(argv: list[str] | None = None) -> int:
             "",
             "| targets | controller: file bytes relayed to targets | controller: file bytes pulled | controller: "
             "bytes from the registry (manifest, index, ELF facts) | registry bytes per target | targets that pulled "
-            "directly | seconds |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "directly | registry bytes in all (the snapshot's layers) | seconds (x 1 target) | machine CPU busy "
+            "(iowait) | CPU s: controller / registry / targets | disk written | load |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
+        one = registry_rows[0]["seconds"]
         for r in registry_rows:
             lines.append(f"| {r['targets']} | {human_bytes(r['relayed_bytes'])} | {human_bytes(r['controller_files'])} | "
                          f"{human_bytes(r['controller_pulled'])} | "
-                         f"{human_bytes(r['registry_bytes_per_target'])} | {r['direct']} | {r['seconds']} |")
+                         f"{human_bytes(r['registry_bytes_per_target'])} | {r['direct']} | "
+                         f"{human_bytes(r['registry_bytes_all'])} ({human_bytes(r['layers_bytes'])}) | "
+                         f"{r['seconds']} ({r['seconds'] / one:.2f}x) | {r['cpu_busy']:.0%} ({r['iowait']:.0%}) | "
+                         f"{r['controller_cpu']} / {r['registry_cpu']} / {r['targets_cpu']} | {human_bytes(r['disk_written'])} | {r['load']} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

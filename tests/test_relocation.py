@@ -171,11 +171,15 @@ def test_preflight_names_every_problem_with_its_fix():
     assert "has no pyvenv.cfg with a home" in _preflight(None, pyvenv_cfg=None)[0][0]
 
 
-def _scan(root, old):
+def _host(op, request):
     code = remote.source("relocate").decode()
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, "scan"], input=json.dumps(
-        {"root": str(root), "old": old}).encode(), capture_output=True, check=True)
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, op], input=json.dumps(request).encode(),
+                          capture_output=True, check=True)
     return json.loads(done.stdout)
+
+
+def _scan(root, old):
+    return _host("scan", {"root": str(root), "old": old})
 
 
 def test_host_scan_matches_whole_paths_only(tmp_path):
@@ -261,7 +265,7 @@ def test_decide_rewrites_a_relocatable_file_that_is_not_utf8_but_has_no_nul():
     assert plan.expected.binary == ("bin/tool", "lib/python3.11/site-packages/a/notes.txt")
 
 
-def test_host_scan_reads_a_file_larger_than_a_block_once(tmp_path):
+def test_host_scan_reads_a_file_larger_than_a_block(tmp_path):
     root = tmp_path / "v"
     root.mkdir()
     old = str(root)
@@ -270,3 +274,72 @@ def test_host_scan_reads_a_file_larger_than_a_block_once(tmp_path):
     (root / "late.txt").write_bytes(b"y" * (9 << 20) + b"\xe9 " + old.encode())  # not UTF-8 only past the block
     hits = {h["path"]: (h["binary"], h["nul"]) for h in _scan(root, old)["hits"]}
     assert hits == {"big.txt": (False, False), "late.txt": (True, False)}
+
+
+def test_host_scan_judges_a_name_at_a_block_seam_with_its_context(tmp_path):
+    root = tmp_path / "v"
+    root.mkdir()
+    old = str(root)
+    block, keep = 8 << 20, len(old) + 16  # the scan's block and what it keeps of the block before
+    files = {
+        "across.txt": b"x" * (block - 4) + f" {old}/lib\n".encode(),  # the name spans the two blocks
+        "second.txt": b"x" * (block - 1) + f" {old}/lib\n".encode(),  # it starts the second block
+        # the name starting where the kept bytes begin (found in the first block), then the same
+        # inside a longer name there and at the second block's start: never found
+        "kept.txt": b"x" * (block - keep - 1) + b" " + old.encode() + b" " * 16 + b"y" * 8,
+        "long.txt": b"x" * (block - keep - 1) + b"t" + old.encode() + b" " * 16 + b"y" * 8,
+        "joined.txt": b"x" * block + old.encode() + b"\n",
+    }
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    hits = {h["path"] for h in _scan(root, old)["hits"]}
+    assert hits == {"across.txt", "second.txt", "kept.txt"}
+
+
+def _old(path, seconds=60):
+    """Give ``path`` an mtime ``seconds`` ago (older than any scan about to start)."""
+    import os
+    import time
+
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_clone_scan_reads_again_only_what_the_source_scan_could_not_vouch_for(tmp_path):
+    src = tmp_path / "src"
+    (src / "lib").mkdir(parents=True)
+    (src / "bin").mkdir()
+    old = str(src)
+    for i in range(5):
+        (src / "lib" / f"m{i}.py").write_text(f"X = {i}\n" * 20)
+    (src / "bin" / "tool").write_text(f"#!{old}/bin/python\nprint(1)\n")
+    (src / "lib" / "changed.py").write_text("Y = 1\n" * 20)  # written again after the scan, before the copy
+    (src / "lib" / "touched.py").write_text("Z = 1\n" * 20)  # edited in the clone after the copy
+    (src / "lib" / "tiny.py").write_text("")
+    for path in src.rglob("*"):
+        if path.is_file():
+            _old(path)
+    (src / "lib" / "fresh.py").write_text("W = 1\n" * 20)  # written just now: racy, not vouched for
+    scanned = _scan(src, old)
+    assert [h["path"] for h in scanned["hits"]] == ["bin/tool"]
+    assert scanned["read"] == 9 and len(scanned["vouched"]) == 7  # not tool (it names it) nor fresh.py
+    (src / "lib" / "changed.py").write_text(f"Y = {old!r}\n" * 20)
+    dst = tmp_path / "dst"
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    with open(dst / "lib" / "touched.py", "a") as handle:
+        handle.write(f"P = {old!r}\n")
+    (dst / "lib" / "planted.txt").write_text(f"{old}/lib\n")
+    (dst / "lib" / "planted-old.txt").write_text(f"{old}/lib\n")
+    _old(dst / "lib" / "planted-old.txt", 3600)  # a new path is read whatever its time
+    edits = [{"path": "bin/tool", "head_old": f"#!{old}/bin/python\n", "head_new": f"#!{dst}/bin/python\n"}]
+    done = _host("relocate", {"root": str(dst), "old": old, "new": str(dst), "edits": edits, "links": [],
+                              "vouched": scanned["vouched"]})
+    assert (dst / "bin" / "tool").read_text().startswith(f"#!{dst}/bin/python\n")
+    hits = sorted(h["path"] for h in done["scan"]["hits"])
+    assert hits == ["lib/changed.py", "lib/planted-old.txt", "lib/planted.txt", "lib/touched.py"]
+    # read again: the edited script, the two files the source scan vouched for that changed since, the
+    # racy one and the two planted; not read: the five untouched modules, nor the empty one
+    assert done["scan"]["read"] == 6 and done["scan"]["files"] == 12
+    # without the tokens every file is read, and the same is found
+    again = _host("scan", {"root": str(dst), "old": old})
+    assert sorted(h["path"] for h in again["hits"]) == hits and again["read"] == 11

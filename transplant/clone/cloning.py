@@ -12,7 +12,9 @@
    the controller's state folder between two SSH hosts. The source's ``.transplant/`` state
    folder (locks, transactions, backups) is not copied.
 5. Relocate on the destination, with the clone's own interpreter (``-I -S``), then scan the
-   clone again (:func:`transplant.core.relocation.judge`).
+   clone again (:func:`transplant.core.relocation.judge`): every file but those the source scan
+   vouched for (read whole, not naming the prefix, older than the scan) and that the clone holds
+   with the same path, size and mtime.
 
 A failure after the copy began removes the destination again (it was absent or an empty
 folder, which is made again, or a venv ``replace`` allowed to go); nothing outside the destination venv and the controller's state
@@ -26,8 +28,10 @@ take it for the finished venv, and a source holding it is refused.
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,9 +123,13 @@ class _Source:
 
 def _read_source(host: Host, venv: str, timeout: float | None) -> _Source:
     """:raises TransplantError: the venv is reached through a symlink and its files name both paths."""
-    inv = take_inventory(host, venv, timeout=timeout)
+    # the scan and the probe read the venv side by side (two interpreters, one for each host core)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        scanning = pool.submit(_relocate_call, host, venv, "scan", {"root": venv, "old": venv}, timeout=timeout)
+        # RECORD's paths name an editable install's finder and .pth files; no other file is looked at on disk
+        inv = take_inventory(host, venv, record="shared", timeout=timeout)
+        scanned = scanning.result()
     prefix = venv
-    scanned = _relocate_call(host, venv, "scan", {"root": venv, "old": venv}, timeout=timeout)
     real = (scanned.get("identity") or {}).get("real", venv)
     if real != venv:  # a venv made at its real path names that, not the symlinked path given here
         other = _relocate_call(host, venv, "scan", {"root": venv, "old": real}, timeout=timeout)
@@ -243,7 +251,15 @@ def clone(
             copy_tree(src, src_venv, dst, dst_venv, staging=Path(state_dir) / "relay", exclude=(STATE, MARKER),
                       reporter=reporter, timeout=timeout)
         reporter.step(f"relocating {count(len(relocation.edits), 'file')} and {count(len(relocation.links), 'symlink')} to {dst_venv}")
-        done = _relocate_call(dst, dst_venv, "relocate", relocation.to_request(dst_venv), timeout=timeout)
+        # The clone is scanned again after the relocation, but a file the source scan read whole and
+        # found not naming the prefix is not read again where the clone's file has the same path, size
+        # and mtime (its vouch token): cp -a and rsync -a copy bytes as they are and keep the mtime, so
+        # that file holds the source's bytes as scanned, unless the source was written after the scan,
+        # which moves its mtime (the scan vouches only for files older than its start). What the
+        # relocation rewrote, anything written into the clone since (another mtime, a new path), a
+        # copy that did not keep the time and whatever the source scan could not read are all read.
+        request = {**relocation.to_request(dst_venv), "vouched": _vouched(scanned)}
+        done = _relocate_call(dst, dst_venv, "relocate", request, timeout=timeout)
         _run(dst, ["rm", "-f", "--", marker], "remove the clone's in-progress marker", timeout)  # done: a venv now
     except BaseException as exc:
         try:
@@ -261,6 +277,18 @@ def clone(
     return CloneResult(source=source, dest=dest, method=method, files=scanned["files"], bytes=scanned["bytes"],
                        relocation=relocation, records=tuple(done["records"]), leftovers=judge(done["scan"]),
                        warnings=tuple(warnings), seconds=time.monotonic() - started)
+
+
+_TOKEN = re.compile(r"[0-9a-f]{16}\Z")
+
+
+def _vouched(scan: dict) -> list[str]:
+    """The source scan's vouch tokens (16 hex digits each), checked; anything else is dropped
+    (a file without its token is read again: slower, never wrong)."""
+    tokens = scan.get("vouched")
+    if not isinstance(tokens, list):
+        return []
+    return [t for t in tokens if isinstance(t, str) and _TOKEN.match(t)]
 
 
 def venv_exists(host: Host, venv: str) -> bool:

@@ -29,18 +29,23 @@ Operations:
   ``head``: the shebang line(s) as text, or null); ``links``: symlinks whose target is
   absolute and names ``old`` (``{"path", "target"}``); ``external``: other absolute
   symlinks (``bin/python -> /usr/bin/python3.11``); ``files``, ``bytes`` scanned;
+  ``read``: how many files were read (a file shorter than ``old`` cannot name it and is not);
+  ``vouched``: a token (:func:`vouch_token`) for each file read whole and found not naming
+  ``old`` whose ``mtime`` lies more than two seconds before the scan began;
   ``top``: the names at the top of ``root`` but ``.transplant``; ``lock``: whether
   ``root/.transplant/lock`` exists; ``identity``: this machine's boot id and the
   ``[device, inode]`` of ``root``'s real path and of each folder above it (``check``
   compares a destination with it, so a symlink cannot lead a clone into its source).
 * ``relocate`` (run by the clone's own interpreter): ``{"root", "old", "new", "edits",
-  "links"}``; each edit ``{"path", "head_old", "head_new"}`` (both null: no head change)
+  "links", "vouched"}``; each edit ``{"path", "head_old", "head_new"}`` (both null: no head change)
   replaces the file's head (a plain shebang turned into pip's ``#!/bin/sh`` form also gets
   that form's third line, ``' '''``), then every whole-path ``old`` in the rest of the file by
   ``new``; each link ``{"path", "target"}`` is re-made pointing at ``target``. Then every
   RECORD row naming an edited file gets its new ``sha256=`` hash and size, the cached
-  bytecode of an edited ``.py`` file is removed, and the tree is scanned again: the answer
-  is ``{"edited", "relinked", "records", "bytecode_removed", "scan": <scan answer>}``.
+  bytecode of an edited ``.py`` file is removed, and the tree is scanned again, not reading a
+  file whose token is in ``vouched`` (the source scan's, when the clone was copied with times
+  kept: the same path, size and ``mtime``): the answer is ``{"edited", "relinked", "records",
+  "bytecode_removed", "scan": <scan answer>}``.
 
 Edited files are written to a temporary name and renamed (mode kept), except files with
 other hardlinks inside the clone, which are rewritten in place so the links stay links.
@@ -49,6 +54,7 @@ Nothing outside ``root`` is written; a path that leaves ``root`` is refused.
 
 import codecs
 import csv
+import hashlib
 import io
 import json
 import os
@@ -57,6 +63,7 @@ import re
 import stat
 import sys
 import tempfile
+import time
 
 try:
     from _transplant_common import record_hash as _digest, script_head
@@ -85,90 +92,171 @@ def _inside(root, rel):
     return full
 
 
-def _file_hit(full, old, pattern):
-    """(named, nul, utf8, head text) for one regular file, read once in blocks (a large file
-    is never held whole): whether it names ``old``, holds a NUL byte, decodes as UTF-8."""
+def _named(full, old, pattern, buf):
+    """(names ``old``, holds a NUL byte) for one regular file (names: None when it could not be read), read in blocks into ``buf`` (a
+    bytearray of ``len(old) + 16 + _CHUNK`` bytes, reused: a large file is never held whole and
+    no block is allocated per file). Each block is searched with the end of the one before kept
+    in front of it, so a name across two blocks is found; the search of a later block starts one
+    byte in, so the first kept byte is only the look-behind's context (a match starting there
+    was already judged, with its own context, in the block before). Reading stops once both are
+    known. An unreadable file names nothing."""
+    keep = len(old) + 16
     named = nul = False
-    utf8 = True
+    view = memoryview(buf)
+    kept = 0
+    try:
+        fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None, False
+    try:
+        while True:
+            n = os.readv(fd, [view[kept:]])
+            if not n:
+                break
+            end = kept + n
+            if not nul and buf.find(b"\0", kept, end) != -1:
+                nul = True
+            if not named and buf.find(old, 0, end) != -1 and pattern.search(buf, 1 if kept else 0, end):
+                named = True
+            if named and nul:
+                break
+            kept = min(keep, end)
+            buf[:kept] = bytes(view[end - kept:end])  # a copy: the two ranges may overlap
+    except OSError:
+        return None, False
+    finally:
+        os.close(fd)
+    return named, nul
+
+
+def _text_facts(full):
+    """(decodes as UTF-8, head text or None) of a file that names the prefix and holds no NUL
+    byte: read again in blocks (such files are few and small: scripts, RECORDs, ``.pth``)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     head = None
-    tail = b""
-    keep = len(old) + 16
     try:
         with open(full, "rb") as handle:
-            first = True
-            while True:
+            block = handle.read(_CHUNK)
+            found, _ = script_head(block[:_HEAD_MAX])
+            if found is not None:
+                try:
+                    head = found.decode("utf-8")
+                except UnicodeDecodeError:
+                    head = None
+            while block:
+                decoder.decode(block)
                 block = handle.read(_CHUNK)
-                if not block:
-                    break
-                if first:
-                    first = False
-                    found, _ = script_head(block[:_HEAD_MAX])
-                    if found is not None:
-                        try:
-                            head = found.decode("utf-8")
-                        except UnicodeDecodeError:
-                            head = None
-                if not nul and b"\0" in block:
-                    nul = True
-                if utf8 and not nul:
-                    try:
-                        decoder.decode(block)
-                    except UnicodeDecodeError:
-                        utf8 = False
-                window = tail + block
-                if not named and old in window and pattern.search(window):
-                    named = True
-                if named and nul:
-                    break
-                tail = window[-keep:]
-            if utf8 and not nul:
-                decoder.decode(b"", final=True)
+            decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        utf8 = False
+        return False, head
     except OSError:
-        return False, False, False, None
-    return named, nul, utf8, head
+        return False, None
+    return True, head
 
 
-def scan(root, old):
-    """The ``scan`` answer (see the module docstring)."""
+def _head_only(full):
+    """The head text (or None) of a file with a NUL byte that names the prefix."""
+    try:
+        with open(full, "rb") as handle:
+            found, _ = script_head(handle.read(_HEAD_MAX))
+    except OSError:
+        return None
+    try:
+        return found.decode("utf-8") if found is not None else None
+    except UnicodeDecodeError:
+        return None
+
+
+#: How long before a scan began a file's ``mtime`` must lie for the scan to vouch for it (ns): a
+#: file written while the scan ran (or within the file system's coarse clock tick of its start)
+#: may have been read before its last write, so it is not vouched for; the probe's "racy" rule.
+_RACY_NS = 2 * 10 ** 9
+
+
+def vouch_token(rel, info):
+    """The token a scan gives a regular file it read and found not naming its prefix: 16 hex digits
+    of a hash of the venv-relative path, size and ``mtime`` (ns). A later scan of a copy made with
+    the times kept (``cp -a``, ``rsync -a``) finds the same token exactly when the copy's file has
+    that path, size and ``mtime``."""
+    raw = "{}\0{}\0{}".format(rel, info.st_size, info.st_mtime_ns).encode("utf-8", "surrogateescape")
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+def _walk(root):
+    """(venv-relative path, full path, ``lstat`` result) of every entry under ``root`` but folders
+    (symlinks not followed; a symlink to a folder is an entry, not descended into), and not the
+    top ``.transplant`` folder; folder by folder, each folder's entries in name order before its
+    subfolders. An unreadable folder or entry is left out."""
+    stack = [("", root)]
+    while stack:
+        rel_dir, folder = stack.pop()
+        try:
+            with os.scandir(folder) as found:
+                entries = sorted(found, key=lambda e: e.name)
+        except OSError:
+            continue
+        subdirs = []
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append((rel_dir + entry.name + "/", entry.path))
+                    continue
+                if not rel_dir and entry.name == _SKIP and entry.is_dir():
+                    continue  # a symlink named .transplant to a folder: skipped, as the folder is
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield rel_dir + entry.name, entry.path, info
+        for pair in reversed(subdirs):
+            if not (pair[0] == _SKIP + "/" and folder == root):
+                stack.append(pair)
+
+
+def scan(root, old, vouched=None):
+    """The ``scan`` answer (see the module docstring).
+
+    :param vouched: tokens (:func:`vouch_token`) of files a scan of this tree's source read and
+        found not naming ``old``; a file here with one of them is counted but not read again.
+    """
     root = os.path.normpath(root)
     raw = old.encode("utf-8", "surrogateescape")
     pattern = _pattern(raw)
-    hits, links, external = [], [], []
-    files = size = 0
-    for folder, dirs, names in os.walk(root):
-        if folder == root and _SKIP in dirs:
-            dirs.remove(_SKIP)
-        dirs.sort()
-        for name in list(dirs):
-            full = os.path.join(folder, name)
-            if os.path.islink(full):  # os.walk does not descend into it; report it as a link
-                names.append(name)
-        for name in sorted(names):
-            full = os.path.join(folder, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
+    buf = bytearray(len(raw) + 16 + _CHUNK)
+    vouched = vouched or frozenset()
+    hits, links, external, clean = [], [], [], []
+    files = size = read = 0
+    racy = time.time_ns() - _RACY_NS
+    for rel, full, info in _walk(root):
+        if stat.S_ISLNK(info.st_mode):
             try:
-                info = os.lstat(full)
+                target = os.readlink(full)
             except OSError:
                 continue
-            if stat.S_ISLNK(info.st_mode):
-                target = os.readlink(full)
-                if target.startswith("/") and pattern.search(target.encode("utf-8", "surrogateescape")):
-                    links.append({"path": rel, "target": target})
-                elif target.startswith("/"):
-                    external.append({"path": rel, "target": target})
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            files += 1
-            size += info.st_size
-            named, nul, utf8, head = _file_hit(full, raw, pattern)
-            if named:
-                hits.append({"path": rel, "binary": nul or not utf8, "nul": nul, "head": head})
-    return {"hits": hits, "links": links, "external": external, "files": files, "bytes": size,
-            "top": sorted(n for n in os.listdir(root) if n != _SKIP),
+            if target.startswith("/") and pattern.search(target.encode("utf-8", "surrogateescape")):
+                links.append({"path": rel, "target": target})
+            elif target.startswith("/"):
+                external.append({"path": rel, "target": target})
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        files += 1
+        size += info.st_size
+        if info.st_size < len(raw):  # too short to hold the name: nothing to read, nothing to vouch for
+            continue
+        if vouched and vouch_token(rel, info) in vouched:
+            continue
+        named, nul = _named(full, raw, pattern, buf)
+        read += 1
+        if named:
+            if nul:
+                utf8, head = False, _head_only(full)
+            else:
+                utf8, head = _text_facts(full)
+            hits.append({"path": rel, "binary": nul or not utf8, "nul": nul, "head": head})
+        elif named is False and info.st_mtime_ns < racy:  # read whole and older than the scan: vouched for
+            clean.append(vouch_token(rel, info))
+    return {"hits": hits, "links": links, "external": external, "files": files, "bytes": size, "read": read,
+            "vouched": clean, "top": sorted(n for n in os.listdir(root) if n != _SKIP),
             "lock": os.path.lexists(os.path.join(root, _SKIP, "lock")), "identity": identity(root)}
 
 
@@ -329,7 +417,7 @@ def relocate(request):
         relinked += 1
     records = _update_records(root, edited)
     return {"edited": len(edited), "relinked": relinked, "records": records, "bytecode_removed": bytecode,
-            "scan": scan(root, old)}
+            "scan": scan(root, old, {t for t in request.get("vouched") or () if isinstance(t, str)})}
 
 
 #: The file a clone puts at the top of its destination before it copies anything and removes once
