@@ -89,6 +89,26 @@ def test_a_compiler_release_that_is_not_major_minor_is_refused() -> None:
     assert nvcc is not None and nvcc.release == (12, 8) and nvcc.describe() == "/usr/local/cuda/bin/nvcc (CUDA 12.8)"
 
 
+def test_a_compiler_path_or_source_out_of_bounds_is_refused_by_its_key_path() -> None:
+    """The compiler's path is shown in jit-compiler-too-old's message: a path with a control
+    character (an escape sequence) is refused, as libcuda_loaded's is; ``source`` is one of the
+    names the probe writes."""
+    from transplant.errors import ProbeError
+
+    good = {"path": "/usr/local/cuda/bin/nvcc", "source": "CUDA_HOME", "release": "12.8", "build": "12.8.93",
+            "error": None}
+    for key, value in (("path", "/opt/\x1b]0;owned\x07/nvcc"), ("path", "/opt/cuda\n/bin/nvcc"),
+                       ("source", "\x1b[2J"), ("source", "somewhere")):
+        document = _document()
+        document["host"]["jit_compilers"] = {"nvcc": {**good, key: value}}
+        with pytest.raises(ProbeError, match=f"host.jit_compilers.nvcc.{key}"):
+            parse_inventory(document, label="here")
+    for source in ("triton", "TRITON_PTXAS_PATH", "CUDA_HOME", "CUDA_PATH", "PATH", "default", "wheel"):
+        document = _document()
+        document["host"]["jit_compilers"] = {"nvcc": {**good, "source": source}}
+        assert parse_inventory(document, label="here").jit_compilers.nvcc.source == source
+
+
 def test_the_c_toolchain_is_triton_s_compiler_and_this_interpreter_s_python_h(monkeypatch, tmp_path) -> None:
     """``_c_toolchain`` follows triton's order (``CC``, then gcc, then clang on PATH) and looks for
     Python.h in the interpreter's include folder; a ``CC`` naming nothing has no path."""

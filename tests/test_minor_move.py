@@ -245,3 +245,38 @@ def test_a_pure_distribution_plans_applies_verifies_and_rolls_back_between_minor
     assert all(c["action"] == "keep" for c in doc["changes"]), doc["changes"]
     assert main(["rollback", m, "--yes"]) == 0
     assert not (target_site / "purepkg").exists() and not dist_info.exists() and not script.exists()
+
+
+@pytest.mark.skipif(OTHER is None, reason="needs a second Python minor (pyenv) for the donor venv")
+def test_a_moved_distributions_generated_modules_are_judged_against_the_targets_protobuf(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """Generated ``_pb2.py`` modules are pure Python, so their distribution moves between minors; the
+    probe's stamps are keyed by the donor's site-packages path, and the rule must still find them at
+    the path the moved files land on: protobuf 5.27.0 gencode meeting the target's 4.25.3 is refused."""
+    from test_gencode import _pb2
+
+    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
+    wheels = tmp_path / "wheels"
+    old = build_wheel(wheels / "old", "protobuf", "4.25.3", {"google/protobuf/__init__.py": "__version__ = '4.25.3'\n"})
+    new = build_wheel(wheels / "new", "protobuf", "5.27.0", {"google/protobuf/__init__.py": "__version__ = '5.27.0'\n"})
+    svc = build_wheel(wheels / "svc", "svc", "1.0", {"svc/__init__.py": "", "svc/api_pb2.py": _pb2("5.27.0", "svc/api.proto")})
+    donor, target = tmp_path / "donor", tmp_path / "target"
+    subprocess.run([str(OTHER), "-m", "venv", "--without-pip", str(donor)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(donor / "bin" / "python"), "install", "-q",
+                    "--no-index", "--no-deps", "--disable-pip-version-check", str(new), str(svc)], check=True)
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(target)],
+                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install", "-q",
+                    "--no-index", "--no-deps", "--disable-pip-version-check", str(old)], check=True)
+    m = tmp_path / "m.yaml"
+    m.write_text(f"version: 1\ndonor: {{host: local, venv: {donor}}}\ntarget: {{host: local, venv: {target}}}\n"
+                 f"overlay: [svc]\n")
+    capsys.readouterr()
+    main(["plan", str(m), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [(f["severity"], f["dists"]) for f in doc["findings"] if f["code"] == "python-version-mismatch"] == [
+        ("warning", ["svc"])]
+    here = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    [f] = [f for f in doc["findings"] if f["code"] == "gencode-runtime-mismatch"]
+    assert f["severity"] == "error" and f["dists"] == ["svc", "protobuf"]
+    assert f["files"] == [f"lib/{here}/site-packages/svc/api_pb2.py"]

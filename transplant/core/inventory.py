@@ -980,12 +980,15 @@ def _sonames(reported: dict | None, path: str) -> frozenset[str] | None:
 
 
 _RELEASE_TEXT = re.compile(r"(\d{1,3})\.(\d{1,3})")
+#: How ``_jit_compilers`` in :mod:`transplant.remote.probe` says it found a compiler.
+_JIT_SOURCES = ("triton", "TRITON_PTXAS_PATH", "CUDA_HOME", "CUDA_PATH", "PATH", "default", "wheel")
 
 
 def _jit_compiler(reported: Any, path: str) -> JitCompiler | None:
     """One compiler of the probe's ``host.jit_compilers``; None for null.
 
-    :raises DecodeError: a malformed entry (a path that is not absolute, a release that is not
+    :raises DecodeError: a malformed entry (a path that is not absolute or holds a control
+        character, a source the probe does not write, a release that is not
         ``MAJOR.MINOR``, text over its bound)."""
     if reported is None:
         return None
@@ -996,10 +999,10 @@ def _jit_compiler(reported: Any, path: str) -> JitCompiler | None:
     release = member(reported, "release", path, str, optional=True)
     build = member(reported, "build", path, str, optional=True)
     error = member(reported, "error", path, str, optional=True)
-    if not where.startswith("/") or len(where) > 4096 or "\0" in where:
-        raise DecodeError(f"{path}.path", "an absolute path", where)
-    if len(source) > 32:
-        raise DecodeError(f"{path}.source", "a short name", source)
+    if not _ABSOLUTE.match(where):  # shown in jit-compiler-too-old's message: no control characters
+        raise DecodeError(f"{path}.path", "an absolute path without control characters", where)
+    if source not in _JIT_SOURCES:
+        raise DecodeError(f"{path}.source", f"one of {', '.join(_JIT_SOURCES)}", source)
     match = _RELEASE_TEXT.fullmatch(release) if release is not None else None
     if release is not None and match is None:
         raise DecodeError(f"{path}.release", "MAJOR.MINOR", release)

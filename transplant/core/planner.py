@@ -580,23 +580,28 @@ def _relocated(donor: Inventory, target: Inventory, donor_site: str, target_site
     target's Python minor (:func:`minor_blockers`: pure Python, its files in site-packages or in
     no folder of the donor's minor) with its dist-info folder and the files under ``donor_site``
     keyed by the same path under ``target_site`` (its RECORD rows, relative to site-packages,
-    are unchanged); the others as they are. Every rule then compares like with like (a moved file
-    with the target's file at that path).
+    are unchanged), and the generated modules' stamps (``gencode``) of its files with them; the others
+    as they are. Every rule then compares like with like (a moved file with the target's file at that path).
 
     :returns: (that inventory, the names moved)."""
     head, moved, dists = donor_site + "/", set(), []
+    paths: set[str] = set()
     for dist in donor.distributions:
         if minor_blockers(dist, donor_site, donor.interpreter.minor, target.interpreter):
             dists.append(dist)
             continue
         moved.add(dist.name)
+        paths.update(e.path for e in dist.record or () if e.path is not None and e.path.startswith(head))
         record = None if dist.record is None else tuple(
             replace(e, path=target_site + e.path[len(donor_site):]) if e.path is not None and e.path.startswith(head)
             else e for e in dist.record)
         dists.append(replace(dist, dist_info=target_site + dist.dist_info[len(donor_site):], record=record))
     if not moved:
         return donor, frozenset()
-    return replace(donor, distributions=tuple(dists)), frozenset(moved)
+    # the generated modules' stamps are keyed by path too: a moved file's stamp goes with it
+    gencode = None if donor.gencode is None else {
+        (target_site + p[len(donor_site):] if p in paths else p): stamp for p, stamp in donor.gencode.items()}
+    return replace(donor, distributions=tuple(dists), gencode=gencode), frozenset(moved)
 
 
 def _read_from(copy: FileCopy, donor_site: str, target_site: str) -> FileCopy:
