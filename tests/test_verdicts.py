@@ -155,6 +155,12 @@ def test_judge_interpreter():
     assert judges.judge_interpreter(dict(target, version="3.1.0"), None, python="3.11")[0] == "fail"
     assert judges.judge_interpreter(dict(target, home_exists=False), None) == (
         "fail", "pyvenv.cfg home /usr/bin does not exist: the venv's python points to nothing")
+    # another CPython minor: the venv's extension modules decide (None: not read, the minor alone fails)
+    older = dict(target, version="3.13.1")
+    assert judges.judge_interpreter(target, older, foreign=[])[0] == "pass"
+    status, reason = judges.judge_interpreter(target, older, foreign=["lib/python3.11/site-packages/x/_c.cpython-313-x86_64-linux-gnu.so"])
+    assert status == "fail" and reason.endswith("(1 extension module: lib/python3.11/site-packages/x/_c.cpython-313-x86_64-linux-gnu.so)")
+    assert judges.judge_interpreter(target, older, foreign=None)[0] == "fail"
 
 
 def test_judge_native_names_soname_symbol_and_driver_libraries():
