@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,17 @@ class EnvironmentAfter:
         arriving = self.arriving if name not in self.overlaid else frozenset()
         return [report.files[p] for p in sorted(dist.files)
                 if p in report.files and p not in arriving and is_shared_object(p)]
+
+    @cached_property
+    def library_names(self) -> frozenset[str]:
+        """File names and DT_SONAMEs of every file of the environment after apply: the names a
+        DT_NEEDED entry finds inside the venv (the host-library and run-path rules share them;
+        110,000 files on the real pair, so they are gathered once)."""
+        names: set[str] = set()
+        for name, dist in self.after.items():
+            names.update(posixpath.basename(p) for p in dist.files)
+            names.update(f.soname for f in self.objects(name) if f.soname)
+        return frozenset(names)
 
     @cached_property
     def arriving(self) -> frozenset[str]:

@@ -48,15 +48,6 @@ _SHOWN = 3
 _DRIVER = re.compile(r"^(libcuda\.so|libnvidia-|libnvcuvid\.so|libnvoptix\.so)")
 
 
-def _provided(env: EnvironmentAfter) -> set[str]:
-    """File names and DT_SONAMEs of every file of the environment after apply."""
-    names: set[str] = set()
-    for name, dist in env.after.items():
-        names.update(posixpath.basename(p) for p in dist.files)
-        names.update(f.soname for f in env.objects(name) if f.soname)
-    return names
-
-
 #: The most paths :func:`runpath_queries` asks a host about (a path not asked is not judged).
 RUNPATH_QUERIES_MAX = 2000
 
@@ -105,7 +96,7 @@ def runpath_findings(env: EnvironmentAfter) -> list[Finding]:
     target = env.target.system_sonames
     if target is None:
         return []
-    provided = _provided(env)
+    provided = env.library_names
     out = []
     for name in sorted(env.overlaid):
         dist = env.after[name]
@@ -192,7 +183,7 @@ def host_library_findings(env: EnvironmentAfter) -> list[Finding]:
     target, donor = env.target.system_sonames, env.donor.system_sonames
     if target is None:
         return []
-    provided = _provided(env)
+    provided = env.library_names
     out = []
     for name in sorted(env.overlaid):
         missing: dict[str, list[str]] = {}
