@@ -184,3 +184,27 @@ def test_a_malformed_loaded_libcuda_is_refused(bad) -> None:
     document["host"]["libcuda_loaded"] = bad
     with pytest.raises(ProbeError, match="host.libcuda_loaded"):
         parse_inventory(document, label="here")
+
+
+def test_relative_compiler_settings_are_unknown_not_a_refused_inventory(monkeypatch, tmp_path) -> None:
+    """A relative ``TRITON_PTXAS_PATH``, ``CUDA_HOME`` or PATH entry names a file in whatever folder
+    the serving process starts in: the probe reports that compiler as unknown, and the inventory
+    that carries the report is read (the absolute-path check would refuse it whole)."""
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "cuda/bin/ptxas")
+    monkeypatch.setenv("CUDA_HOME", "cuda")
+    found = probe._jit_compilers()
+    assert found["triton_ptxas"] is None and found["nvcc"] is None
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.setenv("PATH", "cuda/bin")
+    assert probe._jit_compilers()["nvcc"] is None
+    monkeypatch.setenv("PATH", str(tmp_path / "cuda" / "bin"))
+    named = probe._jit_compilers()["nvcc"]
+    assert named is not None and named["release"] == "12.8" and named["source"] == "PATH"
+    document = _document()
+    document["host"]["jit_compilers"] = probe._jit_compilers()
+    assert parse_inventory(document, label="here").jit_compilers.nvcc.release == (12, 8)

@@ -929,7 +929,8 @@ def _compiler_version(path, source):
     line "Cuda compilation tools, release 12.8, V12.8.93" gives the release."""
     out = {"path": path[:4096], "source": source, "release": None, "build": None, "error": None}
     try:
-        run = subprocess.run([path, "--version"], capture_output=True, timeout=10, check=False)
+        run = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                             check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         out["error"] = str(exc)[:300]
         return out
@@ -957,8 +958,11 @@ def _jit_compilers():
     sites = list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
     ptxas = None
     named = os.environ.get("TRITON_PTXAS_PATH") or None
+    # a relative path names a file in whatever folder the serving process starts in, which this
+    # probe cannot know: that compiler is reported as unknown (None), not guessed
     if named:
-        ptxas = _compiler_version(named, "TRITON_PTXAS_PATH")
+        if os.path.isabs(named):
+            ptxas = _compiler_version(named, "TRITON_PTXAS_PATH")
     else:
         for site in sites:
             found = [os.path.join(site, rel) for rel in _TRITON_PTXAS if os.path.isfile(os.path.join(site, rel))]
@@ -970,10 +974,13 @@ def _jit_compilers():
         if os.environ.get(variable):
             home, source = os.environ[variable], variable
             break
-    if home is None:
+    if home is not None and not os.path.isabs(home):
+        home = None  # relative: as TRITON_PTXAS_PATH above, unknown
+    elif home is None and source is None:
         on_path = shutil.which("nvcc")
         if on_path:
-            home, source = os.path.dirname(os.path.dirname(on_path)), "PATH"
+            if os.path.isabs(on_path):  # one found through a relative PATH entry is as unknowable
+                home, source = os.path.dirname(os.path.dirname(on_path)), "PATH"
         elif os.path.exists("/usr/local/cuda"):
             home, source = "/usr/local/cuda", "default"
     nvcc = None
