@@ -29,6 +29,17 @@ name's package in one of them, so a stack's shared imports are not repeated in e
 answering its names' results and, for the provenance report, what it mapped; the document is the
 one a single process importing every name would give, in the order of the names.
 
+The request may also hold ``"server_args": {"argv": [...], "after": NAME, "deadline": SECONDS,
+"source": TEXT}``, TEXT being ``stage_server_args.py`` and NAME one of the names (the top-level
+package of the parser's module): the process that imports NAME (this one or a worker) forks a
+child right after that import succeeds, which runs that script's ``report(argv)`` as
+``<venv>/bin/python - ARGV...`` would (``sys.argv`` as there) and answers it through a pipe, so
+that the server-args stage imports neither torch nor the framework a second time. The document
+then also holds ``"server_args"``: that report; ``{"died": HOW}`` when the child ended without
+answering; ``{"timed_out": SECONDS}`` when it had not answered ``deadline`` seconds after this
+process started (it is then killed); null when NAME failed to import or was not imported (the
+controller then runs the script in a process of its own, as it does without the fork).
+
 A signal that ends this process (an extension module whose code needs a CPU feature this CPU lacks
 dies of SIGILL) leaves faulthandler's ``Fatal Python error: ...`` on stderr, after a
 ``transplant: importing NAME`` line written before each import of this process's own: the
@@ -77,6 +88,10 @@ def _outside(path):
     return next((f for f in folders if real.startswith(f + os.sep)), os.path.dirname(real))
 
 
+#: When this process started (:func:`time.monotonic`): the server-args child's deadline counts from it.
+_STARTED = time.monotonic()
+
+
 def main(names, request):
     import faulthandler
 
@@ -99,15 +114,21 @@ def main(names, request):
         forked = _fork_loader(native, preload)
     rest = [n for n in names if n not in done]
     groups = _groups(rest, _jobs(request.get("jobs")))
-    workers = [_Worker(group, request.get("provenance")) for group in groups[1:]]
+    server_args = request.get("server_args")
+    workers = [_Worker(group, request.get("provenance"), server_args) for group in groups[1:]]
+    parser = _Forks(server_args)
     for name in groups[0] if groups else []:
         done[name] = _import(name, said=True)
+        parser.after(name, done[name])
     facts = []
+    answered = parser.collect()
     for worker in workers:
         got = worker.collect()
         done.update(got["imports"])
         if got.get("facts"):
             facts.append(got["facts"])
+        if got.get("server_args") is not None:
+            answered = got["server_args"]
     results = [done[n] for n in names if n in done]
     document = {"imports": results}
     if request.get("provenance"):
@@ -115,6 +136,8 @@ def main(names, request):
     if native:
         document["native"] = forked.report() if forked is not None else None
         document["native_preload"] = preload
+    if server_args:
+        document["server_args"] = answered
     sys.stdout.write(json.dumps(document) + "\n")
     return 0
 
@@ -169,7 +192,7 @@ class _Worker:
     the request asks for provenance, says this process's facts after them; its answer comes back
     through a pipe drained by a thread (so the child never waits for the caller)."""
 
-    def __init__(self, names, provenance):
+    def __init__(self, names, provenance, server_args=None):
         import threading
 
         self.names = names
@@ -181,7 +204,12 @@ class _Worker:
             os.close(read)
             code = 1
             try:
-                answer = {"imports": {n: _import(n) for n in names}}
+                parser = _Forks(server_args)
+                answer = {"imports": {}}
+                for name in names:
+                    answer["imports"][name] = _import(name)
+                    parser.after(name, answer["imports"][name])
+                answer["server_args"] = parser.collect()
                 if provenance:
                     answer["facts"] = _provenance(provenance, [], only_facts=True)
                 data = json.dumps(answer).encode()
@@ -212,6 +240,96 @@ class _Worker:
             return {"imports": {n: {"name": n, "ok": False, "version": None, "file": None, "where": None,
                                     "error": "SystemError: the import worker ended ({}) without answering".format(how),
                                     "seconds": None} for n in self.names}}
+
+
+class _Forks:
+    """The server-args child of one process: forked by :meth:`after` once the request's ``after``
+    name has been imported here (and only if that import succeeded), then awaited by
+    :meth:`collect`. Forking there is what the import workers do after torch: the child runs
+    only the parser's Python code, touching no object of the threads this process may have
+    (the pipes' drain threads, idle native pools); a child that dies or hangs for another reason
+    ends only itself: it answers ``{"died": ...}`` (the controller then runs the script in a
+    process of its own) or is killed at the deadline."""
+
+    def __init__(self, request):
+        self.request = request
+        self.child = None
+
+    def after(self, name, outcome):
+        """Fork the child when ``name`` is the one it waits for and ``outcome`` (its import's
+        result) is a success."""
+        if self.request is None or self.child is not None or name != self.request.get("after") \
+                or not outcome.get("ok"):
+            return
+        self.child = _Child(self.request)
+
+    def collect(self):
+        """The child's report, ``{"died": HOW}``, ``{"timed_out": SECONDS}``, or None when no child
+        was forked here."""
+        if self.child is None:
+            return None
+        deadline = self.request.get("deadline")
+        return self.child.collect(None if deadline is None else _STARTED + float(deadline))
+
+
+class _Child:
+    """The forked server-args child (see :class:`_Forks`): its report comes back through a pipe
+    drained by a thread, as a worker's does."""
+
+    def __init__(self, request):
+        import threading
+
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns
+            os.close(read)
+            code = 1
+            try:
+                # what the parser's libraries print goes to stderr, never into this process's document
+                os.dup2(2, 1)
+                argv = [str(a) for a in request.get("argv") or []]
+                sys.argv = ["-"] + argv  # as `python - ARGV...` has it: argparse names its program from it
+                script = {"__name__": "_transplant_stage_server_args"}
+                exec(compile(request["source"], "stage_server_args.py", "exec"), script)  # noqa: S102 - transplant's own script
+                data = json.dumps(script["report"](argv)).encode()
+                while data:
+                    data = data[os.write(write, data):]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        self._chunks = []
+        self._thread = threading.Thread(target=self._drain, args=(read,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, fd):
+        with os.fdopen(fd, "rb") as handle:
+            for chunk in iter(lambda: handle.read(65536), b""):
+                self._chunks.append(chunk)
+
+    def collect(self, deadline):
+        """The child's report once it has ended; ``deadline`` (a :func:`time.monotonic` value, or
+        None: no limit): past it the child is killed and ``{"timed_out": SECONDS}`` answered."""
+        import signal
+
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            os.waitpid(self.pid, 0)
+            return {"timed_out": round(deadline - _STARTED, 3)}
+        _, status = os.waitpid(self.pid, 0)
+        try:
+            report = json.loads(b"".join(self._chunks))
+        except ValueError:
+            report = None
+        if not isinstance(report, dict):
+            return {"died": ended(os.waitstatus_to_exitcode(status))}
+        return report
 
 
 def _merged(report, others):

@@ -85,6 +85,13 @@ def _resolve(parsed):
 
 
 def main(argv):
+    sys.stdout.write(json.dumps(report(argv)) + "\n")
+    return 0
+
+
+def report(argv):
+    """The report ``main`` prints for ``argv`` (``ENTRY ATTR_JSON ARG...``), as a dict; also called
+    in a child that ``stage_imports`` forks once it has imported the entry's package."""
     entry, wanted = argv[0], json.loads(argv[1])
     attrs = wanted.get("attrs", []) if isinstance(wanted, dict) else wanted
     resolve = isinstance(wanted, dict) and bool(wanted.get("resolve"))
@@ -116,8 +123,7 @@ def main(argv):
             result["resolve"] = _resolve(parsed)
     tail = captured.getvalue().strip()
     result["stderr"] = tail[-2000:] if tail else None
-    sys.stdout.write(json.dumps(result) + "\n")
-    return 0
+    return result
 
 
 if __name__ == "__main__":

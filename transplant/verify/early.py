@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from transplant import remote
+from transplant.core import verify_stages
 from transplant.core.manifest import VerifySettings
 from transplant.hosts.host import Host
 from transplant.hosts.probing import WaitingScript
 from transplant.verify import ladder
 
-__all__ = ["Started", "early_names", "start_imports", "first_line", "second_line"]
+__all__ = ["Started", "early_names", "start_imports", "first_line", "second_line", "server_args_fork"]
 
 
 @dataclass
@@ -55,17 +57,43 @@ def early_names(settings: VerifySettings) -> list[str]:
     return [n for n in ladder.import_names([], settings.imports) if n not in settings.skip_imports]
 
 
-def first_line(modules: list[str], optional: list[str], preload: list[str], guess: bool) -> bytes:
+def first_line(modules: list[str], optional: list[str], preload: list[str], guess: bool,
+               server_args: dict[str, Any] | None = None) -> bytes:
     """The first line of the imports script's request: the provenance script's ``facts`` after
     ``modules`` (``optional`` ones only where installed) under ``"provenance"``, and the loader
     child of native-load forked once ``preload`` is imported (only those installed when
     ``guess``), whose paths come on the second line (:func:`second_line`); the names imported
-    by as many processes as the host has CPUs (at most 4)."""
-    return json.dumps({"jobs": "auto",
-                       "provenance": {"modules": modules, "optional": optional,
-                                      "source": remote.source("stage_provenance").decode()},
-                       "native": {"preload": preload, "optional": preload if guess else [],
-                                  "source": remote.source("stage_native").decode()}}).encode() + b"\n"
+    by as many processes as the host has CPUs (at most 4); with ``server_args``
+    (:func:`server_args_fork`'s), the server-args child forked once its package is imported."""
+    request: dict[str, Any] = {
+        "jobs": "auto",
+        "provenance": {"modules": modules, "optional": optional, "source": remote.source("stage_provenance").decode()},
+        "native": {"preload": preload, "optional": preload if guess else [],
+                   "source": remote.source("stage_native").decode()}}
+    if server_args is not None:
+        request["server_args"] = server_args
+    return json.dumps(request).encode() + b"\n"
+
+
+def server_args_fork(settings: VerifySettings, names: list[str]) -> dict[str, Any] | None:
+    """The imports script's ``server_args`` request: the server-args stage's arguments (those
+    ``stage_server_args`` gets as its own process), the top-level package of ``verify.server_args``'
+    entry after whose import the child is forked, and the deadline in seconds from the imports
+    process's start (``verify.timeout`` less a tenth, at most 5 s: the child is killed before the
+    imports process itself runs out of time). None when there is no such check or that package is
+    not among ``names`` (the import names, in the imports script's order): then the stage runs its
+    own process."""
+    check = settings.server_args
+    if check is None:
+        return None
+    top = check.entry.partition(":")[0].split(".")[0]
+    request = verify_stages.stage("server-args").request
+    asked = request(settings) if request is not None else None
+    if top not in names or asked is None:
+        return None
+    timeout = settings.timeout
+    return {"argv": list(asked.args), "after": top, "deadline": round(timeout - min(5.0, timeout / 10), 3),
+            "source": remote.source("stage_server_args").decode()}
 
 
 def second_line(paths: list[str]) -> bytes:
@@ -88,5 +116,6 @@ def start_imports(settings: VerifySettings, target: Host, venv: str) -> Started 
     env = dict(settings.env)
     at = time.monotonic()
     script = WaitingScript(target, venv, "stage_imports", names, env=env)
-    script.tell(first_line(["torch"] + [n for n in names if n != "torch"], ["torch"], ["torch"], True))
+    script.tell(first_line(["torch"] + [n for n in names if n != "torch"], ["torch"], ["torch"], True,
+                           server_args_fork(settings, names)))
     return Started(script=script, names=names, at=at, venv=venv, env=env)

@@ -24,6 +24,12 @@ that interpreter starts beside the inventory's (its shared objects are sent once
 names them), and the imports stages' seconds count from then; ``verify HOST:VENV`` starts it
 even before loading this module (:mod:`transplant.verify.early`, ``run_stages(started=...)``). When that process fails (it dies,
 runs past its timeout) or guessed wrong whether torch is installed, native-load runs its own.
+When the package of ``verify.server_args``' parser is among the import names, the process that
+imports it (the imports process or one of its workers) forks server-args' child right after that
+import (:func:`transplant.verify.early.server_args_fork`): the parser's report is the one its own
+process would print, without a second import of torch and the framework; a child that dies
+without answering leaves server-args to run its own process as before, one past its deadline
+fails the stage as a timed-out process does.
 The inventory the stages read looks on disk only at the shared objects (the probe's
 ``record: "shared"``).
 """
@@ -41,7 +47,8 @@ from typing import Any, NamedTuple
 
 from transplant.core import verify_stages
 from transplant.verify import judges, ladder
-from transplant.verify.early import Started, early_names as _early_names, first_line, second_line, start_imports
+from transplant.verify.early import Started, early_names as _early_names, first_line, second_line, \
+    server_args_fork, start_imports
 from transplant.core.findings import requirement_findings
 from transplant.core.units import clip
 from transplant.errors import HostError, ProbeError, TransplantError
@@ -266,6 +273,9 @@ class _Ladder:
         self.use_early = False
         self.joint: dict[str, Any] = {}
         self.joint_done = threading.Event()
+        # the imports process's server-args child (None: server-args runs its own process)
+        self.server_args_fork: dict[str, Any] | None = None
+        self.imports_answered = threading.Event()  # the imports process answered (or could not)
         self.resolved: dict[str, Any] = {}
 
     def donor(self) -> Inventory | None:
@@ -368,6 +378,9 @@ def _derive(ctx: _Ladder, early_names: Sequence[str]) -> None:
     # interpreters importing the same torch would cost twice its import
     ctx.sharing = live is not None and bool(ctx.names)
     ctx.use_early = ctx.early is not None and ctx.names == list(early_names) and live is not None
+    # the server-args child is forked by the imports process once it has imported the parser's
+    # package: neither torch nor the framework is imported a second time (about 6 s of CPU for sglang)
+    ctx.server_args_fork = server_args_fork(settings, ctx.names) if ctx.sharing else None
 
 
 def _follows(row: verify_stages.Stage, rows: Sequence[verify_stages.Stage]) -> bool:
@@ -483,7 +496,7 @@ def _imports_and_facts(ctx: _Ladder) -> dict[str, Any]:
         if report is not None:
             ctx.joint["native_sent"] = True
             return report
-    request = first_line(ctx.modules, [], ctx.preload, False) + second_line(ctx.native_paths)
+    request = first_line(ctx.modules, [], ctx.preload, False, ctx.server_args_fork) + second_line(ctx.native_paths)
     report = run_script(ctx.target, ctx.venv, "stage_imports", ctx.names, request=request, env=ctx.env,
                         timeout=timeout)
     ctx.joint["native_sent"] = True
@@ -494,6 +507,7 @@ def _imports(ctx: _Ladder) -> Answer:
     try:
         return _imports_body(ctx)
     finally:
+        ctx.imports_answered.set()
         ctx.joint_done.set()
 
 
@@ -508,7 +522,10 @@ def _imports_body(ctx: _Ladder) -> Answer:
         report = _imports_and_facts(ctx)
     except (HostError, ProbeError) as exc:
         joint["error"] = exc  # library-provenance fails with the same reason
+        ctx.imports_answered.set()  # server-args runs its own process
         raise
+    joint["server_args"] = report.pop("server_args", None)
+    ctx.imports_answered.set()  # before the donor is asked about the imports that failed
     joint["provenance"] = report.pop("provenance", None)
     joint["native"] = report.pop("native", None)
     joint["native_preload"] = report.pop("native_preload", None)
@@ -636,14 +653,35 @@ def _resolve_cause(ctx: _Ladder, report: Mapping[str, Any]) -> str:
 def _server_args(ctx: _Ladder, request: verify_stages.Request) -> Answer:
     check = ctx.settings.server_args
     assert check is not None  # its row asks for the stage only when the check is set
-    report = run_script(ctx.target, ctx.venv, "stage_server_args", list(request.args), env=ctx.env,
-                        timeout=ctx.timeout)
+    report = _forked_server_args(ctx)
+    if report is None:
+        report = run_script(ctx.target, ctx.venv, "stage_server_args", list(request.args), env=ctx.env,
+                            timeout=ctx.timeout)
     ctx.resolved.update(report.get("resolve") or {})
     status, reason = judge_server_args(check.expect, report)
     if status == "fail":
         return ctx.against_donor("server-args", status, reason, report, list(request.args), None,
                                  lambda theirs: judge_server_args(check.expect, theirs))
     return status, reason, report
+
+
+def _forked_server_args(ctx: _Ladder) -> dict[str, Any] | None:
+    """The report of the server-args child the imports process forked (the document
+    ``stage_server_args`` prints as its own process), or None when there is none: not asked for,
+    the parser's package did not import, the imports process failed, or the child ended without
+    answering (then the stage runs its own process, which says how it ends there).
+
+    :raises HostError: the child had not answered by its deadline (as a timed-out process of its own).
+    """
+    if ctx.server_args_fork is None:
+        return None
+    ctx.imports_answered.wait()
+    report = ctx.joint.get("server_args")
+    if not isinstance(report, dict) or "died" in report:
+        return None
+    if "timed_out" in report:
+        raise HostError(f"{ctx.target.label}:{ctx.venv}: stage_server_args timed out after {ctx.timeout:g} s")
+    return report
 
 
 def _server_args_stages(ctx: _Ladder) -> None:
