@@ -187,15 +187,13 @@ def _groups(names, jobs):
     return groups
 
 
-class _Worker:
-    """A child forked from this process (after the preload imports) that imports ``names`` and, when
-    the request asks for provenance, says this process's facts after them; its answer comes back
+class _Forked:
+    """A child forked from this process that runs :meth:`run` and sends its JSON answer back
     through a pipe drained by a thread (so the child never waits for the caller)."""
 
-    def __init__(self, names, provenance, server_args=None):
+    def _fork(self):
         import threading
 
-        self.names = names
         read, write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -204,15 +202,7 @@ class _Worker:
             os.close(read)
             code = 1
             try:
-                parser = _Forks(server_args)
-                answer = {"imports": {}}
-                for name in names:
-                    answer["imports"][name] = _import(name)
-                    parser.after(name, answer["imports"][name])
-                answer["server_args"] = parser.collect()
-                if provenance:
-                    answer["facts"] = _provenance(provenance, [], only_facts=True)
-                data = json.dumps(answer).encode()
+                data = json.dumps(self.run()).encode()
                 while data:
                     data = data[os.write(write, data):]
                 code = 0
@@ -223,23 +213,54 @@ class _Worker:
         self._thread = threading.Thread(target=self._drain, args=(read,), daemon=True)
         self._thread.start()
 
+    def run(self):
+        """The child's answer (JSON-able); runs in the child only."""
+        raise NotImplementedError
+
     def _drain(self, fd):
         with os.fdopen(fd, "rb") as handle:
             for chunk in iter(lambda: handle.read(65536), b""):
                 self._chunks.append(chunk)
+
+    def _answer(self):
+        """The child's decoded answer, or None when it sent none that decodes."""
+        try:
+            return json.loads(b"".join(self._chunks))
+        except ValueError:
+            return None
+
+
+class _Worker(_Forked):
+    """A child forked from this process (after the preload imports) that imports ``names`` and, when
+    the request asks for provenance, says this process's facts after them."""
+
+    def __init__(self, names, provenance, server_args=None):
+        self.names, self.provenance, self.server_args = names, provenance, server_args
+        self._fork()
+
+    def run(self):
+        parser = _Forks(self.server_args)
+        answer = {"imports": {}}
+        for name in self.names:
+            answer["imports"][name] = _import(name)
+            parser.after(name, answer["imports"][name])
+        answer["server_args"] = parser.collect()
+        if self.provenance:
+            answer["facts"] = _provenance(self.provenance, [], only_facts=True)
+        return answer
 
     def collect(self):
         """``{"imports": {name: result}, "facts": ...}`` once the child has ended; a child that died
         without answering has each of its names failed with how it ended."""
         self._thread.join()
         _, status = os.waitpid(self.pid, 0)
-        try:
-            return json.loads(b"".join(self._chunks))
-        except ValueError:
-            how = ended(os.waitstatus_to_exitcode(status))
-            return {"imports": {n: {"name": n, "ok": False, "version": None, "file": None, "where": None,
-                                    "error": "SystemError: the import worker ended ({}) without answering".format(how),
-                                    "seconds": None} for n in self.names}}
+        answer = self._answer()
+        if answer is not None:
+            return answer
+        how = ended(os.waitstatus_to_exitcode(status))
+        return {"imports": {n: {"name": n, "ok": False, "version": None, "file": None, "where": None,
+                                "error": "SystemError: the import worker ended ({}) without answering".format(how),
+                                "seconds": None} for n in self.names}}
 
 
 class _Forks:
@@ -272,42 +293,21 @@ class _Forks:
         return self.child.collect(None if deadline is None else _STARTED + float(deadline))
 
 
-class _Child:
-    """The forked server-args child (see :class:`_Forks`): its report comes back through a pipe
-    drained by a thread, as a worker's does."""
+class _Child(_Forked):
+    """The forked server-args child (see :class:`_Forks`)."""
 
     def __init__(self, request):
-        import threading
+        self.request = request
+        self._fork()
 
-        read, write = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns
-            os.close(read)
-            code = 1
-            try:
-                # what the parser's libraries print goes to stderr, never into this process's document
-                os.dup2(2, 1)
-                argv = [str(a) for a in request.get("argv") or []]
-                sys.argv = ["-"] + argv  # as `python - ARGV...` has it: argparse names its program from it
-                script = {"__name__": "_transplant_stage_server_args"}
-                exec(compile(request["source"], "stage_server_args.py", "exec"), script)  # noqa: S102 - transplant's own script
-                data = json.dumps(script["report"](argv)).encode()
-                while data:
-                    data = data[os.write(write, data):]
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        self._chunks = []
-        self._thread = threading.Thread(target=self._drain, args=(read,), daemon=True)
-        self._thread.start()
-
-    def _drain(self, fd):
-        with os.fdopen(fd, "rb") as handle:
-            for chunk in iter(lambda: handle.read(65536), b""):
-                self._chunks.append(chunk)
+    def run(self):
+        # what the parser's libraries print goes to stderr, never into this process's document
+        os.dup2(2, 1)
+        argv = [str(a) for a in self.request.get("argv") or []]
+        sys.argv = ["-"] + argv  # as `python - ARGV...` has it: argparse names its program from it
+        script = {"__name__": "_transplant_stage_server_args"}
+        exec(compile(self.request["source"], "stage_server_args.py", "exec"), script)  # noqa: S102 - transplant's own script
+        return script["report"](argv)
 
     def collect(self, deadline):
         """The child's report once it has ended; ``deadline`` (a :func:`time.monotonic` value, or
@@ -323,10 +323,7 @@ class _Child:
             os.waitpid(self.pid, 0)
             return {"timed_out": round(deadline - _STARTED, 3)}
         _, status = os.waitpid(self.pid, 0)
-        try:
-            report = json.loads(b"".join(self._chunks))
-        except ValueError:
-            report = None
+        report = self._answer()
         if not isinstance(report, dict):
             return {"died": ended(os.waitstatus_to_exitcode(status))}
         return report
