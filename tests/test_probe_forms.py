@@ -19,7 +19,7 @@ import pytest
 from transplant.core.inventory import COLUMNS, parse_inventory
 from transplant.errors import ProbeError
 from transplant.hosts.host import LocalHost
-from transplant.hosts.probing import run_script, take_inventory
+from transplant.hosts.probing import paths_exist, run_script, take_inventory
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.remote import probe
 
@@ -310,3 +310,13 @@ def test_record_identity_places_plain_rows_as_the_general_route_does(site: str) 
             "/abs/bin/y,sha256=d,4", "bin/tool2,sha256=e,5", ".hidden/x,sha256=f,6", "sub/,,", ",,", "x/../bin/z,sha256=g,7"]
     data = ("\r\n".join(rows) + "\r\n").encode()
     assert probe.record_identity(data, site, "bin") == _identity_by_normpath(data, site, "bin")
+
+
+def test_the_exists_mode_answers_only_which_absolute_paths_exist(tmp_path):
+    """``paths_exist`` (editable sources, run path folders) asks the probe's ``exists`` mode: the
+    same answer a full probe's ``paths_exist`` gives, without the distributions or host facts."""
+    venv = make_venv(tmp_path / "venv")
+    there, gone = str(tmp_path / "venv" / "pyvenv.cfg"), str(tmp_path / "gone" / "libx.so.1")
+    answer = paths_exist(LocalHost(), str(venv), [there, gone, "relative/path"])
+    assert answer == {there: True, gone: False}
+    assert answer == take_inventory(LocalHost(), str(venv), record=False, paths_exist=[there, gone]).elsewhere

@@ -27,7 +27,7 @@ from transplant.remote._common import IMPORTING, died_of, ended, last_import
 if TYPE_CHECKING:  # loaded by take_inventory: an SSH connection opened early starts its host scripts without it
     from transplant.core.inventory import Inventory  # (packaging's requirement parser is slow to import)
 
-__all__ = ["venv_python", "run_script", "fingerprint", "ScriptSession", "WaitingScript", "take_inventory", "prestart",
+__all__ = ["venv_python", "run_script", "fingerprint", "paths_exist", "ScriptSession", "WaitingScript", "take_inventory", "prestart",
            "take_prestarted", "close_prestarted"]
 
 
@@ -84,6 +84,25 @@ def fingerprint(host: Host, venv: str, paths: str, extra: Sequence[str], *, sinc
         request["since_ns"] = since_ns
     return run_script(host, venv, "probe", ["--stdin"], request={"fingerprint": request}, timeout=timeout,
                       waiting=waiting)
+
+
+def paths_exist(host: Host, venv: str, paths: Sequence[str], *, timeout: float | None = 120.0) -> dict[str, bool]:
+    """Whether each absolute path exists on ``host`` (stat only, symlinks followed), asked with the
+    venv's python in the probe's ``exists`` mode: no distribution or host fact is read, so a
+    question asked after the full probe (editable sources, run path folders) costs one interpreter
+    start. Paths that are not absolute are not answered.
+
+    :returns: path -> exists, for each absolute path of ``paths``.
+    :raises HostError: as :func:`run_script`.
+    :raises ProbeError: the answer is not ``{path: bool}`` over the paths asked.
+    """
+    answer = run_script(host, venv, "probe", ["--stdin"], request={"exists": list(paths)}, timeout=timeout)
+    said = answer.get("elsewhere")
+    asked = set(paths)
+    if not isinstance(said, dict) or any(p not in asked or not isinstance(v, bool) for p, v in said.items()):
+        raise ProbeError(f"{host.label}:{venv}: the probe's answer of which paths exist is not one it gives",
+                         hint="run the same transplant version on the controller and the hosts")
+    return said
 
 
 def _reply_line(

@@ -31,7 +31,7 @@ from transplant.hosts.host import Host
 from transplant.core.inventory import Distribution, Inventory
 from transplant.core.manifest import Endpoint, Manifest
 from transplant.core.planner import PatchFile, selected_names
-from transplant.hosts.probing import take_inventory
+from transplant.hosts.probing import paths_exist, take_inventory
 from transplant.core.rules.hostlibs import runpath_queries
 from transplant.core.rules.libtorch import links_libtorch, torch_libraries
 from transplant.reporting import QUIET, Reporter
@@ -163,8 +163,7 @@ def gather(
     sources = sorted({p for n in names for p in editable_sources(donor_latest[n], donor)})
     if sources:
         reporter.step(f"checking {count(len(sources), 'editable source folder')} on the target")
-        seen = take_inventory(target_host, m.target.venv, record=False, paths_exist=sources, timeout=timeout)
-        target = replace(target, elsewhere=seen.elsewhere)
+        target = replace(target, elsewhere=paths_exist(target_host, m.target.venv, sources, timeout=timeout))
     moving = [donor_latest[n] for n in names]
     staying = [d for d in target.distributions if d.name not in names and d.name not in removed]
     reporter.step("reading the shared objects on both hosts (pyelftools)")
@@ -211,7 +210,7 @@ def _ask_run_paths(donor_elf: ElfReport, donor: Inventory, target: Inventory, li
                    target_host: Host, target_venv: str, *, timeout: float | None,
                    reporter: Reporter) -> tuple[Inventory, Inventory]:
     """(donor, target) with ``elsewhere`` answering :func:`runpath_queries` for the moving objects
-    (``donor_elf``): a metadata-only probe on the target and on a live donor, side by side; a
+    (``donor_elf``): the probe's ``exists`` mode on the target and on a live donor, side by side; a
     snapshot donor's host is not there to ask (its paths stay unasked, and are not judged)."""
     paths = runpath_queries(donor_elf.files.values())
     if not paths:
@@ -219,10 +218,9 @@ def _ask_run_paths(donor_elf: ElfReport, donor: Inventory, target: Inventory, li
     reporter.step(f"checking {count(len(paths), 'run path folder and library', 'run path folders and libraries')} "
                   f"outside the venv on both hosts")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        t = pool.submit(take_inventory, target_host, target_venv, record=False, paths_exist=paths, timeout=timeout)
-        d = pool.submit(take_inventory, live, donor_venv, record=False, paths_exist=paths,
-                        timeout=timeout) if live is not None else None
-        target = replace(target, elsewhere={**target.elsewhere, **t.result().elsewhere})
+        t = pool.submit(paths_exist, target_host, target_venv, paths, timeout=timeout)
+        d = pool.submit(paths_exist, live, donor_venv, paths, timeout=timeout) if live is not None else None
+        target = replace(target, elsewhere={**target.elsewhere, **t.result()})
         if d is not None:
-            donor = replace(donor, elsewhere={**donor.elsewhere, **d.result().elsewhere})
+            donor = replace(donor, elsewhere={**donor.elsewhere, **d.result()})
     return donor, target

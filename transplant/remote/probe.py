@@ -61,7 +61,9 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   their lstat identities and the non-file facts (:class:`_Inputs`), their paths packed, and
   whether one was written too recently to be trusted. A request ``{"fingerprint": {"paths":
   <those paths>, "extra": [...], "since_ns": ...}}`` re-stats them and prints only the digest
-  (:func:`_fingerprint`): well under a second where the full probe takes several.
+  (:func:`_fingerprint`): well under a second where the full probe takes several. A request
+  ``{"exists": [absolute paths]}`` prints only ``{"elsewhere": {path: exists}}`` (:func:`_elsewhere`),
+  reading no distribution and no host fact.
 
 Design rules: Python 3.9+, no imports outside the standard library, never imports the
 distributions it reports (the venv may be broken), writes nothing but its own hash cache
@@ -1777,6 +1779,8 @@ def _arguments(argv):
         del text
         if isinstance(request.get("fingerprint"), dict):
             return request["fingerprint"], None
+        if isinstance(request.get("exists"), list):
+            return request["exists"], "exists"
         if request.get("inputs") is True:
             _INPUTS = _Inputs(time.time_ns() - _RACY_NS)
         prefix = venv_prefix()
@@ -1810,6 +1814,10 @@ def main(argv):
     if files is None:  # the fingerprint mode: patterns is its request
         script_log("fingerprint")
         sys.stdout.write(json.dumps(_fingerprint(patterns), sort_keys=True, separators=(",", ":")) + "\n")
+        return 0
+    if files == "exists":  # the exists mode: patterns is the list of paths
+        script_log("exists")
+        sys.stdout.write(json.dumps({"elsewhere": _elsewhere(patterns)}, separators=(",", ":")) + "\n")
         return 0
     script_log("probe")
     # No cyclic garbage collection: the probe makes a few hundred thousand rows and lists and no
