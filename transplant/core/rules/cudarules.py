@@ -18,7 +18,7 @@ from transplant.core.elf_facts import DeviceCode
 from transplant.core.data import arch_minimum_cuda, cuda_table, driver_cuda, driver_minimum
 from transplant.core.plan import Finding
 from transplant.core.rules.cudaenv import Evidence, cuda_evidence, runtime_cuda
-from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, severity
+from transplant.core.rules.env import DONOR_RUNS, EnvironmentAfter, describe, severity, target_gpus
 from transplant.core.units import agree, count
 
 __all__ = ["cuda_major_findings", "driver_findings", "gpu_arch_findings", "covers"]
@@ -191,19 +191,10 @@ def covers(code: tuple[DeviceCode, ...], arch: int) -> bool:
     return False
 
 
-def _capabilities(env: EnvironmentAfter) -> dict[int, str]:
-    out = {}
-    for gpu in env.target.nvidia.gpus:
-        cc = (gpu.compute_capability or "").split(".")
-        if len(cc) == 2 and cc[0].isdigit() and cc[1].isdigit():
-            out[int(cc[0]) * 10 + int(cc[1])] = gpu.name
-    return out
-
-
 def gpu_arch_findings(env: EnvironmentAfter) -> list[Finding]:
     """``gpu-arch-unsupported``: the target's GPUs are not covered by the SASS or PTX of the
     overlaid shared objects, or the environment's CUDA release is too old (or too new) for them."""
-    caps = _capabilities(env)
+    caps = target_gpus(env)
     if not caps:
         return []
     out = []

@@ -13,7 +13,7 @@ from packaging.utils import NormalizedName
 from transplant.core.elf_facts import ElfFacts, ElfReport, is_shared_object
 from transplant.core.inventory import Distribution, FileEntry, Inventory
 
-__all__ = ["EnvironmentAfter", "pip", "describe", "severity", "DONOR_RUNS"]
+__all__ = ["EnvironmentAfter", "pip", "describe", "severity", "target_gpus", "DONOR_RUNS"]
 
 #: What a finding's message says when the fault holds identically in the donor. Such a fault lies
 #: inside the venv (libtorch symbols between packages, ABI suffixes, the CUDA majors of bundled
@@ -196,6 +196,19 @@ class EnvironmentAfter:
             return False
         return (self.same_interpreter and all(self.donor_identical(n) for n in names)
                 and all(self.donor_has_file(p) for p in paths))
+
+
+def target_gpus(env: EnvironmentAfter) -> dict[int, str]:
+    """The target's GPUs by compute capability as an integer (``9.0`` -> 90, ``12.1`` -> 121) ->
+    the name of the last GPU of that capability nvidia-smi listed; GPUs whose capability is not
+    ``MAJOR.MINOR`` are left out. Empty without GPUs (the driver's answer decides whether it has
+    any: callers that need an answering driver check ``env.target.nvidia.available``)."""
+    out: dict[int, str] = {}
+    for gpu in env.target.nvidia.gpus:
+        cc = (gpu.compute_capability or "").split(".")
+        if len(cc) == 2 and cc[0].isdigit() and cc[1].isdigit():
+            out[int(cc[0]) * 10 + int(cc[1])] = gpu.name
+    return out
 
 
 def pip(venv: str) -> str:

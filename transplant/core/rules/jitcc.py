@@ -27,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 from transplant.core.data import _load
 from transplant.core.inventory import JitCompiler
 from transplant.core.plan import Finding
-from transplant.core.rules.env import EnvironmentAfter, describe, severity
+from transplant.core.rules.env import EnvironmentAfter, describe, severity, target_gpus
 
 __all__ = ["jit_compiler_findings", "arch_first_cuda", "JIT_USERS"]
 
@@ -64,16 +64,6 @@ def _stated(name: str, version: Version, arch: int) -> list[_Need]:
     return out
 
 
-def _gpus(env: EnvironmentAfter) -> dict[int, str]:
-    nv = env.target.nvidia
-    out: dict[int, str] = {}
-    for card in nv.gpus if nv.available else ():
-        cc = (card.compute_capability or "").split(".")
-        if len(cc) == 2 and cc[0].isdigit() and cc[1].isdigit():
-            out.setdefault(int(cc[0]) * 10 + int(cc[1]), card.name)
-    return out
-
-
 def _compiler(env: EnvironmentAfter, name: str, kind: str) -> tuple[JitCompiler | None, str]:
     """The compiler ``name`` will run on the target after apply, and where it comes from."""
     target = env.target.jit_compilers
@@ -93,7 +83,7 @@ def jit_compiler_findings(env: EnvironmentAfter) -> list[Finding]:
     than a target GPU needs. Severity: :func:`~transplant.core.rules.env.severity` without the
     donor principle (error when apply changes the JIT user, else warning: the target has this
     already)."""
-    gpus = _gpus(env)
+    gpus = target_gpus(env) if env.target.nvidia.available else {}
     if not gpus:
         return []
     out = []

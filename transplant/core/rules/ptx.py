@@ -18,7 +18,7 @@ from transplant.core.elf_facts import DeviceCode
 from transplant.core.plan import Finding
 from transplant.core.data import _load, driver_cuda, driver_minimum
 from transplant.core.rules.cudarules import covers
-from transplant.core.rules.env import EnvironmentAfter, describe, severity
+from transplant.core.rules.env import EnvironmentAfter, describe, severity, target_gpus
 from transplant.core.units import agree, count
 
 __all__ = ["ptx_cuda", "ptx_findings"]
@@ -62,11 +62,7 @@ def ptx_findings(env: EnvironmentAfter) -> list[Finding]:
     have = _driver(env) if nv.available else None
     if have is None:
         return []
-    gpus: dict[int, str] = {}
-    for card in nv.gpus:
-        cc = (card.compute_capability or "").split(".")
-        if len(cc) == 2 and cc[0].isdigit() and cc[1].isdigit():
-            gpus[int(cc[0]) * 10 + int(cc[1])] = card.name
+    gpus = target_gpus(env)
     out = []
     for name in env.overlaid:
         for arch, gpu in sorted(gpus.items()):
