@@ -66,7 +66,10 @@ def test_recover_from_history_rebuilds_every_transaction(tmp_path, capsys, monke
     assert main(["apply", second, "--yes", "--verify"]) == 0
     capsys.readouterr()
     assert main(["recover", "--from", f"local:{source}", "--target", f"local:{fresh}", "--yes"]) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    said = capsys.readouterr().out
+    rules = [line for line in said.splitlines() if "recover: " in line and "─" in line]
+    assert len(rules) == 4 and all(len(line) <= 100 for line in rules), "a pipe's separators stay a line wide"
+    out = " ".join(said.split())
     assert "with what the 1 earlier transaction " in out, out
     site = fresh / SITE
     assert (site / "alpha" / "tuned.py").read_text() == "TUNED = 15\n", "the first transaction's patch is there"

@@ -16,8 +16,21 @@ from transplant.core.units import human_bytes
 from transplant.core.plan import Finding, Plan
 from transplant.verify.judges import VERIFY_SCHEMA, StageResult
 
-__all__ = ["history_table", "plan_table", "findings_table", "stages_table", "inventory_table",
+__all__ = ["rule", "history_table", "plan_table", "findings_table", "stages_table", "inventory_table",
            "verify_json", "verify_junit", "print_plan"]
+
+#: The widest a separator line is drawn (characters): a console laid out for a pipe or a file is
+#: thousands of columns wide so that nothing wraps, and a rule that wide is noise in a log.
+RULE_MAX_WIDTH = 100
+
+
+def rule(console: Console, title: str = "") -> None:
+    """Print a separator line with ``title``, as wide as the console but at most
+    :data:`RULE_MAX_WIDTH` characters."""
+    from rich.rule import Rule
+
+    console.print(Rule(Text(title)), width=min(console.width, RULE_MAX_WIDTH))
+
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "skip": "yellow"}

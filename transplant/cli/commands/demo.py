@@ -219,11 +219,10 @@ def _write_manifests(lab: Lab, workdir: Path) -> tuple[Path, Path]:
 
 
 def _act(console: Console, title: str, argv: list[str], want: int) -> bool:
-    from rich.rule import Rule
-
     from transplant.cli import main
+    from transplant.cli.render import rule
 
-    console.print(Rule(title))
+    rule(console, title)
     console.print(f"$ transplant {' '.join(argv)}", style="bold", highlight=False)
     started = time.monotonic()
     code = main(argv)
@@ -236,7 +235,8 @@ def _act(console: Console, title: str, argv: list[str], want: int) -> bool:
 def _donor_gone(console: Console, lab: Lab, work: Path, full: Path) -> list[bool]:
     """The acts after the story: snapshot the donor, lose it, rebuild a fresh host from the snapshot."""
     import yaml
-    from rich.rule import Rule
+
+    from transplant.cli.render import rule
 
     store = work / "snapshots"
     results = [_act(console, "5. keep the donor's overlay set on the controller, while the donor is up",
@@ -244,7 +244,7 @@ def _donor_gone(console: Console, lab: Lab, work: Path, full: Path) -> list[bool
     index = sorted((store / "index").glob("*.json"))
     if not index:
         return results + [False]
-    console.print(Rule("the donor host goes down"))
+    rule(console, "the donor host goes down")
     lab.hosts["donor"].stop_sshd()
     console.print(f"stopped the donor's sshd ({lab.hosts['donor'].spec})", highlight=False)
     data = yaml.safe_load(full.read_text())
@@ -284,8 +284,7 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
     import subprocess
     import tempfile
 
-    from rich.rule import Rule
-
+    from transplant.cli.render import rule
     from transplant.core.units import count
     from transplant.lab import Lab
 
@@ -328,7 +327,7 @@ def run_demo(console: Console, *, workdir: Path | None = None, keep: bool = Fals
             os.environ["TRANSPLANT_STATE_DIR"] = state_before
         if own and not keep:
             remove_work(console, work)
-    console.print(Rule("demo"))
+    rule(console, "demo")
     if keep or not own:
         console.print(f"work folder kept: {work} (manifests, patches, venvs); its hosts are stopped, so its manifests "
                       f"reach nothing until a lab runs there again", highlight=False)

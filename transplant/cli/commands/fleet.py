@@ -21,7 +21,7 @@ from transplant.fleet.run import DonorRead, TargetResult, check_fleet, fleet_exi
 from transplant.donor.snapshot import default_store
 from transplant.hosts.host import SSHOptions
 from transplant.core.manifest import Endpoint, Manifest
-from transplant.cli.render import print_plan, stages_table
+from transplant.cli.render import print_plan, rule, stages_table
 from transplant.core.units import count, human_bytes
 from transplant.donor.sources import Opened
 
@@ -169,5 +169,5 @@ def _donor_inventory(opened: Opened):
 def _print_plans(console: Console, results: Sequence[TargetResult]) -> None:
     for r in results:
         if r.plan is not None:
-            console.rule(str(r.target))
+            rule(console, str(r.target))
             print_plan(console, r.plan)

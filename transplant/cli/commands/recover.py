@@ -106,6 +106,7 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
     from transplant.cli.commands.plan import plan_command
     from transplant.cli.commands.verify import verify_command
     from transplant.cli.options import CommandOptions
+    from transplant.cli.render import rule
     from transplant.cli.locations import parse_location
     from transplant.controller.state import default_state_dir
     from transplant.core.hostspec import HostSpec
@@ -130,7 +131,7 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
         spec = HostSpec.parse(spec_text)
     except ValueError as exc:
         raise UsageError(f"--target {args.target!r}: {exc}", hint="write HOST or HOST:/path/to/venv") from None
-    console.rule("recover: where from")
+    rule(console, "recover: where from")
 
     def by_history(where: HostSpec, venv: str, options: SSHOptions) -> tuple[Recovery, Endpoint]:
         target = Endpoint(host=spec, venv="/" + venv_text if sep else venv)
@@ -164,16 +165,16 @@ def recover_command(args: argparse.Namespace, console: Console) -> int:
         raise TransplantError("recover needs confirmation before it applies, and standard input is not a terminal",
                               hint="add --yes to this recover command (it plans, applies and verifies; "
                                    f"nothing was changed on {target})")
-    console.rule("recover: 1/3 plan")
+    rule(console, "recover: 1/3 plan")
     code = plan_command(options, console)  # type: ignore[arg-type]  # CommandOptions stands in for the parsed Namespace
     if code == EXIT_BLOCKED and not args.force:
         console.print("[bold red]recover stopped[/]: the plan is blocked; fix the findings or add --force")
         return code
-    console.rule("recover: 2/3 apply")
+    rule(console, "recover: 2/3 apply")
     code = apply_command(options, console)  # type: ignore[arg-type]  # CommandOptions stands in for the parsed Namespace
     if code != EXIT_OK:
         return code
-    console.rule("recover: 3/3 verify")
+    rule(console, "recover: 3/3 verify")
     code = verify_command(options, console)  # type: ignore[arg-type]  # CommandOptions stands in for the parsed Namespace
     console.print(f"[bold green]recovered[/] {target}" if code == EXIT_OK else "[bold red]recover failed at verify[/]")
     return code
