@@ -171,6 +171,30 @@ def test_the_loaded_libcuda_follows_the_loaders_order(tmp_path, monkeypatch) -> 
     assert passed_over is None or passed_over["how"] == "default"
 
 
+def test_a_fifo_named_libcuda_is_passed_over_without_waiting(tmp_path, monkeypatch) -> None:
+    import os
+    import signal
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    os.mkfifo(planted / "libcuda.so.1")  # opened blocking, it would wait for a writer forever
+    driver = _library(tmp_path / "multiarch", "libcuda.so.535.104.05")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(planted))
+
+    def stuck(*_):
+        raise AssertionError("the probe waited on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(5)
+    try:
+        found = probe._libcuda_loaded((True, [("libcuda.so.1", str(driver))]))
+        assert probe._regular_head(planted / "libcuda.so.1", 5) is None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert found is not None and found["path"] == str(driver) and found["how"] == "ld.so.cache"
+
+
 @pytest.mark.parametrize("bad", [{"path": "rel/libcuda.so.1", "real": "/x", "how": "default"},
                                  {"path": "/x\x1b[2J", "real": "/x", "how": "default"},
                                  {"path": "/x", "real": "/x", "version": "570; rm", "how": "default"},

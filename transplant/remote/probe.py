@@ -1559,15 +1559,33 @@ _LOADER_DEFAULTS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
 _LIBCUDA_VERSIONED = re.compile(r"^libcuda\.so\.([0-9]{1,4}(?:\.[0-9]{1,4}){1,3})$")
 
 
+def _regular_head(path, size, follow=True):
+    """The first ``size`` bytes of the regular file at ``path``, or None when it is absent,
+    unreadable or not a regular file. Opened without blocking, so a FIFO or a device planted
+    under a name the probe reads (``libcuda.so.1`` on ``LD_LIBRARY_PATH``, a generated module
+    swapped between its stat and its open) is passed over instead of holding the probe until
+    the controller's timeout; with ``follow`` False a symlink is not followed either."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _own_word_size(path):
     """Whether ``path`` is an ELF object of this process's word size (a multilib host's 32-bit
-    ``libcuda.so.1`` is in the loader cache too; ld.so passes it over). Reads 5 bytes."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(5)
-    except OSError:
-        return False
-    return len(head) == 5 and head[:4] == b"\x7fELF" and head[4] == (2 if sys.maxsize > 2 ** 32 else 1)
+    ``libcuda.so.1`` is in the loader cache too; ld.so passes it over). Reads 5 bytes of a
+    regular file (:func:`_regular_head`)."""
+    head = _regular_head(path, 5)
+    return head is not None and len(head) == 5 and head[:4] == b"\x7fELF" and head[4] == (2 if sys.maxsize > 2 ** 32 else 1)
 
 
 def _libcuda_loaded(cache):
@@ -1720,16 +1738,10 @@ def _gencode():
     out = {}
     jobs, _GENCODE[:] = _GENCODE[:_GENCODE_MAX], []  # taken, as the hash jobs are: one probe's modules
     for rel, full in jobs:
-        try:
-            fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
+        data = _regular_head(full, _GENCODE_HEAD, follow=False)
+        if data is None:
             continue
-        try:
-            head = os.read(fd, _GENCODE_HEAD).decode("utf-8", "replace")
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
+        head = data.decode("utf-8", "replace")
         if rel.endswith("_pb2_grpc.py"):
             match = _GRPC_STAMP.search(head)
             if match:
