@@ -4,6 +4,7 @@ files, and leaves no mount behind; a venv made with the host's own Debian Python
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -61,10 +62,15 @@ def test_a_stopped_lab_leaves_no_mount_and_its_root_unchanged(systems):
         assert str(directory) not in mounts  # mounted in the host's namespace only
     mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout
     assert str(directory) not in mounts
-    assert (directory / "hosts/solo/srv/kept").read_text() == "y\n"
-    assert (directory / "hosts/solo/upper/etc/written-by-test").exists()
-    assert not (root / "etc/written-by-test").exists()
-    assert sorted(p.name for p in (root / "srv").iterdir()) == before
+    try:
+        assert (directory / "hosts/solo/srv/kept").read_text() == "y\n"
+        assert (directory / "hosts/solo/upper/etc/written-by-test").exists()
+        assert not (root / "etc/written-by-test").exists()
+        assert sorted(p.name for p in (root / "srv").iterdir()) == before
+    finally:
+        # removed only with nothing mounted under it (checked just above): a recursive delete
+        # would follow a bind mount into what was bound there
+        shutil.rmtree(directory)
 
 
 def test_apt_mirror_is_read_from_deb822_and_one_line_sources(tmp_path):
