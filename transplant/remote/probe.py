@@ -859,12 +859,9 @@ def _c_toolchain():
         path = shutil.which(cc) if cc.strip() else None
         version = None
         if path:
-            try:
-                out = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
-                                     timeout=10, check=False)
+            out = _run_version(path)
+            if not isinstance(out, str):
                 version = _first_line(out.stdout) or _first_line(out.stderr)
-            except (OSError, subprocess.SubprocessError):
-                version = None
         compiler = {"source": source, "command": cc[:_MAX_TEXT], "path": path[:_MAX_TEXT] if path else None,
                     "version": version}
     try:
@@ -925,16 +922,24 @@ _WHEEL_NVCC = ("nvidia/cuda_nvcc/bin/nvcc", "nvidia/cu13/bin/nvcc")
 _RELEASE = re.compile(r"release (\d{1,3})\.(\d{1,3}), V(\d{1,3}(?:\.\d{1,6}){1,3})")
 
 
+def _run_version(path):
+    """``<path> --version`` (no shell, no input, 10 s at most): the finished process, or why it
+    could not run (300 characters at most)."""
+    try:
+        return subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)[:300]
+
+
 def _compiler_version(path, source):
     """``{"path", "source", "release": "12.8"|None, "build": "12.8.93"|None, "error": str|None}``
     for the compiler at ``path``: its ``--version`` (10 s at most, the first 4 KiB read), whose
     line "Cuda compilation tools, release 12.8, V12.8.93" gives the release."""
     out = {"path": path[:4096], "source": source, "release": None, "build": None, "error": None}
-    try:
-        run = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-                             check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        out["error"] = str(exc)[:300]
+    run = _run_version(path)
+    if isinstance(run, str):
+        out["error"] = run
         return out
     match = _RELEASE.search(run.stdout[:4096].decode("utf-8", "replace"))
     if match:
