@@ -52,7 +52,7 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   before its document, one line ``#hashes\t<name>\t<entries>`` per group whose entries
   changed (a file hashed again, a file gone, a distribution gone: ``{}``), holding that
   group's entries as they are now; an unchanged group gets no line. The document then
-  reports ``hash_cache``: ``{"enabled", "hits", "misses", "written", "error"?, "groups"?}``
+  reports ``hash_cache``: ``{"enabled", "hits", "misses", "hashed_bytes", "written", "error"?, "groups"?}``
   (``groups``: how many lines were printed).
 
 * ``inputs`` (``--stdin`` only; true to ask): the document reports ``inputs``: ``{"digest",
@@ -1196,7 +1196,8 @@ class _HashCache:
                 self.group_of[rel] = group
 
     def save(self):
-        report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "written": False}
+        report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "hashed_bytes": self.hashed_bytes,
+                  "written": False}
         if self.error:
             report["error"] = self.error
         if self.enabled and self.store == "reply":
