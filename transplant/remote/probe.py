@@ -1133,7 +1133,10 @@ class _HashCache:
     same clock tick would not change the key). The cache is written only when this run hashed
     at least ``min_bytes`` (a request option, default 32 MiB: below that re-hashing is cheaper
     than the write), never through a symlinked or escaping state folder, and any error
-    reading or writing it only turns it off for this run (reported in ``hash_cache``).
+    reading or writing it only turns it off for this run (reported in ``hash_cache``). The
+    applier's commit adds entries too, for the files it renamed into place whose content its
+    ``check`` verified, under the rule its ``_Warm`` states (``applier.py``): so the plan right
+    after an apply reads none of them again.
     """
 
     def __init__(self, prefix, options):
