@@ -8,8 +8,8 @@ Builds the donor (+cu130) and a pristine target (+cu128) venv in a temporary fol
 hosts, the overlay of :mod:`bench.run`, and measures, each ``--runs`` times from a fresh hardlinked
 copy of the target, the operator's way: ``transplant plan`` (not timed, once the copy is past the
 memo's racy window, so it is kept), ``transplant apply --yes`` (timed), then at once ``transplant
-plan --json`` (timed). Medians, as a Markdown table; :mod:`bench.run`'s ``after-apply`` group is
-the same over loopback SSH.
+plan --json`` (timed). Medians, as a Markdown table. To compare two checkouts, run it from each
+(its ``transplant`` processes import the checkout they start in).
 """
 
 from __future__ import annotations
