@@ -71,7 +71,8 @@ def test_a_state_folder_leaving_the_venv_is_not_used(venv: Path, tmp_path: Path)
 
 def test_disabled_by_the_controller(venv: Path) -> None:
     document = run_script(LocalHost(), str(venv), "probe", ["--stdin"], request={"hash": ["alpha"], "hash_cache": False})
-    assert document["hash_cache"] == {"enabled": False, "hits": 0, "misses": 0, "written": False}
+    assert document["hash_cache"] == {"enabled": False, "hits": 0, "misses": 0, "hashed_bytes": 0,
+                                        "written": False}
     assert not (venv / ".transplant").exists()
 
 

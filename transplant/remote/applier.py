@@ -53,7 +53,9 @@ not exist before is removed. Operations:
   before a rollback), hash for hash; ``known`` spares the files ``check`` verified and the commit
   renamed unchanged, ``recorded`` (``{"id", "of": "before"|"after"}``) those a transaction's own
   ``before-known.json`` or ``after-known.json`` names, still with that stat identity (see :func:`state`).
-* ``commit`` ``{"id"}``, ``rollback`` ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
+* ``commit`` ``{"id"}`` -> ``{"steps", "removed", "warmed"}`` (``warmed``: the entries it gave the
+  probe's hash cache for the files it renamed into place, see :class:`_Warm`), ``rollback``
+  ``{"id"}``, ``discard`` ``{"id"}`` (drop an unstarted one)
 * ``record`` ``{"entry"}``; ``history`` ``{}`` -> ``{"events", "transactions"}``
 * ``txn`` ``{"id"}`` -> the transaction's plan, state, before and after, and ``committed_at``
   (when its commit finished, from the journal; None when it has not).
@@ -87,11 +89,11 @@ import time
 try:
     from _transplant_common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest,
                                     record_hash_of, record_identity, script_head as _split_head, venv_cache_path,
-                                    venv_prefix, APPLIER_LOG, hook_log)
+                                    venv_prefix, write_venv_cache, APPLIER_LOG, hook_log)
 except ImportError:  # imported on the controller: the shared module beside this script
     from ._common import (HASH_CACHE_NAME, HASH_SCHEMA, read_venv_cache, record_hash as _digest, record_hash_of,
-                          record_identity, script_head as _split_head, venv_cache_path, venv_prefix, APPLIER_LOG,
-                          hook_log)
+                          record_identity, script_head as _split_head, venv_cache_path, venv_prefix,
+                          write_venv_cache, APPLIER_LOG, hook_log)
 
 STATE = ".transplant"
 _PROTECTED = ("pyvenv.cfg", STATE)
@@ -1137,6 +1139,7 @@ def _commit(prefix, request):
     staged = _real_folder(os.path.join(folder, "staged"))
     backups = _real_folder(os.path.join(folder, "backup"))
     journal = os.path.join(folder, "journal.jsonl")
+    warm = _Warm(prefix, request.get("id"), plan["steps"])
     for index, step in enumerate(plan["steps"]):
         _crash_point(request, index)
         rel = os.path.normpath(step["path"])
@@ -1150,6 +1153,7 @@ def _commit(prefix, request):
             _backup(full, _under(backups, rel))
             _make_folder(os.path.dirname(full))
             os.rename(source, full)
+            warm.placed(rel, full)
             if stat.S_ISLNK(placed):  # a later step's folder may lie through it: resolved afresh
                 _REAL_FOLDERS.clear()
         elif _backup(full, _under(backups, rel)):
@@ -1162,10 +1166,99 @@ def _commit(prefix, request):
     _append(journal, json.dumps({"done": len(plan["steps"]), "time": time.time()}) + "\n")
     # every folder a removal may have emptied, also those of steps done before a crash
     _prune_empty(prefix, {os.path.dirname(_resolve(prefix, st["path"])) for st in plan["steps"] if st["op"] == "del"})
+    warmed = warm.save()
     os.sync()
     _set_state(folder, "committed")
     return {"ok": True, "error": None, "steps": len(plan["steps"]), "removed": len(
-        [s for s in plan["steps"] if s["op"] == "del"])}
+        [s for s in plan["steps"] if s["op"] == "del"]), "warmed": warmed}
+
+
+class _Warm:
+    """The probe's hash cache (``<venv>/.transplant/cache/hashes.json``, see ``_HashCache`` in
+    ``probe.py``) given, at commit, an entry for each file the commit renamed into place whose
+    content ``check`` verified: the operator's next plan then reads none of the bytes the apply
+    just wrote (it hashed every one of them again before: new inodes, and a ctime the rename set
+    just now, which the probe's own racy rule does not store).
+
+    Trust rule. An entry ``[st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns, hash, None, None]``
+    is added for a put step's path only when all of these hold:
+
+    * the transaction's ``after-known.json`` names the path (``check`` verified the staged file's
+      content, by reading it or by the stream receiver's hash of the bytes as it wrote them, at
+      the stat identity ``[st_dev, st_ino, st_size, st_mtime_ns]``), with a plain ``sha256=``
+      identity (not a RECORD's ``record:`` form, not a script's ``script:`` form) and an mtime
+      older than that check's start less two seconds (``_stable``: the rule ``after-known.json``
+      already keeps, so a write in the clock tick of check's read cannot hide behind an unchanged
+      mtime: any later write sets the mtime to the time of writing, not to that older value);
+    * the path is not under ``bin/`` (the probe gives a script's shebang head and body hash too,
+      which this entry does not know);
+    * ``lstat`` taken right after this commit's rename gives exactly that dev, inode, size and
+      mtime (a rename keeps all four); the entry's ctime is the one that lstat saw.
+
+    That is ``after-known.json``'s own rule, with which ``state`` already spares re-reading these
+    files, plus the ctime: the probe compares all five fields, so any change to the inode after
+    this lstat (a write, a ``touch -d`` setting the mtime back, a chmod) sets another ctime and
+    the file is hashed again. Residual risk, beyond ``after-known.json``'s: none new; what both
+    cannot see is a same-size rewrite of the staged file whose mtime is then set back
+    (``os.utime``) between check's read and the rename, or of the live file between the rename
+    and the lstat microseconds later, or one after the lstat but within the same coarse clock
+    tick (a few milliseconds) as it, so that the ctime reads the same.
+
+    Cost: nothing when the files so trusted add up to fewer than :data:`_CACHE_MIN_BYTES` (below
+    that the next probe re-hashes them for less than reading and writing the cache costs); else
+    one lstat per such file and one read and write of the cache. Entries of paths the commit
+    removed are dropped. Any error reading or writing the cache leaves it as it was (it is only
+    a cache: a missing entry is a re-hash).
+    """
+
+    def __init__(self, prefix, txid, steps):
+        self.prefix, self.entries, self.removed = prefix, {}, set()
+        self.known = {}
+        known = _read_known(prefix, {"id": txid, "of": "after"})
+        puts = {os.path.normpath(step["path"]) for step in steps if step.get("op") == "put"}
+        total = 0
+        for rel, entry in known.items():
+            rel = os.path.normpath(rel)
+            if (rel in puts and isinstance(entry, list) and len(entry) == 5 and isinstance(entry[0], str)
+                    and entry[0].startswith("sha256=") and not rel.startswith("bin/")
+                    and all(type(v) is int for v in entry[1:])):
+                self.known[rel] = entry
+                total += entry[3]
+        self.on = total >= _CACHE_MIN_BYTES
+        if self.on:
+            self.removed = {os.path.normpath(step["path"]) for step in steps if step.get("op") == "del"}
+
+    def placed(self, rel, full):
+        """Note the file a put step just renamed to ``full`` (``rel``: its venv-relative path)."""
+        if not self.on:
+            return
+        entry = self.known.get(rel)
+        if entry is None:
+            return
+        try:
+            info = os.lstat(full)
+        except OSError:
+            return
+        if _known(entry, _stat_key_of(info)):
+            self.entries[rel] = [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns,
+                                 entry[0], None, None]
+
+    def save(self):
+        """Merge the entries into the cache; returns how many were written (0: none, or it failed)."""
+        if not self.entries:
+            return 0
+        where = venv_cache_path(self.prefix, HASH_CACHE_NAME)
+        if where is None:
+            return 0
+        try:
+            cache = read_venv_cache(where, HASH_SCHEMA)
+            cache = {k: v for k, v in cache.items() if posixpath.normpath(k) not in self.removed} \
+                if self.removed else dict(cache)
+            cache.update(self.entries)
+            write_venv_cache(self.prefix, where, HASH_SCHEMA, cache)
+        except (OSError, ValueError, RecursionError):
+            return 0
+        return len(self.entries)
 
 
 def _rollback(prefix, request):

@@ -52,7 +52,7 @@ host's NVIDIA facts from ``nvidia-smi`` (or the reason there are none).
   before its document, one line ``#hashes\t<name>\t<entries>`` per group whose entries
   changed (a file hashed again, a file gone, a distribution gone: ``{}``), holding that
   group's entries as they are now; an unchanged group gets no line. The document then
-  reports ``hash_cache``: ``{"enabled", "hits", "misses", "written", "error"?, "groups"?}``
+  reports ``hash_cache``: ``{"enabled", "hits", "misses", "hashed_bytes", "written", "error"?, "groups"?}``
   (``groups``: how many lines were printed).
 
 * ``inputs`` (``--stdin`` only; true to ask): the document reports ``inputs``: ``{"digest",
@@ -1138,7 +1138,10 @@ class _HashCache:
     same clock tick would not change the key). The cache is written only when this run hashed
     at least ``min_bytes`` (a request option, default 32 MiB: below that re-hashing is cheaper
     than the write), never through a symlinked or escaping state folder, and any error
-    reading or writing it only turns it off for this run (reported in ``hash_cache``).
+    reading or writing it only turns it off for this run (reported in ``hash_cache``). The
+    applier's commit adds entries too, for the files it renamed into place whose content its
+    ``check`` verified, under the rule its ``_Warm`` states (``applier.py``): so the plan right
+    after an apply reads none of them again.
     """
 
     def __init__(self, prefix, options):
@@ -1201,7 +1204,8 @@ class _HashCache:
                 self.group_of[rel] = group
 
     def save(self):
-        report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "written": False}
+        report = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses, "hashed_bytes": self.hashed_bytes,
+                  "written": False}
         if self.error:
             report["error"] = self.error
         if self.enabled and self.store == "reply":
