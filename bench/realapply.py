@@ -12,7 +12,8 @@ replaces files by rename, so the copy keeps its bytes). Measured, one run each, 
 on this machine (the first two plans fill the hash caches, as an operator's earlier plans would):
 
 * ``transplant plan`` of the calibrated forward manifest, warm, then ``transplant apply --yes``
-  right after it (the operator's order: it reuses the plan the memo kept);
+  right after it (the operator's order: it reuses the plan the memo kept), then ``transplant plan``
+  at once (the operator's "did it take?");
 * the floor: ``tar -cf - -T FILES | tar -xf -`` of exactly the files that apply copied, from the
   donor into an empty folder (as warm in the page cache as the apply's reads were), and the same
   until a ``sync`` returns (apply returns with its files on disk: the fairer floor of the two);
@@ -111,6 +112,7 @@ def measure(root: Path, work: Path, say=print) -> dict[str, tuple[float, str]]:
     document, _ = json.JSONDecoder().raw_decode(text, text.index("{"))
     files = [cp["path"] for c in document["changes"] for cp in c["copy"] if cp["source"] == "donor"]
     step("apply right after plan", [*t, "apply", str(manifest), "--yes"], _steps)
+    step("plan right after apply (the operator's check)", plan)
     listing = work / "files.txt"
     listing.write_text("".join(f"{path}\n" for path in files))
     floor = work / "floor"
