@@ -40,6 +40,18 @@ answering; ``{"timed_out": SECONDS}`` when it had not answered ``deadline`` seco
 process started (it is then killed); null when NAME failed to import or was not imported (the
 controller then runs the script in a process of its own, as it does without the fork).
 
+With ``"costs": {NAME: SECONDS}`` (what each name took in the last verify of this venv, as the
+controller kept it) the packages are dealt to the processes by those seconds, the dearest first,
+each to the process with the fewest so far, instead of round-robin (see :func:`_groups`).
+
+The request may also hold ``"smoke": {"argv": [DEVICE], "deadline": SECONDS, "source": TEXT}``,
+TEXT being ``stage_smoke.py``: right after the preload (torch), and only when torch imported and
+CUDA is not initialized in this process (``torch.cuda.is_initialized()``: a child forked after
+that cannot use the GPU), a child is forked that runs that script's ``report(argv)`` as
+``<venv>/bin/python - DEVICE`` would, so that smoke imports torch no second time. The document then
+also holds ``"smoke"``: that report, ``{"died": HOW}``, ``{"timed_out": SECONDS}`` (as for
+server-args), or null when no child was forked (the controller runs smoke's own process).
+
 A signal that ends this process (an extension module whose code needs a CPU feature this CPU lacks
 dies of SIGILL) leaves faulthandler's ``Fatal Python error: ...`` on stderr, after a
 ``transplant: importing NAME`` line written before each import of this process's own: the
@@ -69,11 +81,25 @@ def _version(module, name):
         from importlib import metadata
 
         top = name.split(".")[0]
-        for dist in metadata.packages_distributions().get(top, []):
+        for dist in _packages_distributions(metadata).get(top, []):
             return metadata.version(dist)
     except Exception:  # noqa: BLE001 - metadata may be broken; the version is optional
         return None
     return None
+
+
+#: ``importlib.metadata.packages_distributions()`` of this process, by the ``sys.path`` it read:
+#: it reads every distribution's RECORD (about 0.3 s of CPU for a CUDA stack's 200), and a stack
+#: has several names without ``__version__``.
+_DISTRIBUTIONS = {}  # type: dict
+
+
+def _packages_distributions(metadata):
+    key = tuple(sys.path)
+    if key not in _DISTRIBUTIONS:
+        _DISTRIBUTIONS.clear()
+        _DISTRIBUTIONS[key] = metadata.packages_distributions()
+    return _DISTRIBUTIONS[key]
 
 
 def _outside(path):
@@ -112,8 +138,9 @@ def main(names, request):
             done[name] = outcome
     if native:
         forked = _fork_loader(native, preload)
+    smoke = _smoke_child(request.get("smoke"), preload)
     rest = [n for n in names if n not in done]
-    groups = _groups(rest, _jobs(request.get("jobs")))
+    groups = _groups(rest, _jobs(request.get("jobs")), request.get("costs"))
     server_args = request.get("server_args")
     workers = [_Worker(group, request.get("provenance"), server_args) for group in groups[1:]]
     parser = _Forks(server_args)
@@ -122,6 +149,7 @@ def main(names, request):
         parser.after(name, done[name])
     facts = []
     answered = parser.collect()
+    smoked = smoke.collect(_deadline(request.get("smoke"))) if smoke is not None else None
     for worker in workers:
         got = worker.collect()
         done.update(got["imports"])
@@ -138,6 +166,8 @@ def main(names, request):
         document["native_preload"] = preload
     if server_args:
         document["server_args"] = answered
+    if request.get("smoke"):
+        document["smoke"] = smoked
     sys.stdout.write(json.dumps(document) + "\n")
     return 0
 
@@ -175,16 +205,46 @@ def _jobs(asked):
     return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 1 else 1
 
 
-def _groups(names, jobs):
+def _groups(names, jobs, costs=None):
     """``names`` in at most ``jobs`` groups, the names of one top-level package in one group (they
-    share most of their imports), the packages dealt round-robin in their order."""
+    share most of their imports), each group's names in their order; the first group is this
+    process's. With ``costs`` (``{name: seconds}``: what each name took in the last verify of this
+    venv) naming a number for any of them, the packages are dealt by cost, the dearest first, each
+    to the group with the fewest seconds so far (the longest-processing-time rule; a package of no
+    known cost counts the mean of the known ones, a tie goes to the first group); else round-robin
+    in their order."""
     tops = {}
     for name in names:
         tops.setdefault(name.split(".")[0], []).append(name)
     groups = [[] for _ in range(min(jobs, len(tops)))]
-    for index, members in enumerate(tops.values()):
-        groups[index % len(groups)].extend(members)
+    units = list(tops.values())
+    known = _costs(costs, names)
+    if not known or len(groups) < 2:
+        for index, members in enumerate(units):
+            groups[index % len(groups)].extend(members)
+        return groups
+    mean = sum(known.values()) / len(known)
+    weight = [sum(known.get(n, mean) for n in members) for members in units]
+    loads = [0.0] * len(groups)
+    counts = [0] * len(groups)
+    chosen = [0] * len(units)
+    for index in sorted(range(len(units)), key=lambda i: -weight[i]):  # stable: ties keep their order
+        least = min(range(len(groups)), key=lambda g: (loads[g], counts[g]))
+        loads[least] += weight[index]
+        counts[least] += 1
+        chosen[index] = least
+    for index, members in enumerate(units):
+        groups[chosen[index]].extend(members)
     return groups
+
+
+def _costs(costs, names):
+    """The seconds of ``costs`` for ``names``: those that are numbers from 0 to a day (anything
+    else is ignored)."""
+    if not isinstance(costs, dict):
+        return {}
+    return {n: float(costs[n]) for n in names if isinstance(costs.get(n), (int, float))
+            and not isinstance(costs.get(n), bool) and 0 <= costs[n] <= 86400}
 
 
 class _Forked:
@@ -289,24 +349,46 @@ class _Forks:
         was forked here."""
         if self.child is None:
             return None
-        deadline = self.request.get("deadline")
-        return self.child.collect(None if deadline is None else _STARTED + float(deadline))
+        return self.child.collect(_deadline(self.request))
+
+
+def _deadline(request):
+    """A forked stage's deadline as a :func:`time.monotonic` value (its request's ``deadline``, in
+    seconds from this process's start), or None: no limit."""
+    deadline = (request or {}).get("deadline")
+    return None if deadline is None else _STARTED + float(deadline)
+
+
+def _smoke_child(request, preload):
+    """The smoke stage's child (:class:`_Child` running ``stage_smoke``'s ``report``), forked now:
+    right after the preload, so that smoke imports torch no second time, but only when the request
+    asks for it, torch was preloaded and imported, and CUDA is not initialized in this process (a
+    child forked after that cannot use the GPU); else None (the controller runs smoke's own process)."""
+    torch = sys.modules.get("torch")  # a torch whose import failed is not left there
+    if not request or "torch" not in preload or torch is None:
+        return None
+    try:
+        initialized = bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch that cannot say: smoke runs its own process
+        initialized = True
+    return None if initialized else _Child(request, "stage_smoke")
 
 
 class _Child(_Forked):
-    """The forked server-args child (see :class:`_Forks`)."""
+    """A forked child that runs one stage script's ``report(argv)`` as ``<venv>/bin/python - ARGV...``
+    would run it (the server-args child of :class:`_Forks`, smoke's of :func:`_smoke_child`)."""
 
-    def __init__(self, request):
-        self.request = request
+    def __init__(self, request, script="stage_server_args"):
+        self.request, self.script = request, script
         self._fork()
 
     def run(self):
-        # what the parser's libraries print goes to stderr, never into this process's document
+        # what the stage's libraries print goes to stderr, never into this process's document
         os.dup2(2, 1)
         argv = [str(a) for a in self.request.get("argv") or []]
         sys.argv = ["-"] + argv  # as `python - ARGV...` has it: argparse names its program from it
-        script = {"__name__": "_transplant_stage_server_args"}
-        exec(compile(self.request["source"], "stage_server_args.py", "exec"), script)  # noqa: S102 - transplant's own script
+        script = {"__name__": "_transplant_" + self.script}
+        exec(compile(self.request["source"], self.script + ".py", "exec"), script)  # noqa: S102 - transplant's own script
         return script["report"](argv)
 
     def collect(self, deadline):

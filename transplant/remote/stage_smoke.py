@@ -31,11 +31,17 @@ BOUNDS = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 def _report(**fields):
-    sys.stdout.write(json.dumps(fields) + "\n")
-    return 0
+    return fields
 
 
 def main(argv):
+    sys.stdout.write(json.dumps(report(argv)) + "\n")
+    return 0
+
+
+def report(argv):
+    """The report ``main`` prints for ``argv`` (``[DEVICE]``), as a dict; also called in a child
+    that ``stage_imports`` forks once it has imported torch."""
     want = argv[0] if argv else "auto"
     if importlib.util.find_spec("torch") is None:
         # no torch in this venv at all: nothing to smoke-test where the device was left to us
