@@ -1,16 +1,12 @@
-"""How the imports process deals its names to its import workers, and smoke forked from it.
+"""The imports process's import workers and smoke's child forked from it, in real venvs.
 
-The names are dealt by the seconds each took in the last verify of the venv (kept in the
-controller's state folder), the dearest package first, each to the process with the fewest
-seconds so far; without them, round-robin as before. Whatever the dealing, every name is
-imported exactly once, in one process, and a name that fails still fails (real venvs, the
+Every name is imported exactly once, in one process, and a name that fails still fails (the
 import of each package noted in a folder by the process that imported it).
 
 Smoke's child is forked by the imports process only once it has imported torch and only while
 CUDA is not initialized there; else (and when torch's import failed) smoke runs its own process,
-as before. Its report equals the one of its own process: on the real seed stack
-(``test_the_forked_smoke_reports_what_its_own_process_reports``, tier ``real``), and in the
-ladder with a torch whose import fails.
+as before. Its report equals the one of its own process: on the real seed stack (tier ``real``),
+and in the ladder with a torch whose import fails.
 """
 
 from __future__ import annotations
@@ -56,13 +52,11 @@ def venv(tmp_path_factory) -> str:
     return str(make_venv(root / "venv", [wheel]))
 
 
-def _imports(venv: str, names: list[str], tmp_path: Path, costs: dict | None, jobs: int = 2) -> tuple[dict, dict]:
+def _imports(venv: str, names: list[str], tmp_path: Path, jobs: int = 2) -> tuple[dict, dict]:
     """The imports document and, per package noted, the pids that imported it."""
     notes = tmp_path / "notes"
     notes.mkdir()
     request: dict = {"jobs": jobs}
-    if costs is not None:
-        request["costs"] = costs
     document = run_script(LocalHost(), venv, "stage_imports", names, request=request,
                           env={"IMPORTED_DIR": str(notes)}, timeout=60)
     pids: dict[str, list[str]] = {}
@@ -72,65 +66,27 @@ def _imports(venv: str, names: list[str], tmp_path: Path, costs: dict | None, jo
     return document, pids
 
 
-def test_dealt_by_cost_the_dearest_first_each_to_the_least_loaded():
-    names = ["pa", "pa.sub", "pb", "pc", "pd"]
-    # pa's package costs 5 + 1; pb 4, pc 3, pd 2: pa -> 0, pb -> 1, pc -> 1 (4 < 6), pd -> 0 (6 < 7)
-    groups = _groups(names, 2, {"pa": 5, "pa.sub": 1, "pb": 4, "pc": 3, "pd": 2})
-    assert groups == [["pa", "pa.sub", "pd"], ["pb", "pc"]]
-    assert _groups(names, 2, None) == [["pa", "pa.sub", "pc"], ["pb", "pd"]]  # round-robin without costs
-    # nothing usable: round-robin; a package of no known cost counts the mean of the known ones
-    assert _groups(names, 2, {"pa": "x", "pb": True, "pc": -1}) == _groups(names, 2, None)
-    # pa's package 3 + 3 -> 0, pb 4 -> 1, pd 3 -> 1 (4 < 6), pc 2 -> 0 (6 < 7)
-    assert _groups(names, 2, {"pb": 4, "pc": 2}) == [["pa", "pa.sub", "pc"], ["pb", "pd"]]
-    for costs in (None, {"pd": 9}, {"pa": 1, "pb": 1, "pc": 1, "pd": 1}, {"pa": 0, "pb": 0}):
-        for jobs in (1, 2, 3, 4, 8):
-            groups = _groups(names, jobs, costs)
-            dealt = [n for group in groups for n in group]
-            assert sorted(dealt) == sorted(names) and len(dealt) == len(names), (costs, jobs, groups)
-            assert all(groups), (costs, jobs, groups)
-            assert len(groups) == min(jobs, 4)
-            assert [g for g in groups if "pa" in g] == [g for g in groups if "pa.sub" in g]
-
-
-def test_every_name_is_imported_once_by_cost_and_a_failing_name_still_fails(venv, tmp_path):
-    names = ["pa", "broken", "pb", "pc", "pd"]
-    costs = {"pa": 1, "broken": 0.1, "pb": 0.5, "pc": 9, "pd": 0.2}
-    document, pids = _imports(venv, names, tmp_path, costs)
+def test_every_name_is_imported_once_and_a_failing_name_still_fails(venv, tmp_path):
+    """Two processes, the packages dealt round-robin (pa with pa.sub, broken, pb to the imports
+    process; pc, pd to its worker): each name answered once, in the names' order, by one process."""
+    names = ["pa", "pc", "pa.sub", "broken", "pd", "pb"]
+    document, pids = _imports(venv, names, tmp_path)
     assert [i["name"] for i in document["imports"]] == names
     by = {i["name"]: i for i in document["imports"]}
     assert by["broken"]["ok"] is False and by["broken"]["error"] == "ImportError: broken on purpose"
     assert all(by[n]["ok"] for n in names if n != "broken")
-    assert sorted(pids) == ["pa", "pb", "pc", "pd"] and all(len(p) == 1 for p in pids.values()), pids
-    # pc (9) alone in one process, the rest (1.8) in the other
-    assert pids["pa"] == pids["pb"] == pids["pd"] != pids["pc"]
+    assert sorted(pids) == ["pa", "pa.sub", "pb", "pc", "pd"] and all(len(p) == 1 for p in pids.values()), pids
+    assert pids["pa"] == pids["pa.sub"] == pids["pb"] != pids["pc"] == pids["pd"]
+    assert _groups(["pa", "pc", "pa.sub", "broken", "pd", "pb"], 2) == [["pa", "pa.sub", "broken", "pb"], ["pc", "pd"]]
 
 
-def test_a_name_ending_its_worker_fails_its_group_as_dealt(venv, tmp_path):
-    """``dies`` dealt to the worker with pb: both fail with how the worker ended; pa, dealt to the
-    imports process, is answered."""
-    document, pids = _imports(venv, ["pa", "dies", "pb"], tmp_path, {"pa": 5, "dies": 1, "pb": 1})
+def test_a_name_ending_its_worker_fails_its_group_and_the_imports_process_answers(venv, tmp_path):
+    document, pids = _imports(venv, ["pa", "dies", "pb", "pc"], tmp_path)
     by = {i["name"]: i for i in document["imports"]}
-    assert by["pa"]["ok"] and list(by) == ["pa", "dies", "pb"]
-    for name in ("dies", "pb"):
+    assert by["pa"]["ok"] and by["pb"]["ok"] and list(by) == ["pa", "dies", "pb", "pc"]
+    for name in ("dies", "pc"):
         assert by[name]["error"] == "SystemError: the import worker ended (exited with code 9) without answering"
-    assert list(pids) == ["pa"]
-
-
-def test_the_seconds_are_kept_per_venv_and_read_back(venv, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRANSPLANT_STATE_DIR", str(tmp_path / "state"))
-    host = LocalHost()
-    assert early.import_costs(host, venv, ["pa"]) == {}
-    early.keep_import_costs(host, venv, {"imports": [{"name": "pa", "seconds": 1.5}, {"name": "pb", "seconds": None},
-                                                     {"name": "pc", "seconds": -2}, "junk"]})
-    early.keep_import_costs(host, venv, {"imports": [{"name": "pd", "seconds": 0.25}]})
-    assert early.import_costs(host, venv, ["pa", "pb", "pc", "pd"]) == {"pa": 1.5, "pd": 0.25}
-    assert early.import_costs(host, venv + "-other", ["pa"]) == {}
-    # a ladder's imports stage keeps its names' seconds for the next verify of the venv
-    other = str(tmp_path / "v")
-    os.symlink(venv, other)
-    results = {r.name: r for r in run_stages(VerifySettings(imports=("pa", "pb")), target=host, venv=other)}
-    assert results["imports"].status == "pass"
-    assert sorted(early.import_costs(host, other, ["pa", "pb", "pc"])) == ["pa", "pb"]
+    assert sorted(pids) == ["pa", "pb"]
 
 
 def test_no_smoke_child_without_torch_and_smoke_runs_its_own_process(venv, tmp_path):

@@ -40,10 +40,6 @@ answering; ``{"timed_out": SECONDS}`` when it had not answered ``deadline`` seco
 process started (it is then killed); null when NAME failed to import or was not imported (the
 controller then runs the script in a process of its own, as it does without the fork).
 
-With ``"costs": {NAME: SECONDS}`` (what each name took in the last verify of this venv, as the
-controller kept it) the packages are dealt to the processes by those seconds, the dearest first,
-each to the process with the fewest so far, instead of round-robin (see :func:`_groups`).
-
 The request may also hold ``"smoke": {"argv": [DEVICE], "deadline": SECONDS, "source": TEXT}``,
 TEXT being ``stage_smoke.py``: right after the preload (torch), and only when torch imported and
 CUDA is not initialized in this process (``torch.cuda.is_initialized()``: a child forked after
@@ -140,7 +136,7 @@ def main(names, request):
         forked = _fork_loader(native, preload)
     smoke = _smoke_child(request.get("smoke"), preload)
     rest = [n for n in names if n not in done]
-    groups = _groups(rest, _jobs(request.get("jobs")), request.get("costs"))
+    groups = _groups(rest, _jobs(request.get("jobs")))
     server_args = request.get("server_args")
     workers = [_Worker(group, request.get("provenance"), server_args) for group in groups[1:]]
     parser = _Forks(server_args)
@@ -205,46 +201,16 @@ def _jobs(asked):
     return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 1 else 1
 
 
-def _groups(names, jobs, costs=None):
+def _groups(names, jobs):
     """``names`` in at most ``jobs`` groups, the names of one top-level package in one group (they
-    share most of their imports), each group's names in their order; the first group is this
-    process's. With ``costs`` (``{name: seconds}``: what each name took in the last verify of this
-    venv) naming a number for any of them, the packages are dealt by cost, the dearest first, each
-    to the group with the fewest seconds so far (the longest-processing-time rule; a package of no
-    known cost counts the mean of the known ones, a tie goes to the first group); else round-robin
-    in their order."""
+    share most of their imports), the packages dealt round-robin in their order."""
     tops = {}
     for name in names:
         tops.setdefault(name.split(".")[0], []).append(name)
     groups = [[] for _ in range(min(jobs, len(tops)))]
-    units = list(tops.values())
-    known = _costs(costs, names)
-    if not known or len(groups) < 2:
-        for index, members in enumerate(units):
-            groups[index % len(groups)].extend(members)
-        return groups
-    mean = sum(known.values()) / len(known)
-    weight = [sum(known.get(n, mean) for n in members) for members in units]
-    loads = [0.0] * len(groups)
-    counts = [0] * len(groups)
-    chosen = [0] * len(units)
-    for index in sorted(range(len(units)), key=lambda i: -weight[i]):  # stable: ties keep their order
-        least = min(range(len(groups)), key=lambda g: (loads[g], counts[g]))
-        loads[least] += weight[index]
-        counts[least] += 1
-        chosen[index] = least
-    for index, members in enumerate(units):
-        groups[chosen[index]].extend(members)
+    for index, members in enumerate(tops.values()):
+        groups[index % len(groups)].extend(members)
     return groups
-
-
-def _costs(costs, names):
-    """The seconds of ``costs`` for ``names``: those that are numbers from 0 to a day (anything
-    else is ignored)."""
-    if not isinstance(costs, dict):
-        return {}
-    return {n: float(costs[n]) for n in names if isinstance(costs.get(n), (int, float))
-            and not isinstance(costs.get(n), bool) and 0 <= costs[n] <= 86400}
 
 
 class _Forked:

@@ -19,13 +19,11 @@ from typing import Any
 from transplant import remote
 from transplant.core import verify_stages
 from transplant.core.manifest import VerifySettings
-from transplant.hosts.controller_cache import ControllerCache
 from transplant.hosts.host import Host
 from transplant.hosts.probing import WaitingScript
 from transplant.verify import ladder
 
-__all__ = ["Started", "early_names", "start_imports", "first_line", "second_line", "server_args_fork", "smoke_fork",
-           "import_costs", "keep_import_costs"]
+__all__ = ["Started", "early_names", "start_imports", "first_line", "second_line", "server_args_fork", "smoke_fork"]
 
 
 @dataclass
@@ -60,8 +58,7 @@ def early_names(settings: VerifySettings) -> list[str]:
 
 
 def first_line(modules: list[str], optional: list[str], preload: list[str], guess: bool,
-               server_args: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
-               costs: dict[str, float] | None = None) -> bytes:
+               server_args: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None) -> bytes:
     """The first line of the imports script's request: the provenance script's ``facts`` after
     ``modules`` (``optional`` ones only where installed) under ``"provenance"``, and the loader
     child of native-load forked once ``preload`` is imported (only those installed when
@@ -69,7 +66,7 @@ def first_line(modules: list[str], optional: list[str], preload: list[str], gues
     by as many processes as the host has CPUs (at most 4); with ``server_args``
     (:func:`server_args_fork`'s), the server-args child forked once its package is imported; with
     ``smoke`` (:func:`smoke_fork`'s), smoke's child forked right after torch where CUDA is not
-    initialized; with ``costs`` (:func:`import_costs`), the names dealt to the processes by them."""
+    initialized."""
     request: dict[str, Any] = {
         "jobs": "auto",
         "provenance": {"modules": modules, "optional": optional, "source": remote.source("stage_provenance").decode()},
@@ -79,8 +76,6 @@ def first_line(modules: list[str], optional: list[str], preload: list[str], gues
         request["server_args"] = server_args
     if smoke is not None:
         request["smoke"] = smoke
-    if costs:
-        request["costs"] = costs
     return json.dumps(request).encode() + b"\n"
 
 
@@ -101,39 +96,6 @@ def smoke_fork(settings: VerifySettings) -> dict[str, Any] | None:
         return None
     return {"argv": list(asked.args), "deadline": _deadline(settings.timeout),
             "source": remote.source("stage_smoke").decode()}
-
-
-#: The seconds each import name took in the last verify of a venv, kept in the controller's state
-#: folder per host and venv (:func:`import_costs`, :func:`keep_import_costs`).
-IMPORT_COSTS = ControllerCache("import-costs", "transplant.import-costs/1", "import_costs")
-
-
-def import_costs(target: Host, venv: str, names: list[str]) -> dict[str, float]:
-    """The seconds each of ``names`` took to import in the last verify of ``venv`` on ``target``
-    (its imports stage's ``seconds``, wall, in the process that imported it), those kept; empty
-    when none are (the imports script then deals the names round-robin)."""
-    kept = IMPORT_COSTS.read(target, venv)
-    return {n: float(kept[n]) for n in names if isinstance(kept.get(n), (int, float))
-            and not isinstance(kept.get(n), bool) and 0 <= kept[n] <= 86400}
-
-
-def keep_import_costs(target: Host, venv: str, report: dict[str, Any]) -> None:
-    """Keep the seconds of the imports stage's ``report`` (``{"imports": [{"name", "seconds"}]}``)
-    for the next verify of ``venv`` on ``target``, over those kept for the same names; a name
-    without seconds (its worker died) keeps its old ones. An unwritable state folder only costs
-    the balance."""
-    kept = IMPORT_COSTS.read(target, venv)
-    changed = False
-    for each in report.get("imports") or []:
-        if not isinstance(each, dict):
-            continue
-        seconds = each.get("seconds")
-        if isinstance(each.get("name"), str) and isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
-                and 0 <= seconds <= 86400 and len(each["name"]) <= 200:
-            kept[each["name"]] = round(float(seconds), 3)
-            changed = True
-    if changed:
-        IMPORT_COSTS.write(target, venv, dict(sorted(kept.items())[-2000:]))
 
 
 def server_args_fork(settings: VerifySettings, names: list[str]) -> dict[str, Any] | None:
@@ -177,6 +139,5 @@ def start_imports(settings: VerifySettings, target: Host, venv: str) -> Started 
     at = time.monotonic()
     script = WaitingScript(target, venv, "stage_imports", names, env=env)
     script.tell(first_line(["torch"] + [n for n in names if n != "torch"], ["torch"], ["torch"], True,
-                           server_args_fork(settings, names), smoke_fork(settings),
-                           import_costs(target, venv, names)))
+                           server_args_fork(settings, names), smoke_fork(settings)))
     return Started(script=script, names=names, at=at, venv=venv, env=env)

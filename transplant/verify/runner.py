@@ -47,8 +47,8 @@ from typing import Any, NamedTuple
 
 from transplant.core import verify_stages
 from transplant.verify import judges, ladder
-from transplant.verify.early import Started, early_names as _early_names, first_line, import_costs, \
-    keep_import_costs, second_line, server_args_fork, smoke_fork, start_imports
+from transplant.verify.early import Started, early_names as _early_names, first_line, second_line, \
+    server_args_fork, smoke_fork, start_imports
 from transplant.core.findings import requirement_findings
 from transplant.core.units import clip
 from transplant.errors import HostError, ProbeError, TransplantError
@@ -501,8 +501,8 @@ def _imports_and_facts(ctx: _Ladder) -> dict[str, Any]:
         if report is not None:
             ctx.joint["native_sent"] = True
             return report
-    request = first_line(ctx.modules, [], ctx.preload, False, ctx.server_args_fork, ctx.smoke_fork,
-                         import_costs(ctx.target, ctx.venv, ctx.names)) + second_line(ctx.native_paths)
+    request = first_line(ctx.modules, [], ctx.preload, False, ctx.server_args_fork, ctx.smoke_fork) + \
+        second_line(ctx.native_paths)
     report = run_script(ctx.target, ctx.venv, "stage_imports", ctx.names, request=request, env=ctx.env,
                         timeout=timeout)
     ctx.joint["native_sent"] = True
@@ -533,7 +533,6 @@ def _imports_body(ctx: _Ladder) -> Answer:
     joint["server_args"] = report.pop("server_args", None)
     joint["smoke"] = report.pop("smoke", None)
     ctx.imports_answered.set()  # before the donor is asked about the imports that failed
-    keep_import_costs(ctx.target, ctx.venv, report)  # how the next verify of this venv deals its names
     joint["provenance"] = report.pop("provenance", None)
     joint["native"] = report.pop("native", None)
     joint["native_preload"] = report.pop("native_preload", None)
