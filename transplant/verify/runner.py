@@ -29,7 +29,9 @@ imports it (the imports process or one of its workers) forks server-args' child 
 import (:func:`transplant.verify.early.server_args_fork`): the parser's report is the one its own
 process would print, without a second import of torch and the framework; a child that dies
 without answering leaves server-args to run its own process as before, one past its deadline
-fails the stage as a timed-out process does.
+fails the stage as a timed-out process does. ``smoke``'s check runs the same way in a child the
+imports process forks right after importing torch (only while CUDA is not initialized there:
+else, or when torch does not import, smoke runs its own process), so torch is imported once.
 The inventory the stages read looks on disk only at the shared objects (the probe's
 ``record: "shared"``).
 """
