@@ -40,6 +40,14 @@ answering; ``{"timed_out": SECONDS}`` when it had not answered ``deadline`` seco
 process started (it is then killed); null when NAME failed to import or was not imported (the
 controller then runs the script in a process of its own, as it does without the fork).
 
+The request may also hold ``"smoke": {"argv": [DEVICE], "deadline": SECONDS, "source": TEXT}``,
+TEXT being ``stage_smoke.py``: right after the preload (torch), and only when torch imported and
+CUDA is not initialized in this process (``torch.cuda.is_initialized()``: a child forked after
+that cannot use the GPU), a child is forked that runs that script's ``report(argv)`` as
+``<venv>/bin/python - DEVICE`` would, so that smoke imports torch no second time. The document then
+also holds ``"smoke"``: that report, ``{"died": HOW}``, ``{"timed_out": SECONDS}`` (as for
+server-args), or null when no child was forked (the controller runs smoke's own process).
+
 A signal that ends this process (an extension module whose code needs a CPU feature this CPU lacks
 dies of SIGILL) leaves faulthandler's ``Fatal Python error: ...`` on stderr, after a
 ``transplant: importing NAME`` line written before each import of this process's own: the
@@ -69,11 +77,25 @@ def _version(module, name):
         from importlib import metadata
 
         top = name.split(".")[0]
-        for dist in metadata.packages_distributions().get(top, []):
+        for dist in _packages_distributions(metadata).get(top, []):
             return metadata.version(dist)
     except Exception:  # noqa: BLE001 - metadata may be broken; the version is optional
         return None
     return None
+
+
+#: ``importlib.metadata.packages_distributions()`` of this process, by the ``sys.path`` it read:
+#: it reads every distribution's RECORD (about 0.3 s of CPU for a CUDA stack's 200), and a stack
+#: has several names without ``__version__``.
+_DISTRIBUTIONS = {}  # type: dict
+
+
+def _packages_distributions(metadata):
+    key = tuple(sys.path)
+    if key not in _DISTRIBUTIONS:
+        _DISTRIBUTIONS.clear()
+        _DISTRIBUTIONS[key] = metadata.packages_distributions()
+    return _DISTRIBUTIONS[key]
 
 
 def _outside(path):
@@ -112,6 +134,7 @@ def main(names, request):
             done[name] = outcome
     if native:
         forked = _fork_loader(native, preload)
+    smoke = _smoke_child(request.get("smoke"), preload)
     rest = [n for n in names if n not in done]
     groups = _groups(rest, _jobs(request.get("jobs")))
     server_args = request.get("server_args")
@@ -122,6 +145,7 @@ def main(names, request):
         parser.after(name, done[name])
     facts = []
     answered = parser.collect()
+    smoked = smoke.collect(_deadline(request.get("smoke"))) if smoke is not None else None
     for worker in workers:
         got = worker.collect()
         done.update(got["imports"])
@@ -138,6 +162,8 @@ def main(names, request):
         document["native_preload"] = preload
     if server_args:
         document["server_args"] = answered
+    if request.get("smoke"):
+        document["smoke"] = smoked
     sys.stdout.write(json.dumps(document) + "\n")
     return 0
 
@@ -289,24 +315,46 @@ class _Forks:
         was forked here."""
         if self.child is None:
             return None
-        deadline = self.request.get("deadline")
-        return self.child.collect(None if deadline is None else _STARTED + float(deadline))
+        return self.child.collect(_deadline(self.request))
+
+
+def _deadline(request):
+    """A forked stage's deadline as a :func:`time.monotonic` value (its request's ``deadline``, in
+    seconds from this process's start), or None: no limit."""
+    deadline = (request or {}).get("deadline")
+    return None if deadline is None else _STARTED + float(deadline)
+
+
+def _smoke_child(request, preload):
+    """The smoke stage's child (:class:`_Child` running ``stage_smoke``'s ``report``), forked now:
+    right after the preload, so that smoke imports torch no second time, but only when the request
+    asks for it, torch was preloaded and imported, and CUDA is not initialized in this process (a
+    child forked after that cannot use the GPU); else None (the controller runs smoke's own process)."""
+    torch = sys.modules.get("torch")  # a torch whose import failed is not left there
+    if not request or "torch" not in preload or torch is None:
+        return None
+    try:
+        initialized = bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch that cannot say: smoke runs its own process
+        initialized = True
+    return None if initialized else _Child(request, "stage_smoke")
 
 
 class _Child(_Forked):
-    """The forked server-args child (see :class:`_Forks`)."""
+    """A forked child that runs one stage script's ``report(argv)`` as ``<venv>/bin/python - ARGV...``
+    would run it (the server-args child of :class:`_Forks`, smoke's of :func:`_smoke_child`)."""
 
-    def __init__(self, request):
-        self.request = request
+    def __init__(self, request, script="stage_server_args"):
+        self.request, self.script = request, script
         self._fork()
 
     def run(self):
-        # what the parser's libraries print goes to stderr, never into this process's document
+        # what the stage's libraries print goes to stderr, never into this process's document
         os.dup2(2, 1)
         argv = [str(a) for a in self.request.get("argv") or []]
         sys.argv = ["-"] + argv  # as `python - ARGV...` has it: argparse names its program from it
-        script = {"__name__": "_transplant_stage_server_args"}
-        exec(compile(self.request["source"], "stage_server_args.py", "exec"), script)  # noqa: S102 - transplant's own script
+        script = {"__name__": "_transplant_" + self.script}
+        exec(compile(self.request["source"], self.script + ".py", "exec"), script)  # noqa: S102 - transplant's own script
         return script["report"](argv)
 
     def collect(self, deadline):
@@ -391,4 +439,10 @@ if __name__ == "__main__":
     # with a request, the script came with -c and the request is its first line on stdin (the rest is
     # native-load's, read by its loader child); with "-", stdin was the script
     _stdin = sys.stdin.buffer.readline() if not sys.argv[0] == "-" else b""
-    sys.exit(main(sys.argv[1:], json.loads(_stdin or b"{}")))
+    _code = main(sys.argv[1:], json.loads(_stdin or b"{}"))
+    # once the report is written the process ends at once, as the import workers do: the teardown of a
+    # CUDA stack's thousands of modules and its packages' exit handlers (about 2 s of wall time for
+    # the real stack's imports process) change nothing the controller reads
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_code)

@@ -31,11 +31,17 @@ BOUNDS = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 def _report(**fields):
-    sys.stdout.write(json.dumps(fields) + "\n")
-    return 0
+    return fields
 
 
 def main(argv):
+    sys.stdout.write(json.dumps(report(argv)) + "\n")
+    return 0
+
+
+def report(argv):
+    """The report ``main`` prints for ``argv`` (``[DEVICE]``), as a dict; also called in a child
+    that ``stage_imports`` forks once it has imported torch."""
     want = argv[0] if argv else "auto"
     if importlib.util.find_spec("torch") is None:
         # no torch in this venv at all: nothing to smoke-test where the device was left to us
@@ -224,8 +230,15 @@ def _numpy_bridge(torch):
 
 if __name__ == "__main__":
     import faulthandler
+    import os
 
     # a fatal signal (SIGILL from code for CPU features this CPU lacks, SIGSEGV) is said on stderr,
     # which the controller reads when no report comes: over SSH the exit status names no signal
     faulthandler.enable(all_threads=False)
-    sys.exit(main(sys.argv[1:]))
+    _code = main(sys.argv[1:])
+    # once the report is written the process ends at once, as the import workers do: the teardown of a
+    # CUDA stack's thousands of modules and its packages' exit handlers (about 2 s of wall time for
+    # the real stack's imports process) change nothing the controller reads
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_code)

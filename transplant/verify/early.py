@@ -23,7 +23,7 @@ from transplant.hosts.host import Host
 from transplant.hosts.probing import WaitingScript
 from transplant.verify import ladder
 
-__all__ = ["Started", "early_names", "start_imports", "first_line", "second_line", "server_args_fork"]
+__all__ = ["Started", "early_names", "start_imports", "first_line", "second_line", "server_args_fork", "smoke_fork"]
 
 
 @dataclass
@@ -58,13 +58,15 @@ def early_names(settings: VerifySettings) -> list[str]:
 
 
 def first_line(modules: list[str], optional: list[str], preload: list[str], guess: bool,
-               server_args: dict[str, Any] | None = None) -> bytes:
+               server_args: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None) -> bytes:
     """The first line of the imports script's request: the provenance script's ``facts`` after
     ``modules`` (``optional`` ones only where installed) under ``"provenance"``, and the loader
     child of native-load forked once ``preload`` is imported (only those installed when
     ``guess``), whose paths come on the second line (:func:`second_line`); the names imported
     by as many processes as the host has CPUs (at most 4); with ``server_args``
-    (:func:`server_args_fork`'s), the server-args child forked once its package is imported."""
+    (:func:`server_args_fork`'s), the server-args child forked once its package is imported; with
+    ``smoke`` (:func:`smoke_fork`'s), smoke's child forked right after torch where CUDA is not
+    initialized."""
     request: dict[str, Any] = {
         "jobs": "auto",
         "provenance": {"modules": modules, "optional": optional, "source": remote.source("stage_provenance").decode()},
@@ -72,7 +74,28 @@ def first_line(modules: list[str], optional: list[str], preload: list[str], gues
                    "source": remote.source("stage_native").decode()}}
     if server_args is not None:
         request["server_args"] = server_args
+    if smoke is not None:
+        request["smoke"] = smoke
     return json.dumps(request).encode() + b"\n"
+
+
+def _deadline(timeout: float) -> float:
+    """A forked stage's deadline in seconds from the imports process's start: ``verify.timeout``
+    less a tenth, at most 5 s (the child is killed before the imports process runs out of time)."""
+    return round(timeout - min(5.0, timeout / 10), 3)
+
+
+def smoke_fork(settings: VerifySettings) -> dict[str, Any] | None:
+    """The imports script's ``smoke`` request: smoke's arguments (those ``stage_smoke`` gets as its
+    own process), its deadline (as :func:`server_args_fork`'s) and its script; None when the
+    settings ask for no smoke check. The script forks the child only after importing torch, and
+    only while CUDA is not initialized there; else the stage runs its own process."""
+    request = verify_stages.stage("smoke").request
+    asked = request(settings) if request is not None else None
+    if asked is None:
+        return None
+    return {"argv": list(asked.args), "deadline": _deadline(settings.timeout),
+            "source": remote.source("stage_smoke").decode()}
 
 
 def server_args_fork(settings: VerifySettings, names: list[str]) -> dict[str, Any] | None:
@@ -91,8 +114,7 @@ def server_args_fork(settings: VerifySettings, names: list[str]) -> dict[str, An
     asked = request(settings) if request is not None else None
     if top not in names or asked is None:
         return None
-    timeout = settings.timeout
-    return {"argv": list(asked.args), "after": top, "deadline": round(timeout - min(5.0, timeout / 10), 3),
+    return {"argv": list(asked.args), "after": top, "deadline": _deadline(settings.timeout),
             "source": remote.source("stage_server_args").decode()}
 
 
@@ -117,5 +139,5 @@ def start_imports(settings: VerifySettings, target: Host, venv: str) -> Started 
     at = time.monotonic()
     script = WaitingScript(target, venv, "stage_imports", names, env=env)
     script.tell(first_line(["torch"] + [n for n in names if n != "torch"], ["torch"], ["torch"], True,
-                           server_args_fork(settings, names)))
+                           server_args_fork(settings, names), smoke_fork(settings)))
     return Started(script=script, names=names, at=at, venv=venv, env=env)

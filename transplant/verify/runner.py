@@ -29,7 +29,9 @@ imports it (the imports process or one of its workers) forks server-args' child 
 import (:func:`transplant.verify.early.server_args_fork`): the parser's report is the one its own
 process would print, without a second import of torch and the framework; a child that dies
 without answering leaves server-args to run its own process as before, one past its deadline
-fails the stage as a timed-out process does.
+fails the stage as a timed-out process does. ``smoke``'s check runs the same way in a child the
+imports process forks right after importing torch (only while CUDA is not initialized there:
+else, or when torch does not import, smoke runs its own process), so torch is imported once.
 The inventory the stages read looks on disk only at the shared objects (the probe's
 ``record: "shared"``).
 """
@@ -48,7 +50,7 @@ from typing import Any, NamedTuple
 from transplant.core import verify_stages
 from transplant.verify import judges, ladder
 from transplant.verify.early import Started, early_names as _early_names, first_line, second_line, \
-    server_args_fork, start_imports
+    server_args_fork, smoke_fork, start_imports
 from transplant.core.findings import requirement_findings
 from transplant.core.units import clip
 from transplant.errors import HostError, ProbeError, TransplantError
@@ -275,6 +277,8 @@ class _Ladder:
         self.joint_done = threading.Event()
         # the imports process's server-args child (None: server-args runs its own process)
         self.server_args_fork: dict[str, Any] | None = None
+        # the imports process's smoke child (None: smoke runs its own process)
+        self.smoke_fork: dict[str, Any] | None = None
         self.imports_answered = threading.Event()  # the imports process answered (or could not)
         self.resolved: dict[str, Any] = {}
 
@@ -381,6 +385,9 @@ def _derive(ctx: _Ladder, early_names: Sequence[str]) -> None:
     # the server-args child is forked by the imports process once it has imported the parser's
     # package: neither torch nor the framework is imported a second time (about 6 s of CPU for sglang)
     ctx.server_args_fork = server_args_fork(settings, ctx.names) if ctx.sharing else None
+    # and smoke's child right after torch (only while CUDA is not initialized there): smoke imports
+    # torch no second time (about 2 s of CPU)
+    ctx.smoke_fork = smoke_fork(settings) if ctx.sharing and ctx.preload else None
 
 
 def _follows(row: verify_stages.Stage, rows: Sequence[verify_stages.Stage]) -> bool:
@@ -496,7 +503,8 @@ def _imports_and_facts(ctx: _Ladder) -> dict[str, Any]:
         if report is not None:
             ctx.joint["native_sent"] = True
             return report
-    request = first_line(ctx.modules, [], ctx.preload, False, ctx.server_args_fork) + second_line(ctx.native_paths)
+    request = first_line(ctx.modules, [], ctx.preload, False, ctx.server_args_fork, ctx.smoke_fork) + \
+        second_line(ctx.native_paths)
     report = run_script(ctx.target, ctx.venv, "stage_imports", ctx.names, request=request, env=ctx.env,
                         timeout=timeout)
     ctx.joint["native_sent"] = True
@@ -525,6 +533,7 @@ def _imports_body(ctx: _Ladder) -> Answer:
         ctx.imports_answered.set()  # server-args runs its own process
         raise
     joint["server_args"] = report.pop("server_args", None)
+    joint["smoke"] = report.pop("smoke", None)
     ctx.imports_answered.set()  # before the donor is asked about the imports that failed
     joint["provenance"] = report.pop("provenance", None)
     joint["native"] = report.pop("native", None)
@@ -673,14 +682,25 @@ def _forked_server_args(ctx: _Ladder) -> dict[str, Any] | None:
 
     :raises HostError: the child had not answered by its deadline (as a timed-out process of its own).
     """
-    if ctx.server_args_fork is None:
+    return _forked_report(ctx, ctx.server_args_fork, "server_args", "stage_server_args")
+
+
+def _forked_report(ctx: _Ladder, fork: dict[str, Any] | None, key: str, script: str) -> dict[str, Any] | None:
+    """The report under ``key`` of the imports process's document (its child that ran ``script``),
+    once that process has answered; None when ``fork`` (the request) is None or the child gave
+    none (not forked, the imports process failed, or the child died: then the stage runs its own
+    process, which says how it ends there).
+
+    :raises HostError: the child had not answered by its deadline (as a timed-out process of its own).
+    """
+    if fork is None:
         return None
     ctx.imports_answered.wait()
-    report = ctx.joint.get("server_args")
+    report = ctx.joint.get(key)
     if not isinstance(report, dict) or "died" in report:
         return None
     if "timed_out" in report:
-        raise HostError(f"{ctx.target.label}:{ctx.venv}: stage_server_args timed out after {ctx.timeout:g} s")
+        raise HostError(f"{ctx.target.label}:{ctx.venv}: {script} timed out after {ctx.timeout:g} s")
     return report
 
 
@@ -731,7 +751,10 @@ def _imports_stages(ctx: _Ladder) -> None:
 def _smoke(ctx: _Ladder, request: verify_stages.Request) -> Answer:
     settings, live = ctx.settings, ctx.live
     assert live is not None  # _requested skipped the stage without the target's inventory
-    report = run_script(ctx.target, ctx.venv, "stage_smoke", list(request.args), env=ctx.env, timeout=ctx.timeout)
+    report = _forked_report(ctx, ctx.smoke_fork, "smoke", "stage_smoke")
+    if report is None:
+        report = run_script(ctx.target, ctx.venv, "stage_smoke", list(request.args), env=ctx.env,
+                            timeout=ctx.timeout)
     status, reason = judge_smoke(report)
     if status == "skip":  # the smoke script skips only a venv without torch, the device left to auto
         return _skip("no-torch", reason, report)
