@@ -120,6 +120,25 @@ class Session:
                                reporter=Shown(step=status.update, note=printer(self.console, highlight=False)))
 
 
+    def forget_plan(self) -> bool:
+        """Remove the plan memo of this manifest's donor and target (:func:`transplant.pipeline.memo.forget`),
+        after an apply changed the target: its kept plan is stale. Nothing when the memo is off
+        or no plan is kept for the donor; any failure is ignored.
+
+        :returns: whether a memo was removed.
+        """
+        from transplant.errors import TransplantError
+        from transplant.pipeline import memo as memos
+
+        try:
+            if not memos.memo_enabled() or self.clone_pending():
+                return False
+            key = memos.memo_key(self.manifest, self.donor().source, self.host("target"), read_patch_files(self.manifest))
+        except (TransplantError, OSError):
+            return False
+        return key is not None and memos.forget(key)
+
+
 def targets_of(args: argparse.Namespace, manifest: Manifest) -> tuple[Manifest, list[Endpoint]]:
     """The targets: ``--target`` (repeatable) replaces the manifest's ``target`` / ``targets``.
 

@@ -24,7 +24,7 @@ another ctime by then, so the next fingerprint differs and the next plan is a fu
 ``extra`` paths, which the probe did not stat, are stat'ed once after the plan under the same
 rule. ``TRANSPLANT_PLAN_MEMO=0`` on the controller turns the memo off (every plan is made afresh
 and none is kept); ``1`` or unset keeps it on; any other value is refused. ``apply`` reuses a kept plan but
-keeps none, and says in one line why it plans afresh when it does not reuse one (:func:`recall`'s reason);
+keeps none (and removes it once its transaction committed: :func:`forget`), and says in one line why it plans afresh when it does not reuse one (:func:`recall`'s reason);
 its stale-plan check under the lock asks the target's fingerprint again for a kept plan
 (:class:`Recalled`'s ``target_inputs``) and probes the target afresh when that differs.
 """
@@ -58,7 +58,7 @@ from transplant.errors import PlanError, StateError, TransplantError
 from transplant.hosts.host import Host
 from transplant.hosts.probing import fingerprint
 
-__all__ = ["memo_enabled", "memo_key", "Recalled", "recall", "remember", "MEMO_SCHEMA"]
+__all__ = ["memo_enabled", "memo_key", "Recalled", "recall", "remember", "forget", "MEMO_SCHEMA"]
 
 MEMO_SCHEMA = "transplant.plan-memo/3"
 
@@ -276,6 +276,24 @@ def remember(key: str, plan: Plan, started: float, *, source: DonorSource, targe
             pass  # a read-only folder, or plan-memo is a file: nothing was written
         return False
     _prune(path.parent)
+    return True
+
+
+def forget(key: str) -> bool:
+    """Remove the memo kept for ``key`` (a committed apply changed its target, so its plan can
+    only be refused by the next fingerprint, which costs a second on the real pair: without it
+    the next plan plans at once). Only a regular file of the memo's own name is removed; any
+    error is ignored (the memo is then refused as stale, as before).
+
+    :returns: whether a memo was removed.
+    """
+    path = _path(key)
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        path.unlink()
+    except OSError:
+        return False
     return True
 
 

@@ -378,6 +378,7 @@ def _apply_command(args: argparse.Namespace, console: Console, applied: dict[str
                                 compress=getattr(args, "compress", False), stale_probe=stale_probe,
                                 stale_inputs=stale_inputs)
             applied.update(id=result.transaction, manifest=given.path)
+    session.forget_plan()  # the kept plan is of the target before this apply
     relayed = f" ({result.transfer})" if result.transfer else ""
     console.print(Text.assemble(("applied", "bold green"), (
         f" transaction {result.transaction}: {count(result.files_copied, 'file')} ({human_bytes(plan.copy_bytes)}) copied, "
