@@ -27,6 +27,8 @@ from transplant.remote.stage_imports import _groups
 from transplant.verify import early
 from transplant.verify.runner import run_stages
 
+from counting_host import Counting
+
 #: A package whose import notes the importing process in ``IMPORTED_DIR``.
 NOTES = textwrap.dedent('''\
     import os
@@ -125,26 +127,6 @@ def test_the_forked_smoke_reports_what_its_own_process_reports(device, monkeypat
     both = run_script(LocalHost(), str(REAL), "stage_imports", ["torch", "numpy"], request=request, timeout=300)
     assert both["smoke"] == alone, json.dumps([both["smoke"], alone])[:3000]
     assert alone["ok"] is True and [i["ok"] for i in both["imports"]] == [True, True]
-
-
-class Counting(LocalHost):
-    """This machine, noting which stage scripts the commands it starts run."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scripts: list[str] = []
-
-    def _note(self, argv, stdin) -> None:
-        self.scripts += [name for name in remote.SCRIPTS
-                         if stdin == remote.source(name) or remote.source(name).decode() in argv]
-
-    def run(self, argv, *, stdin=None, env=None, timeout=None):
-        self._note(argv, stdin)
-        return super().run(argv, stdin=stdin, env=env, timeout=timeout)
-
-    def spawn(self, argv, *, env=None, stdin=None, stdout=None):
-        self._note(argv, None)
-        return super().spawn(argv, env=env, stdin=stdin, stdout=stdout)
 
 
 @pytest.mark.real

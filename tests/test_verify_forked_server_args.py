@@ -10,13 +10,14 @@ import textwrap
 
 import pytest
 
-from transplant import remote
 from transplant.core.manifest import ServerArgsCheck, VerifySettings
 from transplant.hosts.host import LocalHost
 from transplant.hosts.probing import run_script
 from transplant.lab.wheels import build_wheel, make_venv
 from transplant.verify.early import server_args_fork
 from transplant.verify.runner import run_stages
+
+from counting_host import Counting
 
 #: The parsers: argparse naming its program from ``sys.argv[0]`` (as sglang's does), one that dies
 #: of a signal, one that never returns, one that prints on the standard output while parsing.
@@ -45,26 +46,6 @@ def venv(tmp_path_factory) -> str:
                                                            "parsers/cli.py": CLI,
                                                            "plain/__init__.py": "__version__ = '2.0'\n"})
     return str(make_venv(root / "venv", [wheel]))
-
-
-class Counting(LocalHost):
-    """This machine, noting which host script each command it starts runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scripts: list[str] = []
-
-    def _note(self, argv, stdin) -> None:
-        self.scripts += [name for name in remote.SCRIPTS
-                         if stdin == remote.source(name) or remote.source(name).decode() in argv]
-
-    def run(self, argv, *, stdin=None, env=None, timeout=None):
-        self._note(argv, stdin)
-        return super().run(argv, stdin=stdin, env=env, timeout=timeout)
-
-    def spawn(self, argv, *, env=None, stdin=None, stdout=None):
-        self._note(argv, None)
-        return super().spawn(argv, env=env, stdin=stdin, stdout=stdout)
 
 
 def _settings(entry: str, args: tuple[str, ...], imports: tuple[str, ...], **changes) -> VerifySettings:
