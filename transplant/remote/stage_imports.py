@@ -139,7 +139,7 @@ def main(names, request):
     groups = _groups(rest, _jobs(request.get("jobs")))
     server_args = request.get("server_args")
     workers = [_Worker(group, request.get("provenance"), server_args) for group in groups[1:]]
-    parser = _Forks(server_args)
+    parser = _ServerArgsFork(server_args)
     for name in groups[0] if groups else []:
         done[name] = _import(name, said=True)
         parser.after(name, done[name])
@@ -265,7 +265,7 @@ class _Worker(_Forked):
         self._fork()
 
     def run(self):
-        parser = _Forks(self.server_args)
+        parser = _ServerArgsFork(self.server_args)
         answer = {"imports": {}}
         for name in self.names:
             answer["imports"][name] = _import(name)
@@ -289,7 +289,7 @@ class _Worker(_Forked):
                                 "seconds": None} for n in self.names}}
 
 
-class _Forks:
+class _ServerArgsFork:
     """The server-args child of one process: forked by :meth:`after` once the request's ``after``
     name has been imported here (and only if that import succeeded), then awaited by
     :meth:`collect`. Forking there is what the import workers do after torch: the child runs
@@ -342,7 +342,7 @@ def _smoke_child(request, preload):
 
 class _Child(_Forked):
     """A forked child that runs one stage script's ``report(argv)`` as ``<venv>/bin/python - ARGV...``
-    would run it (the server-args child of :class:`_Forks`, smoke's of :func:`_smoke_child`)."""
+    would run it (the server-args child of :class:`_ServerArgsFork`, smoke's of :func:`_smoke_child`)."""
 
     def __init__(self, request, script="stage_server_args"):
         self.request, self.script = request, script

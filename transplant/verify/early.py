@@ -85,13 +85,19 @@ def _deadline(timeout: float) -> float:
     return round(timeout - min(5.0, timeout / 10), 3)
 
 
+def _stage_request(settings: VerifySettings, name: str) -> verify_stages.Request | None:
+    """What the stage ``name``'s own process would be run with (its row's ``request``), or None
+    when the settings ask nothing of it."""
+    request = verify_stages.stage(name).request
+    return request(settings) if request is not None else None
+
+
 def smoke_fork(settings: VerifySettings) -> dict[str, Any] | None:
     """The imports script's ``smoke`` request: smoke's arguments (those ``stage_smoke`` gets as its
     own process), its deadline (as :func:`server_args_fork`'s) and its script; None when the
     settings ask for no smoke check. The script forks the child only after importing torch, and
     only while CUDA is not initialized there; else the stage runs its own process."""
-    request = verify_stages.stage("smoke").request
-    asked = request(settings) if request is not None else None
+    asked = _stage_request(settings, "smoke")
     if asked is None:
         return None
     return {"argv": list(asked.args), "deadline": _deadline(settings.timeout),
@@ -110,8 +116,7 @@ def server_args_fork(settings: VerifySettings, names: list[str]) -> dict[str, An
     if check is None:
         return None
     top = check.entry.partition(":")[0].split(".")[0]
-    request = verify_stages.stage("server-args").request
-    asked = request(settings) if request is not None else None
+    asked = _stage_request(settings, "server-args")
     if top not in names or asked is None:
         return None
     return {"argv": list(asked.args), "after": top, "deadline": _deadline(settings.timeout),

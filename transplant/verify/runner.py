@@ -529,8 +529,7 @@ def _imports_body(ctx: _Ladder) -> Answer:
     try:
         report = _imports_and_facts(ctx)
     except (HostError, ProbeError) as exc:
-        joint["error"] = exc  # library-provenance fails with the same reason
-        ctx.imports_answered.set()  # server-args runs its own process
+        joint["error"] = exc  # library-provenance fails with the same reason; the forked stages run their own
         raise
     joint["server_args"] = report.pop("server_args", None)
     joint["smoke"] = report.pop("smoke", None)
@@ -662,8 +661,8 @@ def _resolve_cause(ctx: _Ladder, report: Mapping[str, Any]) -> str:
 def _server_args(ctx: _Ladder, request: verify_stages.Request) -> Answer:
     check = ctx.settings.server_args
     assert check is not None  # its row asks for the stage only when the check is set
-    report = _forked_server_args(ctx)
-    if report is None:
+    report = _forked_report(ctx, ctx.server_args_fork, "server_args", "stage_server_args")
+    if report is None:  # no child, or it ended without answering: the stage's own process says how
         report = run_script(ctx.target, ctx.venv, "stage_server_args", list(request.args), env=ctx.env,
                             timeout=ctx.timeout)
     ctx.resolved.update(report.get("resolve") or {})
@@ -672,17 +671,6 @@ def _server_args(ctx: _Ladder, request: verify_stages.Request) -> Answer:
         return ctx.against_donor("server-args", status, reason, report, list(request.args), None,
                                  lambda theirs: judge_server_args(check.expect, theirs))
     return status, reason, report
-
-
-def _forked_server_args(ctx: _Ladder) -> dict[str, Any] | None:
-    """The report of the server-args child the imports process forked (the document
-    ``stage_server_args`` prints as its own process), or None when there is none: not asked for,
-    the parser's package did not import, the imports process failed, or the child ended without
-    answering (then the stage runs its own process, which says how it ends there).
-
-    :raises HostError: the child had not answered by its deadline (as a timed-out process of its own).
-    """
-    return _forked_report(ctx, ctx.server_args_fork, "server_args", "stage_server_args")
 
 
 def _forked_report(ctx: _Ladder, fork: dict[str, Any] | None, key: str, script: str) -> dict[str, Any] | None:
